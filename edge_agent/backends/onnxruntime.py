@@ -1,0 +1,151 @@
+"""ONNX Runtime backend: CPU everywhere, CUDA / TensorRT execution providers where installed.
+
+Precision is the model's own: ONNX Runtime does not convert weights, so fp16/int8 mean a model
+built for it (``edge-agent build``). The one exception is the TensorRT EP, which can build fp16
+from an fp32 model, and does so only when asked.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnxruntime as ort
+
+from ..errors import BackendError, DeviceUnavailable, EngineError, InputError, ModelError
+from . import SessionOptions, TensorSpec, check_feeds
+
+log = logging.getLogger(__name__)
+
+# ONNX tensor type strings as ONNX Runtime reports them -> numpy dtype names.
+_ORT_TYPES = {
+    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+    "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8", "tensor(bool)": "bool", "tensor(bfloat16)": "bfloat16",
+}
+
+_DEVICE_PROVIDERS = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+    "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+    "openvino": ["OpenVINOExecutionProvider", "CPUExecutionProvider"],
+}
+
+
+def providers_for(options: SessionOptions) -> list[tuple[str, dict]]:
+    """The provider list for ``options.device``, with each provider's own cache options."""
+    device = options.device.lower()
+    if device not in _DEVICE_PROVIDERS:
+        raise BackendError(f"onnxruntime: unknown device {options.device!r}; choose one of {sorted(_DEVICE_PROVIDERS)}")
+    available = set(ort.get_available_providers())
+    wanted = _DEVICE_PROVIDERS[device]
+    if wanted[0] not in available:
+        raise DeviceUnavailable(
+            f"onnxruntime: device {device!r} needs {wanted[0]}, but this onnxruntime build has only "
+            f"{sorted(available)}. Install the matching build (onnxruntime-gpu for CUDA/TensorRT, "
+            f"onnxruntime-openvino for OpenVINO) in place of onnxruntime, never beside it."
+        )
+    cache = Path(options.cache_dir) if options.cache_dir else None
+    chosen: list[tuple[str, dict]] = []
+    for name in wanted:
+        if name not in available:
+            continue
+        opts: dict = {}
+        if name == "TensorrtExecutionProvider":
+            opts["trt_fp16_enable"] = options.precision == "fp16"
+            opts["trt_int8_enable"] = options.precision == "int8"
+            if cache:
+                # The TRT EP never invalidates its engine cache on a TensorRT upgrade
+                # (onnxruntime#22244): key the folder by runtime version.
+                trt_dir = cache / f"ort-trt-{ort.__version__}"
+                trt_dir.mkdir(parents=True, exist_ok=True)
+                opts.update(trt_engine_cache_enable=True, trt_engine_cache_path=str(trt_dir),
+                            trt_timing_cache_enable=True, trt_timing_cache_path=str(trt_dir))
+        elif name == "OpenVINOExecutionProvider":
+            opts["device_type"] = str(options.extra.get("openvino_device", "CPU"))
+            if cache:
+                opts["cache_dir"] = str(cache / "ort-openvino")
+        chosen.append((name, opts))
+    return chosen
+
+
+def _spec(arg) -> TensorSpec:
+    dtype = _ORT_TYPES.get(arg.type)
+    if dtype is None:
+        raise ModelError(f"onnxruntime: tensor {arg.name!r} has unsupported type {arg.type}")
+    return TensorSpec(arg.name, dtype, tuple(arg.shape))
+
+
+class OrtSession:
+    backend = "onnxruntime"
+
+    def __init__(self, session: ort.InferenceSession, path: Path) -> None:
+        self._session = session
+        self.path = path
+        self.inputs = tuple(_spec(a) for a in session.get_inputs())
+        self.outputs = tuple(_spec(a) for a in session.get_outputs())
+        self._output_names = [o.name for o in self.outputs]
+        self.providers = tuple(session.get_providers())
+
+    def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        check_feeds(self.inputs, feeds)
+        names = list(output_names) if output_names is not None else self._output_names
+        try:
+            values = self._session.run(names, dict(feeds))
+        except Exception as exc:  # ORT raises its own pybind exception types
+            raise _translate(exc, self.path) from exc
+        return dict(zip(names, values))
+
+    def run_with_binding(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray]) -> None:
+        """Run writing outputs into caller-owned, correctly shaped arrays (no per-call allocation)."""
+        check_feeds(self.inputs, feeds)
+        binding = self._session.io_binding()
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        for name, buf in out.items():
+            binding.bind_output(name, "cpu", 0, buf.dtype, buf.shape, buf.ctypes.data)
+        try:
+            self._session.run_with_iobinding(binding)
+        except Exception as exc:
+            raise _translate(exc, self.path) from exc
+
+    def close(self) -> None:
+        self._session = None  # ORT frees on garbage collection
+
+
+def _translate(exc: Exception, path: Path) -> Exception:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    kind = type(exc).__name__
+    if kind in ("InvalidArgument", "InvalidGraph") or "Invalid" in text and "input" in text.lower():
+        return InputError(f"onnxruntime rejected the inputs for {path.name}: {text}")
+    return BackendError(f"onnxruntime failed running {path}: {text}")
+
+
+def open(path: Path, options: SessionOptions) -> OrtSession:  # noqa: A001 - registry entry point
+    if path.is_dir():
+        raise ModelError(f"{path} is a folder; give the .onnx file inside it")
+    if not path.is_file():
+        raise ModelError(f"model file not found: {path}")
+    so = ort.SessionOptions()
+    if options.threads:
+        so.intra_op_num_threads = options.threads
+        so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    optimized = options.extra.get("optimized_model_path")
+    if optimized:
+        so.optimized_model_filepath = str(optimized)
+    if options.precision not in ("auto", "fp32") and options.device.lower() != "tensorrt":
+        log.info("onnxruntime runs %s in the precision it was exported in; %s needs an engine built for it",
+                 path.name, options.precision)
+    try:
+        session = ort.InferenceSession(str(path), sess_options=so, providers=providers_for(options))
+    except (DeviceUnavailable, BackendError):
+        raise
+    except Exception as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "external data" in text.lower() or ".data" in text:
+            raise ModelError(f"{path}: its external weights file is missing or unreadable ({text})") from exc
+        raise EngineError(f"{path} is not a loadable ONNX model (corrupt or truncated?): {text}") from exc
+    log.debug("onnxruntime opened %s on %s", path, session.get_providers())
+    return OrtSession(session, path)

@@ -1,0 +1,210 @@
+"""The ``edge-agent`` command line.
+
+Every command that reports takes ``--json``; a failure prints one line on stderr (a traceback
+only with ``--debug``) and exits non-zero: 2 for bad usage or config, 1 for everything else.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from . import __version__
+from .errors import ConfigError, EdgeAgentError
+
+log = logging.getLogger("edge_agent")
+
+
+def _add_common(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
+    p.add_argument("--config", metavar="FILE", help="TOML config (default /etc/edge-agent/agent.toml if present)")
+    if json_flag:
+        p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edge-agent",
+        description="Edge inference agent: builds engines, serves ASR and LLMs, measures latency, reports over MQTT.",
+    )
+    parser.add_argument("--version", action="version", version=f"edge-agent {__version__}")
+    parser.add_argument("--debug", action="store_true", help="verbose logs and tracebacks")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("check-config", help="validate the configuration and print every problem")
+    _add_common(p)
+    p.set_defaults(func=cmd_check_config)
+
+    p = sub.add_parser("doctor", help="what runtimes, devices and versions this machine has")
+    _add_common(p)
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("models", help="demo and configured models")
+    msub = p.add_subparsers(dest="models_command", metavar="ACTION", required=True)
+    q = msub.add_parser("list", help="list demo models and the configured tiers")
+    _add_common(q)
+    q.set_defaults(func=cmd_models_list)
+
+    p = sub.add_parser("generate", help="generate text from a prompt, streaming tokens as they come")
+    _add_common(p)
+    p.add_argument("prompt", help="the user's message (rendered with the model's chat template unless --raw)")
+    p.add_argument("--model", help="demo model name or model folder (default: the top configured LLM tier)")
+    p.add_argument("--backend", choices=["onnxruntime", "openvino", "tensorrt"], help="default: the tier's backend")
+    p.add_argument("--device", help="device for the backend (cpu, cuda, tensorrt, CPU, GPU, NPU, AUTO)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--greedy", action="store_true", help="greedy decoding (the only mode at this stage)")
+    p.add_argument("--raw", action="store_true", help="send the prompt as-is, without the chat template")
+    p.set_defaults(func=cmd_generate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except ConfigError as exc:
+        if args.debug:
+            raise
+        print(f"edge-agent: {exc}", file=sys.stderr)
+        return 2
+    except EdgeAgentError as exc:
+        if args.debug:
+            raise
+        print(f"edge-agent: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("edge-agent: interrupted", file=sys.stderr)
+        return 130
+
+
+def _emit_json(obj: object) -> None:
+    json.dump(obj, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from .config import resolve_config_path
+    from .preflight import config_problems
+
+    source = resolve_config_path(args.config) if args.config else resolve_config_path(None)
+    problems = config_problems(args.config)
+    if args.json:
+        _emit_json({"ok": not problems, "source": str(source) if source else None,
+                    "problems": [{"path": p, "message": m} for p, m in problems]})
+    else:
+        for path, msg in problems:
+            print(f"{path}: {msg}")
+        if not problems:
+            print(f"configuration OK ({source or 'built-in defaults'} + EDGE_AGENT_* environment)")
+    return 2 if problems else 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from . import doctor
+
+    report = doctor.collect()
+    if args.json:
+        _emit_json(report)
+    else:
+        print(doctor.render_table(report))
+    return 0
+
+
+def cmd_models_list(args: argparse.Namespace) -> int:
+    from .config import load_settings
+    from .models.catalog import DEMO_MODELS, demo_status
+
+    settings = load_settings(args.config)
+    cache = settings.models.cache_dir
+    demos = [{"name": m.name, "kind": m.kind, "status": demo_status(m, cache), "description": m.description}
+             for m in DEMO_MODELS.values()]
+    tiers = {w: [t.model_dump() for t in getattr(settings.models, w)] for w in ("llm", "asr")}
+    if args.json:
+        _emit_json({"demo_models": demos, "tiers": tiers})
+        return 0
+    print(f"{'NAME':<18} {'KIND':<12} {'STATUS':<26} DESCRIPTION")
+    for d in demos:
+        print(f"{d['name']:<18} {d['kind']:<12} {d['status']:<26} {d['description']}")
+    print("\nconfigured tiers (heaviest first):")
+    for workload, items in tiers.items():
+        for t in items:
+            print(f"  {workload}: {t['name']:<8} {t['model']:<18} {t['backend']} {t['device']} {t['precision']}")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .backends import SessionOptions
+    from .config import load_settings
+    from .models.catalog import resolve_model
+    from .models.llm import DecoderLM
+    from .models.tokenizer import Message
+    from .progress import Progress
+
+    settings = load_settings(args.config)
+    tier = settings.models.llm[0]
+    model = args.model or tier.model
+    backend = args.backend or (tier.backend if not args.model else "onnxruntime")
+    device = args.device or (tier.device if not args.model else "cpu")
+    with Progress("preparing demo weights", unit="MB", enabled=not args.json) as bar:
+        ref = resolve_model(model, settings.models.cache_dir,
+                            progress=lambda done, total: bar.update(done / 1e6, total / 1e6))
+    t_load = time.perf_counter()
+    options = SessionOptions(device=device, threads=settings.device.threads,
+                             cache_dir=settings.engines.cache_dir)
+    lm = DecoderLM.open(ref, backend, options)
+    load_ms = (time.perf_counter() - t_load) * 1e3
+    try:
+        tok = lm.tokenizer
+        if args.raw or not tok.chat_template:
+            ids = tok.encode(args.prompt)
+        else:
+            ids = tok.encode_chat([Message("user", args.prompt)])
+        from .models.tokenizer import StreamDecoder
+
+        stream = StreamDecoder(tok)
+        start = time.perf_counter()
+        times: list[float] = []
+        out_ids: list[int] = []
+        for token in lm.generate_greedy(ids, args.max_new_tokens):
+            times.append(time.perf_counter())
+            out_ids.append(token)
+            piece = stream.push(token)
+            if piece and not args.json:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+    finally:
+        lm.close()
+    ttft_ms = (times[0] - start) * 1e3
+    e2e_ms = (times[-1] - start) * 1e3
+    gaps = [(b - a) * 1e3 for a, b in zip(times, times[1:])]
+    decode_tps = (len(gaps) / ((times[-1] - times[0]))) if gaps else 0.0
+    result = {
+        "model": ref.name, "backend": backend, "device": device, "text": stream.text,
+        "token_ids": out_ids, "prompt_tokens": len(ids), "new_tokens": len(out_ids),
+        "ttft_ms": round(ttft_ms, 3), "e2e_ms": round(e2e_ms, 3),
+        "tpot_ms": round((e2e_ms - ttft_ms) / (len(out_ids) - 1), 3) if len(out_ids) > 1 else None,
+        "decode_tokens_per_s": round(decode_tps, 1), "load_ms": round(load_ms, 1),
+    }
+    if args.json:
+        _emit_json(result)
+    else:
+        sys.stdout.write("\n")
+        print(
+            f"[{ref.name} · {backend}/{device}] prompt {len(ids)} tok · TTFT {ttft_ms:.1f} ms · "
+            f"{len(out_ids)} tok in {e2e_ms:.1f} ms · decode {decode_tps:.0f} tok/s · load {load_ms:.0f} ms",
+            file=sys.stderr,
+        )
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

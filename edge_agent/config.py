@@ -1,0 +1,264 @@
+"""Agent configuration: a TOML file, then ``EDGE_AGENT_…`` environment variables on top.
+
+Sources, lowest to highest priority:
+1. built-in defaults (the embedded default: ONNX Runtime on the CPU, demo tiers, local broker);
+2. the TOML file: ``--config FILE`` (must exist), else ``/etc/edge-agent/agent.toml`` if present;
+3. environment: ``EDGE_AGENT_MQTT__PORT=1883`` (``__`` separates nested keys; lists as JSON).
+
+Every problem is reported as ``dotted.path: message`` (``ConfigError.problems``). Unknown keys
+are errors, so a typo never silently falls back to a default. Each component receives only its
+own section.
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from .errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_CONFIG = Path("/etc/edge-agent/agent.toml")
+ENV_PREFIX = "EDGE_AGENT_"
+
+Backend = Literal["onnxruntime", "openvino", "tensorrt", "fake"]
+Precision = Literal["auto", "fp32", "fp16", "bf16", "int8"]
+
+
+def _user_dir(kind: Literal["cache", "state"]) -> Path:
+    # Under systemd, CacheDirectory=/StateDirectory= export these; they win over the user's dirs.
+    env = os.environ.get("CACHE_DIRECTORY" if kind == "cache" else "STATE_DIRECTORY")
+    if env:
+        return Path(env.split(":")[0])
+    import platformdirs
+
+    getter = platformdirs.user_cache_dir if kind == "cache" else platformdirs.user_state_dir
+    return Path(getter("edge-agent"))
+
+
+def default_cache_dir() -> Path:
+    return _user_dir("cache")
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DeviceConfig(Section):
+    target: Literal["auto", "cpu", "jetson", "intel-npu"] = "auto"
+    threads: int = Field(0, ge=0, description="intra-op threads per session; 0 = the runtime's default")
+
+
+class TierConfig(Section):
+    name: str = Field(min_length=1)
+    model: str = Field(min_length=1, description="demo model name or a model folder")
+    backend: Backend = "onnxruntime"
+    device: str = "cpu"
+    precision: Precision = "auto"
+    max_new_tokens: int = Field(256, ge=1, le=32768)
+    max_batch: int = Field(4, ge=1, le=128)
+
+
+def _default_llm_tiers() -> list[TierConfig]:
+    return [TierConfig(name="small", model="demo-phi3-small"), TierConfig(name="tiny", model="demo-phi3")]
+
+
+def _default_asr_tiers() -> list[TierConfig]:
+    return [TierConfig(name="ctc", model="demo-ctc")]
+
+
+class ModelsConfig(Section):
+    llm: list[TierConfig] = Field(default_factory=_default_llm_tiers, description="heaviest tier first")
+    asr: list[TierConfig] = Field(default_factory=_default_asr_tiers, description="heaviest tier first")
+    cache_dir: Path = Field(default_factory=lambda: default_cache_dir() / "models")
+
+    @field_validator("llm", "asr")
+    @classmethod
+    def _unique_names(cls, tiers: list[TierConfig]) -> list[TierConfig]:
+        names = [t.name for t in tiers]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"tier names must be unique; repeated: {dupes}")
+        return tiers
+
+
+class BatchingConfig(Section):
+    max_batch: int = Field(4, ge=1, le=128)
+    batch_timeout_ms: float = Field(80.0, ge=0, le=10_000)
+    preferred_batch_sizes: list[int] = Field(default_factory=lambda: [2, 4])
+    max_queue: int = Field(64, ge=1)
+    queue_timeout_ms: float = Field(30_000.0, gt=0)
+
+    @model_validator(mode="after")
+    def _preferred_within_max(self) -> BatchingConfig:
+        bad = [b for b in self.preferred_batch_sizes if not 1 <= b <= self.max_batch]
+        if bad:
+            raise ValueError(f"preferred_batch_sizes {bad} must lie within 1..max_batch ({self.max_batch})")
+        return self
+
+
+# Scenario SLAs (P95 unless noted): the abandonment cliff is the default.
+SLA_PRESETS: dict[str, dict[str, Any]] = {
+    "default": {"metric": "ttft_ms", "percentile": 95, "target_ms": 387.0},
+    "chit-chat": {"metric": "ttft_ms", "percentile": 95, "target_ms": 350.0},
+    "customer-service": {"metric": "ttft_ms", "percentile": 95, "target_ms": 220.0},
+    "medical-consultation": {"metric": "ttft_ms", "percentile": 95, "target_ms": 150.0},
+    "live-risk-control": {"metric": "ttft_ms", "percentile": 99, "target_ms": 85.0},
+    "video-conferencing": {"metric": "ttft_ms", "percentile": 99, "target_ms": 150.0},
+    "asr-customer-service": {"metric": "first_partial_ms", "percentile": 95, "target_ms": 300.0},
+}
+
+
+class SlaConfig(Section):
+    preset: Literal[tuple(SLA_PRESETS)] | None = None  # type: ignore[valid-type]
+    metric: Literal["ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "first_partial_ms", "final_ms", "turn_ms"] = "ttft_ms"
+    percentile: float = Field(95, gt=0, le=100)
+    target_ms: float = Field(387.0, gt=0)
+    window_s: float = Field(30.0, gt=0)
+    min_samples: int = Field(20, ge=1)
+
+    @model_validator(mode="after")
+    def _apply_preset(self) -> SlaConfig:
+        if self.preset:
+            for key, value in SLA_PRESETS[self.preset].items():
+                if key not in self.model_fields_set:
+                    object.__setattr__(self, key, value)
+        return self
+
+
+class TlsConfig(Section):
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _cert_needs_key(self) -> TlsConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together (mutual TLS needs both)")
+        return self
+
+
+def _default_device_id() -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname()) or "edge-device"
+
+
+class MqttConfig(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(1883, ge=1, le=65535)
+    device_id: str = Field(default_factory=_default_device_id)
+    username: str | None = None
+    password: SecretStr | None = None
+    tls: TlsConfig | None = None
+    keepalive_s: int = Field(20, ge=5, le=600)
+    topic_prefix: str = "edge/v1"
+
+    @field_validator("device_id")
+    @classmethod
+    def _topic_safe(cls, value: str) -> str:
+        if not value or any(c in value for c in "+#/") or not value.isprintable():
+            raise ValueError("must be non-empty, printable and free of '+', '#' and '/' (it is a topic level)")
+        return value
+
+
+class TelemetryConfig(Section):
+    interval_s: float = Field(10.0, gt=0, le=3600)
+    spool_path: Path = Field(default_factory=lambda: _user_dir("state") / "spool.sqlite")
+    spool_max_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
+
+
+class EnginesConfig(Section):
+    cache_dir: Path = Field(default_factory=lambda: default_cache_dir() / "engines")
+    max_bytes: int = Field(8 * 1024**3, ge=1024 * 1024)
+
+
+class ApiConfig(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    unix_socket: Path | None = None
+    token: SecretStr | None = None
+
+
+class AudioConfig(Section):
+    device: str | int | None = Field(None, description="sounddevice input name or index; None = default")
+    sample_rate: int = Field(16000, ge=8000, le=192000)
+    block_ms: int = Field(20, ge=5, le=500)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid")
+
+    device: DeviceConfig = Field(default_factory=DeviceConfig)
+    models: ModelsConfig = Field(default_factory=ModelsConfig)
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    sla: SlaConfig = Field(default_factory=SlaConfig)
+    mqtt: MqttConfig = Field(default_factory=MqttConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    engines: EnginesConfig = Field(default_factory=EnginesConfig)
+    api: ApiConfig = Field(default_factory=ApiConfig)
+    audio: AudioConfig = Field(default_factory=AudioConfig)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The TOML file arrives as init kwargs; environment variables override it.
+        return (env_settings, init_settings)
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([(str(path), f"not valid TOML: {exc}")]) from exc
+    except OSError as exc:
+        raise ConfigError([(str(path), f"cannot read: {exc.strerror}")]) from exc
+
+
+def resolve_config_path(explicit: str | Path | None) -> Path | None:
+    """The file to read: the explicit one (must exist), else the system default if present."""
+    if explicit is not None:
+        path = Path(explicit)
+        if not path.is_file():
+            raise ConfigError([(str(path), "config file not found")])
+        return path
+    return DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None
+
+
+def load_settings(config: str | Path | None = None) -> Settings:
+    """Load settings from ``config`` (or the default file) and the environment.
+
+    Raises ``ConfigError`` listing every problem as ``dotted.path: message``.
+    """
+    path = resolve_config_path(config)
+    data = read_toml(path) if path else {}
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(validation_problems(exc), str(path) if path else "environment") from exc
+
+
+def validation_problems(exc: ValidationError) -> list[tuple[str, str]]:
+    problems = []
+    for err in exc.errors():
+        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in err["loc"]).replace(".[", "[")
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        problems.append((loc or "(root)", msg))
+    return problems

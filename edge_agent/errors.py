@@ -1,0 +1,65 @@
+"""Errors the agent raises, as one small tree.
+
+Every message says what went wrong, naming the thing (a file, a key, a backend, a device), and
+what to do about it. The CLI prints ``str(error)`` on one line and exits non-zero; library
+callers catch ``EdgeAgentError``.
+
+    EdgeAgentError
+    ├── ConfigError             a config file or value is wrong (lists every problem)
+    ├── ModelError              a model is unknown, incomplete or unreadable
+    │   └── ModelNotFound       no demo model by that name and no such folder
+    ├── BackendError            a runtime failed
+    │   ├── BackendUnavailable  the runtime's Python package is not installed (names the extra)
+    │   ├── DeviceUnavailable   the runtime is there, the device (GPU, NPU) is not
+    │   └── EngineError         an engine/plan file is corrupt or was built for another runtime/device
+    ├── InputError              a request's inputs are malformed (shapes, dtypes, names, prompt text)
+    └── Overloaded              the agent is at capacity; try again later
+"""
+from __future__ import annotations
+
+
+class EdgeAgentError(Exception):
+    """Base of every error the agent reports to a user."""
+
+
+class ConfigError(EdgeAgentError):
+    """Configuration is invalid. ``problems`` holds ``(dotted.path, message)`` pairs."""
+
+    def __init__(self, problems: list[tuple[str, str]], source: str = "") -> None:
+        self.problems = problems
+        self.source = source
+        where = f" in {source}" if source else ""
+        lines = "; ".join(f"{path}: {msg}" for path, msg in problems)
+        super().__init__(f"invalid configuration{where}: {lines}")
+
+
+class ModelError(EdgeAgentError):
+    """A model folder or file is missing, incomplete or unreadable."""
+
+
+class ModelNotFound(ModelError):
+    """No demo model has this name and no folder exists at this path."""
+
+
+class BackendError(EdgeAgentError):
+    """An inference runtime failed."""
+
+
+class BackendUnavailable(BackendError):
+    """The runtime's Python package is not importable here."""
+
+
+class DeviceUnavailable(BackendError):
+    """The runtime is installed but the requested device is not present."""
+
+
+class EngineError(BackendError):
+    """An engine file is corrupt, truncated, or built for another runtime version or device."""
+
+
+class InputError(EdgeAgentError):
+    """Inputs to a model or request are malformed."""
+
+
+class Overloaded(EdgeAgentError):
+    """The agent is at capacity; the request was not admitted."""

@@ -1,0 +1,144 @@
+"""Tokenizers and chat templates for exported LLM folders.
+
+The tokenizer is the export's own ``tokenizer.json`` (HF ``tokenizers``). Chat prompts are
+rendered with the model's own template (``chat_template`` in ``tokenizer_config.json``, or
+``chat_template.jinja``), as transformers does; the built-in Phi-3 and Gemma templates are only a
+fallback for exports that carry none.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import InputError, ModelError
+
+PHI3_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ '<|system|>\n' + message['content'] + '<|end|>\n' }}"
+    "{% elif message['role'] == 'user' %}{{ '<|user|>\n' + message['content'] + '<|end|>\n' }}"
+    "{% elif message['role'] == 'assistant' %}{{ '<|assistant|>\n' + message['content'] + '<|end|>\n' }}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+FALLBACK_TEMPLATES = {"phi3": PHI3_TEMPLATE, "gemma": GEMMA_TEMPLATE, "gemma2": GEMMA_TEMPLATE}
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: str
+    content: str
+
+
+def _token_text(value: object) -> str | None:
+    # tokenizer_config.json stores special tokens either as strings or as AddedToken dicts.
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class Tokenizer:
+    """Encode, decode (incrementally, for streaming) and render chat prompts."""
+
+    def __init__(self, folder: Path, model_type: str = "") -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise ModelError(f"{folder}: no tokenizer.json")
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as exc:
+            raise ModelError(f"{path}: unreadable tokenizer ({exc})") from exc
+        cfg_path = folder / "tokenizer_config.json"
+        try:
+            self.config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        except json.JSONDecodeError as exc:
+            raise ModelError(f"{cfg_path}: not valid JSON (line {exc.lineno}: {exc.msg})") from exc
+        template = self.config.get("chat_template")
+        if isinstance(template, list):  # a list of named templates: take "default"
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        jinja_file = folder / "chat_template.jinja"
+        if not template and jinja_file.is_file():
+            template = jinja_file.read_text()
+        self.chat_template: str | None = template or FALLBACK_TEMPLATES.get(model_type)
+        self.bos_token = _token_text(self.config.get("bos_token"))
+        self.eos_token = _token_text(self.config.get("eos_token"))
+        self._add_bos = bool(self.config.get("add_bos_token", False))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def token_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        if not messages:
+            raise InputError("a chat needs at least one message")
+        for i, m in enumerate(messages):
+            if m.role not in ROLES:
+                raise InputError(f"messages[{i}].role: {m.role!r} is not one of {ROLES}")
+            if not isinstance(m.content, str):
+                raise InputError(f"messages[{i}].content: must be text")
+        if not self.chat_template:
+            raise ModelError("this model has no chat template (tokenizer_config.json chat_template); send a plain prompt")
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise InputError(f"chat template refused the messages: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=[{"role": m.role, "content": m.content} for m in messages],
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+            )
+        except jinja2.TemplateError as exc:
+            raise ModelError(f"the model's chat template failed: {exc}") from exc
+
+    def encode_chat(self, messages: Sequence[Message]) -> list[int]:
+        # The rendered template already carries BOS where the family wants it: don't add another.
+        return self.encode(self.render_chat(messages), add_special_tokens=False)
+
+
+class StreamDecoder:
+    """Turns generated ids into text pieces as they arrive, holding back incomplete UTF-8."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tok = tokenizer
+        self._ids: list[int] = []
+        self._emitted = ""
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        text = self._tok.decode(self._ids)
+        if text.endswith("\ufffd"):  # a multi-byte character split across tokens: wait for the rest
+            return ""
+        piece = text[len(self._emitted):] if text.startswith(self._emitted) else ""
+        self._emitted = text
+        return piece
+
+    @property
+    def text(self) -> str:
+        return self._tok.decode(self._ids)

@@ -1,0 +1,60 @@
+"""Checks a configuration beyond its schema: models exist, backends are installed, files are there.
+
+``check-config`` and ``run`` call ``config_problems``; each problem is ``(dotted.path, message)``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .backends import BACKENDS, is_installed
+from .config import Settings, load_settings
+from .errors import ConfigError, ModelError
+from .models.catalog import DEMO_MODELS, DEMO_DIR, inspect_folder
+
+
+def config_problems(config: str | Path | None) -> list[tuple[str, str]]:
+    """Every problem with the configuration at ``config`` (plus environment), schema first."""
+    try:
+        settings = load_settings(config)
+    except ConfigError as exc:
+        return exc.problems
+    return settings_problems(settings)
+
+
+def settings_problems(settings: Settings) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    for workload in ("llm", "asr"):
+        for i, tier in enumerate(getattr(settings.models, workload)):
+            where = f"models.{workload}[{i}]"
+            problems += _model_problems(f"{where}.model", tier.model, workload)
+            if not is_installed(tier.backend):
+                problems.append((f"{where}.backend", f"{tier.backend!r} is not installed here: {BACKENDS[tier.backend].install_hint}"))
+    tls = settings.mqtt.tls
+    if tls:
+        for key in ("ca_file", "cert_file", "key_file"):
+            path = getattr(tls, key)
+            if path is not None and not Path(path).is_file():
+                problems.append((f"mqtt.tls.{key}", f"file not found: {path}"))
+    if settings.mqtt.password is not None and settings.mqtt.username is None:
+        problems.append(("mqtt.password", "a password needs mqtt.username"))
+    return problems
+
+
+def _model_problems(path: str, model: str, workload: str) -> list[tuple[str, str]]:
+    if model in DEMO_MODELS:
+        demo = DEMO_MODELS[model]
+        if not (DEMO_DIR / model).is_dir():
+            return [(path, f"demo model {model!r} is not shipped in this build")]
+        if not demo.kind.startswith(workload):
+            return [(path, f"{model!r} is a {demo.kind} model, not {workload}")]
+        return []
+    folder = Path(model).expanduser()
+    if not folder.is_dir():
+        return [(path, f"no model {model!r}: not a demo model ({', '.join(DEMO_MODELS)}) and no such folder")]
+    try:
+        ref = inspect_folder(folder)
+    except ModelError as exc:
+        return [(path, str(exc))]
+    if not ref.kind.startswith(workload):
+        return [(path, f"{folder} holds a {ref.kind} model, not {workload}")]
+    return []

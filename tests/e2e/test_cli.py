@@ -1,0 +1,80 @@
+"""The command line as a user runs it: a subprocess, its exit code, stdout and stderr."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_AGENT_")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "edge_agent", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=REPO)
+
+
+def test_help_lists_the_commands():
+    out = run_cli("--help")
+    assert out.returncode == 0
+    for command in ("check-config", "doctor", "models", "generate"):
+        assert command in out.stdout
+
+
+def test_check_config_accepts_the_example(tmp_path):
+    out = run_cli("check-config", "--config", str(REPO / "systemd" / "agent.toml"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "configuration OK" in out.stdout
+
+
+def test_check_config_prints_every_problem_and_exits_nonzero(tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('[mqtt]\nport = 0\nhots = 1\n[[models.llm]]\nname = "x"\nmodel = "no-such-model"\n'
+                   '[[models.asr]]\nname = "y"\nmodel = "demo-phi3"\n')
+    out = run_cli("check-config", "--config", str(cfg))
+    assert out.returncode == 2
+    lines = out.stdout.splitlines()
+    assert any(line.startswith("mqtt.port: ") for line in lines)
+    assert "mqtt.hots: unknown key" in lines
+    # Schema errors come first; fix those and the semantic checks follow.
+    cfg.write_text('[[models.llm]]\nname = "x"\nmodel = "no-such-model"\n[[models.asr]]\nname = "y"\nmodel = "demo-phi3"\n')
+    out = run_cli("check-config", "--config", str(cfg), "--json")
+    report = json.loads(out.stdout)
+    assert out.returncode == 2 and report["ok"] is False
+    paths = {p["path"]: p["message"] for p in report["problems"]}
+    assert "no-such-model" in paths["models.llm[0].model"]
+    assert "llm model, not asr" in paths["models.asr[0].model"]
+
+
+def test_check_config_env_problems_are_reported(tmp_path):
+    out = run_cli("check-config", env={"EDGE_AGENT_MQTT__PORT": "not-a-port"})
+    assert out.returncode == 2
+    assert out.stdout.startswith("mqtt.port: ")
+
+
+def test_missing_config_file_is_one_line_on_stderr(tmp_path):
+    out = run_cli("models", "list", "--config", str(tmp_path / "absent.toml"))
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "config file not found" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_models_list_json_names_every_demo_model():
+    out = run_cli("models", "list", "--json")
+    assert out.returncode == 0, out.stderr
+    names = {m["name"] for m in json.loads(out.stdout)["demo_models"]}
+    assert {"demo-phi3", "demo-gemma", "demo-gemma2", "demo-phi3-small", "demo-whisper", "demo-ctc"} <= names
+
+
+@pytest.mark.parametrize("model, message", [
+    ("no-such-model", "no model 'no-such-model'"),
+])
+def test_generate_with_an_unknown_model_is_a_clear_error(model, message):
+    out = run_cli("generate", "--model", model, "hello")
+    assert out.returncode == 1
+    assert message in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,100 @@
+"""Each demo model on every installed CPU backend reproduces its PyTorch reference outputs.
+
+The references (``reference.npz``) were computed by PyTorch from the same weights when the demo
+models were generated (scripts/make_demo_models.py); this test needs neither torch nor the generator.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edge_agent.backends import SessionOptions, is_installed, open_session
+from edge_agent.models.catalog import DEMO_DIR, resolve_model
+from edge_agent.models.llm import DecoderLM
+
+BACKENDS = [b for b in ("onnxruntime", "openvino") if is_installed(b)]
+LLMS = ["demo-phi3", "demo-gemma", "demo-gemma2"]
+# fp32 on both runtimes; OpenVINO is pinned to f32 by the backend (it would pick bf16 on some CPUs).
+OPTIONS = {"onnxruntime": SessionOptions(device="cpu", threads=2), "openvino": SessionOptions(device="CPU", threads=2)}
+
+
+def reference(name: str) -> dict[str, np.ndarray]:
+    with np.load(DEMO_DIR / name / "reference.npz") as ref:
+        return {k: ref[k] for k in ref.files}
+
+
+def assert_logits_close(got: np.ndarray, want: np.ndarray) -> None:
+    scale = float(np.abs(want).max())
+    np.testing.assert_allclose(got, want, atol=1e-4 * max(scale, 1.0), rtol=1e-4)
+
+
+@pytest.fixture(scope="module", params=[(m, b) for m in LLMS for b in BACKENDS], ids=lambda p: f"{p[0]}-{p[1]}")
+def llm(request, tmp_path_factory):
+    name, backend = request.param
+    lm = DecoderLM.open(resolve_model(name, tmp_path_factory.mktemp("models")), backend, OPTIONS[backend])
+    yield name, lm
+    lm.close()
+
+
+def test_llm_prompt_logits_match_pytorch(llm):
+    name, lm = llm
+    ref = reference(name)
+    ids = ref["prompt_ids"][None].astype(np.int64)
+    logits, past = lm.forward(ids, np.ones_like(ids), lm._empty_past(1))
+    assert_logits_close(logits[0], ref["prompt_logits"])
+    assert past["past_key_values.0.key"].shape[2] == ids.shape[1]
+
+
+@pytest.mark.parametrize("prompt, greedy", [("prompt_ids", "greedy_ids"), ("prompt2_ids", "greedy2_ids")])
+def test_llm_greedy_tokens_with_kv_cache_match_pytorch(llm, prompt, greedy):
+    name, lm = llm
+    ref = reference(name)
+    want = ref[greedy].tolist()
+    got = list(lm.generate_greedy(ref[prompt].tolist(), len(want), stop_at_eos=False))
+    assert got == want
+
+
+def test_gemma2_reference_runs_past_its_sliding_window():
+    import json
+
+    config = json.loads((DEMO_DIR / "demo-gemma2" / "config.json").read_text())
+    ref = reference("demo-gemma2")
+    # Otherwise the alternating sliding-window layers would never be exercised by the test above.
+    assert len(ref["prompt_ids"]) + len(ref["greedy_ids"]) > config["sliding_window"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ctc_logits_match_pytorch(backend):
+    ref = reference("demo-ctc")
+    session = open_session(DEMO_DIR / "demo-ctc" / "model.onnx", backend, OPTIONS[backend])
+    logits = session.run({"input_values": ref["input_values"][None].astype(np.float32)})["logits"][0]
+    assert_logits_close(logits, ref["logits"])
+    assert logits.argmax(-1).tolist() == ref["greedy_ids"].tolist()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_whisper_encoder_and_cached_decoder_match_pytorch(backend):
+    ref = reference("demo-whisper")
+    folder = DEMO_DIR / "demo-whisper"
+    opts = OPTIONS[backend]
+    encoder = open_session(folder / "encoder_model.onnx", backend, opts)
+    decoder = open_session(folder / "decoder_model.onnx", backend, opts, warmup=lambda s: None)
+    with_past = open_session(folder / "decoder_with_past_model.onnx", backend, opts, warmup=lambda s: None)
+    hidden = encoder.run({"input_features": ref["input_features"][None].astype(np.float32)})["last_hidden_state"]
+    assert_logits_close(hidden[0], ref["encoder_hidden_states"])
+
+    # Greedy decoding: the first pass computes the cross-attention cache, later passes reuse it.
+    tokens = ref["decoder_prompt_ids"].astype(np.int64).tolist()
+    out = decoder.run({"input_ids": np.asarray([tokens], np.int64), "encoder_hidden_states": hidden})
+    generated = []
+    past = {k.replace("present.", "past_key_values.", 1): v for k, v in out.items() if k.startswith("present.")}
+    wanted_past = {s.name for s in with_past.inputs if s.name.startswith("past_key_values.")}
+    for step in range(len(ref["greedy_ids"])):
+        token = int(out["logits"][0, -1].argmax())
+        generated.append(token)
+        if step == len(ref["greedy_ids"]) - 1:
+            break
+        feeds = {"input_ids": np.asarray([[token]], np.int64), **{k: past[k] for k in wanted_past}}
+        out = with_past.run(feeds)
+        past.update({k.replace("present.", "past_key_values.", 1): v for k, v in out.items() if k.startswith("present.")})
+    assert generated == ref["greedy_ids"].tolist()

@@ -1,0 +1,146 @@
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from edge_agent.config import SLA_PRESETS, Settings, load_settings
+from edge_agent.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "systemd" / "agent.toml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "agent.toml"
+    path.write_text(text)
+    return path
+
+
+def test_embedded_default_is_cpu_onnxruntime_with_demo_tiers_and_local_broker():
+    s = load_settings(None)
+    assert [t.model for t in s.models.llm] == ["demo-phi3-small", "demo-phi3"]
+    assert all(t.backend == "onnxruntime" and t.device == "cpu" for t in s.models.llm + s.models.asr)
+    assert (s.mqtt.host, s.mqtt.port) == ("127.0.0.1", 1883)
+    assert s.api.host == "127.0.0.1"
+    assert (s.sla.metric, s.sla.percentile, s.sla.target_ms) == ("ttft_ms", 95, 387.0)
+    assert (s.batching.max_batch, s.batching.batch_timeout_ms) == (4, 80.0)
+
+
+def test_env_overrides_toml_and_merges_into_nested_sections(tmp_path, monkeypatch):
+    path = write(tmp_path, '[mqtt]\nhost = "broker.local"\nport = 1884\n[telemetry]\ninterval_s = 5\n')
+    monkeypatch.setenv("EDGE_AGENT_MQTT__PORT", "8883")
+    s = load_settings(path)
+    assert s.mqtt.host == "broker.local"  # from the file
+    assert s.mqtt.port == 8883  # env wins
+    assert s.telemetry.interval_s == 5
+
+
+def test_env_can_set_a_tier_list_as_json(monkeypatch):
+    monkeypatch.setenv("EDGE_AGENT_MODELS__LLM", '[{"name": "g", "model": "demo-gemma"}]')
+    assert [t.model for t in load_settings(None).models.llm] == ["demo-gemma"]
+
+
+def test_missing_explicit_file_is_an_error(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_settings(tmp_path / "nope.toml")
+    assert err.value.problems == [(str(tmp_path / "nope.toml"), "config file not found")]
+
+
+def test_default_file_is_read_when_present(tmp_path, monkeypatch):
+    default = write(tmp_path, '[api]\nport = 9090\n')
+    monkeypatch.setattr("edge_agent.config.DEFAULT_CONFIG", default)
+    assert load_settings(None).api.port == 9090
+
+
+def test_every_problem_is_reported_with_its_dotted_path(tmp_path):
+    path = write(tmp_path, """
+[mqtt]
+hots = "typo"
+port = 99999
+device_id = "a/b"
+[batching]
+max_batch = 2
+preferred_batch_sizes = [2, 4]
+[[models.llm]]
+name = "x"
+model = "demo-phi3"
+backend = "tensorflow"
+""")
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    problems = dict(err.value.problems)
+    assert problems["mqtt.hots"] == "unknown key"
+    assert "65535" in problems["mqtt.port"]
+    assert "'/'" in problems["mqtt.device_id"]
+    assert "preferred_batch_sizes" in problems["batching"]
+    assert "onnxruntime" in problems["models.llm[0].backend"]
+    assert str(path) in str(err.value)
+
+
+def test_toml_syntax_error_names_file_and_line(tmp_path):
+    path = write(tmp_path, "[mqtt]\nport = = 3\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    (where, msg), = err.value.problems
+    assert where == str(path) and "line 2" in msg
+
+
+def test_sla_preset_fills_unset_fields_but_explicit_values_win(tmp_path):
+    s = load_settings(write(tmp_path, '[sla]\npreset = "live-risk-control"\n'))
+    assert (s.sla.percentile, s.sla.target_ms) == (99, 85.0)
+    s = load_settings(write(tmp_path, '[sla]\npreset = "live-risk-control"\ntarget_ms = 100\n'))
+    assert (s.sla.percentile, s.sla.target_ms) == (99, 100.0)
+
+
+def test_duplicate_tier_names_are_rejected(tmp_path):
+    path = write(tmp_path, '[[models.llm]]\nname = "a"\nmodel = "demo-phi3"\n[[models.llm]]\nname = "a"\nmodel = "demo-gemma"\n')
+    with pytest.raises(ConfigError, match=r"models\.llm: tier names must be unique"):
+        load_settings(path)
+
+
+def test_tls_cert_needs_key(tmp_path):
+    with pytest.raises(ConfigError, match="mqtt.tls: cert_file and key_file go together"):
+        load_settings(write(tmp_path, '[mqtt.tls]\ncert_file = "/c.pem"\n'))
+
+
+def test_systemd_directories_set_cache_and_state(monkeypatch, tmp_path):
+    monkeypatch.setenv("CACHE_DIRECTORY", str(tmp_path / "c"))
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "s"))
+    s = load_settings(None)
+    assert s.engines.cache_dir == tmp_path / "c" / "engines"
+    assert s.telemetry.spool_path == tmp_path / "s" / "spool.sqlite"
+
+
+def _leaf_keys(model: type, prefix: str = "") -> set[str]:
+    keys = set()
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        inner = getattr(ann, "__args__", (ann,))
+        sub = next((a for a in inner if isinstance(a, type) and hasattr(a, "model_fields")), None)
+        if sub is not None and name not in ("llm", "asr"):
+            keys |= _leaf_keys(sub, f"{prefix}{name}.")
+        else:
+            keys.add(f"{prefix}{name}")
+    return keys
+
+
+def test_example_config_is_valid_and_documents_every_key():
+    settings = load_settings(EXAMPLE)
+    assert isinstance(settings, Settings)
+    text = EXAMPLE.read_text()
+    # Every key appears in the example, set or commented out, so the file documents them all.
+    present = set(re.findall(r"^#?\s*([a-z_]+)\s*=", text, flags=re.M))
+    for header in re.findall(r"^#?\s*\[\[?([a-z_.]+)\]", text, flags=re.M):
+        present |= set(header.split("."))
+    for key in _leaf_keys(Settings):
+        assert key.split(".")[-1] in present, f"{key} is not documented in {EXAMPLE.name}"
+    assert set(SLA_PRESETS) <= set(re.findall(r'"([a-z-]+)"', text)), "SLA presets are listed in the example"
+    tomllib.loads(text)
