@@ -98,3 +98,18 @@ def test_whisper_encoder_and_cached_decoder_match_pytorch(backend):
         out = with_past.run(feeds)
         past.update({k.replace("present.", "past_key_values.", 1): v for k, v in out.items() if k.startswith("present.")})
     assert generated == ref["greedy_ids"].tolist()
+
+
+def test_llm_left_padded_batch_equals_single_sequences(llm):
+    """Two prompts of different lengths in one batch (left padding) give each one's own logits."""
+    name, lm = llm
+    ref = reference(name)
+    a, b = ref["prompt_ids"].tolist(), ref["prompt2_ids"].tolist()
+    width = max(len(a), len(b))
+    pad = 0
+    ids = np.asarray([[pad] * (width - len(p)) + p for p in (a, b)], np.int64)
+    mask = np.asarray([[0] * (width - len(p)) + [1] * len(p) for p in (a, b)], np.int64)
+    logits, _ = lm.forward(ids, mask, lm._empty_past(2))
+    for row, prompt in enumerate((a, b)):
+        single, _ = lm.forward(np.asarray([prompt], np.int64), np.ones((1, len(prompt)), np.int64), lm._empty_past(1))
+        assert_logits_close(logits[row, -1], single[0, -1])
