@@ -155,8 +155,11 @@ def dummy_feeds(specs: Sequence[TensorSpec], dims: Mapping[str, int] | None = No
 
 
 def _generic_warmup(session: Session) -> None:
+    # Engines with optimization profiles know the smallest shapes they accept (often above 1).
+    make = getattr(session, "warmup_feeds", None)
+    feeds = make() if callable(make) else dummy_feeds(session.inputs)
     try:
-        session.run(dummy_feeds(session.inputs))
+        session.run(feeds)
     except InputError:
         raise
     except BackendError as exc:

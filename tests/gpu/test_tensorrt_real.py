@@ -4,9 +4,9 @@ Whether a GPU and TensorRT are here is asked in child processes (a TensorRT impo
 without a working GPU can segfault). The TensorRT scenario itself also runs in a child: this file
 doubles as its script (``python test_tensorrt_real.py WORKDIR``), printing one JSON line.
 
-The tiny ONNX model (y = x * 2 + 1, x: float32 [batch, 4]) is encoded by hand, so the test needs
-neither the ``onnx`` package nor torch; ``test_tiny_onnx_model_runs_on_onnxruntime`` checks it on
-the CPU everywhere.
+The tiny ONNX model (y = x * 2 + 1, x: float32 [batch, 4]) is encoded by hand, so the device
+needs neither the ``onnx`` package nor torch; ``test_tiny_onnx_model_runs_on_onnxruntime`` checks
+it (onnx.checker where onnx is installed, and ONNX Runtime on the CPU) on every machine.
 """
 from __future__ import annotations
 
@@ -99,6 +99,12 @@ def _need_tensorrt() -> None:
 
 def test_tiny_onnx_model_runs_on_onnxruntime() -> None:
     ort = pytest.importorskip("onnxruntime")
+    try:
+        import onnx
+    except ImportError:
+        pass
+    else:
+        onnx.checker.check_model(onnx.load_model_from_string(tiny_onnx()), full_check=True)
     session = ort.InferenceSession(tiny_onnx(), providers=["CPUExecutionProvider"])
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], x * 2 + 1)

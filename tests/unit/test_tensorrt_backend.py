@@ -228,3 +228,13 @@ def test_tensorrt_logger_goes_to_python_logging(tmp_path: Path, cuda: FakeCuda,
     with caplog.at_level("ERROR", logger="edge_agent.backends.tensorrt.trt"), pytest.raises(EngineError):
         load(tmp_path, b"junk", cuda)
     assert any("Magic tag does not match" in r.getMessage() for r in caplog.records)
+
+
+def test_generic_warmup_uses_the_first_profiles_minimum_shapes(tmp_path: Path, cuda: FakeCuda) -> None:
+    # A prefill profile that starts at 2 rows: a warm-up with 1 row would be refused by the engine.
+    path = tmp_path / "min2.plan"
+    path.write_bytes(affine_plan([{"x": [[2, 4], [4, 4], [8, 4]]}]))
+    session = open_session(path, "tensorrt", SessionOptions(device="cuda", extra={"cuda": cuda}))
+    assert session.warmup_feeds()["x"].shape == (2, 4)
+    np.testing.assert_allclose(session.run({"x": np.ones((3, 4), np.float32)})["y"], np.full((3, 4), 3.0))
+    session.close()
