@@ -135,3 +135,29 @@ def test_fake_backend_latency_failures_and_spec(tmp_path):
 def test_tensor_spec_static():
     assert TensorSpec("a", "float32", (1, 3)).is_static
     assert not TensorSpec("a", "float32", ("batch", 3)).is_static
+
+
+def test_onnxruntime_binding_writes_into_caller_buffers(model):
+    path, w, b = model
+    session = open_session(path, "onnxruntime", SessionOptions(device="cpu"))
+    out = np.full((3, 4), np.nan, np.float32)
+    address = out.ctypes.data
+    x = np.random.default_rng(1).standard_normal((3, 8)).astype(np.float32)
+    session.run_with_binding({"x": x}, {"y": out})
+    assert out.ctypes.data == address  # same memory, filled in place
+    np.testing.assert_allclose(out, affine_relu_reference(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_onnxruntime_tensorrt_provider_options_are_keyed_by_runtime_version(monkeypatch, tmp_path):
+    import onnxruntime as ort
+
+    from edge_agent.backends.onnxruntime import providers_for
+
+    monkeypatch.setattr(ort, "get_available_providers",
+                        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
+    chosen = providers_for(SessionOptions(device="tensorrt", precision="fp16", cache_dir=tmp_path))
+    assert [name for name, _ in chosen] == ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    trt = chosen[0][1]
+    assert trt["trt_fp16_enable"] is True and trt["trt_int8_enable"] is False
+    # The TRT EP never invalidates its cache on upgrade: the folder carries the runtime version.
+    assert trt["trt_engine_cache_path"].endswith(f"ort-trt-{ort.__version__}")
