@@ -1,0 +1,100 @@
+"""Token selection: greedy, or temperature / top-k / top-p sampling with a per-request seed.
+
+Pure numpy over one row of logits; the order follows the HF/vLLM convention: repetition penalty,
+temperature, top-k, top-p, then a draw. A request with a seed draws the same tokens every time,
+whatever else shares its batch, because each request owns its generator.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import InputError
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_new_tokens: int = 128
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    repetition_penalty: float = 1.0  # 1 = off (CTRL-style: divide positive logits, multiply negative)
+    max_repeats: int = 0  # 0 = off; stop after the same token this many times in a row
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            problems.append(f"max_new_tokens must be an integer ≥ 1, got {self.max_new_tokens!r}")
+        if not 0.0 <= self.temperature <= 100.0:
+            problems.append(f"temperature must lie in [0, 100], got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            problems.append(f"top_k must be an integer ≥ 0, got {self.top_k!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            problems.append(f"top_p must lie in (0, 1], got {self.top_p!r}")
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            problems.append(f"repetition_penalty must lie in (0, 10], got {self.repetition_penalty!r}")
+        if not isinstance(self.max_repeats, int) or self.max_repeats < 0:
+            problems.append(f"max_repeats must be an integer ≥ 0, got {self.max_repeats!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            problems.append("stop strings must be non-empty text")
+        if problems:
+            raise InputError("invalid sampling parameters: " + "; ".join(problems))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class Sampler:
+    """Per-request token chooser; owns the request's random generator."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self._rng = np.random.default_rng(params.seed)
+
+    def choose(self, logits: np.ndarray, history: Sequence[int]) -> int:
+        """The next token for one row of ``logits`` [V], given the ids so far (prompt + generated)."""
+        p = self.params
+        if p.repetition_penalty != 1.0 and history:
+            logits = logits.astype(np.float32, copy=True)
+            seen = np.unique(np.asarray(history, dtype=np.int64))
+            seen = seen[seen < logits.shape[-1]]
+            vals = logits[seen]
+            logits[seen] = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        if p.greedy:
+            return int(np.argmax(logits))
+        scaled = logits.astype(np.float64) / p.temperature
+        if p.top_k and p.top_k < scaled.shape[-1]:
+            kth = np.partition(scaled, -p.top_k)[-p.top_k]
+            scaled = np.where(scaled < kth, -np.inf, scaled)
+        probs = np.exp(scaled - scaled.max())
+        probs /= probs.sum()
+        if p.top_p < 1.0:
+            order = np.argsort(-probs, kind="stable")
+            cumulative = np.cumsum(probs[order])
+            # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+            keep = order[: int(np.searchsorted(cumulative, p.top_p) + 1)]
+            mask = np.zeros_like(probs)
+            mask[keep] = probs[keep]
+            probs = mask / mask.sum()
+        return int(self._rng.choice(probs.shape[-1], p=probs))
+
+
+def repeated_too_often(generated: Sequence[int], max_repeats: int) -> bool:
+    """Whether the last ``max_repeats`` generated tokens are all the same token."""
+    return max_repeats > 0 and len(generated) >= max_repeats and len(set(generated[-max_repeats:])) == 1
+
+
+def find_stop(text: str, stops: Sequence[str], searched_upto: int = 0) -> int | None:
+    """Index where the earliest stop string starts in ``text``, looking only at new text."""
+    best = None
+    for stop in stops:
+        i = text.find(stop, max(0, searched_upto - len(stop) + 1))
+        if i != -1 and (best is None or i < best):
+            best = i
+    return best
