@@ -160,11 +160,10 @@ def _generic_warmup(session: Session) -> None:
     feeds = make() if callable(make) else dummy_feeds(session.inputs)
     try:
         session.run(feeds)
-    except InputError:
-        raise
-    except BackendError as exc:
-        # Models whose dims are tied (e.g. attention_mask = past + seq) need their adapter's warm-up.
-        log.debug("generic warm-up skipped for this model: %s", exc)
+    except (InputError, BackendError) as exc:
+        # A guess of 1 for every dynamic dim does not suit every model (tied dims such as
+        # attention_mask = past + seq, a minimum audio length): their adapters warm up for real.
+        log.debug("generic warm-up skipped for %s: %s", getattr(session, "path", "this model"), exc)
 
 
 def check_feeds(specs: Sequence[TensorSpec], feeds: Mapping[str, np.ndarray]) -> None:
