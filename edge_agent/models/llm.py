@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -23,6 +22,7 @@ import numpy as np
 from ..backends import Session, SessionOptions, open_session
 from ..errors import InputError, ModelError
 from .catalog import ModelRef
+from .kv_batch import DecodeBatch, left_pad
 from .tokenizer import Tokenizer
 
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
@@ -71,16 +71,6 @@ def read_contract(session: Session, config: dict, generation_config: dict) -> Ll
     )
 
 
-@dataclass(slots=True)
-class Generation:
-    """One finished generation with its timings (ms, from the call)."""
-
-    token_ids: list[int] = field(default_factory=list)
-    prefill_ms: float = 0.0
-    token_times_ms: list[float] = field(default_factory=list)
-    finish_reason: str = "length"
-
-
 class DecoderLM:
     """One loaded decoder model: tokenizer, contract and session (one sequence at a time)."""
 
@@ -118,6 +108,19 @@ class DecoderLM:
         new_past = {name.replace("present.", "past_key_values.", 1): v for name, v in out.items() if name.startswith("present.")}
         return out["logits"], new_past
 
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+        """Run prompts of any lengths as one left-padded batch: last-position logits [n, V], cache, mask."""
+        ids, mask = left_pad(prompts)
+        logits, past = self.forward(ids, mask, self._empty_past(len(prompts)))
+        return logits[:, -1], past, mask
+
+    def decode(self, batch: DecodeBatch, tokens: Sequence[int]) -> np.ndarray:
+        """One step for every row of ``batch`` (one new token each): last logits [B, V]; advances the cache."""
+        mask = np.concatenate([batch.mask, np.ones((len(batch), 1), dtype=np.int64)], axis=1)
+        logits, present = self.forward(np.asarray(tokens, dtype=np.int64)[:, None], mask, batch.past)
+        batch.advance(present)
+        return logits[:, -1]
+
     def check_prompt(self, prompt_ids: Sequence[int], max_new_tokens: int) -> None:
         if not prompt_ids:
             raise InputError("the prompt is empty")
@@ -146,12 +149,6 @@ class DecoderLM:
 
     def close(self) -> None:
         self.session.close()
-
-
-def timed(tokens: Iterator[int], clock=time.perf_counter) -> Iterator[tuple[int, float]]:
-    """Pair each token with the clock reading at which it was produced."""
-    for token in tokens:
-        yield token, clock()
 
 
 def _warmup(session: Session) -> None:

@@ -113,3 +113,37 @@ def test_llm_left_padded_batch_equals_single_sequences(llm):
     for row, prompt in enumerate((a, b)):
         single, _ = lm.forward(np.asarray([prompt], np.int64), np.ones((1, len(prompt)), np.int64), lm._empty_past(1))
         assert_logits_close(logits[row, -1], single[0, -1])
+
+
+@pytest.mark.parametrize("join_after", [0, 3, 9])
+def test_llm_continuous_batching_matches_single_sequence_references(llm, join_after):
+    """Prompt 1 starts alone; prompt 2 joins the running batch after ``join_after`` steps; a third
+    copy of prompt 1 joins later still and leaves early. Every row's greedy tokens equal PyTorch's."""
+    from edge_agent.models.kv_batch import DecodeBatch
+
+    name, lm = llm
+    ref = reference(name)
+    prompts = {"a": ref["prompt_ids"].tolist(), "b": ref["prompt2_ids"].tolist(), "c": ref["prompt_ids"].tolist()}
+    wants = {"a": ref["greedy_ids"].tolist(), "b": ref["greedy2_ids"].tolist(), "c": ref["greedy_ids"].tolist()[:5]}
+    joins = {0: ["a"], join_after: ["b"], join_after + 4: ["c"]}
+    if join_after == 0:
+        joins = {0: ["a", "b"], 4: ["c"]}  # a and b prefill together, left-padded
+    got: dict[str, list[int]] = {k: [] for k in prompts}
+    batch: DecodeBatch[str] = DecodeBatch()
+    step = 0
+    while step < 100 and (batch.rows or any(s >= step for s in joins)):
+        if step in joins:
+            rows = joins[step]
+            logits, past, mask = lm.prefill([prompts[r] for r in rows])
+            for r, row_logits in zip(rows, logits):
+                got[r].append(int(row_logits.argmax()))
+            batch.add(rows, past, mask)
+        done = [i for i, r in enumerate(batch.rows) if len(got[r]) >= len(wants[r])]
+        batch.remove(done)
+        if batch.rows:
+            logits = lm.decode(batch, [got[r][-1] for r in batch.rows])
+            for r, row_logits in zip(batch.rows, logits):
+                got[r].append(int(row_logits.argmax()))
+        step += 1
+    for r in prompts:
+        assert got[r][: len(wants[r])] == wants[r], f"row {r}"

@@ -1,0 +1,90 @@
+"""The KV cache of sequences decoding together, for exports with ``past_key_values`` inputs.
+
+Rows are left-padded to a common cache length: a row's real tokens sit contiguously at the right
+end of every cache tensor, pads at the left are masked out (``attention_mask`` 0) and positions
+count real tokens only. That keeps relative distances in cache-index space intact, which is what
+Gemma-2's sliding-window mask measures. Sequences join (after their own prefill) and leave at step
+boundaries; columns that only hold pads for every row are trimmed when rows leave.
+
+    past[name]  [B, H_kv, P, D]     mask  [B, P]      (B rows, P cache columns)
+"""
+from __future__ import annotations
+
+from typing import Generic, Sequence, TypeVar
+
+import numpy as np
+
+Row = TypeVar("Row")
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids [B, S] and mask [B, S] for prompts of different lengths, padded on the left."""
+    width = max(len(p) for p in prompts)
+    ids = np.full((len(prompts), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(prompts), width), dtype=np.int64)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = prompt
+        mask[row, width - len(prompt):] = 1
+    return ids, mask
+
+
+def _pad_columns(array: np.ndarray, axis: int, count: int) -> np.ndarray:
+    if count == 0:
+        return array
+    widths = [(0, 0)] * array.ndim
+    widths[axis] = (count, 0)
+    return np.pad(array, widths)
+
+
+class DecodeBatch(Generic[Row]):
+    """Rows (per-request state objects) with their shared, left-padded KV cache and mask."""
+
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
+        self.past: dict[str, np.ndarray] = {}
+        self.mask = np.zeros((0, 0), dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def width(self) -> int:
+        return self.mask.shape[1]
+
+    def add(self, rows: Sequence[Row], past: dict[str, np.ndarray], mask: np.ndarray) -> None:
+        """Join ``rows`` whose cache is ``past`` [n, H, Pn, D] and ``mask`` [n, Pn]."""
+        if not self.rows:
+            self.rows, self.past, self.mask = list(rows), dict(past), mask.copy()
+            return
+        width = max(self.width, mask.shape[1])
+        self.past = {
+            name: np.concatenate([_pad_columns(self.past[name], 2, width - self.width),
+                                  _pad_columns(past[name], 2, width - mask.shape[1])], axis=0)
+            for name in self.past
+        }
+        self.mask = np.concatenate([_pad_columns(self.mask, 1, width - self.width),
+                                    _pad_columns(mask, 1, width - mask.shape[1])], axis=0)
+        self.rows.extend(rows)
+
+    def advance(self, present: dict[str, np.ndarray]) -> None:
+        """After a decode step: the step's ``present`` becomes the cache, one real column longer."""
+        self.past = present
+        self.mask = np.concatenate([self.mask, np.ones((len(self.rows), 1), dtype=np.int64)], axis=1)
+
+    def remove(self, indices: Sequence[int]) -> list[Row]:
+        """Drop rows (finished, cancelled, failed); trim pad-only columns on the left."""
+        if not indices:
+            return []
+        drop = set(indices)
+        keep = [i for i in range(len(self.rows)) if i not in drop]
+        removed = [self.rows[i] for i in sorted(drop)]
+        self.rows = [self.rows[i] for i in keep]
+        if not keep:
+            self.past, self.mask = {}, np.zeros((0, 0), dtype=np.int64)
+            return removed
+        mask = self.mask[keep]
+        used = np.flatnonzero(mask.any(axis=0))
+        start = int(used[0]) if used.size else mask.shape[1]
+        self.mask = np.ascontiguousarray(mask[:, start:])
+        self.past = {name: np.ascontiguousarray(value[keep][:, :, start:]) for name, value in self.past.items()}
+        return removed
