@@ -13,7 +13,8 @@ callers catch ``EdgeAgentError``.
     │   ├── DeviceUnavailable   the runtime is there, the device (GPU, NPU) is not
     │   └── EngineError         an engine/plan file is corrupt or was built for another runtime/device
     ├── InputError              a request's inputs are malformed (shapes, dtypes, names, prompt text)
-    └── Overloaded              the agent is at capacity; try again later
+    ├── Overloaded              the agent is at capacity; try again later
+    └── DeadlineExceeded        a request waited past its queue timeout or deadline
 """
 from __future__ import annotations
 
@@ -63,3 +64,7 @@ class InputError(EdgeAgentError):
 
 class Overloaded(EdgeAgentError):
     """The agent is at capacity; the request was not admitted."""
+
+
+class DeadlineExceeded(EdgeAgentError):
+    """A request was not started within its queue timeout or its own deadline."""

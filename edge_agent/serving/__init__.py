@@ -1,0 +1,1 @@
+"""Serving: continuous batching for LLMs, dynamic batching for other models."""
