@@ -18,7 +18,8 @@ is the bucket's harmonic midpoint ``2 * lo * hi / (lo + hi)`` (DDSketch's choice
 (``relative_error``): 4.3 % at scale 3, 2.2 % at scale 4, 1.1 % at scale 5. The geometric midpoint
 would give ``sqrt(base) - 1``, slightly worse.
 
-Only non-negative values exist here (latencies in ms), so there are no negative buckets.
+Only non-negative values exist here (latencies in ms), so there are no negative buckets. The wire
+form is validated in ``otlp.py``.
 """
 from __future__ import annotations
 
@@ -273,7 +274,11 @@ class ExponentialHistogram:
         return twin
 
     def quantile(self, q: float) -> float | None:
-        """Nearest-rank ``q``-quantile estimate (``0 <= q <= 1``); None when empty. See module doc."""
+        """Nearest-rank ``q``-quantile estimate (``0 <= q <= 1``); None when empty. See module doc.
+
+        A rank in the zero bucket gives 0.0, exact with the default ``zero_threshold`` of 0 (with a
+        positive threshold: half of it, and the relative bound does not hold there).
+        """
         if not 0.0 <= q <= 1.0:
             raise ValueError(f"quantile q must be in [0, 1], got {q!r}")
         if self.count == 0:
