@@ -78,3 +78,32 @@ def test_generate_with_an_unknown_model_is_a_clear_error(model, message):
     out = run_cli("generate", "--model", model, "hello")
     assert out.returncode == 1
     assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_generate_json_fields_and_reproducible_seeded_sampling():
+    runs = [run_cli("generate", "--model", "demo-phi3", "--json", "--seed", "11", "--max-new-tokens", "12", "Hello")
+            for _ in range(2)]
+    for out in runs:
+        assert out.returncode == 0, out.stderr
+    a, b = (json.loads(out.stdout) for out in runs)
+    assert a["token_ids"] == b["token_ids"] and a["text"] == b["text"]
+    assert len(a["token_ids"]) == a["new_tokens"] <= 12
+    assert 0 < a["ttft_ms"] <= a["e2e_ms"]
+    assert a["finish_reason"] in ("length", "stop")
+
+
+def test_generate_streams_text_then_a_latency_line():
+    out = run_cli("generate", "--model", "demo-gemma", "--greedy", "--max-new-tokens", "8", "Hi")
+    assert out.returncode == 0, out.stderr
+    assert "TTFT" in out.stderr and "demo-gemma" in out.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--top-p", "0"], "top_p must lie in (0, 1]"),
+    (["--max-new-tokens", "0"], "max_new_tokens"),
+    (["--max-new-tokens", "100000"], "exceeds the model's context"),
+])
+def test_generate_bad_parameters_are_one_line_errors(args, message):
+    out = run_cli("generate", "--model", "demo-phi3", *args, "hello")
+    assert out.returncode == 1
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1
