@@ -1,0 +1,434 @@
+"""``edge-agent bench llm``: the agent's LLM serving path against a bare runtime loop, same run.
+
+Each round runs the same synthetic prompts twice, alternating:
+- **agent**: through ``LLMScheduler`` (continuous batching, sampling objects, detokenization,
+  per-request timing), driven by ``C`` closed-loop clients or by Poisson arrivals (``--rate``);
+- **baseline**: a bare sequential greedy loop over ``DecoderLM.forward`` (the runtime session with
+  present→past fed back), timed with ``time.perf_counter``: what the runtime gives with nothing around it.
+
+Figures are medians across rounds (noise on shared cores is about ±10%). Latency names follow
+DESIGN "Latency vocabulary": ``ttft_ms``, ``itl_ms``, ``tpot_ms``, ``e2e_ms``. ``goodput`` counts
+requests whose TTFT is within ``--sla-ms`` (default 387 ms, the agent's default TTFT SLO) per second.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import InputError
+from ..metrics.timing import LatencyStats, RequestTiming
+from ..progress import Progress
+
+STAT_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
+SEED = 1234
+DEFAULT_SLA_MS = 387.0
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "llm", help="benchmark LLM serving: agent vs a bare runtime loop, with a bandwidth roofline",
+        description="Run synthetic requests through the agent's scheduler and through a bare sequential "
+                    "runtime loop (alternating rounds), report TTFT/ITL/TPOT/E2E percentiles, tokens/s, "
+                    "goodput, overhead ratios and the memory-bandwidth roofline.")
+    p.add_argument("--model", default="demo-phi3-small", help="demo model name or model folder (default demo-phi3-small)")
+    p.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "openvino"))
+    p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2; always set explicitly)")
+    p.add_argument("--concurrency", type=int, default=1, metavar="C", help="closed-loop clients / max batch (default 1)")
+    p.add_argument("--requests", type=int, default=16, metavar="N", help="requests per round (default 16)")
+    p.add_argument("--rate", type=float, default=None, metavar="R",
+                   help="Poisson arrivals at R requests/s (seeded); default: closed loop with C clients")
+    p.add_argument("--prompt-tokens", type=int, default=128, metavar="P", help="synthetic prompt length (default 128)")
+    p.add_argument("--max-new-tokens", type=int, default=128, metavar="T", help="tokens per request, EOS ignored (default 128)")
+    p.add_argument("--sla-ms", type=float, default=DEFAULT_SLA_MS,
+                   help=f"goodput counts requests with ttft_ms <= this (default {DEFAULT_SLA_MS:g})")
+    p.add_argument("--rounds", type=int, default=3, help="alternating agent/baseline rounds; medians reported (default 3)")
+    p.add_argument("--json", dest="json_out", metavar="OUT", default=None, help="write the JSON report to OUT")
+    p.add_argument("--plot", metavar="PNG", default=None, help="draw TTFT/ITL distributions and tokens/s to PNG")
+    p.add_argument("--no-baseline", action="store_true", help="skip the bare-loop baseline")
+    p.add_argument("--cache-dir", type=Path, default=None, help="model cache (default: the configured models cache)")
+    p.add_argument("--config", metavar="FILE", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=run)
+    return p
+
+
+# -- validation and inputs --------------------------------------------------------------------
+
+def _validate(args: argparse.Namespace) -> None:
+    if args.requests < 1:
+        raise InputError(f"--requests must be at least 1, got {args.requests}")
+    if args.concurrency < 1:
+        raise InputError(f"--concurrency must be at least 1, got {args.concurrency}")
+    if args.rate is not None and not args.rate > 0:
+        raise InputError(f"--rate must be > 0 requests/s, got {args.rate}")
+    if args.prompt_tokens < 1:
+        raise InputError(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
+    if args.max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.threads < 1:
+        raise InputError(f"--threads must be at least 1, got {args.threads}")
+    if args.rounds < 1:
+        raise InputError(f"--rounds must be at least 1, got {args.rounds}")
+    if not args.sla_ms > 0:
+        raise InputError(f"--sla-ms must be > 0, got {args.sla_ms}")
+
+
+def synthetic_prompts(lm, n: int, length: int, seed: int = SEED) -> list[list[int]]:
+    """``n`` prompts of exactly ``length`` ids from the tokenizer's normal (non-added, non-special) vocab."""
+    tok = lm.tokenizer
+    inner = getattr(tok, "_tok", None)
+    high = inner.get_vocab_size(with_added_tokens=False) if inner is not None else tok.vocab_size
+    high = min(high, int(lm.ref.config.get("vocab_size", high)))
+    special = set(lm.contract.eos_ids) | ({lm.contract.bos_id} if lm.contract.bos_id is not None else set())
+    low = 3 if high > 3 else 0  # skip <unk>/<s>/</s>-style ids at the bottom of BPE vocabularies
+    rng = np.random.default_rng(seed)
+    prompts = []
+    for _ in range(n):
+        ids = rng.integers(low, high, size=length)
+        for j, v in enumerate(ids):
+            while int(v) in special:
+                v = rng.integers(low, high)
+            ids[j] = v
+        prompts.append([int(v) for v in ids])
+    return prompts
+
+
+def poisson_offsets(n: int, rate: float, seed: int = SEED) -> list[float]:
+    """Arrival times (s from the start) of ``n`` Poisson arrivals at ``rate``/s; the first at 0."""
+    gaps = np.random.default_rng(seed + 1).exponential(1.0 / rate, size=n)
+    gaps[0] = 0.0
+    return list(np.cumsum(gaps))
+
+
+# -- one round of each side -------------------------------------------------------------------
+
+def _new_stats() -> LatencyStats:
+    return LatencyStats(window_s=1e9, max_samples=10_000_000)
+
+
+def run_agent(scheduler, prompts: Sequence[Sequence[int]], concurrency: int, rate: float | None,
+              max_new_tokens: int, sink: list, progress: Progress | None = None) -> float:
+    """Run every prompt through the scheduler; timings land in ``sink`` (via on_finished). Returns wall s."""
+    from ..models.sampling import SamplingParams
+
+    params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+    done = [0]
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def finished_one() -> None:
+        with lock:
+            done[0] += 1
+            if progress is not None:
+                progress.update(done[0], len(prompts))
+
+    start = time.perf_counter()
+    if rate is None:
+        next_index = [0]
+
+        def client() -> None:
+            while True:
+                with lock:
+                    i = next_index[0]
+                    next_index[0] += 1
+                if i >= len(prompts):
+                    return
+                try:
+                    scheduler.submit(prompts[i], params).result(600)
+                except BaseException as exc:  # surfaced after the join
+                    errors.append(exc)
+                    return
+                finished_one()
+
+        workers = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    else:
+        handles = []
+        for offset, prompt in zip(poisson_offsets(len(prompts), rate), prompts):
+            delay = start + offset - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            handles.append(scheduler.submit(prompt, params))
+        for h in handles:
+            try:
+                h.result(600)
+            except BaseException as exc:
+                errors.append(exc)
+            finished_one()
+    wall = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return wall
+
+
+def run_baseline(lm, prompts: Sequence[Sequence[int]], max_new_tokens: int, sink: list,
+                 progress: Progress | None = None) -> float:
+    """The bare loop: prefill with ``lm.forward``, greedy argmax, present→past, one request at a time."""
+    empty = lm._empty_past(1)
+    start = time.perf_counter()
+    for k, prompt in enumerate(prompts):
+        t0 = time.perf_counter()
+        ids = np.asarray([prompt], dtype=np.int64)
+        mask = np.ones_like(ids)
+        logits, past = lm.forward(ids, mask, empty)
+        token = int(np.argmax(logits[0, -1]))
+        times = [time.perf_counter()]
+        one = np.ones((1, 1), dtype=np.int64)
+        for _ in range(max_new_tokens - 1):
+            mask = np.concatenate([mask, one], axis=1)
+            logits, past = lm.forward(np.asarray([[token]], dtype=np.int64), mask, past)
+            token = int(np.argmax(logits[0, -1]))
+            times.append(time.perf_counter())
+        sink.append(RequestTiming(t0, t0, tuple(times), times[-1], len(prompt)))
+        if progress is not None:
+            progress.update(k + 1, len(prompts))
+    return time.perf_counter() - start
+
+
+def summarize(timings: Sequence[RequestTiming], wall_s: float, sla_ms: float, batch1: bool) -> dict:
+    stats = _new_stats()
+    for t in timings:
+        stats.add(t)
+    summary = stats.summary()
+    out: dict = {m: summary[m] for m in STAT_METRICS}
+    tokens = sum(t.tokens_out for t in timings)
+    good = sum(1 for t in timings if t.ttft_ms is not None and t.ttft_ms <= sla_ms)
+    out["requests"] = len(timings)
+    out["tokens_out"] = tokens
+    out["wall_s"] = wall_s
+    out["tokens_per_s"] = tokens / wall_s
+    out["requests_per_s"] = len(timings) / wall_s
+    out["goodput"] = good / wall_s
+    out["sla_met"] = good
+    itl50 = summary["itl_ms"]["p50"]
+    out["decode_tokens_per_s"] = 1e3 / itl50 if batch1 and itl50 else None
+    return out
+
+
+def _median_of(rounds: list[dict]) -> dict:
+    """Field-wise median across rounds (nested stat dicts included); counts are per round."""
+    first = rounds[0]
+    merged: dict = {}
+    for key, value in first.items():
+        if isinstance(value, dict):
+            merged[key] = _median_of([r[key] for r in rounds])
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            values = [r[key] for r in rounds if r[key] is not None]
+            med = statistics.median(values) if values else None
+            merged[key] = int(med) if isinstance(value, int) and med is not None and key in ("count", "requests", "tokens_out", "sla_met") else med
+        else:
+            values = [r[key] for r in rounds if r[key] is not None]
+            merged[key] = statistics.median(values) if values else None
+    return merged
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+# -- onnxruntime-genai -------------------------------------------------------------------------
+
+def genai_comparison(ref) -> tuple[None, str]:
+    if importlib.util.find_spec("onnxruntime_genai") is None:
+        return None, "onnxruntime_genai is not installed"
+    if ref.model_type != "genai":
+        return None, (f"{ref.name} is a plain ONNX export, not an onnxruntime-genai folder (genai_config.json); "
+                      "build one with onnxruntime_genai.models.builder to compare")
+    return None, "genai folders are not servable by the agent's LLM adapter yet, so there is no agent run to compare"
+
+
+# -- the command --------------------------------------------------------------------------------
+
+def _cache_dir(args: argparse.Namespace) -> Path:
+    if getattr(args, "cache_dir", None):
+        return Path(args.cache_dir)
+    from ..config import load_settings
+
+    return load_settings(getattr(args, "config", None)).models.cache_dir
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..backends import SessionOptions
+    from ..models.catalog import resolve_model
+    from ..models.llm import DecoderLM
+    from ..serving.scheduler import Limits, LLMScheduler
+    from . import roofline as rl
+
+    _validate(args)
+    quiet = getattr(args, "quiet", False)
+    show = not quiet
+    with Progress("demo weights", "MB", enabled=show) as weights_progress:
+        ref = resolve_model(args.model, _cache_dir(args),
+                            progress=lambda done, total: weights_progress.update(done / 1e6, total / 1e6))
+    lm = DecoderLM.open(ref, args.backend, SessionOptions(device="cpu", threads=args.threads))
+    try:
+        context = lm.contract.max_context
+        if args.prompt_tokens + args.max_new_tokens > context:
+            raise InputError(f"--prompt-tokens {args.prompt_tokens} + --max-new-tokens {args.max_new_tokens} exceeds "
+                             f"the model's context of {context} tokens")
+        return _run_loaded(args, ref, lm, show, Limits, LLMScheduler, rl)
+    finally:
+        lm.close()
+
+
+def _run_loaded(args, ref, lm, show, Limits, LLMScheduler, rl) -> int:
+    from ..models.sampling import SamplingParams
+
+    C, N, T = args.concurrency, args.requests, args.max_new_tokens
+    closed_c1 = args.rate is None and C == 1
+    max_batch = max(C, 1)
+    limits = Limits(max_batch=max_batch, batch_timeout_ms=0.0 if closed_c1 else 80.0,
+                    preferred_batch_sizes=tuple(s for s in (2, 4) if s <= max_batch),
+                    max_queue=max(64, N + 1), queue_timeout_ms=3_600_000.0)
+    prompts = synthetic_prompts(lm, N, args.prompt_tokens)
+    sink: list[RequestTiming] = []
+    scheduler = LLMScheduler(lm, limits, on_finished=sink.append).start()
+    agent_rounds: list[dict] = []
+    base_rounds: list[dict] = []
+    raw = {"agent": {"ttft_ms": [], "itl_ms": []}, "baseline": {"ttft_ms": [], "itl_ms": []}}
+    try:
+        # 1. warm-up: one short request each way, excluded
+        scheduler.submit(prompts[0][: min(8, len(prompts[0]))], SamplingParams(max_new_tokens=2, ignore_eos=True),
+                         tags=("warmup",)).result(600)
+        if not args.no_baseline:
+            run_baseline(lm, [prompts[0][:8]], 2, [])
+        sink.clear()
+        for r in range(args.rounds):
+            sink.clear()
+            with Progress(f"agent round {r + 1}/{args.rounds}", "req", enabled=show) as prog:
+                wall = run_agent(scheduler, prompts, C, args.rate, T, sink, prog)
+            deadline = time.monotonic() + 5
+            while len(sink) < N and time.monotonic() < deadline:  # on_finished runs after the handle resolves
+                time.sleep(0.001)
+            timings = [t for t in sink if "warmup" not in t.tags]
+            _collect(raw["agent"], timings)
+            agent_rounds.append(summarize(timings, wall, args.sla_ms, batch1=max_batch == 1))
+            if not args.no_baseline:
+                base: list[RequestTiming] = []
+                with Progress(f"baseline round {r + 1}/{args.rounds}", "req", enabled=show) as prog:
+                    wall = run_baseline(lm, prompts, T, base, prog)
+                _collect(raw["baseline"], base)
+                base_rounds.append(summarize(base, wall, args.sla_ms, batch1=True))
+    finally:
+        scheduler.stop()
+
+    agent = _median_of(agent_rounds)
+    agent["per_round_tokens_per_s"] = [r["tokens_per_s"] for r in agent_rounds]
+    baseline = None
+    if base_rounds:
+        baseline = _median_of(base_rounds)
+        baseline["per_round_tokens_per_s"] = [r["tokens_per_s"] for r in base_rounds]
+        baseline["mode"] = "sequential, one request at a time, bare DecoderLM.forward greedy loop"
+
+    notes = []
+    overhead = decode_ratio = None
+    if baseline is not None:
+        if C == 1:
+            overhead = _ratio(agent["ttft_ms"]["p50"], baseline["ttft_ms"]["p50"])
+            decode_ratio = _ratio(agent["decode_tokens_per_s"], baseline["decode_tokens_per_s"])
+            if args.rate is not None:
+                notes.append("open loop (Poisson): agent TTFT includes queueing behind earlier requests, "
+                             "so overhead_ratio mixes load with agent overhead")
+        else:
+            notes.append("overhead_ratio and decode_ratio are defined at concurrency 1 only "
+                         "(the baseline runs one request at a time)")
+
+    achieved = agent["decode_tokens_per_s"] if agent["decode_tokens_per_s"] else (
+        baseline["decode_tokens_per_s"] if baseline else None)
+    achieved_source = "agent" if agent["decode_tokens_per_s"] else ("baseline" if baseline else None)
+    c = lm.contract
+    itemsize = {"float16": 2, "bfloat16": 2}.get(str(ref.config.get("torch_dtype")), 4)
+    read_weights = rl.weight_bytes(ref.path) - rl.embedding_gather_bytes(ref.config, itemsize)
+    roof = rl.roofline(rl.measure_read_bandwidth_gb_s(args.threads), read_weights,
+                       rl.kv_bytes_per_token_of_context(c.num_layers, c.num_kv_heads, c.head_dim, c.kv_dtype),
+                       args.prompt_tokens + (T - 1) / 2, achieved)
+    roof["achieved_source"] = achieved_source
+    genai, genai_reason = genai_comparison(ref)
+
+    report = {
+        "model": ref.name, "backend": args.backend, "threads": args.threads,
+        "concurrency": C, "requests": N, "rate": args.rate,
+        "arrivals": "poisson" if args.rate is not None else "closed-loop",
+        "prompt_tokens": args.prompt_tokens, "max_new_tokens": T, "sla_ms": args.sla_ms,
+        "rounds": {"count": args.rounds, "aggregation": "median across rounds, agent and baseline alternating"},
+        "limits": {"max_batch": limits.max_batch, "batch_timeout_ms": limits.batch_timeout_ms},
+        "agent": agent, "baseline": baseline,
+        "overhead_ratio": overhead, "decode_ratio": decode_ratio,
+        "roofline": roof,
+        "genai": genai, "genai_reason": genai_reason,
+        "notes": notes,
+    }
+    print(format_table(report))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    if args.plot:
+        from .plot import plot_report
+
+        plot_report(report, raw, Path(args.plot))
+    return 0
+
+
+def _collect(into: dict, timings: Sequence[RequestTiming]) -> None:
+    for t in timings:
+        if t.ttft_ms is not None:
+            into["ttft_ms"].append(t.ttft_ms)
+        into["itl_ms"].extend(t.itl_ms)
+
+
+def _rate_text(rate: float | None) -> str:
+    return "" if rate is None else f" at {rate:g}/s"
+
+
+def _fmt(v: float | None, digits: int = 1) -> str:
+    return "—" if v is None else f"{v:.{digits}f}"
+
+
+def format_table(report: dict) -> str:
+    a, b = report["agent"], report["baseline"]
+    lines = [f"LLM bench: {report['model']} on {report['backend']} ({report['threads']} threads), "
+             f"C={report['concurrency']}, {report['requests']} requests × {report['rounds']['count']} rounds, "
+             f"{report['arrivals']}{_rate_text(report['rate'])}, "
+             f"P={report['prompt_tokens']} T={report['max_new_tokens']}",
+             f"{'metric':<22}{'agent':>12}{'baseline':>12}{'agent/base':>12}"]
+
+    def row(name: str, av, bv) -> None:
+        lines.append(f"{name:<22}{_fmt(av):>12}{_fmt(bv):>12}{_fmt(_ratio(av, bv), 2):>12}")
+
+    for m in STAT_METRICS:
+        for p in ("p50", "p95", "p99"):
+            row(f"{m} {p}", a[m][p], b[m][p] if b else None)
+    for k in ("tokens_per_s", "requests_per_s", "goodput", "decode_tokens_per_s"):
+        row(k, a[k], b[k] if b else None)
+    lines.append(f"overhead_ratio (TTFT p50, C=1): {_fmt(report['overhead_ratio'], 3)}   "
+                 f"decode_ratio: {_fmt(report['decode_ratio'], 3)}")
+    r = report["roofline"]
+    lines.append(f"roofline: {r['bandwidth_gb_s']:.1f} GB/s read, {r['bytes_per_token'] / 1e6:.1f} MB/token → "
+                 f"bound {r['bound_tokens_per_s']:.0f} tok/s; achieved {_fmt(r['achieved_tokens_per_s'])} "
+                 f"({r['achieved_source']}) = {_fmt(r['fraction'], 2)} of the bound")
+    lines.append(f"genai: {report['genai_reason'] if report['genai'] is None else report['genai']}")
+    for note in report["notes"]:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="edge-agent bench")
+    add_parser(parser.add_subparsers(dest="bench_command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Memory-bandwidth roofline for batch-1 decoding.
+
+Decoding one token at batch 1 reads every weight once plus the KV cache at the current context, so
+``bandwidth / bytes_per_token`` bounds decode tokens/s. Bandwidth is measured here, with numpy
+summing a large array from ``threads`` threads (numpy releases the GIL in reductions), best of a
+few passes: the read bandwidth the runtime's own intra-op threads can reach.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "uint8": 1}
+
+
+def measure_read_bandwidth_gb_s(threads: int = 1, size_mb: int = 256, repeats: int = 5) -> float:
+    """Best-of-``repeats`` read bandwidth in GB/s (1e9 bytes) over a ``size_mb`` array."""
+    threads = max(1, threads)
+    data = np.ones(size_mb * 1024 * 1024 // 8, dtype=np.float64)
+    chunks = np.array_split(data, threads)
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(np.sum, chunks))  # fault the pages in, warm the threads
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            list(pool.map(np.sum, chunks))
+            best = min(best, time.perf_counter() - t0)
+    return data.nbytes / best / 1e9
+
+
+def weight_bytes(model_dir: Path) -> int:
+    """Bytes of the model's weights: ONNX initializers if ``onnx`` is installed, else file sizes."""
+    model = Path(model_dir) / "model.onnx"
+    try:
+        import onnx
+        from onnx import numpy_helper  # noqa: F401
+    except ImportError:
+        onnx = None
+    if onnx is not None:
+        proto = onnx.load(str(model), load_external_data=False)
+        total = 0
+        for init in proto.graph.initializer:
+            n = int(np.prod(init.dims)) if init.dims else 1
+            total += n * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize
+        return total
+    # File sizes: the graph file plus its external-data file(s); the graph's own bytes are small.
+    files = [model] + sorted(p for p in Path(model_dir).iterdir() if p.name.startswith("model.onnx") and p != model)
+    return sum(p.stat().st_size for p in files if p.is_file())
+
+
+def embedding_gather_bytes(config: dict, weight_itemsize: int = 4) -> int:
+    """Bytes of the input-embedding table that a decode step does NOT read (it gathers one row).
+
+    Zero when the embeddings are tied to the LM head (the head reads the whole table every step).
+    """
+    vocab, hidden = config.get("vocab_size"), config.get("hidden_size")
+    if not isinstance(vocab, int) or not isinstance(hidden, int) or config.get("tie_word_embeddings", False):
+        return 0
+    return (vocab - 1) * hidden * weight_itemsize
+
+
+def kv_bytes_per_token_of_context(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str) -> int:
+    """KV-cache bytes one token of context occupies (keys and values, every layer)."""
+    try:
+        size = np.dtype(str(kv_dtype)).itemsize
+    except TypeError:
+        size = _DTYPE_BYTES.get(str(kv_dtype), 4)
+    return 2 * num_layers * num_kv_heads * head_dim * size
+
+
+def roofline(bandwidth_gb_s: float, weight_bytes_: int, kv_bytes_per_ctx: int, mean_context: float,
+             achieved_tokens_per_s: float | None) -> dict:
+    bytes_per_token = int(weight_bytes_ + kv_bytes_per_ctx * mean_context)
+    bound = bandwidth_gb_s * 1e9 / bytes_per_token
+    return {
+        "bandwidth_gb_s": round(bandwidth_gb_s, 2),
+        "weight_bytes": int(weight_bytes_),
+        "kv_bytes_at_mean_context": int(kv_bytes_per_ctx * mean_context),
+        "mean_context": mean_context,
+        "bytes_per_token": bytes_per_token,
+        "bound_tokens_per_s": round(bound, 1),
+        "achieved_tokens_per_s": None if achieved_tokens_per_s is None else round(achieved_tokens_per_s, 1),
+        "fraction": None if achieved_tokens_per_s is None else round(achieved_tokens_per_s / bound, 3),
+    }

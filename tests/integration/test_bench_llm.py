@@ -1,0 +1,100 @@
+"""`bench llm` end to end on the tiny demo-phi3: report structure, internal consistency, plot, bad input."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from edge_agent.bench.llm import add_parser
+from edge_agent.errors import InputError
+
+REQUESTS, PROMPT, NEW = 4, 16, 8
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench")
+    add_parser(parser.add_subparsers(dest="cmd", required=True))
+    return parser.parse_args(["llm", *argv])
+
+
+def _base(tmp_path) -> list[str]:
+    return ["--model", "demo-phi3", "--requests", str(REQUESTS), "--prompt-tokens", str(PROMPT),
+            "--max-new-tokens", str(NEW), "--rounds", "2", "--cache-dir", str(tmp_path / "models"), "--quiet"]
+
+
+def _check_stats(side: dict) -> None:
+    for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        assert side[metric]["count"] == REQUESTS
+    assert side["itl_ms"]["count"] == REQUESTS * (NEW - 1)
+    for metric in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+        s = side[metric]
+        assert 0 < s["p50"] <= s["p95"] <= s["p99"]
+        assert s["mean"] > 0
+    assert side["requests"] == REQUESTS and side["tokens_out"] == REQUESTS * NEW
+    assert side["tokens_per_s"] > 0 and side["requests_per_s"] > 0
+    assert 0 <= side["goodput"] <= side["requests_per_s"] + 1e-9
+    assert side["tokens_per_s"] == pytest.approx(side["requests_per_s"] * NEW, rel=0.35)  # medians of each
+
+
+@pytest.mark.parametrize("concurrency,rate", [(1, None), (2, None), (1, 50.0), (2, 50.0)])
+def test_bench_llm_report(tmp_path, capsys, concurrency, rate):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    argv = _base(tmp_path) + ["--concurrency", str(concurrency), "--json", str(out), "--plot", str(png)]
+    if rate is not None:
+        argv += ["--rate", str(rate)]
+    args = _parse(argv)
+    assert args.func(args) == 0
+    report = json.loads(out.read_text())
+    assert report["rounds"]["count"] == 2
+    assert report["arrivals"] == ("closed-loop" if rate is None else "poisson")
+    _check_stats(report["agent"])
+    _check_stats(report["baseline"])
+    assert len(report["agent"]["per_round_tokens_per_s"]) == 2
+    if concurrency == 1:
+        assert report["overhead_ratio"] > 0 and report["decode_ratio"] > 0
+        assert report["agent"]["decode_tokens_per_s"] > 0
+    else:
+        assert report["overhead_ratio"] is None and report["decode_ratio"] is None
+        assert report["agent"]["decode_tokens_per_s"] is None
+        assert any("concurrency 1" in n for n in report["notes"])
+    roof = report["roofline"]
+    assert roof["bandwidth_gb_s"] > 0 and roof["bytes_per_token"] > roof["weight_bytes"] > 0
+    assert roof["bound_tokens_per_s"] == pytest.approx(roof["bandwidth_gb_s"] * 1e9 / roof["bytes_per_token"], rel=0.01)
+    assert 0 < roof["fraction"] < 1.5
+    assert report["genai"] is None and report["genai_reason"]
+    assert png.is_file() and png.stat().st_size > 1000
+    printed = capsys.readouterr().out
+    assert "ttft_ms p99" in printed and "roofline" in printed
+
+
+def test_bench_llm_no_baseline(tmp_path):
+    out = tmp_path / "r.json"
+    args = _parse(_base(tmp_path) + ["--no-baseline", "--rounds", "1", "--json", str(out)])
+    assert args.func(args) == 0
+    report = json.loads(out.read_text())
+    assert report["baseline"] is None and report["overhead_ratio"] is None
+    assert report["roofline"]["achieved_source"] == "agent"
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--requests", "0", "--requests"),
+    ("--concurrency", "0", "--concurrency"),
+    ("--rate", "0", "--rate"),
+    ("--rate", "-2", "--rate"),
+    ("--prompt-tokens", "0", "--prompt-tokens"),
+    ("--prompt-tokens", "100000", "context"),
+    ("--max-new-tokens", "0", "--max-new-tokens"),
+])
+def test_bench_llm_bad_numbers(tmp_path, flag, value, message):
+    args = _parse(_base(tmp_path) + [flag, value])
+    with pytest.raises(InputError, match=message):
+        args.func(args)
+
+
+def test_bench_llm_unknown_model(tmp_path):
+    from edge_agent.errors import ModelNotFound
+
+    args = _parse(_base(tmp_path) + ["--model", "no-such-model"])
+    with pytest.raises(ModelNotFound):
+        args.func(args)
