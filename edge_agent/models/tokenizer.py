@@ -129,10 +129,11 @@ class StreamDecoder:
         self._tok = tokenizer
         self._ids: list[int] = []
         self._emitted = ""
+        self._text = ""
 
     def push(self, token_id: int) -> str:
         self._ids.append(token_id)
-        text = self._tok.decode(self._ids)
+        text = self._text = self._tok.decode(self._ids)
         if text.endswith("\ufffd"):  # a multi-byte character split across tokens: wait for the rest
             return ""
         piece = text[len(self._emitted):] if text.startswith(self._emitted) else ""
@@ -141,4 +142,5 @@ class StreamDecoder:
 
     @property
     def text(self) -> str:
-        return self._tok.decode(self._ids)
+        """The decoded text of every token pushed so far."""
+        return self._text
