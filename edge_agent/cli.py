@@ -110,7 +110,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     from .config import resolve_config_path
     from .preflight import config_problems
 
-    source = resolve_config_path(args.config) if args.config else resolve_config_path(None)
+    source = resolve_config_path(args.config)
     problems = config_problems(args.config)
     if args.json:
         _emit_json({"ok": not problems, "source": str(source) if source else None,
