@@ -3,7 +3,7 @@
 Each round runs the same synthetic prompts twice, alternating:
 - **agent**: through ``LLMScheduler`` (continuous batching, sampling objects, detokenization,
   per-request timing), driven by ``C`` closed-loop clients or by Poisson arrivals (``--rate``);
-- **baseline**: a bare sequential greedy loop over ``DecoderLM.forward`` (the runtime session with
+- **baseline**: a bare sequential greedy loop, ``DecoderLM.generate_greedy`` (the runtime session with
   present→past fed back), timed with ``time.perf_counter``: what the runtime gives with nothing around it.
 
 Figures are medians across rounds (noise on shared cores is about ±10%). Latency names follow
@@ -24,9 +24,14 @@ from typing import Sequence
 
 import numpy as np
 
+from ..backends import SessionOptions
 from ..errors import InputError
 from ..metrics.timing import LatencyStats, RequestTiming
+from ..models.catalog import resolve_model
+from ..models.llm import DecoderLM
 from ..progress import Progress
+from ..serving.scheduler import Limits, LLMScheduler
+from . import roofline as rl
 
 STAT_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 SEED = 1234
@@ -175,22 +180,12 @@ def run_agent(scheduler, prompts: Sequence[Sequence[int]], concurrency: int, rat
 
 def run_baseline(lm, prompts: Sequence[Sequence[int]], max_new_tokens: int, sink: list,
                  progress: Progress | None = None) -> float:
-    """The bare loop: prefill with ``lm.forward``, greedy argmax, present→past, one request at a time."""
-    empty = lm._empty_past(1)
+    """The bare loop (``DecoderLM.generate_greedy``: prefill, argmax, present→past), one request at a time."""
     start = time.perf_counter()
     for k, prompt in enumerate(prompts):
         t0 = time.perf_counter()
-        ids = np.asarray([prompt], dtype=np.int64)
-        mask = np.ones_like(ids)
-        logits, past = lm.forward(ids, mask, empty)
-        token = int(np.argmax(logits[0, -1]))
-        times = [time.perf_counter()]
-        one = np.ones((1, 1), dtype=np.int64)
-        for _ in range(max_new_tokens - 1):
-            mask = np.concatenate([mask, one], axis=1)
-            logits, past = lm.forward(np.asarray([[token]], dtype=np.int64), mask, past)
-            token = int(np.argmax(logits[0, -1]))
-            times.append(time.perf_counter())
+        # generate_greedy yields each token as soon as its argmax exists: the plain runtime loop.
+        times = [time.perf_counter() for _ in lm.generate_greedy(prompt, max_new_tokens, stop_at_eos=False)]
         sink.append(RequestTiming(t0, t0, tuple(times), times[-1], len(prompt)))
         if progress is not None:
             progress.update(k + 1, len(prompts))
@@ -260,12 +255,6 @@ def _cache_dir(args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..backends import SessionOptions
-    from ..models.catalog import resolve_model
-    from ..models.llm import DecoderLM
-    from ..serving.scheduler import Limits, LLMScheduler
-    from . import roofline as rl
-
     _validate(args)
     quiet = getattr(args, "quiet", False)
     show = not quiet
@@ -274,16 +263,13 @@ def run(args: argparse.Namespace) -> int:
                             progress=lambda done, total: weights_progress.update(done / 1e6, total / 1e6))
     lm = DecoderLM.open(ref, args.backend, SessionOptions(device="cpu", threads=args.threads))
     try:
-        context = lm.contract.max_context
-        if args.prompt_tokens + args.max_new_tokens > context:
-            raise InputError(f"--prompt-tokens {args.prompt_tokens} + --max-new-tokens {args.max_new_tokens} exceeds "
-                             f"the model's context of {context} tokens")
-        return _run_loaded(args, ref, lm, show, Limits, LLMScheduler, rl)
+        lm.check_prompt([0] * args.prompt_tokens, args.max_new_tokens)  # fits the model's context
+        return _run_loaded(args, ref, lm, show)
     finally:
         lm.close()
 
 
-def _run_loaded(args, ref, lm, show, Limits, LLMScheduler, rl) -> int:
+def _run_loaded(args, ref, lm, show: bool) -> int:
     from ..models.sampling import SamplingParams
 
     C, N, T = args.concurrency, args.requests, args.max_new_tokens
@@ -330,7 +316,7 @@ def _run_loaded(args, ref, lm, show, Limits, LLMScheduler, rl) -> int:
     if base_rounds:
         baseline = _median_of(base_rounds)
         baseline["per_round_tokens_per_s"] = [r["tokens_per_s"] for r in base_rounds]
-        baseline["mode"] = "sequential, one request at a time, bare DecoderLM.forward greedy loop"
+        baseline["mode"] = "sequential, one request at a time, bare DecoderLM.generate_greedy loop"
 
     notes = []
     overhead = decode_ratio = None

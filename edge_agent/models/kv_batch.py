@@ -66,10 +66,13 @@ class DecodeBatch(Generic[Row]):
                                     _pad_columns(mask, 1, width - mask.shape[1])], axis=0)
         self.rows.extend(rows)
 
-    def advance(self, present: dict[str, np.ndarray]) -> None:
-        """After a decode step: the step's ``present`` becomes the cache, one real column longer."""
-        self.past = present
-        self.mask = np.concatenate([self.mask, np.ones((len(self.rows), 1), dtype=np.int64)], axis=1)
+    def step_mask(self) -> np.ndarray:
+        """The attention mask of the next decode step: the cache plus one real column per row."""
+        return np.concatenate([self.mask, np.ones((len(self.rows), 1), dtype=np.int64)], axis=1)
+
+    def advance(self, present: dict[str, np.ndarray], mask: np.ndarray) -> None:
+        """After a decode step: its ``present`` and its ``step_mask()`` become the cache."""
+        self.past, self.mask = present, mask
 
     def remove(self, indices: Sequence[int]) -> list[Row]:
         """Drop rows (finished, cancelled, failed); trim pad-only columns on the left."""

@@ -116,9 +116,9 @@ class DecoderLM:
 
     def decode(self, batch: DecodeBatch, tokens: Sequence[int]) -> np.ndarray:
         """One step for every row of ``batch`` (one new token each): last logits [B, V]; advances the cache."""
-        mask = np.concatenate([batch.mask, np.ones((len(batch), 1), dtype=np.int64)], axis=1)
+        mask = batch.step_mask()
         logits, present = self.forward(np.asarray(tokens, dtype=np.int64)[:, None], mask, batch.past)
-        batch.advance(present)
+        batch.advance(present, mask)
         return logits[:, -1]
 
     def check_prompt(self, prompt_ids: Sequence[int], max_new_tokens: int) -> None:

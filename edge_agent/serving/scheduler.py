@@ -126,6 +126,7 @@ class _Sequence:
         self.sampler = Sampler(params)
         self.decoder = decoder
         self.generated: list[int] = []
+        self.history = list(prompt)  # prompt + generated, kept incrementally for the sampler
         self.emitted = 0  # characters of decoder text already delivered
         self.finish_reason: str | None = None
         self.final_text: str | None = None  # the text cut at a stop string
@@ -266,8 +267,9 @@ class LLMScheduler:
         now = self.clock()
         finished = []
         for i, seq in enumerate(self._batch.rows[first:], start=first):
-            token = seq.sampler.choose(logits[i - first], seq.prompt + seq.generated)
+            token = seq.sampler.choose(logits[i - first], seq.history)
             seq.generated.append(token)
+            seq.history.append(token)
             seq.recorder.mark_token()
             reason = self._finish_reason(seq, token, now)
             self._deliver(seq, token, final=reason is not None)
