@@ -6,6 +6,7 @@ only with ``--debug``) and exits non-zero: 2 for bad usage or config, 1 for ever
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import sys
@@ -17,6 +18,11 @@ from . import __version__
 from .errors import ConfigError, EdgeAgentError, InputError
 
 log = logging.getLogger("edge_agent")
+
+# Modules that add their own subcommands: each has ``add_commands(subparsers)`` (top level) or
+# ``add_parser(bench_subparsers)`` (under ``edge-agent bench``). Their heavy imports stay inside handlers.
+COMMAND_MODULES: list[str] = []
+BENCH_MODULES: list[str] = [".bench.llm"]
 
 
 def _add_common(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
@@ -65,14 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw", action="store_true", help="send the prompt as-is, without the chat template")
     p.set_defaults(func=cmd_generate)
 
+    for module in COMMAND_MODULES:
+        importlib.import_module(module, __package__).add_commands(sub)
+
     p = sub.add_parser("bench", help="benchmarks that print figures measured side by side")
     bsub = p.add_subparsers(dest="bench_command", metavar="WORKLOAD", required=True)
-    try:
-        from .bench.llm import add_parser as add_llm_bench
-    except ImportError:  # pragma: no cover - the bench package is part of the distribution
-        pass
-    else:
-        add_llm_bench(bsub)
+    for module in BENCH_MODULES:
+        importlib.import_module(module, __package__).add_parser(bsub)
     return parser
 
 
