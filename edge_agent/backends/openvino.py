@@ -32,7 +32,10 @@ def _dtype(element_type: ov.Type) -> str:
 
 def _spec(port, fallback: str) -> TensorSpec:
     names = port.get_names()
-    name = port.get_any_name() if names else fallback
+    # A port can carry several names once conversion merged tensors ({"/Concat_output_0",
+    # "past_key_values.0.key"}); the public one is the one without the exporter's "/" path.
+    public = sorted(n for n in names if not n.startswith("/"))
+    name = public[0] if public else port.get_any_name() if names else fallback
     shape = tuple(d.get_length() if d.is_static else None for d in port.get_partial_shape())
     return TensorSpec(name, _dtype(port.get_element_type()), shape)
 

@@ -13,7 +13,6 @@ requests whose TTFT is within ``--sla-ms`` (default 387 ms, the agent's default 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import sys
@@ -32,6 +31,7 @@ from ..models.llm import DecoderLM
 from ..progress import Progress
 from ..serving.scheduler import Limits, LLMScheduler
 from . import roofline as rl
+from .genai import GenaiRunner, agreement, find_genai_folder
 
 STAT_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 SEED = 1234
@@ -59,6 +59,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", dest="json_out", metavar="OUT", default=None, help="write the JSON report to OUT")
     p.add_argument("--plot", metavar="PNG", default=None, help="draw TTFT/ITL distributions and tokens/s to PNG")
     p.add_argument("--no-baseline", action="store_true", help="skip the bare-loop baseline")
+    p.add_argument("--genai", metavar="DIR", default=None,
+                   help="onnxruntime-genai folder of the same model to compare with (default: MODEL-genai next to "
+                        "the model if present; 'none' to skip)")
+    p.add_argument("--ramp-s", type=float, default=None, metavar="S",
+                   help="closed loop: client k starts at k·S/C (default: one measured request's e2e when C > 1, "
+                        "so clients do not arrive in lockstep; 0 = all at once)")
     p.add_argument("--cache-dir", type=Path, default=None, help="model cache (default: the configured models cache)")
     p.add_argument("--config", metavar="FILE", default=None, help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -92,7 +98,7 @@ def synthetic_prompts(lm, n: int, length: int, seed: int = SEED) -> list[list[in
     tok = lm.tokenizer
     inner = getattr(tok, "_tok", None)
     high = inner.get_vocab_size(with_added_tokens=False) if inner is not None else tok.vocab_size
-    high = min(high, int(lm.ref.config.get("vocab_size", high)))
+    high = min(high, int(lm.config.get("vocab_size") or high))
     special = set(lm.contract.eos_ids) | ({lm.contract.bos_id} if lm.contract.bos_id is not None else set())
     low = 3 if high > 3 else 0  # skip <unk>/<s>/</s>-style ids at the bottom of BPE vocabularies
     rng = np.random.default_rng(seed)
@@ -121,7 +127,7 @@ def _new_stats() -> LatencyStats:
 
 
 def run_agent(scheduler, prompts: Sequence[Sequence[int]], concurrency: int, rate: float | None,
-              max_new_tokens: int, sink: list, progress: Progress | None = None) -> float:
+              max_new_tokens: int, sink: list, progress: Progress | None = None, ramp_s: float = 0.0) -> float:
     """Run every prompt through the scheduler; timings land in ``sink`` (via on_finished). Returns wall s."""
     from ..models.sampling import SamplingParams
 
@@ -140,7 +146,8 @@ def run_agent(scheduler, prompts: Sequence[Sequence[int]], concurrency: int, rat
     if rate is None:
         next_index = [0]
 
-        def client() -> None:
+        def client(k: int) -> None:
+            time.sleep(k * ramp_s / concurrency)
             while True:
                 with lock:
                     i = next_index[0]
@@ -154,7 +161,7 @@ def run_agent(scheduler, prompts: Sequence[Sequence[int]], concurrency: int, rat
                     return
                 finished_one()
 
-        workers = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
+        workers = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(concurrency)]
         for w in workers:
             w.start()
         for w in workers:
@@ -233,17 +240,6 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
 
 
-# -- onnxruntime-genai -------------------------------------------------------------------------
-
-def genai_comparison(ref) -> tuple[None, str]:
-    if importlib.util.find_spec("onnxruntime_genai") is None:
-        return None, "onnxruntime_genai is not installed"
-    if ref.model_type != "genai":
-        return None, (f"{ref.name} is a plain ONNX export, not an onnxruntime-genai folder (genai_config.json); "
-                      "build one with onnxruntime_genai.models.builder to compare")
-    return None, "genai folders are not servable by the agent's LLM adapter yet, so there is no agent run to compare"
-
-
 # -- the command --------------------------------------------------------------------------------
 
 def _cache_dir(args: argparse.Namespace) -> Path:
@@ -283,18 +279,25 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
     scheduler = LLMScheduler(lm, limits, on_finished=sink.append).start()
     agent_rounds: list[dict] = []
     base_rounds: list[dict] = []
-    raw = {"agent": {"ttft_ms": [], "itl_ms": []}, "baseline": {"ttft_ms": [], "itl_ms": []}}
+    genai_rounds: list[dict] = []
+    raw = {side: {"ttft_ms": [], "itl_ms": []} for side in ("agent", "baseline", "genai")}
+    genai_folder, genai_reason = find_genai_folder(ref, args.genai)
+    genai_runner = GenaiRunner(genai_folder, args.threads) if genai_folder else None
+    genai_tokens: list[list[int]] = []
     try:
-        # 1. warm-up: one short request each way, excluded
-        scheduler.submit(prompts[0][: min(8, len(prompts[0]))], SamplingParams(max_new_tokens=2, ignore_eos=True),
-                         tags=("warmup",)).result(600)
+        # 1. warm-up: one request each way, excluded; the agent's full-length one sizes the ramp.
+        warm = scheduler.submit(prompts[0], SamplingParams(max_new_tokens=T, ignore_eos=True), tags=("warmup",))
+        e2e_s = (warm.result(600).timing.e2e_ms or 0.0) / 1e3
+        ramp_s = args.ramp_s if args.ramp_s is not None else (e2e_s if args.rate is None and C > 1 else 0.0)
         if not args.no_baseline:
             run_baseline(lm, [prompts[0][:8]], 2, [])
+        if genai_runner:
+            genai_runner.generate(prompts[0][:8], 2)
         sink.clear()
         for r in range(args.rounds):
             sink.clear()
             with Progress(f"agent round {r + 1}/{args.rounds}", "req", enabled=show) as prog:
-                wall = run_agent(scheduler, prompts, C, args.rate, T, sink, prog)
+                wall = run_agent(scheduler, prompts, C, args.rate, T, sink, prog, ramp_s)
             deadline = time.monotonic() + 5
             while len(sink) < N and time.monotonic() < deadline:  # on_finished runs after the handle resolves
                 time.sleep(0.001)
@@ -307,6 +310,12 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
                     wall = run_baseline(lm, prompts, T, base, prog)
                 _collect(raw["baseline"], base)
                 base_rounds.append(summarize(base, wall, args.sla_ms, batch1=True))
+            if genai_runner:
+                gen: list[RequestTiming] = []
+                with Progress(f"onnxruntime-genai round {r + 1}/{args.rounds}", "req", enabled=show) as prog:
+                    wall, genai_tokens = genai_runner.run(prompts, T, gen, prog)
+                _collect(raw["genai"], gen)
+                genai_rounds.append(summarize(gen, wall, args.sla_ms, batch1=True))
     finally:
         scheduler.stop()
 
@@ -335,20 +344,34 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
         baseline["decode_tokens_per_s"] if baseline else None)
     achieved_source = "agent" if agent["decode_tokens_per_s"] else ("baseline" if baseline else None)
     c = lm.contract
-    itemsize = {"float16": 2, "bfloat16": 2}.get(str(ref.config.get("torch_dtype")), 4)
-    read_weights = rl.weight_bytes(ref.path) - rl.embedding_gather_bytes(ref.config, itemsize)
+    itemsize = {"float16": 2, "bfloat16": 2}.get(str(lm.config.get("torch_dtype")), 4)
+    read_weights = rl.weight_bytes(ref.path) - rl.embedding_gather_bytes(lm.config, itemsize)
     roof = rl.roofline(rl.measure_read_bandwidth_gb_s(args.threads), read_weights,
                        rl.kv_bytes_per_token_of_context(c.num_layers, c.num_kv_heads, c.head_dim, c.kv_dtype),
                        args.prompt_tokens + (T - 1) / 2, achieved)
     roof["achieved_source"] = achieved_source
-    genai, genai_reason = genai_comparison(ref)
+    genai = None
+    if genai_rounds:
+        genai = _median_of(genai_rounds)
+        genai["folder"] = str(genai_folder)
+        genai["mode"] = "sequential, one request at a time, og.Generator (greedy, EOS suppressed)"
+        ours = [list(lm.generate_greedy(p, T, stop_at_eos=False)) for p in prompts[:2]]
+        genai["token_agreement"] = agreement(ours, genai_tokens[:2])
+        genai["agent_over_genai"] = {
+            "ttft_p50": _ratio(agent["ttft_ms"]["p50"], genai["ttft_ms"]["p50"]),
+            "tokens_per_s": _ratio(agent["tokens_per_s"], genai["tokens_per_s"]),
+            "decode_tokens_per_s": _ratio(agent["decode_tokens_per_s"], genai["decode_tokens_per_s"]),
+        }
+        if C > 1:
+            notes.append("genai runs one request at a time (like the baseline): compare its ratios at C=1")
 
     report = {
         "model": ref.name, "backend": args.backend, "threads": args.threads,
         "concurrency": C, "requests": N, "rate": args.rate,
         "arrivals": "poisson" if args.rate is not None else "closed-loop",
         "prompt_tokens": args.prompt_tokens, "max_new_tokens": T, "sla_ms": args.sla_ms,
-        "rounds": {"count": args.rounds, "aggregation": "median across rounds, agent and baseline alternating"},
+        "rounds": {"count": args.rounds, "aggregation": "median across rounds, agent, baseline and genai alternating"},
+        "ramp_s": ramp_s,
         "limits": {"max_batch": limits.max_batch, "batch_timeout_ms": limits.batch_timeout_ms},
         "agent": agent, "baseline": baseline,
         "overhead_ratio": overhead, "decode_ratio": decode_ratio,
@@ -382,28 +405,37 @@ def _fmt(v: float | None, digits: int = 1) -> str:
 
 
 def format_table(report: dict) -> str:
-    a, b = report["agent"], report["baseline"]
+    a, b, g = report["agent"], report["baseline"], report["genai"]
     lines = [f"LLM bench: {report['model']} on {report['backend']} ({report['threads']} threads), "
              f"C={report['concurrency']}, {report['requests']} requests × {report['rounds']['count']} rounds, "
              f"{report['arrivals']}{_rate_text(report['rate'])}, "
              f"P={report['prompt_tokens']} T={report['max_new_tokens']}",
-             f"{'metric':<22}{'agent':>12}{'baseline':>12}{'agent/base':>12}"]
+             f"{'metric':<22}{'agent':>12}{'baseline':>12}{'agent/base':>12}"
+             + (f"{'genai':>12}{'agent/genai':>12}" if g else "")]
 
-    def row(name: str, av, bv) -> None:
-        lines.append(f"{name:<22}{_fmt(av):>12}{_fmt(bv):>12}{_fmt(_ratio(av, bv), 2):>12}")
+    def row(name: str, av, bv, gv) -> None:
+        line = f"{name:<22}{_fmt(av):>12}{_fmt(bv):>12}{_fmt(_ratio(av, bv), 2):>12}"
+        if g:
+            line += f"{_fmt(gv):>12}{_fmt(_ratio(av, gv), 2):>12}"
+        lines.append(line)
 
     for m in STAT_METRICS:
         for p in ("p50", "p95", "p99"):
-            row(f"{m} {p}", a[m][p], b[m][p] if b else None)
+            row(f"{m} {p}", a[m][p], b[m][p] if b else None, g[m][p] if g else None)
     for k in ("tokens_per_s", "requests_per_s", "goodput", "decode_tokens_per_s"):
-        row(k, a[k], b[k] if b else None)
+        row(k, a[k], b[k] if b else None, g[k] if g else None)
     lines.append(f"overhead_ratio (TTFT p50, C=1): {_fmt(report['overhead_ratio'], 3)}   "
                  f"decode_ratio: {_fmt(report['decode_ratio'], 3)}")
     r = report["roofline"]
     lines.append(f"roofline: {r['bandwidth_gb_s']:.1f} GB/s read, {r['bytes_per_token'] / 1e6:.1f} MB/token → "
                  f"bound {r['bound_tokens_per_s']:.0f} tok/s; achieved {_fmt(r['achieved_tokens_per_s'])} "
                  f"({r['achieved_source']}) = {_fmt(r['fraction'], 2)} of the bound")
-    lines.append(f"genai: {report['genai_reason'] if report['genai'] is None else report['genai']}")
+    if g is None:
+        lines.append(f"genai: {report['genai_reason']}")
+    else:
+        lines.append(f"genai: {g['folder']}; greedy token agreement with the bare loop {g['token_agreement']:.2f}")
+    if report["ramp_s"]:
+        lines.append(f"closed-loop clients started {report['ramp_s'] / report['concurrency'] * 1e3:.0f} ms apart")
     for note in report["notes"]:
         lines.append(f"note: {note}")
     return "\n".join(lines)

@@ -29,7 +29,7 @@ def plot_report(report: dict, raw: dict, path: Path) -> Path:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, metric, title in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "itl_ms", "Inter-token latency")):
-        for side in ("agent", "baseline"):
+        for side in ("agent", "baseline", "genai"):
             _cdf(ax, raw.get(side, {}).get(metric, []), side)
         ax.set_xlabel("ms")
         ax.set_ylabel("fraction of samples")
@@ -42,11 +42,15 @@ def plot_report(report: dict, raw: dict, path: Path) -> Path:
     if report.get("baseline"):
         names.append("baseline")
         values.append(report["baseline"]["tokens_per_s"])
+    if report.get("genai"):
+        names.append("onnxruntime-genai")
+        values.append(report["genai"]["tokens_per_s"])
     roof = report.get("roofline") or {}
     if roof.get("bound_tokens_per_s"):
         names.append("bandwidth bound\n(batch 1)")
         values.append(roof["bound_tokens_per_s"])
-    bars = axes[2].bar(names, values, color=["tab:blue", "tab:orange", "tab:gray"][: len(names)])
+    palette = {"agent": "tab:blue", "baseline": "tab:orange", "onnxruntime-genai": "tab:green"}
+    bars = axes[2].bar(names, values, color=[palette.get(n, "tab:gray") for n in names])
     axes[2].bar_label(bars, fmt="%.0f")
     axes[2].set_ylabel("tokens/s")
     axes[2].set_title(f"Throughput, C={report['concurrency']}")

@@ -34,6 +34,8 @@ def measure_read_bandwidth_gb_s(threads: int = 1, size_mb: int = 256, repeats: i
 def weight_bytes(model_dir: Path) -> int:
     """Bytes of the model's weights: ONNX initializers if ``onnx`` is installed, else file sizes."""
     model = Path(model_dir) / "model.onnx"
+    if not model.is_file():  # OpenVINO IR: the .bin holds the weights
+        return sum(p.stat().st_size for p in Path(model_dir).glob("*.bin"))
     try:
         import onnx
         from onnx import numpy_helper  # noqa: F401

@@ -8,7 +8,9 @@ the files real exporters write:
 - onnxruntime-genai: ``genai_config.json``: kind ``llm`` (ONNX Runtime only);
 - OpenVINO IR: ``openvino_model.xml``: kind ``llm`` (OpenVINO only);
 - Whisper: ``encoder_model.onnx`` + ``decoder_model.onnx`` (+ ``decoder_with_past_model.onnx``): ``asr-whisper``;
-- CTC (wav2vec2 / Conformer-CTC style): ``model.onnx`` + ``vocab.json``: ``asr-ctc``.
+- CTC (wav2vec2 / Conformer-CTC style): ``model.onnx`` + ``vocab.json``: ``asr-ctc``;
+- stateful streaming CTC (``config.json`` ``model_type`` ``streaming-ctc``, docs/asr-models.md):
+  ``model.onnx`` + ``vocab.json`` + ``preprocessor_config.json``: ``asr-ctc-streaming``.
 
 ``demo-phi3-small`` is too big to commit (115 MB): its graph and a weight recipe ship with the
 package and the weights are generated with numpy on first use, into the model cache.
@@ -26,7 +28,7 @@ from ..errors import ModelError, ModelNotFound
 log = logging.getLogger(__name__)
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo_models"
-Kind = Literal["llm", "asr-whisper", "asr-ctc"]
+Kind = Literal["llm", "asr-whisper", "asr-ctc", "asr-ctc-streaming"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,8 @@ DEMO_MODELS: dict[str, DemoModel] = {m.name: m for m in (
     DemoModel("demo-phi3-small", "llm", "Phi-3 architecture, 28.6 M parameters, random weights (benchmarks)", True),
     DemoModel("demo-whisper", "asr-whisper", "Whisper architecture (encoder + decoder with KV cache), tiny, random weights"),
     DemoModel("demo-ctc", "asr-ctc", "wav2vec2-CTC architecture, tiny, random weights"),
+    DemoModel("demo-asr", "asr-ctc-streaming", "streaming CTC (conv + GRU), 1.8 M parameters, trained on espeak-ng "
+              "voice-assistant speech"),
 )}
 
 
@@ -119,7 +123,10 @@ def inspect_folder(folder: Path, name: str | None = None) -> ModelRef:
     name = name or folder.name
     files = {p.name for p in folder.iterdir()}
     if "genai_config.json" in files:
-        return ModelRef(name, folder, "llm", "genai", _read_json(folder / "genai_config.json"))
+        genai = _read_json(folder / "genai_config.json")
+        decoder = genai.get("model", {}).get("decoder", {}) if isinstance(genai.get("model"), dict) else {}
+        _require(folder, files, [str(decoder.get("filename", "model.onnx")), "tokenizer.json"])
+        return ModelRef(name, folder, "llm", "genai", genai)
     if "config.json" not in files:
         raise ModelError(f"{folder}: no config.json (the file exporters write next to the .onnx files)")
     config = _read_json(folder / "config.json")
@@ -127,6 +134,9 @@ def inspect_folder(folder: Path, name: str | None = None) -> ModelRef:
     if "encoder_model.onnx" in files or model_type == "whisper":
         _require(folder, files, ["encoder_model.onnx", "decoder_model.onnx", "tokenizer.json"])
         return ModelRef(name, folder, "asr-whisper", model_type or "whisper", config)
+    if model_type == "streaming-ctc":
+        _require(folder, files, ["model.onnx", "vocab.json", "preprocessor_config.json"])
+        return ModelRef(name, folder, "asr-ctc-streaming", model_type, config)
     if "vocab.json" in files and ("model.onnx" in files) and "tokenizer.json" not in files:
         return ModelRef(name, folder, "asr-ctc", model_type or "ctc", config)
     if "openvino_model.xml" in files:

@@ -7,13 +7,18 @@ The export contract (``optimum-cli export onnx`` / ``torch.onnx.export`` of Phi-
     outputs  logits [B, S, V], present.{i}.key / .value [B, H_kv, P+S, D]
 
 Prefill runs the whole prompt with an empty past (P = 0); each decode step feeds one token and
-the previous ``present`` tensors as ``past``. The backend only runs tensors; the cache lives here.
+the previous ``present`` tensors as ``past`` (``kv_batch.DecodeBatch``). The backend only runs tensors;
+the cache lives here.
+
+onnxruntime-genai folders (``genai_config.json``: GroupQueryAttention, ``past_present_share_buffer``)
+use the same tensor names, but past and present are one preallocated buffer that the runtime appends
+to in place (``kv_slots.SlotCache``, through ONNX Runtime IO binding); no position_ids, right padding.
 """
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -23,6 +28,7 @@ from ..backends import Session, SessionOptions, open_session
 from ..errors import InputError, ModelError
 from .catalog import ModelRef
 from .kv_batch import DecodeBatch, left_pad
+from .kv_slots import SlotCache
 from .tokenizer import Tokenizer
 
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
@@ -48,6 +54,10 @@ def read_contract(session: Session, config: dict, generation_config: dict) -> Ll
         if required not in names:
             raise ModelError(f"not a decoder export with a KV cache: no {required!r} input (inputs: {sorted(names)})")
     layers = sorted({int(m.group(1)) for n in names if (m := _PAST.match(n))})
+    if not layers and "beam_idx" in names:
+        raise ModelError("a stateful OpenVINO IR (KV cache kept inside the model, beam_idx input) is served by "
+                         "openvino_genai; for this adapter export it stateless (optimum-cli export openvino "
+                         "--disable-stateful) or use the ONNX export")
     if not layers or layers != list(range(len(layers))):
         raise ModelError("the export has no past_key_values.N.key/value inputs: export it with its KV cache "
                          "(optimum-cli export onnx --task text-generation-with-past)")
@@ -71,25 +81,127 @@ def read_contract(session: Session, config: dict, generation_config: dict) -> Ll
     )
 
 
-class DecoderLM:
-    """One loaded decoder model: tokenizer, contract and session (one sequence at a time)."""
+def genai_config_as_hf(genai: dict) -> tuple[dict, str]:
+    """The config.json fields the adapter reads, from an onnxruntime-genai ``genai_config.json``."""
+    try:
+        model = genai["model"]
+        dec = model["decoder"]
+        config = {"num_key_value_heads": dec["num_key_value_heads"], "num_attention_heads": dec["num_attention_heads"],
+                  "head_dim": dec["head_size"], "hidden_size": dec["hidden_size"],
+                  "max_position_embeddings": model["context_length"], "eos_token_id": model["eos_token_id"],
+                  "bos_token_id": model.get("bos_token_id"), "model_type": model["type"],
+                  "vocab_size": model.get("vocab_size")}
+        return config, dec.get("filename", "model.onnx")
+    except (KeyError, TypeError) as exc:
+        raise ModelError(f"genai_config.json lacks {exc} (is it an onnxruntime-genai decoder config?)") from exc
 
-    def __init__(self, ref: ModelRef, session: Session) -> None:
+
+class DecoderLM:
+    """One loaded decoder model: tokenizer, contract and session; batches are ``new_batch()`` objects."""
+
+    def __init__(self, ref: ModelRef, session: Session, kv_capacity: int = 4096) -> None:
         self.ref = ref
         self.session = session
         gen_path = ref.path / "generation_config.json"
         generation_config = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
-        self.contract = read_contract(session, ref.config, generation_config)
-        self.tokenizer = Tokenizer(ref.path, ref.model_type)
+        self.shared_kv = ref.model_type == "genai"
+        config, _ = genai_config_as_hf(ref.config) if self.shared_kv else (ref.config, None)
+        self.config = config  # config.json fields (for genai folders, translated from genai_config.json)
+        self.contract = read_contract(session, config, generation_config)
+        if self.shared_kv:
+            self.contract = replace(self.contract, max_context=min(self.contract.max_context, kv_capacity))
+            if not hasattr(session, "run_with_binding"):
+                raise ModelError(f"{ref.name}: onnxruntime-genai folders run on ONNX Runtime only")
+        self.tokenizer = Tokenizer(ref.path, config.get("model_type", ref.model_type) if self.shared_kv else ref.model_type)
+        out = {s.name: s for s in session.outputs}
+        vocab = out["logits"].shape[-1] if "logits" in out else None
+        self._vocab = vocab if isinstance(vocab, int) else int(config.get("vocab_size", 0) or 0)
 
     @classmethod
-    def open(cls, ref: ModelRef, backend: str = "onnxruntime", options: SessionOptions | None = None) -> DecoderLM:
+    def open(cls, ref: ModelRef, backend: str = "onnxruntime", options: SessionOptions | None = None,
+             kv_capacity: int = 4096) -> DecoderLM:
         if ref.kind != "llm":
             raise ModelError(f"{ref.name} is a {ref.kind} model, not an LLM")
-        if ref.model_type in ("genai", "openvino-ir"):
-            raise ModelError(f"{ref.name}: {ref.model_type} folders are served by the LLM runtime, not this adapter yet")
-        session = open_session(Path(ref.path) / "model.onnx", backend, options, warmup=_warmup)
-        return cls(ref, session)
+        filename = "model.onnx"
+        if ref.model_type == "genai":
+            if backend != "onnxruntime":
+                raise ModelError(f"{ref.name} is an onnxruntime-genai folder (GroupQueryAttention, a contrib op): "
+                                 f"it runs on --backend onnxruntime, not {backend}")
+            _, filename = genai_config_as_hf(ref.config)
+        elif ref.model_type == "openvino-ir":
+            filename = "openvino_model.xml"
+            if backend != "openvino":
+                raise ModelError(f"{ref.name} is an OpenVINO IR folder: it runs on --backend openvino, not {backend}")
+        # The adapter warms up itself, through its real prefill and decode path, once it knows the contract.
+        session = open_session(Path(ref.path) / filename, backend, options, warmup=lambda _session: None)
+        try:
+            lm = cls(ref, session, kv_capacity)
+            lm.warmup()
+        except BaseException:
+            session.close()
+            raise
+        return lm
+
+    def warmup(self) -> None:
+        """A real two-token prefill and one decode step, so first-request latency is honest."""
+        batch = self.new_batch(1)
+        self.join(batch, [None], [[1, 2]])
+        self.decode(batch, [3])
+
+    # -- batches of sequences decoding together ---------------------------------------------
+
+    def new_batch(self, max_rows: int) -> DecodeBatch | SlotCache:
+        if not self.shared_kv:
+            return DecodeBatch()
+        c = self.contract
+        names = [f"{i}.{kv}" for i in range(c.num_layers) for kv in ("key", "value")]
+        return SlotCache(names, max_rows, c.num_kv_heads, c.max_context, c.head_dim, c.kv_dtype)
+
+    def join(self, batch: DecodeBatch | SlotCache, rows: Sequence, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        """Prefill ``prompts`` and add them to ``batch`` as ``rows``: their last logits [n, V]."""
+        if isinstance(batch, DecodeBatch):
+            logits, past, mask = self.prefill(prompts)
+            batch.add(rows, past, mask)
+            return logits
+        first = len(batch)
+        out = []
+        try:
+            for row, prompt in zip(rows, prompts):
+                # Prompts are prefilled one by one into their own slot: prefill is compute bound, so
+                # batching them would save little, and GroupQueryAttention wants right padding.
+                slot = batch.claim(row, len(prompt))
+                ids = np.asarray([prompt], dtype=np.int64)
+                out.append(self._run_slots(batch, slot, 1, ids, np.ones_like(ids),
+                                           np.arange(len(prompt), dtype=np.int64)[None])[:, -1])
+        except BaseException:
+            batch.remove(range(first, len(batch)))
+            raise
+        return np.concatenate(out, axis=0)
+
+    def decode(self, batch: DecodeBatch | SlotCache, tokens: Sequence[int]) -> np.ndarray:
+        """One step for every row of ``batch`` (one new token each): last logits [B, V]; advances the cache."""
+        ids = np.asarray(tokens, dtype=np.int64)[:, None]
+        mask = batch.step_mask()
+        if isinstance(batch, SlotCache):
+            logits = self._run_slots(batch, 0, len(batch), ids, mask, np.asarray(batch.lengths, dtype=np.int64)[:, None])
+            batch.advance()
+            return logits[:, -1]
+        logits, present = self.forward(ids, mask, batch.past)
+        batch.advance(present, mask)
+        return logits[:, -1]
+
+    def _run_slots(self, cache: SlotCache, first: int, count: int, ids: np.ndarray, mask: np.ndarray,
+                   positions: np.ndarray) -> np.ndarray:
+        """Run rows ``first…`` with past = present = their slot buffers (written in place)."""
+        views = cache.views(first, count)
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        feeds.update({f"past_key_values.{n}": v for n, v in views.items()})
+        if self.contract.has_position_ids:
+            feeds["position_ids"] = positions
+        logits = np.empty((count, ids.shape[1], self._vocab), dtype=np.float32)
+        out = {"logits": logits, **{f"present.{n}": v for n, v in views.items()}}
+        self.session.run_with_binding(feeds, out)  # type: ignore[attr-defined]
+        return logits
 
     def _empty_past(self, batch: int) -> dict[str, np.ndarray]:
         c = self.contract
@@ -113,13 +225,6 @@ class DecoderLM:
         ids, mask = left_pad(prompts)
         logits, past = self.forward(ids, mask, self._empty_past(len(prompts)))
         return logits[:, -1], past, mask
-
-    def decode(self, batch: DecodeBatch, tokens: Sequence[int]) -> np.ndarray:
-        """One step for every row of ``batch`` (one new token each): last logits [B, V]; advances the cache."""
-        mask = batch.step_mask()
-        logits, present = self.forward(np.asarray(tokens, dtype=np.int64)[:, None], mask, batch.past)
-        batch.advance(present, mask)
-        return logits[:, -1]
 
     def check_prompt(self, prompt_ids: Sequence[int], max_new_tokens: int) -> None:
         if not prompt_ids:
@@ -149,20 +254,3 @@ class DecoderLM:
 
     def close(self) -> None:
         self.session.close()
-
-
-def _warmup(session: Session) -> None:
-    """Run a real prefill of two tokens and one decode step, so first-request latency is honest."""
-    names = {s.name: s for s in session.inputs}
-    layers = sorted({int(m.group(1)) for n in names if (m := _PAST.match(n))})
-    if not layers:
-        return  # read_contract reports the problem with a clear message
-    spec = names["past_key_values.0.key"]
-    heads = spec.shape[1] if isinstance(spec.shape[1], int) else 1
-    dim = spec.shape[3] if isinstance(spec.shape[3], int) else 1
-    empty = np.zeros((1, heads, 0, dim), dtype=np.dtype(spec.dtype))
-    feeds = {"input_ids": np.ones((1, 2), np.int64), "attention_mask": np.ones((1, 2), np.int64)}
-    feeds.update({f"past_key_values.{i}.{kv}": empty for i in layers for kv in ("key", "value")})
-    if "position_ids" in names:
-        feeds["position_ids"] = np.arange(2, dtype=np.int64)[None]
-    session.run(feeds)

@@ -4,8 +4,9 @@ Each loop turn is plan → run → absorb:
 - ``plan_admission`` (pure) decides how many waiting requests to prefill now. With sequences
   already decoding, newcomers join at the next step boundary; on an idle engine the first request
   waits at most ``batch_timeout_ms`` for the batch to reach a preferred size.
-- the engine prefills the admitted prompts as one left-padded batch, then runs one decode step
-  for every running sequence;
+- the engine prefills the admitted prompts into the batch (``DecoderLM.join``: one left-padded
+  batch, or one slot each for in-place KV buffers), then runs one decode step for every running
+  sequence;
 - each sequence absorbs its token: sampling, detokenization, stop checks, delivery to its handle.
 
 A failing engine call fails only the requests in that call; the loop keeps serving. The queue is
@@ -25,6 +26,7 @@ from typing import Callable, Iterator, Sequence
 from ..errors import DeadlineExceeded, EdgeAgentError, Overloaded
 from ..metrics.timing import RequestTiming, TimingRecorder
 from ..models.kv_batch import DecodeBatch
+from ..models.kv_slots import SlotCache
 from ..models.llm import DecoderLM
 from ..models.sampling import Sampler, SamplingParams, find_stop, repeated_too_often
 from ..models.tokenizer import StreamDecoder
@@ -143,7 +145,7 @@ class LLMScheduler:
         self.lm, self.limits, self.clock = lm, limits, clock
         self.on_finished = on_finished
         self._waiting: deque[_Sequence] = deque()
-        self._batch: DecodeBatch[_Sequence] = DecodeBatch()
+        self._batch: DecodeBatch[_Sequence] | SlotCache[_Sequence] = lm.new_batch(limits.max_batch)
         self._cond = threading.Condition()
         self._stopping = False
         self._next_id = 0
@@ -235,8 +237,9 @@ class LLMScheduler:
     def _prefill(self, seqs: list[_Sequence]) -> None:
         for seq in seqs:
             seq.recorder.mark_scheduled()
+        first = len(self._batch)
         try:
-            logits, past, mask = self.lm.prefill([s.prompt for s in seqs])
+            logits = self.lm.join(self._batch, seqs, [s.prompt for s in seqs])
         except EdgeAgentError as exc:
             self._fail(seqs, exc)
             return
@@ -244,8 +247,6 @@ class LLMScheduler:
             log.exception("prefill failed")
             self._fail(seqs, EdgeAgentError(f"prefill failed: {exc}"))
             return
-        first = len(self._batch)
-        self._batch.add(seqs, past, mask)
         self._absorb(first, logits)
 
     def _decode(self) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,7 @@ from edge_agent.bench.llm import add_parser
 from edge_agent.errors import InputError
 
 REQUESTS, PROMPT, NEW = 4, 16, 8
+GENAI_PHI3 = Path(__file__).resolve().parent.parent / "data" / "demo-phi3-genai"
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -62,10 +64,34 @@ def test_bench_llm_report(tmp_path, capsys, concurrency, rate):
     assert roof["bandwidth_gb_s"] > 0 and roof["bytes_per_token"] > roof["weight_bytes"] > 0
     assert roof["bound_tokens_per_s"] == pytest.approx(roof["bandwidth_gb_s"] * 1e9 / roof["bytes_per_token"], rel=0.01)
     assert 0 < roof["fraction"] < 1.5
-    assert report["genai"] is None and report["genai_reason"]
+    assert report["genai"] is None and "no onnxruntime-genai folder" in report["genai_reason"]
+    assert report["ramp_s"] == 0 if concurrency == 1 or rate else report["ramp_s"] > 0
     assert png.is_file() and png.stat().st_size > 1000
     printed = capsys.readouterr().out
     assert "ttft_ms p99" in printed and "roofline" in printed
+
+
+def test_bench_llm_compares_with_onnxruntime_genai_on_the_same_weights(tmp_path):
+    """The genai side runs og.Generator on demo-phi3's genai folder (same weights, GroupQueryAttention):
+    same request counts, its own ratios, and greedy tokens identical to the bare loop's."""
+    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (extra 'genai')")
+    out = tmp_path / "r.json"
+    args = _parse(_base(tmp_path) + ["--genai", str(GENAI_PHI3), "--json", str(out)])
+    assert args.func(args) == 0
+    report = json.loads(out.read_text())
+    genai = report["genai"]
+    _check_stats(genai)
+    assert genai["token_agreement"] == 1.0
+    ratios = genai["agent_over_genai"]
+    assert ratios["ttft_p50"] == pytest.approx(report["agent"]["ttft_ms"]["p50"] / genai["ttft_ms"]["p50"])
+    assert ratios["decode_tokens_per_s"] > 0
+
+
+def test_bench_llm_genai_folder_must_be_one(tmp_path):
+    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (extra 'genai')")
+    args = _parse(_base(tmp_path) + ["--genai", str(tmp_path)])
+    with pytest.raises(InputError, match="no genai_config.json"):
+        args.func(args)
 
 
 def test_bench_llm_no_baseline(tmp_path):

@@ -5,11 +5,14 @@ models were generated (scripts/make_demo_models.py); this test needs neither tor
 """
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from edge_agent.backends import SessionOptions, is_installed, open_session
-from edge_agent.models.catalog import DEMO_DIR, resolve_model
+from edge_agent.models.catalog import DEMO_DIR, inspect_folder, resolve_model
 from edge_agent.models.llm import DecoderLM
 
 BACKENDS = [b for b in ("onnxruntime", "openvino") if is_installed(b)]
@@ -28,10 +31,38 @@ def assert_logits_close(got: np.ndarray, want: np.ndarray) -> None:
     np.testing.assert_allclose(got, want, atol=1e-4 * max(scale, 1.0), rtol=1e-4)
 
 
-@pytest.fixture(scope="module", params=[(m, b) for m in LLMS for b in BACKENDS], ids=lambda p: f"{p[0]}-{p[1]}")
+# Other folder formats of the same weights, checked against the same PyTorch references:
+# an onnxruntime-genai folder (GroupQueryAttention, in-place KV buffers) made from demo-phi3 by
+# scripts/make-genai-model, and a stateless OpenVINO IR converted from the ONNX export at test time.
+GENAI_PHI3 = Path(__file__).resolve().parent.parent / "data" / "demo-phi3-genai"
+FORMATS = [(m, b, "onnx") for m in LLMS for b in BACKENDS] + [("demo-phi3", "onnxruntime", "genai")]
+if "openvino" in BACKENDS:
+    FORMATS += [("demo-phi3", "openvino", "ir"), ("demo-gemma2", "openvino", "ir")]
+
+
+def openvino_ir_folder(name: str, out: Path) -> Path:
+    import openvino as ov
+
+    src = DEMO_DIR / name
+    model = ov.convert_model(str(src / "model.onnx"))
+    ov.save_model(model, str(out / "openvino_model.xml"), compress_to_fp16=False)
+    for f in src.iterdir():
+        if f.suffix == ".json" and f.name not in ("io_contract.json", "generator.json"):
+            shutil.copy(f, out / f.name)
+    return out
+
+
+@pytest.fixture(scope="module", params=FORMATS, ids=lambda p: "-".join(p))
 def llm(request, tmp_path_factory):
-    name, backend = request.param
-    lm = DecoderLM.open(resolve_model(name, tmp_path_factory.mktemp("models")), backend, OPTIONS[backend])
+    name, backend, form = request.param
+    if form == "genai":
+        ref = inspect_folder(GENAI_PHI3)
+    elif form == "ir":
+        ref = inspect_folder(openvino_ir_folder(name, tmp_path_factory.mktemp(f"{name}-ir")))
+    else:
+        ref = resolve_model(name, tmp_path_factory.mktemp("models"))
+    lm = DecoderLM.open(ref, backend, OPTIONS[backend])
+    assert lm.ref.model_type == {"genai": "genai", "ir": "openvino-ir"}.get(form, lm.ref.model_type)
     yield name, lm
     lm.close()
 
@@ -103,6 +134,8 @@ def test_whisper_encoder_and_cached_decoder_match_pytorch(backend):
 def test_llm_left_padded_batch_equals_single_sequences(llm):
     """Two prompts of different lengths in one batch (left padding) give each one's own logits."""
     name, lm = llm
+    if lm.shared_kv:
+        pytest.skip("in-place KV folders (GroupQueryAttention) prefill one prompt per slot, never left-padded")
     ref = reference(name)
     a, b = ref["prompt_ids"].tolist(), ref["prompt2_ids"].tolist()
     width = max(len(a), len(b))
@@ -118,9 +151,8 @@ def test_llm_left_padded_batch_equals_single_sequences(llm):
 @pytest.mark.parametrize("join_after", [0, 3, 9])
 def test_llm_continuous_batching_matches_single_sequence_references(llm, join_after):
     """Prompt 1 starts alone; prompt 2 joins the running batch after ``join_after`` steps; a third
-    copy of prompt 1 joins later still and leaves early. Every row's greedy tokens equal PyTorch's."""
-    from edge_agent.models.kv_batch import DecodeBatch
-
+    copy of prompt 1 joins later still and leaves early. Every row's greedy tokens equal PyTorch's.
+    The batch is the model's own kind: a left-padded cache, or in-place slot buffers."""
     name, lm = llm
     ref = reference(name)
     prompts = {"a": ref["prompt_ids"].tolist(), "b": ref["prompt2_ids"].tolist(), "c": ref["prompt_ids"].tolist()}
@@ -129,15 +161,14 @@ def test_llm_continuous_batching_matches_single_sequence_references(llm, join_af
     if join_after == 0:
         joins = {0: ["a", "b"], 4: ["c"]}  # a and b prefill together, left-padded
     got: dict[str, list[int]] = {k: [] for k in prompts}
-    batch: DecodeBatch[str] = DecodeBatch()
+    batch = lm.new_batch(3)
     step = 0
     while step < 100 and (batch.rows or any(s >= step for s in joins)):
         if step in joins:
             rows = joins[step]
-            logits, past, mask = lm.prefill([prompts[r] for r in rows])
+            logits = lm.join(batch, rows, [prompts[r] for r in rows])
             for r, row_logits in zip(rows, logits):
                 got[r].append(int(row_logits.argmax()))
-            batch.add(rows, past, mask)
         done = [i for i, r in enumerate(batch.rows) if len(got[r]) >= len(wants[r])]
         batch.remove(done)
         if batch.rows:

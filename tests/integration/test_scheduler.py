@@ -136,3 +136,27 @@ def test_cancel_ends_a_stream_early_and_stop_drains(lm):
     assert len(last.result(1).token_ids) == 4  # stop() drained it
     with pytest.raises(Overloaded, match="shutting down"):
         sched.submit([5], greedy(1))
+
+
+def test_genai_folder_with_in_place_kv_serves_joining_requests_with_reference_tokens():
+    """An onnxruntime-genai folder (GroupQueryAttention, past = present buffers) through the scheduler:
+    requests that join and leave mid-flight still produce demo-phi3's PyTorch greedy tokens."""
+    from pathlib import Path
+
+    from edge_agent.models.catalog import inspect_folder
+    from edge_agent.models.kv_slots import SlotCache
+
+    folder = Path(__file__).resolve().parent.parent / "data" / "demo-phi3-genai"
+    genai = DecoderLM.open(inspect_folder(folder), "onnxruntime", SessionOptions(threads=1))
+    ref = reference("demo-phi3")
+    sched = LLMScheduler(genai, Limits(max_batch=2, batch_timeout_ms=0)).start()
+    try:
+        assert isinstance(sched._batch, SlotCache)
+        long_ = sched.submit(ref["prompt_ids"].tolist(), greedy(len(ref["greedy_ids"])))
+        short = [sched.submit(ref["prompt2_ids"].tolist(), greedy(4 + i)) for i in range(3)]
+        assert list(long_.result(30).token_ids) == ref["greedy_ids"].tolist()
+        for i, handle in enumerate(short):
+            assert list(handle.result(30).token_ids) == ref["greedy2_ids"].tolist()[: 4 + i]
+    finally:
+        sched.stop()
+        genai.close()

@@ -1,0 +1,76 @@
+"""A KV cache in preallocated per-slot buffers, for exports whose attention writes in place.
+
+onnxruntime-genai builds Phi-3 / Gemma with GroupQueryAttention and ``past_present_share_buffer``:
+``past_key_values.N.*`` and ``present.N.*`` are the SAME buffer of a fixed capacity, each row's
+tokens sit at the start of its slot (right padding), and the attention reads each row's length from
+the attention mask (``seqlens_k = sum(mask) - 1``). So a decode step copies nothing: the runtime
+appends one key/value per row where it lies. Rows join (prefilled alone into their slot) and leave
+at step boundaries; leaving compacts the rows so the active ones stay a contiguous prefix.
+
+    buffers[name]  [max_rows, H_kv, capacity, D]   (allocated once; zeros pages are only touched as used)
+    lengths        tokens held per active row
+"""
+from __future__ import annotations
+
+from typing import Generic, Sequence, TypeVar
+
+import numpy as np
+
+from ..errors import InputError
+
+Row = TypeVar("Row")
+
+
+class SlotCache(Generic[Row]):
+    def __init__(self, names: Sequence[str], max_rows: int, kv_heads: int, capacity: int, head_dim: int,
+                 dtype: str = "float32") -> None:
+        self.capacity = capacity
+        self.max_rows = max_rows
+        # np.zeros maps fresh pages lazily: a 4096-token capacity costs memory only as far as it is used.
+        self.buffers = {n: np.zeros((max_rows, kv_heads, capacity, head_dim), dtype=np.dtype(dtype)) for n in names}
+        self.rows: list[Row] = []
+        self.lengths: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def claim(self, row: Row, tokens: int) -> int:
+        """Reserve the next slot for ``row`` whose prompt has ``tokens`` tokens; returns the slot index."""
+        if len(self.rows) >= self.max_rows:
+            raise InputError(f"all {self.max_rows} KV slots are in use")
+        if tokens > self.capacity:
+            raise InputError(f"prompt of {tokens} tokens exceeds the KV capacity of {self.capacity}")
+        self.rows.append(row)
+        self.lengths.append(tokens)
+        return len(self.rows) - 1
+
+    def views(self, first: int, count: int) -> dict[str, np.ndarray]:
+        """Contiguous [count, H, capacity, D] views of rows ``first…first+count-1`` (past = present)."""
+        return {n: b[first:first + count] for n, b in self.buffers.items()}
+
+    def step_mask(self) -> np.ndarray:
+        """Right-padded mask for one new token per row: row i has ``lengths[i] + 1`` ones."""
+        lengths = np.asarray(self.lengths)
+        width = int(lengths.max()) + 1
+        if width > self.capacity:
+            raise InputError(f"a sequence reached the KV capacity of {self.capacity} tokens")
+        return (np.arange(width)[None, :] <= lengths[:, None]).astype(np.int64)
+
+    def advance(self) -> None:
+        self.lengths = [n + 1 for n in self.lengths]
+
+    def remove(self, indices: Sequence[int]) -> list[Row]:
+        """Drop rows; move the survivors down so active rows stay a contiguous prefix of the buffers."""
+        if not indices:
+            return []
+        drop = set(indices)
+        removed = [self.rows[i] for i in sorted(drop)]
+        keep = [i for i in range(len(self.rows)) if i not in drop]
+        for dst, src in enumerate(keep):
+            if dst != src:
+                n = self.lengths[src]
+                for buf in self.buffers.values():
+                    buf[dst, :, :n] = buf[src, :, :n]
+        self.rows = [self.rows[i] for i in keep]
+        self.lengths = [self.lengths[i] for i in keep]
+        return removed

@@ -1,0 +1,49 @@
+"""SlotCache bookkeeping: right-padded step masks, capacity checks, compaction on leave."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edge_agent.errors import InputError
+from edge_agent.models.kv_slots import SlotCache
+
+
+def filled(lengths: list[int], capacity: int = 8) -> SlotCache:
+    cache: SlotCache[str] = SlotCache(["0.key"], max_rows=4, kv_heads=1, capacity=capacity, head_dim=1)
+    for i, n in enumerate(lengths):
+        slot = cache.claim(f"r{i}", n)
+        cache.buffers["0.key"][slot, 0, :n, 0] = 10 * (i + 1) + np.arange(n)  # row i: 10(i+1), 10(i+1)+1, …
+    return cache
+
+
+def test_step_mask_has_length_plus_one_ones_per_row_right_padded():
+    mask = filled([3, 1, 5]).step_mask()
+    assert mask.tolist() == [[1, 1, 1, 1, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1]]
+    assert mask.dtype == np.int64
+
+
+def test_remove_compacts_survivors_to_a_prefix_keeping_their_tokens():
+    cache = filled([3, 2, 4])
+    assert cache.remove([0]) == ["r0"]
+    assert cache.rows == ["r1", "r2"] and cache.lengths == [2, 4]
+    buf = cache.buffers["0.key"][:, 0, :, 0]
+    assert buf[0, :2].tolist() == [20, 21] and buf[1, :4].tolist() == [30, 31, 32, 33]
+    views = cache.views(0, len(cache))
+    assert views["0.key"].shape == (2, 1, 8, 1) and np.shares_memory(views["0.key"], cache.buffers["0.key"])
+
+
+def test_advance_grows_every_row_and_capacity_is_enforced():
+    cache = filled([7, 2])
+    cache.advance()
+    assert cache.lengths == [8, 3]
+    with pytest.raises(InputError, match="capacity of 8"):
+        cache.step_mask()
+    with pytest.raises(InputError, match="exceeds the KV capacity"):
+        filled([9])
+
+
+def test_slots_run_out_with_a_clear_error():
+    cache = filled([1, 1, 1, 1])
+    with pytest.raises(InputError, match="all 4 KV slots"):
+        cache.claim("r5", 1)
+    assert cache.rows == ["r0", "r1", "r2", "r3"]
