@@ -74,7 +74,7 @@ def _default_llm_tiers() -> list[TierConfig]:
 
 
 def _default_asr_tiers() -> list[TierConfig]:
-    return [TierConfig(name="ctc", model="demo-ctc")]
+    return [TierConfig(name="asr", model="demo-asr")]
 
 
 class ModelsConfig(Section):
@@ -126,6 +126,17 @@ class SlaConfig(Section):
     target_ms: float = Field(387.0, gt=0)
     window_s: float = Field(30.0, gt=0)
     min_samples: int = Field(20, ge=1)
+    # The tier controller (tiers.decide): hysteresis, cooldown, dwell, and relief at the lightest tier.
+    evaluate_every_s: float = Field(10.0, gt=0)
+    downgrade_after: int = Field(3, ge=1, description="consecutive evaluations over target before a downgrade")
+    upgrade_after: int = Field(6, ge=1, description="consecutive evaluations under upgrade_ratio × target")
+    upgrade_ratio: float = Field(0.7, gt=0, lt=1)
+    cooldown_s: float = Field(60.0, ge=0, description="since the last switch, before an upgrade")
+    min_dwell_s: float = Field(30.0, ge=0, description="in a tier before any switch")
+    adaptive_batch: Literal["auto", "on", "off"] = "auto"
+    min_batch: int = Field(1, ge=1)
+    min_token_cap_ratio: float = Field(0.25, gt=0, le=1)
+    shed_after: int = Field(3, ge=1)
 
     @model_validator(mode="after")
     def _apply_preset(self) -> SlaConfig:
@@ -161,6 +172,8 @@ class MqttConfig(Section):
     tls: TlsConfig | None = None
     keepalive_s: int = Field(20, ge=5, le=600)
     topic_prefix: str = "edge/v1"
+    reconnect_max_s: float = Field(30.0, ge=1, le=3600, description="longest jittered wait between reconnects")
+    max_inflight: int = Field(20, ge=1, le=1000, description="unacknowledged QoS 1 messages at a time")
 
     @field_validator("device_id")
     @classmethod
@@ -174,6 +187,10 @@ class TelemetryConfig(Section):
     interval_s: float = Field(10.0, gt=0, le=3600)
     spool_path: Path = Field(default_factory=lambda: _user_dir("state") / "spool.sqlite")
     spool_max_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
+    spool_max_records: int = Field(100_000, ge=10)
+    replay_per_s: float = Field(5.0, gt=0, le=10_000, description="backlog replay rate after an outage")
+    ledger_path: Path = Field(default_factory=lambda: _user_dir("state") / "commands.sqlite")
+    max_command_bytes: int = Field(16 * 1024, ge=256, le=1024 * 1024)
 
 
 class EnginesConfig(Section):
@@ -192,6 +209,20 @@ class AudioConfig(Section):
     device: str | int | None = Field(None, description="sounddevice input name or index; None = default")
     sample_rate: int = Field(16000, ge=8000, le=192000)
     block_ms: int = Field(20, ge=5, le=500)
+    vad: Literal["energy", "webrtc", "silero"] = "energy"
+    vad_model: Path | None = Field(None, description="silero_vad.onnx when vad = 'silero'")
+    energy_threshold_db: float = Field(-50.0, ge=-100.0, le=0.0)
+    min_speech_ms: int = Field(100, ge=10, le=5000)
+    trailing_silence_ms: int = Field(500, ge=50, le=10_000)
+    pre_roll_ms: int = Field(200, ge=0, le=2000)
+    max_utterance_s: float = Field(28.0, gt=1.0, le=600.0)
+    chunk_ms: int = Field(320, ge=20, le=5000, description="new audio per recogniser step (partial cadence)")
+
+    @model_validator(mode="after")
+    def _silero_needs_model(self) -> AudioConfig:
+        if self.vad == "silero" and self.vad_model is None:
+            raise ValueError("vad = 'silero' needs vad_model (the path of silero_vad.onnx)")
+        return self
 
 
 class Settings(BaseSettings):

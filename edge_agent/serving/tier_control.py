@@ -1,0 +1,135 @@
+"""The tier controller loop: observe request timings, ask ``tiers.decide``, apply the decision.
+
+Every ``evaluate_every_s`` it takes the SLA metric's percentile over a rolling window of the active
+tier's requests (a switch starts a fresh window, and each tier's first request after loading is
+excluded), calls the pure ``decide``, and applies the result to the ``TieredLLM``: switch, truncate,
+shed, resize the batch. Each switch is reported as a ``tier_switch`` event with its reason and the
+snapshot that caused it; a fleet pin (``pin``/``unpin``) overrides the controller until removed.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import replace
+from typing import Callable
+
+from ..metrics.timing import RequestTiming
+from ..metrics.window import RollingWindow
+from ..tiers import Decision, Policy, Snapshot, TierState, decide
+from .tiered import TieredLLM
+
+log = logging.getLogger(__name__)
+
+
+def policy_from_config(sla, max_batch: int) -> Policy:
+    """The controller's policy from the ``[sla]`` config section (``config.SlaConfig``)."""
+    adaptive = sla.adaptive_batch == "on" or (sla.adaptive_batch == "auto" and sla.metric in ("itl_ms", "tpot_ms"))
+    return Policy(metric=sla.metric, percentile=sla.percentile, target_ms=sla.target_ms, min_samples=sla.min_samples,
+                  downgrade_after=sla.downgrade_after, upgrade_after=sla.upgrade_after,
+                  upgrade_ratio=sla.upgrade_ratio, cooldown_s=sla.cooldown_s, min_dwell_s=sla.min_dwell_s,
+                  adaptive_batch=adaptive, min_batch=min(sla.min_batch, max_batch), max_batch=max_batch,
+                  min_token_cap_ratio=sla.min_token_cap_ratio, shed_after=sla.shed_after)
+
+
+class TierController:
+    def __init__(self, served: TieredLLM, policy: Policy, window_s: float = 30.0, evaluate_every_s: float = 10.0,
+                 on_event: Callable[[str, dict], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic, workload: str = "llm") -> None:
+        self.served, self.policy, self.workload = served, policy, workload
+        self.window_s, self.evaluate_every_s = window_s, evaluate_every_s
+        self._clock = clock
+        self._on_event = on_event or (lambda kind, payload: None)
+        self._lock = threading.Lock()
+        self.window = RollingWindow(window_s, clock=clock)
+        self.state = TierState(tiers=len(served.tiers), tier=served.active, entered_s=clock())
+        self.last: Decision | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- inputs ----------------------------------------------------------------------------
+
+    def observe(self, timing: RequestTiming) -> None:
+        """Record one finished request (give this to the tier's ``on_finished``)."""
+        tag = f"tier:{self.served.tiers[self.state.tier].name}"
+        if timing.tags and tag not in timing.tags:
+            return  # a request finishing on a tier being drained says nothing about the new one
+        values = timing.samples().get(self.policy.metric, ())
+        if values:
+            self.window.record_many(self.policy.metric, values, timing.tags)
+
+    def pin(self, tier: int | str) -> None:
+        index = self._index(tier)
+        with self._lock:
+            self.state = replace(self.state, pinned=index)
+        self.evaluate(force=True)
+
+    def unpin(self) -> None:
+        with self._lock:
+            self.state = replace(self.state, pinned=None)
+
+    def _index(self, tier: int | str) -> int:
+        names = [t.name for t in self.served.tiers]
+        if isinstance(tier, int) and 0 <= tier < len(names):
+            return tier
+        if tier in names:
+            return names.index(tier)
+        raise ValueError(f"unknown tier {tier!r}; the {self.workload} tiers are {names}")
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def evaluate(self, force: bool = False) -> Decision:
+        now = self._clock()
+        p = self.policy
+        values = self.window.values(p.metric, now)
+        snap = Snapshot(self.window.percentile(p.metric, p.percentile, now), len(values))
+        with self._lock:
+            state = self.state
+            if force and state.pinned is not None and state.pinned != state.tier:
+                decision = Decision(replace(state, tier=state.pinned, entered_s=now, over=0, under=0),
+                                    "pin", f"pinned to tier {state.pinned} by the fleet")
+            else:
+                decision = decide(snap, state, p, now)
+            if decision.switched and self.served.switching:
+                decision = Decision(state, "hold", "a tier switch is still loading")
+            self.state, self.last = decision.state, decision
+        if decision.switched:
+            old = state.tier
+            self.window = RollingWindow(self.window_s, clock=self._clock)
+            self.served.switch_to(decision.state.tier)
+            self._on_event("tier_switch", {
+                "workload": self.workload, "from": self.served.tiers[old].name,
+                "to": self.served.tiers[decision.state.tier].name, "action": decision.action,
+                "reason": decision.reason,
+                "snapshot": {"metric": p.metric, "percentile": p.percentile, "value_ms": snap.value_ms,
+                             "count": snap.count, "target_ms": p.target_ms, "window_s": self.window_s},
+            })
+        self.served.token_cap_ratio = decision.state.token_cap_ratio
+        self.served.shedding = decision.state.shedding
+        if decision.state.batch is not None:
+            self.served.set_max_batch(decision.state.batch)
+        return decision
+
+    def switch_failed(self, old: int, new: int, error: str) -> None:
+        """The served tier could not load ``new``: stay on ``old`` and say so."""
+        with self._lock:
+            self.state = replace(self.state, tier=old)
+        self._on_event("tier_switch_failed", {"workload": self.workload, "from": self.served.tiers[old].name,
+                                              "to": self.served.tiers[new].name, "error": error})
+
+    def start(self) -> TierController:
+        self._thread = threading.Thread(target=self._loop, name=f"tiers-{self.workload}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.evaluate_every_s):
+            try:
+                self.evaluate()
+            except Exception:  # the controller must never take serving down
+                log.exception("tier evaluation failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)

@@ -1,0 +1,151 @@
+"""One LLM workload served from a ladder of model tiers, switched without failing a request.
+
+A switch loads and warms the next tier on a background thread while the current one keeps
+serving; new requests then go to the new tier (at its next batch boundary), and the old tier's
+scheduler drains what it already admitted before its model is closed. One switch runs at a time,
+so at most two tiers are ever in memory. Prompts are tokenized by the tier that serves them: tiers
+may use different tokenizers.
+
+Relief from the controller applies to new requests: ``token_cap_ratio`` truncates their
+``max_new_tokens``, ``shedding`` rejects them with ``Overloaded`` (503-style, with a retry hint),
+``max_batch`` resizes the active scheduler's batch within what its KV buffers hold.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+from ..errors import EdgeAgentError, Overloaded
+from ..metrics.timing import RequestTiming
+from ..metrics.window import FIRST_AFTER_LOAD
+from ..models.llm import DecoderLM
+from ..models.sampling import SamplingParams
+from ..models.tokenizer import Message
+from .scheduler import Limits, LLMScheduler, RequestHandle
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Tier:
+    name: str
+    open: Callable[[], DecoderLM]  # loads and warms the model (DecoderLM.open does both)
+    limits: Limits = Limits()
+    max_new_tokens: int = 256
+
+
+class _Loaded:
+    def __init__(self, index: int, tier: Tier, lm: DecoderLM, on_finished: Callable[[RequestTiming], None],
+                 clock: Callable[[], float]) -> None:
+        self.index, self.tier, self.lm = index, tier, lm
+        self.scheduler = LLMScheduler(lm, tier.limits, on_finished=on_finished, clock=clock).start()
+        self.first = True  # the next request is the first after a load: excluded from SLA windows
+
+    def close(self, drain_s: float) -> None:
+        self.scheduler.stop(drain_s)
+        self.lm.close()
+
+
+class TieredLLM:
+    def __init__(self, tiers: Sequence[Tier], on_finished: Callable[[RequestTiming], None] | None = None,
+                 on_switched: Callable[[int, int, float, str | None], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic, drain_s: float = 120.0) -> None:
+        """``on_switched(old, new, load_ms, error)`` is told when a switch completes or fails."""
+        if not tiers:
+            raise ValueError("at least one tier is needed")
+        self.tiers = list(tiers)
+        self._on_finished = on_finished or (lambda timing: None)
+        self._on_switched = on_switched or (lambda old, new, ms, err: None)
+        self._clock = clock
+        self._drain_s = drain_s
+        self._lock = threading.Lock()
+        self._active: _Loaded | None = None
+        self._switching: threading.Thread | None = None
+        self.token_cap_ratio = 1.0
+        self.shedding = False
+
+    def start(self, tier: int = 0) -> TieredLLM:
+        self._active = _Loaded(tier, self.tiers[tier], self.tiers[tier].open(), self._on_finished, self._clock)
+        return self
+
+    @property
+    def active(self) -> int:
+        assert self._active is not None, "start() first"
+        return self._active.index
+
+    @property
+    def switching(self) -> bool:
+        return self._switching is not None and self._switching.is_alive()
+
+    def submit(self, prompt: str | Sequence[Message], params: SamplingParams = SamplingParams(),
+               deadline_ms: float | None = None, raw: bool = False) -> RequestHandle:
+        with self._lock:
+            loaded = self._active
+            assert loaded is not None, "start() first"
+            if self.shedding:
+                raise Overloaded(f"shedding load: tier {loaded.tier.name!r} is over its latency target and no "
+                                 "lighter tier is left; retry in a few seconds")
+            tags = [f"tier:{loaded.tier.name}"]
+            if loaded.first:
+                tags.append(FIRST_AFTER_LOAD)
+                loaded.first = False
+        tok = loaded.lm.tokenizer
+        if isinstance(prompt, str):
+            ids = tok.encode(prompt) if raw or not tok.chat_template else tok.encode_chat([Message("user", prompt)])
+        else:
+            ids = tok.encode_chat(list(prompt))
+        cap = max(1, int(loaded.tier.max_new_tokens * self.token_cap_ratio))
+        params = replace(params, max_new_tokens=min(params.max_new_tokens, cap))
+        return loaded.scheduler.submit(ids, params, deadline_ms=deadline_ms, tags=tags)
+
+    def set_max_batch(self, max_batch: int) -> None:
+        """Adaptive batching: resize the active tier's batch, never above its configured max."""
+        loaded = self._active
+        if loaded is not None:
+            size = max(1, min(max_batch, loaded.tier.limits.max_batch))
+            sizes = tuple(s for s in loaded.tier.limits.preferred_batch_sizes if s <= size) or (size,)
+            loaded.scheduler.limits = replace(loaded.scheduler.limits, max_batch=size, preferred_batch_sizes=sizes)
+
+    def switch_to(self, index: int) -> bool:
+        """Start moving to tier ``index`` in the background; False when already there or busy switching."""
+        if not 0 <= index < len(self.tiers):
+            raise ValueError(f"no tier {index} (the ladder has {len(self.tiers)})")
+        with self._lock:
+            if self._active is None or index == self._active.index or self.switching:
+                return False
+            self._switching = threading.Thread(target=self._switch, args=(index,), name=f"tier-load-{index}",
+                                               daemon=True)
+            self._switching.start()
+        return True
+
+    def wait_switched(self, timeout_s: float | None = None) -> None:
+        thread = self._switching
+        if thread is not None:
+            thread.join(timeout_s)
+
+    def _switch(self, index: int) -> None:
+        old = self._active
+        assert old is not None
+        start = time.perf_counter()
+        try:
+            new = _Loaded(index, self.tiers[index], self.tiers[index].open(), self._on_finished, self._clock)
+        except Exception as exc:  # a tier that cannot load must not take serving down
+            log.error("could not load tier %r: %s", self.tiers[index].name, exc)
+            self._on_switched(old.index, index, (time.perf_counter() - start) * 1e3,
+                              str(exc) if isinstance(exc, EdgeAgentError) else f"{type(exc).__name__}: {exc}")
+            return
+        load_ms = (time.perf_counter() - start) * 1e3
+        with self._lock:
+            self._active = new
+        log.info("tier %r -> %r (loaded and warmed in %.0f ms)", old.tier.name, new.tier.name, load_ms)
+        self._on_switched(old.index, index, load_ms, None)
+        old.close(self._drain_s)  # finishes every request it admitted, then frees the model
+
+    def stop(self, drain_s: float | None = None) -> None:
+        self.wait_switched()
+        if self._active is not None:
+            self._active.close(self._drain_s if drain_s is None else drain_s)
+            self._active = None

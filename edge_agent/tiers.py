@@ -1,0 +1,139 @@
+"""The tier controller's decision: a pure function of a latency snapshot, the state and the policy.
+
+``decide(snapshot, state, policy, now)`` is called once per evaluation (every ``evaluate_every_s``)
+with the SLA metric's percentile over the rolling window. It never sleeps, reads a clock or touches
+an engine: the caller applies the returned state (``serving/tier_control.py``), and the tests drive it
+with a fake clock.
+
+Rules, in order:
+- fewer than ``min_samples`` samples: hold, change nothing (the window is noise, DESIGN.md);
+- a fleet pin wins: go to the pinned tier and stay there until unpinned;
+- over target for ``downgrade_after`` consecutive evaluations and at least ``min_dwell_s`` in the tier:
+  move one tier lighter;
+- under ``upgrade_ratio × target`` for ``upgrade_after`` consecutive evaluations, ``cooldown_s`` since
+  the last switch and the dwell time: move one tier heavier. The gap between the two thresholds is the
+  hysteresis that keeps a noisy but steady load from flapping.
+Besides switching, over target with no lighter tier to go to (the lightest, or pinned): halve the
+``max_new_tokens`` cap (stream truncation) down to ``min_token_cap_ratio``; still over after
+``shed_after`` more evaluations at the floor: shed new requests with a clear rejection. Comfortably
+under target again (< 0.9 × target) undoes them step by step. The batch size follows FACTS.md's AIMD
+rule (halve above 1.1 × target, double below 0.9 ×, within bounds) when ``adaptive_batch`` is on.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+Action = Literal["hold", "downgrade", "upgrade", "pin", "insufficient"]
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    metric: str = "ttft_ms"
+    percentile: float = 95.0
+    target_ms: float = 387.0
+    min_samples: int = 20
+    downgrade_after: int = 3
+    upgrade_after: int = 6
+    upgrade_ratio: float = 0.7
+    cooldown_s: float = 60.0
+    min_dwell_s: float = 30.0
+    adaptive_batch: bool = False
+    min_batch: int = 1
+    max_batch: int = 4
+    min_token_cap_ratio: float = 0.25
+    shed_after: int = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The SLA metric over the window: its percentile (None when empty) and the sample count."""
+
+    value_ms: float | None
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class TierState:
+    tiers: int  # ladder length; tier 0 is the heaviest
+    tier: int = 0
+    entered_s: float = -math.inf  # when the current tier became active
+    over: int = 0  # consecutive evaluations over target
+    under: int = 0  # consecutive evaluations under upgrade_ratio × target
+    batch: int | None = None  # adaptive max batch (None: not adapting)
+    token_cap_ratio: float = 1.0  # fraction of the tier's max_new_tokens allowed
+    over_at_floor: int = 0  # consecutive evaluations over target with the token cap at its floor
+    shedding: bool = False
+    pinned: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    state: TierState
+    action: Action
+    reason: str
+
+    @property
+    def switched(self) -> bool:
+        return self.action in ("downgrade", "upgrade", "pin")
+
+
+def decide(snapshot: Snapshot, state: TierState, policy: Policy, now: float) -> Decision:
+    p = policy
+    value = snapshot.value_ms
+    if value is None or snapshot.count < p.min_samples:
+        return Decision(state, "insufficient",
+                        f"{snapshot.count} {p.metric} samples in the window, fewer than min_samples {p.min_samples}")
+    label = f"{p.metric} P{p.percentile:g} {value:.0f} ms"
+    over = value > p.target_ms
+    under = value < p.upgrade_ratio * p.target_ms
+    s = replace(state, over=state.over + 1 if over else 0, under=state.under + 1 if under else 0)
+    s = _adapt_batch(s, p, value)
+    dwelled = now - s.entered_s >= p.min_dwell_s
+
+    if s.pinned is not None:
+        if s.tier != s.pinned:
+            return Decision(_switch(s, s.pinned, now), "pin", f"pinned to tier {s.pinned} by the fleet")
+        return Decision(_relieve(s, p, value), "hold", f"pinned to tier {s.pinned}; {label}")
+    if over and s.over >= p.downgrade_after and s.tier < s.tiers - 1 and dwelled:
+        return Decision(_switch(s, s.tier + 1, now), "downgrade",
+                        f"{label} > target {p.target_ms:g} ms for {s.over} evaluations")
+    if (under and s.under >= p.upgrade_after and s.tier > 0 and dwelled
+            and now - s.entered_s >= p.cooldown_s):
+        return Decision(_switch(s, s.tier - 1, now), "upgrade",
+                        f"{label} < {p.upgrade_ratio:g} × target for {s.under} evaluations")
+    return Decision(_relieve(s, p, value), "hold", label)
+
+
+def _switch(s: TierState, tier: int, now: float) -> TierState:
+    # A new tier starts with fresh streaks and no truncation or shedding: its latency is unknown yet.
+    return replace(s, tier=tier, entered_s=now, over=0, under=0, token_cap_ratio=1.0, over_at_floor=0,
+                   shedding=False)
+
+
+def _relieve(s: TierState, p: Policy, value: float) -> TierState:
+    """No switch this time: with no lighter tier left, truncate, then shed, while over target;
+    undo both when well under."""
+    stuck = s.pinned is not None or s.tier == s.tiers - 1
+    if value > p.target_ms and stuck:
+        if s.token_cap_ratio > p.min_token_cap_ratio:
+            return replace(s, token_cap_ratio=max(p.min_token_cap_ratio, s.token_cap_ratio / 2), over_at_floor=0)
+        at_floor = s.over_at_floor + 1
+        return replace(s, over_at_floor=at_floor, shedding=s.shedding or at_floor >= p.shed_after)
+    if value < 0.9 * p.target_ms:
+        if s.shedding:
+            return replace(s, shedding=False, over_at_floor=0)
+        return replace(s, token_cap_ratio=min(1.0, s.token_cap_ratio * 2), over_at_floor=0)
+    return replace(s, over_at_floor=0)
+
+
+def _adapt_batch(s: TierState, p: Policy, value: float) -> TierState:
+    if not p.adaptive_batch:
+        return s
+    batch = s.batch if s.batch is not None else p.max_batch
+    if value > 1.1 * p.target_ms:
+        batch = max(p.min_batch, batch // 2)
+    elif value < 0.9 * p.target_ms:
+        batch = min(p.max_batch, batch * 2)
+    return replace(s, batch=batch)

@@ -1,0 +1,125 @@
+"""Table tests of tiers.decide with a fake clock: hysteresis, cooldown, dwell, min samples, pinning,
+truncation and shedding, AIMD batch, and no flapping under a noisy but steady load."""
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from edge_agent.tiers import Decision, Policy, Snapshot, TierState, decide
+
+POLICY = Policy(target_ms=100.0, min_samples=20, downgrade_after=3, upgrade_after=4, upgrade_ratio=0.7,
+                cooldown_s=30.0, min_dwell_s=10.0)
+
+
+def run(values, state=None, policy=POLICY, start=100.0, step_s=5.0, count=50) -> list[Decision]:
+    """Feed one evaluation per ``step_s`` of the fake clock; returns every decision."""
+    state = state or TierState(tiers=3, entered_s=0.0)
+    out = []
+    for i, v in enumerate(values):
+        d = decide(Snapshot(v, count), state, policy, start + i * step_s)
+        out.append(d)
+        state = d.state
+    return out
+
+
+def tiers(decisions) -> list[int]:
+    return [d.state.tier for d in decisions]
+
+
+@pytest.mark.parametrize("values, expected", [
+    ([150, 150, 150], [0, 0, 1]),                  # N=3 consecutive windows over target
+    ([150, 150, 90, 150, 150], [0, 0, 0, 0, 0]),   # a good window resets the streak
+    ([150] * 7, [0, 0, 1, 1, 1, 2, 2]),            # again N more windows in the new tier; then the lightest
+    ([150] * 12, [0, 0, 1, 1, 1, 2] + [2] * 6),    # never beyond the lightest tier
+])
+def test_downgrade_after_n_windows_over_target(values, expected):
+    assert tiers(run(values)) == expected
+
+
+def test_no_decision_under_min_samples_and_streaks_untouched():
+    state = TierState(tiers=3, entered_s=0.0, over=2)
+    d = decide(Snapshot(500.0, 19), state, POLICY, 100.0)
+    assert d.action == "insufficient" and d.state == state and "min_samples 20" in d.reason
+    d = decide(Snapshot(None, 0), state, POLICY, 100.0)
+    assert d.action == "insufficient" and d.state == state
+
+
+def test_dwell_time_delays_a_downgrade():
+    policy = replace(POLICY, min_dwell_s=60.0)
+    decisions = run([150] * 6, state=TierState(tiers=3, entered_s=90.0), policy=policy, step_s=5.0)
+    # evaluations at t=100..125: dwell reached at 150 -> none of them switch
+    assert tiers(decisions) == [0] * 6
+    later = decide(Snapshot(150, 50), decisions[-1].state, policy, 150.0)
+    assert later.action == "downgrade" and "for 7 evaluations" in later.reason
+
+
+def test_upgrade_needs_m_windows_under_ratio_and_the_cooldown():
+    start = TierState(tiers=3, tier=2, entered_s=100.0)
+    # under 0.7 × target from t=100 on, every 5 s: M=4 reached at t=115 but cooldown (30 s) only at t=130
+    decisions = run([50] * 8, state=start, start=100.0)
+    assert [d.action for d in decisions].index("upgrade") == 6  # t = 130
+    assert decisions[6].state.tier == 1 and decisions[6].state.entered_s == 130.0
+
+
+def test_hysteresis_band_holds_between_upgrade_ratio_and_target():
+    decisions = run([80, 95, 75, 99] * 10, state=TierState(tiers=3, tier=1, entered_s=0.0))
+    assert {d.action for d in decisions} == {"hold"} and set(tiers(decisions)) == {1}
+
+
+def test_noisy_but_steady_load_does_not_flap():
+    rng = random.Random(7)
+    # P95 hovering around 85% of target with ±20% noise: some windows over, some under 0.7×
+    values = [100 * 0.85 * (1 + rng.uniform(-0.2, 0.2)) for _ in range(400)]
+    decisions = run(values, state=TierState(tiers=3, tier=1, entered_s=0.0))
+    switches = [d for d in decisions if d.switched]
+    assert len(switches) <= 1, [(d.action, d.reason) for d in switches]
+
+
+def test_pin_overrides_the_controller_until_unpinned():
+    state = TierState(tiers=3, tier=0, entered_s=0.0, pinned=2)
+    d = decide(Snapshot(10, 50), state, POLICY, 100.0)
+    assert d.action == "pin" and d.state.tier == 2
+    held = run([10] * 20, state=d.state)
+    assert set(tiers(held)) == {2} and all(x.action == "hold" for x in held)
+    free = run([10] * 20, state=replace(held[-1].state, pinned=None), start=300.0)
+    assert free[-1].state.tier < 2
+
+
+def test_at_the_lightest_tier_truncate_then_shed_then_recover():
+    state = TierState(tiers=2, tier=1, entered_s=0.0)
+    policy = replace(POLICY, min_token_cap_ratio=0.25, shed_after=2)
+    over = run([300] * 5, state=state, policy=policy)
+    assert [d.state.token_cap_ratio for d in over] == [0.5, 0.25, 0.25, 0.25, 0.25]
+    assert [d.state.shedding for d in over] == [False, False, False, True, True]
+    calm = run([50] * 3, state=over[-1].state, policy=policy, start=200.0)
+    assert [(d.state.shedding, d.state.token_cap_ratio) for d in calm] == [(False, 0.25), (False, 0.5), (False, 1.0)]
+
+
+def test_no_truncation_while_a_lighter_tier_is_still_available():
+    d = run([300, 300], state=TierState(tiers=3, tier=0, entered_s=0.0))
+    assert all(x.state.token_cap_ratio == 1.0 and not x.state.shedding for x in d)
+
+
+@pytest.mark.parametrize("value, batch, expected", [
+    (115, 8, 4), (115, 1, 1), (105, 8, 8), (85, 8, 16), (85, 32, 32), (95, 8, 8),
+])
+def test_aimd_batch_within_bounds(value, batch, expected):
+    policy = replace(POLICY, adaptive_batch=True, min_batch=1, max_batch=32)
+    d = decide(Snapshot(value, 50), TierState(tiers=1, entered_s=0.0, batch=batch), policy, 100.0)
+    assert d.state.batch == expected
+
+
+@pytest.mark.parametrize("metric, mode, adaptive", [
+    ("ttft_ms", "auto", False), ("itl_ms", "auto", True), ("tpot_ms", "off", False), ("ttft_ms", "on", True),
+])
+def test_policy_from_the_sla_section(metric, mode, adaptive):
+    from edge_agent.config import SlaConfig
+    from edge_agent.serving.tier_control import policy_from_config
+
+    sla = SlaConfig(metric=metric, adaptive_batch=mode, preset="customer-service", min_batch=8)
+    policy = policy_from_config(sla, max_batch=4)
+    assert policy.adaptive_batch is adaptive
+    assert policy.target_ms == 220.0 and policy.metric == metric  # explicit metric wins over the preset's
+    assert policy.min_batch == 4 and policy.max_batch == 4
