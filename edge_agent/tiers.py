@@ -12,7 +12,10 @@ Rules, in order:
   move one tier lighter;
 - under ``upgrade_ratio × target`` for ``upgrade_after`` consecutive evaluations, ``cooldown_s`` since
   the last switch and the dwell time: move one tier heavier. The gap between the two thresholds is the
-  hysteresis that keeps a noisy but steady load from flapping.
+  hysteresis that keeps a noisy but steady load from flapping. A light tier being fast says nothing
+  about whether the heavy one can take the load, so a downgrade remembers the throughput at which
+  the tier broke, and the way back up waits until the load is below ``upgrade_ratio`` of it (the
+  memory fades after ``forget_after_s``: other prompts may change what a tier can take).
 Besides switching, over target with no lighter tier to go to (the lightest, or pinned): halve the
 ``max_new_tokens`` cap (stream truncation) down to ``min_token_cap_ratio``; still over after
 ``shed_after`` more evaluations at the floor: shed new requests with a clear rejection. Comfortably
@@ -44,14 +47,17 @@ class Policy:
     max_batch: int = 4
     min_token_cap_ratio: float = 0.25
     shed_after: int = 3
+    forget_after_s: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """The SLA metric over the window: its percentile (None when empty) and the sample count."""
+    """The SLA metric over the window: its percentile (None when empty), the sample count and the
+    completed requests per second (None when unknown)."""
 
     value_ms: float | None
     count: int
+    rate_per_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +72,7 @@ class TierState:
     over_at_floor: int = 0  # consecutive evaluations over target with the token cap at its floor
     shedding: bool = False
     pinned: int | None = None
+    broke_at: tuple[tuple[int, float, float], ...] = ()  # (tier, requests/s, when) at each downgrade
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +104,20 @@ def decide(snapshot: Snapshot, state: TierState, policy: Policy, now: float) -> 
             return Decision(_switch(s, s.pinned, now), "pin", f"pinned to tier {s.pinned} by the fleet")
         return Decision(_relieve(s, p, value), "hold", f"pinned to tier {s.pinned}; {label}")
     if over and s.over >= p.downgrade_after and s.tier < s.tiers - 1 and dwelled:
-        return Decision(_switch(s, s.tier + 1, now), "downgrade",
+        broke = tuple(b for b in s.broke_at if b[0] != s.tier)
+        if snapshot.rate_per_s is not None:
+            broke += ((s.tier, snapshot.rate_per_s, now),)
+        return Decision(_switch(replace(s, broke_at=broke), s.tier + 1, now), "downgrade",
                         f"{label} > target {p.target_ms:g} ms for {s.over} evaluations")
     if (under and s.under >= p.upgrade_after and s.tier > 0 and dwelled
             and now - s.entered_s >= p.cooldown_s):
+        limit = next((rate for tier, rate, at in s.broke_at
+                      if tier == s.tier - 1 and now - at < p.forget_after_s), None)
+        if limit is not None and (snapshot.rate_per_s is None or snapshot.rate_per_s >= p.upgrade_ratio * limit):
+            load = "unknown" if snapshot.rate_per_s is None else f"{snapshot.rate_per_s:.2f} req/s"
+            return Decision(_relieve(s, p, value), "hold",
+                            f"{label}, but load {load} is not below {p.upgrade_ratio:g} × the {limit:.2f} req/s "
+                            f"at which tier {s.tier - 1} broke")
         return Decision(_switch(s, s.tier - 1, now), "upgrade",
                         f"{label} < {p.upgrade_ratio:g} × target for {s.under} evaluations")
     return Decision(_relieve(s, p, value), "hold", label)

@@ -42,7 +42,8 @@ class TierController:
         self._on_event = on_event or (lambda kind, payload: None)
         self._lock = threading.Lock()
         self.window = RollingWindow(window_s, clock=clock)
-        self.state = TierState(tiers=len(served.tiers), tier=served.active, entered_s=clock())
+        self._window_started = clock()
+        self.state = TierState(tiers=len(served.tiers), tier=served.active, entered_s=self._window_started)
         self.last: Decision | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -57,6 +58,7 @@ class TierController:
         values = timing.samples().get(self.policy.metric, ())
         if values:
             self.window.record_many(self.policy.metric, values, timing.tags)
+        self.window.record("requests", 1.0)  # throughput counts every request, warm-up or not
 
     def pin(self, tier: int | str) -> None:
         index = self._index(tier)
@@ -82,7 +84,10 @@ class TierController:
         now = self._clock()
         p = self.policy
         values = self.window.values(p.metric, now)
-        snap = Snapshot(self.window.percentile(p.metric, p.percentile, now), len(values))
+        # Requests completed per second over the window (one sample each for per-request metrics).
+        requests = self.window.count("requests", now)
+        span = min(self.window_s, max(now - self._window_started, 1e-9))
+        snap = Snapshot(self.window.percentile(p.metric, p.percentile, now), len(values), requests / span)
         with self._lock:
             state = self.state
             if force and state.pinned is not None and state.pinned != state.tier:
@@ -96,13 +101,15 @@ class TierController:
         if decision.switched:
             old = state.tier
             self.window = RollingWindow(self.window_s, clock=self._clock)
+            self._window_started = now
             self.served.switch_to(decision.state.tier)
             self._on_event("tier_switch", {
                 "workload": self.workload, "from": self.served.tiers[old].name,
                 "to": self.served.tiers[decision.state.tier].name, "action": decision.action,
                 "reason": decision.reason,
                 "snapshot": {"metric": p.metric, "percentile": p.percentile, "value_ms": snap.value_ms,
-                             "count": snap.count, "target_ms": p.target_ms, "window_s": self.window_s},
+                             "count": snap.count, "rate_per_s": snap.rate_per_s, "target_ms": p.target_ms,
+                             "window_s": self.window_s},
             })
         self.served.token_cap_ratio = decision.state.token_cap_ratio
         self.served.shedding = decision.state.shedding

@@ -123,3 +123,22 @@ def test_policy_from_the_sla_section(metric, mode, adaptive):
     assert policy.adaptive_batch is adaptive
     assert policy.target_ms == 220.0 and policy.metric == metric  # explicit metric wins over the preset's
     assert policy.min_batch == 4 and policy.max_batch == 4
+
+
+def test_the_way_back_up_waits_until_the_load_is_below_what_broke_the_heavier_tier():
+    policy = replace(POLICY, upgrade_after=2, cooldown_s=0.0, min_dwell_s=0.0)
+    state = TierState(tiers=2, entered_s=0.0)
+    for t in (1.0, 2.0, 3.0):  # breaks at 10 req/s
+        d = decide(Snapshot(300, 50, rate_per_s=10.0), state, policy, t)
+        state = d.state
+    assert d.action == "downgrade" and state.tier == 1 and state.broke_at == ((0, 10.0, 3.0),)
+    # the light tier is fast, but the load is still 9 req/s: 9 >= 0.7 × 10 -> stay
+    for t in (4.0, 5.0, 6.0):
+        d = decide(Snapshot(20, 50, rate_per_s=9.0), state, policy, t)
+        state = d.state
+    assert d.action == "hold" and state.tier == 1 and "at which tier 0 broke" in d.reason
+    d = decide(Snapshot(20, 50, rate_per_s=6.0), state, policy, 7.0)
+    assert d.action == "upgrade" and d.state.tier == 0
+    # the memory fades: long after, a fast light tier goes back up whatever the rate
+    late = decide(Snapshot(20, 50, rate_per_s=9.0), replace(state, under=5), policy, 3.0 + policy.forget_after_s)
+    assert late.action == "upgrade"
