@@ -4,7 +4,9 @@ Each round runs the same synthetic prompts twice, alternating:
 - **agent**: through ``LLMScheduler`` (continuous batching, sampling objects, detokenization,
   per-request timing), driven by ``C`` closed-loop clients or by Poisson arrivals (``--rate``);
 - **baseline**: a bare sequential greedy loop, ``DecoderLM.generate_greedy`` (the runtime session with
-  present→past fed back), timed with ``time.perf_counter``: what the runtime gives with nothing around it.
+  present→past fed back), timed with ``time.perf_counter``: what the runtime gives with nothing around it;
+- **genai** (when an onnxruntime-genai folder of the model exists): its own ``og.Generator`` (``genai.py``);
+- **scaling** (``--scaling K``): the agent again at concurrency K, so C→K ratios come from one run.
 
 Figures are medians across rounds (noise on shared cores is about ±10%). Latency names follow
 DESIGN "Latency vocabulary": ``ttft_ms``, ``itl_ms``, ``tpot_ms``, ``e2e_ms``. ``goodput`` counts
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import threading
 import time
@@ -25,15 +26,15 @@ import numpy as np
 
 from ..backends import SessionOptions
 from ..errors import InputError
-from ..metrics.timing import LatencyStats, RequestTiming
+from ..metrics.timing import RequestTiming
 from ..models.catalog import resolve_model
 from ..models.llm import DecoderLM
 from ..progress import Progress
 from ..serving.scheduler import Limits, LLMScheduler
 from . import roofline as rl
 from .genai import GenaiRunner, agreement, find_genai_folder
+from .llm_report import _median_of, _ratio, format_table, summarize
 
-STAT_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 SEED = 1234
 DEFAULT_SLA_MS = 387.0
 
@@ -65,6 +66,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--ramp-s", type=float, default=None, metavar="S",
                    help="closed loop: client k starts at k·S/C (default: one measured request's e2e when C > 1, "
                         "so clients do not arrive in lockstep; 0 = all at once)")
+    p.add_argument("--scaling", type=int, default=None, metavar="K",
+                   help="also run concurrency K in the same rounds and report K's tokens/s and TTFT P99 as ratios "
+                        "to C's (e.g. --concurrency 1 --scaling 4)")
     p.add_argument("--cache-dir", type=Path, default=None, help="model cache (default: the configured models cache)")
     p.add_argument("--config", metavar="FILE", default=None, help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -87,6 +91,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise InputError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     if args.threads < 1:
         raise InputError(f"--threads must be at least 1, got {args.threads}")
+    if args.scaling is not None and args.scaling < 1:
+        raise InputError(f"--scaling must be at least 1, got {args.scaling}")
     if args.rounds < 1:
         raise InputError(f"--rounds must be at least 1, got {args.rounds}")
     if not args.sla_ms > 0:
@@ -121,10 +127,6 @@ def poisson_offsets(n: int, rate: float, seed: int = SEED) -> list[float]:
 
 
 # -- one round of each side -------------------------------------------------------------------
-
-def _new_stats() -> LatencyStats:
-    return LatencyStats(window_s=1e9, max_samples=10_000_000)
-
 
 def run_agent(scheduler, prompts: Sequence[Sequence[int]], concurrency: int, rate: float | None,
               max_new_tokens: int, sink: list, progress: Progress | None = None, ramp_s: float = 0.0) -> float:
@@ -199,47 +201,6 @@ def run_baseline(lm, prompts: Sequence[Sequence[int]], max_new_tokens: int, sink
     return time.perf_counter() - start
 
 
-def summarize(timings: Sequence[RequestTiming], wall_s: float, sla_ms: float, batch1: bool) -> dict:
-    stats = _new_stats()
-    for t in timings:
-        stats.add(t)
-    summary = stats.summary()
-    out: dict = {m: summary[m] for m in STAT_METRICS}
-    tokens = sum(t.tokens_out for t in timings)
-    good = sum(1 for t in timings if t.ttft_ms is not None and t.ttft_ms <= sla_ms)
-    out["requests"] = len(timings)
-    out["tokens_out"] = tokens
-    out["wall_s"] = wall_s
-    out["tokens_per_s"] = tokens / wall_s
-    out["requests_per_s"] = len(timings) / wall_s
-    out["goodput"] = good / wall_s
-    out["sla_met"] = good
-    itl50 = summary["itl_ms"]["p50"]
-    out["decode_tokens_per_s"] = 1e3 / itl50 if batch1 and itl50 else None
-    return out
-
-
-def _median_of(rounds: list[dict]) -> dict:
-    """Field-wise median across rounds (nested stat dicts included); counts are per round."""
-    first = rounds[0]
-    merged: dict = {}
-    for key, value in first.items():
-        if isinstance(value, dict):
-            merged[key] = _median_of([r[key] for r in rounds])
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            values = [r[key] for r in rounds if r[key] is not None]
-            med = statistics.median(values) if values else None
-            merged[key] = int(med) if isinstance(value, int) and med is not None and key in ("count", "requests", "tokens_out", "sla_met") else med
-        else:
-            values = [r[key] for r in rounds if r[key] is not None]
-            merged[key] = statistics.median(values) if values else None
-    return merged
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or not b else a / b
-
-
 # -- the command --------------------------------------------------------------------------------
 
 def _cache_dir(args: argparse.Namespace) -> Path:
@@ -269,15 +230,15 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
     from ..models.sampling import SamplingParams
 
     C, N, T = args.concurrency, args.requests, args.max_new_tokens
-    closed_c1 = args.rate is None and C == 1
-    max_batch = max(C, 1)
-    limits = Limits(max_batch=max_batch, batch_timeout_ms=0.0 if closed_c1 else 80.0,
-                    preferred_batch_sizes=tuple(s for s in (2, 4) if s <= max_batch),
-                    max_queue=max(64, N + 1), queue_timeout_ms=3_600_000.0)
+    limits = _limits(C, args.rate, N)
     prompts = synthetic_prompts(lm, N, args.prompt_tokens)
     sink: list[RequestTiming] = []
     scheduler = LLMScheduler(lm, limits, on_finished=sink.append).start()
     agent_rounds: list[dict] = []
+    K = args.scaling
+    k_sink: list[RequestTiming] = []
+    k_scheduler = LLMScheduler(lm, _limits(K, args.rate, N), on_finished=k_sink.append).start() if K else None
+    k_rounds: list[dict] = []
     base_rounds: list[dict] = []
     genai_rounds: list[dict] = []
     raw = {side: {"ttft_ms": [], "itl_ms": []} for side in ("agent", "baseline", "genai")}
@@ -289,21 +250,21 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
         warm = scheduler.submit(prompts[0], SamplingParams(max_new_tokens=T, ignore_eos=True), tags=("warmup",))
         e2e_s = (warm.result(600).timing.e2e_ms or 0.0) / 1e3
         ramp_s = args.ramp_s if args.ramp_s is not None else (e2e_s if args.rate is None and C > 1 else 0.0)
+        k_ramp_s = args.ramp_s if args.ramp_s is not None else (e2e_s if args.rate is None and (K or 0) > 1 else 0.0)
+        if k_scheduler:
+            k_scheduler.submit(prompts[0][:8], SamplingParams(max_new_tokens=2, ignore_eos=True),
+                               tags=("warmup",)).result(600)
         if not args.no_baseline:
             run_baseline(lm, [prompts[0][:8]], 2, [])
         if genai_runner:
             genai_runner.generate(prompts[0][:8], 2)
         sink.clear()
         for r in range(args.rounds):
-            sink.clear()
-            with Progress(f"agent round {r + 1}/{args.rounds}", "req", enabled=show) as prog:
-                wall = run_agent(scheduler, prompts, C, args.rate, T, sink, prog, ramp_s)
-            deadline = time.monotonic() + 5
-            while len(sink) < N and time.monotonic() < deadline:  # on_finished runs after the handle resolves
-                time.sleep(0.001)
-            timings = [t for t in sink if "warmup" not in t.tags]
-            _collect(raw["agent"], timings)
-            agent_rounds.append(summarize(timings, wall, args.sla_ms, batch1=max_batch == 1))
+            agent_rounds.append(_agent_round(scheduler, sink, prompts, C, args, ramp_s, raw["agent"],
+                                             f"agent round {r + 1}/{args.rounds}", show))
+            if k_scheduler:
+                k_rounds.append(_agent_round(k_scheduler, k_sink, prompts, K, args, k_ramp_s, {"ttft_ms": [], "itl_ms": []},
+                                             f"agent C={K} round {r + 1}/{args.rounds}", show))
             if not args.no_baseline:
                 base: list[RequestTiming] = []
                 with Progress(f"baseline round {r + 1}/{args.rounds}", "req", enabled=show) as prog:
@@ -318,6 +279,8 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
                 genai_rounds.append(summarize(gen, wall, args.sla_ms, batch1=True))
     finally:
         scheduler.stop()
+        if k_scheduler:
+            k_scheduler.stop()
 
     agent = _median_of(agent_rounds)
     agent["per_round_tokens_per_s"] = [r["tokens_per_s"] for r in agent_rounds]
@@ -350,6 +313,13 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
                        rl.kv_bytes_per_token_of_context(c.num_layers, c.num_kv_heads, c.head_dim, c.kv_dtype),
                        args.prompt_tokens + (T - 1) / 2, achieved)
     roof["achieved_source"] = achieved_source
+    scaling = None
+    if k_rounds:
+        at_k = _median_of(k_rounds)
+        scaling = {"concurrency": K, "agent": at_k,
+                   "tokens_per_s_ratio": _ratio(at_k["tokens_per_s"], agent["tokens_per_s"]),
+                   "ttft_p50_ratio": _ratio(at_k["ttft_ms"]["p50"], agent["ttft_ms"]["p50"]),
+                   "ttft_p99_ratio": _ratio(at_k["ttft_ms"]["p99"], agent["ttft_ms"]["p99"])}
     genai = None
     if genai_rounds:
         genai = _median_of(genai_rounds)
@@ -376,7 +346,7 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
         "agent": agent, "baseline": baseline,
         "overhead_ratio": overhead, "decode_ratio": decode_ratio,
         "roofline": roof,
-        "genai": genai, "genai_reason": genai_reason,
+        "genai": genai, "genai_reason": genai_reason, "scaling": scaling,
         "notes": notes,
     }
     print(format_table(report))
@@ -389,56 +359,31 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
     return 0
 
 
+def _limits(concurrency: int, rate: float | None, requests: int) -> Limits:
+    max_batch = max(concurrency, 1)
+    return Limits(max_batch=max_batch, batch_timeout_ms=0.0 if rate is None and concurrency == 1 else 80.0,
+                  preferred_batch_sizes=tuple(s for s in (2, 4) if s <= max_batch),
+                  max_queue=max(64, requests + 1), queue_timeout_ms=3_600_000.0)
+
+
+def _agent_round(scheduler, sink: list, prompts, concurrency: int, args, ramp_s: float, raw: dict,
+                 label: str, show: bool) -> dict:
+    sink.clear()
+    with Progress(label, "req", enabled=show) as prog:
+        wall = run_agent(scheduler, prompts, concurrency, args.rate, args.max_new_tokens, sink, prog, ramp_s)
+    deadline = time.monotonic() + 5
+    while len(sink) < len(prompts) and time.monotonic() < deadline:  # on_finished runs after the handle resolves
+        time.sleep(0.001)
+    timings = [t for t in sink if "warmup" not in t.tags]
+    _collect(raw, timings)
+    return summarize(timings, wall, args.sla_ms, batch1=concurrency == 1)
+
+
 def _collect(into: dict, timings: Sequence[RequestTiming]) -> None:
     for t in timings:
         if t.ttft_ms is not None:
             into["ttft_ms"].append(t.ttft_ms)
         into["itl_ms"].extend(t.itl_ms)
-
-
-def _rate_text(rate: float | None) -> str:
-    return "" if rate is None else f" at {rate:g}/s"
-
-
-def _fmt(v: float | None, digits: int = 1) -> str:
-    return "—" if v is None else f"{v:.{digits}f}"
-
-
-def format_table(report: dict) -> str:
-    a, b, g = report["agent"], report["baseline"], report["genai"]
-    lines = [f"LLM bench: {report['model']} on {report['backend']} ({report['threads']} threads), "
-             f"C={report['concurrency']}, {report['requests']} requests × {report['rounds']['count']} rounds, "
-             f"{report['arrivals']}{_rate_text(report['rate'])}, "
-             f"P={report['prompt_tokens']} T={report['max_new_tokens']}",
-             f"{'metric':<22}{'agent':>12}{'baseline':>12}{'agent/base':>12}"
-             + (f"{'genai':>12}{'agent/genai':>12}" if g else "")]
-
-    def row(name: str, av, bv, gv) -> None:
-        line = f"{name:<22}{_fmt(av):>12}{_fmt(bv):>12}{_fmt(_ratio(av, bv), 2):>12}"
-        if g:
-            line += f"{_fmt(gv):>12}{_fmt(_ratio(av, gv), 2):>12}"
-        lines.append(line)
-
-    for m in STAT_METRICS:
-        for p in ("p50", "p95", "p99"):
-            row(f"{m} {p}", a[m][p], b[m][p] if b else None, g[m][p] if g else None)
-    for k in ("tokens_per_s", "requests_per_s", "goodput", "decode_tokens_per_s"):
-        row(k, a[k], b[k] if b else None, g[k] if g else None)
-    lines.append(f"overhead_ratio (TTFT p50, C=1): {_fmt(report['overhead_ratio'], 3)}   "
-                 f"decode_ratio: {_fmt(report['decode_ratio'], 3)}")
-    r = report["roofline"]
-    lines.append(f"roofline: {r['bandwidth_gb_s']:.1f} GB/s read, {r['bytes_per_token'] / 1e6:.1f} MB/token → "
-                 f"bound {r['bound_tokens_per_s']:.0f} tok/s; achieved {_fmt(r['achieved_tokens_per_s'])} "
-                 f"({r['achieved_source']}) = {_fmt(r['fraction'], 2)} of the bound")
-    if g is None:
-        lines.append(f"genai: {report['genai_reason']}")
-    else:
-        lines.append(f"genai: {g['folder']}; greedy token agreement with the bare loop {g['token_agreement']:.2f}")
-    if report["ramp_s"]:
-        lines.append(f"closed-loop clients started {report['ramp_s'] / report['concurrency'] * 1e3:.0f} ms apart")
-    for note in report["notes"]:
-        lines.append(f"note: {note}")
-    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -94,6 +94,18 @@ def test_bench_llm_genai_folder_must_be_one(tmp_path):
         args.func(args)
 
 
+def test_bench_llm_scaling_runs_both_concurrencies_in_the_same_rounds(tmp_path):
+    out = tmp_path / "r.json"
+    args = _parse(_base(tmp_path) + ["--concurrency", "1", "--scaling", "2", "--no-baseline", "--json", str(out)])
+    assert args.func(args) == 0
+    report = json.loads(out.read_text())
+    sc = report["scaling"]
+    assert sc["concurrency"] == 2
+    _check_stats(sc["agent"])
+    assert sc["tokens_per_s_ratio"] == pytest.approx(sc["agent"]["tokens_per_s"] / report["agent"]["tokens_per_s"])
+    assert sc["ttft_p99_ratio"] == pytest.approx(sc["agent"]["ttft_ms"]["p99"] / report["agent"]["ttft_ms"]["p99"])
+
+
 def test_bench_llm_no_baseline(tmp_path):
     out = tmp_path / "r.json"
     args = _parse(_base(tmp_path) + ["--no-baseline", "--rounds", "1", "--json", str(out)])
@@ -111,6 +123,7 @@ def test_bench_llm_no_baseline(tmp_path):
     ("--prompt-tokens", "0", "--prompt-tokens"),
     ("--prompt-tokens", "100000", "context"),
     ("--max-new-tokens", "0", "--max-new-tokens"),
+    ("--scaling", "0", "--scaling"),
 ])
 def test_bench_llm_bad_numbers(tmp_path, flag, value, message):
     args = _parse(_base(tmp_path) + [flag, value])

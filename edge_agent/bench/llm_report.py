@@ -1,0 +1,105 @@
+"""Summaries and the printed table of ``edge-agent bench llm`` (the runs themselves are in ``llm.py``)."""
+from __future__ import annotations
+
+import statistics
+from typing import Sequence
+
+from ..metrics.timing import LatencyStats, RequestTiming
+
+STAT_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
+
+
+def _new_stats() -> LatencyStats:
+    return LatencyStats(window_s=1e9, max_samples=10_000_000)
+
+
+def summarize(timings: Sequence[RequestTiming], wall_s: float, sla_ms: float, batch1: bool) -> dict:
+    stats = _new_stats()
+    for t in timings:
+        stats.add(t)
+    summary = stats.summary()
+    out: dict = {m: summary[m] for m in STAT_METRICS}
+    tokens = sum(t.tokens_out for t in timings)
+    good = sum(1 for t in timings if t.ttft_ms is not None and t.ttft_ms <= sla_ms)
+    out["requests"] = len(timings)
+    out["tokens_out"] = tokens
+    out["wall_s"] = wall_s
+    out["tokens_per_s"] = tokens / wall_s
+    out["requests_per_s"] = len(timings) / wall_s
+    out["goodput"] = good / wall_s
+    out["sla_met"] = good
+    itl50 = summary["itl_ms"]["p50"]
+    out["decode_tokens_per_s"] = 1e3 / itl50 if batch1 and itl50 else None
+    return out
+
+
+def _median_of(rounds: list[dict]) -> dict:
+    """Field-wise median across rounds (nested stat dicts included); counts are per round."""
+    first = rounds[0]
+    merged: dict = {}
+    for key, value in first.items():
+        if isinstance(value, dict):
+            merged[key] = _median_of([r[key] for r in rounds])
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            values = [r[key] for r in rounds if r[key] is not None]
+            med = statistics.median(values) if values else None
+            merged[key] = int(med) if isinstance(value, int) and med is not None and key in ("count", "requests", "tokens_out", "sla_met") else med
+        else:
+            values = [r[key] for r in rounds if r[key] is not None]
+            merged[key] = statistics.median(values) if values else None
+    return merged
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def _rate_text(rate: float | None) -> str:
+    return "" if rate is None else f" at {rate:g}/s"
+
+
+def _fmt(v: float | None, digits: int = 1) -> str:
+    return "—" if v is None else f"{v:.{digits}f}"
+
+
+def format_table(report: dict) -> str:
+    a, b, g = report["agent"], report["baseline"], report["genai"]
+    lines = [f"LLM bench: {report['model']} on {report['backend']} ({report['threads']} threads), "
+             f"C={report['concurrency']}, {report['requests']} requests × {report['rounds']['count']} rounds, "
+             f"{report['arrivals']}{_rate_text(report['rate'])}, "
+             f"P={report['prompt_tokens']} T={report['max_new_tokens']}",
+             f"{'metric':<22}{'agent':>12}{'baseline':>12}{'agent/base':>12}"
+             + (f"{'genai':>12}{'agent/genai':>12}" if g else "")]
+
+    def row(name: str, av, bv, gv) -> None:
+        line = f"{name:<22}{_fmt(av):>12}{_fmt(bv):>12}{_fmt(_ratio(av, bv), 2):>12}"
+        if g:
+            line += f"{_fmt(gv):>12}{_fmt(_ratio(av, gv), 2):>12}"
+        lines.append(line)
+
+    for m in STAT_METRICS:
+        for p in ("p50", "p95", "p99"):
+            row(f"{m} {p}", a[m][p], b[m][p] if b else None, g[m][p] if g else None)
+    for k in ("tokens_per_s", "requests_per_s", "goodput", "decode_tokens_per_s"):
+        row(k, a[k], b[k] if b else None, g[k] if g else None)
+    lines.append(f"overhead_ratio (TTFT p50, C=1): {_fmt(report['overhead_ratio'], 3)}   "
+                 f"decode_ratio: {_fmt(report['decode_ratio'], 3)}")
+    r = report["roofline"]
+    lines.append(f"roofline: {r['bandwidth_gb_s']:.1f} GB/s read, {r['bytes_per_token'] / 1e6:.1f} MB/token → "
+                 f"bound {r['bound_tokens_per_s']:.0f} tok/s; achieved {_fmt(r['achieved_tokens_per_s'])} "
+                 f"({r['achieved_source']}) = {_fmt(r['fraction'], 2)} of the bound")
+    if g is None:
+        lines.append(f"genai: {report['genai_reason']}")
+    else:
+        lines.append(f"genai: {g['folder']}; greedy token agreement with the bare loop {g['token_agreement']:.2f}")
+    sc = report.get("scaling")
+    if sc:
+        lines.append(f"scaling C={report['concurrency']} → C={sc['concurrency']}: tokens/s ×{_fmt(sc['tokens_per_s_ratio'], 2)}"
+                     f" ({_fmt(report['agent']['tokens_per_s'])} → {_fmt(sc['agent']['tokens_per_s'])}), TTFT p99 "
+                     f"×{_fmt(sc['ttft_p99_ratio'], 2)} ({_fmt(report['agent']['ttft_ms']['p99'])} → "
+                     f"{_fmt(sc['agent']['ttft_ms']['p99'])} ms), TTFT p50 ×{_fmt(sc['ttft_p50_ratio'], 2)}")
+    if report["ramp_s"]:
+        lines.append(f"closed-loop clients started {report['ramp_s'] / report['concurrency'] * 1e3:.0f} ms apart")
+    for note in report["notes"]:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
