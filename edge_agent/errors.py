@@ -13,7 +13,8 @@ callers catch ``EdgeAgentError``.
     │   ├── DeviceUnavailable   the runtime is there, the device (GPU, NPU) is not
     │   └── EngineError         an engine/plan file is corrupt or was built for another runtime/device
     ├── InputError              a request's inputs are malformed (shapes, dtypes, names, prompt text)
-    ├── Overloaded              the agent is at capacity; try again later
+    ├── Overloaded              the agent is at capacity; try again later (HTTP 429)
+    │   └── Unavailable         shedding load or shutting down (HTTP 503)
     └── DeadlineExceeded        a request waited past its queue timeout or deadline
 """
 from __future__ import annotations
@@ -63,7 +64,11 @@ class InputError(EdgeAgentError):
 
 
 class Overloaded(EdgeAgentError):
-    """The agent is at capacity; the request was not admitted."""
+    """The agent is at capacity; the request was not admitted (HTTP 429: retry shortly)."""
+
+
+class Unavailable(Overloaded):
+    """The agent is not admitting requests now: shedding load or shutting down (HTTP 503)."""
 
 
 class DeadlineExceeded(EdgeAgentError):

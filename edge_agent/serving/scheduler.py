@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
-from ..errors import DeadlineExceeded, EdgeAgentError, Overloaded
+from ..errors import DeadlineExceeded, EdgeAgentError, Overloaded, Unavailable
 from ..metrics.timing import RequestTiming, TimingRecorder
 from ..models.kv_batch import DecodeBatch
 from ..models.kv_slots import SlotCache
@@ -174,7 +174,7 @@ class LLMScheduler:
         now = self.clock()
         with self._cond:
             if self._stopping:
-                raise Overloaded("the agent is shutting down and admits no new requests")
+                raise Unavailable("the agent is shutting down and admits no new requests")
             if len(self._waiting) >= self.limits.max_queue:
                 raise Overloaded(f"queue full ({self.limits.max_queue} waiting); retry later")
             self._next_id += 1

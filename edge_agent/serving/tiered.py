@@ -7,7 +7,7 @@ so at most two tiers are ever in memory. Prompts are tokenized by the tier that 
 may use different tokenizers.
 
 Relief from the controller applies to new requests: ``token_cap_ratio`` truncates their
-``max_new_tokens``, ``shedding`` rejects them with ``Overloaded`` (503-style, with a retry hint),
+``max_new_tokens``, ``shedding`` rejects them with ``Unavailable`` (HTTP 503, with a retry hint),
 ``max_batch`` resizes the active scheduler's batch within what its KV buffers hold.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from ..errors import EdgeAgentError, Overloaded
+from ..errors import EdgeAgentError, Unavailable
 from ..metrics.timing import RequestTiming
 from ..metrics.window import FIRST_AFTER_LOAD
 from ..models.llm import DecoderLM
@@ -77,6 +77,17 @@ class TieredLLM:
         return self._active.index
 
     @property
+    def load(self) -> tuple[int, int]:
+        """(waiting, running) of the active tier."""
+        loaded = self._active
+        return loaded.scheduler.load if loaded is not None else (0, 0)
+
+    @property
+    def model_name(self) -> str:
+        loaded = self._active
+        return loaded.lm.ref.name if loaded is not None else ""
+
+    @property
     def switching(self) -> bool:
         return self._switching is not None and self._switching.is_alive()
 
@@ -86,7 +97,7 @@ class TieredLLM:
             loaded = self._active
             assert loaded is not None, "start() first"
             if self.shedding:
-                raise Overloaded(f"shedding load: tier {loaded.tier.name!r} is over its latency target and no "
+                raise Unavailable(f"shedding load: tier {loaded.tier.name!r} is over its latency target and no "
                                  "lighter tier is left; retry in a few seconds")
             tags = [f"tier:{loaded.tier.name}"]
             if loaded.first:

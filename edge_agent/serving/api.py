@@ -1,0 +1,388 @@
+"""The local HTTP API: OpenAI-compatible endpoints, health and Prometheus metrics (aiohttp).
+
+    POST /v1/chat/completions     chat, streaming (SSE) or not
+    POST /v1/completions          raw prompt, streaming or not
+    GET  /v1/models               the configured tiers
+    POST /v1/audio/transcriptions multipart file → text (OpenAI's shape)
+    GET  /v1/audio/stream         WebSocket: binary 16 kHz mono PCM16 in, partial/final JSON out
+    GET  /health                  liveness and what is serving
+    GET  /metrics                 Prometheus text
+
+Errors have OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``): 400 for bad
+requests, 401 without the bearer token, 404 for unknown models, 413 for oversized bodies, 429
+(queue full) and 503 (shedding or draining) with ``Retry-After``. The server runs its own asyncio
+loop on one thread; engine work stays on the device threads, and each streaming response is
+bridged from its request handle with ``call_soon_threadsafe``.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+from typing import Any, Callable, Protocol
+
+from aiohttp import WSMsgType, web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import DeadlineExceeded, EdgeAgentError, InputError, Overloaded, Unavailable
+from ..metrics.prometheus import CONTENT_TYPE_LATEST, PrometheusMetrics
+from ..models.sampling import SamplingParams
+from ..models.tokenizer import Message
+from .tiered import TieredLLM
+
+log = logging.getLogger(__name__)
+MAX_BODY = 32 * 1024 * 1024  # audio uploads included
+FINISH = {"stop": "stop", "length": "length", "deadline": "length", "cancelled": "stop", "repetition": "stop"}
+
+
+class SpeechService(Protocol):
+    """What the API needs from the ASR side (``serving/asr.py`` implements it)."""
+
+    def transcribe_bytes(self, data: bytes, filename: str) -> dict: ...
+    def open_stream(self, on_event: Callable[[dict], None]) -> Any: ...  # .push(pcm16: bytes), .close()
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    repetition_penalty: float = Field(1.0, gt=0, le=10)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    stream: bool = False
+    stream_options: dict | None = None
+    frequency_penalty: float = Field(0.0, ge=0, le=0, description="not supported: use repetition_penalty")
+    presence_penalty: float = Field(0.0, ge=0, le=0, description="not supported: use repetition_penalty")
+
+    def params(self) -> SamplingParams:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return SamplingParams(max_new_tokens=self.max_completion_tokens or self.max_tokens or 256,
+                              temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              repetition_penalty=self.repetition_penalty, seed=self.seed, stop=stop)
+
+
+class _ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: str = Field(pattern="^(system|user|assistant|developer)$")
+    content: str | list[dict]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        parts = [p.get("text", "") for p in self.content if p.get("type") == "text"]
+        if len(parts) != len(self.content):
+            raise InputError("only text content parts are supported")
+        return "".join(parts)
+
+
+class _ChatRequest(_Request):
+    messages: list[_ChatMessage] = Field(min_length=1)
+
+
+class _CompletionRequest(_Request):
+    prompt: str = Field(min_length=1)
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
+           param: str | None = None, retry_after_s: float | None = None) -> web.Response:
+    headers = {"Retry-After": str(int(retry_after_s))} if retry_after_s else None
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                             status=status, headers=headers)
+
+
+def _from_exception(exc: BaseException) -> web.Response:
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        return _error(400, f"{where}: {first['msg']}", param=where)
+    if isinstance(exc, Unavailable):
+        return _error(503, str(exc), "server_error", "unavailable", retry_after_s=5)
+    if isinstance(exc, Overloaded):
+        return _error(429, str(exc), "rate_limit_error", "overloaded", retry_after_s=1)
+    if isinstance(exc, DeadlineExceeded):
+        return _error(503, str(exc), "server_error", "timeout", retry_after_s=2)
+    if isinstance(exc, (InputError, ValueError)):
+        return _error(400, str(exc))
+    if isinstance(exc, EdgeAgentError):
+        return _error(500, str(exc), "server_error")
+    log.exception("unexpected API error", exc_info=exc)
+    return _error(500, f"internal error: {type(exc).__name__}", "server_error")
+
+
+class ApiServer:
+    def __init__(self, llm: TieredLLM | None, metrics: PrometheusMetrics | None = None, token: str | None = None,
+                 asr: SpeechService | None = None, health: Callable[[], dict] | None = None) -> None:
+        self.llm, self.asr, self.token = llm, asr, token
+        self.metrics = metrics or PrometheusMetrics()
+        self._health = health or (lambda: {})
+        self.draining = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self.address = ""
+
+    # -- the app -------------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._guard])
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/audio/transcriptions", self._transcriptions)
+        app.router.add_get("/v1/audio/stream", self._audio_stream)
+        app.router.add_get("/health", self._health_route)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler):
+        if self.token and request.path not in ("/health",):
+            if request.headers.get("Authorization", "") != f"Bearer {self.token}":
+                return _error(401, "missing or wrong bearer token (Authorization: Bearer …)", code="invalid_api_key")
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status == 413:
+                return _error(413, f"request body larger than {MAX_BODY // 2**20} MiB")
+            if exc.status in (404, 405):
+                return _error(exc.status, f"{request.method} {request.path}: {exc.reason}", code="not_found")
+            raise
+
+    async def _json(self, request: web.Request, model: type[BaseModel]) -> BaseModel:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(f"the body is not valid JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise InputError("the body must be a JSON object")
+        return model.model_validate(body)
+
+    def _check_model(self, requested: str | None) -> web.Response | None:
+        if self.llm is None:
+            return _error(503, "no LLM tier is configured", "server_error", "unavailable")
+        known = {"edge-agent", *(t.name for t in self.llm.tiers)}
+        if requested and requested not in known:
+            return _error(404, f"model {requested!r} is not served here; GET /v1/models lists {sorted(known)}",
+                          code="model_not_found", param="model")
+        if self.draining:
+            return _error(503, "the agent is shutting down", "server_error", "unavailable", retry_after_s=5)
+        return None
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        try:
+            body = await self._json(request, _ChatRequest if chat else _CompletionRequest)
+            refused = self._check_model(body.model)
+            if refused is not None:
+                return refused
+            params = body.params()
+            prompt = [Message(m.role, m.text()) for m in body.messages] if chat else body.prompt
+            handle = self.llm.submit(prompt, params, raw=not chat)
+        except Exception as exc:
+            if isinstance(exc, (Overloaded, DeadlineExceeded)):
+                self.metrics.failed("llm", type(exc).__name__)
+            return _from_exception(exc)
+        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        model = self.llm.model_name
+        events = _bridge(handle, asyncio.get_running_loop())
+        if body.stream:
+            return await self._stream(request, handle, events, ident, model, chat, body)
+        try:
+            async for _ in events:
+                pass
+            done = await asyncio.get_running_loop().run_in_executor(None, handle.result)
+        except Exception as exc:
+            return _from_exception(exc)
+        usage = {"prompt_tokens": done.timing.tokens_in, "completion_tokens": len(done.token_ids),
+                 "total_tokens": done.timing.tokens_in + len(done.token_ids)}
+        choice = ({"index": 0, "message": {"role": "assistant", "content": done.text}} if chat else
+                  {"index": 0, "text": done.text, "logprobs": None})
+        choice["finish_reason"] = FINISH.get(done.finish_reason, "stop")
+        return web.json_response({"id": ident, "object": "chat.completion" if chat else "text_completion",
+                                  "created": int(time.time()), "model": model, "choices": [choice], "usage": usage})
+
+    async def _stream(self, request, handle, events, ident, model, chat, body) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        created = int(time.time())
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        async def send(choice: dict, usage: dict | None = None) -> None:
+            chunk = {"id": ident, "object": kind, "created": created, "model": model,
+                     "choices": [choice] if choice else []}
+            if usage is not None:
+                chunk["usage"] = usage
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+
+        try:
+            if chat:
+                await send({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+            async for event in events:
+                if event.text:
+                    await send({"index": 0, "delta": {"content": event.text}, "finish_reason": None} if chat else
+                               {"index": 0, "text": event.text, "finish_reason": None, "logprobs": None})
+            done = handle.result(5)
+            reason = FINISH.get(done.finish_reason, "stop")
+            await send({"index": 0, "delta": {}, "finish_reason": reason} if chat else
+                       {"index": 0, "text": "", "finish_reason": reason, "logprobs": None})
+            if (body.stream_options or {}).get("include_usage"):
+                n = len(done.token_ids)
+                await send({}, {"prompt_tokens": done.timing.tokens_in, "completion_tokens": n,
+                                "total_tokens": done.timing.tokens_in + n})
+        except (ConnectionResetError, asyncio.CancelledError):
+            handle.cancel()  # the client went away: free its batch slot
+            raise
+        except EdgeAgentError as exc:  # a failure after the headers went out: report it in-band
+            await resp.write(f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error'}})}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _models(self, request: web.Request) -> web.Response:
+        data = [{"id": "edge-agent", "object": "model", "created": 0, "owned_by": "edge-agent"}]
+        if self.llm is not None:
+            data += [{"id": t.name, "object": "model", "created": 0, "owned_by": "edge-agent",
+                      "active": i == self.llm.active} for i, t in enumerate(self.llm.tiers)]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _transcriptions(self, request: web.Request) -> web.Response:
+        if self.asr is None:
+            return _error(503, "no ASR tier is configured", "server_error", "unavailable")
+        try:
+            form = await request.post()
+        except ValueError as exc:
+            return _error(400, f"expected multipart/form-data with a 'file' field: {exc}")
+        upload = form.get("file")
+        if upload is None or not hasattr(upload, "file"):
+            return _error(400, "missing the 'file' field (multipart/form-data)", param="file")
+        data = upload.file.read()
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(
+                None, self.asr.transcribe_bytes, data, upload.filename or "audio")
+        except Exception as exc:
+            return _from_exception(exc)
+        if form.get("response_format") == "text":
+            return web.Response(text=result["text"] + "\n")
+        return web.json_response(result if form.get("response_format") == "verbose_json" else {"text": result["text"]})
+
+    async def _audio_stream(self, request: web.Request) -> web.StreamResponse:
+        if self.asr is None:
+            return _error(503, "no ASR tier is configured", "server_error", "unavailable")
+        ws = web.WebSocketResponse(heartbeat=20)
+        await ws.prepare(request)
+        loop = asyncio.get_running_loop()
+        outbox: asyncio.Queue = asyncio.Queue()
+        stream = self.asr.open_stream(lambda event: loop.call_soon_threadsafe(outbox.put_nowait, event))
+
+        async def pump() -> None:
+            while True:
+                event = await outbox.get()
+                if event is None:
+                    return
+                await ws.send_json(event)
+
+        sender = asyncio.create_task(pump())
+        try:
+            async for msg in ws:
+                if msg.type == WSMsgType.BINARY:
+                    await loop.run_in_executor(None, stream.push, msg.data)
+                elif msg.type == WSMsgType.TEXT and msg.data.strip() in ('{"type": "end"}', '{"type":"end"}', "end"):
+                    break
+                elif msg.type == WSMsgType.TEXT:
+                    await ws.send_json({"type": "error", "message": 'send binary PCM16 frames, then "end"'})
+        finally:
+            await loop.run_in_executor(None, stream.close)  # emits the final, then None
+            loop.call_soon_threadsafe(outbox.put_nowait, None)
+            await sender
+            await ws.close()
+        return ws
+
+    async def _health_route(self, request: web.Request) -> web.Response:
+        body = {"status": "draining" if self.draining else "ok", **self._health()}
+        if self.llm is not None:
+            waiting, running = self.llm.load
+            body["llm"] = {"tier": self.llm.tiers[self.llm.active].name, "model": self.llm.model_name,
+                           "waiting": waiting, "running": running}
+        return web.json_response(body, status=503 if self.draining else 200)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self, host: str = "127.0.0.1", port: int = 8080, unix_socket: str | None = None) -> ApiServer:
+        """Serve on a thread of its own; returns once listening (``address`` says where)."""
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def serve() -> None:
+            loop = self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            try:
+                self._runner = web.AppRunner(self.app(), access_log=None)
+                loop.run_until_complete(self._runner.setup())
+                site = (web.UnixSite(self._runner, unix_socket) if unix_socket
+                        else web.TCPSite(self._runner, host, port))
+                loop.run_until_complete(site.start())
+                sockets = [s.getsockname() for s in site._server.sockets] if not unix_socket else [unix_socket]
+                self.address = unix_socket or f"http://{sockets[0][0]}:{sockets[0][1]}"
+            except BaseException as exc:  # e.g. the port is taken
+                failure.append(exc)
+                ready.set()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self._runner.cleanup())
+            loop.close()
+
+        self._thread = threading.Thread(target=serve, name="api", daemon=True)
+        self._thread.start()
+        ready.wait(30)
+        if failure:
+            raise EdgeAgentError(f"the API could not listen on {unix_socket or f'{host}:{port}'}: {failure[0]}")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+
+
+def _bridge(handle, loop: asyncio.AbstractEventLoop):
+    """An async iterator over a request handle's token events, fed from a thread."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    def pump() -> None:
+        try:
+            for event in handle:
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+        except BaseException as exc:  # delivered to the reader, raised there
+            loop.call_soon_threadsafe(queue.put_nowait, exc)
+        loop.call_soon_threadsafe(queue.put_nowait, None)
+
+    threading.Thread(target=pump, name=f"api-stream-{handle.id}", daemon=True).start()
+
+    async def events():
+        while True:
+            item = await queue.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    return events()

@@ -1,0 +1,153 @@
+"""The local API with the official openai client and plain HTTP, on a real demo model (ONNX Runtime)."""
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from edge_agent.backends import SessionOptions
+from edge_agent.metrics.prometheus import PrometheusMetrics
+from edge_agent.models.catalog import resolve_model
+from edge_agent.models.llm import DecoderLM
+from edge_agent.models.tokenizer import Message
+from edge_agent.serving.api import ApiServer
+from edge_agent.serving.scheduler import Limits
+from edge_agent.serving.tiered import Tier, TieredLLM
+
+openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
+TOKEN = "s3cret"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("models")
+    ref = resolve_model("demo-phi3", cache)
+    tiers = [Tier("small", lambda: DecoderLM.open(ref, "onnxruntime", SessionOptions(threads=1)),
+                  Limits(max_batch=2, batch_timeout_ms=0, max_queue=2), 64)]
+    metrics = PrometheusMetrics()
+    llm = TieredLLM(tiers, on_finished=metrics.observe).start()
+    metrics.track_load("llm", lambda: llm.load)
+    api = ApiServer(llm, metrics, token=TOKEN).start("127.0.0.1", 0)
+    reference = DecoderLM.open(ref, "onnxruntime", SessionOptions(threads=1))
+    yield api, llm, reference
+    api.stop()
+    llm.stop()
+    reference.close()
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server[0].address + "/v1", api_key=TOKEN, max_retries=0)
+
+
+def greedy_text(reference: DecoderLM, messages: list[Message] | None, prompt: str | None, n: int) -> str:
+    tok = reference.tokenizer
+    ids = tok.encode_chat(messages) if messages else tok.encode(prompt)
+    return tok.decode(list(reference.generate_greedy(ids, n)))
+
+
+def test_chat_completion_matches_the_models_greedy_output(server, client):
+    _, _, reference = server
+    out = client.chat.completions.create(model="small", messages=[{"role": "user", "content": "Hello there"}],
+                                         max_tokens=6, temperature=0)
+    want = greedy_text(reference, [Message("user", "Hello there")], None, 6)
+    assert out.choices[0].message.content == want
+    assert out.choices[0].message.role == "assistant"
+    assert out.usage.completion_tokens <= 6 and out.usage.prompt_tokens > 0
+    assert out.choices[0].finish_reason in ("stop", "length") and out.model == "demo-phi3"
+
+
+def test_streamed_chat_adds_up_to_the_same_text(server, client):
+    full = client.chat.completions.create(messages=[{"role": "user", "content": "Count with me"}], model="edge-agent",
+                                          max_tokens=8, temperature=0)
+    chunks = list(client.chat.completions.create(messages=[{"role": "user", "content": "Count with me"}],
+                                                 model="edge-agent", max_tokens=8, temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+
+
+def test_completions_use_the_raw_prompt(server, client):
+    _, _, reference = server
+    out = client.completions.create(model="small", prompt="The kitchen light", max_tokens=5, temperature=0)
+    assert out.choices[0].text == greedy_text(reference, None, "The kitchen light", 5)
+
+
+def test_models_lists_the_tiers(client):
+    ids = [m.id for m in client.models.list().data]
+    assert ids == ["edge-agent", "small"]
+
+
+def _post(server, path: str, body: bytes, token: str | None = TOKEN) -> tuple[int, dict, dict]:
+    req = urllib.request.Request(server[0].address + path, data=body, method="POST",
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {token}"} if token else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read()), dict(resp.headers)
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read()), dict(err.headers)
+
+
+@pytest.mark.parametrize("body, status, fragment, code", [
+    (b"{not json", 400, "not valid JSON", None),
+    (b"[1, 2]", 400, "JSON object", None),
+    (b'{"messages": []}', 400, "messages", None),
+    (b'{"messages": [{"role": "wizard", "content": "hi"}]}', 400, "role", None),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', 400, "n", None),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": -1}', 400, "temperature", None),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4o"}', 404, "not served here", "model_not_found"),
+    (b'{"messages": [{"role": "user", "content": "' + b"word " * 5000 + b'"}], "max_tokens": 8}', 400, "context", None),
+])
+def test_bad_requests_get_openai_shaped_errors(server, body, status, fragment, code):
+    got, payload, _ = _post(server, "/v1/chat/completions", body)
+    assert got == status
+    err = payload["error"]
+    assert fragment in err["message"] and err["type"] == "invalid_request_error" and err["code"] == code
+
+
+def test_without_the_token_401_and_health_stays_open(server):
+    got, payload, _ = _post(server, "/v1/chat/completions", b"{}", token=None)
+    assert got == 401 and payload["error"]["code"] == "invalid_api_key"
+    with urllib.request.urlopen(server[0].address + "/health", timeout=10) as resp:
+        health = json.loads(resp.read())
+    assert health["status"] == "ok" and health["llm"]["model"] == "demo-phi3"
+
+
+def test_shedding_is_503_with_retry_after(server):
+    _, llm, _ = server
+    llm.shedding = True
+    try:
+        got, payload, headers = _post(server, "/v1/chat/completions",
+                                      b'{"messages": [{"role": "user", "content": "hi"}]}')
+    finally:
+        llm.shedding = False
+    assert got == 503 and headers["Retry-After"] == "5" and "shedding" in payload["error"]["message"]
+
+
+def test_metrics_are_prometheus_text_with_vllm_like_names(server, client):
+    client.chat.completions.create(messages=[{"role": "user", "content": "hi"}], model="small", max_tokens=3)
+    req = urllib.request.Request(server[0].address + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        text = resp.read().decode()
+        assert resp.headers["Content-Type"].startswith("text/plain")
+    assert "edge_agent:time_to_first_token_seconds_bucket" in text
+    assert 'edge_agent:e2e_request_latency_seconds_count{tier="small",workload="llm"}' in text
+    assert 'edge_agent:num_requests_waiting{workload="llm"} 0.0' in text
+
+
+@pytest.mark.parametrize("exc, status, retry", [
+    ("Overloaded", 429, "1"), ("Unavailable", 503, "5"), ("DeadlineExceeded", 503, "2"), ("InputError", 400, None),
+    ("BackendError", 500, None),
+])
+def test_errors_map_to_http_statuses(exc, status, retry):
+    import edge_agent.errors as errors
+    from edge_agent.serving.api import _from_exception
+
+    resp = _from_exception(getattr(errors, exc)("boom"))
+    assert resp.status == status and resp.headers.get("Retry-After") == retry
+    assert json.loads(resp.body)["error"]["message"] == "boom"
