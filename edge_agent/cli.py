@@ -21,8 +21,8 @@ log = logging.getLogger("edge_agent")
 
 # Modules that add their own subcommands: each has ``add_commands(subparsers)`` (top level) or
 # ``add_parser(bench_subparsers)`` (under ``edge-agent bench``). Their heavy imports stay inside handlers.
-COMMAND_MODULES: list[str] = []
-BENCH_MODULES: list[str] = [".bench.llm", ".bench.tiers"]
+COMMAND_MODULES: list[str] = [".telemetry.fleet", ".eval_asr", ".asr_commands", ".agent", ".demo", ".build_commands"]
+BENCH_MODULES: list[str] = [".bench.llm", ".bench.tiers", ".bench.asr", ".bench.telemetry"]
 
 
 def _add_common(p: argparse.ArgumentParser, json_flag: bool = True) -> None:

@@ -74,7 +74,7 @@ def _default_llm_tiers() -> list[TierConfig]:
 
 
 def _default_asr_tiers() -> list[TierConfig]:
-    return [TierConfig(name="asr", model="demo-asr")]
+    return [TierConfig(name="ctc", model="demo-asr")]
 
 
 class ModelsConfig(Section):
@@ -196,6 +196,7 @@ class TelemetryConfig(Section):
 class EnginesConfig(Section):
     cache_dir: Path = Field(default_factory=lambda: default_cache_dir() / "engines")
     max_bytes: int = Field(8 * 1024**3, ge=1024 * 1024)
+    recipes_dir: Path = Field(Path("engines"), description="where `--recipe NAME` finds NAME.toml")
 
 
 class ApiConfig(Section):

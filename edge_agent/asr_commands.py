@@ -1,0 +1,362 @@
+"""``edge-agent transcribe`` and ``edge-agent listen``: speech in, partial and final text out.
+
+    edge-agent transcribe FILE [--model NAME|DIR] [--stream] [--json]
+    edge-agent listen (--mic [DEVICE] | --file F | --stdin) [--respond] [--json]
+
+``transcribe`` replays a file through the streaming service: unpaced by default (each chunk is
+recognised before the next is fed, so partials appear at every chunk), in real time with
+``--stream`` (latencies then mean what they would on a microphone). ``listen`` runs until the
+source ends (or Ctrl-C, ``--duration``, ``--max-utterances``); with ``--respond`` each final
+transcript goes to the LLM and ``turn_ms`` (end of speech → first LLM token) is reported.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import queue
+import sys
+import threading
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("transcribe", help="transcribe an audio file, streaming partials and the final text")
+    _common(p)
+    p.add_argument("file", help="WAV/FLAC file (any rate, channels and sample format; converted to 16 kHz mono)")
+    p.add_argument("--stream", action="store_true", help="replay in real time, as a microphone would deliver it")
+    p.add_argument("--no-vad", action="store_true", help="the whole file is one utterance (no endpointing)")
+    p.set_defaults(func=cmd_transcribe)
+
+    p = sub.add_parser("listen", help="live recognition from a microphone, a file or stdin; --respond talks back")
+    _common(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--mic", nargs="?", const="", action="append", metavar="DEVICE",
+                     help="capture from a microphone (name or index; default: audio.device or the system "
+                          "default); repeat for several microphones, one stream each")
+    src.add_argument("--file", metavar="F", help="replay a WAV/FLAC file in real time")
+    src.add_argument("--stdin", action="store_true", help="raw PCM on stdin (see --pcm-format, --pcm-rate)")
+    p.add_argument("--pcm-format", default="s16le", choices=("s16le", "s32le", "f32le"))
+    p.add_argument("--pcm-rate", type=int, default=16000)
+    p.add_argument("--pcm-channels", type=int, default=1)
+    p.add_argument("--respond", action="store_true", help="send each final transcript to the LLM, stream the reply")
+    p.add_argument("--llm-model", help="LLM for --respond (default: the top configured LLM tier)")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="reply length for --respond (default 48)")
+    p.add_argument("--duration", type=float, help="stop after this many seconds")
+    p.add_argument("--max-utterances", type=int, help="stop after this many final transcripts")
+    p.set_defaults(func=cmd_listen)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="TOML config (default /etc/edge-agent/agent.toml if present)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--model", help="ASR demo model name or model folder (default: the top configured ASR tier)")
+    p.add_argument("--backend", choices=("onnxruntime", "openvino"), help="default: the tier's backend")
+    p.add_argument("--decoder", choices=("greedy", "beam"), default="greedy", help="CTC decoding (default greedy)")
+    p.add_argument("--beam-width", type=int, default=8)
+    p.add_argument("--language", default="en", help="Whisper language code, or 'auto' (default en)")
+
+
+# -- shared setup -------------------------------------------------------------------------------
+
+def open_engine(args: argparse.Namespace, settings) -> Any:
+    from .backends import SessionOptions
+    from .models.catalog import resolve_model
+    from .models.recognizer import open_recognizer
+
+    tier = settings.models.asr[0]
+    ref = resolve_model(args.model or tier.model, settings.models.cache_dir)
+    backend = args.backend or (tier.backend if not args.model else "onnxruntime")
+    device = tier.device if not args.model else ("CPU" if backend == "openvino" else "cpu")
+    options = SessionOptions(device=device, threads=settings.device.threads, cache_dir=settings.engines.cache_dir)
+    return open_recognizer(ref, backend, options, decoder=args.decoder, beam_width=args.beam_width,
+                           language=args.language)
+
+
+def make_service(engine, audio, batching, streams: int = 1):
+    """The ASR service for ``engine`` with the ``audio`` and ``batching`` config sections."""
+    from .audio.vad import EndpointConfig, make_detector
+    from .serving.asr import AsrService
+    from .serving.batcher import BatchLimits
+
+    limits = BatchLimits(max_batch=batching.max_batch,
+                         # one stream has nobody to wait for: never hold its steps back
+                         batch_timeout_ms=batching.batch_timeout_ms if streams > 1 else 0.0,
+                         preferred_batch_sizes=tuple(batching.preferred_batch_sizes) if streams > 1 else (),
+                         max_queue=batching.max_queue)
+    endpoint = EndpointConfig(audio.min_speech_ms, audio.trailing_silence_ms, audio.pre_roll_ms, audio.max_utterance_s)
+    make_detector(audio.vad, model=audio.vad_model, threshold_db=audio.energy_threshold_db)  # fail early
+    return AsrService(engine, limits=limits, endpoint=endpoint, chunk_ms=audio.chunk_ms,
+                      detector_factory=lambda: make_detector(audio.vad, model=audio.vad_model,
+                                                             threshold_db=audio.energy_threshold_db))
+
+
+def feed_lockstep(stream, samples, chunk: int, timeout_s: float = 120.0) -> None:
+    """Unpaced replay: feed a chunk, let its step finish, feed the next (partials at every chunk)."""
+    for offset in range(0, len(samples), chunk):
+        stream.feed(samples[offset:offset + chunk])
+        stream.wait_steps(timeout_s)
+    stream.close()
+
+
+def _r(v: float | None, digits: int = 1) -> float | None:
+    return None if v is None else round(v, digits)
+
+
+# -- transcribe -----------------------------------------------------------------------------------
+
+def cmd_transcribe(args: argparse.Namespace) -> int:
+    from .audio.sources import FileSource
+    from .config import load_settings
+    from .errors import EdgeAgentError
+
+    settings = load_settings(args.config)
+    source = FileSource(args.file, settings.audio.block_ms, paced=args.stream)  # bad files fail here, clearly
+    engine = open_engine(args, settings)
+    printer = _Printer(enabled=not args.json)
+    service = make_service(engine, settings.audio, settings.batching).start()
+    try:
+        stream = service.open_stream(on_event=printer, vad=not args.no_vad)
+        start = time.monotonic()
+        if args.stream:
+            for block in source.blocks():
+                stream.feed(block)
+            stream.close()
+        else:
+            feed_lockstep(stream, source.samples, service.chunk_samples)
+        if not stream.wait(max(60.0, 10 * source.duration_s)):
+            raise EdgeAgentError("recognition did not finish in time (the engine is stuck or overloaded)")
+        wall_s = time.monotonic() - start
+    finally:
+        service.stop()
+        engine.close()
+    finals = [e for e in stream.finals]
+    errors = [e.error for e in printer.events if e.kind == "error"]
+    if errors and not finals:
+        raise EdgeAgentError(f"recognition failed: {errors[0]}")
+    metrics = [e.metrics for e in finals]
+    compute_ms = sum(m.compute_ms for m in metrics)
+    result = {
+        "file": str(args.file), "model": engine.name, "kind": engine.kind,
+        "text": " ".join(e.text for e in finals if e.text).strip(),
+        "first_partial_ms": _r(metrics[0].first_partial_ms) if metrics else None,
+        "final_ms": _r(metrics[-1].final_ms) if metrics else None,
+        "rtf": _r(compute_ms / 1e3 / max(source.duration_s, 1e-9), 4),
+        "audio_s": round(source.duration_s, 3), "wall_s": round(wall_s, 3), "paced": args.stream,
+        "warnings": list(source.info.warnings),
+        "utterances": [{"text": e.text, "end_s": round(e.audio_s, 2), "first_partial_ms": _r(e.metrics.first_partial_ms),
+                        "final_ms": _r(e.metrics.final_ms), "rtf": _r(e.metrics.rtf, 4),
+                        "audio_s": round(e.metrics.audio_s, 2), "reason": e.metrics.reason} for e in finals],
+        "partials": [{"t_s": round(e.audio_s, 2), "text": e.text} for e in printer.events if e.kind == "partial"],
+        "errors": errors,
+    }
+    if args.json:
+        json.dump(result, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for w in source.info.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        print(result["text"])
+        print(f"[{engine.name} · {engine.kind}] first partial {result['first_partial_ms']} ms · final "
+              f"{result['final_ms']} ms · RTF {result['rtf']} · {len(finals)} utterance(s)", file=sys.stderr)
+    return 0
+
+
+class _Printer:
+    """Prints events as they come (from the engine thread); keeps them for the JSON report."""
+
+    def __init__(self, enabled: bool, tag_streams: bool = False) -> None:
+        self.enabled, self.events, self._lock = enabled, [], threading.Lock()
+        self.tag_streams = tag_streams
+
+    def __call__(self, event) -> None:
+        with self._lock:
+            self.events.append(event)
+            if not self.enabled:
+                return
+            tag = f"#{event.stream} " if self.tag_streams else ""
+            if event.kind == "partial":
+                print(f"[{tag}{event.audio_s:7.2f}s] … {event.text}", file=sys.stderr, flush=True)
+            elif event.kind == "final":
+                print(f"[{tag}{event.audio_s:7.2f}s] final: {event.text}", file=sys.stderr, flush=True)
+            elif event.kind == "error":
+                print(f"[utterance {event.utterance}] error: {event.error}", file=sys.stderr, flush=True)
+
+
+# -- listen ---------------------------------------------------------------------------------------
+
+def cmd_listen(args: argparse.Namespace) -> int:
+    from .config import load_settings
+    from .metrics.window import RollingWindow
+
+    settings = load_settings(args.config)
+    sources = _open_sources(args, settings)
+    engine = open_engine(args, settings)
+    responder = _Responder(args, settings) if args.respond else None
+    finals: queue.SimpleQueue = queue.SimpleQueue()
+    printer = _Printer(enabled=not args.json, tag_streams=len(sources) > 1)
+
+    def on_event(event) -> None:
+        printer(event)
+        if event.kind == "final":
+            finals.put(event)
+
+    # Several microphones are several streams on one engine: their steps batch together.
+    service = make_service(engine, settings.audio, settings.batching, streams=len(sources)).start()
+    turns = RollingWindow(3600.0)
+    records: list[dict] = []
+    stop = threading.Event()
+    worker = threading.Thread(target=_consume, args=(finals, responder, records, turns, stop, args), daemon=True)
+    worker.start()
+    streams = [service.open_stream(on_event=on_event) for _ in sources]
+    feeders = [threading.Thread(target=_feed, args=(src, st, stop), daemon=True) for src, st in zip(sources, streams)]
+    started = time.monotonic()
+    for f in feeders:
+        f.start()
+    try:
+        while any(f.is_alive() for f in feeders) and not stop.is_set():
+            if args.duration and time.monotonic() - started >= args.duration:
+                break
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop.set()
+        for src in sources:
+            src.close()
+        for f in feeders:
+            f.join(10.0)
+        for st in streams:
+            st.close()
+            st.wait(60.0)
+        finals.put(None)
+        worker.join(300.0)
+        service.stop()
+        engine.close()
+        if responder:
+            responder.close()
+    summary = {**service.summary(), "turn_ms": turns.snapshot()["turn_ms"].as_dict()}
+    report = {"model": engine.name, "utterances": records, "summary": summary,
+              "sources": [_source_report(src) for src in sources]}
+    report["source"] = report["sources"][0]
+    if args.json:
+        json.dump(report, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        s = summary
+        print(f"{len(records)} utterance(s) · first partial p50 {_r(s['first_partial_ms']['p50'])} ms · final p50 "
+              f"{_r(s['final_ms']['p50'])} ms · RTF p50 {_r(s['rtf']['p50'], 4)}"
+              + (f" · turn p50 {_r(s['turn_ms']['p50'])} ms" if args.respond else ""), file=sys.stderr)
+        for src in report["sources"]:
+            if "overflows" in src:
+                print(f"{src['device']}: {src['overflows']} input overflow(s), {src['dropped_blocks']} dropped "
+                      f"block(s), {src['reconnects']} reconnect(s)", file=sys.stderr)
+    return 0
+
+
+def _feed(source, stream, stop: threading.Event) -> None:
+    try:
+        for block in source.blocks():
+            if stop.is_set():
+                return
+            stream.feed(block)
+    except Exception as exc:  # a failing source ends its own stream, not the others
+        log.error("audio source %s failed: %s", type(source).__name__, exc)
+
+
+def _source_report(source) -> dict:
+    out: dict[str, Any] = {"kind": type(source).__name__}
+    stats = getattr(source, "stats", None)
+    if stats is not None:
+        out.update(overflows=stats.overflows, dropped_blocks=stats.dropped_blocks, reconnects=stats.reconnects,
+                   device=stats.device_name, device_rate=stats.device_rate)
+    return out
+
+
+def _open_sources(args, settings) -> list:
+    from .audio.sources import FileSource, StdinSource
+
+    if args.file:
+        return [FileSource(args.file, settings.audio.block_ms, paced=True)]
+    if args.stdin:
+        return [StdinSource(fmt=args.pcm_format, rate=args.pcm_rate, channels=args.pcm_channels,
+                            block_ms=settings.audio.block_ms)]
+    from .audio.mic import MicSource
+
+    sources = []
+    try:
+        for name in args.mic:
+            device = name if name else settings.audio.device
+            # audio.sample_rate is the rate asked of the device; recognition always gets 16 kHz.
+            sources.append(MicSource(device, settings.audio.block_ms, capture_rate=settings.audio.sample_rate))
+    except Exception:
+        for src in sources:
+            src.close()
+        raise
+    return sources
+
+
+def _consume(finals, responder, records, turns, stop, args) -> None:
+    while True:
+        event = finals.get()
+        if event is None:
+            return
+        if args.max_utterances and len(records) >= args.max_utterances:
+            continue  # finals of utterances cut short by the stop: not part of the report
+        m = event.metrics
+        record = {"stream": event.stream, "text": event.text, "first_partial_ms": _r(m.first_partial_ms),
+                  "final_ms": _r(m.final_ms), "rtf": _r(m.rtf, 4), "audio_s": round(m.audio_s, 2)}
+        if responder and event.text.strip():
+            reply, turn_ms = responder.respond(event.text, event.speech_end_at_s, quiet=args.json)
+            record.update(response=reply, turn_ms=_r(turn_ms))
+            if turn_ms is not None:
+                turns.record("turn_ms", turn_ms)
+        records.append(record)
+        if args.max_utterances and len(records) >= args.max_utterances:
+            stop.set()
+
+
+class _Responder:
+    """The voice turn: a final transcript → the LLM through the serving scheduler."""
+
+    def __init__(self, args, settings) -> None:
+        from .backends import SessionOptions
+        from .models.catalog import resolve_model
+        from .models.llm import DecoderLM
+        from .serving.scheduler import Limits, LLMScheduler
+
+        tier = settings.models.llm[0]
+        ref = resolve_model(args.llm_model or tier.model, settings.models.cache_dir)
+        backend = tier.backend if not args.llm_model else "onnxruntime"
+        options = SessionOptions(device=tier.device if not args.llm_model else "cpu",
+                                 threads=settings.device.threads, cache_dir=settings.engines.cache_dir)
+        self.lm = DecoderLM.open(ref, backend, options)
+        self.scheduler = LLMScheduler(self.lm, Limits(max_batch=1, batch_timeout_ms=0)).start()
+        self.max_new_tokens = args.max_new_tokens
+
+    def respond(self, text: str, speech_end_at_s: float | None, quiet: bool) -> tuple[str, float | None]:
+        from .models.sampling import SamplingParams
+        from .models.tokenizer import Message
+
+        tok = self.lm.tokenizer
+        ids = tok.encode_chat([Message("user", text)]) if tok.chat_template else tok.encode(text)
+        handle = self.scheduler.submit(ids, SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0))
+        turn_ms = None
+        for event in handle:
+            if turn_ms is None and speech_end_at_s is not None:
+                # The scheduler's clock is time.monotonic, like the ASR service's.
+                turn_ms = (event.time_s - speech_end_at_s) * 1e3
+            if event.text and not quiet:
+                sys.stderr.write(event.text)
+                sys.stderr.flush()
+        done = handle.result(120.0)
+        if not quiet:
+            sys.stderr.write(f"\n[turn {turn_ms:.0f} ms]\n" if turn_ms is not None else "\n")
+        return done.text, turn_ms
+
+    def close(self) -> None:
+        self.scheduler.stop()
+        self.lm.close()

@@ -1,0 +1,113 @@
+"""Calibration and held-out manifests (JSONL), read with errors that name the file and line.
+
+Text (LLM): one object per line, ``{"prompt": "..."}`` or ``{"messages": [{"role": ..., "content": ...}]}``.
+Audio (ASR): ``{"audio": "path relative to the manifest", "text": "reference (optional for calibration)"}``.
+
+A calibration set that is empty, or whose every line is broken, is refused: a quantizer fed
+nothing produces ranges of zero and an engine that outputs garbage.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import InputError
+
+
+@dataclass(frozen=True, slots=True)
+class TextSample:
+    line: int
+    prompt: str | None
+    messages: tuple[tuple[str, str], ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class AudioSample:
+    line: int
+    audio: Path
+    text: str | None
+
+
+def _lines(path: Path) -> list[tuple[int, dict]]:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{path}: calibration manifest not found") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the manifest ({exc.strerror or exc})") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte {exc.start}); is it a JSONL manifest?") from None
+    records = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("//"):
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(item, dict):
+            raise InputError(f"{path}:{number}: expected a JSON object, got {type(item).__name__}")
+        records.append((number, item))
+    if not records:
+        raise InputError(f"{path}: the manifest is empty; calibration needs representative samples "
+                         f"(see calibration/README.md)")
+    return records
+
+
+def read_text_manifest(path: Path, limit: int | None = None) -> list[TextSample]:
+    out = []
+    for number, item in _lines(path):
+        if isinstance(item.get("prompt"), str):
+            if not item["prompt"].strip():
+                raise InputError(f"{path}:{number}: \"prompt\" is empty")
+            out.append(TextSample(number, item["prompt"], None))
+        elif isinstance(item.get("messages"), list) and item["messages"]:
+            msgs = []
+            for m in item["messages"]:
+                if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                    raise InputError(f'{path}:{number}: each message needs "role" and "content" strings')
+                msgs.append((m["role"], m["content"]))
+            out.append(TextSample(number, None, tuple(msgs)))
+        else:
+            raise InputError(f'{path}:{number}: expected {{"prompt": "..."}} or {{"messages": [...]}}; '
+                             f"got keys {sorted(item)}")
+        if limit and len(out) >= limit:
+            break
+    return out
+
+
+def read_audio_manifest(path: Path, limit: int | None = None, need_text: bool = False) -> list[AudioSample]:
+    out = []
+    for number, item in _lines(path):
+        audio = item.get("audio")
+        if not isinstance(audio, str) or not audio:
+            raise InputError(f'{path}:{number}: expected {{"audio": "relative/path.wav", "text": "..."}}')
+        text = item.get("text")
+        if need_text and not isinstance(text, str):
+            raise InputError(f'{path}:{number}: no reference "text" (the accuracy gate scores {audio} against it)')
+        file = (path.parent / audio).resolve()
+        if not file.is_file():
+            hint = " (synthesised audio: regenerate it with scripts/asr-eval-audio)" if "synth" in item else ""
+            raise InputError(f"{path}:{number}: audio file {audio} not found at {file}{hint}")
+        out.append(AudioSample(number, file, text if isinstance(text, str) else None))
+        if limit and len(out) >= limit:
+            break
+    return out
+
+
+def manifest_digest(path: Path, limit: int | None = None) -> str:
+    """sha256 over the manifest and, for audio manifests, the audio files it names (part of cache keys)."""
+    h = hashlib.sha256()
+    h.update(path.read_bytes())
+    h.update(str(limit).encode())
+    for _, item in _lines(path)[: limit or None]:
+        audio = item.get("audio")
+        if isinstance(audio, str):
+            file = path.parent / audio
+            if file.is_file():
+                h.update(hashlib.sha256(file.read_bytes()).digest())
+    return h.hexdigest()

@@ -1,0 +1,330 @@
+"""Build orchestration: recipe + target + precision -> a gated engine in the cache.
+
+One build runs these steps in ``staging/<key>/`` of the engine cache; each finished step leaves a
+marker (``steps/<name>.json``), so an interrupted build (Ctrl-C, power loss, systemd timeout)
+resumes where it stopped:
+
+    reference   FP32 outputs of the source model on the held-out samples, on the same backend (+ latency)
+    convert     the precision's artifact: optimized / FP16 / INT8 (calibrated) / INT4 model
+    compile     the runtime's compiled form: ORT optimized graph, OpenVINO CACHE_DIR blob, TensorRT plan
+    gate        the candidate on the held-out samples vs the reference: metrics, latency, verdict
+
+A candidate within budget is committed (hashes, fsync, rename); one beyond budget is refused
+(``GateRefused`` carries the report) and never enters the cache.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..backends import SessionOptions, open_session
+from ..errors import BackendUnavailable, EdgeAgentError, InputError
+from ..models.catalog import ModelRef, resolve_model
+from ..progress import Progress
+from ..systemd import Notifier
+from . import gate as gates
+from .cache import EngineCache, Entry, cache_key, hash_model, mark_step, step_done
+from .datasets import manifest_digest, read_audio_manifest, read_text_manifest
+from .fingerprint import device_fingerprint, runtime_version
+from .probes import AsrProbe, LlmProbe
+from .recipes import TARGET_BACKENDS, Recipe
+from .stages import convert, graph_name, open_candidate
+
+log = logging.getLogger(__name__)
+
+# INT8 flavours per backend: how the INT8 artifact is made.
+INT8_FLAVOURS = {"onnxruntime": ("qdq", "dynamic"), "openvino": ("nncf", "weights"), "tensorrt": ("qdq", "calibrator")}
+
+
+class GateRefused(EdgeAgentError):
+    """The candidate engine is beyond the recipe's accuracy budget; ``report`` says by how much."""
+
+    def __init__(self, message: str, report: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass(frozen=True, slots=True)
+class BuildRequest:
+    target: str
+    precision: str
+    backend: str | None = None
+    flavour: str | None = None  # int8: qdq | dynamic | nncf
+    data: Path | None = None  # calibration manifest override
+    method: str | None = None  # calibration method override
+    force: bool = False  # rebuild even when a verified entry exists
+
+
+@dataclass(slots=True)
+class Heartbeat:
+    """Progress on stderr, and EXTEND_TIMEOUT_USEC to systemd while long steps run."""
+
+    enabled: bool = True
+    notifier: Notifier = field(default_factory=Notifier)
+    extend_s: float = 120.0
+    clock: Callable[[], float] = time.monotonic
+    _last_extend: float = float("-inf")
+
+    def beat(self) -> None:
+        now = self.clock()
+        if now - self._last_extend >= self.extend_s / 4:
+            self.notifier.extend_timeout(self.extend_s)
+            self._last_extend = now
+
+    def bar(self, label: str, unit: str = "") -> Progress:
+        return Progress(label, unit=unit, enabled=self.enabled)
+
+    def callback(self, bar: Progress) -> Callable[[int, int], None]:
+        def update(done: int, total: int) -> None:
+            self.beat()
+            bar.update(done, total)
+        return update
+
+
+class Pipeline:
+    def __init__(self, recipe: Recipe, cache: EngineCache, models_dir: Path, threads: int = 1,
+                 heartbeat: Heartbeat | None = None) -> None:
+        self.recipe = recipe
+        self.cache = cache
+        self.models_dir = models_dir
+        self.threads = threads
+        self.hb = heartbeat or Heartbeat()
+        self._ref: ModelRef | None = None
+        self._model_hash: str | None = None
+
+    # -- identity --------------------------------------------------------------------------------
+
+    @property
+    def ref(self) -> ModelRef:
+        if self._ref is None:
+            model = self.recipe.model
+            candidate = self.recipe.resolve(model)
+            self._ref = resolve_model(candidate if candidate.is_dir() else model, self.models_dir)
+            if not (self._ref.path / self.recipe.onnx_file).is_file():
+                raise InputError(f"{self._ref.path}: no {self.recipe.onnx_file} (recipe onnx_file)")
+        return self._ref
+
+    @property
+    def model_hash(self) -> str:
+        if self._model_hash is None:
+            self._model_hash = hash_model(self.ref.path, self.cache.root / "model-hashes.json")
+        return self._model_hash
+
+    def backend_for(self, req: BuildRequest) -> str:
+        if req.backend:
+            if req.backend not in TARGET_BACKENDS[req.target]:
+                raise InputError(f"target {req.target} builds for {TARGET_BACKENDS[req.target]}, not {req.backend}")
+            return req.backend
+        return TARGET_BACKENDS[req.target][0]
+
+    def calibration_path(self, req: BuildRequest) -> Path:
+        if req.data is not None:
+            return Path(req.data)
+        if self.recipe.calibration is None:
+            raise InputError(f"recipe {self.recipe.name} has no [calibration] data; pass --data MANIFEST")
+        return self.recipe.resolve(self.recipe.calibration.data)
+
+    def key_parts(self, req: BuildRequest) -> dict[str, Any]:
+        backend = self.backend_for(req)
+        version = runtime_version(backend)
+        if version is None:
+            from ..backends import BACKENDS
+
+            raise BackendUnavailable(f"building for {req.target} needs {backend}, which is not installed here: "
+                                     f"{BACKENDS[backend].install_hint}")
+        flavour = req.flavour or (INT8_FLAVOURS[backend][0] if req.precision == "int8" else "")
+        if req.precision == "int8" and flavour not in INT8_FLAVOURS[backend]:
+            raise InputError(f"{backend} INT8 is made as {INT8_FLAVOURS[backend]}, not {flavour!r}")
+        calib = None
+        if req.precision == "int8" and flavour not in ("dynamic", "weights"):
+            spec = self.recipe.calibration
+            path = self.calibration_path(req)
+            calib = {"data": manifest_digest(path, spec.samples if spec else None),
+                     "method": req.method or (spec.method if spec else "minmax")}
+        return {"model": self.model_hash, "recipe": self.recipe.fingerprint(), "target": req.target,
+                "precision": req.precision, "flavour": flavour, "backend": backend,
+                "profiles": [p.model_dump() for p in self.recipe.profiles_for(req.target)],
+                "calibration": calib, "runtime": backend, "runtime_version": version,
+                "device": device_fingerprint(req.target)}
+
+    # -- build -----------------------------------------------------------------------------------
+
+    def build(self, req: BuildRequest) -> dict[str, Any]:
+        self.recipe.check(req.target, req.precision)
+        parts = self.key_parts(req)
+        key = cache_key(parts)
+        if not req.force:
+            entry = self.cache.lookup(key)
+            if entry is not None:
+                return self._hit_report(entry)
+        t0 = time.perf_counter()
+        with self.cache.staging(key) as staged:
+            resumed = sorted(p.stem for p in (staged / "steps").glob("*.json")) if (staged / "steps").is_dir() else []
+            if resumed:
+                log.warning("resuming the build of %s from step(s) %s", key[:12], ", ".join(resumed))
+            reference = self._step_reference(staged, parts)
+            conversion = self._step(staged, "convert", lambda: convert(self, staged, parts, req))
+            compiled = self._step(staged, "compile", lambda: self._compile(staged, parts, req))
+            verdict = self._step(staged, "gate", lambda: self._gate(staged, parts, reference))
+            report = {"recipe": self.recipe.name, "model": self.ref.name, "key": key, **_public(parts),
+                      "conversion": conversion, "compile": compiled, "accuracy": verdict,
+                      "build_s": round(time.perf_counter() - t0, 2), "resumed_steps": resumed}
+            if not verdict["passed"]:
+                raise GateRefused(f"{parts['backend']}/{req.precision} engine for {self.recipe.name} refused by the "
+                                  f"accuracy gate: {'; '.join(verdict['reasons'])}", report)
+            # Intermediates stay out of the entry: only the model folder is served.
+            shutil.rmtree(staged / "work", ignore_errors=True)
+            (staged / "reference.npz").unlink(missing_ok=True)
+            manifest = {"artifact": "model", "graph": f"model/{graph_name(parts['backend'])}",
+                        "recipe_name": self.recipe.name, "model_name": self.ref.name, "workload": self.recipe.workload,
+                        **_public(parts), "key_parts": parts, "conversion": conversion, "compile": compiled,
+                        "accuracy": verdict, "build_s": report["build_s"]}
+            entry = self.cache.commit(key, staged, manifest)
+        report.update(cache="built", path=str(entry.path), load_ms=self._load_ms(entry))
+        return report
+
+    def _step(self, staged: Path, name: str, run: Callable[[], dict]) -> dict:
+        done = step_done(staged, name)
+        if done is not None:
+            return done
+        self.hb.beat()
+        result = run()
+        mark_step(staged, name, result)
+        return result
+
+    def _hit_report(self, entry: Entry) -> dict[str, Any]:
+        m = entry.manifest
+        return {"recipe": self.recipe.name, "model": m.get("model_name"), "key": entry.key,
+                **{k: m.get(k) for k in ("target", "precision", "flavour", "backend", "runtime_version", "device")},
+                "accuracy": m.get("accuracy"), "build_s": m.get("build_s"), "cache": "hit", "path": str(entry.path),
+                "load_ms": self._load_ms(entry)}
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    def _heldout(self):
+        spec = self.recipe.heldout
+        if spec is None:
+            raise InputError(f"recipe {self.recipe.name} has no [heldout] data: the accuracy gate needs it")
+        path = self.recipe.resolve(spec.data)
+        if self.recipe.workload == "llm":
+            return read_text_manifest(path, spec.samples)
+        return read_audio_manifest(path, spec.samples, need_text=True)
+
+    def _run_held_out(self, session_or_runner, label: str, samples=None) -> tuple[list[np.ndarray], list[float], list[str]]:
+        samples = self._heldout() if samples is None else samples
+        with self.hb.bar(label, "samples") as bar:
+            cb = self.hb.callback(bar)
+            if self.recipe.workload == "llm":
+                probe = LlmProbe(self.ref, self.recipe.calibration.max_tokens if self.recipe.calibration else 64)
+                timed = probe.run(session_or_runner, samples, cb)
+                return timed.outputs, timed.latency_ms, []
+            timed, texts = AsrProbe(self.ref).run(session_or_runner, samples, cb)
+            return timed.outputs, timed.latency_ms, texts
+
+    def _speed(self, staged: Path, parts: dict, rounds: int = 3, count: int = 8) -> tuple[float, float]:
+        """Median latency (ms) of the FP32 source and the candidate, measured interleaved in rounds on
+        the same samples, so background load on the device hits both alike."""
+        samples = self._heldout()[:count]
+        backend = "onnxruntime" if parts["backend"] == "tensorrt" else parts["backend"]
+        reference = self._open_reference(backend)
+        candidate = open_candidate(self, staged / "model", parts, self.threads)
+        ref_ms: list[float] = []
+        cand_ms: list[float] = []
+        try:
+            for r in range(rounds):
+                for handle, acc, name in ((reference, ref_ms, "fp32"), (candidate, cand_ms, parts["precision"])):
+                    acc.extend(self._run_held_out(handle, f"speed {name} (round {r + 1}/{rounds})", samples)[1])
+        finally:
+            reference.close()
+            candidate.close()
+        return float(np.median(ref_ms)), float(np.median(cand_ms))
+
+    def _step_reference(self, staged: Path, parts: dict) -> dict:
+        def run() -> dict:
+            backend = parts["backend"]
+            if backend == "tensorrt":  # the FP32 reference of a TensorRT engine is ONNX Runtime's
+                backend = "onnxruntime"
+            handle = self._open_reference(backend)
+            try:
+                outs, lat, texts = self._run_held_out(handle, f"fp32 reference ({backend})")
+            finally:
+                handle.close()
+            np.savez(staged / "reference.npz", *outs)
+            refs = [s.text for s in self._heldout()] if self.recipe.workload == "asr" else []
+            return {"backend": backend, "latency_ms": float(np.median(lat)), "texts": texts, "references": refs}
+        return self._step(staged, "reference", run)
+
+    def _open_reference(self, backend: str):
+        graph = self.ref.path / self.recipe.onnx_file
+        options = SessionOptions(device="cpu" if backend == "onnxruntime" else "CPU", precision="fp32",
+                                 threads=self.threads)
+        if self.recipe.workload == "asr":
+            return AsrProbe(self.ref).runner(graph, backend, options)
+        return open_session(graph, backend, options, warmup=lambda s: None)
+
+    def _compile(self, staged: Path, parts: dict, req: BuildRequest) -> dict:
+        from .stages import compile_artifact
+
+        return compile_artifact(self, staged, parts, req)
+
+    def _gate(self, staged: Path, parts: dict, reference: dict) -> dict:
+        if parts["backend"] == "tensorrt" and not _gpu_here():
+            raise BackendUnavailable("the accuracy gate of a TensorRT engine runs it, which needs the Jetson's GPU: "
+                                     "run edge-agent build on the device")
+        handle = open_candidate(self, staged / "model", parts, self.threads)
+        try:
+            outs, lat, texts = self._run_held_out(handle, f"gate {parts['backend']}/{parts['precision']}")
+        finally:
+            handle.close()
+        if self.recipe.workload == "llm":
+            with np.load(staged / "reference.npz") as ref:
+                ref_outs = [ref[f"arr_{i}"] for i in range(len(ref.files))]
+            metrics = gates.llm_metrics(ref_outs, outs)
+        else:
+            metrics = gates.asr_metrics(reference["references"], reference["texts"], texts)
+        verdict = gates.judge(self.recipe.workload, metrics, self.recipe.accuracy, parts["precision"], parts["backend"],
+                              parts["flavour"])
+        verdict.reference_latency_ms, verdict.latency_ms = self._speed(staged, parts)
+        return verdict.to_dict()
+
+    def _load_ms(self, entry: Entry) -> float | None:
+        """Time to open the cached engine ready to run (what a cache hit costs at start-up)."""
+        if entry.manifest.get("backend") == "tensorrt" and not _gpu_here():
+            return None
+        t0 = time.perf_counter()
+        handle = open_candidate(self, entry.artifact, entry.manifest["key_parts"], self.threads)
+        ms = (time.perf_counter() - t0) * 1e3
+        handle.close()
+        return round(ms, 1)
+
+
+def _public(parts: dict) -> dict:
+    return {k: parts[k] for k in ("target", "precision", "flavour", "backend", "runtime", "runtime_version", "device")}
+
+
+def _gpu_here() -> bool:
+    from ..backends.tensorrt import probe_tensorrt
+
+    return bool(probe_tensorrt().get("version"))
+
+
+def verdict_from(report: dict) -> gates.Verdict:
+    a = report["accuracy"]
+    v = gates.Verdict(a["precision"], a["backend"], a["metrics"], a["budget"], a["passed"], a["reasons"],
+                      a.get("latency_ms"), a.get("reference_latency_ms"), a.get("flavour", ""))
+    return v
+
+
+def dump_json(obj: Any, path: Path | None) -> None:
+    text = json.dumps(obj, indent=2, default=str)
+    if path is None:
+        print(text)
+    else:
+        Path(path).write_text(text + "\n")

@@ -1,0 +1,171 @@
+"""Model-side inputs for calibration and the accuracy gate: what to feed, what to read back.
+
+- LLM (decoder export with KV cache): a prompt is tokenized (chat template for ``messages``), cut
+  to ``max_tokens``, and run as one prefill with an empty past; the logits of every position are a
+  teacher-forced next-token prediction, i.e. one decode step each.
+- ASR (streaming CTC, ``demo-asr``): an utterance is streamed in the model's own chunks with its
+  GRU state carried, exactly as served; calibration records the real chunk inputs (features and
+  states), and the gate decodes text greedily and scores WER.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..backends import Session, SessionOptions, open_session
+from ..errors import InputError, ModelError
+from ..models.catalog import ModelRef
+from .datasets import AudioSample, TextSample
+
+_PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Timed:
+    outputs: list[np.ndarray]
+    latency_ms: list[float]  # one per sample
+
+    @property
+    def median_ms(self) -> float:
+        return float(np.median(self.latency_ms)) if self.latency_ms else 0.0
+
+
+class LlmProbe:
+    def __init__(self, ref: ModelRef, max_tokens: int = 64) -> None:
+        from ..models.tokenizer import Message, Tokenizer
+
+        if ref.kind != "llm":
+            raise ModelError(f"{ref.name} is a {ref.kind} model, not an LLM (recipe workload = 'llm')")
+        self.ref = ref
+        self.max_tokens = max_tokens
+        self._tok = Tokenizer(ref.path, ref.model_type)
+        self._message = Message
+
+    def token_ids(self, sample: TextSample) -> list[int]:
+        if sample.messages is not None:
+            msgs = [self._message(role, content) for role, content in sample.messages]
+            ids = self._tok.encode_chat(msgs)
+        else:
+            ids = self._tok.encode(sample.prompt or "")
+        if not ids:
+            raise InputError(f"line {sample.line}: the prompt tokenizes to nothing")
+        return list(ids)[: self.max_tokens]
+
+    def feeds(self, session: Session, ids: Sequence[int]) -> dict[str, np.ndarray]:
+        n = len(ids)
+        feeds: dict[str, np.ndarray] = {}
+        for spec in session.inputs:
+            if spec.name == "input_ids":
+                feeds[spec.name] = np.asarray([ids], dtype=spec.dtype)
+            elif spec.name == "attention_mask":
+                feeds[spec.name] = np.ones((1, n), dtype=spec.dtype)
+            elif spec.name == "position_ids":
+                feeds[spec.name] = np.arange(n, dtype=spec.dtype)[None]
+            elif _PAST.match(spec.name):
+                heads, head_dim = self._kv_dims(spec.shape)
+                feeds[spec.name] = np.zeros((1, heads, 0, head_dim), dtype=spec.dtype)
+            else:
+                raise ModelError(f"{self.ref.name}: unexpected LLM input {spec.name!r} (not a standard KV-cache export)")
+        return feeds
+
+    def _kv_dims(self, shape: tuple) -> tuple[int, int]:
+        heads, head_dim = shape[1], shape[3]
+        cfg = self.ref.config
+        if not isinstance(heads, int):
+            heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+        if not isinstance(head_dim, int):
+            head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+        return heads, head_dim
+
+    def calibration_feeds(self, session: Session, samples: Sequence[TextSample]) -> list[dict[str, np.ndarray]]:
+        return [self.feeds(session, self.token_ids(s)) for s in samples]
+
+    def run(self, session: Session, samples: Sequence[TextSample], progress: Progress | None = None) -> Timed:
+        """Logits ``[positions, vocab]`` per sample, with the latency of each prefill."""
+        outs, lat = [], []
+        for i, s in enumerate(samples):
+            feeds = self.feeds(session, self.token_ids(s))
+            t0 = time.perf_counter()
+            logits = session.run(feeds, ["logits"])["logits"]
+            lat.append((time.perf_counter() - t0) * 1e3)
+            outs.append(np.asarray(logits[0], dtype=np.float32))
+            if progress:
+                progress(i + 1, len(samples))
+        return Timed(outs, lat)
+
+
+class _Recorder:
+    """A Session wrapper that keeps copies of every feed: the real chunk inputs of a streamed utterance."""
+
+    def __init__(self, inner: Session) -> None:
+        self.inner, self.backend = inner, inner.backend
+        self.inputs, self.outputs = inner.inputs, inner.outputs
+        self.feeds: list[dict[str, np.ndarray]] = []
+
+    def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        self.feeds.append({k: np.array(v, copy=True) for k, v in feeds.items()})
+        return self.inner.run(feeds, output_names)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class AsrProbe:
+    def __init__(self, ref: ModelRef) -> None:
+        if ref.model_type != "streaming-ctc":
+            raise ModelError(f"{ref.name}: the ASR build path takes streaming CTC models (model_type "
+                             f"'streaming-ctc', like demo-asr); this one is {ref.model_type!r}")
+        self.ref = ref
+
+    def runner(self, graph: Path, backend: str = "onnxruntime", options: SessionOptions | None = None):
+        """A streaming runner whose session is ``graph`` (a quantized/compiled copy of the model)."""
+        from ..models.asr_streaming_ctc import StreamingCtcRunner
+
+        runner = StreamingCtcRunner(self.ref.path, "onnxruntime", SessionOptions(threads=1))
+        if Path(graph) != self.ref.path / "model.onnx" or backend != "onnxruntime" or options is not None:
+            runner.session.close()
+            runner.session = open_session(graph, backend, options or SessionOptions(threads=1), warmup=runner._warmup)
+        return runner
+
+    def _audio(self, sample: AudioSample, rate: int) -> np.ndarray:
+        from ..audio.wav import read_audio
+
+        try:
+            samples, _ = read_audio(sample.audio, rate)
+        except InputError as exc:
+            raise InputError(f"line {sample.line}: {exc}") from None
+        return samples
+
+    def calibration_feeds(self, samples: Sequence[AudioSample], progress: Progress | None = None) -> list[dict]:
+        runner = self.runner(self.ref.path / "model.onnx")
+        recorder = _Recorder(runner.session)
+        runner.session = recorder
+        try:
+            for i, s in enumerate(samples):
+                runner.stream(self._audio(s, runner.spec.features.sampling_rate))
+                if progress:
+                    progress(i + 1, len(samples))
+        finally:
+            runner.close()
+        return recorder.feeds
+
+    def run(self, runner, samples: Sequence[AudioSample], progress: Progress | None = None) -> tuple[Timed, list[str]]:
+        """Streamed log-probs per utterance, with the compute time per utterance, and greedy texts."""
+        outs, lat, texts = [], [], []
+        for i, s in enumerate(samples):
+            audio = self._audio(s, runner.spec.features.sampling_rate)
+            t0 = time.perf_counter()
+            log_probs, _ = runner.stream(audio)
+            lat.append((time.perf_counter() - t0) * 1e3)
+            outs.append(log_probs)
+            texts.append(runner.decode(log_probs, "greedy"))
+            if progress:
+                progress(i + 1, len(samples))
+        return Timed(outs, lat), texts
+

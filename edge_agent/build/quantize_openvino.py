@@ -1,0 +1,122 @@
+"""OpenVINO artifacts: IR conversion, FP16 compression, NNCF INT8 quantization and LLM weight compression.
+
+- ``to_ir``: the ONNX model as OpenVINO IR (``model.xml`` + ``model.bin``), weights f32 or f16.
+- ``quantize_int8``: NNCF post-training quantization (``nncf.quantize``) with the calibration feeds;
+  ``model_type=TRANSFORMER`` for LLMs (keeps softmax/layer-norm paths in float), symmetric preset.
+- ``compress_weights``: NNCF weight-only INT8 / symmetric INT4 (group-wise) for LLMs: what the NPU
+  and memory-bound CPU decode want; no calibration data needed.
+- ``compile_blob``: compile once with ``CACHE_DIR`` inside the artifact so a later load imports the
+  compiled blob instead of compiling (minutes on the NPU).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..backends import SessionOptions, open_session
+from ..errors import BackendError, BackendUnavailable, InputError
+
+log = logging.getLogger(__name__)
+
+
+def _ov():
+    try:
+        import openvino as ov
+    except ImportError as exc:
+        raise BackendUnavailable("OpenVINO builds need openvino: pip install 'edge-agent[openvino]'") from exc
+    return ov
+
+
+def _to_stderr():
+    # NNCF draws its own progress bars on stdout; stdout is reserved for --json reports.
+    return contextlib.redirect_stdout(sys.stderr)
+
+
+def _nncf():
+    try:
+        import nncf
+    except ImportError as exc:
+        raise BackendUnavailable("OpenVINO INT8/INT4 needs NNCF: pip install 'edge-agent[build]'") from exc
+    # NNCF logs its statistics tables to a stdout handler of its own: move them to stderr.
+    for handler in logging.getLogger("nncf").handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stdout, sys.__stdout__):
+            handler.setStream(sys.stderr)
+    return nncf
+
+
+def to_ir(src: Path, dst_xml: Path, fp16: bool = False) -> dict:
+    ov = _ov()
+    model = ov.Core().read_model(str(src))
+    ov.save_model(model, str(dst_xml), compress_to_fp16=fp16)
+    return {"tool": "openvino.save_model", "weights": "f16" if fp16 else "f32"}
+
+
+def quantize_int8(src: Path, dst_xml: Path, feeds: Sequence[Mapping[str, np.ndarray]], workload: str,
+                  ignored_types: Sequence[str] = (), progress: Callable[[int, int], None] | None = None) -> dict:
+    ov, nncf = _ov(), _nncf()
+    if not feeds:
+        raise InputError("the calibration set produced no inputs; give a manifest with samples")
+    model = ov.Core().read_model(str(src))
+    names = [p.get_any_name() for p in model.inputs]
+    seen = [0]
+
+    def transform(item: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        seen[0] += 1
+        if progress:
+            progress(min(seen[0], len(feeds)), len(feeds))
+        missing = [n for n in names if n not in item]
+        if missing:
+            raise InputError(f"calibration feeds lack model inputs {missing}")
+        return {n: item[n] for n in names}
+
+    kwargs = {}
+    if workload == "llm":
+        kwargs["model_type"] = nncf.ModelType.TRANSFORMER
+    if ignored_types:
+        kwargs["ignored_scope"] = nncf.IgnoredScope(types=list(ignored_types), validate=False)
+    with _to_stderr():
+        quantized = nncf.quantize(model, nncf.Dataset(list(feeds), transform), subset_size=len(feeds),
+                                  preset=nncf.QuantizationPreset.PERFORMANCE, **kwargs)
+    ov.save_model(quantized, str(dst_xml), compress_to_fp16=False)
+    return {"tool": f"nncf {nncf.__version__} quantize", "preset": "performance (symmetric)",
+            "model_type": "transformer" if workload == "llm" else "default", "samples": len(feeds),
+            "ignored_types": list(ignored_types)}
+
+
+def compress_weights(src: Path, dst_xml: Path, bits: int, group_size: int = 64) -> dict:
+    ov, nncf = _ov(), _nncf()
+    model = ov.Core().read_model(str(src))
+    if bits == 8:
+        mode, kwargs = nncf.CompressWeightsMode.INT8_SYM, {}
+    elif bits == 4:
+        # ratio 1.0: every eligible matmul in INT4; NNCF keeps embeddings and the head in INT8.
+        mode, kwargs = nncf.CompressWeightsMode.INT4_SYM, {"group_size": group_size, "ratio": 1.0}
+    else:
+        raise InputError(f"weight compression takes 4 or 8 bits, not {bits}")
+    with _to_stderr():
+        compressed = nncf.compress_weights(model, mode=mode, **kwargs)
+    ov.save_model(compressed, str(dst_xml), compress_to_fp16=False)
+    return {"tool": f"nncf {nncf.__version__} compress_weights", "mode": mode.name, **kwargs}
+
+
+def compile_blob(xml: Path, cache_dir: Path, device: str, hint: str, threads: int = 0,
+                 static_shapes: Mapping[str, tuple[int, ...]] | None = None) -> dict:
+    """Compile once into ``cache_dir/openvino`` (the backend's CACHE_DIR layout); returns compile facts."""
+    import time
+
+    options = SessionOptions(device=device, precision=hint, threads=threads, cache_dir=cache_dir,  # type: ignore[arg-type]
+                             static_shapes=static_shapes)
+    t0 = time.perf_counter()
+    try:
+        session = open_session(xml, "openvino", options, warmup=lambda s: None)
+    except BackendError:
+        raise
+    compile_ms = (time.perf_counter() - t0) * 1e3
+    session.close()
+    blobs = list((cache_dir / "openvino").glob("*.blob")) if (cache_dir / "openvino").is_dir() else []
+    return {"device": device, "compile_ms": round(compile_ms, 1), "blobs": len(blobs)}

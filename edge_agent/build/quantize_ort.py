@@ -1,0 +1,160 @@
+"""ONNX-level precision conversions with ONNX Runtime's own tools (they ship with onnxruntime).
+
+- ``quantize_qdq``: static INT8, QDQ format, symmetric activations and weights (zero point 0),
+  per-channel weights. Symmetric Q/DQ is what TensorRT 10 and 11 build INT8 from in a strongly
+  typed network, so the same file serves ONNX Runtime and TensorRT.
+- ``quantize_weights_dynamic``: INT8 weights, activations quantized per call (no calibration);
+  often the better choice for LLM MatMuls on CPUs, so ``calibrate`` reports both.
+- ``to_fp16``: float16 weights and compute, IO kept float32 so callers feed the same arrays.
+- ``optimize``: ONNX Runtime's graph optimizations saved to a file (what ``build --precision fp32``
+  caches for ONNX Runtime: loading it skips the optimization pass).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import BackendUnavailable, InputError, ModelError
+
+log = logging.getLogger(__name__)
+
+METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
+# Only these carry the weights worth quantizing; leaving elementwise ops in float keeps accuracy.
+LLM_OPS = ["MatMul", "Gemm"]
+ASR_OPS = ["MatMul", "Gemm", "Conv", "GRU", "LSTM"]
+
+
+@contextlib.contextmanager
+def _quiet_tools():
+    """onnxruntime.quantization logs advice through the root logger; keep it for --debug only."""
+    root = logging.getLogger()
+    level = root.level
+    if not log.isEnabledFor(logging.DEBUG):
+        root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+def _onnx():
+    try:
+        import onnx
+    except ImportError as exc:
+        raise BackendUnavailable("model conversion needs the onnx package: pip install 'edge-agent[build]'") from exc
+    return onnx
+
+
+class _Reader:
+    """ONNX Runtime's CalibrationDataReader protocol over prepared feeds, with a progress callback."""
+
+    def __init__(self, feeds: Sequence[Mapping[str, np.ndarray]], progress: Callable[[int, int], None] | None) -> None:
+        self._feeds = list(feeds)
+        self._i = 0
+        self._progress = progress
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        if self._i >= len(self._feeds):
+            return None
+        item = dict(self._feeds[self._i])
+        self._i += 1
+        if self._progress:
+            self._progress(self._i, len(self._feeds))
+        return item
+
+    def rewind(self) -> None:
+        self._i = 0
+
+
+def _save_external(model, dst: Path) -> None:
+    onnx = _onnx()
+    big = sum(init.ByteSize() for init in model.graph.initializer) > 1_800_000_000
+    onnx.save_model(model, str(dst), save_as_external_data=big, all_tensors_to_one_file=True,
+                    location=dst.name + ".data" if big else None)
+
+
+def quantize_qdq(src: Path, dst: Path, feeds: Sequence[Mapping[str, np.ndarray]], method: str = "minmax",
+                 op_types: Iterable[str] = LLM_OPS, exclude: Sequence[str] = (),
+                 progress: Callable[[int, int], None] | None = None) -> dict:
+    """Static symmetric per-channel INT8 Q/DQ. Returns what was done (for the report)."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    if not feeds:
+        raise InputError("the calibration set produced no inputs; give a manifest with samples")
+    if method not in METHODS:
+        raise InputError(f"unknown calibration method {method!r}; choose {', '.join(METHODS)}")
+    extra = {
+        "ActivationSymmetric": True,  # zero point 0: the only INT8 TensorRT 11 accepts
+        "WeightSymmetric": True,
+        "CalibMovingAverage": False,
+    }
+    if method == "percentile":
+        extra["CalibPercentile"] = 99.99
+    with _quiet_tools():
+        quantize_static(
+            str(src), str(dst), _Reader(feeds, progress), quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=list(op_types), per_channel=True, activation_type=QuantType.QInt8,
+            weight_type=QuantType.QInt8, nodes_to_exclude=list(exclude) or None,
+            calibrate_method=getattr(CalibrationMethod, METHODS[method]), extra_options=extra,
+            use_external_data_format=_needs_external(src),
+        )
+    return {"tool": "onnxruntime.quantization.quantize_static", "format": "QDQ", "symmetric": True,
+            "per_channel": True, "method": method, "samples": len(feeds), "op_types": list(op_types),
+            "excluded_nodes": list(exclude)}
+
+
+def quantize_weights_dynamic(src: Path, dst: Path, op_types: Iterable[str] = LLM_OPS) -> dict:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with _quiet_tools():
+        quantize_dynamic(str(src), str(dst), op_types_to_quantize=list(op_types), per_channel=True,
+                         weight_type=QuantType.QInt8, use_external_data_format=_needs_external(src))
+    return {"tool": "onnxruntime.quantization.quantize_dynamic", "weights": "int8 per-channel",
+            "activations": "int8, scaled per call", "op_types": list(op_types)}
+
+
+def to_fp16(src: Path, dst: Path, keep_io_types: bool = True) -> dict:
+    onnx = _onnx()
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = onnx.load(str(src))  # pulls external data in from src's folder
+    converted = convert_float_to_float16(model, keep_io_types=keep_io_types, disable_shape_infer=True)
+    _save_external(converted, dst)
+    return {"tool": "onnxruntime.transformers.float16", "keep_io_types": keep_io_types}
+
+
+def optimize(src: Path, dst: Path, threads: int = 0) -> dict:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    # EXTENDED, not ALL: ALL adds layout transforms tied to this CPU's ISA and saves poorly.
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.optimized_model_filepath = str(dst)
+    if threads:
+        so.intra_op_num_threads = threads
+    if _needs_external(src):
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", dst.name + ".data")
+        so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    try:
+        ort.InferenceSession(str(src), sess_options=so, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise ModelError(f"onnxruntime could not optimize {src}: {str(exc).splitlines()[0]}") from exc
+    return {"tool": "onnxruntime graph optimizer", "level": "extended"}
+
+
+def _needs_external(src: Path) -> bool:
+    return Path(str(src) + ".data").is_file() or any(src.parent.glob(src.stem + "*.data"))
+
+
+def copy_sidecars(model_folder: Path, dst_folder: Path, onnx_file: str) -> None:
+    """Everything of the model folder except its graph and weights (config, tokenizer, vocab, ...)."""
+    dst_folder.mkdir(parents=True, exist_ok=True)
+    graph = {onnx_file, onnx_file + ".data", onnx_file + "_data"}
+    for path in model_folder.iterdir():
+        if path.is_file() and path.name not in graph and path.suffix not in (".onnx", ".data", ".npz", ".bin"):
+            shutil.copy2(path, dst_folder / path.name)

@@ -1,0 +1,225 @@
+"""Engine recipes: one TOML file per model in ``engines/``, validated into a ``Recipe``.
+
+A recipe says which model to build from, for which workload, targets and precisions, with which
+shape profiles, which calibration and held-out data, and how much accuracy an engine may lose::
+
+    name = "demo-phi3-small"
+    model = "demo-phi3-small"          # demo name or model folder (relative to the recipe file)
+    workload = "llm"                   # llm | asr
+    targets = ["cpu", "jetson", "intel-npu"]
+    precisions = ["fp32", "fp16", "int8", "int4"]
+
+    [calibration]                      # INT8 activation ranges come from here
+    data = "../calibration/llm/prompts.jsonl"
+    samples = 64
+    method = "minmax"                  # minmax | entropy | percentile
+    max_tokens = 64                    # LLM prompts are cut to this many tokens
+    ignored_types = []                 # op types to keep in float, e.g. ["GRU"]
+
+    [heldout]                          # what the accuracy gate compares on (never the calibration set)
+    data = "../calibration/llm/heldout.jsonl"
+    samples = 16
+
+    [accuracy]                         # the budget an engine must stay within
+    min_cosine = 0.99
+    min_top1 = 0.90
+    max_kl = 0.05
+    max_wer_delta = 0.02
+
+    [[profiles]]                       # one optimization profile: named dims -> [min, opt, max]
+    name = "prefill"
+    dims = { batch_size = [1, 1, 4], sequence_length = [1, 64, 512], past_sequence_length = [0, 0, 0] }
+
+Every problem is reported as ``dotted.path: message`` through ``ConfigError``.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ..config import validation_problems
+from ..errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+Target = Literal["cpu", "jetson", "intel-npu"]
+BuildPrecision = Literal["fp32", "fp16", "int8", "int4"]
+Method = Literal["minmax", "entropy", "percentile"]
+Workload = Literal["llm", "asr"]
+
+# The runtime each target builds for, first choice first.
+TARGET_BACKENDS: dict[str, tuple[str, ...]] = {
+    "cpu": ("onnxruntime", "openvino"),
+    "jetson": ("tensorrt",),
+    "intel-npu": ("openvino",),
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataRef(_Strict):
+    data: Path = Field(description="JSONL manifest, relative to the recipe file")
+    samples: int = Field(64, ge=1, le=100_000, description="use at most this many records")
+
+
+class CalibrationSpec(DataRef):
+    method: Method = "minmax"
+    max_tokens: int = Field(64, ge=2, le=8192, description="LLM prompts are cut to this many tokens")
+    ignored_types: list[str] = Field(default_factory=list,
+                                     description="op types kept in float (ORT: not quantized; NNCF: ignored scope)")
+
+
+class AccuracyBudget(_Strict):
+    min_cosine: float = Field(0.99, ge=0.0, le=1.0, description="LLM: mean logits cosine vs FP32")
+    min_top1: float = Field(0.90, ge=0.0, le=1.0, description="LLM: top-1 agreement with FP32")
+    max_kl: float = Field(0.05, ge=0.0, description="LLM: mean KL(FP32 || candidate) per step, nats")
+    max_wer_delta: float = Field(0.02, ge=0.0, le=1.0, description="ASR: WER increase allowed over FP32")
+
+
+class Profile(_Strict):
+    name: str = Field(min_length=1)
+    dims: dict[str, tuple[int, int, int]] = Field(description="dynamic dim name -> [min, opt, max]")
+    targets: list[Target] | None = Field(None, description="only for these targets (default: all)")
+
+    @field_validator("dims")
+    @classmethod
+    def _ordered(cls, dims: dict[str, tuple[int, int, int]]) -> dict[str, tuple[int, int, int]]:
+        if not dims:
+            raise ValueError("a profile needs at least one dim")
+        for name, (lo, opt, hi) in dims.items():
+            if lo < 0 or not lo <= opt <= hi:
+                raise ValueError(f"dim {name!r}: need 0 <= min <= opt <= max, got [{lo}, {opt}, {hi}]")
+        return dims
+
+    @property
+    def is_fixed(self) -> bool:
+        return all(lo == hi for lo, _, hi in self.dims.values())
+
+    def applies_to(self, target: str) -> bool:
+        return self.targets is None or target in self.targets
+
+
+class Recipe(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    model: str = Field(min_length=1, description="demo model name or model folder")
+    onnx_file: str = Field("model.onnx", description="the graph inside the model folder")
+    workload: Workload
+    targets: list[Target] = Field(min_length=1)
+    precisions: list[BuildPrecision] = Field(min_length=1)
+    calibration: CalibrationSpec | None = None
+    heldout: DataRef | None = None
+    accuracy: AccuracyBudget = Field(default_factory=AccuracyBudget)
+    profiles: list[Profile] = Field(default_factory=list)
+    source: Path | None = Field(None, description="the recipe file (set by load_recipe)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Recipe:
+        if ("int8" in self.precisions) and self.calibration is None:
+            raise ValueError("precision int8 needs a [calibration] section (data = the calibration manifest)")
+        if "int4" in self.precisions and self.workload != "llm":
+            raise ValueError("int4 is weight-only compression for LLMs; remove it from an ASR recipe")
+        names = [p.name for p in self.profiles]
+        if len(set(names)) != len(names):
+            raise ValueError(f"profile names must be unique: {names}")
+        if "intel-npu" in self.targets and not any(p.is_fixed and p.applies_to("intel-npu") for p in self.profiles):
+            raise ValueError("target intel-npu compiles static shapes only: add a profile with min = max for every "
+                             "dim (targets = [\"intel-npu\"])")
+        if self.workload == "llm" and "jetson" in self.targets:
+            jetson = {p.name for p in self.profiles if p.applies_to("jetson")}
+            if not {"prefill", "decode"} <= jetson:
+                raise ValueError("an LLM for jetson needs a 'prefill' and a 'decode' profile (TensorRT builds one "
+                                 "optimization profile each)")
+        return self
+
+    # -- derived -------------------------------------------------------------------------------
+
+    def resolve(self, relative: Path | str) -> Path:
+        """A path from the recipe, relative to the recipe file's folder."""
+        path = Path(relative).expanduser()
+        if path.is_absolute() or self.source is None:
+            return path
+        return (self.source.parent / path).resolve()
+
+    def profiles_for(self, target: str) -> list[Profile]:
+        chosen = [p for p in self.profiles if p.applies_to(target)]
+        if target == "intel-npu":
+            chosen = [p for p in chosen if p.is_fixed]
+        return chosen
+
+    def check(self, target: str, precision: str) -> None:
+        problems = []
+        if target not in self.targets:
+            problems.append(("targets", f"this recipe does not build for {target!r} (it lists {self.targets})"))
+        if precision not in self.precisions:
+            problems.append(("precisions", f"this recipe does not build {precision!r} (it lists {self.precisions})"))
+        if problems:
+            raise ConfigError(problems, str(self.source or self.name))
+
+    def fingerprint(self) -> dict:
+        """What about the recipe changes an engine (the cache key part): everything but its file path."""
+        return json.loads(self.model_dump_json(exclude={"source"}))
+
+
+def load_recipe(path: str | Path, search: Path | None = None) -> Recipe:
+    """Read and validate a recipe file; a bare name is looked up as ``<search>/<name>.toml``."""
+    path = Path(path)
+    if not path.is_file() and search is not None and (search / f"{path.name}.toml").is_file():
+        path = search / f"{path.name}.toml"
+    if not path.is_file():
+        where = f" (nor {search / (path.name + '.toml')})" if search else ""
+        raise ConfigError([(str(path), f"recipe file not found{where}")])
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([(str(path), f"not valid TOML: {exc}")]) from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([(str(path), f"cannot read: {exc}")]) from exc
+    try:
+        return Recipe(**data, source=path.resolve())
+    except ValidationError as exc:
+        raise ConfigError(validation_problems(exc), str(path)) from exc
+    except TypeError as exc:  # e.g. a key given twice as a keyword
+        raise ConfigError([(str(path), str(exc))]) from exc
+
+
+def input_shapes(profile: Profile, inputs: list[tuple[str, tuple]]) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """Per model input: (min, opt, max) shapes under ``profile``.
+
+    ``inputs`` are ``(name, shape)`` with ints for fixed dims and names for dynamic ones. A dynamic
+    dim the profile does not name, or a profile dim no input has, is a mismatch and an error.
+    """
+    used: set[str] = set()
+    out: dict[str, tuple[tuple[int, ...], ...]] = {}
+    missing: list[str] = []
+    for name, shape in inputs:
+        lo, opt, hi = [], [], []
+        for d in shape:
+            if isinstance(d, int) and d >= 0:
+                lo.append(d), opt.append(d), hi.append(d)
+                continue
+            key = str(d)
+            if key not in profile.dims:
+                missing.append(f"{name} dim {key!r}")
+                continue
+            used.add(key)
+            a, b, c = profile.dims[key]
+            lo.append(a), opt.append(b), hi.append(c)
+        out[name] = (tuple(lo), tuple(opt), tuple(hi))
+    unused = sorted(set(profile.dims) - used)
+    if missing or unused:
+        parts = []
+        if missing:
+            parts.append(f"the model has dynamic {', '.join(missing)} that the profile does not give")
+        if unused:
+            parts.append(f"the profile gives {unused}, which no model input has")
+        raise ConfigError([(f"profiles[{profile.name}]", "; ".join(parts))])
+    return out

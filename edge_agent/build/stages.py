@@ -1,0 +1,233 @@
+"""The per-backend work of a build step: convert to the precision, compile, open the result.
+
+The artifact is a model folder (``staging/<key>/model/``): the source folder's config, tokenizer
+and vocabulary files plus the converted graph (``model.onnx`` for ONNX Runtime,
+``openvino_model.xml``/``.bin`` + compiled blob for OpenVINO, ``model.plan`` for TensorRT), so a
+cached engine opens like any model folder.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..backends import SessionOptions, open_session
+from ..errors import InputError
+from . import quantize_ort
+from .recipes import input_shapes
+
+if TYPE_CHECKING:
+    from .pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+
+_GRAPHS = {"onnxruntime": "model.onnx", "openvino": "openvino_model.xml", "tensorrt": "model.plan"}
+
+
+def graph_name(backend: str) -> str:
+    return _GRAPHS[backend]
+
+
+def _op_types(pipe: Pipeline) -> list[str]:
+    ops = quantize_ort.LLM_OPS if pipe.recipe.workload == "llm" else quantize_ort.ASR_OPS
+    ignored = set(pipe.recipe.calibration.ignored_types) if pipe.recipe.calibration else set()
+    return [op for op in ops if op not in ignored]
+
+
+def _ignored(pipe: Pipeline) -> list[str]:
+    return list(pipe.recipe.calibration.ignored_types) if pipe.recipe.calibration else []
+
+
+def calibration_feeds(pipe: Pipeline, req: Any) -> list[dict]:
+    """The real model inputs of the calibration set (prefills for LLMs, streamed chunks for ASR).
+
+    ONNX Runtime's histogram calibrators (entropy, percentile) stack each tensor over all samples,
+    so every sample must have the same shape: LLM prompts are then packed into windows of
+    ``max_tokens`` tokens, and ASR keeps the full-size chunks (the short flushed tails are dropped)."""
+    from collections import Counter
+
+    from .datasets import read_audio_manifest, read_text_manifest
+    from .probes import AsrProbe, LlmProbe
+
+    recipe, spec = pipe.recipe, pipe.recipe.calibration
+    path = pipe.calibration_path(req)
+    limit = spec.samples if spec else 64
+    method = req.method or (spec.method if spec else "minmax")
+    same_shapes = method != "minmax"
+    with pipe.hb.bar("calibration inputs", "samples") as bar:
+        cb = pipe.hb.callback(bar)
+        if recipe.workload == "llm":
+            samples = read_text_manifest(path, limit)
+            max_tokens = spec.max_tokens if spec else 64
+            probe = LlmProbe(pipe.ref, max_tokens if not same_shapes else 1 << 30)
+            sequences = []
+            for i, s in enumerate(samples):
+                sequences.append(probe.token_ids(s))
+                cb(i + 1, len(samples))
+            if same_shapes:
+                stream = [t for ids in sequences for t in ids]
+                sequences = [stream[i:i + max_tokens] for i in range(0, len(stream) - max_tokens + 1, max_tokens)]
+                if not sequences:
+                    raise InputError(f"{path}: {len(stream)} tokens in all, fewer than one window of max_tokens = "
+                                     f"{max_tokens}; add samples or lower max_tokens")
+            else:
+                sequences = [ids[:max_tokens] for ids in sequences]
+            session = open_session(pipe.ref.path / recipe.onnx_file, "onnxruntime", SessionOptions(threads=pipe.threads),
+                                   warmup=lambda s: None)
+            try:
+                return [probe.feeds(session, ids) for ids in sequences]
+            finally:
+                session.close()
+        feeds = AsrProbe(pipe.ref).calibration_feeds(read_audio_manifest(path, limit), cb)
+        if same_shapes and feeds:
+            shape_of = lambda f: tuple((k, v.shape) for k, v in sorted(f.items()))  # noqa: E731
+            common, _ = Counter(shape_of(f) for f in feeds).most_common(1)[0]
+            feeds = [f for f in feeds if shape_of(f) == common]
+        return feeds
+
+
+def convert(pipe: Pipeline, staged: Path, parts: dict, req: Any) -> dict:
+    backend, precision, flavour = parts["backend"], parts["precision"], parts["flavour"]
+    src = pipe.ref.path / pipe.recipe.onnx_file
+    work = staged / "work"
+    work.mkdir(exist_ok=True)
+    model_dir = staged / "model"
+    quantize_ort.copy_sidecars(pipe.ref.path, model_dir, pipe.recipe.onnx_file)
+    method = (parts["calibration"] or {}).get("method", "minmax")
+    t0 = time.perf_counter()
+    out: dict[str, Any]
+    if backend in ("onnxruntime", "tensorrt"):
+        dst = work / "model.onnx"
+        if precision == "fp32":
+            out = {"tool": "none (the FP32 export)", "source": str(src)}
+        elif precision == "fp16":
+            if backend == "tensorrt" and not _trt_strongly_typed(parts):
+                out = {"tool": "none: TensorRT < 11 converts with BuilderFlag.FP16", "source": str(src)}
+            else:
+                out = quantize_ort.to_fp16(src, dst)
+        elif precision == "int8" and flavour == "calibrator":
+            out = {"tool": "TensorRT IInt8EntropyCalibrator2 at compile time (TensorRT < 11)", "method": "entropy"}
+        elif precision == "int8" and flavour == "dynamic":
+            out = quantize_ort.quantize_weights_dynamic(src, dst, _op_types(pipe))
+        elif precision == "int8":
+            feeds = calibration_feeds(pipe, req)
+            with pipe.hb.bar(f"calibrating ({method})", "batches") as bar:
+                out = quantize_ort.quantize_qdq(src, dst, feeds, method, _op_types(pipe),
+                                                progress=pipe.hb.callback(bar))
+        else:
+            raise InputError(f"{backend} has no {precision} path here; INT4 weight compression is built with "
+                             f"--backend openvino (NNCF)")
+    elif backend == "openvino":
+        from . import quantize_openvino as qov
+
+        xml = model_dir / graph_name("openvino")
+        if precision in ("fp32", "fp16"):
+            out = qov.to_ir(src, xml, fp16=precision == "fp16")
+        elif precision == "int4" or (precision == "int8" and flavour == "weights"):
+            out = qov.compress_weights(src, xml, 4 if precision == "int4" else 8)
+        else:
+            feeds = calibration_feeds(pipe, req)
+            with pipe.hb.bar("NNCF quantize", "samples") as bar:
+                out = qov.quantize_int8(src, xml, feeds, pipe.recipe.workload, _ignored(pipe),
+                                         progress=pipe.hb.callback(bar))
+    else:
+        raise InputError(f"unknown backend {backend!r}")
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    return out
+
+
+def _trt_strongly_typed(parts: dict) -> bool:
+    from .tensorrt_build import is_strongly_typed_only
+
+    return is_strongly_typed_only(parts["runtime_version"])
+
+
+def compile_artifact(pipe: Pipeline, staged: Path, parts: dict, req: Any) -> dict:
+    backend, precision = parts["backend"], parts["precision"]
+    src = pipe.ref.path / pipe.recipe.onnx_file
+    converted = staged / "work" / "model.onnx"
+    model_dir = staged / "model"
+    t0 = time.perf_counter()
+    if backend == "onnxruntime":
+        out = quantize_ort.optimize(converted if converted.is_file() else src, model_dir / "model.onnx", pipe.threads)
+    elif backend == "openvino":
+        from .quantize_openvino import compile_blob
+
+        device = "NPU" if parts["target"] == "intel-npu" else "CPU"
+        out = compile_blob(model_dir / graph_name(backend), model_dir, device, ov_hint(parts), pipe.threads,
+                           static_shapes(pipe, parts))
+    else:
+        from .tensorrt_build import BuildSpec, build_plan, load_tensorrt
+
+        trt = load_tensorrt()
+        onnx_path = converted if converted.is_file() else src
+        calibrator = None
+        if parts["flavour"] == "calibrator":
+            from ..backends.cuda import select_cuda
+            from .tensorrt_build import entropy_calibrator
+
+            calibrator = entropy_calibrator(trt, select_cuda(None, 0), calibration_feeds(pipe, req),
+                                            staged / "work" / "calibration.cache")
+        spec = BuildSpec(onnx=onnx_path, plan=model_dir / "model.plan", precision=precision,
+                         profiles=profile_shapes(pipe, parts, onnx_path),
+                         timing_cache=pipe.cache.timing_dir / f"trt-{parts['runtime_version']}-"
+                         f"{parts['device'].replace(':', '_').replace(' ', '_')}.cache", calibrator=calibrator)
+        out = build_plan(trt, spec, progress=lambda *_: pipe.hb.beat())
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    return out
+
+
+def _inputs(onnx_path: Path) -> list[tuple[str, tuple]]:
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    init = {i.name for i in model.graph.initializer}
+    out = []
+    for value in model.graph.input:
+        if value.name in init:
+            continue
+        dims = value.type.tensor_type.shape.dim
+        out.append((value.name, tuple(d.dim_value if d.HasField("dim_value") else d.dim_param for d in dims)))
+    return out
+
+
+def profile_shapes(pipe: Pipeline, parts: dict, onnx_path: Path) -> list[tuple[str, dict]]:
+    """(profile name, {input: (min, opt, max)}) for the target; a mismatch with the model is an error."""
+    profiles = pipe.recipe.profiles_for(parts["target"])
+    if not profiles:
+        raise InputError(f"recipe {pipe.recipe.name} has no shape profile for target {parts['target']}")
+    inputs = _inputs(onnx_path)
+    return [(p.name, input_shapes(p, inputs)) for p in profiles]
+
+
+def static_shapes(pipe: Pipeline, parts: dict) -> dict[str, tuple[int, ...]] | None:
+    if parts["target"] != "intel-npu":
+        return None
+    name, shapes = profile_shapes(pipe, parts, pipe.ref.path / pipe.recipe.onnx_file)[0]
+    return {inp: lo for inp, (lo, _, _) in shapes.items()}
+
+
+def ov_hint(parts: dict) -> str:
+    """OpenVINO's inference precision for the engine. The same at compile and at load, or the cached
+    blob would not match. On CPUs f32: FP16/INT8/INT4 live in the IR's weights, and x86 CPUs have
+    no f16 arithmetic to gain from; the NPU computes f16."""
+    return "fp16" if parts["precision"] == "fp16" and parts["target"] != "cpu" else "fp32"
+
+
+def open_candidate(pipe: Pipeline, folder: Path, parts: dict, threads: int):
+    """The built engine opened ready to run: a Session (LLM) or a streaming runner (ASR)."""
+    from .probes import AsrProbe
+
+    backend = parts["backend"]
+    if backend == "onnxruntime":
+        options = SessionOptions(device="cpu", threads=threads)
+    elif backend == "openvino":
+        options = SessionOptions(device="NPU" if parts["target"] == "intel-npu" else "CPU", precision=ov_hint(parts),  # type: ignore[arg-type]
+                                 threads=threads, cache_dir=folder, static_shapes=static_shapes(pipe, parts))
+    else:
+        options = SessionOptions(device="cuda:0")
+    graph = folder / graph_name(backend)
+    if pipe.recipe.workload == "asr":
+        return AsrProbe(pipe.ref).runner(graph, backend, options)
+    return open_session(graph, backend, options, warmup=lambda s: None)

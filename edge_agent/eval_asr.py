@@ -1,0 +1,215 @@
+"""``edge-agent eval asr``: word and character error rates of a speech model over a manifest.
+
+    edge-agent eval asr --model demo-asr --data calibration/asr/heldout.jsonl [--json [OUT]]
+
+The manifest is JSONL, one utterance a line: ``{"audio": "path relative to the manifest",
+"text": "reference"}``. Each utterance is recognised streamed (100 ms audio chunks, the model's
+state carried) and whole (one model call), decoded greedily and, where the model folder has a
+``lexicon.txt`` (and ``lm.arpa``), with the lexicon-constrained beam search (and the word bigram
+language model); WER/CER (``metrics/wer.py``) are
+reported for each combination with the latency figures: real-time factor, compute per model
+call, and ``final_ms`` (last audio pushed → final text: flush, last model call and decoding).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError, ModelError
+
+MODES = ("stream", "full")
+
+
+@dataclass(frozen=True, slots=True)
+class Utterance:
+    line: int
+    audio: Path
+    text: str
+
+
+def read_manifest(path: Path, need_text: bool = True) -> list[Utterance]:
+    """Parse a JSONL audio manifest; every problem names the file and line."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such manifest") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read the manifest ({exc})") from exc
+    items: list[Utterance] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        if not isinstance(item, dict) or not isinstance(item.get("audio"), str) or not item["audio"]:
+            raise InputError(f'{path}:{number}: expected {{"audio": "relative/path.wav", "text": "..."}}')
+        text = item.get("text")
+        if need_text and not isinstance(text, str):
+            raise InputError(f"{path}:{number}: no reference \"text\" (needed to score {item['audio']})")
+        audio = (path.parent / item["audio"]).resolve()
+        if not audio.is_file():
+            hint = (" (synthesised audio: regenerate it with scripts/asr-eval-audio)" if "synth" in item else "")
+            raise InputError(f"{path}:{number}: audio file {item['audio']} not found at {audio}{hint}")
+        items.append(Utterance(number, audio, text or ""))
+    if not items:
+        raise InputError(f"{path}: the manifest has no utterances")
+    return items
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, int(np.ceil(q / 100 * len(ordered))) - 1))]  # nearest rank
+
+
+def evaluate(model: str, data: Path, backend: str = "onnxruntime", device: str = "cpu", precision: str = "auto",
+             threads: int = 1, decoders: tuple[str, ...] | None = None, limit: int | None = None,
+             cache_dir: Path | None = None) -> dict:
+    """Score ``model`` on manifest ``data``; the report ``edge-agent eval asr --json`` prints."""
+    from .audio.wav import read_audio
+    from .backends import SessionOptions
+    from .metrics.wer import align, normalize
+    from .models.asr_streaming_ctc import StreamingCtcRunner
+    from .models.catalog import resolve_model
+
+    items = read_manifest(data)[:limit]
+    ref = resolve_model(model, cache_dir or Path.home() / ".cache" / "edge-agent" / "models")
+    if ref.model_type != "streaming-ctc":
+        raise ModelError(f"{ref.name}: eval asr scores streaming CTC models (config.json model_type "
+                         f"'streaming-ctc'); this one is {ref.model_type!r}")
+    runner = StreamingCtcRunner(ref.path, backend, SessionOptions(device=device, precision=precision,
+                                                                  threads=threads))  # type: ignore[arg-type]
+    if decoders is None:
+        decoders = ("greedy",) + (("lexicon",) if runner.spec.lexicon is not None else ()) + (
+            ("lm",) if runner.spec.lm is not None and runner.spec.lexicon is not None else ())
+    totals = {f"{m}/{d}": {"words": [0, 0, 0, 0], "chars": [0, 0, 0, 0]} for m in MODES for d in decoders}
+    audio_s = compute_s = 0.0
+    chunk_ms: list[float] = []
+    final_ms: list[float] = []
+    max_diff = 0.0
+    samples_out: list[dict] = []
+    try:
+        for utt in items:
+            try:
+                samples, _ = read_audio(utt.audio, runner.spec.features.sampling_rate)
+            except InputError as exc:
+                raise InputError(f"{data}:{utt.line}: {exc}") from None
+            audio_s += len(samples) / runner.spec.features.sampling_rate
+            t0 = time.perf_counter()
+            stream = runner.start()
+            for i in range(0, len(samples), 1600):
+                runner.push(stream, samples[i:i + 1600])
+            t_last = time.perf_counter()
+            streamed = runner.finish(stream)
+            hyps = {f"stream/{decoders[0]}": runner.decode(streamed, decoders[0])}  # type: ignore[arg-type]
+            final_ms.append((time.perf_counter() - t_last) * 1e3)
+            compute_s += time.perf_counter() - t0
+            chunk_ms.extend(stream.chunk_ms)
+            whole = runner.full(samples)
+            max_diff = max(max_diff, float(np.max(np.abs(whole - streamed))) if whole.shape == streamed.shape
+                           else float("inf"))
+            for d in decoders:
+                for mode, lp in (("stream", streamed), ("full", whole)):
+                    key = f"{mode}/{d}"
+                    if key not in hyps:
+                        hyps[key] = runner.decode(lp, d)  # type: ignore[arg-type]
+            ref_n = normalize(utt.text)
+            for key, hyp in hyps.items():
+                hyp_n = normalize(hyp)
+                w, c = align(ref_n.split(), hyp_n.split()).counts, align(list(ref_n), list(hyp_n)).counts
+                for name, counts in (("words", w), ("chars", c)):
+                    acc = totals[key][name]
+                    acc[0] += counts.ref_len
+                    acc[1] += counts.substitutions
+                    acc[2] += counts.deletions
+                    acc[3] += counts.insertions
+            samples_out.append({"line": utt.line, "ref": ref_n, **{k: normalize(v) for k, v in hyps.items()}})
+    finally:
+        runner.close()
+
+    def rates(acc: list[int]) -> dict:
+        n, s, d, i = acc
+        return {"rate": (s + d + i) / n if n else 0.0, "ref_len": n, "substitutions": s, "deletions": d,
+                "insertions": i}
+
+    results = {key: {"wer": rates(v["words"]), "cer": rates(v["chars"])} for key, v in totals.items()}
+    wrong = [s for s in samples_out if s["ref"] != s.get(f"stream/{decoders[-1]}")]
+    return {
+        "model": ref.name, "model_path": str(ref.path), "data": str(data), "backend": backend, "device": device,
+        "precision": precision, "threads": threads, "utterances": len(items), "audio_s": round(audio_s, 2),
+        "results": results,
+        "stream_vs_full_max_abs_diff": max_diff,
+        "latency": {
+            "rtf": compute_s / audio_s if audio_s else None,
+            "chunk_ms": runner.spec.chunk_frames * runner.spec.features.hop_length * 1000
+            / runner.spec.features.sampling_rate,
+            "compute_per_chunk_ms_p50": _percentile(chunk_ms, 50),
+            "compute_per_chunk_ms_p95": _percentile(chunk_ms, 95),
+            "final_ms_p50": _percentile(final_ms, 50), "final_ms_p95": _percentile(final_ms, 95),
+            "count": len(final_ms),
+        },
+        "errors": wrong[:20],
+    }
+
+
+def _print_report(report: dict) -> None:
+    print(f"{report['model']} on {report['data']} ({report['utterances']} utterances, {report['audio_s']:.0f} s, "
+          f"{report['backend']} {report['device']} {report['precision']}, {report['threads']} thread(s))")
+    print(f"{'mode/decoder':<18}{'WER %':>8}{'S':>6}{'D':>6}{'I':>6}{'words':>7}{'CER %':>8}")
+    for key, r in report["results"].items():
+        w, c = r["wer"], r["cer"]
+        print(f"{key:<18}{100 * w['rate']:>8.2f}{w['substitutions']:>6}{w['deletions']:>6}{w['insertions']:>6}"
+              f"{w['ref_len']:>7}{100 * c['rate']:>8.2f}")
+    lat = report["latency"]
+    print(f"latency: RTF {lat['rtf']:.4f}; per {lat['chunk_ms']:.0f} ms chunk P50 "
+          f"{lat['compute_per_chunk_ms_p50']:.2f} / P95 {lat['compute_per_chunk_ms_p95']:.2f} ms; final_ms P50 {lat['final_ms_p50']:.2f} / "
+          f"P95 {lat['final_ms_p95']:.2f} (n={lat['count']}); streamed vs whole max |Δ log-prob| "
+          f"{report['stream_vs_full_max_abs_diff']:.2e}")
+
+
+def cmd_eval_asr(args: argparse.Namespace) -> int:
+    from .config import load_settings
+
+    settings = load_settings(args.config)
+    report = evaluate(args.model or settings.models.asr[0].model, Path(args.data), backend=args.backend,
+                      device=args.device, precision=args.precision, threads=args.threads,
+                      decoders=tuple(args.decoder) if args.decoder else None, limit=args.limit,
+                      cache_dir=settings.models.cache_dir)
+    if args.json is None:
+        _print_report(report)
+    elif args.json == "-":
+        json.dump(report, sys.stdout, indent=2)
+        print()
+    else:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        _print_report(report)
+    return 0
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("eval", help="accuracy of a model over a data manifest")
+    esub = p.add_subparsers(dest="eval_command", metavar="WORKLOAD", required=True)
+    q = esub.add_parser("asr", help="WER/CER and latency of a streaming CTC speech model over an audio manifest")
+    q.add_argument("--config", metavar="FILE", help="TOML config (default /etc/edge-agent/agent.toml if present)")
+    q.add_argument("--json", nargs="?", const="-", metavar="OUT",
+                   help="write the report as JSON to OUT (or, without OUT, print only JSON on stdout)")
+    q.add_argument("--model", help="demo model name or model folder (default: the top configured ASR tier)")
+    q.add_argument("--data", required=True, metavar="MANIFEST", help='JSONL: {"audio": "rel/path.wav", "text": "..."}')
+    q.add_argument("--backend", choices=["onnxruntime", "openvino", "tensorrt"], default="onnxruntime")
+    q.add_argument("--device", default="cpu")
+    q.add_argument("--precision", choices=["auto", "fp32", "fp16", "bf16", "int8"], default="auto")
+    q.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
+    q.add_argument("--decoder", action="append", choices=["greedy", "lexicon", "lm"],
+                   help="decoder(s) to score (default: greedy, plus lexicon when the folder has lexicon.txt, "
+                        "plus lm when it also has lm.arpa)")
+    q.add_argument("--limit", type=int, help="score only the first N utterances")
+    q.set_defaults(func=cmd_eval_asr)

@@ -1,0 +1,274 @@
+"""CTC speech recognition: one shared engine, per-stream state, a batched ``step(streams)``.
+
+Two model kinds (docs/asr-models.md):
+
+- **stateless** (wav2vec2-CTC, ``demo-ctc``): ``input_values`` [B, samples] → ``logits`` [B, T, V].
+  The encoder attends over the whole input (and its group-norm front end normalises over time),
+  so a stream re-runs the model on its growing utterance each step; the final is the
+  whole-utterance pass itself. Rows batch together only when their windows have the same length:
+  the export has no attention mask, and zero padding would change every frame.
+- **stateful streaming CTC** (``model_type`` ``streaming-ctc``, ``demo-asr``): log-mel ``features``
+  [B, frames, F] plus carried ``state_in.*`` → ``log_probs`` + ``state_out.*``. A stream computes
+  its features incrementally, runs each ``chunk_frames`` chunk once with its state, and decodes
+  incrementally; at the end it feeds its last frames (padded to a multiple of ``subsampling``)
+  and ``flush_frames`` of ``padding_value``. Chunks of all streams batch exactly: same shape,
+  states stacked on the batch axis.
+"""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..backends import Session, SessionOptions, open_session
+from ..errors import ModelError
+from .catalog import ModelRef
+from .ctc_decode import CtcVocab, Decoder, log_softmax, make_decoder
+from .recognizer import AudioStream, Hypothesis, read_json
+
+log = logging.getLogger(__name__)
+
+
+class CtcStream(AudioStream):
+    def __init__(self, rate: int, decoder: Decoder) -> None:
+        super().__init__(rate)
+        self.decoder = decoder
+        self.audio: list[np.ndarray] = []  # stateless: the utterance so far
+        self.total = 0
+        self.decoded_at = -1  # stateless: samples covered by the last run
+        self.last_ids: tuple[int, ...] = ()
+        self.features = None  # stateful: FeatureStream
+        self.feat_buf = np.zeros((0, 0), np.float32)
+        self.state: dict[str, np.ndarray] = {}
+
+
+class CtcRecognizer:
+    kind = "ctc"
+
+    def __init__(self, ref: ModelRef, session: Session, decoder: str = "greedy", beam_width: int = 8) -> None:
+        self.ref, self.session, self.name = ref, session, ref.name
+        self.decoder_kind, self.beam_width = decoder, beam_width
+        make_decoder(decoder, 0, beam_width)  # validate early
+        self.vocab = CtcVocab.from_folder(ref.path, ref.config)
+        pre = read_json(ref.path / "preprocessor_config.json")
+        names = {s.name for s in session.inputs}
+        self.stateful = ref.model_type == "streaming-ctc" or "features" in names
+        self.sample_rate = int(pre.get("sampling_rate", 16000))
+        if self.sample_rate != 16000:
+            raise ModelError(f"{ref.name}: sampling_rate {self.sample_rate}; the agent feeds 16 kHz audio")
+        if self.stateful:
+            self.kind = "streaming-ctc"
+            self._init_stateful(pre)
+        else:
+            if "input_values" not in names:
+                raise ModelError(f"{ref.name}: a CTC model takes input_values (wav2vec2) or features "
+                                 f"(streaming-ctc); this one takes {sorted(names)}")
+            self.do_normalize = bool(pre.get("do_normalize", True))
+            self.min_samples = _receptive_field(ref.config)
+            self.max_utterance_s = 30.0
+
+    def _init_stateful(self, pre: dict) -> None:
+        from ..audio.features import LogMelConfig
+
+        cfg = self.ref.config
+        try:
+            self.feature_cfg = LogMelConfig.from_preprocessor(pre or self.ref.path)
+        except ValueError as exc:
+            raise ModelError(f"{self.ref.name}: preprocessor_config.json: {exc}") from exc
+        self.subsampling = int(cfg.get("subsampling", 1))
+        self.chunk_frames = int(cfg.get("chunk_frames", 32))
+        self.flush_frames = int(cfg.get("flush_frames", 0))
+        if self.chunk_frames % self.subsampling:
+            raise ModelError(f"{self.ref.name}: chunk_frames {self.chunk_frames} is not a multiple of "
+                             f"subsampling {self.subsampling}")
+        shapes = cfg.get("state_shapes") or {}
+        self.state_shapes: dict[str, tuple[int, ...]] = {}
+        for spec in self.session.inputs:
+            if spec.name.startswith("state_in."):
+                shape = shapes.get(spec.name) or [d for d in spec.shape[1:]]
+                if not all(isinstance(d, int) for d in shape):
+                    raise ModelError(f"{self.ref.name}: {spec.name} has dynamic dims {spec.shape} and "
+                                     "config.json state_shapes does not give them")
+                self.state_shapes[spec.name] = tuple(int(d) for d in shape)
+        self.max_utterance_s = float("inf")  # state carries context; no window to outgrow
+
+    @classmethod
+    def open(cls, ref: ModelRef, backend: str = "onnxruntime", options: SessionOptions | None = None,
+             decoder: str = "greedy", beam_width: int = 8, **_: object) -> CtcRecognizer:
+        path = Path(ref.path) / "model.onnx"
+        if not path.is_file():
+            raise ModelError(f"{ref.path}: missing model.onnx")
+        session = open_session(path, backend, options, warmup=lambda s: None)
+        engine = cls(ref, session, decoder, beam_width)
+        engine.transcribe(np.zeros(engine.sample_rate // 2, np.float32))  # real warm-up: first request is honest
+        return engine
+
+    def new_stream(self) -> CtcStream:
+        s = CtcStream(self.sample_rate, make_decoder(self.decoder_kind, self.vocab.blank_id, self.beam_width))
+        if self.stateful:
+            from ..audio.features import FeatureStream
+
+            s.features = FeatureStream(self.feature_cfg)
+            s.feat_buf = np.zeros((0, self.feature_cfg.num_mel_bins), np.float32)
+            s.state = {n: np.zeros((1, *shape), np.float32) for n, shape in self.state_shapes.items()}
+        return s
+
+    def step(self, streams: Sequence[CtcStream]) -> list[Hypothesis | None]:
+        return self._step_stateful(streams) if self.stateful else self._step_stateless(streams)
+
+    # -- stateless: re-run on the growing utterance ------------------------------------------
+
+    def _normalize(self, x: np.ndarray) -> np.ndarray:
+        if not self.do_normalize:
+            return x.astype(np.float32)
+        # Wav2Vec2FeatureExtractor: zero mean, unit variance over the utterance.
+        return ((x - x.mean()) / np.sqrt(x.var() + 1e-7)).astype(np.float32)
+
+    def _logits(self, windows: list[np.ndarray]) -> np.ndarray:
+        batch = np.stack([self._normalize(w) for w in windows])
+        return self.session.run({"input_values": batch}, ["logits"])["logits"]
+
+    def _step_stateless(self, streams: Sequence[CtcStream]) -> list[Hypothesis | None]:
+        results: list[Hypothesis | None] = [None] * len(streams)
+        groups: dict[int, list[int]] = defaultdict(list)
+        for i, s in enumerate(streams):
+            new, ended = s.take()
+            if new.size:
+                s.audio.append(new)
+                s.total += new.size
+            if s.finished:
+                continue
+            if s.total < self.min_samples:
+                if ended:  # too short to produce a frame: an empty final, never a hang
+                    s.finished = True
+                    results[i] = Hypothesis("", (), True, "", s.total / self.sample_rate)
+                continue
+            if ended and s.total == s.decoded_at:  # nothing new since the last pass: it is the final
+                s.finished = True
+                text = self.vocab.text(s.last_ids)
+                results[i] = Hypothesis(text, s.last_ids, True, text, s.total / self.sample_rate)
+            elif s.total != s.decoded_at:
+                groups[s.total].append(i)
+        for length, rows in groups.items():
+            windows = []
+            for i in rows:
+                s = streams[i]
+                s.audio = [np.concatenate(s.audio)] if len(s.audio) > 1 else s.audio
+                windows.append(s.audio[0])
+            logits = self._logits(windows)
+            for j, i in enumerate(rows):
+                s = streams[i]
+                decoder = make_decoder(self.decoder_kind, self.vocab.blank_id, self.beam_width)
+                decoder.advance(log_softmax(logits[j]))
+                s.decoded_at, s.last_ids = length, decoder.ids
+                final = s.ended
+                s.finished = final
+                text = self.vocab.text(decoder.ids)
+                results[i] = Hypothesis(text, decoder.ids, final, text if final else "", length / self.sample_rate)
+        return results
+
+    # -- stateful: chunks with carried state -------------------------------------------------
+
+    def _run_chunks(self, streams: list[CtcStream], chunks: list[np.ndarray]) -> None:
+        feeds = {"features": np.stack(chunks).astype(np.float32)}
+        for name in self.state_shapes:
+            feeds[name] = np.concatenate([s.state[name] for s in streams])
+        out = self.session.run(feeds)
+        for j, s in enumerate(streams):
+            for name in self.state_shapes:
+                s.state[name] = out[name.replace("state_in.", "state_out.", 1)][j:j + 1]
+            s.decoder.advance(out["log_probs"][j])
+
+    def _tail(self, s: CtcStream) -> np.ndarray:
+        cfg, sub = self.feature_cfg, self.subsampling
+        tail = s.feat_buf
+        pad = (-tail.shape[0]) % sub + self.flush_frames
+        return np.concatenate([tail, np.full((pad, cfg.num_mel_bins), cfg.padding_value, np.float32)])
+
+    def _step_stateful(self, streams: Sequence[CtcStream]) -> list[Hypothesis | None]:
+        results: list[Hypothesis | None] = [None] * len(streams)
+        active = []
+        for i, s in enumerate(streams):
+            new, _ = s.take()
+            if s.finished:
+                continue
+            if new.size:
+                s.total += new.size
+                s.feat_buf = np.concatenate([s.feat_buf, s.features.push(new)])
+            active.append(i)
+        advanced: set[int] = set()
+        n = self.chunk_frames
+        while True:  # round by round: every stream with a whole chunk runs in the same batch
+            ready = [i for i in active if streams[i].feat_buf.shape[0] >= n]
+            if not ready:
+                break
+            chunks = [streams[i].feat_buf[:n] for i in ready]
+            for i in ready:
+                streams[i].feat_buf = streams[i].feat_buf[n:]
+            self._run_chunks([streams[i] for i in ready], chunks)
+            advanced.update(ready)
+        ending = [i for i in active if streams[i].ended]
+        groups: dict[int, list[int]] = defaultdict(list)
+        tails = {i: self._tail(streams[i]) for i in ending}
+        for i, tail in tails.items():
+            groups[tail.shape[0]].append(i)
+        for length, rows in groups.items():
+            if length:
+                self._run_chunks([streams[i] for i in rows], [tails[i] for i in rows])
+            for i in rows:
+                streams[i].feat_buf = streams[i].feat_buf[:0]
+                streams[i].finished = True
+                advanced.add(i)
+        for i in sorted(advanced):
+            s = streams[i]
+            ids = s.decoder.ids
+            text = self.vocab.text(ids)
+            results[i] = Hypothesis(text, ids, s.finished, text, s.total / self.sample_rate)
+        return results
+
+    # -- one pass ------------------------------------------------------------------------------
+
+    def transcribe(self, samples: np.ndarray) -> Hypothesis:
+        """The whole utterance in one model call (the non-streaming reference)."""
+        x = np.asarray(samples, np.float32).reshape(-1)
+        decoder = make_decoder(self.decoder_kind, self.vocab.blank_id, self.beam_width)
+        if self.stateful:
+            from ..audio.features import log_mel
+
+            s = self.new_stream()
+            s.feat_buf = log_mel(x, self.feature_cfg)
+            feeds = {"features": self._tail(s)[None], **s.state}
+            decoder.advance(self.session.run(feeds)["log_probs"][0])
+        elif x.size >= self.min_samples:
+            decoder.advance(log_softmax(self._logits([x])[0]))
+        text = self.vocab.text(decoder.ids)
+        return Hypothesis(text, decoder.ids, True, text, x.size / self.sample_rate)
+
+    def frame_scores(self, samples: np.ndarray) -> np.ndarray:
+        """Per-frame scores of one whole-utterance pass (logits or log_probs), for checks and tests."""
+        x = np.asarray(samples, np.float32).reshape(-1)
+        if self.stateful:
+            from ..audio.features import log_mel
+
+            s = self.new_stream()
+            s.feat_buf = log_mel(x, self.feature_cfg)
+            return self.session.run({"features": self._tail(s)[None], **s.state})["log_probs"][0]
+        return self._logits([x])[0]
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def _receptive_field(config: dict) -> int:
+    """Fewest samples that give one output frame (400 for wav2vec2's conv front end)."""
+    kernels, strides = config.get("conv_kernel"), config.get("conv_stride")
+    if not kernels or not strides:
+        return 400
+    field, jump = 1, 1
+    for k, s in zip(kernels, strides):
+        field += (k - 1) * jump
+        jump *= s
+    return field

@@ -1,0 +1,154 @@
+"""Dynamic batching for one engine on one device thread, with a bounded wait.
+
+Plan, run, absorb: ``take_batch`` (pure) decides from the queue and the clock how many of the
+oldest requests form the next batch, or when to look again; the device thread runs the batch
+with ``run_batch(items) -> results`` and resolves each request's future. The rule (Triton's
+dynamic batcher):
+
+- a full batch (``max_batch``) goes at once; so does the largest ``preferred_batch_sizes`` entry
+  that the queue can fill;
+- otherwise the batch waits until its oldest request has waited ``batch_timeout_ms``, then goes
+  with what there is;
+- an urgent request (an end of speech, whose ``final_ms`` the user is waiting on) goes at once.
+
+A failing ``run_batch`` fails only that batch's requests; the thread keeps serving. The queue is
+bounded (``Overloaded`` at submit).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Callable, Generic, Sequence, TypeVar
+
+from ..errors import EdgeAgentError, Overloaded
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLimits:
+    max_batch: int = 4
+    batch_timeout_ms: float = 80.0
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue: int = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """What the plan needs to know about one queued request."""
+
+    since_s: float
+    urgent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    take: int  # how many of the oldest requests run now (0: none)
+    wake_at_s: float | None = None  # when to plan again if nothing arrives (None: on arrival only)
+
+
+def take_batch(pending: Sequence[Waiting], now: float, limits: BatchLimits) -> BatchPlan:
+    """How many of the oldest ``pending`` requests to run now, or when to look again."""
+    if not pending:
+        return BatchPlan(0)
+    n = min(len(pending), limits.max_batch)
+    if n == limits.max_batch or any(w.urgent for w in pending[:n]):
+        return BatchPlan(n)
+    preferred = [p for p in limits.preferred_batch_sizes if p <= n]
+    if preferred:
+        return BatchPlan(max(preferred))
+    due = pending[0].since_s + limits.batch_timeout_ms / 1e3
+    return BatchPlan(n) if now >= due else BatchPlan(0, due)
+
+
+class _Request(Generic[T]):
+    __slots__ = ("item", "waiting", "future")
+
+    def __init__(self, item: T, waiting: Waiting) -> None:
+        self.item, self.waiting, self.future = item, waiting, Future()
+
+
+class Batcher(Generic[T, R]):
+    """The device thread: gathers requests into batches and runs them one batch at a time."""
+
+    def __init__(self, run_batch: Callable[[list[T]], Sequence[R]], limits: BatchLimits = BatchLimits(), *,
+                 clock: Callable[[], float] = time.monotonic, name: str = "batcher") -> None:
+        self.run_batch, self.limits, self.clock = run_batch, limits, clock
+        self._queue: deque[_Request[T]] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.batches = 0
+        self.batch_sizes: dict[int, int] = {}  # size → how many batches had it
+        self.busy_s = 0.0  # time spent inside run_batch
+
+    def start(self) -> Batcher[T, R]:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Finish what is queued, then exit."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout_s)
+
+    def submit(self, item: T, urgent: bool = False) -> Future:
+        with self._cond:
+            if self._stopping:
+                raise Overloaded("the batcher is stopping; no new requests")
+            if len(self._queue) >= self.limits.max_queue:
+                raise Overloaded(f"{len(self._queue)} requests already queued (max_queue "
+                                 f"{self.limits.max_queue}); try again later")
+            req = _Request(item, Waiting(self.clock(), urgent))
+            self._queue.append(req)
+            self._cond.notify_all()
+        return req.future
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def _next_batch(self) -> list[_Request[T]] | None:
+        with self._cond:
+            while True:
+                now = self.clock()
+                plan = take_batch([r.waiting for r in self._queue], now, self.limits)
+                if plan.take:
+                    return [self._queue.popleft() for _ in range(plan.take)]
+                if self._stopping and not self._queue:
+                    return None
+                if self._stopping:  # draining: nothing waits for company any more
+                    return [self._queue.popleft() for _ in range(min(len(self._queue), self.limits.max_batch))]
+                timeout = 0.5 if plan.wake_at_s is None else max(0.0, plan.wake_at_s - now)
+                self._cond.wait(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            start = time.perf_counter()
+            try:
+                results = list(self.run_batch([r.item for r in batch]))
+                if len(results) != len(batch):
+                    raise EdgeAgentError(f"engine returned {len(results)} results for a batch of {len(batch)}")
+            except Exception as exc:  # a failing batch fails its requests, never the device thread
+                if not isinstance(exc, EdgeAgentError):
+                    log.exception("batch of %d failed", len(batch))
+                for r in batch:
+                    r.future.set_exception(exc)
+                continue
+            finally:
+                self.busy_s += time.perf_counter() - start
+                self.batches += 1
+                self.batch_sizes[len(batch)] = self.batch_sizes.get(len(batch), 0) + 1
+            for r, result in zip(batch, results):
+                r.future.set_result(result)

@@ -1,0 +1,344 @@
+"""Fleet commands (``cmd/<name>/req``) and ``desired`` state, executed through a small seam.
+
+Lifecycle of one request, one response message per step, on the MQTT 5 response topic (else
+``cmd/<name>/res``) with the request's correlation data:
+
+    received ─▶ rejected                      (oversized, not JSON, bad schema, unknown command,
+       │                                       invalid arguments, unknown tier or recipe)
+       ├──────▶ expired                       (message expiry or ``expires_at_wall`` passed)
+       └─▶ accepted ─▶ executing ─▶ succeeded | failed | expired
+
+A ``cmd_id`` already in the ledger is never run again: the stored final response is re-sent with
+``duplicate: true``. Only allow-listed commands exist; none takes a file path, and tiers / engine
+recipes must be ones the device has configured (``CommandTarget.tiers`` / ``recipes``).
+
+``desired`` (retained, versioned) is applied all-or-nothing when its version is newer than the last
+applied one, and echoed through ``publish_reported``.
+
+Threading: ``submit`` runs on paho's thread and only enqueues (bounded); one worker thread does
+the rest, so a slow ``rebuild_engine`` never stalls the network loop.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .client import Incoming
+from .ledger import Ledger
+from .schema import NAME, WORKLOAD, CommandRequest, CommandResponse, Desired, SlaSpec
+
+log = logging.getLogger(__name__)
+
+DESIRED_KEY = "desired_version"
+MAX_QUEUE = 256
+
+
+class CommandTarget(Protocol):
+    """What the agent implements so the fleet can steer it. Methods return a JSON-able result dict
+    and raise (preferably ``EdgeAgentError``) to fail the command with that message."""
+
+    def tiers(self) -> Mapping[str, Sequence[str]]: ...      # workload -> configured tier names
+    def recipes(self) -> Sequence[str]: ...                  # configured engine recipe names
+    def status(self) -> dict[str, Any]: ...
+    def set_sla(self, workload: str, sla: SlaSpec) -> dict[str, Any]: ...
+    def pin_tier(self, workload: str, tier: str) -> dict[str, Any]: ...
+    def unpin_tier(self, workload: str) -> dict[str, Any]: ...
+    def rebuild_engine(self, recipe: str) -> dict[str, Any]: ...
+    def flush_telemetry(self) -> dict[str, Any]: ...
+    def reported(self) -> dict[str, Any]: ...  # active_tiers, pins, sla, engine_hashes
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NoArgs(_Args):
+    pass
+
+
+class SetSlaArgs(_Args):
+    workload: str = Field(pattern=WORKLOAD)
+    sla: SlaSpec
+
+
+class PinTierArgs(_Args):
+    workload: str = Field(pattern=WORKLOAD)
+    tier: str = Field(pattern=NAME)
+
+
+class WorkloadArgs(_Args):
+    workload: str = Field(pattern=WORKLOAD)
+
+
+class RebuildArgs(_Args):
+    recipe: str = Field(pattern=NAME)
+
+
+ALLOWED: dict[str, type[_Args]] = {
+    "get_status": NoArgs, "set_sla": SetSlaArgs, "pin_tier": PinTierArgs, "unpin_tier": WorkloadArgs,
+    "rebuild_engine": RebuildArgs, "flush_telemetry": NoArgs,
+}
+
+
+class Rejected(Exception):
+    """A request refused before execution; the message is the ``reason`` sent back."""
+
+
+def describe(exc: ValidationError, prefix: str = "") -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = prefix + ".".join(str(p) for p in err["loc"]) if err["loc"] else "(payload)"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+class CommandProcessor:
+    def __init__(self, target: CommandTarget, ledger: Ledger, prefix: str, device_id: str,
+                 respond: Callable[[str, bytes, bytes | None], None],
+                 publish_reported: Callable[[dict[str, Any]], None] = lambda _r: None, *,
+                 max_bytes: int = 16 * 1024, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.target, self.ledger, self.prefix, self.device_id = target, ledger, prefix, device_id
+        self.respond, self.publish_reported = respond, publish_reported
+        self.max_bytes, self.clock, self.wall = max_bytes, clock, wall
+        self._queue: queue.Queue[tuple[Incoming, float] | None] = queue.Queue(MAX_QUEUE)
+        self._thread: threading.Thread | None = None
+        self.stats = {"handled": 0, "rejected": 0, "duplicates": 0, "expired": 0, "failed": 0,
+                      "succeeded": 0, "overflow": 0, "errors": 0}
+        self.desired_error: str | None = None
+
+    # -- threads ------------------------------------------------------------------------------------
+
+    def submit(self, msg: Incoming) -> None:
+        """paho thread: enqueue only."""
+        try:
+            self._queue.put_nowait((msg, self.clock()))
+        except queue.Full:
+            self.stats["overflow"] += 1
+            log.error("command queue full (%d); dropped a message on %s", MAX_QUEUE, msg.topic)
+
+    def start(self) -> CommandProcessor:
+        self._thread = threading.Thread(target=self._run, name="commands", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            try:
+                self.handle(*item)
+            except Exception:  # one bad message must not end command handling
+                self.stats["errors"] += 1
+                log.exception("command handling failed for %s", item[0].topic)
+
+    # -- one message --------------------------------------------------------------------------------
+
+    def handle(self, msg: Incoming, received_mono: float | None = None) -> None:
+        received_mono = self.clock() if received_mono is None else received_mono
+        if msg.topic == f"{self.prefix}/desired":
+            self.apply_desired(msg.payload)
+            return
+        parts = msg.topic[len(self.prefix) + 1:].split("/") if msg.topic.startswith(self.prefix + "/") else []
+        if len(parts) != 3 or parts[0] != "cmd" or parts[2] != "req":
+            log.warning("ignored message on unexpected topic %s", msg.topic)
+            return
+        name = parts[1]
+        self.stats["handled"] += 1
+        reply_to = msg.response_topic if _publishable(msg.response_topic) else f"{self.prefix}/cmd/{name}/res"
+        send = self._sender(reply_to, msg.correlation_data, name)
+        if len(msg.payload) > self.max_bytes:
+            send(None, "rejected", f"payload is {len(msg.payload)} bytes, over the {self.max_bytes}-byte limit")
+            return
+        try:
+            req = CommandRequest.model_validate_json(msg.payload)
+        except ValidationError as exc:
+            cmd_id = _peek_cmd_id(msg.payload)
+            send(cmd_id, "rejected", f"malformed request: {describe(exc)}")
+            log.warning("rejected malformed command %s (cmd_id %r): %s", msg.topic, cmd_id, describe(exc))
+            return
+        seen = self.ledger.lookup(req.cmd_id)
+        if seen is not None:
+            self._duplicate(req.cmd_id, name, seen, send)
+            return
+        deadline = received_mono + msg.expiry_s if msg.expiry_s is not None else None
+        if self._expired(req, deadline):
+            send(req.cmd_id, "expired", "the request expired before it could run", final=True)
+            return
+        try:
+            args = self._validate(name, req.args)
+        except Rejected as exc:
+            send(req.cmd_id, "rejected", str(exc), final=True)
+            return
+        send(req.cmd_id, "accepted", None)
+        if self._expired(req, deadline):
+            send(req.cmd_id, "expired", "the request expired while queued", final=True)
+            return
+        send(req.cmd_id, "executing", None)
+        try:
+            result = self._execute(name, args)
+        except Exception as exc:  # the target reports failure by raising; its message goes back
+            log.warning("command %s (%s) failed: %s", name, req.cmd_id, exc)
+            send(req.cmd_id, "failed", str(exc) or type(exc).__name__, final=True)
+            return
+        send(req.cmd_id, "succeeded", None, result=_jsonable(result), final=True)
+        if name in ("set_sla", "pin_tier", "unpin_tier"):
+            self._report()
+
+    def _sender(self, topic: str, correlation: bytes | None, name: str):
+        def send(cmd_id: str | None, status: str, reason: str | None, *, result: dict | None = None,
+                 final: bool = False, duplicate: bool = False) -> bytes:
+            body = CommandResponse(device_id=self.device_id, cmd_id=cmd_id, command=name[:64], status=status,
+                                   reason=reason[:1024] if reason else None, result=result, duplicate=duplicate,
+                                   at_wall=self.wall()).to_json()
+            # Rejections are not recorded: nothing ran, and a corrected retry may reuse the cmd_id.
+            if cmd_id is not None and not duplicate and status != "rejected":
+                self.ledger.record(cmd_id, name, status, body if final else None)
+            if status in ("rejected", "expired", "failed", "succeeded"):
+                self.stats[status] += 1
+            self.respond(topic, body, correlation)
+            return body
+        return send
+
+    def _duplicate(self, cmd_id: str, name: str, seen: tuple[str, str, bytes | None], send) -> None:
+        self.stats["duplicates"] += 1
+        command, status, stored = seen
+        if command != name:
+            send(cmd_id, "rejected", f"cmd_id {cmd_id} was already used for {command!r}", duplicate=True)
+            return
+        if stored is not None:
+            doc = json.loads(stored)
+            send(cmd_id, doc["status"], doc.get("reason"), result=doc.get("result"), duplicate=True)
+        else:
+            send(cmd_id, status, "interrupted: the agent restarted while this command ran; "
+                 "whether it took effect is unknown", duplicate=True)
+
+    def _expired(self, req: CommandRequest, deadline: float | None) -> bool:
+        if deadline is not None and self.clock() > deadline:
+            return True
+        return req.expires_at_wall is not None and self.wall() > req.expires_at_wall
+
+    def _validate(self, name: str, raw: dict[str, Any]) -> _Args:
+        model = ALLOWED.get(name)
+        if model is None:
+            raise Rejected(f"unknown command {name!r}; allowed: {', '.join(sorted(ALLOWED))}")
+        try:
+            args = model.model_validate(raw)
+        except ValidationError as exc:
+            raise Rejected(f"invalid arguments: {describe(exc, 'args.')}") from None
+        tiers = self.target.tiers()
+        workload = getattr(args, "workload", None)
+        if workload is not None and workload not in tiers:
+            raise Rejected(f"unknown workload {workload!r}; configured: {', '.join(sorted(tiers))}")
+        if isinstance(args, PinTierArgs) and args.tier not in tiers[args.workload]:
+            raise Rejected(f"tier {args.tier!r} is not configured for {args.workload}; "
+                           f"configured: {', '.join(tiers[args.workload])}")
+        if isinstance(args, RebuildArgs) and args.recipe not in self.target.recipes():
+            raise Rejected(f"recipe {args.recipe!r} is not configured; configured: "
+                           f"{', '.join(self.target.recipes()) or '(none)'}")
+        return args
+
+    def _execute(self, name: str, args: _Args) -> dict[str, Any]:
+        t = self.target
+        if isinstance(args, SetSlaArgs):
+            return t.set_sla(args.workload, args.sla)
+        if isinstance(args, PinTierArgs):
+            return t.pin_tier(args.workload, args.tier)
+        if isinstance(args, WorkloadArgs):
+            return t.unpin_tier(args.workload)
+        if isinstance(args, RebuildArgs):
+            return t.rebuild_engine(args.recipe)
+        return t.status() if name == "get_status" else t.flush_telemetry()
+
+    # -- desired state ------------------------------------------------------------------------------
+
+    def apply_desired(self, payload: bytes) -> bool:
+        """Apply a retained ``desired`` document if newer than the last applied; echo in ``reported``."""
+        if not payload:  # a cleared retained message
+            return False
+        try:
+            desired = Desired.model_validate_json(payload[: self.max_bytes + 1])
+            if len(payload) > self.max_bytes:
+                raise ValueError(f"desired is {len(payload)} bytes, over {self.max_bytes}")
+        except (ValidationError, ValueError) as exc:
+            reason = describe(exc) if isinstance(exc, ValidationError) else str(exc)
+            self.desired_error = f"desired not applied: {reason}"
+            log.error("%s", self.desired_error)
+            self._report()
+            return False
+        last = int(self.ledger.get(DESIRED_KEY) or -1)
+        if desired.version <= last:
+            self._report()
+            return False
+        tiers = self.target.tiers()
+        problems = [f"sla.{w}: unknown workload" for w in desired.sla if w not in tiers]
+        problems += [f"pins.{w}: tier {t!r} is not configured" for w, t in desired.pins.items()
+                     if w not in tiers or (t is not None and t not in tiers[w])]
+        if problems:
+            self.desired_error = f"desired version {desired.version} not applied: {'; '.join(problems)}"
+            log.error("%s", self.desired_error)
+            self._report()
+            return False
+        try:
+            for workload, sla in desired.sla.items():
+                self.target.set_sla(workload, sla)
+            for workload, tier in desired.pins.items():
+                if tier is None:
+                    self.target.unpin_tier(workload)
+                else:
+                    self.target.pin_tier(workload, tier)
+        except Exception as exc:
+            self.desired_error = f"desired version {desired.version} failed: {exc}"
+            log.error("%s", self.desired_error)
+            self._report()
+            return False
+        self.ledger.put(DESIRED_KEY, str(desired.version))
+        self.desired_error = None
+        self._report()
+        return True
+
+    def reported(self) -> dict[str, Any]:
+        doc = dict(self.target.reported())
+        last = self.ledger.get(DESIRED_KEY)
+        doc["desired_version"] = int(last) if last is not None else None
+        doc["desired_error"] = self.desired_error
+        return doc
+
+    def _report(self) -> None:
+        try:
+            self.publish_reported(self.reported())
+        except Exception:
+            self.stats["errors"] += 1
+            log.exception("publishing reported state failed")
+
+
+def _publishable(topic: str | None) -> bool:
+    return bool(topic) and len(topic) <= 512 and not any(c in topic for c in "+#\0")
+
+
+def _peek_cmd_id(payload: bytes) -> str | None:
+    try:
+        doc = json.loads(payload)
+        value = doc.get("cmd_id") if isinstance(doc, dict) else None
+        return value[:64] if isinstance(value, str) and value.isprintable() else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _jsonable(result: Any) -> dict[str, Any]:
+    if not isinstance(result, dict):
+        result = {"value": result}
+    return json.loads(json.dumps(result, default=str))

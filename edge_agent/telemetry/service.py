@@ -1,0 +1,152 @@
+"""Wiring of the telemetry parts for one device: the seam the agent (and the benchmark) use.
+
+    svc = Telemetry(settings.mqtt, settings.telemetry, version=__version__, target=my_target).start()
+    scheduler = LLMScheduler(lm, on_finished=svc.llm_observer("small", "demo-phi3-small"))
+    svc.emit_event("tier_switch", {...})
+    svc.stop()
+
+It owns: the spool (and ``seq`` / session), the command ledger, the MQTT link with its Will and birth
+messages (``state`` online, ``meta``, ``reported``), the publisher thread and the command worker.
+Each part gets only its own config section.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Iterable
+
+from .. import __version__
+from ..config import MqttConfig, TelemetryConfig
+from ..metrics.histogram import DEFAULT_MAX_SIZE, relative_error
+from ..metrics.timing import RequestTiming
+from .client import Incoming, MqttLink, Outgoing, response_properties
+from .commands import CommandProcessor, CommandTarget
+from .ledger import Ledger
+from .publisher import Identity, Publisher, kernel_clock_synced, read_boot_id
+from .schema import SCHEMA_VERSIONS, Meta, Reported, State
+from .spool import Spool
+from .windows import WindowAccumulator
+
+log = logging.getLogger(__name__)
+
+# With 160 buckets a latency range of 20 ms - 640 ms stays at scale 5 (1.1 %); wider ranges
+# downscale. The meta message states the bound for the scale fleets should expect.
+NOMINAL_SCALE = 5
+
+
+class Telemetry:
+    def __init__(self, mqtt: MqttConfig, telemetry: TelemetryConfig, *, version: str = __version__,
+                 target: CommandTarget | None = None, capabilities: Iterable[str] = ("llm",),
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 clock_synced: Callable[[], bool] = kernel_clock_synced, live_age_s: float | None = None) -> None:
+        self.mqtt_cfg, self.cfg = mqtt, telemetry
+        self.version, self.target, self.capabilities = version, target, list(capabilities)
+        self.wall = wall
+        self.spool = Spool(telemetry.spool_path, telemetry.spool_max_bytes, telemetry.spool_max_records, wall=wall)
+        self.identity = Identity(mqtt.device_id, version, read_boot_id())
+        self.accumulator = WindowAccumulator()
+        self.link = MqttLink(mqtt, will=self._state("offline", "connection lost (last will)"), birth=self._birth,
+                             on_message=self._on_message, subscriptions=("cmd/+/req", "desired"),
+                             max_inflight=mqtt.max_inflight, max_delay_s=mqtt.reconnect_max_s)
+        self.publisher = Publisher(self.link, self.spool, self.accumulator, self.identity,
+                                   interval_s=telemetry.interval_s, replay_per_s=telemetry.replay_per_s,
+                                   max_inflight=mqtt.max_inflight, clock=clock, wall=wall,
+                                   clock_synced=clock_synced, live_age_s=live_age_s)
+        self._state_now: tuple[str, str | None] = ("online", None)
+        self.ledger: Ledger | None = None
+        self.commands: CommandProcessor | None = None
+        if target is not None:
+            self.ledger = Ledger(telemetry.ledger_path, wall=wall)
+            self.commands = CommandProcessor(target, self.ledger, self.link.prefix, mqtt.device_id,
+                                             self._respond, self._publish_reported,
+                                             max_bytes=telemetry.max_command_bytes, clock=clock, wall=wall)
+        if self.spool.recovered_from is not None:
+            log.error("telemetry spool was damaged and rebuilt; the damaged file is %s", self.spool.recovered_from)
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    def start(self) -> Telemetry:
+        if self.commands:
+            self.commands.start()
+        self.publisher.start()
+        self.link.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Seal the last window, give the pump a moment, say "offline" cleanly, close everything."""
+        sealed = self.publisher.stats["windows"]
+        self.publisher.flush()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.publisher.stats["windows"] == sealed:
+            time.sleep(0.01)
+        while time.monotonic() < deadline and self.link.connected.is_set() and \
+                (self.spool.records or self.publisher.inflight):
+            time.sleep(0.05)
+        self.publisher.stop()
+        self.link.stop(final_state=self._state("offline", "agent stopped"))
+        if self.commands:
+            self.commands.stop()
+        self.spool.close()
+        if self.ledger:
+            self.ledger.close()
+
+    # -- the hot-path seams ---------------------------------------------------------------------------
+
+    def llm_observer(self, tier: str, model: str, engine_hash: str | None = None) -> Callable[[RequestTiming], None]:
+        """An ``on_finished`` callback for ``LLMScheduler``: one lock + histogram updates, no I/O."""
+        acc = self.accumulator
+
+        def observe(timing: RequestTiming) -> None:
+            acc.observe_timing("llm", tier, model, timing, engine_hash=engine_hash)
+        return observe
+
+    def emit_event(self, type_: str, data: dict[str, Any] | None = None) -> None:
+        self.publisher.emit_event(type_, data)
+
+    def set_state(self, state: str, reason: str | None = None) -> None:
+        """Publish ``state`` now (``online`` / ``degraded``), retained; repeated on every reconnect."""
+        if state not in ("online", "degraded"):
+            raise ValueError(f"state must be 'online' or 'degraded', got {state!r} (offline is the Will)")
+        self._state_now = (state, reason)
+        self.link.publish(self.link.topic("state"), self._state(state, reason), qos=1, retain=True)
+
+    # -- birth, will, commands ----------------------------------------------------------------------
+
+    def _state(self, state: str, reason: str | None = None) -> bytes:
+        return State(device_id=self.identity.device_id, state=state, session=self.spool.session,
+                     boot_id=self.identity.boot_id, version=self.version, at_wall=self.wall(),
+                     reason=reason).to_json()
+
+    def _birth(self) -> list[Outgoing]:
+        msgs = [Outgoing(self.link.topic("state"), self._state(*self._state_now), retain=True)]
+        tiers = {k: list(v) for k, v in self.target.tiers().items()} if self.target else {}
+        meta = Meta(device_id=self.identity.device_id, version=self.version, capabilities=self.capabilities,
+                    tiers=tiers, schemas=dict(SCHEMA_VERSIONS),
+                    histogram_relative_error=relative_error(NOMINAL_SCALE),
+                    engines=dict(self.target.reported().get("engine_hashes", {})) if self.target else {})
+        msgs.append(Outgoing(self.link.topic("meta"), meta.to_json(), retain=True))
+        if self.commands:
+            msgs.append(Outgoing(self.link.topic("reported"), self._reported_payload(self.commands.reported()),
+                                 retain=True))
+        return msgs
+
+    def _reported_payload(self, doc: dict[str, Any]) -> bytes:
+        return Reported(device_id=self.identity.device_id, at_wall=self.wall(), **doc).to_json()
+
+    def _publish_reported(self, doc: dict[str, Any]) -> None:
+        self.link.publish(self.link.topic("reported"), self._reported_payload(doc), qos=1, retain=True)
+
+    def _respond(self, topic: str, body: bytes, correlation: bytes | None) -> None:
+        self.link.publish(topic, body, qos=1, retain=False, properties=response_properties(correlation))
+
+    def _on_message(self, msg: Incoming) -> None:
+        if self.commands is not None:
+            self.commands.submit(msg)
+
+    def stats(self) -> dict[str, Any]:
+        return {"spool": self.spool.stats(), "publisher": dict(self.publisher.stats),
+                "link": {"connected": self.link.connected.is_set(), "connects": self.link.connects,
+                         "disconnects": self.link.disconnects, "callback_errors": self.link.callback_errors,
+                         "last_error": self.link.last_error},
+                "commands": dict(self.commands.stats) if self.commands else None,
+                "window_overflow": self.accumulator.overflow, "max_buckets": DEFAULT_MAX_SIZE}

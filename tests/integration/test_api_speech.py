@@ -1,0 +1,90 @@
+"""Speech through the local API: an uploaded file and a live WebSocket stream of PCM16 give the same
+text as the service decoding the same audio directly (demo-ctc on ONNX Runtime)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+
+import numpy as np
+import pytest
+
+from edge_agent.config import Settings
+from edge_agent.serving.api import ApiServer
+from edge_agent.serving.speech import open_speech
+from tests.speech import require_tools, speech_samples, speech_wav
+
+aiohttp = pytest.importorskip("aiohttp")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    require_tools()
+    settings = Settings.model_validate({"models": {"asr": [{"name": "ctc", "model": "demo-ctc"}],
+                                                   "cache_dir": str(tmp_path_factory.mktemp("m"))}})
+    observed = []
+    speech = open_speech(settings, on_utterance=lambda tier, model, samples: observed.append((tier, samples)))
+    api = ApiServer(None, asr=speech).start("127.0.0.1", 0)
+    yield api, speech, observed
+    api.stop()
+    speech.stop()
+
+
+def direct_text(speech, samples: np.ndarray) -> str:
+    stream = speech.service.open_stream()
+    stream.feed(samples)
+    stream.close()
+    assert stream.wait(60)
+    return " ".join(e.text for e in stream.finals if e.text).strip()
+
+
+def test_upload_transcribes_like_the_service(served):
+    api, speech, observed = served
+    wav = speech_wav("set the kitchen light to forty percent")
+    boundary = "edgeagentboundary"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n"
+            f"Content-Type: audio/wav\r\n\r\n").encode() + wav.read_bytes() + (
+            f"\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"response_format\"\r\n\r\n"
+            f"verbose_json\r\n--{boundary}--\r\n").encode()
+    req = urllib.request.Request(api.address + "/v1/audio/transcriptions", data=body, method="POST",
+                                 headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        out = json.loads(resp.read())
+    assert out["text"] == direct_text(speech, speech_samples("set the kitchen light to forty percent"))
+    assert out["segments"] and out["segments"][-1]["final_ms"] >= 0 and out["duration"] > 1.0
+    assert observed and "final_ms" in observed[-1][1] and observed[-1][0] == "ctc"
+
+
+def test_empty_upload_is_a_clear_400(served):
+    api, _, _ = served
+    boundary = "b"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\n"
+            f"\r\n--{boundary}--\r\n").encode()
+    req = urllib.request.Request(api.address + "/v1/audio/transcriptions", data=body, method="POST",
+                                 headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=30)
+    assert err.value.code == 400 and "empty" in json.loads(err.value.read())["error"]["message"]
+
+
+def test_websocket_stream_gives_partials_and_the_same_final(served):
+    api, speech, _ = served
+    samples = speech_samples("turn off all the lights")
+    pcm = (np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
+
+    async def talk() -> list[dict]:
+        events = []
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(api.address.replace("http", "ws") + "/v1/audio/stream") as ws:
+                for i in range(0, len(pcm), 3201):  # odd-sized messages split samples across frames
+                    await ws.send_bytes(pcm[i:i + 3201])
+                await ws.send_str("end")
+                async for msg in ws:
+                    events.append(json.loads(msg.data))
+        return events
+
+    events = asyncio.run(talk())
+    finals = [e for e in events if e["kind"] == "final"]
+    assert finals, events
+    assert " ".join(e["text"] for e in finals if e["text"]).strip() == direct_text(speech, samples)
+    assert {"speech_start", "final"} <= {e["kind"] for e in events}

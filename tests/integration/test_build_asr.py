@@ -1,0 +1,61 @@
+"""The ASR build path on the streaming CTC demo model: calibration from streamed chunks, WER gate."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edge_agent.build.cache import EngineCache
+from edge_agent.build.pipeline import BuildRequest, Heartbeat, Pipeline
+from edge_agent.build.probes import AsrProbe
+from edge_agent.build.datasets import read_audio_manifest
+from edge_agent.build.recipes import load_recipe
+from edge_agent.models.catalog import resolve_model
+from edge_agent.systemd import Notifier
+
+ROOT = Path(__file__).resolve().parents[2]
+ASR = ROOT / "calibration" / "asr"
+
+pytestmark = pytest.mark.skipif(not (ASR / "calib.jsonl").is_file(), reason="calibration/asr manifests not present")
+
+
+def make_pipeline(tmp_path: Path, extra: str = "") -> Pipeline:
+    text = (ROOT / "engines" / "demo-asr.toml").read_text()
+    text = text.replace('method = "minmax"', 'method = "minmax"\n' + extra)
+    text = text.replace('"../calibration/asr/', f'"{ASR}/').replace("samples = 100", "samples = 3")
+    text = text.replace("samples = 200", "samples = 4").replace("max_wer_delta = 0.02", "max_wer_delta = 0.5")
+    path = tmp_path / "demo-asr.toml"
+    path.write_text(text)
+    return Pipeline(load_recipe(path), EngineCache(tmp_path / "engines", 1 << 30), tmp_path / "models", threads=1,
+                    heartbeat=Heartbeat(enabled=False, notifier=Notifier({})))
+
+
+def test_calibration_feeds_are_the_streamed_chunks_with_state(tmp_path: Path) -> None:
+    probe = AsrProbe(resolve_model("demo-asr", tmp_path))
+    feeds = probe.calibration_feeds(read_audio_manifest(ASR / "calib.jsonl", 2))
+    assert len(feeds) > 4
+    first = feeds[0]
+    assert first["features"].shape[:2] == (1, 32) and "state_in.1" in first
+    assert any(float(abs(f["state_in.1"]).sum()) > 0 for f in feeds[1:])  # state carried, not reset
+
+
+@pytest.mark.parametrize("flavour", ["qdq", "dynamic"])
+def test_int8_streaming_ctc_is_scored_by_wer(tmp_path: Path, flavour: str) -> None:
+    report = make_pipeline(tmp_path).build(BuildRequest("cpu", "int8", flavour=flavour))
+    m = report["accuracy"]["metrics"]
+    assert m["utterances"] == 4
+    assert {"wer", "wer_fp32", "wer_delta", "cer", "text_agreement"} <= set(m)
+    assert report["accuracy"]["passed"] == (m["wer_delta"] <= 0.5)
+    if flavour == "qdq":
+        assert set(report["conversion"]["op_types"]) >= {"Conv", "MatMul"}
+
+
+def test_ignored_types_stay_in_float(tmp_path: Path) -> None:
+    pipe = make_pipeline(tmp_path, 'ignored_types = ["Conv"]')
+    report = pipe.build(BuildRequest("cpu", "int8"))
+    assert "Conv" not in report["conversion"]["op_types"] and "MatMul" in report["conversion"]["op_types"]
+
+
+def test_entropy_calibration_keeps_full_chunks(tmp_path: Path) -> None:
+    report = make_pipeline(tmp_path).build(BuildRequest("cpu", "int8", method="entropy"))
+    assert report["conversion"]["method"] == "entropy" and report["conversion"]["samples"] > 3

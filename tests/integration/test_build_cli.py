@@ -1,0 +1,82 @@
+"""``edge-agent calibrate`` / ``build`` / ``engines`` as a user runs them (subprocess, real runtimes)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_build_onnxruntime import make_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def run(tmp_path: Path):
+    env = {**os.environ, "EDGE_AGENT_ENGINES__CACHE_DIR": str(tmp_path / "engines"),
+           "EDGE_AGENT_MODELS__CACHE_DIR": str(tmp_path / "models"), "EDGE_AGENT_DEVICE__THREADS": "1"}
+
+    def go(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "edge_agent", *args], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=240)
+    return go
+
+
+def test_calibrate_reports_every_int8_flavour_and_a_choice(tmp_path: Path, run) -> None:
+    recipe = make_recipe(tmp_path)
+    done = run("calibrate", "--recipe", str(recipe), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    flavours = {(e["backend"], e["flavour"]) for e in report["engines"]}
+    assert {("onnxruntime", "qdq"), ("onnxruntime", "dynamic")} <= flavours
+    if "openvino: not installed" not in report["skipped"]:
+        assert ("openvino", "nncf") in flavours
+    assert report["table"][0]["flavour"] == "source"  # FP32 itself is a candidate: INT8 must beat it
+    assert report["chosen"] is not None
+    assert report["seconds"] > 0
+    assert "calibrating" in done.stderr or "calibration inputs" in done.stderr  # progress on stderr
+
+
+def test_build_engines_list_verify_prune(tmp_path: Path, run) -> None:
+    recipe = make_recipe(tmp_path)
+    out = tmp_path / "report.json"
+    done = run("build", "--recipe", str(recipe), "--target", "cpu", "--precision", "fp32", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "onnxruntime/fp32" in done.stdout  # the table still prints when the JSON goes to a file
+    built = json.loads(out.read_text())["engines"][0]
+    assert built["cache"] == "built"
+
+    listing = json.loads(run("engines", "list", "--json").stdout)
+    [entry] = listing["engines"]
+    assert entry["key"] == built["key"] and entry["status"] == "current"
+
+    assert run("engines", "verify").returncode == 0
+    graph = Path(built["path"]) / "model" / "model.onnx"
+    graph.write_bytes(b"garbage")
+    bad = run("engines", "verify")
+    assert bad.returncode == 1
+    assert bad.stderr.count("\n") == 1 and "quarantined" in bad.stderr
+    assert json.loads(run("engines", "list", "--json").stdout)["engines"] == []
+
+    pruned = json.loads(run("engines", "prune", "--json").stdout)
+    assert len(pruned["removed"]["quarantine"]) == 1
+
+
+def test_errors_are_one_line(tmp_path: Path, run) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    recipe = make_recipe(tmp_path, calib=empty)
+    done = run("build", "--recipe", str(recipe), "--target", "cpu", "--precision", "int8")
+    assert done.returncode == 1
+    assert done.stderr.strip().endswith("the manifest is empty; calibration needs representative samples "
+                                        "(see calibration/README.md)")
+    assert "Traceback" not in done.stderr
+
+    done = run("build", "--recipe", str(recipe), "--target", "jetson", "--precision", "fp16")
+    assert done.returncode == 1 and "TensorRT comes from JetPack" in done.stderr
+
+    done = run("build", "--recipe", "no-such-recipe", "--target", "cpu", "--precision", "fp32")
+    assert done.returncode == 2 and "recipe file not found" in done.stderr

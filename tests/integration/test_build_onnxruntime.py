@@ -1,0 +1,162 @@
+"""Real builds with ONNX Runtime on the CPU: FP32/FP16/INT8 of the tiny demo LLM, the cache, resume."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import edge_agent.build.pipeline as pipeline_mod
+from edge_agent.build.cache import EngineCache
+from edge_agent.build.pipeline import BuildRequest, GateRefused, Heartbeat, Pipeline
+from edge_agent.build.recipes import load_recipe
+from edge_agent.build.stages import profile_shapes
+from edge_agent.errors import BackendUnavailable, ConfigError, InputError
+from edge_agent.systemd import Notifier
+
+ROOT = Path(__file__).resolve().parents[2]
+
+RECIPE = """
+name = "tiny-phi3"
+model = "demo-phi3"
+workload = "llm"
+targets = ["cpu", "jetson"]
+precisions = ["fp32", "fp16", "int8"]
+[calibration]
+data = "{calib}"
+samples = 8
+max_tokens = 24
+[heldout]
+data = "{heldout}"
+samples = 4
+[accuracy]
+min_cosine = {min_cosine}
+min_top1 = 0.5
+max_kl = 0.5
+[[profiles]]
+name = "prefill"
+dims = {{ batch_size = [1, 1, 4], sequence_length = [1, 16, 64], past_sequence_length = [0, 0, 0], total_sequence_length = [1, 16, 64] }}
+[[profiles]]
+name = "decode"
+dims = {{ batch_size = [1, 4, 4], sequence_length = [1, 1, 1], past_sequence_length = [1, 32, 127], total_sequence_length = [2, 33, 128] }}
+"""
+
+
+def make_recipe(tmp_path: Path, min_cosine: float = 0.9, calib: Path | None = None) -> Path:
+    path = tmp_path / "tiny-phi3.toml"
+    path.write_text(RECIPE.format(calib=calib or ROOT / "calibration/llm/prompts.jsonl",
+                                  heldout=ROOT / "calibration/llm/heldout.jsonl", min_cosine=min_cosine))
+    return path
+
+
+def make_pipeline(tmp_path: Path, **kw) -> Pipeline:
+    cache = EngineCache(tmp_path / "engines", 1 << 30)
+    return Pipeline(load_recipe(make_recipe(tmp_path, **kw)), cache, tmp_path / "models", threads=1,
+                    heartbeat=Heartbeat(enabled=False, notifier=Notifier({})))
+
+
+def test_int8_qdq_is_symmetric_per_channel_and_gated(tmp_path: Path) -> None:
+    pipe = make_pipeline(tmp_path)
+    report = pipe.build(BuildRequest("cpu", "int8"))
+    assert report["cache"] == "built" and report["flavour"] == "qdq"
+    acc = report["accuracy"]
+    assert acc["passed"] and acc["metrics"]["cosine"] > 0.99 and acc["metrics"]["steps"] > 10
+    assert acc["latency_ms"] > 0 and acc["reference_latency_ms"] > 0
+    # The calibrated graph (before ORT fuses it) carries Q/DQ pairs with zero points of 0 only.
+    staged_model = onnx.load(str(Path(report["path"]) / "model" / "model.onnx"))
+    assert any(n.op_type.startswith("QLinear") or n.op_type in ("QuantizeLinear", "MatMulInteger", "DynamicQuantizeLinear")
+               or n.domain == "com.microsoft" for n in staged_model.graph.node)
+    zero_points = [onnx.numpy_helper.to_array(i) for i in staged_model.graph.initializer if "zero_point" in i.name]
+    assert zero_points and all(np.all(z == 0) for z in zero_points)
+    assert report["conversion"]["per_channel"] and report["conversion"]["symmetric"]
+
+
+def test_fp16_keeps_float32_io_and_a_hit_loads_without_building(tmp_path: Path) -> None:
+    pipe = make_pipeline(tmp_path)
+    built = pipe.build(BuildRequest("cpu", "fp16"))
+    model = onnx.load(str(Path(built["path"]) / "model" / "model.onnx"))
+    assert {i.type.tensor_type.elem_type for i in model.graph.input if i.name.startswith("past")} == {1}  # FLOAT
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer)
+    hit = pipe.build(BuildRequest("cpu", "fp16"))
+    assert hit["cache"] == "hit" and hit["key"] == built["key"] and hit["load_ms"] > 0
+
+
+def test_a_corrupted_engine_is_quarantined_and_rebuilt(tmp_path: Path) -> None:
+    pipe = make_pipeline(tmp_path)
+    first = pipe.build(BuildRequest("cpu", "fp32"))
+    graph = Path(first["path"]) / "model" / "model.onnx"
+    graph.write_bytes(graph.read_bytes()[:-10] + b"0123456789")
+    again = pipe.build(BuildRequest("cpu", "fp32"))
+    assert again["cache"] == "built" and again["key"] == first["key"]
+    assert len(list(pipe.cache.quarantine_dir.iterdir())) == 1
+
+
+def test_an_interrupted_build_resumes_from_its_last_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pipe = make_pipeline(tmp_path)
+    real_gate = Pipeline._gate
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Pipeline, "_gate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pipe.build(BuildRequest("cpu", "int8"))
+    monkeypatch.setattr(Pipeline, "_gate", real_gate)
+    monkeypatch.setattr(pipeline_mod, "convert", lambda *a, **k: pytest.fail("convert ran again"))
+    report = pipe.build(BuildRequest("cpu", "int8"))
+    assert report["resumed_steps"] == ["compile", "convert", "reference"]
+    assert report["cache"] == "built"
+
+
+def test_beyond_budget_is_refused_and_not_cached(tmp_path: Path) -> None:
+    pipe = make_pipeline(tmp_path, min_cosine=0.99999999)
+    with pytest.raises(GateRefused) as info:
+        pipe.build(BuildRequest("cpu", "int8"))
+    assert "cosine" in str(info.value) and not info.value.report["accuracy"]["passed"]
+    assert pipe.cache.entries() == []
+
+
+def test_an_empty_calibration_set_is_a_clear_error(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    pipe = make_pipeline(tmp_path, calib=empty)
+    with pytest.raises(InputError, match="empty.jsonl: the manifest is empty"):
+        pipe.build(BuildRequest("cpu", "int8"))
+
+
+def test_missing_runtime_names_what_to_install(tmp_path: Path) -> None:
+    pipe = make_pipeline(tmp_path)
+    with pytest.raises(BackendUnavailable, match="needs tensorrt.*JetPack"):
+        pipe.build(BuildRequest("jetson", "fp16"))
+
+
+def test_profiles_that_do_not_fit_the_model_are_refused(tmp_path: Path) -> None:
+    pipe = make_pipeline(tmp_path)
+    shapes = profile_shapes(pipe, {"target": "jetson"}, pipe.ref.path / "model.onnx")
+    assert [name for name, _ in shapes] == ["prefill", "decode"]
+    lo, opt, hi = shapes[1][1]["past_key_values.0.key"]
+    assert lo[2] == 1 and hi[2] == 127 and lo[0] == 1 and hi[0] == 4
+    bad = make_recipe(tmp_path).read_text().replace("past_sequence_length = [0, 0, 0], ", "", 1)
+    (tmp_path / "tiny-phi3.toml").write_text(bad)
+    pipe.recipe = load_recipe(tmp_path / "tiny-phi3.toml")
+    with pytest.raises(ConfigError, match="past_sequence_length"):
+        profile_shapes(pipe, {"target": "jetson"}, pipe.ref.path / "model.onnx")
+
+
+def test_manifest_records_key_parts_and_accuracy(tmp_path: Path) -> None:
+    pipe = make_pipeline(tmp_path)
+    report = pipe.build(BuildRequest("cpu", "int8", flavour="dynamic"))
+    doc = json.loads((Path(report["path"]) / "manifest.json").read_text())
+    assert doc["key_parts"]["runtime_version"] == doc["runtime_version"]
+    assert doc["key_parts"]["device"].startswith("cpu:")
+    assert doc["accuracy"]["flavour"] == "dynamic" and doc["conversion"]["tool"].endswith("quantize_dynamic")
+
+
+@pytest.mark.parametrize("method", ["entropy", "percentile"])
+def test_histogram_methods_calibrate_on_packed_windows(tmp_path: Path, method: str) -> None:
+    report = make_pipeline(tmp_path).build(BuildRequest("cpu", "int8", method=method))
+    assert report["conversion"]["method"] == method
+    assert report["conversion"]["samples"] >= 1
+    assert report["accuracy"]["metrics"]["cosine"] > 0.98
