@@ -73,7 +73,7 @@ class Agent:
                              asr=self.asr, health=self.health).start(s.api.host, s.api.port,
                                                                     str(s.api.unix_socket) if s.api.unix_socket else None)
         self.metrics.track_load("llm", lambda: self.llm.load)
-        heartbeats = [LoopHeartbeat(lambda: self._llm_steps(), lambda: self.llm.load != (0, 0))]
+        heartbeats = [LoopHeartbeat(lambda: self.llm.steps, lambda: self.llm.load != (0, 0))]
         self.watchdog = Watchdog(self.notifier, lambda: all(h() for h in heartbeats)).start()
         status = f"serving: llm tier {self.llm.tiers[self.llm.active].name} ({self.llm.model_name})"
         if self.asr is not None:
@@ -227,10 +227,6 @@ class Agent:
         if self.telemetry is not None:
             self.telemetry.emit_event(kind, payload)
 
-    def _llm_steps(self) -> int:
-        loaded = self.llm._active if self.llm is not None else None
-        return loaded.scheduler.steps if loaded is not None else 0
-
     def health(self) -> dict[str, Any]:
         out: dict[str, Any] = {"version": __version__, "uptime_s": round(time.time() - self.started_wall, 1)}
         if self.telemetry is not None:
@@ -285,8 +281,8 @@ class Agent:
 
     def reported(self) -> dict[str, Any]:
         out: dict[str, Any] = {"active_tiers": {}, "pins": {}, "sla": {}, "engine_hashes": {}}
-        if self.llm is not None and self.llm._active is not None:
-            out["active_tiers"]["llm"] = self.llm.tiers[self.llm.active].name
+        if self.llm is not None and self.llm.active_tier is not None:
+            out["active_tiers"]["llm"] = self.llm.active_tier
         if self.asr is not None:
             out["active_tiers"]["asr"] = self.asr.tier_name
         if self.controller is not None:

@@ -121,25 +121,22 @@ class LogMelConfig:
         }
 
 
+# Slaney's Auditory Toolbox scale: linear below 1 kHz, logarithmic above.
+_F_SP = 200.0 / 3
+_MIN_LOG_HZ = 1000.0
+_MIN_LOG_MEL = _MIN_LOG_HZ / _F_SP
+_LOGSTEP = np.log(6.4) / 27.0
+
+
 def _hz_to_mel(hz: np.ndarray) -> np.ndarray:
-    # Slaney's Auditory Toolbox scale: linear below 1 kHz, logarithmic above.
     hz = np.asarray(hz, dtype=np.float64)
-    f_sp = 200.0 / 3
-    min_log_hz = 1000.0
-    min_log_mel = min_log_hz / f_sp
-    logstep = np.log(6.4) / 27.0
-    mel = hz / f_sp
-    above = hz >= min_log_hz
-    return np.where(above, min_log_mel + np.log(np.maximum(hz, min_log_hz) / min_log_hz) / logstep, mel)
+    return np.where(hz >= _MIN_LOG_HZ, _MIN_LOG_MEL + np.log(np.maximum(hz, _MIN_LOG_HZ) / _MIN_LOG_HZ) / _LOGSTEP,
+                    hz / _F_SP)
 
 
 def _mel_to_hz(mel: np.ndarray) -> np.ndarray:
     mel = np.asarray(mel, dtype=np.float64)
-    f_sp = 200.0 / 3
-    min_log_hz = 1000.0
-    min_log_mel = min_log_hz / f_sp
-    logstep = np.log(6.4) / 27.0
-    return np.where(mel >= min_log_mel, min_log_hz * np.exp(logstep * (mel - min_log_mel)), f_sp * mel)
+    return np.where(mel >= _MIN_LOG_MEL, _MIN_LOG_HZ * np.exp(_LOGSTEP * (mel - _MIN_LOG_MEL)), _F_SP * mel)
 
 
 def mel_filterbank(cfg: LogMelConfig) -> np.ndarray:

@@ -83,6 +83,18 @@ class TieredLLM:
         return loaded.scheduler.load if loaded is not None else (0, 0)
 
     @property
+    def active_tier(self) -> str | None:
+        """The serving tier's name; None before ``start`` and after ``stop``."""
+        loaded = self._active
+        return loaded.tier.name if loaded is not None else None
+
+    @property
+    def steps(self) -> int:
+        """Decode steps of the serving tier's scheduler (progress, for the watchdog)."""
+        loaded = self._active
+        return loaded.scheduler.steps if loaded is not None else 0
+
+    @property
     def model_name(self) -> str:
         loaded = self._active
         return loaded.lm.ref.name if loaded is not None else ""
