@@ -25,16 +25,14 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from . import __version__
-from .backends import SessionOptions
-from .config import Settings, TierConfig, load_settings
+from .config import ASR_SLA_METRICS, Settings, TierConfig, load_settings
 from .errors import ConfigError, EdgeAgentError, ModelError
 from .metrics.prometheus import PrometheusMetrics
 from .metrics.timing import RequestTiming
-from .models.catalog import resolve_model
 from .models.llm import DecoderLM
 from .serving.api import ApiServer
 from .serving.scheduler import Limits
-from .serving.tier_control import TierController, policy_from_config
+from .serving.tier_control import TierController, asr_policy_from_config, policy_from_config
 from .serving.tiered import Tier, TieredLLM
 from .systemd import LoopHeartbeat, Notifier, Watchdog
 
@@ -55,6 +53,8 @@ class Agent:
         self.controller: TierController | None = None
         self.api: ApiServer | None = None
         self.asr = None
+        self.asr_controller: TierController | None = None  # only with two or more ASR tiers
+        self._engines = None  # TierEngines, made on first use
         self.watchdog: Watchdog | None = None
         self._observers: dict[str, Callable[[RequestTiming], None]] = {}
         self.started_wall = time.time()
@@ -63,6 +63,7 @@ class Agent:
 
     def start(self) -> Agent:
         s = self.settings
+        engines = self._tier_engines()
         self.notifier.status("starting: telemetry")
         self.telemetry = self._start_telemetry()
         self.notifier.status("starting: loading the LLM tier")
@@ -81,6 +82,10 @@ class Agent:
         self._publish_reported()
         self.notifier.ready(f"{status}; api {self.api.address}")
         log.info("%s; api %s", status, self.api.address)
+        engines.starting, engines.serving_status = False, f"{status}; api {self.api.address}"
+        if s.engines.build_on_start:  # serving already: missing engines build in the background
+            for job in engines.start_builds(s.models.llm):
+                log.info("engine build %s %s for tier(s) %s", job["recipe"], job["state"], ", ".join(job["tiers"]))
         return self
 
     def stop(self) -> None:
@@ -91,8 +96,12 @@ class Agent:
             self.controller.stop()
         if self.llm is not None:
             self.llm.stop(self.drain_s)
+        if self.asr_controller is not None:
+            self.asr_controller.stop()
         if self.asr is not None:
-            self.asr.stop()
+            self.asr.stop(self.drain_s)
+        if self._engines is not None:
+            self._engines.close()  # a build in progress is abandoned; its staged steps resume next time
         if self.watchdog is not None:
             self.watchdog.stop()
         if self.api is not None:
@@ -113,6 +122,10 @@ class Agent:
         applied, restart = ["sla"], []
         if self.controller is not None:
             self.controller.policy = policy_from_config(new.sla, self.settings.batching.max_batch)
+        if self.asr_controller is not None:
+            self.asr_controller.policy = asr_policy_from_config(new.sla.asr)
+            self.asr_controller.window_s = new.sla.asr.window_s
+            self.asr_controller.evaluate_every_s = new.sla.asr.evaluate_every_s
         for section in ("models", "mqtt", "api", "telemetry", "engines", "audio", "device", "batching"):
             if getattr(new, section) != getattr(self.settings, section):
                 restart.append(section)
@@ -147,7 +160,7 @@ class Agent:
                 log.error("LLM tier %r could not load (%s); trying the next one", tier.name, exc)
                 self._event("tier_load_failed", {"workload": "llm", "tier": tier.name, "error": str(exc)})
         else:
-            raise ModelError("no LLM tier could be loaded: " + "; ".join(errors))
+            self._build_then_start(served, errors)
         policy = policy_from_config(s.sla, max(t.max_batch for t in s.models.llm))
         self.controller = TierController(served, policy, window_s=s.sla.window_s,
                                          evaluate_every_s=s.sla.evaluate_every_s, on_event=self._event).start()
@@ -157,12 +170,10 @@ class Agent:
         s = self.settings
 
         def open_tier() -> DecoderLM:
-            # Generating demo weights or compiling can take a while: keep systemd patient.
-            self.notifier.extend_timeout(300)
-            ref = resolve_model(tier.model, s.models.cache_dir)
-            options = SessionOptions(device=tier.device, threads=s.device.threads, precision=tier.precision,
-                                     cache_dir=s.engines.cache_dir)
-            return DecoderLM.open(ref, tier.backend, options)
+            engines = self._tier_engines()
+            if engines.starting:  # demo weights, hashing, compiling: keep systemd patient (not once serving)
+                self.notifier.extend_timeout(300)
+            return engines.open(tier, s.device.threads)  # the cached engine if current and intact, else the folder
         return open_tier
 
     def _limits(self, tier: TierConfig) -> Limits:
@@ -173,20 +184,71 @@ class Agent:
                       max_queue=b.max_queue, queue_timeout_ms=b.queue_timeout_ms)
 
     def _start_asr(self):
-        if not self.settings.models.asr:
+        """The ASR ladder from its top tier (or the first lighter one that loads), and its controller
+        when there are tiers to switch between."""
+        s = self.settings
+        if not s.models.asr:
             return None
         try:
             from .serving.speech import open_speech
 
-            return open_speech(self.settings, on_utterance=self._asr_finished)
+            speech = open_speech(s, on_utterance=self._asr_finished, on_switched=self._asr_switched,
+                                 on_load_failed=lambda tier, exc: self._event(
+                                     "tier_load_failed", {"workload": "asr", "tier": tier, "error": str(exc)}),
+                                 drain_s=self.drain_s)
         except ImportError as exc:  # the audio extra (soundfile) is missing
             log.error("ASR is configured but cannot start: %s (pip install 'edge-agent[audio]')", exc)
             return None
         except EdgeAgentError as exc:  # speech is one workload; the LLM keeps serving without it
             log.error("ASR could not start: %s", exc)
-            self._event("tier_load_failed", {"workload": "asr", "tier": self.settings.models.asr[0].name,
-                                             "error": str(exc)})
             return None
+        if len(speech.tiers) > 1:
+            self.asr_controller = TierController(speech, asr_policy_from_config(s.sla.asr), window_s=s.sla.asr.window_s,
+                                                 evaluate_every_s=s.sla.asr.evaluate_every_s, on_event=self._event,
+                                                 workload="asr").start()
+        return speech
+
+    def _tier_engines(self):
+        """What each LLM tier loads (cached engine or model folder) and the background engine builds."""
+        engines = self._engines
+        if engines is None:
+            from .serving.tier_engines import TierEngines
+
+            engines = self._engines = TierEngines(self.settings.engines, self.settings.models.cache_dir, self._event,
+                                                  self.notifier, on_built=self._engine_built)
+        return engines
+
+    def _build_then_start(self, served: TieredLLM, errors: list[str]) -> None:
+        """No tier loads without an engine (TensorRT tiers on a fresh Jetson): build the lightest one that
+        has a recipe while the start waits (the build sends EXTEND_TIMEOUT_USEC), then serve it."""
+        engines = self._tier_engines()
+        for index in reversed(range(len(served.tiers))):
+            tier = self.settings.models.llm[index]
+            if not self.settings.engines.build_on_start or engines.recipe_for(tier) is None:
+                continue
+            self.notifier.status(f"starting: no LLM tier loads without an engine; building {tier.name}'s")
+            if engines.build_now(tier):
+                try:
+                    served.start(index)
+                    return
+                except EdgeAgentError as exc:
+                    errors.append(f"{tier.name} (built engine): {exc}")
+        raise ModelError("no LLM tier could be loaded: " + "; ".join(errors))
+
+    def _engine_built(self, tier: str) -> None:
+        """A build passed the gate: the tier serving now reloads onto its engine in place (loaded and
+        warmed aside, swapped between batches, no request fails); another tier picks its engine up
+        the next time it is loaded (a controller switch)."""
+        from .serving.tier_engines import reload_in_place
+
+        served = self.llm
+        if served is None or served.active_tier != tier or not reload_in_place(served, served.active):
+            return
+        served.wait_switched()
+        now = self._tier_engines().served.get(tier)
+        ok = served.active_tier == tier and now is not None and now.engine is not None
+        self._event("engine_swap", {"workload": "llm", "tier": tier, "ok": ok,
+                                    "serving": now.identity if now is not None else None})
 
     # -- hooks ----------------------------------------------------------------------------------
 
@@ -203,12 +265,20 @@ class Agent:
             observer(timing)
 
     def _asr_finished(self, tier: str, model: str, samples: dict[str, list[float]]) -> None:
+        if self.asr_controller is not None:
+            self.asr_controller.observe_samples(samples, tier)
         if self.telemetry is not None:
             self.telemetry.accumulator.observe("asr", tier, model, samples)
         for metric, histogram in (("first_partial_ms", self.metrics.asr_first_partial),
                                   ("final_ms", self.metrics.asr_final)):
             for value in samples.get(metric, ()):
                 histogram.labels(tier).observe(value / 1e3)
+
+    def _asr_switched(self, old: int, new: int, load_ms: float, error: str | None) -> None:
+        if error and self.asr_controller is not None:
+            self.asr_controller.switch_failed(old, new, error)
+        else:
+            self._publish_reported()
 
     def _llm_switched(self, old: int, new: int, load_ms: float, error: str | None) -> None:
         if error and self.controller is not None:
@@ -240,7 +310,7 @@ class Agent:
                 if getattr(self.settings.models, w)}
 
     def recipes(self) -> list[str]:
-        return []  # engine recipes arrive with `edge-agent build`; none are configured yet
+        return self._tier_engines().recipes(self.settings.models.llm)
 
     def status(self) -> dict[str, Any]:
         out = {**self.health(), **self.reported()}
@@ -249,30 +319,48 @@ class Agent:
             out["llm_load"] = {"waiting": waiting, "running": running}
         if self.controller is not None and self.controller.last is not None:
             out["llm_controller"] = {"action": self.controller.last.action, "reason": self.controller.last.reason}
+        if self.asr is not None:
+            out["asr_streams"] = self.asr.open_streams
+        if self.asr_controller is not None and self.asr_controller.last is not None:
+            out["asr_controller"] = {"action": self.asr_controller.last.action,
+                                     "reason": self.asr_controller.last.reason}
         return out
 
+    def _tier_controller(self, workload: str) -> TierController | None:
+        return {"llm": self.controller, "asr": self.asr_controller}.get(workload)
+
     def set_sla(self, workload: str, sla) -> dict[str, Any]:
-        if workload != "llm" or self.controller is None:
+        controller = self._tier_controller(workload)
+        if controller is None:
             raise EdgeAgentError(f"no SLA controller for workload {workload!r} on this device")
-        self.controller.policy = replace(self.controller.policy, metric=sla.metric, percentile=sla.percentile,
-                                         target_ms=sla.target_ms, min_samples=sla.min_samples)
-        self.controller.window_s = sla.window_s
+        if workload == "asr" and sla.metric not in ASR_SLA_METRICS:
+            raise EdgeAgentError(f"the ASR SLA metric must be one of {', '.join(ASR_SLA_METRICS)}, not {sla.metric!r}")
+        controller.policy = replace(controller.policy, metric=sla.metric, percentile=sla.percentile,
+                                    target_ms=sla.target_ms, min_samples=sla.min_samples)
+        controller.window_s = sla.window_s
         return {"sla": sla.model_dump()}
 
     def pin_tier(self, workload: str, tier: str) -> dict[str, Any]:
-        if workload != "llm" or self.controller is None:
+        controller = self._tier_controller(workload)
+        if controller is None:
             raise EdgeAgentError(f"no tier controller for workload {workload!r} on this device")
-        self.controller.pin(tier)
+        controller.pin(tier)
         self._publish_reported()
         return {"pinned": tier}
 
     def unpin_tier(self, workload: str) -> dict[str, Any]:
-        if workload == "llm" and self.controller is not None:
-            self.controller.unpin()
+        controller = self._tier_controller(workload)
+        if controller is not None:
+            controller.unpin()
         return {"pinned": None}
 
     def rebuild_engine(self, recipe: str) -> dict[str, Any]:
-        raise EdgeAgentError(f"no engine recipe {recipe!r} is configured on this device")
+        """Queue a forced background build of ``recipe``; returns at once (``engine_build`` events follow)."""
+        return self._tier_engines().rebuild(recipe, self.settings.models.llm)
+
+    def engine_hashes(self) -> dict[str, str]:
+        """Per LLM tier loaded so far: ``engine:<cache key>`` or ``model:<sha256 of the folder>``."""
+        return self._tier_engines().identities()
 
     def flush_telemetry(self) -> dict[str, Any]:
         if self.telemetry is not None:
@@ -280,17 +368,19 @@ class Agent:
         return {"flushed": True}
 
     def reported(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"active_tiers": {}, "pins": {}, "sla": {}, "engine_hashes": {}}
+        out: dict[str, Any] = {"active_tiers": {}, "pins": {}, "sla": {}, "engine_hashes": self.engine_hashes()}
         if self.llm is not None and self.llm.active_tier is not None:
             out["active_tiers"]["llm"] = self.llm.active_tier
-        if self.asr is not None:
-            out["active_tiers"]["asr"] = self.asr.tier_name
-        if self.controller is not None:
-            p = self.controller.policy
-            if self.controller.state.pinned is not None:
-                out["pins"]["llm"] = self.llm.tiers[self.controller.state.pinned].name
-            out["sla"]["llm"] = {"metric": p.metric, "percentile": p.percentile, "target_ms": p.target_ms,
-                                 "window_s": self.controller.window_s, "min_samples": p.min_samples}
+        if self.asr is not None and self.asr.active_tier is not None:
+            out["active_tiers"]["asr"] = self.asr.active_tier
+        for workload, controller in (("llm", self.controller), ("asr", self.asr_controller)):
+            if controller is None:
+                continue
+            p = controller.policy
+            if controller.state.pinned is not None:
+                out["pins"][workload] = controller.served.tiers[controller.state.pinned].name
+            out["sla"][workload] = {"metric": p.metric, "percentile": p.percentile, "target_ms": p.target_ms,
+                                    "window_s": controller.window_s, "min_samples": p.min_samples}
         return out
 
 

@@ -20,6 +20,8 @@ import threading
 import time
 from typing import Any
 
+from .models.ctc_lexicon import DECODERS
+
 log = logging.getLogger(__name__)
 
 
@@ -55,8 +57,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--model", help="ASR demo model name or model folder (default: the top configured ASR tier)")
     p.add_argument("--backend", choices=("onnxruntime", "openvino"), help="default: the tier's backend")
-    p.add_argument("--decoder", choices=("greedy", "beam"), default="greedy", help="CTC decoding (default greedy)")
-    p.add_argument("--beam-width", type=int, default=8)
+    p.add_argument("--decoder", choices=DECODERS, default="auto",
+                   help="CTC decoding: auto (default) = lexicon + LM when the model folder ships them, else greedy")
+    p.add_argument("--beam-width", type=int, default=None, help="beam/lexicon/lm width (default 8, or lm_beam)")
     p.add_argument("--language", default="en", help="Whisper language code, or 'auto' (default en)")
 
 

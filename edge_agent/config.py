@@ -119,32 +119,61 @@ SLA_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-class SlaConfig(Section):
+ASR_SLA_METRICS = ("first_partial_ms", "final_ms")
+
+
+class _SlaPolicy(Section):
+    """What every workload's SLA policy has: the metric's percentile against a target over a rolling
+    window, and the tier controller's hysteresis, cooldown, dwell and shedding (``tiers.decide``)."""
+
     preset: Literal[tuple(SLA_PRESETS)] | None = None  # type: ignore[valid-type]
-    metric: Literal["ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "first_partial_ms", "final_ms", "turn_ms"] = "ttft_ms"
     percentile: float = Field(95, gt=0, le=100)
-    target_ms: float = Field(387.0, gt=0)
     window_s: float = Field(30.0, gt=0)
     min_samples: int = Field(20, ge=1)
-    # The tier controller (tiers.decide): hysteresis, cooldown, dwell, and relief at the lightest tier.
     evaluate_every_s: float = Field(10.0, gt=0)
     downgrade_after: int = Field(3, ge=1, description="consecutive evaluations over target before a downgrade")
     upgrade_after: int = Field(6, ge=1, description="consecutive evaluations under upgrade_ratio × target")
     upgrade_ratio: float = Field(0.7, gt=0, lt=1)
     cooldown_s: float = Field(60.0, ge=0, description="since the last switch, before an upgrade")
     min_dwell_s: float = Field(30.0, ge=0, description="in a tier before any switch")
-    adaptive_batch: Literal["auto", "on", "off"] = "auto"
-    min_batch: int = Field(1, ge=1)
-    min_token_cap_ratio: float = Field(0.25, gt=0, le=1)
     shed_after: int = Field(3, ge=1)
 
     @model_validator(mode="after")
-    def _apply_preset(self) -> SlaConfig:
+    def _apply_preset(self) -> _SlaPolicy:
         if self.preset:
             for key, value in SLA_PRESETS[self.preset].items():
                 if key not in self.model_fields_set:
                     object.__setattr__(self, key, value)
         return self
+
+
+class AsrSlaConfig(_SlaPolicy):
+    """``[sla.asr]``: the ASR tier ladder's policy (AI customer-service ASR: first partial ≤ 300 ms, P95).
+    No token cap and no adaptive batch here: at the lightest tier, over target goes straight to the
+    shedding count."""
+
+    metric: Literal[ASR_SLA_METRICS] = "first_partial_ms"  # type: ignore[valid-type]
+    target_ms: float = Field(300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _asr_metric(self) -> AsrSlaConfig:
+        # A preset's metric bypasses field validation: an LLM preset here would watch a metric ASR never has.
+        if self.metric not in ASR_SLA_METRICS:
+            asr = [n for n, p in SLA_PRESETS.items() if p["metric"] in ASR_SLA_METRICS]
+            raise ValueError(f"preset {self.preset!r} sets metric {self.metric!r}, not an ASR metric "
+                             f"({', '.join(ASR_SLA_METRICS)}); ASR presets: {', '.join(asr)}")
+        return self
+
+
+class SlaConfig(_SlaPolicy):
+    """``[sla]``: the LLM policy (flat keys, as before), and ``[sla.asr]`` for the ASR ladder."""
+
+    metric: Literal["ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "first_partial_ms", "final_ms", "turn_ms"] = "ttft_ms"
+    target_ms: float = Field(387.0, gt=0)
+    adaptive_batch: Literal["auto", "on", "off"] = "auto"
+    min_batch: int = Field(1, ge=1)
+    min_token_cap_ratio: float = Field(0.25, gt=0, le=1)
+    asr: AsrSlaConfig = Field(default_factory=AsrSlaConfig)
 
 
 class TlsConfig(Section):
@@ -197,6 +226,10 @@ class EnginesConfig(Section):
     cache_dir: Path = Field(default_factory=lambda: default_cache_dir() / "engines")
     max_bytes: int = Field(8 * 1024**3, ge=1024 * 1024)
     recipes_dir: Path = Field(Path("engines"), description="where `--recipe NAME` finds NAME.toml")
+    build_on_start: bool = Field(True, description="`edge-agent run`: build a tier's missing engine (when its model "
+                                 "has a recipe) in the background while the model folder serves")
+    build_threads: int = Field(1, ge=1, le=256, description="intra-op threads of a background build (it shares "
+                               "the device with serving)")
 
 
 class ApiConfig(Section):

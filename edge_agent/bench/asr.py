@@ -30,6 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import InputError
+from ..models.ctc_lexicon import DECODERS
 
 SENTENCES = ("turn on the kitchen lights", "what is the weather like tomorrow morning", "set a timer for ten minutes")
 SEED = 1234
@@ -50,7 +51,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--audio", action="append", default=[], metavar="FILE", help="speech to replay (repeatable)")
     p.add_argument("--max-batch", type=int, default=None, help="default: batching.max_batch")
     p.add_argument("--batch-timeout-ms", type=float, default=None, help="default: batching.batch_timeout_ms")
-    p.add_argument("--decoder", choices=("greedy", "beam"), default="greedy")
+    p.add_argument("--decoder", choices=DECODERS, default="auto",
+                   help="CTC decoding; auto = the folder's lexicon + LM when it has them (default)")
     p.add_argument("--json", dest="json_out", metavar="OUT", default=None, help="write the JSON report to OUT")
     p.add_argument("--plot", metavar="PNG", default=None, help="CDFs of final and first-text latency, RTF bars")
     p.add_argument("--config", metavar="FILE", default=None, help=argparse.SUPPRESS)

@@ -26,7 +26,8 @@ import numpy as np
 from ..backends import Session, SessionOptions, open_session
 from ..errors import ModelError
 from .catalog import ModelRef
-from .ctc_decode import CtcVocab, Decoder, log_softmax, make_decoder
+from .ctc_decode import CtcVocab, Decoder, GreedyDecoder, log_softmax
+from .ctc_lexicon import decoder_factory
 from .recognizer import AudioStream, Hypothesis, read_json
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ class CtcStream(AudioStream):
         self.audio: list[np.ndarray] = []  # stateless: the utterance so far
         self.total = 0
         self.decoded_at = -1  # stateless: samples covered by the last run
-        self.last_ids: tuple[int, ...] = ()
+        self.last_decoder: Decoder | None = None  # stateless: the decode of the last run
         self.features = None  # stateful: FeatureStream
         self.feat_buf = np.zeros((0, 0), np.float32)
         self.state: dict[str, np.ndarray] = {}
@@ -48,11 +49,12 @@ class CtcStream(AudioStream):
 class CtcRecognizer:
     kind = "ctc"
 
-    def __init__(self, ref: ModelRef, session: Session, decoder: str = "greedy", beam_width: int = 8) -> None:
+    def __init__(self, ref: ModelRef, session: Session, decoder: str = "auto", beam_width: int | None = None) -> None:
         self.ref, self.session, self.name = ref, session, ref.name
-        self.decoder_kind, self.beam_width = decoder, beam_width
-        make_decoder(decoder, 0, beam_width)  # validate early
         self.vocab = CtcVocab.from_folder(ref.path, ref.config)
+        # auto: the folder's lexicon + LM when it ships them (ctc_lexicon.py), else greedy
+        self.decoder_kind, self._new_decoder = decoder_factory(decoder, self.vocab, Path(ref.path), ref.config,
+                                                               beam_width)
         pre = read_json(ref.path / "preprocessor_config.json")
         names = {s.name for s in session.inputs}
         self.stateful = ref.model_type == "streaming-ctc" or "features" in names
@@ -94,10 +96,16 @@ class CtcRecognizer:
                                      "config.json state_shapes does not give them")
                 self.state_shapes[spec.name] = tuple(int(d) for d in shape)
         self.max_utterance_s = float("inf")  # state carries context; no window to outgrow
+        from .asr_streaming_ctc import primed_state
+
+        prime = int(cfg.get("prime_frames", 0))
+        if prime % self.subsampling:
+            raise ModelError(f"{self.ref.name}: prime_frames {prime} is not a multiple of subsampling {self.subsampling}")
+        self.initial_state = primed_state(self.session, self.state_shapes, self.feature_cfg, prime)
 
     @classmethod
     def open(cls, ref: ModelRef, backend: str = "onnxruntime", options: SessionOptions | None = None,
-             decoder: str = "greedy", beam_width: int = 8, **_: object) -> CtcRecognizer:
+             decoder: str = "auto", beam_width: int | None = None, **_: object) -> CtcRecognizer:
         path = Path(ref.path) / "model.onnx"
         if not path.is_file():
             raise ModelError(f"{ref.path}: missing model.onnx")
@@ -107,13 +115,13 @@ class CtcRecognizer:
         return engine
 
     def new_stream(self) -> CtcStream:
-        s = CtcStream(self.sample_rate, make_decoder(self.decoder_kind, self.vocab.blank_id, self.beam_width))
+        s = CtcStream(self.sample_rate, self._new_decoder())
         if self.stateful:
             from ..audio.features import FeatureStream
 
             s.features = FeatureStream(self.feature_cfg)
             s.feat_buf = np.zeros((0, self.feature_cfg.num_mel_bins), np.float32)
-            s.state = {n: np.zeros((1, *shape), np.float32) for n, shape in self.state_shapes.items()}
+            s.state = {n: v.copy() for n, v in self.initial_state.items()}
         return s
 
     def step(self, streams: Sequence[CtcStream]) -> list[Hypothesis | None]:
@@ -148,8 +156,10 @@ class CtcRecognizer:
                 continue
             if ended and s.total == s.decoded_at:  # nothing new since the last pass: it is the final
                 s.finished = True
-                text = self.vocab.text(s.last_ids)
-                results[i] = Hypothesis(text, s.last_ids, True, text, s.total / self.sample_rate)
+                decoder = s.last_decoder or GreedyDecoder(self.vocab.blank_id)
+                decoder.finish()
+                text = self.vocab.text(decoder.ids)
+                results[i] = Hypothesis(text, decoder.ids, True, text, s.total / self.sample_rate)
             elif s.total != s.decoded_at:
                 groups[s.total].append(i)
         for length, rows in groups.items():
@@ -161,13 +171,16 @@ class CtcRecognizer:
             logits = self._logits(windows)
             for j, i in enumerate(rows):
                 s = streams[i]
-                decoder = make_decoder(self.decoder_kind, self.vocab.blank_id, self.beam_width)
+                decoder = self._new_decoder()
                 decoder.advance(log_softmax(logits[j]))
-                s.decoded_at, s.last_ids = length, decoder.ids
+                s.decoded_at, s.last_decoder = length, decoder
                 final = s.ended
                 s.finished = final
+                if final:
+                    decoder.finish()
                 text = self.vocab.text(decoder.ids)
-                results[i] = Hypothesis(text, decoder.ids, final, text if final else "", length / self.sample_rate)
+                stable = text if final else self.vocab.text(decoder.stable_ids)
+                results[i] = Hypothesis(text, decoder.ids, final, stable, length / self.sample_rate)
         return results
 
     # -- stateful: chunks with carried state -------------------------------------------------
@@ -224,9 +237,12 @@ class CtcRecognizer:
                 advanced.add(i)
         for i in sorted(advanced):
             s = streams[i]
+            if s.finished:
+                s.decoder.finish()
             ids = s.decoder.ids
             text = self.vocab.text(ids)
-            results[i] = Hypothesis(text, ids, s.finished, text, s.total / self.sample_rate)
+            stable = text if s.finished else self.vocab.text(s.decoder.stable_ids)
+            results[i] = Hypothesis(text, ids, s.finished, stable, s.total / self.sample_rate)
         return results
 
     # -- one pass ------------------------------------------------------------------------------
@@ -234,7 +250,7 @@ class CtcRecognizer:
     def transcribe(self, samples: np.ndarray) -> Hypothesis:
         """The whole utterance in one model call (the non-streaming reference)."""
         x = np.asarray(samples, np.float32).reshape(-1)
-        decoder = make_decoder(self.decoder_kind, self.vocab.blank_id, self.beam_width)
+        decoder = self._new_decoder()
         if self.stateful:
             from ..audio.features import log_mel
 
@@ -244,6 +260,7 @@ class CtcRecognizer:
             decoder.advance(self.session.run(feeds)["log_probs"][0])
         elif x.size >= self.min_samples:
             decoder.advance(log_softmax(self._logits([x])[0]))
+        decoder.finish()
         text = self.vocab.text(decoder.ids)
         return Hypothesis(text, decoder.ids, True, text, x.size / self.sample_rate)
 

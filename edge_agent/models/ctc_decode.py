@@ -78,8 +78,13 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 class Decoder(Protocol):
     def advance(self, log_probs: np.ndarray) -> None: ...
 
+    def finish(self) -> None: ...  # the utterance ended (end-of-sentence scores, if any)
+
     @property
     def ids(self) -> tuple[int, ...]: ...
+
+    @property
+    def stable_ids(self) -> tuple[int, ...]: ...  # the prefix of ``ids`` that can no longer change
 
 
 class GreedyDecoder:
@@ -96,9 +101,14 @@ class GreedyDecoder:
             self._last = token
         self.frames += len(log_probs)
 
+    def finish(self) -> None:
+        pass
+
     @property
     def ids(self) -> tuple[int, ...]:
         return tuple(self._ids)
+
+    stable_ids = ids  # greedy output never changes once emitted
 
 
 def greedy_ids(log_probs: np.ndarray, blank_id: int) -> tuple[int, ...]:
@@ -156,17 +166,27 @@ class PrefixBeamDecoder:
         ranked = sorted(nxt.items(), key=lambda kv: (-np.logaddexp(kv[1][0], kv[1][1]), kv[0]))
         self._beams = {prefix: (v[0], v[1]) for prefix, v in ranked[: self.beam_width]}
 
+    def finish(self) -> None:
+        pass
+
     @property
     def ids(self) -> tuple[int, ...]:
         return max(self._beams.items(), key=lambda kv: (np.logaddexp(*kv[1]), [-t for t in kv[0]]))[0]
+
+    @property
+    def stable_ids(self) -> tuple[int, ...]:
+        """The prefix every surviving beam shares: any later beam extends one of them."""
+        return common_prefix(list(self._beams))
 
     def nbest(self) -> list[tuple[tuple[int, ...], float]]:
         return sorted(((p, float(np.logaddexp(*v))) for p, v in self._beams.items()), key=lambda x: -x[1])
 
 
-def make_decoder(kind: str, blank_id: int, beam_width: int = 8) -> GreedyDecoder | PrefixBeamDecoder:
-    if kind == "greedy":
-        return GreedyDecoder(blank_id)
-    if kind == "beam":
-        return PrefixBeamDecoder(blank_id, beam_width)
-    raise ValueError(f"unknown CTC decoder {kind!r}; choose greedy or beam")
+def common_prefix(keys: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    common = keys[0]
+    for k in keys[1:]:
+        n = 0
+        while n < min(len(common), len(k)) and common[n] == k[n]:
+            n += 1
+        common = common[:n]
+    return common

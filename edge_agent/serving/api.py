@@ -281,11 +281,14 @@ class ApiServer:
     async def _audio_stream(self, request: web.Request) -> web.StreamResponse:
         if self.asr is None:
             return _error(503, "no ASR tier is configured", "server_error", "unavailable")
-        ws = web.WebSocketResponse(heartbeat=20)
-        await ws.prepare(request)
         loop = asyncio.get_running_loop()
         outbox: asyncio.Queue = asyncio.Queue()
-        stream = self.asr.open_stream(lambda event: loop.call_soon_threadsafe(outbox.put_nowait, event))
+        try:  # before the upgrade, so shedding or draining is a plain 503 with Retry-After
+            stream = self.asr.open_stream(lambda event: loop.call_soon_threadsafe(outbox.put_nowait, event))
+        except Exception as exc:
+            return _from_exception(exc)
+        ws = web.WebSocketResponse(heartbeat=20)
+        await ws.prepare(request)
 
         async def pump() -> None:
             while True:

@@ -1,5 +1,16 @@
-"""The ASR workload as the daemon runs it: the top ASR tier's engine behind ``AsrService``, offered to
-the local API (whole files, and live PCM16 streams) and reporting each utterance's latency.
+"""The ASR workload as the daemon runs it: a ladder of ASR tiers (``[[models.asr]]``, heaviest first),
+each one engine behind an ``AsrService``, offered to the local API (whole files, and live PCM16
+streams), reporting each utterance's latency, and switched without cutting an utterance.
+
+A switch (``switch_to``) opens the next tier's recogniser (opening warms it) and its service on a
+background thread while the current tier keeps serving. Then new streams and uploads go to the new
+tier; a stream already open finishes on the tier it started on (its recogniser state belongs to that
+model: an utterance never changes model mid-way). The old service is stopped and its engine closed
+once its last open stream closes, or after ``drain_s`` (streams still open then get an ``error``
+event). One switch at a time, its drain included: at most two tiers in memory.
+
+``shedding`` (set by the tier controller) rejects new streams and uploads with ``Unavailable``
+(HTTP 503 with a retry hint); open streams are never cut.
 
 Events sent to API clients are plain dicts: ``{"kind": "speech_start"|"partial"|"final"|"error",
 "utterance", "text", "stable_text", "audio_s"}`` and, for finals, ``first_partial_ms``,
@@ -11,16 +22,20 @@ import logging
 import os
 import tempfile
 import threading
-from typing import Callable
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 
-from ..config import Settings
-from ..errors import InputError
+from ..config import Settings, TierConfig
+from ..errors import EdgeAgentError, InputError, ModelError, Unavailable
+from ..models.recognizer import Recognizer
 from .asr import AsrEvent, AsrService
 
 log = logging.getLogger(__name__)
 Observer = Callable[[str, str, dict], None]  # (tier, model, {metric: [values]})
+Switched = Callable[[int, int, float, "str | None"], None]  # (old, new, load_ms, error)
 
 
 def event_dict(event: AsrEvent) -> dict:
@@ -34,12 +49,49 @@ def event_dict(event: AsrEvent) -> dict:
     return out
 
 
-class PcmStream:
-    """One API client's live stream: little-endian PCM16 mono at the engine's rate in, events out."""
+@dataclass(frozen=True, slots=True)
+class SpeechTier:
+    name: str
+    open: Callable[[], Recognizer]  # loads and warms the recogniser (they warm up as they open)
 
-    def __init__(self, speech: Speech, on_event: Callable[[dict], None]) -> None:
-        self.speech = speech
-        self._stream = speech.service.open_stream(lambda e: (speech._observe(e), on_event(event_dict(e))))
+
+class _Loaded:
+    """One tier in memory: its engine, its service, and how many streams it still serves."""
+
+    def __init__(self, index: int, tier: SpeechTier, engine: Recognizer, service: AsrService,
+                 on_utterance: Observer) -> None:
+        self.index, self.tier, self.engine, self.service = index, tier, engine, service
+        self.model = engine.name
+        self._on_utterance = on_utterance
+        self.streams = 0  # open streams and uploads (under Speech._lock)
+
+    def _observe(self, event: AsrEvent) -> None:
+        if event.kind != "final" or event.metrics is None:
+            return
+        m = event.metrics
+        samples = {"final_ms": [m.final_ms], "rtf": [m.rtf]}
+        if m.first_partial_ms is not None:
+            samples["first_partial_ms"] = [m.first_partial_ms]
+        try:
+            self._on_utterance(self.tier.name, self.model, samples)
+        except Exception:  # metrics must never break a stream
+            log.exception("ASR metrics observer failed")
+
+    def close(self) -> None:
+        self.service.stop()
+        self.engine.close()
+
+
+class PcmStream:
+    """One API client's live stream: little-endian PCM16 mono at the engine's rate in, events out.
+    ``owner`` is the tier it stays on (its ``service`` and ``_observe``); ``on_close`` runs once the
+    stream's last final is out."""
+
+    def __init__(self, owner: _Loaded, on_event: Callable[[dict], None],
+                 on_close: Callable[[], None] | None = None) -> None:
+        self.owner = owner
+        self._on_close = on_close
+        self._stream = owner.service.open_stream(lambda e: (owner._observe(e), on_event(event_dict(e))))
         self._carry = b""
 
     def push(self, pcm16: bytes) -> None:
@@ -50,27 +102,102 @@ class PcmStream:
             self._stream.feed(np.frombuffer(data[:usable], "<i2").astype(np.float32) / 32768.0)
 
     def close(self) -> None:
-        self._stream.close()
-        self._stream.wait(120)
+        try:
+            self._stream.close()
+            self._stream.wait(120)
+        finally:
+            on_close, self._on_close = self._on_close, None
+            if on_close is not None:
+                on_close()
 
 
 class Speech:
-    def __init__(self, service: AsrService, tier_name: str, model: str, on_utterance: Observer | None) -> None:
-        self.service, self.tier_name, self.model = service, tier_name, model
+    def __init__(self, tiers: Sequence[SpeechTier], make_service: Callable[[Recognizer], AsrService],
+                 on_utterance: Observer | None = None, on_switched: Switched | None = None,
+                 drain_s: float = 120.0) -> None:
+        """``make_service(engine)`` builds a tier's (unstarted) service; ``on_switched(old, new, load_ms,
+        error)`` is told when a switch completes or fails."""
+        if not tiers:
+            raise ValueError("at least one ASR tier is needed")
+        self.tiers = list(tiers)
+        self._make_service = make_service
         self._on_utterance = on_utterance or (lambda tier, model, samples: None)
+        self._on_switched = on_switched or (lambda old, new, ms, err: None)
+        self._drain_s = drain_s
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a stream closed
+        self._active: _Loaded | None = None
+        self._draining: _Loaded | None = None
+        self._switching: threading.Thread | None = None
+        self.shedding = False
 
-    def _observe(self, event: AsrEvent) -> None:
-        if event.kind != "final" or event.metrics is None:
-            return
-        m = event.metrics
-        samples = {"final_ms": [m.final_ms], "rtf": [m.rtf]}
-        if m.first_partial_ms is not None:
-            samples["first_partial_ms"] = [m.first_partial_ms]
+    def start(self, tier: int = 0) -> Speech:
+        self._active = self._load(tier)
+        return self
+
+    def _load(self, index: int) -> _Loaded:
+        engine = self.tiers[index].open()
         try:
-            self._on_utterance(self.tier_name, self.model, samples)
-        except Exception:  # metrics must never break a stream
-            log.exception("ASR metrics observer failed")
+            service = self._make_service(engine).start()
+        except BaseException:
+            engine.close()
+            raise
+        return _Loaded(index, self.tiers[index], engine, service, self._on_utterance)
+
+    # -- what the controller, the agent and the API read ----------------------------------------
+
+    @property
+    def active(self) -> int:
+        assert self._active is not None, "start() first"
+        return self._active.index
+
+    @property
+    def active_tier(self) -> str | None:
+        """The serving tier's name; None before ``start`` and after ``stop``."""
+        loaded = self._active
+        return loaded.tier.name if loaded is not None else None
+
+    tier_name = active_tier
+
+    @property
+    def model(self) -> str:
+        loaded = self._active
+        return loaded.model if loaded is not None else ""
+
+    @property
+    def service(self) -> AsrService:
+        """The active tier's service (what new streams go to)."""
+        assert self._active is not None, "start() first"
+        return self._active.service
+
+    @property
+    def switching(self) -> bool:
+        """A switch is loading or its old tier is still draining."""
+        return self._switching is not None and self._switching.is_alive()
+
+    @property
+    def open_streams(self) -> dict[str, int]:
+        """Open streams per tier in memory (the draining one included)."""
+        with self._lock:
+            return {t.tier.name: t.streams for t in (self._draining, self._active) if t is not None}
+
+    # -- streams -----------------------------------------------------------------------------
+
+    def _acquire(self) -> _Loaded:
+        with self._lock:
+            loaded = self._active
+            if loaded is None:
+                raise Unavailable("speech recognition is stopped")
+            if self.shedding:
+                raise Unavailable(f"shedding load: ASR tier {loaded.tier.name!r} is over its latency target and no "
+                                  "lighter tier is left; retry in a few seconds")
+            loaded.streams += 1
+            return loaded
+
+    def _release(self, loaded: _Loaded) -> None:
+        with self._changed:
+            loaded.streams -= 1
+            self._changed.notify_all()
 
     def transcribe_bytes(self, data: bytes, filename: str) -> dict:
         """A whole uploaded file (any format soundfile reads), through the same streaming service."""
@@ -78,39 +205,125 @@ class Speech:
 
         if not data:
             raise InputError(f"{filename}: the upload is empty")
-        suffix = os.path.splitext(filename)[1] or ".wav"
-        with tempfile.NamedTemporaryFile(suffix=suffix) as tmp:
-            tmp.write(data)
-            tmp.flush()
-            samples, info = read_audio(tmp.name, self.service.engine.sample_rate)
-        stream = self.service.open_stream(self._observe)
-        stream.feed(samples)
-        stream.close()
-        if not stream.wait(300):
-            raise InputError(f"{filename}: transcription did not finish within 300 s")
+        loaded = self._acquire()
+        try:
+            suffix = os.path.splitext(filename)[1] or ".wav"
+            with tempfile.NamedTemporaryFile(suffix=suffix) as tmp:
+                tmp.write(data)
+                tmp.flush()
+                samples, info = read_audio(tmp.name, loaded.engine.sample_rate)
+            stream = loaded.service.open_stream(loaded._observe)
+            stream.feed(samples)
+            stream.close()
+            if not stream.wait(300):
+                raise InputError(f"{filename}: transcription did not finish within 300 s")
+        finally:
+            self._release(loaded)
         finals = [event_dict(e) for e in stream.finals]
         return {"text": " ".join(f["text"] for f in finals if f["text"]).strip(), "duration": info.duration_s,
-                "segments": finals, "model": self.model}
+                "segments": finals, "model": loaded.model}
 
     def open_stream(self, on_event: Callable[[dict], None]) -> PcmStream:
-        return PcmStream(self, on_event)
+        """A live stream on the active tier; it finishes there even if the tier switches meanwhile."""
+        loaded = self._acquire()
+        try:
+            return PcmStream(loaded, on_event, on_close=lambda: self._release(loaded))
+        except BaseException:
+            self._release(loaded)
+            raise
 
-    def stop(self) -> None:
-        self.service.stop()
-        self.service.engine.close()
+    # -- switching ---------------------------------------------------------------------------
+
+    def switch_to(self, index: int) -> bool:
+        """Start moving to tier ``index`` in the background; False when already there or busy switching."""
+        if not 0 <= index < len(self.tiers):
+            raise ValueError(f"no ASR tier {index} (the ladder has {len(self.tiers)})")
+        with self._lock:
+            if self._active is None or index == self._active.index or self.switching:
+                return False
+            self._switching = threading.Thread(target=self._switch, args=(index,), name=f"asr-tier-load-{index}",
+                                               daemon=True)
+            self._switching.start()
+        return True
+
+    def wait_switched(self, timeout_s: float | None = None) -> None:
+        """Wait for the switch in progress, its old tier's drain included."""
+        thread = self._switching
+        if thread is not None:
+            thread.join(timeout_s)
+
+    def _switch(self, index: int) -> None:
+        old = self._active
+        assert old is not None
+        start = time.perf_counter()
+        try:
+            new = self._load(index)
+        except Exception as exc:  # a tier that cannot load must not take serving down
+            log.error("could not load ASR tier %r: %s", self.tiers[index].name, exc)
+            self._on_switched(old.index, index, (time.perf_counter() - start) * 1e3,
+                              str(exc) if isinstance(exc, EdgeAgentError) else f"{type(exc).__name__}: {exc}")
+            return
+        load_ms = (time.perf_counter() - start) * 1e3
+        with self._lock:
+            self._active, self._draining = new, old
+        log.info("ASR tier %r -> %r (loaded and warmed in %.0f ms)", old.tier.name, new.tier.name, load_ms)
+        self._on_switched(old.index, index, load_ms, None)
+        self._close_drained(old, self._drain_s)
+        with self._lock:
+            self._draining = None
+
+    def _close_drained(self, loaded: _Loaded, drain_s: float) -> None:
+        with self._changed:
+            drained = self._changed.wait_for(lambda: loaded.streams == 0, drain_s)
+            left = loaded.streams
+        if not drained:
+            log.warning("ASR tier %r: %d stream(s) still open after %.0f s; closing it anyway",
+                        loaded.tier.name, left, drain_s)
+        loaded.close()
+
+    def stop(self, drain_s: float | None = None) -> None:
+        """Let open streams finish (up to ``drain_s``), then free every tier."""
+        self.wait_switched()
+        with self._lock:
+            loaded, self._active = self._active, None  # new streams are refused from here on
+        if loaded is not None:
+            self._close_drained(loaded, self._drain_s if drain_s is None else drain_s)
 
 
-def open_speech(settings: Settings, on_utterance: Observer | None = None) -> Speech:
-    """The top ASR tier, loaded and warmed, behind its service with the configured batching."""
+def speech_tiers(settings: Settings) -> list[SpeechTier]:
+    """The configured ASR ladder; each tier opens (resolves, builds or loads, warms) when first needed."""
+    return [SpeechTier(t.name, _opener(t, settings)) for t in settings.models.asr]
+
+
+def _opener(tier: TierConfig, settings: Settings) -> Callable[[], Recognizer]:
+    def open_tier() -> Recognizer:
+        from ..backends import SessionOptions
+        from ..models.catalog import resolve_model
+        from ..models.recognizer import open_recognizer
+
+        ref = resolve_model(tier.model, settings.models.cache_dir)
+        options = SessionOptions(device=tier.device, threads=settings.device.threads, precision=tier.precision,
+                                 cache_dir=settings.engines.cache_dir)
+        return open_recognizer(ref, tier.backend, options)
+    return open_tier
+
+
+def open_speech(settings: Settings, on_utterance: Observer | None = None, on_switched: Switched | None = None,
+                on_load_failed: Callable[[str, EdgeAgentError], None] | None = None,
+                drain_s: float = 120.0) -> Speech:
+    """The ASR ladder serving from its top tier, or the first lighter one that loads."""
     from ..asr_commands import make_service
-    from ..backends import SessionOptions
-    from ..models.catalog import resolve_model
-    from ..models.recognizer import open_recognizer
 
-    tier = settings.models.asr[0]
-    ref = resolve_model(tier.model, settings.models.cache_dir)
-    options = SessionOptions(device=tier.device, threads=settings.device.threads, precision=tier.precision,
-                             cache_dir=settings.engines.cache_dir)
-    engine = open_recognizer(ref, tier.backend, options)
-    service = make_service(engine, settings.audio, settings.batching, streams=4).start()
-    return Speech(service, tier.name, ref.name, on_utterance)
+    speech = Speech(speech_tiers(settings),
+                    lambda engine: make_service(engine, settings.audio, settings.batching, streams=4),
+                    on_utterance, on_switched, drain_s)
+    errors = []
+    for index, tier in enumerate(speech.tiers):
+        try:
+            return speech.start(index)
+        except EdgeAgentError as exc:
+            errors.append(f"{tier.name}: {exc}")
+            log.error("ASR tier %r could not load (%s); trying the next one", tier.name, exc)
+            if on_load_failed is not None:
+                on_load_failed(tier.name, exc)
+    raise ModelError("no ASR tier could be loaded: " + "; ".join(errors))

@@ -1,10 +1,13 @@
-"""The tier controller loop: observe request timings, ask ``tiers.decide``, apply the decision.
+"""The tier controller loop: observe finished requests, ask ``tiers.decide``, apply the decision.
 
 Every ``evaluate_every_s`` it takes the SLA metric's percentile over a rolling window of the active
 tier's requests (a switch starts a fresh window, and each tier's first request after loading is
-excluded), calls the pure ``decide``, and applies the result to the ``TieredLLM``: switch, truncate,
-shed, resize the batch. Each switch is reported as a ``tier_switch`` event with its reason and the
-snapshot that caused it; a fleet pin (``pin``/``unpin``) overrides the controller until removed.
+excluded), calls the pure ``decide``, and applies the result to the served ladder: switch, truncate,
+shed, resize the batch. The same loop serves both workloads: ``TieredLLM`` reports ``RequestTiming``
+records (``observe``), ``serving.speech.Speech`` reports each utterance's samples (``observe_samples``);
+token caps and batch sizes are applied only where the policy can ask for them (an ASR policy never
+does). Each switch is reported as a ``tier_switch`` event with its reason and the snapshot that
+caused it; a fleet pin (``pin``/``unpin``) overrides the controller until removed.
 """
 from __future__ import annotations
 
@@ -12,12 +15,11 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Mapping, Protocol, Sequence
 
 from ..metrics.timing import RequestTiming
 from ..metrics.window import RollingWindow
 from ..tiers import Decision, Policy, Snapshot, TierState, decide
-from .tiered import TieredLLM
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +34,35 @@ def policy_from_config(sla, max_batch: int) -> Policy:
                   min_token_cap_ratio=sla.min_token_cap_ratio, shed_after=sla.shed_after)
 
 
+def asr_policy_from_config(sla) -> Policy:
+    """The ASR controller's policy from ``[sla.asr]`` (``config.AsrSlaConfig``). There are no tokens to
+    cap and the batch stays as configured: ``min_token_cap_ratio = 1`` sends an over-target lightest
+    tier straight to counting towards shedding."""
+    return Policy(metric=sla.metric, percentile=sla.percentile, target_ms=sla.target_ms, min_samples=sla.min_samples,
+                  downgrade_after=sla.downgrade_after, upgrade_after=sla.upgrade_after,
+                  upgrade_ratio=sla.upgrade_ratio, cooldown_s=sla.cooldown_s, min_dwell_s=sla.min_dwell_s,
+                  adaptive_batch=False, min_token_cap_ratio=1.0, shed_after=sla.shed_after)
+
+
+class Named(Protocol):
+    name: str
+
+
+class Served(Protocol):
+    """A ladder the controller drives (``TieredLLM``, ``Speech``)."""
+
+    tiers: Sequence[Named]
+    shedding: bool
+
+    @property
+    def active(self) -> int: ...
+    @property
+    def switching(self) -> bool: ...
+    def switch_to(self, index: int) -> bool: ...
+
+
 class TierController:
-    def __init__(self, served: TieredLLM, policy: Policy, window_s: float = 30.0, evaluate_every_s: float = 10.0,
+    def __init__(self, served: Served, policy: Policy, window_s: float = 30.0, evaluate_every_s: float = 10.0,
                  on_event: Callable[[str, dict], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, workload: str = "llm") -> None:
         self.served, self.policy, self.workload = served, policy, workload
@@ -59,6 +88,17 @@ class TierController:
         if values:
             self.window.record_many(self.policy.metric, values, timing.tags)
         self.window.record("requests", 1.0)  # throughput counts every request, warm-up or not
+
+    def observe_samples(self, samples: Mapping[str, Sequence[float]], tier: str,
+                        tags: Sequence[str] = ()) -> None:
+        """Record one finished unit of work given as ``{metric: [values]}`` (an ASR utterance), served
+        by ``tier``; only the active tier's count."""
+        if tier != self.served.tiers[self.state.tier].name:
+            return  # an utterance finishing on a tier being drained says nothing about the new one
+        values = samples.get(self.policy.metric, ())
+        if values:
+            self.window.record_many(self.policy.metric, list(values), tags)
+        self.window.record("requests", 1.0)
 
     def pin(self, tier: int | str) -> None:
         index = self._index(tier)
@@ -96,13 +136,14 @@ class TierController:
             else:
                 decision = decide(snap, state, p, now)
             if decision.switched and self.served.switching:
-                decision = Decision(state, "hold", "a tier switch is still loading")
+                decision = Decision(state, "hold", "a tier switch is still loading or draining")
             self.state, self.last = decision.state, decision
         if decision.switched:
             old = state.tier
             self.window = RollingWindow(self.window_s, clock=self._clock)
             self._window_started = now
-            self.served.switch_to(decision.state.tier)
+            # The event goes out before the load starts: a load that fails at once reports its
+            # tier_switch_failed after the switch it belongs to, not before.
             self._on_event("tier_switch", {
                 "workload": self.workload, "from": self.served.tiers[old].name,
                 "to": self.served.tiers[decision.state.tier].name, "action": decision.action,
@@ -111,9 +152,11 @@ class TierController:
                              "count": snap.count, "rate_per_s": snap.rate_per_s, "target_ms": p.target_ms,
                              "window_s": self.window_s},
             })
-        self.served.token_cap_ratio = decision.state.token_cap_ratio
+            self.served.switch_to(decision.state.tier)
+        if p.min_token_cap_ratio < 1.0:  # a policy that can truncate (LLM)
+            self.served.token_cap_ratio = decision.state.token_cap_ratio
         self.served.shedding = decision.state.shedding
-        if decision.state.batch is not None:
+        if decision.state.batch is not None:  # only with adaptive_batch
             self.served.set_max_batch(decision.state.batch)
         return decision
 

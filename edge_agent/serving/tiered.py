@@ -132,12 +132,15 @@ class TieredLLM:
             sizes = tuple(s for s in loaded.tier.limits.preferred_batch_sizes if s <= size) or (size,)
             loaded.scheduler.limits = replace(loaded.scheduler.limits, max_batch=size, preferred_batch_sizes=sizes)
 
-    def switch_to(self, index: int) -> bool:
-        """Start moving to tier ``index`` in the background; False when already there or busy switching."""
+    def switch_to(self, index: int, reload: bool = False) -> bool:
+        """Start moving to tier ``index`` in the background; False when already there or busy switching.
+
+        ``reload``: load the *active* tier again (its opener now finds a newly built engine) through
+        the same machinery: loaded and warmed aside, swapped between batches, the old copy drained."""
         if not 0 <= index < len(self.tiers):
             raise ValueError(f"no tier {index} (the ladder has {len(self.tiers)})")
         with self._lock:
-            if self._active is None or index == self._active.index or self.switching:
+            if self._active is None or (index == self._active.index) != reload or self.switching:
                 return False
             self._switching = threading.Thread(target=self._switch, args=(index,), name=f"tier-load-{index}",
                                                daemon=True)

@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 import corpus  # noqa: E402
 import synth  # noqa: E402
-from model import FLUSH_FRAMES, SUBSAMPLING, ModelConfig, StreamingCTC, count_parameters  # noqa: E402
-from train import BLANK_ID, VOCAB  # noqa: E402
+from model import FLUSH_FRAMES, PRIME_FRAMES, SUBSAMPLING, ModelConfig, StreamingCTC, count_parameters  # noqa: E402
+from train import BLANK_ID, VOCAB, silence_frames  # noqa: E402
 
 from edge_agent.audio.features import LogMelConfig, log_mel  # noqa: E402
 
@@ -72,39 +72,68 @@ def _tail(feats: np.ndarray, pad: float) -> np.ndarray:
     return out
 
 
-def write_arpa(path: Path, sentences: list[str], discount: float = 0.7) -> None:
-    """A word bigram LM in ARPA format: interpolated absolute discounting, add-one unigrams.
+def write_arpa(path: Path, sentences: list[str], order: int = 3, discount: float = 0.7, min_count: int = 2) -> None:
+    """A word n-gram LM in ARPA format: interpolated absolute discounting over add-one unigrams.
 
-    Listed bigrams carry the interpolated probability; a history's back-off weight spreads the
-    remaining mass over the unigrams of the words it was not seen with, so the model normalises.
+    p_k(w | h) = max(c(h w) − D, 0) / c(h) + D · N(h) / c(h) · p_{k−1}(w | h[1:]), where N(h) is the
+    number of distinct words seen after h. Listed n-grams carry that interpolated probability and a
+    history's back-off weight is D · N(h) / c(h), which is exactly the mass the interpolation gives the
+    lower order, so the model normalises. N-grams above the bigram seen fewer than ``min_count``
+    times are dropped before estimating (count pruning keeps the file small).
     """
     from collections import Counter
 
     words = corpus.vocabulary() + ["</s>", "<unk>"]
-    uni: Counter[str] = Counter()
-    bi: Counter[tuple[str, str]] = Counter()
+    counts: list[Counter[tuple[str, ...]]] = [Counter() for _ in range(order + 1)]
     for sentence in sentences:
         toks = ["<s>"] + sentence.split() + ["</s>"]
-        uni.update(toks[1:])
-        bi.update(zip(toks, toks[1:]))
-    total = sum(uni.values()) + len(words)
-    p_uni = {w: (uni[w] + 1) / total for w in words}
-    hist: Counter[str] = Counter()
-    followers: dict[str, list[str]] = {}
-    for (h, w), c in bi.items():
-        hist[h] += c
-        followers.setdefault(h, []).append(w)
-    lines_bi, bow = [], {}
-    for h in sorted(followers):
-        alpha = discount * len(followers[h]) / hist[h]
-        listed = {w: (bi[(h, w)] - discount) / hist[h] + alpha * p_uni[w] for w in followers[h]}
-        bow[h] = (1 - sum(listed.values())) / (1 - sum(p_uni[w] for w in followers[h]))
-        lines_bi += [f"{math.log10(p):.6f}\t{h} {w}" for w, p in sorted(listed.items())]
-    lines_uni = [f"{-99.0 if w == '<s>' else math.log10(p_uni[w]):.6f}\t{w}\t{math.log10(bow[w]) if w in bow else 0.0:.6f}"
-                 for w in ["<s>"] + words]
-    text = ["\\data\\", f"ngram 1={len(lines_uni)}", f"ngram 2={len(lines_bi)}", "", "\\1-grams:", *lines_uni, "",
-            "\\2-grams:", *lines_bi, "", "\\end\\", ""]
-    path.write_text("\n".join(text))
+        for k in range(1, order + 1):
+            counts[k].update(tuple(toks[i:i + k]) for i in range(len(toks) - k + 1) if k > 1 or toks[i] != "<s>")
+    for k in range(3, order + 1):
+        counts[k] = Counter({g: c for g, c in counts[k].items() if c >= min_count})
+    total = sum(counts[1].values()) + len(words)
+    p_uni = {w: (counts[1][(w,)] + 1) / total for w in words}
+    hist_count: list[Counter[tuple[str, ...]]] = [Counter() for _ in range(order + 1)]
+    followers: list[Counter[tuple[str, ...]]] = [Counter() for _ in range(order + 1)]
+    for k in range(2, order + 1):
+        for g, c in counts[k].items():
+            hist_count[k][g[:-1]] += c
+            followers[k][g[:-1]] += 1
+    memo: dict[tuple[str, ...], float] = {}
+
+    def prob(gram: tuple[str, ...]) -> float:
+        """The model's probability of gram[-1] after gram[:-1] (listed or backed off)."""
+        if len(gram) == 1:
+            return p_uni.get(gram[0], p_uni["<unk>"])
+        if gram in memo:
+            return memo[gram]
+        k, h = len(gram), gram[:-1]
+        lower = prob(gram[1:])
+        if hist_count[k][h] == 0:
+            p = lower  # an unseen history: back-off weight 1
+        else:
+            alpha = discount * followers[k][h] / hist_count[k][h]
+            p = max(counts[k][gram] - discount, 0.0) / hist_count[k][h] + alpha * lower
+        memo[gram] = p
+        return p
+
+    def bow(h: tuple[str, ...]) -> float:
+        k = len(h) + 1
+        if k > order or hist_count[k][h] == 0:
+            return 0.0
+        return math.log10(discount * followers[k][h] / hist_count[k][h])
+
+    sections = [[f"{-99.0 if w == '<s>' else math.log10(p_uni[w]):.6f}\t{w}\t{bow((w,)):.6f}" for w in ["<s>"] + words]]
+    for k in range(2, order + 1):
+        lines = []
+        for g in sorted(counts[k]):
+            line = f"{math.log10(prob(g)):.6f}\t{' '.join(g)}"
+            lines.append(line + (f"\t{bow(g):.6f}" if k < order else ""))
+        sections.append(lines)
+    text = ["\\data\\", *(f"ngram {k}={len(lines)}" for k, lines in enumerate(sections, 1)), ""]
+    for k, lines in enumerate(sections, 1):
+        text += [f"\\{k}-grams:", *lines, ""]
+    path.write_text("\n".join(text + ["\\end\\", ""]))
 
 
 def export_onnx(work: Path, out: Path, checkpoint: Path | None = None) -> None:
@@ -136,34 +165,40 @@ def export_onnx(work: Path, out: Path, checkpoint: Path | None = None) -> None:
     recipe = synth.Recipe("en-us+" + synth.HELDOUT_VARIANTS[0], 165, 50, -6.0, 0.3, 0.3, "pink", 20.0, 0.0, 7)
     samples = synth.render(text, recipe)
     feats = _tail(log_mel(samples, pre), pre.padding_value)[None]
-    with torch.no_grad():
-        ref = model(torch.from_numpy(feats), *model.initial_state(1))
+    with torch.no_grad():  # every stream starts from the state after PRIME_FRAMES of silence
+        primed = model(torch.from_numpy(silence_frames(pre, PRIME_FRAMES)[None]), *model.initial_state(1))[1:]
+        ref = model(torch.from_numpy(feats), *primed)
     ref_lp = ref[0].numpy()
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     sess = ort.InferenceSession(str(tmp / "model.onnx"), opts, providers=["CPUExecutionProvider"])
     zeros = {f"state_in.{i}": np.zeros((1, *s), np.float32) for i, s in enumerate(model.state_shapes())}
-    whole = _run(sess, {"features": feats, **zeros})
-    chunked = _chunked(sess, feats, zeros)
-    d_torch = float(np.abs(whole["log_probs"] - ref_lp).max())
+    prime = _run(sess, {"features": silence_frames(pre, PRIME_FRAMES)[None], **zeros})
+    initial = {k: prime[k.replace("state_in", "state_out")] for k in zeros}
+    whole = _run(sess, {"features": feats, **initial})
+    chunked = _chunked(sess, feats, initial)
+    d_torch = max(float(np.abs(whole["log_probs"] - ref_lp).max()),
+                  *(float(np.abs(initial[f"state_in.{i}"] - p.numpy()).max()) for i, p in enumerate(primed)))
     d_chunk = float(np.abs(chunked - whole["log_probs"]).max())
     print(f"ONNX vs PyTorch max |Δ| {d_torch:.2e}; chunked vs whole max |Δ| {d_chunk:.2e}", file=sys.stderr)
     if d_torch > 1e-3 or d_chunk > 1e-3:
         raise SystemExit("export check failed: ONNX Runtime does not reproduce PyTorch / chunked != whole")
     batch = np.concatenate([feats, np.flip(feats, 1).copy()])
     with torch.no_grad():
-        ref_b = model(torch.from_numpy(batch), *model.initial_state(2))
+        ref_b = model(torch.from_numpy(batch), *(torch.cat([p, p]) for p in primed))
     np.savez_compressed(
         tmp / "reference.npz", samples=samples, text=np.array(text), features=feats[0], log_probs=ref_lp[0],
         state_out_0=ref[1].numpy()[0], state_out_1=ref[2].numpy()[0], state_out_2=ref[3].numpy()[0],
         state_out_3=ref[4].numpy()[0], batch_features=batch, batch_log_probs=ref_b[0].numpy(),
         greedy_ids=ref_lp[0].argmax(-1).astype(np.int64),
+        **{f"initial_state_{i}": p.numpy()[0] for i, p in enumerate(primed)},
     )
 
     state_shapes = {f"state_in.{i}": list(s) for i, s in enumerate(model.state_shapes())}
     config = {
         "model_type": "streaming-ctc", "architectures": ["StreamingCTC"], "vocab_size": cfg.vocab_size,
         "subsampling": SUBSAMPLING, "chunk_frames": CHUNK_FRAMES, "flush_frames": FLUSH_FRAMES,
+        "prime_frames": PRIME_FRAMES,
         "blank_id": BLANK_ID, "pad_token_id": BLANK_ID, "word_delimiter": "|", "state_shapes": state_shapes,
         "num_mel_bins": cfg.num_mel_bins, "conv_channels": cfg.conv_channels, "hidden_size": cfg.hidden,
         "num_layers": cfg.layers, "lookahead_ms": 80, "parameters": count_parameters(model),

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import corpus  # noqa: E402
 import synth  # noqa: E402
-from model import FLUSH_FRAMES, SUBSAMPLING, ModelConfig, StreamingCTC, count_parameters  # noqa: E402
+from model import FLUSH_FRAMES, PRIME_FRAMES, SUBSAMPLING, ModelConfig, StreamingCTC, count_parameters  # noqa: E402
 
 from edge_agent.audio.features import LogMelConfig, log_mel  # noqa: E402
 
@@ -145,20 +145,32 @@ class Corpus:
         return batches
 
     def collate(self, ids: list[int], pad: float, gen: torch.Generator | None) -> tuple[torch.Tensor, ...]:
-        """Features padded to a multiple of the subsampling plus the flush frames, and CTC targets."""
+        """The prime (``PRIME_FRAMES`` of silence), features padded to a multiple of the subsampling
+        plus the flush frames, and CTC targets.
+
+        Every stream starts from the state after the same silence, at training and at run time: a model
+        that starts from the zero state learns to spend its first output frames guessing the first
+        letters (a third of the utterances start at t = 0), which then garbles the first word of
+        every utterance that starts after a pause."""
         longest = int(max(self.lengths[ids]))
-        t_in = math.ceil(longest / SUBSAMPLING) * SUBSAMPLING + FLUSH_FRAMES
+        t_in = PRIME_FRAMES + math.ceil(longest / SUBSAMPLING) * SUBSAMPLING + FLUSH_FRAMES
         x = torch.full((len(ids), t_in, self.feats.shape[1]), pad)
+        x[:, :PRIME_FRAMES] = torch.from_numpy(silence_frames(self.cfg, PRIME_FRAMES))
         in_lens, targets, tgt_lens = [], [], []
         for b, i in enumerate(ids):
             n = int(self.lengths[i])
-            x[b, :n] = torch.from_numpy(np.array(self.feats[self.offsets[i]:self.offsets[i] + n]))
+            x[b, PRIME_FRAMES:PRIME_FRAMES + n] = torch.from_numpy(np.array(self.feats[self.offsets[i]:self.offsets[i] + n]))
             if gen is not None:
-                _spec_augment(x[b, :n], gen)
-            in_lens.append((math.ceil(n / SUBSAMPLING) * SUBSAMPLING + FLUSH_FRAMES) // SUBSAMPLING)
+                _spec_augment(x[b, PRIME_FRAMES:PRIME_FRAMES + n], gen)
+            in_lens.append((PRIME_FRAMES + math.ceil(n / SUBSAMPLING) * SUBSAMPLING + FLUSH_FRAMES) // SUBSAMPLING)
             targets.extend(self.labels[i])
             tgt_lens.append(len(self.labels[i]))
         return x, torch.tensor(in_lens), torch.tensor(targets), torch.tensor(tgt_lens)
+
+
+def silence_frames(cfg: LogMelConfig, count: int) -> np.ndarray:
+    """``count`` feature frames of digital silence (what ``prime_frames`` feeds at run time)."""
+    return log_mel(np.zeros(cfg.win_length + (count - 1) * cfg.hop_length, np.float32), cfg)[:count]
 
 
 def _spec_augment(x: torch.Tensor, gen: torch.Generator) -> None:
@@ -199,13 +211,14 @@ def word_errors(ref: str, hyp: str) -> int:
 
 
 @torch.no_grad()
-def evaluate(model: StreamingCTC, dev: list[tuple[np.ndarray, str]], pad: float) -> float:
+def evaluate(model: StreamingCTC, dev: list[tuple[np.ndarray, str]], pad: float, cfg: LogMelConfig) -> float:
     model.eval()
     errors = words = 0
     for feats, text in dev:
-        n = math.ceil(len(feats) / SUBSAMPLING) * SUBSAMPLING + FLUSH_FRAMES
+        n = PRIME_FRAMES + math.ceil(len(feats) / SUBSAMPLING) * SUBSAMPLING + FLUSH_FRAMES
         x = torch.full((1, n, feats.shape[1]), pad)
-        x[0, :len(feats)] = torch.from_numpy(feats)
+        x[0, :PRIME_FRAMES] = torch.from_numpy(silence_frames(cfg, PRIME_FRAMES))
+        x[0, PRIME_FRAMES:PRIME_FRAMES + len(feats)] = torch.from_numpy(feats)
         lp = model(x, *model.initial_state(1))[0][0]
         errors += word_errors(text, decode_greedy(lp.argmax(-1).numpy()))
         words += len(text.split())
@@ -281,7 +294,7 @@ def train(work: Path, args: argparse.Namespace) -> None:
                         "elapsed_s": elapsed_before + time.time() - start}, tmp)
             tmp.replace(last)
         if step % args.eval_every == 0 or step == stop:
-            _log(work, f"update {step}: dev greedy WER {100 * evaluate(model, dev, pad):.1f}%")
+            _log(work, f"update {step}: dev greedy WER {100 * evaluate(model, dev, pad, data.cfg):.1f}%")
     minutes = round((elapsed_before + time.time() - start) / 60, 1)
     torch.save({"model": model.state_dict(), "config": cfg.to_dict(), "steps": stop, "seed": args.seed,
                 "minutes": minutes, "max_frames": args.max_frames, "lr": args.lr}, final)

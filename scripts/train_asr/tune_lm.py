@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 from edge_agent.audio.wav import read_audio  # noqa: E402
 from edge_agent.eval_asr import read_manifest  # noqa: E402
 from edge_agent.metrics.wer import error_rates  # noqa: E402
-from edge_agent.models.asr_streaming_ctc import StreamingCtcRunner, lexicon_beam_search  # noqa: E402
+from edge_agent.models.asr_streaming_ctc import StreamingCtcRunner  # noqa: E402
 
 WEIGHTS = (0.3, 0.5, 0.8, 1.2)
 BONUSES = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0)
@@ -33,12 +33,11 @@ def main() -> int:
     assert spec.lm is not None and spec.lexicon is not None, "needs lm.arpa and lexicon.txt"
     items = read_manifest(manifest)
     lps = [runner.full(read_audio(u.audio)[0]) for u in items]
-    delim = spec.tokens.index(spec.word_delimiter)
     results = []
     for w in WEIGHTS:
         for b in BONUSES:
             lm = replace(spec.lm, weight=w, word_bonus=b)
-            hyps = [lexicon_beam_search(lp, spec.tokens, spec.blank_id, delim, spec.lexicon, 12, lm=lm) for lp in lps]
+            hyps = [runner.decode(lp, "lm", lm=lm) for lp in lps]
             words, _ = error_rates(zip((u.text for u in items), hyps))
             results.append((words.rate, w, b))
             print(f"lm_weight {w} word_bonus {b}: WER {100 * words.rate:.2f}%", file=sys.stderr)

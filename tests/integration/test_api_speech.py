@@ -93,6 +93,29 @@ def test_websocket_stream_gives_partials_and_the_same_final(served):
     assert {"speech_start", "final"} <= {e["kind"] for e in events}
 
 
+def test_a_shedding_speech_tier_refuses_a_websocket_before_the_upgrade(served):
+    api, speech, _ = served
+    url = api.address.replace("http", "ws") + "/v1/audio/stream"
+
+    async def connect() -> tuple[int, str | None, dict]:
+        async with aiohttp.ClientSession() as session:
+            try:
+                async with session.ws_connect(url):
+                    return 101, None, {}
+            except aiohttp.WSServerHandshakeError as exc:
+                async with session.get(url) as plain:  # the same refusal as a plain request shows its body
+                    return exc.status, exc.headers.get("Retry-After"), await plain.json()
+
+    speech.shedding = True
+    try:
+        status, retry, body = asyncio.run(connect())
+    finally:
+        speech.shedding = False
+    assert status == 503 and retry is not None and int(retry) > 0
+    assert body["error"]["code"] == "unavailable" and "shedding" in body["error"]["message"]
+    assert asyncio.run(connect())[0] == 101  # serving again once the controller stops shedding
+
+
 def test_pcm_messages_split_inside_a_sample_lose_nothing():
     from edge_agent.serving.speech import PcmStream
 

@@ -16,7 +16,7 @@ import pytest
 
 from edge_agent.audio.features import LogMelConfig, log_mel
 from edge_agent.metrics.wer import error_rates
-from edge_agent.models.asr_streaming_ctc import StreamingCtcRunner, greedy_ids, lexicon_beam_search
+from edge_agent.models.asr_streaming_ctc import StreamingCtcRunner
 from edge_agent.models.catalog import resolve_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -206,51 +206,3 @@ def test_missing_manifest_and_wrong_model_kind(tmp_path: Path) -> None:
     assert done.returncode == 1 and "streaming-ctc" in done.stderr
 
 
-def _lp(rows: list[dict[int, float]], vocab: int) -> np.ndarray:
-    out = np.full((len(rows), vocab), -20.0, np.float32)
-    for t, row in enumerate(rows):
-        for i, p in row.items():
-            out[t, i] = np.log(p)
-    return out
-
-
-TOKENS = ("<pad>", "<unk>", "|", "'", *"abcdefghijklmnopqrstuvwxyz")
-ID = {t: i for i, t in enumerate(TOKENS)}
-
-
-def test_lexicon_search_snaps_to_known_words() -> None:
-    # greedy reads "of|tha" ; "on|the" is only slightly less likely per frame and is all lexicon words
-    frames = [{ID["o"]: 0.9, 0: 0.1}, {ID["f"]: 0.55, ID["n"]: 0.45}, {ID["|"]: 0.9, 0: 0.1},
-              {ID["t"]: 0.9, 0: 0.1}, {ID["h"]: 0.9, 0: 0.1}, {ID["a"]: 0.6, ID["e"]: 0.4}, {0: 1.0}]
-    lp = _lp(frames, len(TOKENS))
-    text = "".join(TOKENS[i] for i in greedy_ids(lp, 0)).replace("|", " ")
-    assert text == "of tha"
-    assert lexicon_beam_search(lp, TOKENS, 0, ID["|"], frozenset({"on", "the", "off"})) == "on the"
-
-
-def test_lexicon_search_keeps_double_letters_apart_only_with_a_blank() -> None:
-    # "o o" with a blank between is "oo"; without, it collapses to "o"
-    lex = frozenset({"too", "to"})
-    with_blank = _lp([{ID["t"]: 1.0}, {ID["o"]: 1.0}, {0: 1.0}, {ID["o"]: 1.0}], len(TOKENS))
-    without = _lp([{ID["t"]: 1.0}, {ID["o"]: 1.0}, {ID["o"]: 1.0}, {0: 1.0}], len(TOKENS))
-    assert lexicon_beam_search(with_blank, TOKENS, 0, ID["|"], lex) == "too"
-    assert lexicon_beam_search(without, TOKENS, 0, ID["|"], lex) == "to"
-
-
-def test_bigram_lm_picks_the_likelier_word_sequence(tmp_path: Path) -> None:
-    from edge_agent.models.asr_streaming_ctc import BigramLM
-
-    arpa = tmp_path / "lm.arpa"
-    arpa.write_text("\\data\\\nngram 1=5\nngram 2=3\n\n\\1-grams:\n-99\t<s>\t0\n-1.0\tto\t-0.3\n"
-                    "-1.0\ttoo\t-0.3\n-1.0\tgo\t-0.3\n-1.0\t</s>\t0\n\n\\2-grams:\n-0.1\tto\tgo\n"
-                    "-2.0\ttoo\tgo\n-0.2\tgo\t</s>\n\n\\end\\\n")
-    lm = BigramLM.from_arpa(arpa, weight=1.0, word_bonus=0.0)
-    assert lm.score("to", "go") == pytest.approx(-0.1 * np.log(10))
-    assert lm.score("go", "to") == pytest.approx((-0.3 - 1.0) * np.log(10))  # back-off
-    # acoustics slightly prefer "too go"; the bigram "to go" wins once the LM counts
-    frames = [{ID["t"]: 1.0}, {ID["o"]: 1.0}, {0: 1.0}, {ID["o"]: 0.7, 0: 0.3},  # "too" 0.7 against "to" 0.3
-              {ID["|"]: 1.0}, {ID["g"]: 1.0}, {ID["o"]: 1.0}, {0: 1.0}]
-    lp = _lp(frames, len(TOKENS))
-    lex = frozenset({"to", "too", "go"})
-    assert lexicon_beam_search(lp, TOKENS, 0, ID["|"], lex) == "too go"
-    assert lexicon_beam_search(lp, TOKENS, 0, ID["|"], lex, lm=lm) == "to go"

@@ -144,3 +144,31 @@ def test_example_config_is_valid_and_documents_every_key():
         assert key.split(".")[-1] in present, f"{key} is not documented in {EXAMPLE.name}"
     assert set(SLA_PRESETS) <= set(re.findall(r'"([a-z-]+)"', text)), "SLA presets are listed in the example"
     tomllib.loads(text)
+
+
+def test_sla_asr_is_its_own_policy_and_flat_sla_keys_stay_the_llm_policy(tmp_path):
+    s = load_settings(None)
+    a = s.sla.asr
+    assert (a.metric, a.percentile, a.target_ms) == ("first_partial_ms", 95, 300.0)  # FACTS: AI customer-service ASR
+    assert (a.window_s, a.min_samples, a.downgrade_after, a.upgrade_after, a.upgrade_ratio) == (30, 20, 3, 6, 0.7)
+    s = load_settings(write(tmp_path, '[sla]\npreset = "customer-service"\ndowngrade_after = 5\n'
+                                      '[sla.asr]\ntarget_ms = 250\nmetric = "final_ms"\ncooldown_s = 5\n'))
+    assert (s.sla.metric, s.sla.target_ms, s.sla.downgrade_after) == ("ttft_ms", 220.0, 5)
+    assert (s.sla.asr.metric, s.sla.asr.target_ms, s.sla.asr.cooldown_s) == ("final_ms", 250.0, 5.0)
+    assert s.sla.asr.downgrade_after == 3  # the LLM's knobs do not leak into the ASR policy
+
+
+def test_sla_asr_preset_unknown_keys_and_llm_metrics_are_rejected(tmp_path, monkeypatch):
+    s = load_settings(write(tmp_path, '[sla.asr]\npreset = "asr-customer-service"\npercentile = 99\n'))
+    assert (s.sla.asr.metric, s.sla.asr.percentile, s.sla.asr.target_ms) == ("first_partial_ms", 99, 300.0)
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path, '[sla.asr]\ntarget = 300\nmetric = "ttft_ms"\nadaptive_batch = "on"\n'))
+    problems = dict(err.value.problems)
+    assert problems["sla.asr.target"] == "unknown key" and problems["sla.asr.adaptive_batch"] == "unknown key"
+    assert "first_partial_ms" in problems["sla.asr.metric"]
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path, '[sla.asr]\npreset = "chit-chat"\n'))
+    (where, message), = err.value.problems
+    assert where == "sla.asr" and "asr-customer-service" in message
+    monkeypatch.setenv("EDGE_AGENT_SLA__ASR__TARGET_MS", "200")
+    assert load_settings(write(tmp_path, "[sla]\ntarget_ms = 400\n")).sla.asr.target_ms == 200.0
