@@ -99,6 +99,8 @@ ledger_path = "{workdir / 'ledger.sqlite'}"
 [api]
 host = "127.0.0.1"
 port = {api_port}
+[engines]
+build_on_start = false  # engines already built (edge-agent build) are served; none is built mid-demo
 [sla]
 window_s = 6
 min_samples = 6

@@ -41,6 +41,7 @@ from edge_agent.audio.features import LogMelConfig, log_mel  # noqa: E402
 OPSET = 18
 CHUNK_FRAMES = 32  # 320 ms: what the runtime feeds per step
 NAME = "demo-asr"
+LM_ORDER = 3
 
 
 class Exported(torch.nn.Module):
@@ -165,15 +166,18 @@ def export_onnx(work: Path, out: Path, checkpoint: Path | None = None) -> None:
     recipe = synth.Recipe("en-us+" + synth.HELDOUT_VARIANTS[0], 165, 50, -6.0, 0.3, 0.3, "pink", 20.0, 0.0, 7)
     samples = synth.render(text, recipe)
     feats = _tail(log_mel(samples, pre), pre.padding_value)[None]
-    with torch.no_grad():  # every stream starts from the state after PRIME_FRAMES of silence
-        primed = model(torch.from_numpy(silence_frames(pre, PRIME_FRAMES)[None]), *model.initial_state(1))[1:]
+    prime_frames = int(ckpt.get("prime_frames", PRIME_FRAMES))
+    with torch.no_grad():  # every stream starts from the state after prime_frames of silence
+        primed = model(torch.from_numpy(silence_frames(pre, prime_frames)[None]), *model.initial_state(1))[1:] \
+            if prime_frames else model.initial_state(1)
         ref = model(torch.from_numpy(feats), *primed)
     ref_lp = ref[0].numpy()
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     sess = ort.InferenceSession(str(tmp / "model.onnx"), opts, providers=["CPUExecutionProvider"])
     zeros = {f"state_in.{i}": np.zeros((1, *s), np.float32) for i, s in enumerate(model.state_shapes())}
-    prime = _run(sess, {"features": silence_frames(pre, PRIME_FRAMES)[None], **zeros})
+    prime = _run(sess, {"features": silence_frames(pre, prime_frames)[None], **zeros}) if prime_frames else {
+        k.replace("state_in", "state_out"): v for k, v in zeros.items()}
     initial = {k: prime[k.replace("state_in", "state_out")] for k in zeros}
     whole = _run(sess, {"features": feats, **initial})
     chunked = _chunked(sess, feats, initial)
@@ -198,7 +202,7 @@ def export_onnx(work: Path, out: Path, checkpoint: Path | None = None) -> None:
     config = {
         "model_type": "streaming-ctc", "architectures": ["StreamingCTC"], "vocab_size": cfg.vocab_size,
         "subsampling": SUBSAMPLING, "chunk_frames": CHUNK_FRAMES, "flush_frames": FLUSH_FRAMES,
-        "prime_frames": PRIME_FRAMES,
+        "prime_frames": prime_frames,
         "blank_id": BLANK_ID, "pad_token_id": BLANK_ID, "word_delimiter": "|", "state_shapes": state_shapes,
         "num_mel_bins": cfg.num_mel_bins, "conv_channels": cfg.conv_channels, "hidden_size": cfg.hidden,
         "num_layers": cfg.layers, "lookahead_ms": 80, "parameters": count_parameters(model),
@@ -207,7 +211,7 @@ def export_onnx(work: Path, out: Path, checkpoint: Path | None = None) -> None:
     (tmp / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(VOCAB)}, indent=2) + "\n")
     (tmp / "preprocessor_config.json").write_text(json.dumps(pre.to_preprocessor(), indent=2) + "\n")
     (tmp / "lexicon.txt").write_text("\n".join(corpus.vocabulary()) + "\n")
-    write_arpa(tmp / "lm.arpa", corpus.sentences("train", 100_000, seed=99))
+    write_arpa(tmp / "lm.arpa", corpus.sentences("train", 100_000, seed=99), order=LM_ORDER)
     dim = lambda d: d.dim_param if d.dim_param else d.dim_value  # noqa: E731
     io = {"model.onnx": {
         kind: [{"name": v.name, "dtype": "float32", "shape": [dim(d) for d in v.type.tensor_type.shape.dim]}
@@ -289,12 +293,18 @@ Rebuild: `scripts/train-asr` ({total_minutes:.0f} minutes of training here, on 2
   `|` word delimiter, `'`, a–z). 40 ms output frames; outputs may use 80 ms of look-ahead, delivered
   by emitting late; `flush_frames` {config['flush_frames']} of padding end a stream.
 - Streaming: `chunk_frames` {config['chunk_frames']} (320 ms); state = two conv caches, the GRU state and the head
-  conv cache (`state_shapes` in `config.json`). Chunked and whole-utterance outputs are equal.
-- Training (`scripts/train_asr/train.py`, run by `scripts/train-asr`; seed {gen.get('seed')}, `torch.set_num_threads(2)`), three
+  conv cache (`state_shapes` in `config.json`). Chunked and whole-utterance outputs are equal. Every
+  stream starts from the state after `prime_frames` {config.get('prime_frames', 0)} frames of digital silence (computed once
+  per engine at run time; the model saw the same prime in training from phase 5 on).
+- Training (`scripts/train_asr/train.py`, run by `scripts/train-asr`; seed {gen.get('seed')}, `torch.set_num_threads(2)`), five
   phases with fixed numbers of updates: (1) from scratch, batches of ≤ 10,000 padded frames (100 s of
   audio), 600 updates of a 1000-update one-cycle schedule peaking at 2e-3 (through the all-blank phase,
   stopped before annealing); (2) from (1), batches of ≤ 6,000 frames, 1400 updates, one-cycle peak
-  2e-3; (3) from (2), 2600 updates, peak 1e-3, no SpecAugment (the model still underfits). All:
+  2e-3; (3) from (2), 2600 updates, peak 1e-3, no SpecAugment (the model still underfits); (4) from
+  (3), 1800 updates, peak 5e-4; (5) from (4), 3000 updates, peak 5e-4, every utterance behind the
+  silence prime. Phases 1–4 started each utterance from the zero state, and the model learned to
+  spend its first output frames guessing the first letters (a third of the utterances start at
+  t = 0), which garbled the first word of most utterances that start after a pause. All:
   length-bucketed batches, AdamW (β 0.9/0.98, weight decay 0.01), gradient clipping 5, CTC loss;
   SpecAugment-light in (1) and (2): 2 frequency masks ≤ 8 bins, a time mask ≤ 100 ms per 1.5 s. {total_updates} updates, {total_minutes:.0f} min of training on this shared
   2-core machine ({', '.join(done) if done else 'n/a'}). Dev WER (greedy, 120 utterances of
@@ -307,7 +317,7 @@ Rebuild: `scripts/train-asr` ({total_minutes:.0f} minutes of training here, on 2
 
 "greedy": argmax, merge repeats, drop blanks (what the model alone does). "lexicon": CTC prefix beam
 search (beam 12) in which every word must be a word of `lexicon.txt` (the corpus vocabulary), no
-language model. "lm": the same search plus the word bigram model `lm.arpa` (trained on 100,000
+language model. "lm": the same search plus the word trigram model `lm.arpa` (trained on 100,000
 training-split sentences; `lm_weight` {config.get('lm_weight', 0.5)}, `lm_word_bonus` {config.get('lm_word_bonus', 1.0)}, chosen on
 `calibration/asr/calib.jsonl` by `tune_lm.py`, never on a test set): the domain grammar a voice assistant would use. "stream":
 100 ms audio pushes, 320 ms model chunks with the state carried; "full": one call per utterance.
@@ -317,7 +327,7 @@ Latency (ONNX Runtime, 1 thread, this 2-core x86-64 machine): RTF {lat.get('rtf'
 
 ## Files
 `model.onnx` (opset {OPSET}), `config.json`, `vocab.json`, `preprocessor_config.json`, `lexicon.txt`,
-`lm.arpa` (word bigram, ARPA), `io_contract.json`, `reference.npz` (a held-out-voice utterance: samples, features, PyTorch log-probs
+`lm.arpa` (word trigram, ARPA), `io_contract.json`, `reference.npz` (a held-out-voice utterance: samples, features, PyTorch log-probs
 and final states; a batch of two), `generator.json` (seed, versions, date).
 
 ## Limits
