@@ -5,10 +5,12 @@
 The manifest is JSONL, one utterance a line: ``{"audio": "path relative to the manifest",
 "text": "reference"}``. Each utterance is recognised streamed (100 ms audio chunks, the model's
 state carried) and whole (one model call), decoded greedily and, where the model folder has a
-``lexicon.txt`` (and ``lm.arpa``), with the lexicon-constrained beam search (and the word bigram
-language model); WER/CER (``metrics/wer.py``) are
-reported for each combination with the latency figures: real-time factor, compute per model
-call, and ``final_ms`` (last audio pushed → final text: flush, last model call and decoding).
+``lexicon.txt`` (and ``lm.arpa``), with the lexicon-constrained beam search (and the n-gram
+language model). ``service`` rows send each file through what the daemon runs: the serving
+recogniser behind ``AsrService``, with the ``[audio]`` endpointing of the config (VAD, pre-roll),
+100 ms pushes and the decoder the tier would use. WER/CER (``metrics/wer.py``) are reported for
+each combination with the latency figures: real-time factor, compute per model call, and
+``final_ms`` (last audio pushed → final text: flush, last model call and decoding).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import numpy as np
 
 from .errors import InputError, ModelError
 
-MODES = ("stream", "full")
+MODES = ("stream", "full", "service")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +75,7 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 def evaluate(model: str, data: Path, backend: str = "onnxruntime", device: str = "cpu", precision: str = "auto",
              threads: int = 1, decoders: tuple[str, ...] | None = None, limit: int | None = None,
-             cache_dir: Path | None = None) -> dict:
+             cache_dir: Path | None = None, audio=None) -> dict:
     """Score ``model`` on manifest ``data``; the report ``edge-agent eval asr --json`` prints."""
     from .audio.wav import read_audio
     from .backends import SessionOptions
@@ -91,12 +93,12 @@ def evaluate(model: str, data: Path, backend: str = "onnxruntime", device: str =
     if decoders is None:
         decoders = ("greedy",) + (("lexicon",) if runner.spec.lexicon is not None else ()) + (
             ("lm",) if runner.spec.lm is not None and runner.spec.lexicon is not None else ())
-    totals = {f"{m}/{d}": {"words": [0, 0, 0, 0], "chars": [0, 0, 0, 0]} for m in MODES for d in decoders}
     audio_s = compute_s = 0.0
     chunk_ms: list[float] = []
     final_ms: list[float] = []
     max_diff = 0.0
     samples_out: list[dict] = []
+    all_samples: list[np.ndarray] = []
     try:
         for utt in items:
             try:
@@ -104,6 +106,7 @@ def evaluate(model: str, data: Path, backend: str = "onnxruntime", device: str =
             except InputError as exc:
                 raise InputError(f"{data}:{utt.line}: {exc}") from None
             audio_s += len(samples) / runner.spec.features.sampling_rate
+            all_samples.append(samples)
             t0 = time.perf_counter()
             stream = runner.start()
             for i in range(0, len(samples), 1600):
@@ -122,19 +125,25 @@ def evaluate(model: str, data: Path, backend: str = "onnxruntime", device: str =
                     key = f"{mode}/{d}"
                     if key not in hyps:
                         hyps[key] = runner.decode(lp, d)  # type: ignore[arg-type]
-            ref_n = normalize(utt.text)
-            for key, hyp in hyps.items():
-                hyp_n = normalize(hyp)
-                w, c = align(ref_n.split(), hyp_n.split()).counts, align(list(ref_n), list(hyp_n)).counts
-                for name, counts in (("words", w), ("chars", c)):
-                    acc = totals[key][name]
-                    acc[0] += counts.ref_len
-                    acc[1] += counts.substitutions
-                    acc[2] += counts.deletions
-                    acc[3] += counts.insertions
-            samples_out.append({"line": utt.line, "ref": ref_n, **{k: normalize(v) for k, v in hyps.items()}})
+            samples_out.append({"line": utt.line, "ref": normalize(utt.text), **hyps})
     finally:
         runner.close()
+    options = SessionOptions(device=device, precision=precision, threads=threads)  # type: ignore[arg-type]
+    for d in decoders:
+        for out, hyp in zip(samples_out, _service_hyps(ref, backend, options, d, all_samples, audio)):
+            out[f"service/{d}"] = hyp
+    totals = {f"{m}/{d}": {"words": [0, 0, 0, 0], "chars": [0, 0, 0, 0]} for m in MODES for d in decoders}
+    for out in samples_out:
+        ref_n = out["ref"]
+        for key in totals:
+            hyp_n = out[key] = normalize(out[key])
+            w, c = align(ref_n.split(), hyp_n.split()).counts, align(list(ref_n), list(hyp_n)).counts
+            for name, counts in (("words", w), ("chars", c)):
+                acc = totals[key][name]
+                acc[0] += counts.ref_len
+                acc[1] += counts.substitutions
+                acc[2] += counts.deletions
+                acc[3] += counts.insertions
 
     def rates(acc: list[int]) -> dict:
         n, s, d, i = acc
@@ -161,6 +170,27 @@ def evaluate(model: str, data: Path, backend: str = "onnxruntime", device: str =
     }
 
 
+def _service_hyps(ref, backend: str, options, decoder: str, clips: list[np.ndarray], audio) -> list[str]:
+    """Each clip through the daemon's path: serving recogniser + AsrService (endpointing, 100 ms pushes)."""
+    from .asr_commands import feed_lockstep, make_service
+    from .config import AudioConfig, BatchingConfig
+    from .models.recognizer import open_recognizer
+
+    engine = open_recognizer(ref, backend, options, decoder=decoder)
+    service = make_service(engine, audio or AudioConfig(), BatchingConfig()).start()
+    hyps = []
+    try:
+        for samples in clips:
+            stream = service.open_stream()
+            feed_lockstep(stream, samples, 1600)
+            stream.wait(120)
+            hyps.append(" ".join(e.text for e in stream.finals if e.text))
+    finally:
+        service.stop()
+        engine.close()
+    return hyps
+
+
 def _print_report(report: dict) -> None:
     print(f"{report['model']} on {report['data']} ({report['utterances']} utterances, {report['audio_s']:.0f} s, "
           f"{report['backend']} {report['device']} {report['precision']}, {report['threads']} thread(s))")
@@ -183,7 +213,7 @@ def cmd_eval_asr(args: argparse.Namespace) -> int:
     report = evaluate(args.model or settings.models.asr[0].model, Path(args.data), backend=args.backend,
                       device=args.device, precision=args.precision, threads=args.threads,
                       decoders=tuple(args.decoder) if args.decoder else None, limit=args.limit,
-                      cache_dir=settings.models.cache_dir)
+                      cache_dir=settings.models.cache_dir, audio=settings.audio)
     if args.json is None:
         _print_report(report)
     elif args.json == "-":

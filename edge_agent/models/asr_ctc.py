@@ -96,12 +96,7 @@ class CtcRecognizer:
                                      "config.json state_shapes does not give them")
                 self.state_shapes[spec.name] = tuple(int(d) for d in shape)
         self.max_utterance_s = float("inf")  # state carries context; no window to outgrow
-        from .asr_streaming_ctc import primed_state
 
-        prime = int(cfg.get("prime_frames", 0))
-        if prime % self.subsampling:
-            raise ModelError(f"{self.ref.name}: prime_frames {prime} is not a multiple of subsampling {self.subsampling}")
-        self.initial_state = primed_state(self.session, self.state_shapes, self.feature_cfg, prime)
 
     @classmethod
     def open(cls, ref: ModelRef, backend: str = "onnxruntime", options: SessionOptions | None = None,
@@ -121,7 +116,7 @@ class CtcRecognizer:
 
             s.features = FeatureStream(self.feature_cfg)
             s.feat_buf = np.zeros((0, self.feature_cfg.num_mel_bins), np.float32)
-            s.state = {n: v.copy() for n, v in self.initial_state.items()}
+            s.state = {n: np.zeros((1, *shape), np.float32) for n, shape in self.state_shapes.items()}
         return s
 
     def step(self, streams: Sequence[CtcStream]) -> list[Hypothesis | None]:

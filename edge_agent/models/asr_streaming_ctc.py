@@ -48,7 +48,6 @@ class StreamingCtcSpec:
     lexicon: Lexicon | None
     lm: NgramLM | None = None
     beam: int = 12  # lexicon/lm beam width
-    prime_frames: int = 0  # frames of silence every stream starts with (docs/asr-models.md)
 
     @classmethod
     def from_folder(cls, folder: Path) -> StreamingCtcSpec:
@@ -78,12 +77,12 @@ class StreamingCtcSpec:
                 features=features, lexicon=Lexicon.read(folder / "lexicon.txt"),
                 lm=NgramLM.from_arpa(folder / "lm.arpa", float(config.get("lm_weight", 0.5)),
                                      float(config.get("lm_word_bonus", 1.0))) if (folder / "lm.arpa").is_file() else None,
-                beam=int(config.get("lm_beam", 12)), prime_frames=int(config.get("prime_frames", 0)),
+                beam=int(config.get("lm_beam", 12)),
             )
         except (KeyError, ValueError, IndexError, TypeError) as exc:
             raise ModelError(f"{folder}: incomplete streaming CTC config: {exc!r}") from exc
-        if any(n % spec.subsampling for n in (spec.chunk_frames, spec.flush_frames, spec.prime_frames)):
-            raise ModelError(f"{folder}: chunk_frames, flush_frames and prime_frames must be multiples of subsampling")
+        if spec.chunk_frames % spec.subsampling or spec.flush_frames % spec.subsampling:
+            raise ModelError(f"{folder}: chunk_frames and flush_frames must be multiples of subsampling")
         return spec
 
 
@@ -106,16 +105,14 @@ class StreamingCtcRunner:
         self.spec = StreamingCtcSpec.from_folder(Path(folder))
         self._delimiter_id = self.spec.tokens.index(self.spec.word_delimiter)
         self.session: Session = open_session(self.spec.folder / "model.onnx", backend, options, warmup=self._warmup)
-        self._initial = primed_state(self.session, self.spec.state_shapes, self.spec.features, self.spec.prime_frames)
 
     def _warmup(self, session: Session) -> None:
-        self._initial = primed_state(session, self.spec.state_shapes, self.spec.features, 0)
         frames = np.full((1, self.spec.chunk_frames, self.spec.features.num_mel_bins), self.spec.features.padding_value,
                          np.float32)
-        session.run({"features": frames, **self._initial_state()})
+        session.run({"features": frames, **self._zero_state()})
 
-    def _initial_state(self) -> dict[str, np.ndarray]:
-        return {name: value.copy() for name, value in self._initial.items()}
+    def _zero_state(self) -> dict[str, np.ndarray]:
+        return {name: np.zeros((1, *shape), np.float32) for name, shape in self.spec.state_shapes.items()}
 
     def close(self) -> None:
         self.session.close()
@@ -124,7 +121,7 @@ class StreamingCtcRunner:
 
     def start(self) -> CtcStream:
         cfg = self.spec.features
-        return CtcStream(FeatureStream(cfg), self._initial_state(), np.zeros((0, cfg.num_mel_bins), np.float32))
+        return CtcStream(FeatureStream(cfg), self._zero_state(), np.zeros((0, cfg.num_mel_bins), np.float32))
 
     def _run(self, stream: CtcStream, frames: np.ndarray) -> np.ndarray:
         t0 = time.perf_counter()
@@ -172,7 +169,7 @@ class StreamingCtcRunner:
     def full(self, samples: np.ndarray) -> np.ndarray:
         """The whole utterance in one model call (the reference the streamed result must equal)."""
         frames = self._tail(log_mel(samples, self.spec.features))
-        return self.session.run({"features": frames[None], **self._initial_state()})["log_probs"][0]
+        return self.session.run({"features": frames[None], **self._zero_state()})["log_probs"][0]
 
     # -- decoding ----------------------------------------------------------------------------
 
@@ -196,15 +193,3 @@ class StreamingCtcRunner:
     def _text(self, ids: list[int]) -> str:
         text = "".join(self.spec.tokens[i] for i in ids if not self.spec.tokens[i].startswith("<"))
         return " ".join(text.replace(self.spec.word_delimiter, " ").split())
-
-
-def primed_state(session: Session, state_shapes: dict[str, tuple[int, ...]], features: LogMelConfig,
-                 prime_frames: int) -> dict[str, np.ndarray]:
-    """The state every stream starts from: zeros, then ``prime_frames`` frames of digital silence."""
-    state = {name: np.zeros((1, *shape), np.float32) for name, shape in state_shapes.items()}
-    if prime_frames <= 0:
-        return state
-    silence = log_mel(np.zeros(features.win_length + (prime_frames - 1) * features.hop_length, np.float32),
-                      features)[:prime_frames]
-    out = session.run({"features": silence[None], **state})
-    return {name: out[name.replace("state_in", "state_out")] for name in state}

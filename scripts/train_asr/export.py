@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 import corpus  # noqa: E402
 import synth  # noqa: E402
-from model import FLUSH_FRAMES, PRIME_FRAMES, SUBSAMPLING, ModelConfig, StreamingCTC, count_parameters  # noqa: E402
-from train import BLANK_ID, VOCAB, silence_frames  # noqa: E402
+from model import FLUSH_FRAMES, SUBSAMPLING, ModelConfig, StreamingCTC, count_parameters  # noqa: E402
+from train import BLANK_ID, VOCAB  # noqa: E402
 
 from edge_agent.audio.features import LogMelConfig, log_mel  # noqa: E402
 
@@ -166,43 +166,34 @@ def export_onnx(work: Path, out: Path, checkpoint: Path | None = None) -> None:
     recipe = synth.Recipe("en-us+" + synth.HELDOUT_VARIANTS[0], 165, 50, -6.0, 0.3, 0.3, "pink", 20.0, 0.0, 7)
     samples = synth.render(text, recipe)
     feats = _tail(log_mel(samples, pre), pre.padding_value)[None]
-    prime_frames = int(ckpt.get("prime_frames", PRIME_FRAMES))
-    with torch.no_grad():  # every stream starts from the state after prime_frames of silence
-        primed = model(torch.from_numpy(silence_frames(pre, prime_frames)[None]), *model.initial_state(1))[1:] \
-            if prime_frames else model.initial_state(1)
-        ref = model(torch.from_numpy(feats), *primed)
+    with torch.no_grad():
+        ref = model(torch.from_numpy(feats), *model.initial_state(1))
     ref_lp = ref[0].numpy()
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     sess = ort.InferenceSession(str(tmp / "model.onnx"), opts, providers=["CPUExecutionProvider"])
     zeros = {f"state_in.{i}": np.zeros((1, *s), np.float32) for i, s in enumerate(model.state_shapes())}
-    prime = _run(sess, {"features": silence_frames(pre, prime_frames)[None], **zeros}) if prime_frames else {
-        k.replace("state_in", "state_out"): v for k, v in zeros.items()}
-    initial = {k: prime[k.replace("state_in", "state_out")] for k in zeros}
-    whole = _run(sess, {"features": feats, **initial})
-    chunked = _chunked(sess, feats, initial)
-    d_torch = max(float(np.abs(whole["log_probs"] - ref_lp).max()),
-                  *(float(np.abs(initial[f"state_in.{i}"] - p.numpy()).max()) for i, p in enumerate(primed)))
+    whole = _run(sess, {"features": feats, **zeros})
+    chunked = _chunked(sess, feats, zeros)
+    d_torch = float(np.abs(whole["log_probs"] - ref_lp).max())
     d_chunk = float(np.abs(chunked - whole["log_probs"]).max())
     print(f"ONNX vs PyTorch max |Δ| {d_torch:.2e}; chunked vs whole max |Δ| {d_chunk:.2e}", file=sys.stderr)
     if d_torch > 1e-3 or d_chunk > 1e-3:
         raise SystemExit("export check failed: ONNX Runtime does not reproduce PyTorch / chunked != whole")
     batch = np.concatenate([feats, np.flip(feats, 1).copy()])
     with torch.no_grad():
-        ref_b = model(torch.from_numpy(batch), *(torch.cat([p, p]) for p in primed))
+        ref_b = model(torch.from_numpy(batch), *model.initial_state(2))
     np.savez_compressed(
         tmp / "reference.npz", samples=samples, text=np.array(text), features=feats[0], log_probs=ref_lp[0],
         state_out_0=ref[1].numpy()[0], state_out_1=ref[2].numpy()[0], state_out_2=ref[3].numpy()[0],
         state_out_3=ref[4].numpy()[0], batch_features=batch, batch_log_probs=ref_b[0].numpy(),
         greedy_ids=ref_lp[0].argmax(-1).astype(np.int64),
-        **{f"initial_state_{i}": p.numpy()[0] for i, p in enumerate(primed)},
     )
 
     state_shapes = {f"state_in.{i}": list(s) for i, s in enumerate(model.state_shapes())}
     config = {
         "model_type": "streaming-ctc", "architectures": ["StreamingCTC"], "vocab_size": cfg.vocab_size,
         "subsampling": SUBSAMPLING, "chunk_frames": CHUNK_FRAMES, "flush_frames": FLUSH_FRAMES,
-        "prime_frames": prime_frames,
         "blank_id": BLANK_ID, "pad_token_id": BLANK_ID, "word_delimiter": "|", "state_shapes": state_shapes,
         "num_mel_bins": cfg.num_mel_bins, "conv_channels": cfg.conv_channels, "hidden_size": cfg.hidden,
         "num_layers": cfg.layers, "lookahead_ms": 80, "parameters": count_parameters(model),
@@ -293,18 +284,13 @@ Rebuild: `scripts/train-asr` ({total_minutes:.0f} minutes of training here, on 2
   `|` word delimiter, `'`, a–z). 40 ms output frames; outputs may use 80 ms of look-ahead, delivered
   by emitting late; `flush_frames` {config['flush_frames']} of padding end a stream.
 - Streaming: `chunk_frames` {config['chunk_frames']} (320 ms); state = two conv caches, the GRU state and the head
-  conv cache (`state_shapes` in `config.json`). Chunked and whole-utterance outputs are equal. Every
-  stream starts from the state after `prime_frames` {config.get('prime_frames', 0)} frames of digital silence (computed once
-  per engine at run time; the model saw the same prime in training from phase 5 on).
+  conv cache (`state_shapes` in `config.json`). Chunked and whole-utterance outputs are equal.
 - Training (`scripts/train_asr/train.py`, run by `scripts/train-asr`; seed {gen.get('seed')}, `torch.set_num_threads(2)`), five
   phases with fixed numbers of updates: (1) from scratch, batches of ≤ 10,000 padded frames (100 s of
   audio), 600 updates of a 1000-update one-cycle schedule peaking at 2e-3 (through the all-blank phase,
   stopped before annealing); (2) from (1), batches of ≤ 6,000 frames, 1400 updates, one-cycle peak
   2e-3; (3) from (2), 2600 updates, peak 1e-3, no SpecAugment (the model still underfits); (4) from
-  (3), 1800 updates, peak 5e-4; (5) from (4), 3000 updates, peak 5e-4, every utterance behind the
-  silence prime. Phases 1–4 started each utterance from the zero state, and the model learned to
-  spend its first output frames guessing the first letters (a third of the utterances start at
-  t = 0), which garbled the first word of most utterances that start after a pause. All:
+  (3), 1800 updates, peak 5e-4; (5) from (4), 3000 updates, peak 5e-4. All:
   length-bucketed batches, AdamW (β 0.9/0.98, weight decay 0.01), gradient clipping 5, CTC loss;
   SpecAugment-light in (1) and (2): 2 frequency masks ≤ 8 bins, a time mask ≤ 100 ms per 1.5 s. {total_updates} updates, {total_minutes:.0f} min of training on this shared
   2-core machine ({', '.join(done) if done else 'n/a'}). Dev WER (greedy, 120 utterances of

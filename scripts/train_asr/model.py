@@ -23,7 +23,6 @@ from torch import nn
 
 SUBSAMPLING = 4
 FLUSH_FRAMES = 16
-PRIME_FRAMES = 16  # frames of digital silence every stream starts with (config.json prime_frames)
 
 
 @dataclass(frozen=True)

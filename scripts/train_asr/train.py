@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import corpus  # noqa: E402
 import synth  # noqa: E402
-from model import FLUSH_FRAMES, PRIME_FRAMES, SUBSAMPLING, ModelConfig, StreamingCTC, count_parameters  # noqa: E402
+from model import FLUSH_FRAMES, SUBSAMPLING, ModelConfig, StreamingCTC, count_parameters  # noqa: E402
 
 from edge_agent.audio.features import LogMelConfig, log_mel  # noqa: E402
 
@@ -144,36 +144,21 @@ class Corpus:
         r.shuffle(batches)
         return batches
 
-    def collate(self, ids: list[int], pad: float, gen: torch.Generator | None,
-                prime: int = PRIME_FRAMES) -> tuple[torch.Tensor, ...]:
-        """The prime (``prime`` frames of silence), features padded to a multiple of the subsampling
-        plus the flush frames, and CTC targets.
-
-        Every stream starts from the state after the same silence, at training and at run time: a model
-        that starts from the zero state learns to spend its first output frames guessing the first
-        letters (a third of the utterances start at t = 0), which then garbles the first word of
-        every utterance that starts after a pause."""
+    def collate(self, ids: list[int], pad: float, gen: torch.Generator | None) -> tuple[torch.Tensor, ...]:
+        """Features padded to a multiple of the subsampling plus the flush frames, and CTC targets."""
         longest = int(max(self.lengths[ids]))
-        t_in = prime + math.ceil(longest / SUBSAMPLING) * SUBSAMPLING + FLUSH_FRAMES
+        t_in = math.ceil(longest / SUBSAMPLING) * SUBSAMPLING + FLUSH_FRAMES
         x = torch.full((len(ids), t_in, self.feats.shape[1]), pad)
-        x[:, :prime] = torch.from_numpy(silence_frames(self.cfg, prime))
         in_lens, targets, tgt_lens = [], [], []
         for b, i in enumerate(ids):
             n = int(self.lengths[i])
-            x[b, prime:prime + n] = torch.from_numpy(np.array(self.feats[self.offsets[i]:self.offsets[i] + n]))
+            x[b, :n] = torch.from_numpy(np.array(self.feats[self.offsets[i]:self.offsets[i] + n]))
             if gen is not None:
-                _spec_augment(x[b, prime:prime + n], gen)
-            in_lens.append((prime + math.ceil(n / SUBSAMPLING) * SUBSAMPLING + FLUSH_FRAMES) // SUBSAMPLING)
+                _spec_augment(x[b, :n], gen)
+            in_lens.append((math.ceil(n / SUBSAMPLING) * SUBSAMPLING + FLUSH_FRAMES) // SUBSAMPLING)
             targets.extend(self.labels[i])
             tgt_lens.append(len(self.labels[i]))
         return x, torch.tensor(in_lens), torch.tensor(targets), torch.tensor(tgt_lens)
-
-
-def silence_frames(cfg: LogMelConfig, count: int) -> np.ndarray:
-    """``count`` feature frames of digital silence (what ``prime_frames`` feeds at run time)."""
-    if count <= 0:
-        return np.zeros((0, cfg.num_mel_bins), np.float32)
-    return log_mel(np.zeros(cfg.win_length + (count - 1) * cfg.hop_length, np.float32), cfg)[:count]
 
 
 def _spec_augment(x: torch.Tensor, gen: torch.Generator) -> None:
@@ -214,15 +199,13 @@ def word_errors(ref: str, hyp: str) -> int:
 
 
 @torch.no_grad()
-def evaluate(model: StreamingCTC, dev: list[tuple[np.ndarray, str]], pad: float, cfg: LogMelConfig,
-             prime: int = PRIME_FRAMES) -> float:
+def evaluate(model: StreamingCTC, dev: list[tuple[np.ndarray, str]], pad: float) -> float:
     model.eval()
     errors = words = 0
     for feats, text in dev:
-        n = prime + math.ceil(len(feats) / SUBSAMPLING) * SUBSAMPLING + FLUSH_FRAMES
+        n = math.ceil(len(feats) / SUBSAMPLING) * SUBSAMPLING + FLUSH_FRAMES
         x = torch.full((1, n, feats.shape[1]), pad)
-        x[0, :prime] = torch.from_numpy(silence_frames(cfg, prime))
-        x[0, prime:prime + len(feats)] = torch.from_numpy(feats)
+        x[0, :len(feats)] = torch.from_numpy(feats)
         lp = model(x, *model.initial_state(1))[0][0]
         errors += word_errors(text, decode_greedy(lp.argmax(-1).numpy()))
         words += len(text.split())
@@ -274,7 +257,7 @@ def train(work: Path, args: argparse.Namespace) -> None:
             epoch, pos = epoch + 1, 0
             batches = data.batches(epoch, order_seed, args.max_frames)
         gen = None if args.no_specaugment else torch.Generator().manual_seed(order_seed * 1_000_003 + step)
-        x, in_lens, targets, tgt_lens = data.collate(batches[pos], pad, gen, args.prime_frames)
+        x, in_lens, targets, tgt_lens = data.collate(batches[pos], pad, gen)
         pos += 1
         log_probs = model(x, *model.initial_state(x.shape[0]))[0]
         loss = F.ctc_loss(log_probs.transpose(0, 1), targets, in_lens, tgt_lens, blank=BLANK_ID, zero_infinity=True)
@@ -298,11 +281,10 @@ def train(work: Path, args: argparse.Namespace) -> None:
                         "elapsed_s": elapsed_before + time.time() - start}, tmp)
             tmp.replace(last)
         if step % args.eval_every == 0 or step == stop:
-            _log(work, f"update {step}: dev greedy WER {100 * evaluate(model, dev, pad, data.cfg, args.prime_frames):.1f}%")
+            _log(work, f"update {step}: dev greedy WER {100 * evaluate(model, dev, pad):.1f}%")
     minutes = round((elapsed_before + time.time() - start) / 60, 1)
     torch.save({"model": model.state_dict(), "config": cfg.to_dict(), "steps": stop, "seed": args.seed,
-                "minutes": minutes, "max_frames": args.max_frames, "lr": args.lr,
-                "prime_frames": args.prime_frames}, final)
+                "minutes": minutes, "max_frames": args.max_frames, "lr": args.lr}, final)
     _log(work, f"training done: {stop} updates in {minutes} min")
 
 
@@ -318,8 +300,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--procs", type=int, default=2, help="synthesis processes")
     p.add_argument("--ckpt-every", type=int, default=200)
     p.add_argument("--eval-every", type=int, default=250)
-    p.add_argument("--prime-frames", type=int, default=PRIME_FRAMES,
-                   help="frames of silence every utterance starts with (0: the zero state, as phases 1-4 trained)")
     p.add_argument("--no-specaugment", action="store_true", help="no masking (a last phase, when underfitting)")
     p.add_argument("--stop-at", type=int, help="end after this many updates of the --steps schedule")
     p.add_argument("--warmup", type=float, default=0.08, help="fraction of the updates spent warming up the LR")

@@ -167,7 +167,8 @@ def test_eval_cli_end_to_end(spoken: Path, tmp_path: Path) -> None:
     assert "stream/greedy" in done.stdout and "RTF" in done.stdout
     report = json.loads(out.read_text())
     assert report["utterances"] == 3 and report["model"] == "demo-asr"
-    assert set(report["results"]) == {f"{m}/{d}" for m in ("stream", "full") for d in ("greedy", "lexicon", "lm")}
+    assert set(report["results"]) == {f"{m}/{d}" for m in ("stream", "full", "service")
+                                      for d in ("greedy", "lexicon", "lm")}
     for r in report["results"].values():
         assert r["wer"]["ref_len"] > 0 and 0 <= r["wer"]["rate"] <= 1 and 0 <= r["cer"]["rate"] <= 1
     assert report["latency"]["rtf"] > 0 and report["latency"]["count"] == 3
@@ -175,7 +176,7 @@ def test_eval_cli_end_to_end(spoken: Path, tmp_path: Path) -> None:
     # --json without a file: only JSON on stdout; default model = the top ASR tier (demo-asr)
     done = _cli("eval", "asr", "--data", str(tiny), "--json", "--decoder", "greedy")
     assert done.returncode == 0, done.stderr
-    assert set(json.loads(done.stdout)["results"]) == {"stream/greedy", "full/greedy"}
+    assert set(json.loads(done.stdout)["results"]) == {"stream/greedy", "full/greedy", "service/greedy"}
 
 
 @pytest.mark.parametrize("lines, message", [
