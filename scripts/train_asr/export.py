@@ -243,7 +243,8 @@ def write_card(work: Path, out: Path) -> None:
     for name, rep in reports.items():
         rows.append(f"| {name} | {rep['utterances']} | {rep['results']['stream/greedy']['wer']['ref_len']} | "
                     f"{_row(rep, 'stream/greedy')} | {_row(rep, 'full/greedy')} | {_row(rep, 'stream/lexicon')} | "
-                    f"{_row(rep, 'full/lexicon')} | {_row(rep, 'stream/lm')} | {_row(rep, 'full/lm')} |")
+                    f"{_row(rep, 'full/lexicon')} | {_row(rep, 'stream/lm')} | {_row(rep, 'full/lm')} | "
+                    f"{_row(rep, 'service/lm')} |")
     lat = next(iter(reports.values()))["latency"] if reports else {}
     log = (work / "train.log").read_text().splitlines() if (work / "train.log").is_file() else []
     devs = [line.split("dev greedy WER ")[1] for line in log if "dev greedy WER" in line]
@@ -297,16 +298,18 @@ Rebuild: `scripts/train-asr` ({total_minutes:.0f} minutes of training here, on 2
   training voices and sentences) during training: {', '.join(devs) if devs else 'n/a'}.
 
 ## Results (WER / CER %, normalised text; `edge-agent eval asr`)
-| set | utterances | words | stream greedy | full greedy | stream lexicon | full lexicon | stream lm | full lm |
-|---|---|---|---|---|---|---|---|---|
-{chr(10).join(rows) if rows else '| (not evaluated yet) | | | | | | | | |'}
+| set | utterances | words | stream greedy | full greedy | stream lexicon | full lexicon | stream lm | full lm | service lm |
+|---|---|---|---|---|---|---|---|---|---|
+{chr(10).join(rows) if rows else '| (not evaluated yet) | | | | | | | | | |'}
 
 "greedy": argmax, merge repeats, drop blanks (what the model alone does). "lexicon": CTC prefix beam
-search (beam 12) in which every word must be a word of `lexicon.txt` (the corpus vocabulary), no
+search (beam {config.get('lm_beam', 12)}) in which every word must be a word of `lexicon.txt` (the corpus vocabulary), no
 language model. "lm": the same search plus the word bigram model `lm.arpa` (trained on 100,000
-training-split sentences; `lm_weight` {config.get('lm_weight', 0.5)}, `lm_word_bonus` {config.get('lm_word_bonus', 1.0)}, chosen on
-`calibration/asr/calib.jsonl` by `tune_lm.py`, never on a test set): the domain grammar a voice assistant would use. "stream":
-100 ms audio pushes, 320 ms model chunks with the state carried; "full": one call per utterance.
+training-split sentences; beam {config.get('lm_beam', 12)}, `lm_weight` {config.get('lm_weight', 0.5)}, `lm_word_bonus` {config.get('lm_word_bonus', 1.0)}, chosen on
+`calibration/asr/calib.jsonl` by `tune_lm.py`, never on a test set): the domain grammar a voice assistant would use,
+and what the agent's ASR service decodes with by default. "stream": 100 ms audio pushes, 320 ms model chunks with
+the state carried; "full": one call per utterance; "service": the daemon's path (the serving recogniser behind
+`AsrService`, energy endpointing with 200 ms pre-roll, 100 ms pushes).
 Latency (ONNX Runtime, 1 thread, this 2-core x86-64 machine): RTF {lat.get('rtf', float('nan')):.4f}, model call per
 320 ms chunk P50 {lat.get('compute_per_chunk_ms_p50') or float('nan'):.2f} ms, flush + decode after the last audio P50
 {lat.get('final_ms_p50') or float('nan'):.2f} ms.

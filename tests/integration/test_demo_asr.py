@@ -23,10 +23,11 @@ REPO = Path(__file__).resolve().parents[2]
 FOLDER = REPO / "edge_agent" / "demo_models" / "demo-asr"
 HELDOUT = REPO / "calibration" / "asr" / "heldout.jsonl"
 N_SPOKEN = 40  # held-out utterances synthesised per test run (about 3 s of synthesis)
-# Bounds about 8 points above the committed model's WER on these 40 utterances (greedy 30.1%,
-# lexicon 19.4%, lm 12.1%; the model card has the 200-utterance table): a regression of the model,
-# the features or the decoders breaks them, run-to-run noise does not (the audio is deterministic).
-MAX_WER = {"greedy": 0.38, "lexicon": 0.27, "lm": 0.20}
+# Bounds about 8 points above the committed model's WER on these 40 utterances (greedy 21.8%,
+# lexicon 7.3%, lm 2.1%; the model card has the 200-utterance table), the lm one at the 10% the
+# model must meet: a regression of the model, the features or the decoders breaks them, run-to-run
+# noise does not (the audio is deterministic).
+MAX_WER = {"greedy": 0.30, "lexicon": 0.15, "lm": 0.10}
 
 
 def _synth():
