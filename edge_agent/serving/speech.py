@@ -32,6 +32,7 @@ from ..config import Settings, TierConfig
 from ..errors import EdgeAgentError, InputError, ModelError, Unavailable
 from ..models.recognizer import Recognizer
 from .asr import AsrEvent, AsrService
+from .ladder import Ladder
 
 log = logging.getLogger(__name__)
 Observer = Callable[[str, str, dict], None]  # (tier, model, {metric: [values]})
@@ -111,24 +112,21 @@ class PcmStream:
                 on_close()
 
 
-class Speech:
+class Speech(Ladder):
+    kind = "ASR tier"
+
     def __init__(self, tiers: Sequence[SpeechTier], make_service: Callable[[Recognizer], AsrService],
                  on_utterance: Observer | None = None, on_switched: Switched | None = None,
                  drain_s: float = 120.0) -> None:
         """``make_service(engine)`` builds a tier's (unstarted) service; ``on_switched(old, new, load_ms,
         error)`` is told when a switch completes or fails."""
-        if not tiers:
-            raise ValueError("at least one ASR tier is needed")
-        self.tiers = list(tiers)
+        super().__init__(tiers)
         self._make_service = make_service
         self._on_utterance = on_utterance or (lambda tier, model, samples: None)
         self._on_switched = on_switched or (lambda old, new, ms, err: None)
         self._drain_s = drain_s
-        self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # a stream closed
-        self._active: _Loaded | None = None
         self._draining: _Loaded | None = None
-        self._switching: threading.Thread | None = None
         self.shedding = False
 
     def start(self, tier: int = 0) -> Speech:
@@ -147,17 +145,8 @@ class Speech:
     # -- what the controller, the agent and the API read ----------------------------------------
 
     @property
-    def active(self) -> int:
-        assert self._active is not None, "start() first"
-        return self._active.index
-
-    @property
-    def active_tier(self) -> str | None:
-        """The serving tier's name; None before ``start`` and after ``stop``."""
-        loaded = self._active
-        return loaded.tier.name if loaded is not None else None
-
-    tier_name = active_tier
+    def tier_name(self) -> str | None:
+        return self.active_tier
 
     @property
     def model(self) -> str:
@@ -169,11 +158,6 @@ class Speech:
         """The active tier's service (what new streams go to)."""
         assert self._active is not None, "start() first"
         return self._active.service
-
-    @property
-    def switching(self) -> bool:
-        """A switch is loading or its old tier is still draining."""
-        return self._switching is not None and self._switching.is_alive()
 
     @property
     def open_streams(self) -> dict[str, int]:
@@ -233,24 +217,6 @@ class Speech:
             raise
 
     # -- switching ---------------------------------------------------------------------------
-
-    def switch_to(self, index: int) -> bool:
-        """Start moving to tier ``index`` in the background; False when already there or busy switching."""
-        if not 0 <= index < len(self.tiers):
-            raise ValueError(f"no ASR tier {index} (the ladder has {len(self.tiers)})")
-        with self._lock:
-            if self._active is None or index == self._active.index or self.switching:
-                return False
-            self._switching = threading.Thread(target=self._switch, args=(index,), name=f"asr-tier-load-{index}",
-                                               daemon=True)
-            self._switching.start()
-        return True
-
-    def wait_switched(self, timeout_s: float | None = None) -> None:
-        """Wait for the switch in progress, its old tier's drain included."""
-        thread = self._switching
-        if thread is not None:
-            thread.join(timeout_s)
 
     def _switch(self, index: int) -> None:
         old = self._active

@@ -13,7 +13,6 @@ Relief from the controller applies to new requests: ``token_cap_ratio`` truncate
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
@@ -24,6 +23,7 @@ from ..metrics.window import FIRST_AFTER_LOAD
 from ..models.llm import DecoderLM
 from ..models.sampling import SamplingParams
 from ..models.tokenizer import Message
+from .ladder import Ladder
 from .scheduler import Limits, LLMScheduler, RequestHandle
 
 log = logging.getLogger(__name__)
@@ -49,21 +49,16 @@ class _Loaded:
         self.lm.close()
 
 
-class TieredLLM:
+class TieredLLM(Ladder):
     def __init__(self, tiers: Sequence[Tier], on_finished: Callable[[RequestTiming], None] | None = None,
                  on_switched: Callable[[int, int, float, str | None], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, drain_s: float = 120.0) -> None:
         """``on_switched(old, new, load_ms, error)`` is told when a switch completes or fails."""
-        if not tiers:
-            raise ValueError("at least one tier is needed")
-        self.tiers = list(tiers)
+        super().__init__(tiers)
         self._on_finished = on_finished or (lambda timing: None)
         self._on_switched = on_switched or (lambda old, new, ms, err: None)
         self._clock = clock
         self._drain_s = drain_s
-        self._lock = threading.Lock()
-        self._active: _Loaded | None = None
-        self._switching: threading.Thread | None = None
         self.token_cap_ratio = 1.0
         self.shedding = False
 
@@ -72,21 +67,10 @@ class TieredLLM:
         return self
 
     @property
-    def active(self) -> int:
-        assert self._active is not None, "start() first"
-        return self._active.index
-
-    @property
     def load(self) -> tuple[int, int]:
         """(waiting, running) of the active tier."""
         loaded = self._active
         return loaded.scheduler.load if loaded is not None else (0, 0)
-
-    @property
-    def active_tier(self) -> str | None:
-        """The serving tier's name; None before ``start`` and after ``stop``."""
-        loaded = self._active
-        return loaded.tier.name if loaded is not None else None
 
     @property
     def steps(self) -> int:
@@ -98,10 +82,6 @@ class TieredLLM:
     def model_name(self) -> str:
         loaded = self._active
         return loaded.lm.ref.name if loaded is not None else ""
-
-    @property
-    def switching(self) -> bool:
-        return self._switching is not None and self._switching.is_alive()
 
     def submit(self, prompt: str | Sequence[Message], params: SamplingParams = SamplingParams(),
                deadline_ms: float | None = None, raw: bool = False) -> RequestHandle:
@@ -131,26 +111,6 @@ class TieredLLM:
             size = max(1, min(max_batch, loaded.tier.limits.max_batch))
             sizes = tuple(s for s in loaded.tier.limits.preferred_batch_sizes if s <= size) or (size,)
             loaded.scheduler.limits = replace(loaded.scheduler.limits, max_batch=size, preferred_batch_sizes=sizes)
-
-    def switch_to(self, index: int, reload: bool = False) -> bool:
-        """Start moving to tier ``index`` in the background; False when already there or busy switching.
-
-        ``reload``: load the *active* tier again (its opener now finds a newly built engine) through
-        the same machinery: loaded and warmed aside, swapped between batches, the old copy drained."""
-        if not 0 <= index < len(self.tiers):
-            raise ValueError(f"no tier {index} (the ladder has {len(self.tiers)})")
-        with self._lock:
-            if self._active is None or (index == self._active.index) != reload or self.switching:
-                return False
-            self._switching = threading.Thread(target=self._switch, args=(index,), name=f"tier-load-{index}",
-                                               daemon=True)
-            self._switching.start()
-        return True
-
-    def wait_switched(self, timeout_s: float | None = None) -> None:
-        thread = self._switching
-        if thread is not None:
-            thread.join(timeout_s)
 
     def _switch(self, index: int) -> None:
         old = self._active
