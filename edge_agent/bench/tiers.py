@@ -39,16 +39,21 @@ PHASES = ((0.25, "rise"), (0.35, "hold"), (0.25, "fall"), (0.15, "tail"))
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("tiers", help="rising/holding/falling load: tier controller vs a fixed top tier",
                               description=__doc__.splitlines()[0])
-    p.add_argument("--tiers", default="demo-phi3-small,demo-phi3", help="model ladder, heaviest first (comma separated)")
+    p.add_argument("--workload", choices=("llm", "asr"), default="llm",
+                   help="llm: the LLM ladder on chat requests (default); asr: the ASR ladder on real-time spoken-command "
+                   "streams (bench/tiers_asr.py)")
+    p.add_argument("--tiers", default=None, help="model ladder, heaviest first (comma separated; default "
+                   "demo-phi3-small,demo-phi3 for llm, demo-whisper,demo-asr for asr)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--duration-s", type=float, default=60.0)
+    p.add_argument("--duration-s", type=float, default=None, help="seconds per run (default 60 for llm, 35 for asr)")
     p.add_argument("--base-rate", type=float, default=None, help="requests/s at the start and end (default: the top "
-                   "tier's single-request rate, 1 / its e2e alone)")
+                   "tier's single-request rate, 1 / its e2e alone; asr: 0.3 streams/s)")
     p.add_argument("--peak-rate", type=float, default=None, help="requests/s at the peak (default: 5 × that rate, "
-                   "beyond what batching lets the top tier serve)")
+                   "beyond what batching lets the top tier serve; asr: 1.5 streams/s)")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--max-batch", type=int, default=4)
-    p.add_argument("--target-ms", type=float, default=387.0, help="TTFT P95 target (default 387, the agent's SLA)")
+    p.add_argument("--target-ms", type=float, default=None, help="P95 target: TTFT for llm (default 387, the agent's "
+                   "SLA), first_partial_ms for asr (default [sla.asr] target_ms, 300)")
     p.add_argument("--window-s", type=float, default=6.0)
     p.add_argument("--evaluate-every-s", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=7)
@@ -131,6 +136,13 @@ def timeline(run: dict, duration: float, bucket_s: float, target: float) -> tupl
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.workload == "asr":
+        from . import tiers_asr
+
+        return tiers_asr.run(args)
+    args.tiers = args.tiers or "demo-phi3-small,demo-phi3"
+    args.duration_s = 60.0 if args.duration_s is None else args.duration_s
+    args.target_ms = args.target_ms or 387.0
     names = [n.strip() for n in args.tiers.split(",") if n.strip()]
     if len(names) < 2:
         raise InputError("--tiers needs at least two models, heaviest first")

@@ -1,7 +1,9 @@
-"""`bench tiers` end to end on the real demo ladder (demo-phi3-small above demo-phi3)."""
+"""`bench tiers` end to end on the real demo ladders (demo-phi3-small above demo-phi3; demo-whisper above demo-asr)."""
 from __future__ import annotations
 
 import json
+import math
+import shutil
 
 import pytest
 
@@ -35,4 +37,34 @@ def test_bench_tiers_switches_down_under_the_peak_and_fails_no_request(tmp_path,
     assert first["snapshot"]["value_ms"] > report["target_ms"]
     assert report["adaptive"]["served_by_tier"].get("demo-phi3", 0) > 0
     assert len(report["timeline"]) == 14 and png.stat().st_size > 1000
+    assert "time over target adaptive/fixed" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (shutil.which("espeak-ng") and shutil.which("sox")),
+                    reason="bench tiers --workload asr synthesises its streams with espeak-ng and sox")
+def test_bench_tiers_asr_replays_the_same_arrivals_on_both_arms_and_fails_no_stream(tmp_path, capsys):
+    out, png = tmp_path / "a.json", tmp_path / "a.png"
+    code = main(["bench", "tiers", "--workload", "asr", "--duration-s", "10", "--json", str(out),
+                 "--plot", str(png), "--quiet"])
+    report = json.loads(out.read_text())
+    assert code == 0
+    assert report["workload"] == "asr" and report["tiers"] == ["demo-whisper", "demo-asr"]
+    assert report["streams"] == len(report["arrivals"]) > 0 and report["arrivals"] == sorted(report["arrivals"])
+    for side in ("adaptive", "fixed"):
+        run = report[side]
+        assert run["failed"] == 0 and run["errors"] == []
+        assert run["started"] + run["shed"] == report["streams"] and run["finished"] == run["started"]
+        # both arms ran on the same arrival times
+        offered = sorted([s["t_s"] for s in report["stream_log"][side]] + report["shed_at"][side])
+        assert offered == pytest.approx(report["arrivals"], abs=1e-3)
+        for key in ("first_partial_p50_ms", "first_partial_p95_ms", "first_partial_p99_ms", "time_over_target_s"):
+            assert run[key] is not None and math.isfinite(run[key]) and run[key] >= 0
+    assert set(report["fixed"]["served_by_tier"]) == {"demo-whisper"}
+    for s in report["switches"]:
+        assert s["workload"] == "asr" and s["reason"] and s["from"] != s["to"]
+        assert {s["from"], s["to"]} <= set(report["tiers"]) and math.isfinite(s["t_s"])
+    ratio = report["over_target_ratio"]
+    assert ratio is None or math.isfinite(ratio)
+    assert png.stat().st_size > 1000
     assert "time over target adaptive/fixed" in capsys.readouterr().out

@@ -1,0 +1,292 @@
+"""``edge-agent bench tiers --workload asr``: the ASR tier controller under a rising, holding and falling load.
+
+Poisson arrivals of spoken-command streams (espeak-ng WAVs synthesised at start, several voices),
+each paced in real time (100 ms of PCM16 every 100 ms), run twice in one process on the same seeded
+arrival times: once on the ASR ladder (``serving.speech.Speech`` + ``TierController``, heavy
+``demo-whisper`` above light streaming ``demo-asr``), once on the fixed heavy tier. The metric is each
+utterance's ``first_partial_ms`` (P95 against ``[sla.asr]``'s target unless ``--target-ms``).
+Reported: a timeline, every switch with its reason, streams started/finished/failed (must be 0 failed:
+a stream that raises, gets an ``error`` event or no final counts as failed), shed streams, and the time
+over target, adaptive vs. fixed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..errors import InputError, Unavailable
+from ..progress import Progress
+from ..serving.tier_control import TierController, asr_policy_from_config
+from .tiers import _p, arrivals, rate_at
+
+DEFAULT_TIERS = "demo-whisper,demo-asr"
+CHUNK_S = 0.1  # 100 ms of PCM16 per push, one push every 100 ms
+RATE = 16_000
+
+
+def _settings(names: Sequence[str], threads: int):
+    from ..config import TierConfig, load_settings
+
+    s = load_settings(None)
+    tiers = [TierConfig(name=n, model=n) for n in names]
+    return s.model_copy(update={"models": s.models.model_copy(update={"asr": tiers}),
+                                "device": s.device.model_copy(update={"threads": threads})})
+
+
+def _clips(workdir: Path) -> list[tuple[bytes, str]]:
+    from ..audio.wav import read_audio
+    from ..demo import synthesize
+
+    made = synthesize(workdir)
+    if not made:
+        raise InputError("bench tiers --workload asr needs espeak-ng and sox to synthesise its spoken commands")
+    out = []
+    for path, text in made:
+        samples, _ = read_audio(path, RATE)
+        out.append(((np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes(), text))
+    return out
+
+
+def _feed(stream, pcm: bytes) -> None:
+    step = int(RATE * CHUNK_S) * 2
+    t0 = time.monotonic()
+    for k, offset in enumerate(range(0, len(pcm), step)):
+        delay = t0 + k * CHUNK_S - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        stream.push(pcm[offset:offset + step])
+    stream.close()
+
+
+def _drive(speech, schedule: Sequence[float], clips: Sequence[tuple[bytes, str]], label: str, show: bool) -> dict:
+    lock = threading.Lock()
+    rows: list[dict] = []
+    errors: list[str] = []
+    streams: list[dict] = []
+    threads: list[threading.Thread] = []
+
+    def one(k: int, offset: float, stream, events: list[dict]) -> None:
+        error = None
+        try:
+            _feed(stream, clips[k % len(clips)][0])
+        except Exception as exc:  # noqa: BLE001 - any stream error counts as a failed stream
+            error = f"{type(exc).__name__}: {exc}"
+        finals = [e for e in events if e["kind"] == "final"]
+        bad = [e.get("error", "error event") for e in events if e["kind"] == "error"]
+        if error is None and (bad or not finals):
+            error = bad[0] if bad else "no final transcript"
+        tier = stream.owner.tier.name
+        with lock:
+            streams.append({"stream": k, "t_s": offset, "tier": tier, "finals": len(finals), "error": error})
+            if error is not None:
+                errors.append(f"stream {k}: {error}")
+            for e in finals:
+                rows.append({"t_s": offset, "stream": k, "tier": tier, "first_partial_ms": e.get("first_partial_ms"),
+                             "final_ms": e.get("final_ms"), "text": e.get("text", "")})
+
+    shed: list[float] = []
+    start = time.monotonic()
+    with Progress(label, "stream", enabled=show) as bar:
+        for k, offset in enumerate(schedule):
+            delay = start + offset - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            events: list[dict] = []
+            try:
+                stream = speech.open_stream(events.append)
+            except Unavailable:
+                shed.append(offset)
+                continue
+            thread = threading.Thread(target=one, args=(k, offset, stream, events), daemon=True)
+            thread.start()
+            threads.append(thread)
+            bar.update(k + 1, len(schedule))
+    for thread in threads:
+        thread.join(180)
+    hung = sum(t.is_alive() for t in threads)
+    if hung:
+        errors.append(f"{hung} stream(s) did not finish within 180 s")
+    streams.sort(key=lambda s: s["stream"])
+    errored = sum(s["error"] is not None for s in streams)
+    return {"streams": len(schedule), "started": len(threads), "finished": len(streams) - errored,
+            "failed": errored + hung, "shed": len(shed), "errors": errors[:5],
+            "rows": sorted(rows, key=lambda r: r["t_s"]),
+            "stream_log": streams, "shed_at": shed, "wall_s": time.monotonic() - start}
+
+
+def timeline(run: dict, duration: float, bucket_s: float, target: float) -> tuple[list[dict], float]:
+    buckets, over_s = [], 0.0
+    for b in range(math.ceil(duration / bucket_s)):
+        lo, hi = b * bucket_s, (b + 1) * bucket_s
+        inside = [r for r in run["rows"] if lo <= r["t_s"] < hi]
+        values = [r["first_partial_ms"] for r in inside if r["first_partial_ms"] is not None]
+        tiers = [r["tier"] for r in inside]
+        p95 = _p(values, 95)
+        if p95 is not None and p95 > target:
+            over_s += bucket_s
+        buckets.append({"t_s": lo, "count": len(inside), "p95": p95,
+                        "tier": max(set(tiers), key=tiers.count) if tiers else None})
+    return buckets, over_s
+
+
+def _summary(run: dict, over_s: float) -> dict:
+    fp = [r["first_partial_ms"] for r in run["rows"] if r["first_partial_ms"] is not None]
+    by_tier: dict[str, int] = {}
+    for r in run["rows"]:
+        by_tier[r["tier"]] = by_tier.get(r["tier"], 0) + 1
+    return {k: run[k] for k in ("streams", "started", "finished", "failed", "shed", "errors")} | {
+        "utterances": len(run["rows"]), "first_partial_p50_ms": _p(fp, 50), "first_partial_p95_ms": _p(fp, 95),
+        "first_partial_p99_ms": _p(fp, 99), "time_over_target_s": over_s, "served_by_tier": by_tier}
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..serving.speech import open_speech
+
+    names = [n.strip() for n in (args.tiers or DEFAULT_TIERS).split(",") if n.strip()]
+    if len(names) < 2:
+        raise InputError("--tiers needs at least two ASR models, heaviest first")
+    duration = 35.0 if args.duration_s is None else args.duration_s
+    if duration < 10:
+        raise InputError(f"--duration-s must be at least 10, got {duration}")
+    base = args.base_rate or 0.3
+    peak = args.peak_rate or 1.5
+    if not 0 < base <= peak:
+        raise InputError(f"need 0 < --base-rate ({base:g}) <= --peak-rate ({peak:g})")
+    settings = _settings(names, args.threads)
+    target = args.target_ms or settings.sla.asr.target_ms
+    show = not args.quiet
+    with tempfile.TemporaryDirectory(prefix="edge-agent-asr-bench-") as tmp:
+        clips = _clips(Path(tmp))
+    schedule = arrivals(duration, base, peak, args.seed)
+
+    ev = args.evaluate_every_s
+    policy = replace(asr_policy_from_config(settings.sla.asr), target_ms=target, min_samples=4, downgrade_after=2,
+                     upgrade_after=3, cooldown_s=8 * ev, min_dwell_s=2 * ev)  # short, as the LLM bench
+    events: list[tuple[float, str, dict]] = []
+    holder: dict = {}
+    t0 = [time.monotonic()]
+
+    def note(kind: str, payload: dict) -> None:
+        events.append((time.monotonic() - t0[0], kind, payload))
+
+    def utterance(tier: str, model: str, samples: dict) -> None:
+        if "c" in holder:
+            holder["c"].observe_samples(samples, tier)
+
+    def switched(old: int, new: int, ms: float, err: str | None) -> None:
+        note("loaded", {"to": names[new], "load_ms": ms, "error": err})
+        if err and "c" in holder:
+            holder["c"].switch_failed(old, new, err)
+
+    speech = open_speech(settings, on_utterance=utterance, on_switched=switched, drain_s=60.0)
+    controller = holder["c"] = TierController(speech, policy, window_s=args.window_s, evaluate_every_s=ev,
+                                              on_event=note, workload="asr")
+    t0[0] = time.monotonic()
+    controller.start()
+    try:
+        adaptive = _drive(speech, schedule, clips, "adaptive run", show)
+    finally:
+        controller.stop()
+        speech.stop(60.0)
+    fixed_speech = open_speech(_settings(names[:1], args.threads), drain_s=60.0)
+    try:
+        fixed = _drive(fixed_speech, schedule, clips, "fixed heavy tier", show)
+    finally:
+        fixed_speech.stop(60.0)
+
+    bucket_s = max(2.0, duration / 15)
+    tl_a, over_a = timeline(adaptive, duration, bucket_s, target)
+    tl_f, over_f = timeline(fixed, duration, bucket_s, target)
+    report = {
+        "workload": "asr", "metric": "first_partial_ms", "tiers": names, "threads": args.threads,
+        "duration_s": duration, "target_ms": target, "base_rate": base, "peak_rate": peak,
+        "streams": len(schedule), "arrivals": [round(t, 4) for t in schedule],
+        "clips": [{"text": text, "audio_s": len(pcm) / 2 / RATE} for pcm, text in clips],
+        "policy": {k: getattr(policy, k) for k in ("percentile", "min_samples", "downgrade_after", "upgrade_after",
+                                                   "upgrade_ratio", "cooldown_s", "min_dwell_s", "shed_after")},
+        "window_s": args.window_s, "evaluate_every_s": ev,
+        "adaptive": _summary(adaptive, over_a), "fixed": _summary(fixed, over_f),
+        "over_target_ratio": (over_a / over_f) if over_f else None,
+        "switches": [{"t_s": round(t, 2), **p} for t, k, p in events if k == "tier_switch"],
+        "events": [{"t_s": round(t, 2), "kind": k, **p} for t, k, p in events],
+        "timeline": [{"t_s": a["t_s"], "rate": rate_at(a["t_s"] + bucket_s / 2, duration, base, peak),
+                      "tier": a["tier"], "adaptive_first_partial_p95_ms": a["p95"],
+                      "fixed_first_partial_p95_ms": f["p95"]} for a, f in zip(tl_a, tl_f)],
+        "raw": {"adaptive": adaptive["rows"], "fixed": fixed["rows"]},
+        "stream_log": {"adaptive": adaptive["stream_log"], "fixed": fixed["stream_log"]},
+        "shed_at": {"adaptive": adaptive["shed_at"], "fixed": fixed["shed_at"]},
+    }
+    print(format_report(report))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    if args.plot:
+        plot_tiers(report, Path(args.plot))
+    return 1 if adaptive["failed"] or fixed["failed"] else 0
+
+
+def format_report(r: dict) -> str:
+    a, f = r["adaptive"], r["fixed"]
+    fmt: Callable[[float | None], str] = lambda v: "—" if v is None else f"{v:.0f}"  # noqa: E731
+    lines = [f"ASR tier bench: {' > '.join(r['tiers'])}, {r['duration_s']:g} s, Poisson {r['base_rate']:.2f} → "
+             f"{r['peak_rate']:.2f} → {r['base_rate']:.2f} streams/s ({r['streams']} streams, real-time paced), "
+             f"target first_partial P95 ≤ {r['target_ms']:g} ms",
+             f"{'t (s)':>6} {'rate/s':>7} {'tier':<16} {'adaptive P95':>13} {'fixed P95':>11}"]
+    for row in r["timeline"]:
+        lines.append(f"{row['t_s']:>6.1f} {row['rate']:>7.2f} {row['tier'] or '—':<16} "
+                     f"{fmt(row['adaptive_first_partial_p95_ms']):>13} {fmt(row['fixed_first_partial_p95_ms']):>11}")
+    for s in r["switches"]:
+        lines.append(f"switch at {s['t_s']:.1f} s: {s['from']} → {s['to']} ({s['reason']})")
+    lines.append(f"{'':<24}{'adaptive':>12}{'fixed heavy':>12}")
+    for key in ("started", "finished", "failed", "shed", "first_partial_p50_ms", "first_partial_p95_ms",
+                "first_partial_p99_ms", "time_over_target_s"):
+        fa, ff = a[key], f[key]
+        lines.append(f"{key:<24}{'—' if fa is None else f'{fa:.1f}':>12}{'—' if ff is None else f'{ff:.1f}':>12}")
+    ratio = r["over_target_ratio"]
+    lines.append(f"switches: {len(r['switches'])}; time over target adaptive/fixed: "
+                 f"{'—' if ratio is None else f'{ratio:.2f}'}; served by tier: {a['served_by_tier']}")
+    for side in ("adaptive", "fixed"):
+        lines.extend(f"{side} error: {e}" for e in r[side]["errors"])
+    return "\n".join(lines)
+
+
+def plot_tiers(r: dict, path: Path) -> Path:
+    from .plot import _pyplot
+
+    plt = _pyplot()
+    fig, (ax, ax_tier) = plt.subplots(2, 1, figsize=(12, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    for side, color in (("fixed", "tab:orange"), ("adaptive", "tab:blue")):
+        rows = [x for x in r["raw"][side] if x["first_partial_ms"] is not None]
+        ax.scatter([x["t_s"] for x in rows], [x["first_partial_ms"] for x in rows], s=10, color=color, alpha=0.6,
+                   label=f"{side} (P95 {r[side]['first_partial_p95_ms'] or 0:.0f} ms)")
+    ax.axhline(r["target_ms"], color="red", linestyle="--", linewidth=1, label=f"target {r['target_ms']:g} ms")
+    for s in r["switches"]:
+        ax.axvline(s["t_s"], color="gray", linestyle=":", linewidth=1)
+        ax.annotate(f"→ {s['to']}", (s["t_s"], ax.get_ylim()[1] * 0.95 if ax.get_ylim()[1] else 1), fontsize=8,
+                    rotation=90, va="top")
+    ax.set_yscale("log")
+    ax.set_ylabel("first partial (ms, log)")
+    ax.legend(loc="upper left")
+    rate = ax.twinx()
+    rate.plot([x["t_s"] for x in r["timeline"]], [x["rate"] for x in r["timeline"]], color="green", alpha=0.5)
+    rate.set_ylabel("offered load (streams/s)", color="green")
+    order = {name: i for i, name in enumerate(r["tiers"])}
+    rows = r["raw"]["adaptive"]
+    ax_tier.scatter([x["t_s"] for x in rows], [order.get(x["tier"], -1) for x in rows], s=6, color="tab:blue")
+    ax_tier.set_yticks(range(len(r["tiers"])), r["tiers"])
+    ax_tier.invert_yaxis()
+    ax_tier.set_xlabel("stream arrival time (s)")
+    ax_tier.set_ylabel("serving tier")
+    fig.suptitle(f"ASR tier controller vs fixed heavy tier · {r['streams']} streams · switches {len(r['switches'])}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
