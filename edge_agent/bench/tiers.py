@@ -255,26 +255,29 @@ def format_report(r: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_tiers(r: dict, path: Path) -> Path:
+def plot_tiers(r: dict, path: Path, metric: str = "ttft_ms", label: str = "TTFT", unit: str = "req/s",
+               title: str = "Tier controller vs fixed top tier", count: str = "requests") -> Path:
+    """Latency over time for both arms (switches marked, offered load), and the tier serving each arrival."""
     from .plot import _pyplot
 
     plt = _pyplot()
     fig, (ax, ax_tier) = plt.subplots(2, 1, figsize=(12, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    p95 = f"{metric.removesuffix('_ms')}_p95_ms"
     for side, color in (("fixed", "tab:orange"), ("adaptive", "tab:blue")):
-        rows = r["raw"][side]
-        ax.scatter([x["t_s"] for x in rows], [x["ttft_ms"] for x in rows], s=8, color=color, alpha=0.6,
-                   label=f"{side} (P95 {r[side]['ttft_p95_ms'] or 0:.0f} ms)")
+        rows = [x for x in r["raw"][side] if x[metric] is not None]
+        ax.scatter([x["t_s"] for x in rows], [x[metric] for x in rows], s=8, color=color, alpha=0.6,
+                   label=f"{side} (P95 {r[side][p95] or 0:.0f} ms)")
     ax.axhline(r["target_ms"], color="red", linestyle="--", linewidth=1, label=f"target {r['target_ms']:g} ms")
     for s in r["switches"]:
         ax.axvline(s["t_s"], color="gray", linestyle=":", linewidth=1)
         ax.annotate(f"→ {s['to']}", (s["t_s"], ax.get_ylim()[1] * 0.95 if ax.get_ylim()[1] else 1), fontsize=8,
                     rotation=90, va="top")
     ax.set_yscale("log")
-    ax.set_ylabel("TTFT (ms, log)")
+    ax.set_ylabel(f"{label} (ms, log)")
     ax.legend(loc="upper left")
     rate = ax.twinx()
     rate.plot([x["t_s"] for x in r["timeline"]], [x["rate"] for x in r["timeline"]], color="green", alpha=0.5)
-    rate.set_ylabel("offered load (req/s)", color="green")
+    rate.set_ylabel(f"offered load ({unit})", color="green")
     order = {name: i for i, name in enumerate(r["tiers"])}
     rows = r["raw"]["adaptive"]
     ax_tier.scatter([x["t_s"] for x in rows], [order.get(x["tier"], -1) for x in rows], s=6, color="tab:blue")
@@ -282,7 +285,7 @@ def plot_tiers(r: dict, path: Path) -> Path:
     ax_tier.invert_yaxis()
     ax_tier.set_xlabel("arrival time (s)")
     ax_tier.set_ylabel("serving tier")
-    fig.suptitle(f"Tier controller vs fixed top tier · {r['requests']} requests · switches {len(r['switches'])}")
+    fig.suptitle(f"{title} · {r[count]} {count} · switches {len(r['switches'])}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -26,6 +26,7 @@ import numpy as np
 from ..errors import InputError, Unavailable
 from ..progress import Progress
 from ..serving.tier_control import TierController, asr_policy_from_config
+from . import tiers
 from .tiers import _p, arrivals, rate_at
 
 DEFAULT_TIERS = "demo-whisper,demo-asr"
@@ -259,34 +260,5 @@ def format_report(r: dict) -> str:
 
 
 def plot_tiers(r: dict, path: Path) -> Path:
-    from .plot import _pyplot
-
-    plt = _pyplot()
-    fig, (ax, ax_tier) = plt.subplots(2, 1, figsize=(12, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-    for side, color in (("fixed", "tab:orange"), ("adaptive", "tab:blue")):
-        rows = [x for x in r["raw"][side] if x["first_partial_ms"] is not None]
-        ax.scatter([x["t_s"] for x in rows], [x["first_partial_ms"] for x in rows], s=10, color=color, alpha=0.6,
-                   label=f"{side} (P95 {r[side]['first_partial_p95_ms'] or 0:.0f} ms)")
-    ax.axhline(r["target_ms"], color="red", linestyle="--", linewidth=1, label=f"target {r['target_ms']:g} ms")
-    for s in r["switches"]:
-        ax.axvline(s["t_s"], color="gray", linestyle=":", linewidth=1)
-        ax.annotate(f"→ {s['to']}", (s["t_s"], ax.get_ylim()[1] * 0.95 if ax.get_ylim()[1] else 1), fontsize=8,
-                    rotation=90, va="top")
-    ax.set_yscale("log")
-    ax.set_ylabel("first partial (ms, log)")
-    ax.legend(loc="upper left")
-    rate = ax.twinx()
-    rate.plot([x["t_s"] for x in r["timeline"]], [x["rate"] for x in r["timeline"]], color="green", alpha=0.5)
-    rate.set_ylabel("offered load (streams/s)", color="green")
-    order = {name: i for i, name in enumerate(r["tiers"])}
-    rows = r["raw"]["adaptive"]
-    ax_tier.scatter([x["t_s"] for x in rows], [order.get(x["tier"], -1) for x in rows], s=6, color="tab:blue")
-    ax_tier.set_yticks(range(len(r["tiers"])), r["tiers"])
-    ax_tier.invert_yaxis()
-    ax_tier.set_xlabel("stream arrival time (s)")
-    ax_tier.set_ylabel("serving tier")
-    fig.suptitle(f"ASR tier controller vs fixed heavy tier · {r['streams']} streams · switches {len(r['switches'])}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return tiers.plot_tiers(r, path, metric="first_partial_ms", label="first partial", unit="streams/s",
+                            title="ASR tier controller vs fixed heavy tier", count="streams")
