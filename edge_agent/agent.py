@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from . import __version__
 from .config import ASR_SLA_METRICS, Settings, TierConfig, load_settings
-from .errors import ConfigError, EdgeAgentError, ModelError
+from .errors import ConfigError, EdgeAgentError
 from .metrics.prometheus import PrometheusMetrics
 from .metrics.timing import RequestTiming
 from .models.llm import DecoderLM
@@ -78,7 +78,7 @@ class Agent:
         self.watchdog = Watchdog(self.notifier, lambda: all(h() for h in heartbeats)).start()
         status = f"serving: llm tier {self.llm.tiers[self.llm.active].name} ({self.llm.model_name})"
         if self.asr is not None:
-            status += f", asr {self.asr.tier_name}"
+            status += f", asr {self.asr.active_tier}"
         self._publish_reported()
         self.notifier.ready(f"{status}; api {self.api.address}")
         log.info("%s; api %s", status, self.api.address)
@@ -150,6 +150,7 @@ class Agent:
         tiers = [Tier(t.name, self._opener(t), self._limits(t), t.max_new_tokens) for t in s.models.llm]
         served = TieredLLM(tiers, on_finished=self._llm_finished, on_switched=self._llm_switched,
                            drain_s=self.drain_s)
+        self._tier_engines().ladder = served  # a passing background build swaps the serving tier onto it
         errors = []
         for index, tier in enumerate(tiers):  # the top tier, or the lightest one that loads
             try:
@@ -160,7 +161,7 @@ class Agent:
                 log.error("LLM tier %r could not load (%s); trying the next one", tier.name, exc)
                 self._event("tier_load_failed", {"workload": "llm", "tier": tier.name, "error": str(exc)})
         else:
-            self._build_then_start(served, errors)
+            self._tier_engines().build_then_start(served, s.models.llm, errors)
         policy = policy_from_config(s.sla, max(t.max_batch for t in s.models.llm))
         self.controller = TierController(served, policy, window_s=s.sla.window_s,
                                          evaluate_every_s=s.sla.evaluate_every_s, on_event=self._event).start()
@@ -215,40 +216,8 @@ class Agent:
             from .serving.tier_engines import TierEngines
 
             engines = self._engines = TierEngines(self.settings.engines, self.settings.models.cache_dir, self._event,
-                                                  self.notifier, on_built=self._engine_built)
+                                                  self.notifier)
         return engines
-
-    def _build_then_start(self, served: TieredLLM, errors: list[str]) -> None:
-        """No tier loads without an engine (TensorRT tiers on a fresh Jetson): build the lightest one that
-        has a recipe while the start waits (the build sends EXTEND_TIMEOUT_USEC), then serve it."""
-        engines = self._tier_engines()
-        for index in reversed(range(len(served.tiers))):
-            tier = self.settings.models.llm[index]
-            if not self.settings.engines.build_on_start or engines.recipe_for(tier) is None:
-                continue
-            self.notifier.status(f"starting: no LLM tier loads without an engine; building {tier.name}'s")
-            if engines.build_now(tier):
-                try:
-                    served.start(index)
-                    return
-                except EdgeAgentError as exc:
-                    errors.append(f"{tier.name} (built engine): {exc}")
-        raise ModelError("no LLM tier could be loaded: " + "; ".join(errors))
-
-    def _engine_built(self, tier: str) -> None:
-        """A build passed the gate: the tier serving now reloads onto its engine in place (loaded and
-        warmed aside, swapped between batches, no request fails); another tier picks its engine up
-        the next time it is loaded (a controller switch)."""
-        from .serving.tier_engines import reload_in_place
-
-        served = self.llm
-        if served is None or served.active_tier != tier or not reload_in_place(served, served.active):
-            return
-        served.wait_switched()
-        now = self._tier_engines().served.get(tier)
-        ok = served.active_tier == tier and now is not None and now.engine is not None
-        self._event("engine_swap", {"workload": "llm", "tier": tier, "ok": ok,
-                                    "serving": now.identity if now is not None else None})
 
     # -- hooks ----------------------------------------------------------------------------------
 

@@ -120,19 +120,46 @@ def _p(values: Sequence[float], q: float) -> float | None:
     return nearest_rank(sorted(values), q)
 
 
-def timeline(run: dict, duration: float, bucket_s: float, target: float) -> tuple[list[dict], float]:
-    """Per bucket: TTFT P95 of the requests that arrived in it; and seconds of buckets over target."""
+def timeline(run: dict, duration: float, bucket_s: float, target: float,
+             metric: str = "ttft_ms") -> tuple[list[dict], float]:
+    """Per bucket: the metric's P95 over the arrivals in it (``<metric>_p95_ms``) and the tier that
+    served most of them; and the seconds of buckets over target."""
+    key = _p95_key(metric)
     buckets, over_s = [], 0.0
     for b in range(math.ceil(duration / bucket_s)):
         lo, hi = b * bucket_s, (b + 1) * bucket_s
-        ttfts = [r["ttft_ms"] for r in run["rows"] if lo <= r["t_s"] < hi]
-        tiers = [r["tier"] for r in run["rows"] if lo <= r["t_s"] < hi]
-        p95 = _p(ttfts, 95)
+        inside = [r for r in run["rows"] if lo <= r["t_s"] < hi]
+        tiers = [r["tier"] for r in inside]
+        p95 = _p([r[metric] for r in inside if r[metric] is not None], 95)
         if p95 is not None and p95 > target:
             over_s += bucket_s
-        buckets.append({"t_s": lo, "count": len(ttfts), "ttft_p95_ms": p95,
+        buckets.append({"t_s": lo, "count": len(inside), key: p95,
                         "tier": max(set(tiers), key=tiers.count) if tiers else None})
     return buckets, over_s
+
+
+def _p95_key(metric: str) -> str:
+    return f"{metric.removesuffix('_ms')}_p95_ms"
+
+
+def table_lines(r: dict, metric: str, fixed_label: str, keys: Sequence[str]) -> list[str]:
+    """The timeline, the switches and the adaptive-vs-fixed summary of a tier bench report."""
+    key = _p95_key(metric)
+    fmt = lambda v: "—" if v is None else f"{v:.0f}"  # noqa: E731
+    lines = [f"{'t (s)':>6} {'rate/s':>7} {'tier':<16} {'adaptive P95':>13} {'fixed P95':>11}"]
+    for row in r["timeline"]:
+        lines.append(f"{row['t_s']:>6.1f} {row['rate']:>7.2f} {row['tier'] or '—':<16} "
+                     f"{fmt(row[f'adaptive_{key}']):>13} {fmt(row[f'fixed_{key}']):>11}")
+    lines += [f"switch at {s['t_s']:.1f} s: {s['from']} → {s['to']} ({s['reason']})" for s in r["switches"]]
+    lines.append(f"{'':<24}{'adaptive':>12}{fixed_label:>12}")
+    a, f = r["adaptive"], r["fixed"]
+    for k in keys:
+        fa, ff = a[k], f[k]
+        lines.append(f"{k:<24}{'—' if fa is None else f'{fa:.1f}':>12}{'—' if ff is None else f'{ff:.1f}':>12}")
+    ratio = r["over_target_ratio"]
+    lines.append(f"switches: {len(r['switches'])}; time over target adaptive/fixed: "
+                 f"{'—' if ratio is None else f'{ratio:.2f}'}; served by tier: {a['served_by_tier']}")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
@@ -234,25 +261,11 @@ def _summary(run: dict, over_s: float) -> dict:
 
 
 def format_report(r: dict) -> str:
-    a, f = r["adaptive"], r["fixed"]
-    lines = [f"tier bench: {' > '.join(r['tiers'])}, {r['duration_s']:g} s, Poisson {r['base_rate']:.2f} → "
-             f"{r['peak_rate']:.2f} → {r['base_rate']:.2f} req/s ({r['requests']} requests), "
-             f"target TTFT P95 ≤ {r['target_ms']:g} ms",
-             f"{'t (s)':>6} {'rate/s':>7} {'tier':<16} {'adaptive P95':>13} {'fixed P95':>11}"]
-    for row in r["timeline"]:
-        fmt = lambda v: "—" if v is None else f"{v:.0f}"  # noqa: E731
-        lines.append(f"{row['t_s']:>6.1f} {row['rate']:>7.2f} {row['tier'] or '—':<16} "
-                     f"{fmt(row['adaptive_ttft_p95_ms']):>13} {fmt(row['fixed_ttft_p95_ms']):>11}")
-    for s in r["switches"]:
-        lines.append(f"switch at {s['t_s']:.1f} s: {s['from']} → {s['to']} ({s['reason']})")
-    lines.append(f"{'':<24}{'adaptive':>12}{'fixed top':>12}")
-    for key in ("completed", "failed", "shed", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "time_over_target_s"):
-        fa, ff = a[key], f[key]
-        lines.append(f"{key:<24}{'—' if fa is None else f'{fa:.1f}':>12}{'—' if ff is None else f'{ff:.1f}':>12}")
-    ratio = r["over_target_ratio"]
-    lines.append(f"switches: {len(r['switches'])}; time over target adaptive/fixed: "
-                 f"{'—' if ratio is None else f'{ratio:.2f}'}; served by tier: {a['served_by_tier']}")
-    return "\n".join(lines)
+    head = (f"tier bench: {' > '.join(r['tiers'])}, {r['duration_s']:g} s, Poisson {r['base_rate']:.2f} → "
+            f"{r['peak_rate']:.2f} → {r['base_rate']:.2f} req/s ({r['requests']} requests), "
+            f"target TTFT P95 ≤ {r['target_ms']:g} ms")
+    keys = ("completed", "failed", "shed", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "time_over_target_s")
+    return "\n".join([head, *table_lines(r, "ttft_ms", "fixed top", keys)])
 
 
 def plot_tiers(r: dict, path: Path, metric: str = "ttft_ms", label: str = "TTFT", unit: str = "req/s",

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import tempfile
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -30,6 +29,7 @@ from . import tiers
 from .tiers import _p, arrivals, rate_at
 
 DEFAULT_TIERS = "demo-whisper,demo-asr"
+METRIC = "first_partial_ms"
 CHUNK_S = 0.1  # 100 ms of PCM16 per push, one push every 100 ms
 RATE = 16_000
 
@@ -124,21 +124,6 @@ def _drive(speech, schedule: Sequence[float], clips: Sequence[tuple[bytes, str]]
             "stream_log": streams, "shed_at": shed, "wall_s": time.monotonic() - start}
 
 
-def timeline(run: dict, duration: float, bucket_s: float, target: float) -> tuple[list[dict], float]:
-    buckets, over_s = [], 0.0
-    for b in range(math.ceil(duration / bucket_s)):
-        lo, hi = b * bucket_s, (b + 1) * bucket_s
-        inside = [r for r in run["rows"] if lo <= r["t_s"] < hi]
-        values = [r["first_partial_ms"] for r in inside if r["first_partial_ms"] is not None]
-        tiers = [r["tier"] for r in inside]
-        p95 = _p(values, 95)
-        if p95 is not None and p95 > target:
-            over_s += bucket_s
-        buckets.append({"t_s": lo, "count": len(inside), "p95": p95,
-                        "tier": max(set(tiers), key=tiers.count) if tiers else None})
-    return buckets, over_s
-
-
 def _summary(run: dict, over_s: float) -> dict:
     fp = [r["first_partial_ms"] for r in run["rows"] if r["first_partial_ms"] is not None]
     by_tier: dict[str, int] = {}
@@ -205,10 +190,10 @@ def run(args: argparse.Namespace) -> int:
         fixed_speech.stop(60.0)
 
     bucket_s = max(2.0, duration / 15)
-    tl_a, over_a = timeline(adaptive, duration, bucket_s, target)
-    tl_f, over_f = timeline(fixed, duration, bucket_s, target)
+    tl_a, over_a = tiers.timeline(adaptive, duration, bucket_s, target, METRIC)
+    tl_f, over_f = tiers.timeline(fixed, duration, bucket_s, target, METRIC)
     report = {
-        "workload": "asr", "metric": "first_partial_ms", "tiers": names, "threads": args.threads,
+        "workload": "asr", "metric": METRIC, "tiers": names, "threads": args.threads,
         "duration_s": duration, "target_ms": target, "base_rate": base, "peak_rate": peak,
         "streams": len(schedule), "arrivals": [round(t, 4) for t in schedule],
         "clips": [{"text": text, "audio_s": len(pcm) / 2 / RATE} for pcm, text in clips],
@@ -220,8 +205,8 @@ def run(args: argparse.Namespace) -> int:
         "switches": [{"t_s": round(t, 2), **p} for t, k, p in events if k == "tier_switch"],
         "events": [{"t_s": round(t, 2), "kind": k, **p} for t, k, p in events],
         "timeline": [{"t_s": a["t_s"], "rate": rate_at(a["t_s"] + bucket_s / 2, duration, base, peak),
-                      "tier": a["tier"], "adaptive_first_partial_p95_ms": a["p95"],
-                      "fixed_first_partial_p95_ms": f["p95"]} for a, f in zip(tl_a, tl_f)],
+                      "tier": a["tier"], "adaptive_first_partial_p95_ms": a["first_partial_p95_ms"],
+                      "fixed_first_partial_p95_ms": f["first_partial_p95_ms"]} for a, f in zip(tl_a, tl_f)],
         "raw": {"adaptive": adaptive["rows"], "fixed": fixed["rows"]},
         "stream_log": {"adaptive": adaptive["stream_log"], "fixed": fixed["stream_log"]},
         "shed_at": {"adaptive": adaptive["shed_at"], "fixed": fixed["shed_at"]},
@@ -235,30 +220,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def format_report(r: dict) -> str:
-    a, f = r["adaptive"], r["fixed"]
-    fmt: Callable[[float | None], str] = lambda v: "—" if v is None else f"{v:.0f}"  # noqa: E731
-    lines = [f"ASR tier bench: {' > '.join(r['tiers'])}, {r['duration_s']:g} s, Poisson {r['base_rate']:.2f} → "
-             f"{r['peak_rate']:.2f} → {r['base_rate']:.2f} streams/s ({r['streams']} streams, real-time paced), "
-             f"target first_partial P95 ≤ {r['target_ms']:g} ms",
-             f"{'t (s)':>6} {'rate/s':>7} {'tier':<16} {'adaptive P95':>13} {'fixed P95':>11}"]
-    for row in r["timeline"]:
-        lines.append(f"{row['t_s']:>6.1f} {row['rate']:>7.2f} {row['tier'] or '—':<16} "
-                     f"{fmt(row['adaptive_first_partial_p95_ms']):>13} {fmt(row['fixed_first_partial_p95_ms']):>11}")
-    for s in r["switches"]:
-        lines.append(f"switch at {s['t_s']:.1f} s: {s['from']} → {s['to']} ({s['reason']})")
-    lines.append(f"{'':<24}{'adaptive':>12}{'fixed heavy':>12}")
-    for key in ("started", "finished", "failed", "shed", "first_partial_p50_ms", "first_partial_p95_ms",
-                "first_partial_p99_ms", "time_over_target_s"):
-        fa, ff = a[key], f[key]
-        lines.append(f"{key:<24}{'—' if fa is None else f'{fa:.1f}':>12}{'—' if ff is None else f'{ff:.1f}':>12}")
-    ratio = r["over_target_ratio"]
-    lines.append(f"switches: {len(r['switches'])}; time over target adaptive/fixed: "
-                 f"{'—' if ratio is None else f'{ratio:.2f}'}; served by tier: {a['served_by_tier']}")
+    head = (f"ASR tier bench: {' > '.join(r['tiers'])}, {r['duration_s']:g} s, Poisson {r['base_rate']:.2f} → "
+            f"{r['peak_rate']:.2f} → {r['base_rate']:.2f} streams/s ({r['streams']} streams, real-time paced), "
+            f"target first_partial P95 ≤ {r['target_ms']:g} ms")
+    keys = ("started", "finished", "failed", "shed", "first_partial_p50_ms", "first_partial_p95_ms",
+            "first_partial_p99_ms", "time_over_target_s")
+    lines = [head, *tiers.table_lines(r, METRIC, "fixed heavy", keys)]
     for side in ("adaptive", "fixed"):
         lines.extend(f"{side} error: {e}" for e in r[side]["errors"])
     return "\n".join(lines)
 
 
 def plot_tiers(r: dict, path: Path) -> Path:
-    return tiers.plot_tiers(r, path, metric="first_partial_ms", label="first partial", unit="streams/s",
+    return tiers.plot_tiers(r, path, metric=METRIC, label="first partial", unit="streams/s",
                             title="ASR tier controller vs fixed heavy tier", count="streams")

@@ -27,7 +27,7 @@ from ..audio.features import FeatureStream, LogMelConfig, log_mel
 from ..backends import Session, SessionOptions, open_session
 from ..errors import InputError, ModelError
 from .ctc_decode import greedy_ids
-from .ctc_lexicon import Lexicon, LexiconBeamDecoder, NgramLM, decode_all
+from .ctc_lexicon import Lexicon, LexiconBeamDecoder, NgramLM, decode_all, read_language
 
 Decoder = Literal["greedy", "lexicon", "lm"]
 
@@ -65,6 +65,7 @@ class StreamingCtcSpec:
         if config.get("model_type") != "streaming-ctc":
             raise ModelError(f"{folder}: config.json model_type is {config.get('model_type')!r}, not 'streaming-ctc'")
         try:
+            lexicon, lm, beam = read_language(folder, config)
             features = LogMelConfig.from_preprocessor(read("preprocessor_config.json"))
             tokens = [""] * len(vocab)
             for token, i in vocab.items():
@@ -74,10 +75,7 @@ class StreamingCtcSpec:
                 word_delimiter=str(config.get("word_delimiter", "|")), subsampling=int(config["subsampling"]),
                 chunk_frames=int(config["chunk_frames"]), flush_frames=int(config["flush_frames"]),
                 state_shapes={k: tuple(int(d) for d in v) for k, v in config["state_shapes"].items()},
-                features=features, lexicon=Lexicon.read(folder / "lexicon.txt"),
-                lm=NgramLM.from_arpa(folder / "lm.arpa", float(config.get("lm_weight", 0.5)),
-                                     float(config.get("lm_word_bonus", 1.0))) if (folder / "lm.arpa").is_file() else None,
-                beam=int(config.get("lm_beam", 12)),
+                features=features, lexicon=lexicon, lm=lm, beam=beam,
             )
         except (KeyError, ValueError, IndexError, TypeError) as exc:
             raise ModelError(f"{folder}: incomplete streaming CTC config: {exc!r}") from exc

@@ -241,18 +241,24 @@ def decoder_factory(kind: str, vocab: CtcVocab, folder: Path, config: dict,
     if kind == "beam":
         width = beam_width or 8
         return kind, lambda: PrefixBeamDecoder(vocab.blank_id, width)
-    lexicon = Lexicon.read(folder / "lexicon.txt")
+    lexicon, lm, beam = read_language(folder, config)
     assert lexicon is not None
-    lm = None
-    if kind == "lm":
-        lm = NgramLM.from_arpa(folder / "lm.arpa", float(config.get("lm_weight", 0.5)),
-                               float(config.get("lm_word_bonus", 1.0)))
+    lm = lm if kind == "lm" else None
     if vocab.word_delimiter not in vocab.tokens:
         raise ModelError(f"{folder}: the word delimiter {vocab.word_delimiter!r} is not in vocab.json")
     delimiter = vocab.tokens.index(vocab.word_delimiter)
-    width = beam_width or int(config.get("lm_beam", 12))
-    prune = float(config.get("lm_prune", 12.0))
-    return kind, lambda: LexiconBeamDecoder(vocab.tokens, vocab.blank_id, delimiter, lexicon, width, prune, lm)
+    width = beam_width or beam
+    return kind, lambda: LexiconBeamDecoder(vocab.tokens, vocab.blank_id, delimiter, lexicon, width, lm=lm)
+
+
+def read_language(folder: Path, config: dict) -> tuple[Lexicon | None, NgramLM | None, int]:
+    """A model folder's word list, language model (with ``lm_weight``, ``lm_word_bonus`` from
+    ``config.json``) and beam width (``lm_beam``); None for a file the folder does not ship."""
+    lm = None
+    if (folder / "lm.arpa").is_file():
+        lm = NgramLM.from_arpa(folder / "lm.arpa", float(config.get("lm_weight", 0.5)),
+                               float(config.get("lm_word_bonus", 1.0)))
+    return Lexicon.read(folder / "lexicon.txt"), lm, int(config.get("lm_beam", 12))
 
 
 def decode_all(decoder, log_probs: np.ndarray) -> tuple[int, ...]:

@@ -1,23 +1,35 @@
 """What every tier ladder shares (``TieredLLM``, ``serving.speech.Speech``): the active tier, and one
 background switch at a time.
 
-A subclass keeps ``self._active`` (an object with ``.index``) and implements ``_switch(index)``,
-which loads and warms the tier, swaps it in and retires the old one; ``switch_to`` starts it on a
-thread of its own and refuses while one is still running, so at most two tiers are ever in memory.
+A subclass keeps ``self._active`` (an object with ``.index`` and ``.tier``) and implements
+``_load(index)`` (load and warm a tier) and ``_retire(old)`` (drain and free the tier swapped out).
+``switch_to`` runs the switch on a thread of its own and refuses while one is still running, its
+retirement included, so at most two tiers are ever in memory. ``on_switched(old, new, load_ms,
+error)`` is told when a switch completes or fails; a tier that cannot load leaves the current one
+serving.
 """
 from __future__ import annotations
 
+import logging
 import threading
-from typing import Any, Sequence
+import time
+from abc import ABC, abstractmethod
+from typing import Any, Callable, Sequence
+
+from ..errors import EdgeAgentError
+
+log = logging.getLogger(__name__)
+Switched = Callable[[int, int, float, "str | None"], None]  # (old, new, load_ms, error)
 
 
-class Ladder:
+class Ladder(ABC):
     kind = "tier"  # for messages and thread names: "tier", "ASR tier"
 
-    def __init__(self, tiers: Sequence[Any]) -> None:
+    def __init__(self, tiers: Sequence[Any], on_switched: Switched | None = None) -> None:
         if not tiers:
-            raise ValueError("at least one tier is needed")
+            raise ValueError(f"at least one {self.kind} is needed")
         self.tiers = list(tiers)
+        self._on_switched = on_switched or (lambda old, new, ms, err: None)
         self._lock = threading.Lock()
         self._active: Any = None
         self._switching: threading.Thread | None = None
@@ -57,5 +69,32 @@ class Ladder:
         if thread is not None:
             thread.join(timeout_s)
 
+    @abstractmethod
+    def _load(self, index: int) -> Any:
+        """Load and warm tier ``index``; what ``self._active`` holds."""
+
+    @abstractmethod
+    def _retire(self, old: Any) -> None:
+        """Drain and free the tier just swapped out (on the switch thread)."""
+
+    def _swapped(self, old: Any) -> None:
+        """Under the lock, right after the swap (a subclass may note the tier it is draining)."""
+
     def _switch(self, index: int) -> None:
-        raise NotImplementedError
+        old = self._active
+        assert old is not None
+        start = time.perf_counter()
+        try:
+            new = self._load(index)
+        except Exception as exc:  # a tier that cannot load must not take serving down
+            log.error("could not load %s %r: %s", self.kind, self.tiers[index].name, exc)
+            self._on_switched(old.index, index, (time.perf_counter() - start) * 1e3,
+                              str(exc) if isinstance(exc, EdgeAgentError) else f"{type(exc).__name__}: {exc}")
+            return
+        load_ms = (time.perf_counter() - start) * 1e3
+        with self._lock:
+            self._active = new
+            self._swapped(old)
+        log.info("%s %r -> %r (loaded and warmed in %.0f ms)", self.kind, old.tier.name, new.tier.name, load_ms)
+        self._on_switched(old.index, index, load_ms, None)
+        self._retire(old)

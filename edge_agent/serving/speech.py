@@ -22,7 +22,6 @@ import logging
 import os
 import tempfile
 import threading
-import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -32,11 +31,10 @@ from ..config import Settings, TierConfig
 from ..errors import EdgeAgentError, InputError, ModelError, Unavailable
 from ..models.recognizer import Recognizer
 from .asr import AsrEvent, AsrService
-from .ladder import Ladder
+from .ladder import Ladder, Switched
 
 log = logging.getLogger(__name__)
 Observer = Callable[[str, str, dict], None]  # (tier, model, {metric: [values]})
-Switched = Callable[[int, int, float, "str | None"], None]  # (old, new, load_ms, error)
 
 
 def event_dict(event: AsrEvent) -> dict:
@@ -120,10 +118,9 @@ class Speech(Ladder):
                  drain_s: float = 120.0) -> None:
         """``make_service(engine)`` builds a tier's (unstarted) service; ``on_switched(old, new, load_ms,
         error)`` is told when a switch completes or fails."""
-        super().__init__(tiers)
+        super().__init__(tiers, on_switched)
         self._make_service = make_service
         self._on_utterance = on_utterance or (lambda tier, model, samples: None)
-        self._on_switched = on_switched or (lambda old, new, ms, err: None)
         self._drain_s = drain_s
         self._changed = threading.Condition(self._lock)  # a stream closed
         self._draining: _Loaded | None = None
@@ -143,10 +140,6 @@ class Speech(Ladder):
         return _Loaded(index, self.tiers[index], engine, service, self._on_utterance)
 
     # -- what the controller, the agent and the API read ----------------------------------------
-
-    @property
-    def tier_name(self) -> str | None:
-        return self.active_tier
 
     @property
     def model(self) -> str:
@@ -218,22 +211,10 @@ class Speech(Ladder):
 
     # -- switching ---------------------------------------------------------------------------
 
-    def _switch(self, index: int) -> None:
-        old = self._active
-        assert old is not None
-        start = time.perf_counter()
-        try:
-            new = self._load(index)
-        except Exception as exc:  # a tier that cannot load must not take serving down
-            log.error("could not load ASR tier %r: %s", self.tiers[index].name, exc)
-            self._on_switched(old.index, index, (time.perf_counter() - start) * 1e3,
-                              str(exc) if isinstance(exc, EdgeAgentError) else f"{type(exc).__name__}: {exc}")
-            return
-        load_ms = (time.perf_counter() - start) * 1e3
-        with self._lock:
-            self._active, self._draining = new, old
-        log.info("ASR tier %r -> %r (loaded and warmed in %.0f ms)", old.tier.name, new.tier.name, load_ms)
-        self._on_switched(old.index, index, load_ms, None)
+    def _swapped(self, old: _Loaded) -> None:
+        self._draining = old
+
+    def _retire(self, old: _Loaded) -> None:
         self._close_drained(old, self._drain_s)
         with self._lock:
             self._draining = None

@@ -28,7 +28,7 @@ from ..backends import SessionOptions, open_session
 from ..build.cache import EngineCache, Entry, hash_model
 from ..build.pipeline import BuildRequest, GateRefused, Heartbeat, Pipeline
 from ..build.recipes import TARGET_BACKENDS, Recipe, load_recipe
-from ..errors import ConfigError, EdgeAgentError
+from ..errors import ConfigError, EdgeAgentError, ModelError
 from ..models.catalog import DEMO_MODELS, ModelRef, inspect_folder, resolve_model
 from ..models.llm import DecoderLM
 from ..progress import Progress
@@ -89,11 +89,11 @@ class _Job:
 class TierEngines:
     """The engine side of the agent's LLM tiers: resolve, open, build in the background."""
 
-    def __init__(self, engines: EnginesConfig, models_dir: Path, on_event: Event, notifier: Notifier,
-                 on_built: Callable[[str], None] = lambda tier: None) -> None:
+    def __init__(self, engines: EnginesConfig, models_dir: Path, on_event: Event, notifier: Notifier) -> None:
         self.config, self.models_dir = engines, models_dir
         self.cache = EngineCache(engines.cache_dir, engines.max_bytes)
-        self.on_event, self.notifier, self.on_built = on_event, notifier, on_built
+        self.on_event, self.notifier = on_event, notifier
+        self.ladder: TieredLLM | None = None  # the LLM tiers these engines serve (swapped onto new engines)
         self.starting = True  # the service start waits on what we do: EXTEND_TIMEOUT_USEC is allowed
         self.serving_status = ""  # the READY status line, restored when a build ends
         self.served: dict[str, Resolved] = {}  # tier name -> what it loaded last
@@ -294,8 +294,37 @@ class TierEngines:
         self._status(self.serving_status if not ready else f"{self.serving_status}; engine {recipe.name} ready")
         for tier in job.tiers:
             if tier.name in ready:
-                self.on_built(tier.name)
+                self._swap_in(tier.name)
         return bool(ready)
+
+    def _swap_in(self, tier: str) -> None:
+        """A build passed the gate: the tier serving now reloads onto its engine in place (loaded and
+        warmed aside, swapped between batches, no request fails); another tier picks its engine up
+        the next time it is loaded (a controller switch)."""
+        ladder = self.ladder
+        if ladder is None or ladder.active_tier != tier or not reload_in_place(ladder, ladder.active):
+            return
+        ladder.wait_switched()
+        now = self.served.get(tier)
+        ok = ladder.active_tier == tier and now is not None and now.engine is not None
+        self.on_event("engine_swap", {"workload": "llm", "tier": tier, "ok": ok,
+                                      "serving": now.identity if now is not None else None})
+
+    def build_then_start(self, ladder: TieredLLM, tiers: list[TierConfig], errors: list[str]) -> None:
+        """No tier loads without an engine (TensorRT tiers on a fresh Jetson): build the lightest one that
+        has a recipe while the start waits (the build sends EXTEND_TIMEOUT_USEC), then serve it."""
+        for index in reversed(range(len(tiers))):
+            tier = tiers[index]
+            if not self.config.build_on_start or self.recipe_for(tier) is None:
+                continue
+            self.notifier.status(f"starting: no LLM tier loads without an engine; building {tier.name}'s")
+            if self.build_now(tier):
+                try:
+                    ladder.start(index)
+                    return
+                except EdgeAgentError as exc:
+                    errors.append(f"{tier.name} (built engine): {exc}")
+        raise ModelError("no LLM tier could be loaded: " + "; ".join(errors))
 
     def _engine_for(self, tier: TierConfig) -> Entry | None:
         try:

@@ -12,12 +12,11 @@ Relief from the controller applies to new requests: ``token_cap_ratio`` truncate
 """
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from ..errors import EdgeAgentError, Unavailable
+from ..errors import Unavailable
 from ..metrics.timing import RequestTiming
 from ..metrics.window import FIRST_AFTER_LOAD
 from ..models.llm import DecoderLM
@@ -25,9 +24,6 @@ from ..models.sampling import SamplingParams
 from ..models.tokenizer import Message
 from .ladder import Ladder
 from .scheduler import Limits, LLMScheduler, RequestHandle
-
-log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True, slots=True)
 class Tier:
@@ -54,17 +50,22 @@ class TieredLLM(Ladder):
                  on_switched: Callable[[int, int, float, str | None], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, drain_s: float = 120.0) -> None:
         """``on_switched(old, new, load_ms, error)`` is told when a switch completes or fails."""
-        super().__init__(tiers)
+        super().__init__(tiers, on_switched)
         self._on_finished = on_finished or (lambda timing: None)
-        self._on_switched = on_switched or (lambda old, new, ms, err: None)
         self._clock = clock
         self._drain_s = drain_s
         self.token_cap_ratio = 1.0
         self.shedding = False
 
     def start(self, tier: int = 0) -> TieredLLM:
-        self._active = _Loaded(tier, self.tiers[tier], self.tiers[tier].open(), self._on_finished, self._clock)
+        self._active = self._load(tier)
         return self
+
+    def _load(self, index: int) -> _Loaded:
+        return _Loaded(index, self.tiers[index], self.tiers[index].open(), self._on_finished, self._clock)
+
+    def _retire(self, old: _Loaded) -> None:
+        old.close(self._drain_s)  # finishes every request it admitted, then frees the model
 
     @property
     def load(self) -> tuple[int, int]:
@@ -111,24 +112,6 @@ class TieredLLM(Ladder):
             size = max(1, min(max_batch, loaded.tier.limits.max_batch))
             sizes = tuple(s for s in loaded.tier.limits.preferred_batch_sizes if s <= size) or (size,)
             loaded.scheduler.limits = replace(loaded.scheduler.limits, max_batch=size, preferred_batch_sizes=sizes)
-
-    def _switch(self, index: int) -> None:
-        old = self._active
-        assert old is not None
-        start = time.perf_counter()
-        try:
-            new = _Loaded(index, self.tiers[index], self.tiers[index].open(), self._on_finished, self._clock)
-        except Exception as exc:  # a tier that cannot load must not take serving down
-            log.error("could not load tier %r: %s", self.tiers[index].name, exc)
-            self._on_switched(old.index, index, (time.perf_counter() - start) * 1e3,
-                              str(exc) if isinstance(exc, EdgeAgentError) else f"{type(exc).__name__}: {exc}")
-            return
-        load_ms = (time.perf_counter() - start) * 1e3
-        with self._lock:
-            self._active = new
-        log.info("tier %r -> %r (loaded and warmed in %.0f ms)", old.tier.name, new.tier.name, load_ms)
-        self._on_switched(old.index, index, load_ms, None)
-        old.close(self._drain_s)  # finishes every request it admitted, then frees the model
 
     def stop(self, drain_s: float | None = None) -> None:
         self.wait_switched()
