@@ -6,17 +6,13 @@ drains an in-flight streamed request; kill -9 and restart increments the session
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.daemon_proc import Listener, Notify, config_text, start_agent, stop
 from tests.mqtt_broker import Broker, free_port, wait_for
 
 paho = pytest.importorskip("paho.mqtt.client")
@@ -27,102 +23,8 @@ SCHEMAS = Path(__file__).resolve().parents[2] / "edge_agent" / "telemetry" / "sc
 DEVICE = "dev-e2e"
 
 
-def config_text(tmp: Path, mqtt_port: int, api_port: int, target_ms: float = 387) -> str:
-    return f"""
-[models]
-asr = []
-[[models.llm]]
-name = "small"
-model = "demo-phi3"
-max_new_tokens = 48
-max_batch = 2
-
-[mqtt]
-host = "127.0.0.1"
-port = {mqtt_port}
-device_id = "{DEVICE}"
-
-[telemetry]
-interval_s = 1
-spool_path = "{tmp / 'spool.sqlite'}"
-ledger_path = "{tmp / 'ledger.sqlite'}"
-
-[api]
-host = "127.0.0.1"
-port = {api_port}
-
-[sla]
-target_ms = {target_ms}
-evaluate_every_s = 1
-"""
-
-
-class Notify:
-    def __init__(self, path: Path) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(path))
-        self.sock.settimeout(0.2)
-        self.path = path
-        self.messages: list[dict[str, str]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                data = self.sock.recv(4096).decode()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.messages.append(dict(line.split("=", 1) for line in data.splitlines() if "=" in line))
-
-    def seen(self, key: str, value: str | None = None, contains: str | None = None) -> bool:
-        return any(key in m and (value is None or m[key] == value) and (contains is None or contains in m[key])
-                   for m in self.messages)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2)
-        self.sock.close()
-
-
-class Listener:
-    def __init__(self, port: int) -> None:
-        self.messages: list[tuple[str, dict, bool]] = []
-        self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="e2e-listener",
-                                  protocol=paho.MQTTv5)
-        self.client.on_message = lambda c, u, m: self.messages.append((m.topic, json.loads(m.payload), m.retain))
-        self.client.on_connect = lambda c, u, f, rc, p=None: c.subscribe(f"edge/v1/{DEVICE}/#", qos=1)
-        self.client.connect("127.0.0.1", port)
-        self.client.loop_start()
-
-    def of(self, suffix: str) -> list[dict]:
-        return [p for t, p, _ in self.messages if t == f"edge/v1/{DEVICE}/{suffix}"]
-
-    def close(self) -> None:
-        self.client.loop_stop()
-        self.client.disconnect()
-
-
 def validate(kind: str, payload: dict) -> None:
     jsonschema.validate(payload, json.loads((SCHEMAS / f"{kind}.json").read_text()))
-
-
-def start_agent(cfg: Path, notify: Notify) -> subprocess.Popen:
-    env = {**os.environ, "NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "1000000"}
-    env.pop("WATCHDOG_PID", None)
-    exe = Path(sys.executable).with_name("edge-agent")
-    return subprocess.Popen([str(exe), "run", "--config", str(cfg)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-
-
-def stop(proc: subprocess.Popen) -> str:
-    if proc.poll() is None:
-        proc.kill()
-    out, _ = proc.communicate(timeout=30)
-    return out
 
 
 @pytest.mark.slow

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_daemon import Listener, Notify, config_text, start_agent, stop, validate
+from tests.daemon_proc import Listener, Notify, config_text, start_agent, stop
+from tests.e2e.test_daemon import validate
 from tests.mqtt_broker import Broker, free_port, wait_for
 
 openai = pytest.importorskip("openai")
