@@ -6,8 +6,14 @@ an engine: the caller applies the returned state (``serving/tier_control.py``), 
 with a fake clock.
 
 Rules, in order:
-- fewer than ``min_samples`` samples: hold, change nothing (the window is noise, DESIGN.md);
-- a fleet pin wins: go to the pinned tier and stay there until unpinned;
+- a fleet pin wins: go to the pinned tier at once (no samples needed) and stay there until unpinned;
+- fewer than ``min_samples`` samples: no switch (the window is noise), with three exceptions, because
+  a shedding or idle device produces no samples and would otherwise never change again:
+  - just unpinned (``released``): go back to the top tier, the ladder's starting point; with enough
+    samples the usual rules below decide instead;
+  - shedding or truncating, and ``cooldown_s`` since either last tightened: lift both (a "probe"), so
+    that requests are admitted and measured again; a load still over target brings them back;
+  - otherwise hold;
 - over target for ``downgrade_after`` consecutive evaluations and at least ``min_dwell_s`` in the tier:
   move one tier lighter;
 - under ``upgrade_ratio × target`` for ``upgrade_after`` consecutive evaluations, ``cooldown_s`` since
@@ -18,9 +24,11 @@ Rules, in order:
   memory fades after ``forget_after_s``: other prompts may change what a tier can take).
 Besides switching, over target with no lighter tier to go to (the lightest, or pinned): halve the
 ``max_new_tokens`` cap (stream truncation) down to ``min_token_cap_ratio``; still over after
-``shed_after`` more evaluations at the floor: shed new requests with a clear rejection. Comfortably
-under target again (< 0.9 × target) undoes them step by step. The batch size follows FACTS.md's AIMD
-rule (halve above 1.1 × target, double below 0.9 ×, within bounds) when ``adaptive_batch`` is on.
+``shed_after`` more evaluations at the floor: shed new requests with a clear rejection. Shedding is
+bounded: ``cooldown_s`` after it began it stops (a probe) even while the window is still over target,
+and starts again only after ``shed_after`` more evaluations over target. Comfortably under target
+again (< 0.9 × target) undoes them step by step. The batch size follows the AIMD rule (halve above
+1.1 × target, double below 0.9 ×, within bounds) when ``adaptive_batch`` is on.
 """
 from __future__ import annotations
 
@@ -28,7 +36,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
-Action = Literal["hold", "downgrade", "upgrade", "pin", "insufficient"]
+Action = Literal["hold", "downgrade", "upgrade", "pin", "unpin", "probe", "insufficient"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +79,9 @@ class TierState:
     token_cap_ratio: float = 1.0  # fraction of the tier's max_new_tokens allowed
     over_at_floor: int = 0  # consecutive evaluations over target with the token cap at its floor
     shedding: bool = False
+    relief_s: float = -math.inf  # when the token cap was last lowered or shedding began
     pinned: int | None = None
+    released: bool = False  # unpinned, and no evaluation has decided where to go since
     broke_at: tuple[tuple[int, float, float], ...] = ()  # (tier, requests/s, when) at each downgrade
 
 
@@ -83,26 +93,31 @@ class Decision:
 
     @property
     def switched(self) -> bool:
-        return self.action in ("downgrade", "upgrade", "pin")
+        return self.action in ("downgrade", "upgrade", "pin", "unpin")
+
+    @property
+    def fresh_window(self) -> bool:
+        """The samples so far say nothing about what comes next: a new tier, or admission reopened."""
+        return self.switched or self.action == "probe"
 
 
 def decide(snapshot: Snapshot, state: TierState, policy: Policy, now: float) -> Decision:
     p = policy
+    if state.pinned is not None and state.tier != state.pinned:
+        return Decision(_switch(replace(state, released=False), state.pinned, now), "pin",
+                        f"pinned to tier {state.pinned} by the fleet")
     value = snapshot.value_ms
     if value is None or snapshot.count < p.min_samples:
-        return Decision(state, "insufficient",
-                        f"{snapshot.count} {p.metric} samples in the window, fewer than min_samples {p.min_samples}")
+        return _without_samples(snapshot, state, p, now)
     label = f"{p.metric} P{p.percentile:g} {value:.0f} ms"
     over = value > p.target_ms
     under = value < p.upgrade_ratio * p.target_ms
-    s = replace(state, over=state.over + 1 if over else 0, under=state.under + 1 if under else 0)
+    s = replace(state, over=state.over + 1 if over else 0, under=state.under + 1 if under else 0, released=False)
     s = _adapt_batch(s, p, value)
     dwelled = now - s.entered_s >= p.min_dwell_s
 
     if s.pinned is not None:
-        if s.tier != s.pinned:
-            return Decision(_switch(s, s.pinned, now), "pin", f"pinned to tier {s.pinned} by the fleet")
-        return Decision(_relieve(s, p, value), "hold", f"pinned to tier {s.pinned}; {label}")
+        return _relieve(s, p, value, now, f"pinned to tier {s.pinned}; {label}")
     if over and s.over >= p.downgrade_after and s.tier < s.tiers - 1 and dwelled:
         broke = tuple(b for b in s.broke_at if b[0] != s.tier)
         if snapshot.rate_per_s is not None:
@@ -115,12 +130,29 @@ def decide(snapshot: Snapshot, state: TierState, policy: Policy, now: float) -> 
                       if tier == s.tier - 1 and now - at < p.forget_after_s), None)
         if limit is not None and (snapshot.rate_per_s is None or snapshot.rate_per_s >= p.upgrade_ratio * limit):
             load = "unknown" if snapshot.rate_per_s is None else f"{snapshot.rate_per_s:.2f} req/s"
-            return Decision(_relieve(s, p, value), "hold",
+            return _relieve(s, p, value, now,
                             f"{label}, but load {load} is not below {p.upgrade_ratio:g} × the {limit:.2f} req/s "
                             f"at which tier {s.tier - 1} broke")
         return Decision(_switch(s, s.tier - 1, now), "upgrade",
                         f"{label} < {p.upgrade_ratio:g} × target for {s.under} evaluations")
-    return Decision(_relieve(s, p, value), "hold", label)
+    return _relieve(s, p, value, now, label)
+
+
+def _without_samples(snapshot: Snapshot, state: TierState, p: Policy, now: float) -> Decision:
+    """Too few samples to judge the load by. Nothing is measured while shedding, nor on an idle
+    device, so waiting for samples alone would keep the relief (or the pinned tier) forever."""
+    few = f"{snapshot.count} {p.metric} samples in the window, fewer than min_samples {p.min_samples}"
+    if state.released:
+        s = replace(state, released=False)
+        if s.tier > 0:
+            return Decision(_switch(s, 0, now), "unpin", f"unpinned by the fleet with {few}: back to the top tier")
+        return Decision(s, "insufficient", few)
+    relieved = state.shedding or state.token_cap_ratio < 1.0
+    if relieved and now - state.relief_s >= p.cooldown_s:
+        return Decision(replace(state, shedding=False, token_cap_ratio=1.0, over_at_floor=0, relief_s=now), "probe",
+                        f"{few} {now - state.relief_s:.0f} s after shedding or truncation began "
+                        f"(cooldown {p.cooldown_s:g} s): both lifted, to measure the load again")
+    return Decision(state, "insufficient", few)
 
 
 def _switch(s: TierState, tier: int, now: float) -> TierState:
@@ -129,20 +161,29 @@ def _switch(s: TierState, tier: int, now: float) -> TierState:
                    shedding=False)
 
 
-def _relieve(s: TierState, p: Policy, value: float) -> TierState:
+def _relieve(s: TierState, p: Policy, value: float, now: float, label: str) -> Decision:
     """No switch this time: with no lighter tier left, truncate, then shed, while over target;
-    undo both when well under."""
+    undo both when well under. Shedding lasts at most ``cooldown_s`` at a time."""
     stuck = s.pinned is not None or s.tier == s.tiers - 1
     if value > p.target_ms and stuck:
+        if s.shedding and now - s.relief_s >= p.cooldown_s:
+            # The window may be stale (nothing new is admitted); admit again and measure.
+            return Decision(replace(s, shedding=False, over_at_floor=0, relief_s=now), "probe",
+                            f"{label} > target {p.target_ms:g} ms, but shedding for {now - s.relief_s:.0f} s "
+                            f"(cooldown {p.cooldown_s:g} s): admitting again; shedding resumes after "
+                            f"{p.shed_after} more evaluations over target")
         if s.token_cap_ratio > p.min_token_cap_ratio:
-            return replace(s, token_cap_ratio=max(p.min_token_cap_ratio, s.token_cap_ratio / 2), over_at_floor=0)
+            return Decision(replace(s, token_cap_ratio=max(p.min_token_cap_ratio, s.token_cap_ratio / 2),
+                                    over_at_floor=0, relief_s=now), "hold", label)
         at_floor = s.over_at_floor + 1
-        return replace(s, over_at_floor=at_floor, shedding=s.shedding or at_floor >= p.shed_after)
+        shed = s.shedding or at_floor >= p.shed_after
+        return Decision(replace(s, over_at_floor=at_floor, shedding=shed,
+                                relief_s=s.relief_s if s.shedding or not shed else now), "hold", label)
     if value < 0.9 * p.target_ms:
         if s.shedding:
-            return replace(s, shedding=False, over_at_floor=0)
-        return replace(s, token_cap_ratio=min(1.0, s.token_cap_ratio * 2), over_at_floor=0)
-    return replace(s, over_at_floor=0)
+            return Decision(replace(s, shedding=False, over_at_floor=0), "hold", label)
+        return Decision(replace(s, token_cap_ratio=min(1.0, s.token_cap_ratio * 2), over_at_floor=0), "hold", label)
+    return Decision(replace(s, over_at_floor=0), "hold", label)
 
 
 def _adapt_batch(s: TierState, p: Policy, value: float) -> TierState:

@@ -7,7 +7,9 @@ shed, resize the batch. The same loop serves both workloads: ``TieredLLM`` repor
 records (``observe``), ``serving.speech.Speech`` reports each utterance's samples (``observe_samples``);
 token caps and batch sizes are applied only where the policy can ask for them (an ASR policy never
 does). Each switch is reported as a ``tier_switch`` event with its reason and the snapshot that
-caused it; a fleet pin (``pin``/``unpin``) overrides the controller until removed.
+caused it; a fleet pin (``pin``/``unpin``) overrides the controller until removed, and an unpin with
+too few samples to judge by goes back to the top tier. ``set_policy`` (a new SLA from the file or the
+fleet) lifts truncation and shedding: they were decided against the old target.
 """
 from __future__ import annotations
 
@@ -101,14 +103,34 @@ class TierController:
         self.window.record("requests", 1.0)
 
     def pin(self, tier: int | str) -> None:
+        """Go to ``tier`` now (no samples needed) and stay there until ``unpin``."""
         index = self._index(tier)
         with self._lock:
-            self.state = replace(self.state, pinned=index)
-        self.evaluate(force=True)
+            self.state = replace(self.state, pinned=index, released=False)
+        self.evaluate()
 
     def unpin(self) -> None:
+        """Give control back: the next evaluation decides with the usual rules, or, with fewer than
+        ``min_samples`` samples (an idle device), returns to the top tier."""
         with self._lock:
-            self.state = replace(self.state, pinned=None)
+            if self.state.pinned is not None:
+                self.state = replace(self.state, pinned=None, released=True)
+
+    def set_policy(self, policy: Policy, window_s: float | None = None) -> bool:
+        """Apply a new SLA policy (and window). A change starts a fresh window and lifts truncation and
+        shedding, which answered the old target; returns whether anything changed."""
+        window_s = self.window_s if window_s is None else window_s
+        with self._lock:
+            if policy == self.policy and window_s == self.window_s:
+                return False
+            self.policy, self.window_s = policy, window_s
+            self.state = replace(self.state, over=0, under=0, token_cap_ratio=1.0, over_at_floor=0, shedding=False)
+            self.window = RollingWindow(window_s, clock=self._clock)
+            self._window_started = self._clock()
+        if policy.min_token_cap_ratio < 1.0:
+            self.served.token_cap_ratio = 1.0
+        self.served.shedding = False
+        return True
 
     def _index(self, tier: int | str) -> int:
         names = [t.name for t in self.served.tiers]
@@ -120,7 +142,7 @@ class TierController:
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def evaluate(self, force: bool = False) -> Decision:
+    def evaluate(self) -> Decision:
         now = self._clock()
         p = self.policy
         values = self.window.values(p.metric, now)
@@ -130,14 +152,14 @@ class TierController:
         snap = Snapshot(self.window.percentile(p.metric, p.percentile, now), len(values), requests / span)
         with self._lock:
             state = self.state
-            if force and state.pinned is not None and state.pinned != state.tier:
-                decision = Decision(replace(state, tier=state.pinned, entered_s=now, over=0, under=0),
-                                    "pin", f"pinned to tier {state.pinned} by the fleet")
-            else:
-                decision = decide(snap, state, p, now)
+            decision = decide(snap, state, p, now)
             if decision.switched and self.served.switching:
                 decision = Decision(state, "hold", "a tier switch is still loading or draining")
             self.state, self.last = decision.state, decision
+        if decision.action == "probe":  # admission reopens: only what is admitted from now on counts
+            self.window = RollingWindow(self.window_s, clock=self._clock)
+            self._window_started = now
+            log.info("%s tier %s: %s", self.workload, self.served.tiers[decision.state.tier].name, decision.reason)
         if decision.switched:
             old = state.tier
             self.window = RollingWindow(self.window_s, clock=self._clock)

@@ -142,3 +142,91 @@ def test_the_way_back_up_waits_until_the_load_is_below_what_broke_the_heavier_ti
     # the memory fades: long after, a fast light tier goes back up whatever the rate
     late = decide(Snapshot(20, 50, rate_per_s=9.0), replace(state, under=5), policy, 3.0 + policy.forget_after_s)
     assert late.action == "upgrade"
+
+
+# -- no samples: shedding ends, unpin goes home ------------------------------------------------------
+
+SHED = replace(POLICY, min_token_cap_ratio=0.25, shed_after=2, cooldown_s=30.0)
+
+
+def shedding_state(policy=SHED, start=100.0) -> tuple[TierState, float]:
+    """At the lightest tier, over target until shedding; returns the state and when shedding began."""
+    decisions = run([300] * 5, state=TierState(tiers=2, tier=1, entered_s=0.0), policy=policy, start=start)
+    began = next(start + i * 5.0 for i, d in enumerate(decisions) if d.state.shedding)
+    assert decisions[-1].state.shedding and decisions[-1].state.token_cap_ratio == 0.25
+    return decisions[-1].state, began
+
+
+@pytest.mark.parametrize("count, after_s, action, shedding, cap", [
+    (0, 29.0, "insufficient", True, 0.25),   # no samples, inside the cooldown: keep shedding
+    (0, 30.0, "probe", False, 1.0),          # the cooldown since shedding began: lift it all
+    (19, 31.0, "probe", False, 1.0),         # a trickle under min_samples is no evidence either
+    (0, 3600.0, "probe", False, 1.0),
+])
+def test_shedding_without_samples_ends_after_the_cooldown(count, after_s, action, shedding, cap):
+    state, began = shedding_state()
+    d = decide(Snapshot(None if count == 0 else 300.0, count), state, SHED, began + after_s)
+    assert (d.action, d.state.shedding, d.state.token_cap_ratio) == (action, shedding, cap), d.reason
+    assert d.fresh_window == (action == "probe")
+    if action == "probe":
+        assert "cooldown 30 s" in d.reason
+
+
+def test_truncation_alone_is_lifted_too_when_no_samples_come():
+    state = run([300, 300], state=TierState(tiers=2, tier=1, entered_s=0.0), policy=SHED)[-1].state
+    assert state.token_cap_ratio == 0.25 and not state.shedding  # truncated at t=105
+    assert decide(Snapshot(None, 0), state, SHED, 134.0).action == "insufficient"
+    d = decide(Snapshot(None, 0), state, SHED, 135.0)
+    assert d.action == "probe" and d.state.token_cap_ratio == 1.0
+
+
+def test_shedding_is_bounded_even_while_the_stale_window_stays_over_target():
+    state, began = shedding_state()
+    held = decide(Snapshot(300.0, 50), state, SHED, began + 25.0)
+    assert held.action == "hold" and held.state.shedding
+    probe = decide(Snapshot(300.0, 50), held.state, SHED, began + 30.0)
+    assert probe.action == "probe" and not probe.state.shedding and probe.state.token_cap_ratio == 0.25
+    # still over target on what the probe admitted: shedding again after shed_after evaluations
+    again = run([300] * 3, state=probe.state, policy=SHED, start=began + 35.0)
+    assert [d.state.shedding for d in again] == [False, True, True]
+    resumed = began + 40.0  # the second of the evaluations at +35, +40, +45
+    assert decide(Snapshot(300.0, 50), again[-1].state, SHED, resumed + 29.0).state.shedding
+    assert decide(Snapshot(300.0, 50), again[-1].state, SHED, resumed + 30.0).action == "probe"
+
+
+def test_a_sustained_overload_alternates_shedding_and_probes_with_a_fake_clock():
+    state = TierState(tiers=1, entered_s=0.0)
+    policy = replace(SHED, cooldown_s=20.0)
+    timeline = []
+    for i in range(40):  # one evaluation a second; the load never lets up
+        d = decide(Snapshot(300.0, 50), state, policy, 100.0 + i)
+        timeline.append(d.state.shedding)
+        state = d.state
+    assert 0.5 < sum(timeline) / len(timeline) < 1.0  # mostly shedding, never for good
+    assert timeline[-25:].count(False) >= 1
+
+
+def test_unpinned_with_no_samples_goes_back_to_the_top_tier():
+    pinned = decide(Snapshot(None, 0), TierState(tiers=3, entered_s=0.0, pinned=2), POLICY, 100.0)
+    assert pinned.action == "pin" and pinned.state.tier == 2  # a pin needs no samples
+    idle = run([None] * 5, state=pinned.state, start=105.0, count=0)
+    assert {d.action for d in idle} == {"insufficient"} and set(tiers(idle)) == {2}
+    d = decide(Snapshot(None, 0), replace(idle[-1].state, pinned=None, released=True), POLICY, 200.0)
+    assert d.action == "unpin" and d.switched and d.state.tier == 0 and not d.state.released
+    assert "back to the top tier" in d.reason
+    later = decide(Snapshot(None, 0), d.state, POLICY, 210.0)
+    assert later.action == "insufficient" and later.state.tier == 0
+
+
+def test_unpinned_with_samples_leaves_it_to_the_usual_rules():
+    state = TierState(tiers=3, tier=2, entered_s=190.0, pinned=None, released=True)
+    d = decide(Snapshot(150.0, 50), state, POLICY, 200.0)  # over target on the light tier: no jump up
+    assert d.action == "hold" and d.state.tier == 2 and not d.state.released
+    d = decide(Snapshot(None, 0), replace(state, tier=0), POLICY, 200.0)
+    assert d.action == "insufficient" and d.state.tier == 0 and not d.state.released
+
+
+def test_an_idle_device_without_relief_or_release_holds():
+    state = TierState(tiers=3, tier=1, entered_s=0.0)
+    assert decide(Snapshot(None, 0), state, POLICY, 10_000.0) == Decision(
+        state, "insufficient", "0 ttft_ms samples in the window, fewer than min_samples 20")
