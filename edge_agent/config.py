@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from .errors import ConfigError
+from .errors import ConfigError, EdgeAgentError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -212,6 +212,11 @@ class MqttConfig(Section):
         return value
 
 
+# Commands a fleet may send (``telemetry/commands.py`` ALLOWED); ``telemetry.commands_allowed`` narrows them.
+FLEET_COMMANDS = ("get_status", "set_sla", "pin_tier", "unpin_tier", "rebuild_engine", "flush_telemetry",
+                  "reset_desired")
+
+
 class TelemetryConfig(Section):
     interval_s: float = Field(10.0, gt=0, le=3600)
     spool_path: Path = Field(default_factory=lambda: _user_dir("state") / "spool.sqlite")
@@ -220,12 +225,51 @@ class TelemetryConfig(Section):
     replay_per_s: float = Field(5.0, gt=0, le=10_000, description="backlog replay rate after an outage")
     ledger_path: Path = Field(default_factory=lambda: _user_dir("state") / "commands.sqlite")
     max_command_bytes: int = Field(16 * 1024, ge=256, le=1024 * 1024)
+    commands_allowed: list[Literal[FLEET_COMMANDS]] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: list(FLEET_COMMANDS), description="fleet commands this device runs; [] = none")
+    reply_prefixes: list[str] = Field(
+        default_factory=lambda: ["fleet/replies/"], description="topic prefixes (besides the device's own "
+        "<prefix>/<device_id>/cmd/<name>/res and .../res/) that command replies may be sent under")
+    fleet_public_key: str | None = Field(
+        None, description="the fleet's Ed25519 public key (a PEM file or the raw key in base64): when set, "
+        "commands and desired must be signed with it (docs/telemetry.md 'Signed commands')")
+
+    @field_validator("reply_prefixes")
+    @classmethod
+    def _concrete_prefixes(cls, value: list[str]) -> list[str]:
+        bad = [p for p in value if not p.endswith("/") or len(p) < 2 or any(c in p for c in "+#\0")]
+        if bad:
+            raise ValueError(f"each prefix must end with '/' and have no '+', '#' or NUL: {bad}")
+        return value
+
+    @field_validator("fleet_public_key")
+    @classmethod
+    def _loadable_key(cls, value: str | None) -> str | None:
+        if value:  # a key that cannot be read must stop the agent, never fall back to unsigned
+            from .telemetry.signing import load_public_key
+
+            try:
+                load_public_key(value)
+            except ConfigError as exc:
+                raise ValueError("; ".join(msg for _path, msg in exc.problems)) from None
+            except EdgeAgentError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+
+def _default_recipes_dir() -> Path:
+    from .shipped import default_recipes_dir
+
+    return default_recipes_dir()
 
 
 class EnginesConfig(Section):
     cache_dir: Path = Field(default_factory=lambda: default_cache_dir() / "engines")
     max_bytes: int = Field(8 * 1024**3, ge=1024 * 1024)
-    recipes_dir: Path = Field(Path("engines"), description="where `--recipe NAME` finds NAME.toml")
+    recipes_dir: Path = Field(default_factory=_default_recipes_dir,
+                              description="the user's recipes: `--recipe NAME` and background builds look for "
+                              "NAME.toml here first, then among the shipped recipes (default /etc/edge-agent/engines "
+                              "under systemd, ~/.config/edge-agent/engines otherwise)")
     build_on_start: bool = Field(True, description="`edge-agent run`: build a tier's missing engine (when its model "
                                  "has a recipe) in the background while the model folder serves")
     build_threads: int = Field(1, ge=1, le=256, description="intra-op threads of a background build (it shares "

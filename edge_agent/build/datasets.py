@@ -2,6 +2,8 @@
 
 Text (LLM): one object per line, ``{"prompt": "..."}`` or ``{"messages": [{"role": ..., "content": ...}]}``.
 Audio (ASR): ``{"audio": "path relative to the manifest", "text": "reference (optional for calibration)"}``.
+A line may carry a ``"synth"`` recipe instead of a recorded file: its WAV is made with espeak-ng on
+first use (``synth_audio``), beside the manifest or, for the shipped manifests, under the cache.
 
 A calibration set that is empty, or whose every line is broken, is refused: a quantizer fed
 nothing produces ranges of zero and an engine that outputs garbage.
@@ -80,9 +82,18 @@ def read_text_manifest(path: Path, limit: int | None = None) -> list[TextSample]
     return out
 
 
+def _with_audio(path: Path, limit: int | None) -> tuple[Path, list[tuple[int, dict]]]:
+    """The manifest's lines, and where their audio is (synthesised audio for the first ``limit`` made now)."""
+    from .synth_audio import materialise
+
+    records = _lines(path)
+    return materialise(path, records[: limit or None]), records
+
+
 def read_audio_manifest(path: Path, limit: int | None = None, need_text: bool = False) -> list[AudioSample]:
     out = []
-    for number, item in _lines(path):
+    path, records = _with_audio(path, limit)
+    for number, item in records:
         audio = item.get("audio")
         if not isinstance(audio, str) or not audio:
             raise InputError(f'{path}:{number}: expected {{"audio": "relative/path.wav", "text": "..."}}')
@@ -91,8 +102,7 @@ def read_audio_manifest(path: Path, limit: int | None = None, need_text: bool = 
             raise InputError(f'{path}:{number}: no reference "text" (the accuracy gate scores {audio} against it)')
         file = (path.parent / audio).resolve()
         if not file.is_file():
-            hint = " (synthesised audio: regenerate it with scripts/asr-eval-audio)" if "synth" in item else ""
-            raise InputError(f"{path}:{number}: audio file {audio} not found at {file}{hint}")
+            raise InputError(f"{path}:{number}: audio file {audio} not found at {file}")
         out.append(AudioSample(number, file, text if isinstance(text, str) else None))
         if limit and len(out) >= limit:
             break
@@ -104,6 +114,8 @@ def manifest_digest(path: Path, limit: int | None = None) -> str:
     h = hashlib.sha256()
     h.update(path.read_bytes())
     h.update(str(limit).encode())
+    if any(isinstance(item.get("audio"), str) for _, item in _lines(path)):
+        path = _with_audio(path, limit)[0]  # the audio is part of the key: make it before hashing it
     for _, item in _lines(path)[: limit or None]:
         audio = item.get("audio")
         if isinstance(audio, str):

@@ -30,6 +30,16 @@ shape profiles, which calibration and held-out data, and how much accuracy an en
     name = "prefill"
     dims = { batch_size = [1, 1, 4], sequence_length = [1, 64, 512], past_sequence_length = [0, 0, 0] }
 
+Where recipes are found: ``--recipe NAME`` (and the daemon's background builds) look for
+``NAME.toml`` in ``engines.recipes_dir`` first (a user folder: ``/etc/edge-agent/engines`` under
+systemd, ``~/.config/edge-agent/engines`` otherwise), then among the shipped recipes (the
+repository's ``engines/``, package data in a wheel). A user's file hides a shipped one of the same name.
+
+A relative path in a recipe (``model``, ``data``) is taken relative to the recipe file; when nothing
+is there, relative to the shipped ``engines/`` folder. So a shipped recipe copied into the user
+folder keeps finding ``../calibration/...`` in the shipped data, unless the user puts a
+``calibration/`` folder beside the copy's folder, which then wins.
+
 Every problem is reported as ``dotted.path: message`` through ``ConfigError``.
 """
 from __future__ import annotations
@@ -43,6 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..config import validation_problems
 from ..errors import ConfigError
+from ..shipped import engines_dir
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -143,11 +154,16 @@ class Recipe(_Strict):
     # -- derived -------------------------------------------------------------------------------
 
     def resolve(self, relative: Path | str) -> Path:
-        """A path from the recipe, relative to the recipe file's folder."""
+        """A path from the recipe: relative to the recipe file's folder, else to the shipped recipes'
+        (a copied recipe still finds the shipped calibration data)."""
         path = Path(relative).expanduser()
         if path.is_absolute() or self.source is None:
             return path
-        return (self.source.parent / path).resolve()
+        here = (self.source.parent / path).resolve()
+        if here.exists():
+            return here
+        shipped = (engines_dir() / path).resolve()
+        return shipped if shipped.exists() else here
 
     def profiles_for(self, target: str) -> list[Profile]:
         chosen = [p for p in self.profiles if p.applies_to(target)]
@@ -169,14 +185,41 @@ class Recipe(_Strict):
         return json.loads(self.model_dump_json(exclude={"source"}))
 
 
-def load_recipe(path: str | Path, search: Path | None = None) -> Recipe:
-    """Read and validate a recipe file; a bare name is looked up as ``<search>/<name>.toml``."""
-    path = Path(path)
-    if not path.is_file() and search is not None and (search / f"{path.name}.toml").is_file():
-        path = search / f"{path.name}.toml"
-    if not path.is_file():
-        where = f" (nor {search / (path.name + '.toml')})" if search else ""
-        raise ConfigError([(str(path), f"recipe file not found{where}")])
+def recipe_dirs(user_dir: Path | str | None = None) -> list[Path]:
+    """Where recipes are looked for, first match wins: the user's folder, then the shipped recipes."""
+    dirs = [Path(user_dir).expanduser()] if user_dir else []
+    shipped = engines_dir()
+    return dirs + ([shipped] if shipped.resolve() not in [d.resolve() for d in dirs] else [])
+
+
+def recipe_files(user_dir: Path | str | None = None) -> list[Path]:
+    """Every recipe file, the user's first (the daemon takes the first recipe for a model), a user's
+    ``NAME.toml`` hiding the shipped one of the same name."""
+    found: dict[str, Path] = {}
+    for folder in recipe_dirs(user_dir):
+        for path in sorted(folder.glob("*.toml")) if folder.is_dir() else []:
+            found.setdefault(path.stem, path)
+    return list(found.values())
+
+
+def find_recipe(name: str | Path, user_dir: Path | str | None = None) -> Path:
+    """A recipe file: ``name`` itself when it is a file, else ``NAME.toml`` in ``recipe_dirs(user_dir)``."""
+    path = Path(name).expanduser()
+    if path.is_file():
+        return path
+    if path.suffix != ".toml" and len(path.parts) == 1:
+        for folder in recipe_dirs(user_dir):
+            if (folder / f"{path.name}.toml").is_file():
+                return folder / f"{path.name}.toml"
+        where = " or ".join(str(d) for d in recipe_dirs(user_dir))
+        raise ConfigError([(str(name), f"recipe file not found, nor {path.name}.toml in {where}")])
+    raise ConfigError([(str(path), "recipe file not found")])
+
+
+def load_recipe(path: str | Path, search: Path | str | None = None) -> Recipe:
+    """Read and validate a recipe file; a bare name is looked up as ``NAME.toml`` in ``search``
+    (the user's folder, ``engines.recipes_dir``), then in the shipped recipes."""
+    path = find_recipe(path, search)
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..backends import SessionOptions, open_session
 from ..build.cache import EngineCache, Entry, hash_model
 from ..build.pipeline import BuildRequest, GateRefused, Heartbeat, Pipeline
-from ..build.recipes import TARGET_BACKENDS, Recipe, load_recipe
+from ..build.recipes import TARGET_BACKENDS, Recipe, load_recipe, recipe_files
 from ..errors import ConfigError, EdgeAgentError, ModelError
 from ..models.catalog import DEMO_MODELS, ModelRef, inspect_folder, resolve_model
 from ..models.llm import DecoderLM
@@ -108,8 +108,7 @@ class TierEngines:
     def all_recipes(self) -> list[Recipe]:
         if self._recipes is None:
             found = []
-            folder = Path(self.config.recipes_dir).expanduser()
-            for path in sorted(folder.glob("*.toml")) if folder.is_dir() else []:
+            for path in recipe_files(self.config.recipes_dir):  # the user's folder, then the shipped recipes
                 try:
                     found.append(load_recipe(path))
                 except ConfigError as exc:  # one broken recipe must not hide the others
