@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-SECTIONS = ("system", "python", "jetson", "cuda", "tensorrt", "openvino", "onnxruntime", "audio")
+SECTIONS = ("system", "python", "jetson", "cuda", "tensorrt", "openvino", "onnxruntime", "audio", "build")
 
 _ROOT = Path(__file__).resolve().parents[1]  # so a probe child can import edge_agent from a checkout
 
@@ -80,7 +80,7 @@ def collect(timeout_s: float = 20) -> dict[str, dict[str, Any]]:
     """Every section of ``SECTIONS``, probed in parallel; each child gets ``timeout_s``."""
     probes: dict[str, Callable[[float], Entry]] = {
         "system": _system, "python": _python, "jetson": _jetson, "cuda": _cuda, "tensorrt": _tensorrt,
-        "openvino": _openvino, "onnxruntime": _onnxruntime, "audio": _audio,
+        "openvino": _openvino, "onnxruntime": _onnxruntime, "audio": _audio, "build": _build,
     }
     with ThreadPoolExecutor(max_workers=len(probes)) as pool:
         futures = {name: pool.submit(_guarded, fn, timeout_s) for name, fn in probes.items()}
@@ -310,6 +310,37 @@ def _audio(timeout_s: float) -> Entry:
                   run.data)
     if not inputs:
         entry.warnings.append("no audio input device: the microphone source cannot start (wav replay still works)")
+    return entry
+
+
+def _build(_: float) -> Entry:
+    """Engine building (``edge-agent build`` and the daemon's background builds): available or why not."""
+    from .build.recipes import recipe_dirs, recipe_files
+    from .build.synth_audio import missing_tools
+    from .shipped import default_recipes_dir
+
+    tools = {d: _dist_version(d) for d in ("onnx", "nncf")}
+    recipes = recipe_files(default_recipes_dir())
+    data = {"packages": tools, "recipe_dirs": [str(d) for d in recipe_dirs(default_recipes_dir())],
+            "recipes": [p.stem for p in recipes], "synth_tools_missing": missing_tools()}
+    if not tools["onnx"] or not _installed("onnx"):
+        return Entry("absent", detail="engine building unavailable: the onnx package is missing (pip install "
+                     "'edge-agent[build]'); `edge-agent run` serves model folders and builds no engines", data=data)
+    runtimes = ["ONNX Runtime (INT8, FP16)"]
+    entry = Entry("ok", tools["onnx"], "", data)
+    if _installed("openvino"):
+        if tools["nncf"] and _installed("nncf"):
+            runtimes.append("OpenVINO (NNCF INT8, INT4/INT8 weights, FP16)")
+        else:
+            runtimes.append("OpenVINO (FP16 only)")
+            entry.warnings.append("OpenVINO INT8/INT4 engines need nncf: pip install 'edge-agent[build]'")
+    if _installed("tensorrt"):
+        runtimes.append("TensorRT")
+    entry.detail = (f"engine building available for {', '.join(runtimes)}; {len(recipes)} recipe(s) in "
+                    + " then ".join(data["recipe_dirs"]))
+    if data["synth_tools_missing"]:
+        entry.warnings.append(f"{' and '.join(data['synth_tools_missing'])} missing: the shipped ASR calibration "
+                              "audio cannot be synthesised (apt install espeak-ng sox), so ASR INT8 builds fail")
     return entry
 
 
