@@ -111,7 +111,9 @@ class Agent:
             self.telemetry.stop()
 
     def reload(self) -> str:
-        """SIGHUP: validate the file first; keep the running config when it is wrong, and say why."""
+        """SIGHUP: validate the file first; keep the running config when it is wrong, and say why. The
+        file's SLA applies, then the fleet's stored ``desired`` on top of it (it overlays the file);
+        a ``set_sla`` command's SLA gives way to them. ``reported`` is republished either way."""
         try:
             new = load_settings(self.config_path)
         except ConfigError as exc:
@@ -120,16 +122,28 @@ class Agent:
             self.notifier.status(message[:200])
             return message
         applied, restart = ["sla"], []
-        if self.controller is not None:
-            self.controller.policy = policy_from_config(new.sla, self.settings.batching.max_batch)
-        if self.asr_controller is not None:
-            self.asr_controller.policy = asr_policy_from_config(new.sla.asr)
-            self.asr_controller.window_s = new.sla.asr.window_s
-            self.asr_controller.evaluate_every_s = new.sla.asr.evaluate_every_s
         for section in ("models", "mqtt", "api", "telemetry", "engines", "audio", "device", "batching"):
             if getattr(new, section) != getattr(self.settings, section):
                 restart.append(section)
         self.settings = self.settings.model_copy(update={"sla": new.sla})
+        s = self.settings
+        if self.controller is not None:
+            self.controller.set_policy(policy_from_config(s.sla, max(t.max_batch for t in s.models.llm)),
+                                       s.sla.window_s, source="file")
+            self.controller.evaluate_every_s = s.sla.evaluate_every_s
+        if self.asr_controller is not None:
+            self.asr_controller.set_policy(asr_policy_from_config(s.sla.asr), s.sla.asr.window_s, source="file")
+            self.asr_controller.evaluate_every_s = s.sla.asr.evaluate_every_s
+        commands = self.telemetry.commands if self.telemetry is not None else None
+        if commands is not None:
+            if commands.reapply_desired():
+                applied.append(f"the fleet's desired version {commands.desired_in_force} on top")
+            for controller in (self.controller, self.asr_controller):
+                # A pin from a desired that is no longer stored (reset_desired) goes with it.
+                if (controller is not None and commands.desired_in_force is None
+                        and controller.pin_source.startswith("desired@")):
+                    controller.unpin(source="file")
+        self._publish_reported()
         message = f"reloaded: applied {', '.join(applied)}" + (
             f"; changes to {', '.join(restart)} take effect after a restart" if restart else "")
         log.info("%s", message)
@@ -255,11 +269,21 @@ class Agent:
         else:
             self._publish_reported()
 
+    _desired_restored = False  # set by the first ``_publish_reported`` once serving
+
     def _publish_reported(self) -> None:
-        """The retained ``reported`` state, after anything it shows changed (tiers, pins, SLA)."""
-        if self.telemetry is not None and self.telemetry.commands is not None:
-            commands = self.telemetry.commands
-            commands.publish_reported(commands.reported())
+        """The retained ``reported`` state, after anything it shows changed (tiers, pins, SLA). The first
+        call once every controller exists (the API is up; start publishes before READY=1) first puts
+        the fleet's stored ``desired`` back in force: after a restart the device must not run the
+        file's SLA while the ledger says a desired version was applied."""
+        if self.telemetry is None or self.telemetry.commands is None:
+            return
+        commands = self.telemetry.commands
+        if not self._desired_restored and self.api is not None:
+            self._desired_restored = True
+            commands.restore_desired()  # publishes reported itself
+            return
+        commands.publish_reported(commands.reported())
 
     def _event(self, kind: str, payload: dict) -> None:
         log.info("event %s: %s", kind, payload)
@@ -298,29 +322,33 @@ class Agent:
     def _tier_controller(self, workload: str) -> TierController | None:
         return {"llm": self.controller, "asr": self.asr_controller}.get(workload)
 
-    def set_sla(self, workload: str, sla) -> dict[str, Any]:
+    def set_sla(self, workload: str, sla, source: str = "command") -> dict[str, Any]:
+        """A fleet SLA (command or desired) on top of the file's; a changed target lifts truncation and
+        shedding. The caller publishes ``reported`` (a desired applies several values at once)."""
         controller = self._tier_controller(workload)
         if controller is None:
             raise EdgeAgentError(f"no SLA controller for workload {workload!r} on this device")
         if workload == "asr" and sla.metric not in ASR_SLA_METRICS:
             raise EdgeAgentError(f"the ASR SLA metric must be one of {', '.join(ASR_SLA_METRICS)}, not {sla.metric!r}")
-        controller.policy = replace(controller.policy, metric=sla.metric, percentile=sla.percentile,
-                                    target_ms=sla.target_ms, min_samples=sla.min_samples)
-        controller.window_s = sla.window_s
+        policy = replace(controller.policy, metric=sla.metric, percentile=sla.percentile, target_ms=sla.target_ms,
+                         min_samples=sla.min_samples)
+        controller.set_policy(policy, sla.window_s, source=source)
         return {"sla": sla.model_dump()}
 
-    def pin_tier(self, workload: str, tier: str) -> dict[str, Any]:
+    def pin_tier(self, workload: str, tier: str, source: str = "command") -> dict[str, Any]:
         controller = self._tier_controller(workload)
         if controller is None:
             raise EdgeAgentError(f"no tier controller for workload {workload!r} on this device")
-        controller.pin(tier)
+        controller.pin(tier, source=source)
         self._publish_reported()
         return {"pinned": tier}
 
-    def unpin_tier(self, workload: str) -> dict[str, Any]:
+    def unpin_tier(self, workload: str, source: str = "command") -> dict[str, Any]:
+        """Control goes back to the controller; an idle ladder returns to its top tier (``tiers.decide``)."""
         controller = self._tier_controller(workload)
         if controller is not None:
-            controller.unpin()
+            controller.unpin(source=source)
+            self._publish_reported()
         return {"pinned": None}
 
     def rebuild_engine(self, recipe: str) -> dict[str, Any]:
@@ -337,7 +365,8 @@ class Agent:
         return {"flushed": True}
 
     def reported(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"active_tiers": {}, "pins": {}, "sla": {}, "engine_hashes": self.engine_hashes()}
+        out: dict[str, Any] = {"active_tiers": {}, "pins": {}, "sla": {}, "sources": {},
+                               "engine_hashes": self.engine_hashes()}
         if self.llm is not None and self.llm.active_tier is not None:
             out["active_tiers"]["llm"] = self.llm.active_tier
         if self.asr is not None and self.asr.active_tier is not None:
@@ -350,6 +379,8 @@ class Agent:
                 out["pins"][workload] = controller.served.tiers[controller.state.pinned].name
             out["sla"][workload] = {"metric": p.metric, "percentile": p.percentile, "target_ms": p.target_ms,
                                     "window_s": controller.window_s, "min_samples": p.min_samples}
+            out["sources"][f"sla.{workload}"] = controller.sla_source
+            out["sources"][f"pins.{workload}"] = controller.pin_source
         return out
 
 

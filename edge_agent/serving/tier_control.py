@@ -76,6 +76,8 @@ class TierController:
         self._window_started = clock()
         self.state = TierState(tiers=len(served.tiers), tier=served.active, entered_s=self._window_started)
         self.last: Decision | None = None
+        # Who set the policy and the pin state: "file", "command" or "desired@<version>" (reported.sources).
+        self.sla_source, self.pin_source = "file", "file"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -102,25 +104,28 @@ class TierController:
             self.window.record_many(self.policy.metric, list(values), tags)
         self.window.record("requests", 1.0)
 
-    def pin(self, tier: int | str) -> None:
+    def pin(self, tier: int | str, source: str = "command") -> None:
         """Go to ``tier`` now (no samples needed) and stay there until ``unpin``."""
         index = self._index(tier)
         with self._lock:
             self.state = replace(self.state, pinned=index, released=False)
+            self.pin_source = source
         self.evaluate()
 
-    def unpin(self) -> None:
+    def unpin(self, source: str = "command") -> None:
         """Give control back: the next evaluation decides with the usual rules, or, with fewer than
         ``min_samples`` samples (an idle device), returns to the top tier."""
         with self._lock:
             if self.state.pinned is not None:
                 self.state = replace(self.state, pinned=None, released=True)
+            self.pin_source = source
 
-    def set_policy(self, policy: Policy, window_s: float | None = None) -> bool:
+    def set_policy(self, policy: Policy, window_s: float | None = None, source: str = "file") -> bool:
         """Apply a new SLA policy (and window). A change starts a fresh window and lifts truncation and
         shedding, which answered the old target; returns whether anything changed."""
         window_s = self.window_s if window_s is None else window_s
         with self._lock:
+            self.sla_source = source
             if policy == self.policy and window_s == self.window_s:
                 return False
             self.policy, self.window_s = policy, window_s

@@ -13,7 +13,11 @@ A ``cmd_id`` already in the ledger is never run again: the stored final response
 recipes must be ones the device has configured (``CommandTarget.tiers`` / ``recipes``).
 
 ``desired`` (retained, versioned) is applied all-or-nothing when its version is newer than the last
-applied one, and echoed through ``publish_reported``.
+applied one, and echoed through ``publish_reported``. It overlays the local config file: the applied
+document is kept in the ledger and put back in force after a restart (``restore_desired``, before the
+broker's retained copy of the same version, which is then a no-op) and after a reload of the file
+(``reapply_desired``); ``reset_desired`` forgets it and goes back to the file. ``reported`` says which
+version is in force in this run and where each SLA and pin comes from (``sources``).
 
 Threading: ``submit`` runs on paho's thread and only enqueues (bounded); one worker thread does
 the rest, so a slow ``rebuild_engine`` never stalls the network loop.
@@ -36,6 +40,7 @@ from .schema import NAME, WORKLOAD, CommandRequest, CommandResponse, Desired, Sl
 log = logging.getLogger(__name__)
 
 DESIRED_KEY = "desired_version"
+DESIRED_DOC_KEY = "desired_document"  # the applied document itself, re-applied after a restart
 MAX_QUEUE = 256
 
 
@@ -46,9 +51,11 @@ class CommandTarget(Protocol):
     def tiers(self) -> Mapping[str, Sequence[str]]: ...      # workload -> configured tier names
     def recipes(self) -> Sequence[str]: ...                  # configured engine recipe names
     def status(self) -> dict[str, Any]: ...
-    def set_sla(self, workload: str, sla: SlaSpec) -> dict[str, Any]: ...
-    def pin_tier(self, workload: str, tier: str) -> dict[str, Any]: ...
-    def unpin_tier(self, workload: str) -> dict[str, Any]: ...
+    # ``source`` says who asked, for ``reported.sources``: "command" or "desired@<version>".
+    def set_sla(self, workload: str, sla: SlaSpec, source: str = "command") -> dict[str, Any]: ...
+    def pin_tier(self, workload: str, tier: str, source: str = "command") -> dict[str, Any]: ...
+    def unpin_tier(self, workload: str, source: str = "command") -> dict[str, Any]: ...
+    def reload(self) -> str: ...  # re-read the config file, then ``reapply_desired`` on top
     def rebuild_engine(self, recipe: str) -> dict[str, Any]: ...
     def flush_telemetry(self) -> dict[str, Any]: ...
     def reported(self) -> dict[str, Any]: ...  # active_tiers, pins, sla, engine_hashes
@@ -112,6 +119,9 @@ class CommandProcessor:
         self.stats = {"handled": 0, "rejected": 0, "duplicates": 0, "expired": 0, "failed": 0,
                       "succeeded": 0, "overflow": 0, "errors": 0}
         self.desired_error: str | None = None
+        self.desired_in_force: int | None = None  # the desired version applied in this run
+        self._desired_lock = threading.RLock()  # the worker, SIGHUP's reload and start's restore
+        self._desired_retry: bytes | None = None  # a desired that could not apply before the agent served
 
     # -- threads ------------------------------------------------------------------------------------
 
@@ -266,7 +276,9 @@ class CommandProcessor:
     # -- desired state ------------------------------------------------------------------------------
 
     def apply_desired(self, payload: bytes) -> bool:
-        """Apply a retained ``desired`` document if newer than the last applied; echo in ``reported``."""
+        """Apply a retained ``desired`` document if newer than the stored one (or the same version not
+        yet in force in this run), keep it in the ledger, echo in ``reported``. The same version again
+        (the broker re-sends retained messages on every connection) changes nothing."""
         if not payload:  # a cleared retained message
             return False
         try:
@@ -279,10 +291,25 @@ class CommandProcessor:
             log.error("%s", self.desired_error)
             self._report()
             return False
-        last = int(self.ledger.get(DESIRED_KEY) or -1)
-        if desired.version <= last:
-            self._report()
-            return False
+        with self._desired_lock:
+            last = int(self.ledger.get(DESIRED_KEY) or -1)
+            stored = self.ledger.get(DESIRED_DOC_KEY) is not None
+            if desired.version < last or (desired.version == last and stored):
+                if desired.version == last and self.desired_in_force is None:
+                    # After a restart, before the agent serves: restore_desired applies the stored copy.
+                    self._desired_retry = payload
+                self._report()
+                return False
+            applied = self._apply(desired)
+            if applied:
+                self.ledger.put_many({DESIRED_DOC_KEY: desired.to_json().decode(), DESIRED_KEY: str(desired.version)})
+            elif self.desired_error and " failed: " in self.desired_error:
+                self._desired_retry = payload  # e.g. the controllers do not exist yet; retried at start
+        self._report()
+        return applied
+
+    def _apply(self, desired: Desired) -> bool:
+        """Check, then apply every SLA and pin of ``desired``; sets ``desired_error`` / ``desired_in_force``."""
         tiers = self.target.tiers()
         problems = [f"sla.{w}: unknown workload" for w in desired.sla if w not in tiers]
         problems += [f"pins.{w}: tier {t!r} is not configured" for w, t in desired.pins.items()
@@ -290,30 +317,77 @@ class CommandProcessor:
         if problems:
             self.desired_error = f"desired version {desired.version} not applied: {'; '.join(problems)}"
             log.error("%s", self.desired_error)
-            self._report()
             return False
+        source = f"desired@{desired.version}"
         try:
             for workload, sla in desired.sla.items():
-                self.target.set_sla(workload, sla)
+                self.target.set_sla(workload, sla, source=source)
             for workload, tier in desired.pins.items():
                 if tier is None:
-                    self.target.unpin_tier(workload)
+                    self.target.unpin_tier(workload, source=source)
                 else:
-                    self.target.pin_tier(workload, tier)
+                    self.target.pin_tier(workload, tier, source=source)
         except Exception as exc:
             self.desired_error = f"desired version {desired.version} failed: {exc}"
             log.error("%s", self.desired_error)
-            self._report()
             return False
-        self.ledger.put(DESIRED_KEY, str(desired.version))
-        self.desired_error = None
-        self._report()
+        self.desired_in_force, self.desired_error = desired.version, None
+        log.info("desired version %d in force", desired.version)
         return True
+
+    def _stored_desired(self) -> Desired | None:
+        raw = self.ledger.get(DESIRED_DOC_KEY)
+        if raw is None:
+            last = self.ledger.get(DESIRED_KEY)
+            if last is not None:  # a ledger from before documents were kept: the version alone is useless
+                self.ledger.delete(DESIRED_KEY)
+                log.warning("desired version %s was applied before, but its document was not kept; the "
+                            "fleet's retained copy will be applied again", last)
+            return None
+        try:
+            return Desired.model_validate_json(raw)
+        except ValidationError as exc:
+            self.desired_error = f"stored desired not re-applied: {describe(exc)}"
+            log.error("%s", self.desired_error)
+            return None
+
+    def reapply_desired(self) -> bool:
+        """Put the stored desired document back in force on top of the file (after a reload of the
+        file, or at start); ``reported`` is the caller's to publish."""
+        with self._desired_lock:
+            desired = self._stored_desired()
+            self.desired_in_force = None
+            return desired is not None and self._apply(desired)
+
+    def restore_desired(self) -> bool:
+        """At start, once the agent can apply it: the stored desired first, then any newer one that
+        arrived too early; then ``reported``."""
+        with self._desired_lock:
+            applied = self.reapply_desired()
+            retry, self._desired_retry = self._desired_retry, None
+        if retry is not None:
+            return self.apply_desired(retry) or applied
+        self._report()
+        return applied
+
+    def reset_desired(self) -> dict[str, Any]:
+        """Forget the stored desired (version and document), so that the next desired of any version
+        applies, and go back to the file (``target.reload``); for a signed ``reset_desired`` command."""
+        with self._desired_lock:
+            forgotten = self.desired_in_force
+            if forgotten is None:
+                last = self.ledger.get(DESIRED_KEY)
+                forgotten = int(last) if last is not None else None
+            self.ledger.delete(DESIRED_KEY, DESIRED_DOC_KEY)
+            self.desired_in_force, self.desired_error, self._desired_retry = None, None, None
+            message = self.target.reload()
+        log.info("desired version %s forgotten: %s", forgotten, message)
+        self._report()
+        return {"forgotten_version": forgotten, "reload": message, "desired_version": None}
 
     def reported(self) -> dict[str, Any]:
         doc = dict(self.target.reported())
-        last = self.ledger.get(DESIRED_KEY)
-        doc["desired_version"] = int(last) if last is not None else None
+        doc["desired_version"] = self.desired_in_force
         doc["desired_error"] = self.desired_error
         return doc
 

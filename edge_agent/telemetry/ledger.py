@@ -1,4 +1,5 @@
-"""The command ledger: which ``cmd_id`` was seen, how it ended, and the last ``desired`` version applied.
+"""The command ledger: which ``cmd_id`` was seen, how it ended, and the last ``desired`` applied (its
+version and the document, so that a restart can put it back in force).
 
 SQLite (WAL, synchronous=FULL) so that a retried command after an agent restart still runs once.
 Bounded: at most ``max_entries`` commands, oldest pruned first. On open, commands a previous run left
@@ -96,6 +97,16 @@ class Ledger:
         with self._lock, self._conn:
             self._conn.execute("INSERT INTO kv(key, value) VALUES (?, ?) "
                                "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
+
+    def put_many(self, values: dict[str, str]) -> None:
+        """Several keys in one transaction: a crash keeps all of them or none."""
+        with self._lock, self._conn:
+            self._conn.executemany("INSERT INTO kv(key, value) VALUES (?, ?) "
+                                   "ON CONFLICT(key) DO UPDATE SET value = excluded.value", list(values.items()))
+
+    def delete(self, *keys: str) -> None:
+        with self._lock, self._conn:
+            self._conn.executemany("DELETE FROM kv WHERE key = ?", [(k,) for k in keys])
 
     def count(self) -> int:
         with self._lock:

@@ -16,9 +16,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from ..metrics.histogram import ExponentialHistogram
 
@@ -184,6 +184,10 @@ class SlaSpec(BaseModel):
     min_samples: int = Field(20, ge=1, le=1_000_000)
 
 
+SourceKey = Annotated[str, StringConstraints(pattern=r"^(sla|pins)[.][a-z][a-z0-9_-]{0,31}$")]
+SourceValue = Annotated[str, StringConstraints(pattern=r"^(file|command|desired@[0-9]{1,20})$")]
+
+
 class Reported(Wire):
     """``reported`` (retained): what the device is doing now."""
 
@@ -193,8 +197,12 @@ class Reported(Wire):
     pins: dict[str, str] = Field(default_factory=dict)
     sla: dict[str, SlaSpec] = Field(default_factory=dict)
     engine_hashes: dict[str, str] = Field(default_factory=dict)
-    desired_version: int | None = Field(None, ge=0, description="last desired version applied")
+    desired_version: int | None = Field(None, ge=0, description="the desired version in force now (applied in this "
+                                        "run, or restored from the device's ledger at start)")
     desired_error: str | None = Field(None, max_length=512)
+    sources: dict[SourceKey, SourceValue] = Field(
+        default_factory=dict, description="where each value in force comes from: 'sla.<workload>' and "
+        "'pins.<workload>' -> 'file' (local config), 'command' or 'desired@<version>'")
     at_wall: float | None = None
 
 
