@@ -13,6 +13,10 @@ Metrics per utterance (DESIGN "Latency vocabulary"), also kept in a rolling wind
   non-empty partial;
 - ``final_ms``: the end-of-speech decision → the final text;
 - ``rtf``: engine time spent on the utterance (a batch's time shared equally by its rows) / its audio.
+
+Every ``speech_start`` ends in a ``final`` or an ``error`` event. ``backlog_s`` is a stream's audio that
+no step has taken yet (what a caller bounds to apply back-pressure); ``abort`` ends a stream nobody
+waits for: its open utterances get an ``error`` and its queued steps leave the batcher unrun.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from typing import Callable, Iterator, Literal
 import numpy as np
 
 from ..audio.vad import Detector, EndpointConfig, Endpointer, SpeechAudio, SpeechEnd, SpeechStart
+from ..errors import Overloaded
 from ..metrics.histogram import ExponentialHistogram
 from ..metrics.window import MetricSnapshot, RollingWindow
 from ..models.recognizer import Hypothesis, Recognizer
@@ -59,6 +64,7 @@ class AsrEvent:
     metrics: UtteranceMetrics | None = None
     speech_end_at_s: float | None = None  # final only: clock time of the end-of-speech decision
     error: str | None = None
+    code: str | None = None  # error only: overloaded | timeout | cancelled | failed
 
 
 class _Utterance:
@@ -68,6 +74,7 @@ class _Utterance:
         self.end_at: float | None = None
         self.reason = ""
         self.unsent = 0
+        self.taken = 0  # samples the engine has taken (counted when their step starts)
         self.in_flight = False
         self.done = False
         self.compute_s = 0.0
@@ -138,6 +145,8 @@ class AsrService:
     # -- device thread -----------------------------------------------------------------------
 
     def _run_batch(self, utts: list[_Utterance]) -> list[Hypothesis | None]:
+        for u in utts:  # what this step takes is no longer backlog (audio added meanwhile stays backlog)
+            u.taken = u.rstream.samples_in
         start = time.perf_counter()
         hyps = self.engine.step([u.rstream for u in utts])
         share = (time.perf_counter() - start) / len(utts)
@@ -204,10 +213,41 @@ class AsrStream:
                 self._handle(self.endpointer.flush(), self.service.clock())
                 self.closed = True
 
+    def abort(self, reason: str, code: str = "cancelled") -> int:
+        """Nobody waits for this stream any more: input ends, every utterance without its final gets an
+        ``error`` event (``reason``, ``code``) and its queued steps leave the batcher without running
+        (a step already running finishes, unheard). Returns how many utterances were cut."""
+        with self._lock:
+            self.closed = True
+            live = [u for u in self._live if not u.done]
+            for u in live:
+                self._fail(u, reason, code)
+            self._current = None
+        self.service.batcher.drop(lambda item: item.handle is self)
+        return len(live)
+
+    @property
+    def backlog_s(self) -> float:
+        """Seconds of this stream's speech audio that no recogniser step has taken yet."""
+        with self._lock:
+            pending = sum(u.rstream.samples_in - u.taken for u in self._live if not u.done)
+        return pending / self.endpointer.rate
+
+    @property
+    def finished(self) -> bool:
+        """Closed, and every utterance has its final or error."""
+        with self._lock:
+            return self.closed and self._open == 0
+
     def wait(self, timeout_s: float | None = None) -> bool:
         """Wait until every utterance has its final; False on timeout."""
         with self._idle:
             return self._idle.wait_for(lambda: self._open == 0, timeout_s)
+
+    def wait_backlog(self, limit_s: float, timeout_s: float | None = None) -> bool:
+        """Wait until ``backlog_s`` is at most ``limit_s``; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self.backlog_s <= limit_s, timeout_s)
 
     def wait_steps(self, timeout_s: float | None = None) -> bool:
         """Wait until no recogniser step of this stream is queued or running; False on timeout."""
@@ -265,10 +305,12 @@ class AsrStream:
             self.service._submit(u, urgent=False)
 
     def _absorb(self, u: _Utterance, future) -> None:
-        """Batcher thread: a step finished for ``u``."""
+        """Batcher thread: a step finished for ``u`` (or the thread dropping it: cancelled)."""
         with self._lock:
             u.in_flight = False
             self._idle.notify_all()
+            if future.cancelled() or u.done:  # aborted: its result (if any) has nobody to go to
+                return
             exc = future.exception()
             if exc is not None:
                 self._fail(u, exc)
@@ -300,14 +342,16 @@ class AsrStream:
         self._emit(event)
         self._close_one()
 
-    def _fail(self, u: _Utterance, exc: BaseException) -> None:
+    def _fail(self, u: _Utterance, exc: BaseException | str, code: str | None = None) -> None:
         if u.done:
             return
         u.done = True
-        log.warning("stream %d utterance %d failed: %s", self.id, u.index, exc)
+        if code is None:
+            code = "overloaded" if isinstance(exc, Overloaded) else "failed"
+        log.warning("stream %d utterance %d: %s (%s)", self.id, u.index, exc, code)
         if self._current is u:
             self._current = None
-        self._emit(AsrEvent("error", self.id, u.index, at_s=self.service.clock(), error=str(exc)))
+        self._emit(AsrEvent("error", self.id, u.index, at_s=self.service.clock(), error=str(exc), code=code))
         self._close_one()
 
     def _close_one(self) -> None:

@@ -12,7 +12,9 @@ dynamic batcher):
 - an urgent request (an end of speech, whose ``final_ms`` the user is waiting on) goes at once.
 
 A failing ``run_batch`` fails only that batch's requests; the thread keeps serving. The queue is
-bounded (``Overloaded`` at submit).
+bounded (``Overloaded`` at submit). Work nobody waits for any more leaves the queue without running:
+``drop(match)`` removes a caller's queued requests (their futures are cancelled), and a future
+cancelled by its caller is skipped when its batch is formed. A batch already running finishes.
 """
 from __future__ import annotations
 
@@ -88,6 +90,7 @@ class Batcher(Generic[T, R]):
         self.batches = 0
         self.batch_sizes: dict[int, int] = {}  # size → how many batches had it
         self.busy_s = 0.0  # time spent inside run_batch
+        self.dropped = 0  # requests removed from the queue by drop()
 
     def start(self) -> Batcher[T, R]:
         self._thread.start()
@@ -116,17 +119,36 @@ class Batcher(Generic[T, R]):
     def queued(self) -> int:
         return len(self._queue)
 
+    def drop(self, match: Callable[[T], bool]) -> int:
+        """Remove the queued (not yet running) requests whose item ``match``es; their futures are
+        cancelled. Returns how many were dropped."""
+        with self._cond:
+            dropped = [r for r in self._queue if match(r.item)]
+            if dropped:
+                self._queue = deque(r for r in self._queue if not match(r.item))
+                self.dropped += len(dropped)
+        # outside the lock: a cancelled future runs its callbacks here, and they may submit again
+        for r in dropped:
+            r.future.cancel()
+        return len(dropped)
+
     def _next_batch(self) -> list[_Request[T]] | None:
         with self._cond:
             while True:
                 now = self.clock()
                 plan = take_batch([r.waiting for r in self._queue], now, self.limits)
-                if plan.take:
-                    return [self._queue.popleft() for _ in range(plan.take)]
-                if self._stopping and not self._queue:
-                    return None
-                if self._stopping:  # draining: nothing waits for company any more
-                    return [self._queue.popleft() for _ in range(min(len(self._queue), self.limits.max_batch))]
+                take = plan.take
+                if not take and self._stopping:  # draining: nothing waits for company any more
+                    if not self._queue:
+                        return None
+                    take = min(len(self._queue), self.limits.max_batch)
+                if take:
+                    batch = [self._queue.popleft() for _ in range(take)]
+                    # a future its caller cancelled meanwhile is not run (and can no longer be cancelled)
+                    batch = [r for r in batch if r.future.set_running_or_notify_cancel()]
+                    if batch:
+                        return batch
+                    continue
                 timeout = 0.5 if plan.wake_at_s is None else max(0.0, plan.wake_at_s - now)
                 self._cond.wait(timeout)
 

@@ -14,7 +14,12 @@ event). One switch at a time, its drain included: at most two tiers in memory.
 
 Events sent to API clients are plain dicts: ``{"kind": "speech_start"|"partial"|"final"|"error",
 "utterance", "text", "stable_text", "audio_s"}`` and, for finals, ``first_partial_ms``,
-``final_ms`` and ``rtf``.
+``final_ms`` and ``rtf``; errors add ``error`` (what happened) and ``code``.
+
+Guarantees under load: every ``speech_start`` ends in a ``final`` or an ``error``; a live stream's
+unprocessed audio is bounded (``backlog_s``, ``max_backlog_s``: the caller stops reading its client
+while it is over); ``close(timeout_s)`` returns within its timeout, cutting what is still open with
+an ``error``; ``abort`` drops a stream whose client went away, its queued work unrun.
 """
 from __future__ import annotations
 
@@ -22,18 +27,25 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
 from ..config import Settings, TierConfig
-from ..errors import EdgeAgentError, InputError, ModelError, Unavailable
+from ..errors import DeadlineExceeded, EdgeAgentError, InputError, ModelError, Unavailable
 from ..models.recognizer import Recognizer
 from .asr import AsrEvent, AsrService
 from .ladder import Ladder, Switched
 
 log = logging.getLogger(__name__)
+# A few seconds of speech a stream may have waiting for the recogniser: enough to absorb a burst
+# (a client sending its buffer after a hiccup), small enough that a fast client cannot queue minutes
+# of work ahead of everyone else.
+MAX_BACKLOG_S = 4.0
+CLOSE_TIMEOUT_S = 30.0  # end of input → every final; past it, what is still open gets an error
+UPLOAD_TIMEOUT_S = 300.0
 Observer = Callable[[str, str, dict], None]  # (tier, model, {metric: [values]})
 
 
@@ -45,6 +57,7 @@ def event_dict(event: AsrEvent) -> dict:
         out.update(first_partial_ms=m.first_partial_ms, final_ms=round(m.final_ms, 2), rtf=round(m.rtf, 4))
     if event.error:
         out["error"] = event.error
+        out["code"] = event.code or "failed"
     return out
 
 
@@ -83,15 +96,40 @@ class _Loaded:
 
 class PcmStream:
     """One API client's live stream: little-endian PCM16 mono at the engine's rate in, events out.
-    ``owner`` is the tier it stays on (its ``service`` and ``_observe``); ``on_close`` runs once the
-    stream's last final is out."""
+    ``owner`` is the tier it stays on (its ``service`` and ``_observe``); ``on_close`` runs once, when
+    the stream is closed or aborted.
+
+    Back-pressure is the caller's loop: after each ``push``, stop reading the client while
+    ``backlog_s > max_backlog_s`` (``wait_backlog`` does it for a thread)."""
 
     def __init__(self, owner: _Loaded, on_event: Callable[[dict], None],
-                 on_close: Callable[[], None] | None = None) -> None:
+                 on_close: Callable[[], None] | None = None, *, max_backlog_s: float = MAX_BACKLOG_S,
+                 close_timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         self.owner = owner
+        self.max_backlog_s, self.close_timeout_s = max_backlog_s, close_timeout_s
         self._on_close = on_close
         self._stream = owner.service.open_stream(lambda e: (owner._observe(e), on_event(event_dict(e))))
         self._carry = b""
+
+    @property
+    def backlog_s(self) -> float:
+        return self._stream.backlog_s
+
+    @property
+    def over_backlog(self) -> bool:
+        return self._stream.backlog_s > self.max_backlog_s
+
+    @property
+    def finished(self) -> bool:
+        """Input ended and every utterance has its final or error."""
+        return self._stream.finished
+
+    def wait_backlog(self, timeout_s: float | None = None) -> bool:
+        return self._stream.wait_backlog(self.max_backlog_s, timeout_s)
+
+    def end(self) -> None:
+        """No more audio: an open utterance ends now; its final (and any other) still comes."""
+        self._stream.close()
 
     def push(self, pcm16: bytes) -> None:
         data = self._carry + pcm16
@@ -100,14 +138,31 @@ class PcmStream:
         if usable:
             self._stream.feed(np.frombuffer(data[:usable], "<i2").astype(np.float32) / 32768.0)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
+        """End the input and wait for the finals, at most ``timeout_s`` (default ``close_timeout_s``);
+        utterances still open then get an ``error`` (code ``timeout``) and their work is dropped."""
+        timeout_s = self.close_timeout_s if timeout_s is None else timeout_s
         try:
             self._stream.close()
-            self._stream.wait(120)
+            if not self._stream.wait(timeout_s):
+                self._stream.abort(f"no final within {timeout_s:g} s of the end of the stream", "timeout")
         finally:
-            on_close, self._on_close = self._on_close, None
-            if on_close is not None:
-                on_close()
+            self._released()
+
+    def abort(self, reason: str, code: str = "cancelled") -> None:
+        """The client is gone (or is being cut off): what is still open gets an ``error`` event and
+        its queued work leaves the batcher unrun."""
+        try:
+            cut = self._stream.abort(reason, code)
+            if cut:
+                log.info("ASR stream %d aborted (%s): %d utterance(s) cut", self._stream.id, reason, cut)
+        finally:
+            self._released()
+
+    def _released(self) -> None:
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
 
 
 class Speech(Ladder):
@@ -190,10 +245,11 @@ class Speech(Ladder):
                 tmp.flush()
                 samples, info = read_audio(tmp.name, loaded.engine.sample_rate)
             stream = loaded.service.open_stream(loaded._observe)
-            stream.feed(samples)
+            _feed_bounded(stream, samples, loaded.engine.sample_rate, filename)
             stream.close()
-            if not stream.wait(300):
-                raise InputError(f"{filename}: transcription did not finish within 300 s")
+            if not stream.wait(UPLOAD_TIMEOUT_S):
+                stream.abort("the transcription timed out", "timeout")
+                raise DeadlineExceeded(f"{filename}: transcription did not finish within {UPLOAD_TIMEOUT_S:g} s")
         finally:
             self._release(loaded)
         finals = [event_dict(e) for e in stream.finals]
@@ -235,6 +291,17 @@ class Speech(Ladder):
             loaded, self._active = self._active, None  # new streams are refused from here on
         if loaded is not None:
             self._close_drained(loaded, self._drain_s if drain_s is None else drain_s)
+
+
+def _feed_bounded(stream, samples: np.ndarray, rate: int, filename: str) -> None:
+    """Feed a whole file a second at a time, never more than ``MAX_BACKLOG_S`` ahead of the recogniser:
+    a long upload then queues a step or two per utterance, not every utterance of the file at once."""
+    deadline = time.monotonic() + UPLOAD_TIMEOUT_S
+    for offset in range(0, len(samples), rate):
+        if not stream.wait_backlog(MAX_BACKLOG_S, max(0.0, deadline - time.monotonic())):
+            stream.abort("the transcription timed out", "timeout")
+            raise DeadlineExceeded(f"{filename}: transcription did not finish within {UPLOAD_TIMEOUT_S:g} s")
+        stream.feed(samples[offset:offset + rate])
 
 
 def speech_tiers(settings: Settings) -> list[SpeechTier]:
