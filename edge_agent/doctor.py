@@ -84,7 +84,22 @@ def collect(timeout_s: float = 20) -> dict[str, dict[str, Any]]:
     }
     with ThreadPoolExecutor(max_workers=len(probes)) as pool:
         futures = {name: pool.submit(_guarded, fn, timeout_s) for name, fn in probes.items()}
-        return {name: asdict(futures[name].result()) for name in SECTIONS}
+        report = {name: asdict(futures[name].result()) for name in SECTIONS}
+    report["system"]["warnings"] += command_channel_warnings()
+    return report
+
+
+def command_channel_warnings(config: str | Path | None = None) -> list[str]:
+    """The agent's own config (``config``, else the default file, plus the environment): can anyone on
+    its broker steer it? A config that does not load is ``check-config``'s to report, not ours."""
+    try:
+        from .config import load_settings
+        from .telemetry.signing import command_channel_warnings as warnings_for
+
+        settings = load_settings(config)
+        return warnings_for(settings.mqtt, settings.telemetry)
+    except Exception:
+        return []
 
 
 def _guarded(fn: Callable[[float], Entry], timeout_s: float) -> Entry:

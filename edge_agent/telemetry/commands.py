@@ -3,10 +3,18 @@
 Lifecycle of one request, one response message per step, on the MQTT 5 response topic (else
 ``cmd/<name>/res``) with the request's correlation data:
 
-    received ─▶ rejected                      (oversized, not JSON, bad schema, unknown command,
+    received ─▶ rejected                      (oversized, unsigned / expired / bad signature when a fleet
+       │                                       key is set, response topic outside the allow-list, not
+       │                                       JSON, bad schema, unknown or not allowed command,
        │                                       invalid arguments, unknown tier or recipe)
        ├──────▶ expired                       (message expiry or ``expires_at_wall`` passed)
        └─▶ accepted ─▶ executing ─▶ succeeded | failed | expired
+
+Trust: replies go only to this device's own reply topics (``<prefix>/cmd/<name>/res[/...]``,
+``<prefix>/res/...``) or under ``telemetry.reply_prefixes``; any other MQTT 5 response topic (e.g.
+another device's ``state``) is refused with a reason on ``cmd/<name>/res``. With a fleet key
+(``signing.Verifier``) commands and ``desired`` must carry a valid, unexpired signature. Only
+``telemetry.commands_allowed`` run.
 
 A ``cmd_id`` already in the ledger is never run again: the stored final response is re-sent with
 ``duplicate: true``. Only allow-listed commands exist; none takes a file path, and tiers / engine
@@ -20,7 +28,9 @@ broker's retained copy of the same version, which is then a no-op) and after a r
 version is in force in this run and where each SLA and pin comes from (``sources``).
 
 Threading: ``submit`` runs on paho's thread and only enqueues (bounded); one worker thread does
-the rest, so a slow ``rebuild_engine`` never stalls the network loop.
+the rest, so a slow ``rebuild_engine`` never stalls the network loop. A flood is logged at most
+once per ``LOG_EVERY_S`` per reason, and dropped messages are counted in a ``commands_dropped``
+event (``on_drops``) at most once per ``LOG_EVERY_S``.
 """
 from __future__ import annotations
 
@@ -36,12 +46,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .client import Incoming
 from .ledger import Ledger
 from .schema import NAME, WORKLOAD, CommandRequest, CommandResponse, Desired, SlaSpec
+from .signing import Unsigned, Verifier, unwrap
 
 log = logging.getLogger(__name__)
 
 DESIRED_KEY = "desired_version"
 DESIRED_DOC_KEY = "desired_document"  # the applied document itself, re-applied after a restart
 MAX_QUEUE = 256
+LOG_EVERY_S = 10.0  # a flood of one kind of bad message logs one line (with a count) per this period
 
 
 class CommandTarget(Protocol):
@@ -89,7 +101,7 @@ class RebuildArgs(_Args):
 
 ALLOWED: dict[str, type[_Args]] = {
     "get_status": NoArgs, "set_sla": SetSlaArgs, "pin_tier": PinTierArgs, "unpin_tier": WorkloadArgs,
-    "rebuild_engine": RebuildArgs, "flush_telemetry": NoArgs,
+    "rebuild_engine": RebuildArgs, "flush_telemetry": NoArgs, "reset_desired": NoArgs,
 }
 
 
@@ -105,19 +117,54 @@ def describe(exc: ValidationError, prefix: str = "") -> str:
     return "; ".join(parts)
 
 
+class LogLimiter:
+    """At most one log line per ``period_s`` per key; the next line that gets through says how many
+    were held back, so a flood costs a line per period instead of a line per message."""
+
+    def __init__(self, period_s: float = LOG_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.period_s, self.clock = period_s, clock
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, level: int, key: str, fmt: str, *args: Any) -> bool:
+        now = self.clock()
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < self.period_s:
+                self._held[key] = self._held.get(key, 0) + 1
+                return False
+            self._last[key] = now
+            held = self._held.pop(key, 0)
+        if held:
+            fmt, args = fmt + " (and %d more like it in the last %.0f s)", (*args, held, now - last)
+        log.log(level, fmt, *args)
+        return True
+
+
 class CommandProcessor:
     def __init__(self, target: CommandTarget, ledger: Ledger, prefix: str, device_id: str,
                  respond: Callable[[str, bytes, bytes | None], None],
                  publish_reported: Callable[[dict[str, Any]], None] = lambda _r: None, *,
                  max_bytes: int = 16 * 1024, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, verifier: Verifier | None = None,
+                 allowed: Sequence[str] | None = None, reply_prefixes: Sequence[str] = (),
+                 on_drops: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.target, self.ledger, self.prefix, self.device_id = target, ledger, prefix, device_id
         self.respond, self.publish_reported = respond, publish_reported
         self.max_bytes, self.clock, self.wall = max_bytes, clock, wall
+        self.verifier = verifier or Verifier(None, wall)
+        self.allowed = frozenset(ALLOWED if allowed is None else allowed)
+        self.reply_prefixes = tuple(reply_prefixes)
+        self.on_drops = on_drops
+        self.limited = LogLimiter(clock=clock)
+        self._drops: dict[str, int] = {}  # not yet reported in a commands_dropped event
+        self._drops_lock = threading.Lock()
+        self._drops_reported_at: float | None = None
         self._queue: queue.Queue[tuple[Incoming, float] | None] = queue.Queue(MAX_QUEUE)
         self._thread: threading.Thread | None = None
         self.stats = {"handled": 0, "rejected": 0, "duplicates": 0, "expired": 0, "failed": 0,
-                      "succeeded": 0, "overflow": 0, "errors": 0}
+                      "succeeded": 0, "overflow": 0, "dropped": 0, "unsigned": 0, "errors": 0}
         self.desired_error: str | None = None
         self.desired_in_force: int | None = None  # the desired version applied in this run
         self._desired_lock = threading.RLock()  # the worker, SIGHUP's reload and start's restore
@@ -131,7 +178,32 @@ class CommandProcessor:
             self._queue.put_nowait((msg, self.clock()))
         except queue.Full:
             self.stats["overflow"] += 1
-            log.error("command queue full (%d); dropped a message on %s", MAX_QUEUE, msg.topic)
+            self._dropped("queue_full")
+            self.limited(logging.ERROR, "queue_full", "command queue full (%d); dropped a message on %s",
+                         MAX_QUEUE, msg.topic)
+
+    def _dropped(self, reason: str) -> None:
+        with self._drops_lock:
+            self.stats["dropped"] += 1
+            self._drops[reason] = self._drops.get(reason, 0) + 1
+
+    def report_drops(self, force: bool = False) -> None:
+        """Worker thread: one ``commands_dropped`` event with the counts since the last one, at most
+        once per ``LOG_EVERY_S`` (the first drop after a quiet period is reported at once)."""
+        now = self.clock()
+        with self._drops_lock:
+            due = force or self._drops_reported_at is None or now - self._drops_reported_at >= LOG_EVERY_S
+            if not self._drops or not due:
+                return
+            counts, self._drops = self._drops, {}
+            self._drops_reported_at = now
+            total = self.stats["dropped"]
+        if self.on_drops is not None:
+            try:
+                self.on_drops({"counts": counts, "total": total, "period_s": LOG_EVERY_S})
+            except Exception:
+                self.stats["errors"] += 1
+                log.exception("reporting dropped commands failed")
 
     def start(self) -> CommandProcessor:
         self._thread = threading.Thread(target=self._run, name="commands", daemon=True)
@@ -146,39 +218,70 @@ class CommandProcessor:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                self.report_drops()
+                continue
             if item is None:
+                self.report_drops(force=True)
                 return
             try:
                 self.handle(*item)
             except Exception:  # one bad message must not end command handling
                 self.stats["errors"] += 1
                 log.exception("command handling failed for %s", item[0].topic)
+            self.report_drops()
 
     # -- one message --------------------------------------------------------------------------------
 
     def handle(self, msg: Incoming, received_mono: float | None = None) -> None:
         received_mono = self.clock() if received_mono is None else received_mono
         if msg.topic == f"{self.prefix}/desired":
-            self.apply_desired(msg.payload)
+            self._desired(msg)
             return
         parts = msg.topic[len(self.prefix) + 1:].split("/") if msg.topic.startswith(self.prefix + "/") else []
         if len(parts) != 3 or parts[0] != "cmd" or parts[2] != "req":
-            log.warning("ignored message on unexpected topic %s", msg.topic)
+            self._dropped("unexpected_topic")
+            self.limited(logging.WARNING, "topic", "ignored message on unexpected topic %s", msg.topic)
             return
         name = parts[1]
         self.stats["handled"] += 1
-        reply_to = msg.response_topic if _publishable(msg.response_topic) else f"{self.prefix}/cmd/{name}/res"
-        send = self._sender(reply_to, msg.correlation_data, name)
-        if len(msg.payload) > self.max_bytes:
+        own = f"{self.prefix}/cmd/{name}/res"
+        bad_reply = msg.response_topic is not None and not self.reply_allowed(msg.response_topic)
+        send = self._sender(own if bad_reply or not msg.response_topic else msg.response_topic,
+                            msg.correlation_data, name)
+        # An envelope carries the request in base64 (4/3) plus a signature; the request is checked below.
+        if len(msg.payload) > 2 * self.max_bytes:
             send(None, "rejected", f"payload is {len(msg.payload)} bytes, over the {self.max_bytes}-byte limit")
             return
+        unsigned: str | None = None
         try:
-            req = CommandRequest.model_validate_json(msg.payload)
+            payload = self.verifier.open(msg.topic, msg.payload)
+        except Unsigned as exc:
+            unsigned, payload = str(exc), _unchecked(msg.payload)
+        if bad_reply:
+            reason = (f"response topic {msg.response_topic[:200]!r} is not one of this device's reply topics "
+                      f"({self.prefix}/cmd/<name>/res[/...], {self.prefix}/res/...) nor under "
+                      f"telemetry.reply_prefixes ({', '.join(self.reply_prefixes) or 'none'}); not run")
+            send(_peek_cmd_id(payload), "rejected", reason)
+            self.limited(logging.WARNING, "reply_topic", "refused command %s: %s", msg.topic, reason)
+            return
+        if unsigned is not None:
+            self.stats["unsigned"] += 1
+            send(_peek_cmd_id(payload), "rejected", unsigned)
+            self.limited(logging.WARNING, "unsigned", "refused command %s: %s", msg.topic, unsigned)
+            return
+        if len(payload) > self.max_bytes:
+            send(None, "rejected", f"payload is {len(payload)} bytes, over the {self.max_bytes}-byte limit")
+            return
+        try:
+            req = CommandRequest.model_validate_json(payload)
         except ValidationError as exc:
-            cmd_id = _peek_cmd_id(msg.payload)
+            cmd_id = _peek_cmd_id(payload)
             send(cmd_id, "rejected", f"malformed request: {describe(exc)}")
-            log.warning("rejected malformed command %s (cmd_id %r): %s", msg.topic, cmd_id, describe(exc))
+            self.limited(logging.WARNING, "malformed", "rejected malformed command %s (cmd_id %r): %s",
+                         msg.topic, cmd_id, describe(exc))
             return
         seen = self.ledger.lookup(req.cmd_id)
         if seen is not None:
@@ -205,8 +308,33 @@ class CommandProcessor:
             send(req.cmd_id, "failed", str(exc) or type(exc).__name__, final=True)
             return
         send(req.cmd_id, "succeeded", None, result=_jsonable(result), final=True)
-        if name in ("set_sla", "pin_tier", "unpin_tier"):
+        if name in ("set_sla", "pin_tier", "unpin_tier", "reset_desired"):
             self._report()
+
+    def reply_allowed(self, topic: str) -> bool:
+        """This device's own reply topics, or under a configured fleet reply prefix: never another
+        device's topics, nor this device's own ``state`` / ``tele`` / ``cmd/.../req``."""
+        if not _publishable(topic):
+            return False
+        if topic.startswith(self.prefix + "/"):
+            rest = topic[len(self.prefix) + 1:].split("/")
+            return (len(rest) >= 3 and rest[0] == "cmd" and rest[2] == "res") or (len(rest) >= 2 and rest[0] == "res")
+        return any(topic.startswith(p) for p in self.reply_prefixes)
+
+    def _desired(self, msg: Incoming) -> None:
+        """Check the signature (when required) before ``apply_desired`` sees the document."""
+        if not msg.payload or len(msg.payload) > 2 * self.max_bytes:
+            self.apply_desired(msg.payload)  # cleared retained message, or refused there as oversized
+            return
+        try:
+            payload = self.verifier.open(msg.topic, msg.payload)
+        except Unsigned as exc:
+            self.stats["unsigned"] += 1
+            self.desired_error = f"desired not applied: {exc}"
+            self.limited(logging.ERROR, "desired", "%s", self.desired_error)
+            self._report()
+            return
+        self.apply_desired(payload)
 
     def _sender(self, topic: str, correlation: bytes | None, name: str):
         def send(cmd_id: str | None, status: str, reason: str | None, *, result: dict | None = None,
@@ -244,7 +372,10 @@ class CommandProcessor:
     def _validate(self, name: str, raw: dict[str, Any]) -> _Args:
         model = ALLOWED.get(name)
         if model is None:
-            raise Rejected(f"unknown command {name!r}; allowed: {', '.join(sorted(ALLOWED))}")
+            raise Rejected(f"unknown command {name!r}; known: {', '.join(sorted(ALLOWED))}")
+        if name not in self.allowed:
+            raise Rejected(f"command {name!r} is not allowed on this device (telemetry.commands_allowed: "
+                           f"{', '.join(sorted(self.allowed)) or 'none'})")
         try:
             args = model.model_validate(raw)
         except ValidationError as exc:
@@ -271,6 +402,9 @@ class CommandProcessor:
             return t.unpin_tier(args.workload)
         if isinstance(args, RebuildArgs):
             return t.rebuild_engine(args.recipe)
+        if name == "reset_desired":
+            result = self.reset_desired()
+            return result if isinstance(result, dict) else {"desired_version": None}
         return t.status() if name == "get_status" else t.flush_telemetry()
 
     # -- desired state ------------------------------------------------------------------------------
@@ -401,6 +535,15 @@ class CommandProcessor:
 
 def _publishable(topic: str | None) -> bool:
     return bool(topic) and len(topic) <= 512 and not any(c in topic for c in "+#\0")
+
+
+def _unchecked(payload: bytes) -> bytes:
+    """The request inside an envelope whose signature failed: read only to echo its ``cmd_id``."""
+    try:
+        env = unwrap(payload)
+    except Unsigned:
+        return payload
+    return env[0] if env is not None else payload
 
 
 def _peek_cmd_id(payload: bytes) -> str | None:

@@ -233,7 +233,7 @@ def render_table(view: dict[str, Any]) -> str:
 # -- CLI --------------------------------------------------------------------------------------------
 
 def add_commands(subparsers: Any) -> None:
-    p = subparsers.add_parser("fleet", help="fleet tools: watch devices' telemetry over MQTT")
+    p = subparsers.add_parser("fleet", help="fleet tools: watch devices' telemetry over MQTT, sign commands")
     fsub = p.add_subparsers(dest="fleet_command", metavar="ACTION", required=True)
     w = fsub.add_parser("watch", help="live table of every device's latency, merged across the fleet",
                         description="Subscribe to <prefix>/+/# and show per-device and fleet-wide latency "
@@ -254,6 +254,9 @@ def add_commands(subparsers: Any) -> None:
     w.add_argument("--json", action="store_true",
                    help="JSON instead of a table: one object at the end with --duration, else one line per refresh")
     w.set_defaults(func=cmd_watch)
+    from .signing import add_cli  # keygen and sign: signed commands and desired (docs/telemetry.md)
+
+    add_cli(fsub)
 
 
 def _parse_broker(value: str) -> tuple[str, int]:

@@ -173,6 +173,8 @@ class Meta(Wire):
     engines: dict[str, str] = Field(default_factory=dict, description="engine name -> content hash")
     schemas: dict[str, str] = Field(default_factory=dict)
     histogram_relative_error: float = Field(ge=0, lt=1)
+    warnings: list[str] = Field(default_factory=list, max_length=16,
+                                description="what the operator should fix, e.g. an open command channel")
 
 
 class SlaSpec(BaseModel):

@@ -24,6 +24,7 @@ from .commands import CommandProcessor, CommandTarget
 from .ledger import Ledger
 from .publisher import Identity, Publisher, kernel_clock_synced, read_boot_id
 from .schema import SCHEMA_VERSIONS, Meta, Reported, State
+from .signing import Verifier, command_channel_warnings, load_public_key
 from .spool import Spool
 from .windows import WindowAccumulator
 
@@ -55,11 +56,20 @@ class Telemetry:
         self._state_now: tuple[str, str | None] = ("online", None)
         self.ledger: Ledger | None = None
         self.commands: CommandProcessor | None = None
+        self.warnings: list[str] = []
         if target is not None:
+            key = load_public_key(telemetry.fleet_public_key) if telemetry.fleet_public_key else None
             self.ledger = Ledger(telemetry.ledger_path, wall=wall)
             self.commands = CommandProcessor(target, self.ledger, self.link.prefix, mqtt.device_id,
                                              self._respond, self._publish_reported,
-                                             max_bytes=telemetry.max_command_bytes, clock=clock, wall=wall)
+                                             max_bytes=telemetry.max_command_bytes, clock=clock, wall=wall,
+                                             verifier=Verifier(key, wall), allowed=telemetry.commands_allowed,
+                                             reply_prefixes=telemetry.reply_prefixes,
+                                             on_drops=lambda data: self.emit_event("commands_dropped", data))
+            # Loud, at every start and in the retained meta: anyone on this broker can steer the device.
+            self.warnings = command_channel_warnings(mqtt, telemetry)
+            for warning in self.warnings:
+                log.warning("%s", warning)
         if self.spool.recovered_from is not None:
             log.error("telemetry spool was damaged and rebuilt; the damaged file is %s", self.spool.recovered_from)
 
@@ -123,7 +133,8 @@ class Telemetry:
         meta = Meta(device_id=self.identity.device_id, version=self.version, capabilities=self.capabilities,
                     tiers=tiers, schemas=dict(SCHEMA_VERSIONS),
                     histogram_relative_error=relative_error(NOMINAL_SCALE),
-                    engines=dict(self.target.reported().get("engine_hashes", {})) if self.target else {})
+                    engines=dict(self.target.reported().get("engine_hashes", {})) if self.target else {},
+                    warnings=list(self.warnings))
         msgs.append(Outgoing(self.link.topic("meta"), meta.to_json(), retain=True))
         if self.commands:
             msgs.append(Outgoing(self.link.topic("reported"), self._reported_payload(self.commands.reported()),

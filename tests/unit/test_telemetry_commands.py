@@ -5,6 +5,7 @@ import json
 import pytest
 
 from edge_agent.telemetry.client import Incoming
+from edge_agent.telemetry.commands import MAX_QUEUE as MAX
 from edge_agent.telemetry.commands import CommandProcessor
 from edge_agent.telemetry.ledger import Ledger
 from tests.telemetry_target import TinyAgent
@@ -28,7 +29,7 @@ def rig(tmp_path):
     clock, wall = Clock(), Clock(1.7e9)
     proc = CommandProcessor(agent, Ledger(tmp_path / "ledger.sqlite"), PREFIX, "dev-1",
                             lambda topic, body, corr: sent.append((topic, json.loads(body), corr)),
-                            reported.append, max_bytes=1024, clock=clock, wall=wall)
+                            reported.append, max_bytes=1024, clock=clock, wall=wall, reply_prefixes=("fleet/res/",))
     return proc, agent, sent, reported, clock, wall
 
 
@@ -68,7 +69,7 @@ def test_duplicate_runs_once_even_after_restart(rig, tmp_path):
     assert dup["duplicate"] is True and dup["status"] == "succeeded" and dup["result"]["engine_hash"] == "sha256:abc"
     proc.ledger.close()
     again = CommandProcessor(agent, Ledger(tmp_path / "ledger.sqlite"), PREFIX, "dev-1",
-                             lambda t, b, c: sent.append((t, json.loads(b), c)))
+                             lambda t, b, c: sent.append((t, json.loads(b), c)), reply_prefixes=("fleet/res/",))
     again.handle(msg("rebuild_engine", request))
     assert len([c for c in agent.calls if c[0] == "rebuild_engine"]) == 1
     assert sent[-1][1]["duplicate"] is True
@@ -80,7 +81,7 @@ def test_interrupted_command_is_reported_not_rerun(tmp_path):
     ledger.close()
     agent, sent = TinyAgent(), []
     proc = CommandProcessor(agent, Ledger(tmp_path / "l.sqlite"), PREFIX, "dev-1",
-                            lambda t, b, c: sent.append(json.loads(b)))
+                            lambda t, b, c: sent.append(json.loads(b)), reply_prefixes=("fleet/res/",))
     proc.handle(msg("rebuild_engine", {"cmd_id": "x1", "args": {"recipe": "phi3-int8"}}))
     assert agent.calls == []
     assert sent[-1]["status"] == "failed" and "interrupted" in sent[-1]["reason"] and sent[-1]["duplicate"]
@@ -150,3 +151,122 @@ def test_desired_applies_newer_versions_all_or_nothing(rig):
     assert "desired not applied" in reported[-1]["desired_error"]
     assert proc.apply_desired(json.dumps({"version": 5, "pins": {"llm": None}}).encode())
     assert agent.pins == {} and reported[-1]["desired_error"] is None
+
+
+# -- trust: reply topics, the command allow-list, signatures, floods ----------------------------------
+
+@pytest.mark.parametrize("topic, allowed", [
+    ("edge/v1/OTHER/state", False),
+    ("edge/v1/dev-1/state", False),                 # its own retained state: not a reply topic
+    ("edge/v1/dev-1/cmd/pin_tier/req", False),       # would come back to it as a command
+    ("edge/v1/dev-1/tele/latency", False),
+    ("edge/v1/dev-10/cmd/get_status/res", False),    # a prefix of the name is not the device
+    ("fleet/resX/1", False),
+    ("fleet/res/+", False),
+    ("edge/v1/dev-1/cmd/get_status/res", True),
+    ("edge/v1/dev-1/cmd/get_status/res/fleet-7", True),
+    ("edge/v1/dev-1/res/42", True),
+    ("fleet/res/1", True),
+])
+def test_reply_topic_allow_list(rig, topic, allowed):
+    proc, agent, sent, *_ = rig
+    proc.handle(msg("get_status", {"cmd_id": "t1"}, response_topic=topic, corr=b"k"))
+    if allowed:
+        assert statuses(sent) == ["accepted", "executing", "succeeded"] and {t for t, _m, _c in sent} == {topic}
+    else:
+        assert statuses(sent) == ["rejected"], sent
+        t, body, corr = sent[0]
+        assert t == f"{PREFIX}/cmd/get_status/res" and corr == b"k" and body["cmd_id"] == "t1"
+        assert "response topic" in body["reason"] and topic in body["reason"]
+        assert agent.calls == [] and proc.ledger.lookup("t1") is None  # not run; the id stays usable
+
+
+def test_command_outside_commands_allowed_is_rejected(tmp_path):
+    agent, sent = TinyAgent(), []
+    proc = CommandProcessor(agent, Ledger(tmp_path / "l.sqlite"), PREFIX, "dev-1",
+                            lambda t, b, c: sent.append(json.loads(b)), allowed=["get_status"])
+    proc.handle(msg("pin_tier", {"cmd_id": "p1", "args": {"workload": "llm", "tier": "tiny"}}, response_topic=None))
+    assert [m["status"] for m in sent] == ["rejected"] and "commands_allowed" in sent[0]["reason"]
+    assert agent.pins == {}
+    proc.handle(msg("get_status", {"cmd_id": "g1"}, response_topic=None))
+    assert sent[-1]["status"] == "succeeded"
+
+
+def test_every_known_command_is_configurable():
+    from edge_agent.config import FLEET_COMMANDS
+    from edge_agent.telemetry.commands import ALLOWED
+
+    assert set(ALLOWED) == set(FLEET_COMMANDS)
+
+
+def test_signed_commands_and_desired_with_a_fleet_key(tmp_path):
+    ed25519 = pytest.importorskip("cryptography.hazmat.primitives.asymmetric.ed25519")
+    from edge_agent.telemetry.signing import Verifier, sign
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    agent, sent, reported, wall = TinyAgent(), [], [], Clock(1.7e9)
+    proc = CommandProcessor(agent, Ledger(tmp_path / "l.sqlite"), PREFIX, "dev-1",
+                            lambda t, b, c: sent.append(json.loads(b)), reported.append, wall=wall,
+                            verifier=Verifier(key.public_key(), wall))
+    topic = f"{PREFIX}/cmd/pin_tier/req"
+    body = json.dumps({"cmd_id": "s1", "args": {"workload": "llm", "tier": "tiny"}}).encode()
+    proc.handle(Incoming(topic, body, None, None, None, False))
+    assert sent[-1]["status"] == "rejected" and sent[-1]["reason"].startswith("unsigned") and sent[-1]["cmd_id"] == "s1"
+    proc.handle(Incoming(topic, sign(key, topic, body, int(wall.t) - 1), None, None, None, False))
+    assert sent[-1]["status"] == "rejected" and "expired" in sent[-1]["reason"]
+    assert agent.pins == {}
+    proc.handle(Incoming(topic, sign(key, topic, body, int(wall.t) + 60), None, None, None, False))
+    assert sent[-1]["status"] == "succeeded" and agent.pins == {"llm": "tiny"}
+
+    desired = f"{PREFIX}/desired"
+    forged = json.dumps({"version": 999999, "pins": {"llm": "small"}}).encode()
+    proc.handle(Incoming(desired, forged, None, None, None, True))
+    assert agent.pins == {"llm": "tiny"} and "unsigned" in reported[-1]["desired_error"]
+    assert reported[-1]["desired_version"] is None
+    good = json.dumps({"version": 5, "pins": {"llm": "small"}}).encode()
+    proc.handle(Incoming(desired, sign(key, desired, good, int(wall.t) + 3600), None, None, None, True))
+    assert agent.pins == {"llm": "small"} and reported[-1]["desired_version"] == 5
+    assert proc.stats["unsigned"] == 3  # the unsigned and the expired command, the forged desired
+
+
+def test_reset_desired_lets_a_lower_version_apply(tmp_path):
+    agent, sent, reported = TinyAgent(), [], []
+    proc = CommandProcessor(agent, Ledger(tmp_path / "l.sqlite"), PREFIX, "dev-1",
+                            lambda t, b, c: sent.append(json.loads(b)), reported.append)
+    assert proc.apply_desired(json.dumps({"version": 999999, "pins": {"llm": "tiny"}}).encode())
+    assert not proc.apply_desired(json.dumps({"version": 5, "pins": {"llm": "small"}}).encode())
+    proc.handle(msg("reset_desired", {"cmd_id": "r1"}, response_topic=None))
+    assert sent[-1]["status"] == "succeeded", sent[-1]
+    assert reported[-1]["desired_version"] is None
+    assert proc.apply_desired(json.dumps({"version": 5, "pins": {"llm": "small"}}).encode())
+    assert agent.pins == {"llm": "small"} and reported[-1]["desired_version"] == 5
+
+
+def test_a_flood_logs_one_line_per_period_and_reports_the_drops(rig, caplog):
+    proc, _agent, _sent, _rep, clock, _wall = rig
+    events: list[dict] = []
+    proc.on_drops = events.append
+    with caplog.at_level("WARNING", logger="edge_agent.telemetry.commands"):
+        for k in range(MAX + 50):  # the worker is not running: the queue fills, then overflows
+            proc.submit(msg("get_status", {"cmd_id": f"f{k}"}))
+        proc.report_drops()
+        for k in range(30):
+            proc.submit(msg("get_status", {"cmd_id": f"g{k}"}))
+        proc.report_drops()  # within the period: nothing yet
+        clock.t += 10.5
+        proc.submit(msg("get_status", {"cmd_id": "h"}))
+        proc.report_drops()
+    lines = [r.getMessage() for r in caplog.records if "queue full" in r.getMessage()]
+    assert len(lines) == 2 and "79 more like it" in lines[1], lines
+    assert [e["counts"] for e in events] == [{"queue_full": 50}, {"queue_full": 31}]
+    assert events[-1]["total"] == 81 == proc.stats["overflow"]
+
+
+def test_rejections_in_a_flood_are_logged_once_per_period(rig, caplog):
+    proc, _agent, sent, *_ = rig
+    with caplog.at_level("WARNING", logger="edge_agent.telemetry.commands"):
+        for k in range(100):
+            proc.handle(msg("get_status", b"{not json"))
+            proc.handle(msg("get_status", {"cmd_id": f"o{k}"}, response_topic="edge/v1/OTHER/state"))
+    assert statuses(sent).count("rejected") == 200  # every sender still gets its answer
+    assert len(caplog.records) == 2, [r.getMessage() for r in caplog.records]
