@@ -1,7 +1,8 @@
 """Build step: the wheel carries the shipped data as ``edge_agent/data/`` (see edge_agent/shipped.py).
 
 The recipes (``engines/``), the calibration manifests (``calibration/``, without the synthesised
-WAVs, which are made on first use), the systemd unit and the speech synthesiser stay where they are
+WAVs, which are made on first use), the systemd unit, the speech synthesiser and the service
+installer (``scripts/install-service --wheel``, for a device that has the wheel only) stay where they are
 in the repository, their only source; they are copied into the build tree here. An editable install
 reads them in place and gets no copy.
 """
@@ -14,7 +15,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-SHIPPED = ("engines", "calibration", "systemd", "scripts/train_asr/synth.py")
+SHIPPED = ("engines", "calibration", "systemd", "scripts/train_asr/synth.py", "scripts/install-service")
 SKIP = shutil.ignore_patterns("*.wav", "*.tmp", "__pycache__", "*.pyc", ".gitignore")
 
 

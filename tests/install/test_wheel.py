@@ -88,7 +88,7 @@ def test_the_wheel_declares_the_daemons_dependencies_and_carries_the_shipped_dat
     assert "build" in meta.get_all("Provides-Extra") and "api" in meta.get_all("Provides-Extra")
     for data in ("engines/demo-asr.toml", "engines/demo-phi3-small.toml", "calibration/asr/calib.jsonl",
                  "calibration/asr/heldout.jsonl", "calibration/llm/prompts.jsonl", "systemd/edge-agent.service",
-                 "systemd/agent.toml", "scripts/train_asr/synth.py"):
+                 "systemd/agent.toml", "scripts/train_asr/synth.py", "scripts/install-service"):
         assert f"edge_agent/data/{data}" in names, data
     assert not [n for n in names if n.endswith(".wav")], "synthesised audio is made on first use, not shipped"
 
