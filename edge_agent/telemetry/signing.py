@@ -187,13 +187,13 @@ def command_channel_warnings(mqtt: MqttConfig, telemetry: TelemetryConfig) -> li
     anonymous = not mqtt.username and not (mqtt.tls and mqtt.tls.cert_file)
     if not (anonymous or mqtt.tls is None):
         return []
-    how = " and ".join(w for w, on in (("anonymous (no username, no client certificate)", anonymous),
+    how = " and ".join(w for w, on in (("anonymously (no username, no client certificate)", anonymous),
                                        ("without TLS", mqtt.tls is None)) if on)
     what = (f"commands ({', '.join(telemetry.commands_allowed)}) and desired" if telemetry.commands_allowed
             else "desired")
     return [f"command channel open: {what} are accepted unsigned from any client of the broker "
-            f"{mqtt.host}:{mqtt.port}, which this device uses {how}; set telemetry.fleet_public_key "
-            "(signed commands), use TLS and credentials with a broker ACL, or narrow telemetry.commands_allowed"]
+            f"{mqtt.host}:{mqtt.port}, reached {how}; set telemetry.fleet_public_key (signed commands), "
+            "use TLS and credentials with a broker ACL, or narrow telemetry.commands_allowed"]
 
 
 # -- CLI (``edge-agent fleet keygen`` / ``fleet sign``; registered by fleet.py) ----------------------------
