@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -34,6 +36,7 @@ from .serving.api import ApiServer
 from .serving.scheduler import Limits
 from .serving.tier_control import TierController, asr_policy_from_config, policy_from_config
 from .serving.tiered import Tier, TieredLLM
+from .statelock import StateLock, state_dirs
 from .systemd import LoopHeartbeat, Notifier, Watchdog
 
 log = logging.getLogger(__name__)
@@ -83,12 +86,26 @@ class Agent:
         self.notifier.ready(f"{status}; api {self.api.address}")
         log.info("%s; api %s", status, self.api.address)
         engines.starting, engines.serving_status = False, f"{status}; api {self.api.address}"
-        if s.engines.build_on_start:  # serving already: missing engines build in the background
+        if s.engines.build_on_start and not self._stop_requested:  # serving: missing engines build in the background
             for job in engines.start_builds(s.models.llm):
                 log.info("engine build %s %s for tier(s) %s", job["recipe"], job["state"], ", ".join(job["tiers"]))
         return self
 
-    def stop(self) -> None:
+    _stop_requested = False  # SIGTERM came: start schedules no build, a running one gives up
+    build_stop_s = 20.0  # how long stop waits for a build's native step (TimeoutStopSec=60 covers drain + this)
+
+    def cancel_builds(self) -> None:
+        """Stopping: a running engine build gives up at its next step or sample; none starts any more.
+        Safe from a signal handler (it only sets flags)."""
+        self._stop_requested = True
+        if self._engines is not None:
+            self._engines.cancel()
+
+    def stop(self) -> bool:
+        """Drain and stop everything; False when a build thread is still inside native code after
+        ``build_stop_s`` (the caller must then leave with ``os._exit``: interpreter teardown under a
+        thread inside ONNX Runtime/OpenVINO aborts the process)."""
+        self.cancel_builds()  # first, so the build winds down while requests drain
         self.notifier.stopping("draining in-flight requests")
         if self.api is not None:
             self.api.draining = True  # new requests get 503 + Retry-After while the rest finish
@@ -100,8 +117,12 @@ class Agent:
             self.asr_controller.stop()
         if self.asr is not None:
             self.asr.stop(self.drain_s)
-        if self._engines is not None:
-            self._engines.close()  # a build in progress is abandoned; its staged steps resume next time
+        finished = True
+        if self._engines is not None:  # a cancelled build keeps its finished steps staged; they resume next time
+            finished = self._engines.close(self.build_stop_s)
+            if not finished:
+                log.warning("the engine build did not stop within %.0f s (a native step); leaving it unfinished "
+                            "(nothing half-built is in the cache)", self.build_stop_s)
         if self.watchdog is not None:
             self.watchdog.stop()
         if self.api is not None:
@@ -109,6 +130,7 @@ class Agent:
         if self.telemetry is not None:
             self.notifier.status("stopping: flushing telemetry")
             self.telemetry.stop()
+        return finished
 
     def reload(self) -> str:
         """SIGHUP: validate the file first; keep the running config when it is wrong, and say why. The
@@ -384,32 +406,121 @@ class Agent:
         return out
 
 
-def run(config: str | None) -> int:
+def run(config: str | None, log_format: str | None = None, log_level: str | None = None) -> int:
+    """The daemon. The state lock comes first: a second instance on the same spool and ledger exits
+    here (``AlreadyRunning``, naming the holder's PID) before it touches MQTT, the spool or a model."""
+    from .logsetup import configure
+    from .startup_summary import startup_lines
+
     settings = load_settings(config)
-    agent = Agent(settings, config)
+    configure(log_level or settings.logging.level, log_format or settings.logging.format)
+    lock = StateLock(state_dirs(settings)).acquire()
+    try:
+        for line in startup_lines(settings, config):
+            log.info("%s", line)
+        return _serve(Agent(settings, config))
+    finally:
+        lock.release()
+
+
+def _serve(agent: Agent) -> int:
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=agent.reload, daemon=True).start())
+    reloads = _Reloads(agent)
+
+    def on_stop(*_: object) -> None:
+        stop.set()
+        agent.cancel_builds()  # a build (even the one a start waits for) gives up at its next step
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    signal.signal(signal.SIGHUP, lambda *_: reloads.request())
     try:
         agent.start()
     except BaseException:
-        agent.stop()
+        reloads.stopping()
+        finished = agent.stop()
+        if stop.is_set():  # asked to stop while starting (e.g. during a build the start waited for)
+            log.info("stopped during start")
+            return 0 if finished else _exit_now(0)
+        if not finished:
+            _exit_now(1)
         raise
+    reloads.serving()
     stop.wait()
     log.info("stopping: draining")
-    agent.stop()
+    reloads.stopping()
+    if not agent.stop():
+        return _exit_now(0)
     return 0
+
+
+def _exit_now(code: int) -> int:
+    """Leave without interpreter teardown: a thread still inside native code (an engine build step
+    past its bound) would make the C++ runtime abort (``terminate called…``, a core dump)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+class _Reloads:
+    """SIGHUP → ``RELOADING=1`` + ``MONOTONIC_USEC``, ``Agent.reload()``, then ``READY=1`` with the
+    outcome on ``STATUS=`` (a refused file too: the running config keeps serving), so ``systemctl
+    reload`` waits for the reload and reports it. One reload at a time; a SIGHUP during the start is
+    done once serving; one during the stop is ignored."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self._lock = threading.Lock()
+        self._phase = "starting"
+        self._pending = False
+
+    def request(self) -> None:  # the signal handler: never blocks, the work runs on a thread
+        threading.Thread(target=self._reload, name="reload", daemon=True).start()
+
+    def _reload(self) -> None:
+        with self._lock:
+            if self._phase == "starting":
+                self._pending = True
+                log.info("SIGHUP during start: the configuration is re-read once serving")
+                return
+            if self._phase == "stopping":
+                log.info("SIGHUP ignored: stopping")
+                return
+            self.agent.notifier.reloading()
+            try:
+                message = self.agent.reload()
+            except Exception as exc:  # a reload must never take the daemon down
+                log.exception("reload failed")
+                message = f"reload failed, keeping the running config: {exc}"
+            self.agent.notifier.notify(ready=1, status=message[:200])
+
+    def serving(self) -> None:
+        with self._lock:
+            self._phase, pending = "serving", self._pending
+        if pending:
+            self._reload()
+
+    def stopping(self) -> None:
+        with self._lock:
+            self._phase = "stopping"
 
 
 def add_commands(subparsers) -> None:
     p = subparsers.add_parser("run", help="run the daemon (as systemd does): serve, measure, report, switch tiers")
     p.add_argument("--config", metavar="FILE", help="TOML config (default /etc/edge-agent/agent.toml if present)")
+    # Also accepted before the command (edge-agent --log-format json run); given here, they win.
+    p.add_argument("--log-format", choices=["text", "json"], default=argparse.SUPPRESS,
+                   help="text, or one JSON object per line for journald/Loki (default: logging.format)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=argparse.SUPPRESS,
+                   help="default: logging.level (info)")
     p.set_defaults(func=lambda args: _run_cli(args))
 
 
 def _run_cli(args: argparse.Namespace) -> int:
-    logging.getLogger("edge_agent").setLevel(logging.DEBUG if args.debug else logging.INFO)
-    logging.getLogger().setLevel(logging.DEBUG if args.debug else logging.INFO)
-    return run(args.config)
+    level = "debug" if args.debug else getattr(args, "log_level", None)
+    return run(args.config, log_format=getattr(args, "log_format", None), log_level=level)
 

@@ -38,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"edge-agent {__version__}")
     parser.add_argument("--debug", action="store_true", help="verbose logs and tracebacks")
+    parser.add_argument("--log-format", choices=["text", "json"], default=None,
+                        help="text, or one JSON object per line (time, level, logger, message) for journald/Loki; "
+                        "`run` defaults to logging.format")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None,
+                        help="default: warning (`run`: logging.level, info)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("check-config", help="validate the configuration and print every problem")
@@ -84,10 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.debug else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from .logsetup import configure
+
+    configure("debug" if args.debug else (args.log_level or "warning"), args.log_format or "text")
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
@@ -125,6 +129,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             print(f"{path}: {msg}")
         if not problems:
             print(f"configuration OK ({source or 'built-in defaults'} + EDGE_AGENT_* environment)")
+        else:
+            print(f"{len(problems)} problem(s) in {source or 'built-in defaults'} + EDGE_AGENT_* environment",
+                  file=sys.stderr)
     return 2 if problems else 0
 
 

@@ -11,10 +11,12 @@ own section.
 """
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import socket
 import sys
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,6 +34,7 @@ DEFAULT_CONFIG = Path("/etc/edge-agent/agent.toml")
 ENV_PREFIX = "EDGE_AGENT_"
 
 Backend = Literal["onnxruntime", "openvino", "tensorrt", "fake"]
+INTERNAL_BACKENDS = ("fake",)  # accepted (tests, benchmarks), never offered in a message to users
 Precision = Literal["auto", "fp32", "fp16", "bf16", "int8"]
 
 
@@ -303,6 +306,12 @@ class AudioConfig(Section):
         return self
 
 
+class LoggingConfig(Section):
+    level: Literal["debug", "info", "warning", "error"] = Field("info", description="`edge-agent run`'s log level")
+    format: Literal["text", "json"] = Field("text", description="text, or one JSON object per line "
+                                            "(time, level, logger, message) for journald/Loki")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid")
 
@@ -315,6 +324,7 @@ class Settings(BaseSettings):
     engines: EnginesConfig = Field(default_factory=EnginesConfig)
     api: ApiConfig = Field(default_factory=ApiConfig)
     audio: AudioConfig = Field(default_factory=AudioConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @classmethod
     def settings_customise_sources(
@@ -368,6 +378,48 @@ def validation_problems(exc: ValidationError) -> list[tuple[str, str]]:
         loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in err["loc"]).replace(".[", "[")
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown key"
+            msg = "unknown key" + _did_you_mean(str(err["loc"][-1]), _section_keys(err["loc"][:-1]))
+        elif err["type"] == "literal_error":
+            msg = _literal_message(err)
         problems.append((loc or "(root)", msg))
     return problems
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    return f"; this section takes {', '.join(choices)}" if choices else ""
+
+
+def _section_keys(loc: tuple) -> list[str]:
+    """The keys the config section at ``loc`` (e.g. ``("models", "llm", 0)``) accepts."""
+    model: type[BaseModel] | None = Settings
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue
+        field = model.model_fields.get(str(part))
+        model = _model_in(field.annotation) if field is not None else None
+    return list(model.model_fields) if model is not None else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The config section class inside an annotation (``TlsConfig | None``, ``list[TierConfig]``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _literal_message(err: Any) -> str:
+    """``'onnxrt' is not one of 'onnxruntime', …; did you mean 'onnxruntime'?`` without internal values."""
+    expected = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
+    allowed = [v for v in expected if v not in INTERNAL_BACKENDS]
+    if not allowed:
+        return err["msg"]
+    given = err.get("input")
+    hint = _did_you_mean(given, allowed) if isinstance(given, str) else ""
+    return f"{given!r} is not one of {', '.join(repr(v) for v in allowed)}" + (hint if "did you" in hint else "")

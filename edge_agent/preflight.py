@@ -4,21 +4,56 @@
 """
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
+from typing import Any
 
 from .backends import BACKENDS, is_installed
-from .config import Settings, load_settings
+from .config import ENV_PREFIX, INTERNAL_BACKENDS, Settings, load_settings, read_toml, resolve_config_path
 from .errors import ConfigError, ModelError
 from .models.catalog import DEMO_MODELS, DEMO_DIR, inspect_folder
 
 
 def config_problems(config: str | Path | None) -> list[tuple[str, str]]:
-    """Every problem with the configuration at ``config`` (plus environment), schema first."""
+    """Every problem with the configuration at ``config`` (plus environment), schema first, in one
+    pass: a file with schema errors still has its tiers' model folders and backends checked."""
     try:
         settings = load_settings(config)
     except ConfigError as exc:
-        return exc.problems
+        seen = {path for path, _ in exc.problems}
+        return exc.problems + [p for p in _raw_tier_problems(config) if p[0] not in seen]
     return settings_problems(settings)
+
+
+def _raw_tier_problems(config: str | Path | None) -> list[tuple[str, str]]:
+    """Model and backend problems of the tiers as written (file, then ``EDGE_AGENT_MODELS__…``), for a
+    configuration that failed its schema: each tier that names a model is checked on its own."""
+    try:
+        path = resolve_config_path(config)
+        data = read_toml(path) if path else {}
+    except ConfigError:
+        return []  # unreadable or not TOML: that is the one problem, already reported
+    models = data.get("models") if isinstance(data.get("models"), dict) else {}
+    problems: list[tuple[str, str]] = []
+    for workload in ("llm", "asr"):
+        tiers: Any = models.get(workload)
+        env = os.environ.get(f"{ENV_PREFIX}MODELS__{workload.upper()}")
+        if env:
+            try:
+                tiers = json.loads(env)
+            except ValueError:
+                continue
+        for i, tier in enumerate(tiers if isinstance(tiers, list) else []):
+            if not isinstance(tier, dict):
+                continue
+            where = f"models.{workload}[{i}]"
+            if isinstance(tier.get("model"), str) and tier["model"]:
+                problems += _model_problems(f"{where}.model", tier["model"], workload)
+            backend = tier.get("backend", "onnxruntime")
+            if backend in BACKENDS and backend not in INTERNAL_BACKENDS and not is_installed(backend):
+                problems.append((f"{where}.backend", f"{backend!r} is not installed here: {BACKENDS[backend].install_hint}"))
+    return problems
 
 
 def settings_problems(settings: Settings) -> list[tuple[str, str]]:

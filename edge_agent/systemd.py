@@ -9,6 +9,9 @@ a test) every call is a no-op, so the agent runs the same from a terminal.
     WATCHDOG=1               alive; sent every WatchdogSec/2 only while every serving loop made progress
     EXTEND_TIMEOUT_USEC=…    "still starting/stopping, give me this much more" (long engine builds)
     STOPPING=1               draining on SIGTERM
+    RELOADING=1              SIGHUP: re-reading the config, with MONOTONIC_USEC (CLOCK_MONOTONIC, µs) so
+                             systemd can tell this reload from an older one; READY=1 follows when done
+                             (also when the new file was refused: the old config keeps serving)
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from typing import Callable, Mapping
 
 log = logging.getLogger(__name__)
@@ -58,6 +62,10 @@ class Notifier:
 
     def extend_timeout(self, seconds: float) -> bool:
         return self.notify(extend_timeout_usec=int(seconds * 1e6))
+
+    def reloading(self, status: str = "reloading the configuration") -> bool:
+        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        return self.notify(reloading=1, monotonic_usec=usec, status=status)
 
     def stopping(self, status: str = "draining") -> bool:
         return self.notify(stopping=1, status=status)

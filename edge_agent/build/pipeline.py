@@ -11,12 +11,18 @@ resumes where it stopped:
 
 A candidate within budget is committed (hashes, fsync, rename); one beyond budget is refused
 (``GateRefused`` carries the report) and never enters the cache.
+
+Cancellation (the agent stopping): ``Heartbeat.cancel`` is checked before every step and at every
+progress tick (each held-out or calibration sample), so a build stops within one sample's worth of
+native work with ``BuildCancelled``; the staging folder keeps its finished steps and nothing is
+committed, so the cache never holds a half-written entry.
 """
 from __future__ import annotations
 
 import json
 import logging
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +57,10 @@ class GateRefused(EdgeAgentError):
         self.report = report
 
 
+class BuildCancelled(EdgeAgentError):
+    """The build was asked to stop (the agent is stopping); its finished steps stay staged."""
+
+
 @dataclass(frozen=True, slots=True)
 class BuildRequest:
     target: str
@@ -70,9 +80,21 @@ class Heartbeat:
     notifier: Notifier = field(default_factory=Notifier)
     extend_s: float = 120.0
     clock: Callable[[], float] = time.monotonic
+    cancel: threading.Event | None = None  # set: the next beat() raises BuildCancelled
     _last_extend: float = float("-inf")
 
+    def check(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise BuildCancelled("engine build cancelled")
+
     def beat(self) -> None:
+        """A progress tick: raises ``BuildCancelled`` when cancelled, else keeps systemd patient."""
+        self.check()
+        self.pulse()
+
+    def pulse(self) -> None:
+        """Keep systemd patient without checking for cancellation (for callbacks from native code,
+        where an exception must not cross back into C++)."""
         now = self.clock()
         if now - self._last_extend >= self.extend_s / 4:
             self.notifier.extend_timeout(self.extend_s)
@@ -179,6 +201,7 @@ class Pipeline:
             if not verdict["passed"]:
                 raise GateRefused(f"{parts['backend']}/{req.precision} engine for {self.recipe.name} refused by the "
                                   f"accuracy gate: {'; '.join(verdict['reasons'])}", report)
+            self.hb.check()  # a cancelled build commits nothing
             # Intermediates stay out of the entry: only the model folder is served.
             shutil.rmtree(staged / "work", ignore_errors=True)
             (staged / "reference.npz").unlink(missing_ok=True)

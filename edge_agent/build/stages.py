@@ -173,7 +173,8 @@ def compile_artifact(pipe: Pipeline, staged: Path, parts: dict, req: Any) -> dic
                          profiles=profile_shapes(pipe, parts, onnx_path),
                          timing_cache=pipe.cache.timing_dir / f"trt-{parts['runtime_version']}-"
                          f"{parts['device'].replace(':', '_').replace(' ', '_')}.cache", calibrator=calibrator)
-        out = build_plan(trt, spec, progress=lambda *_: pipe.hb.beat())
+        # TensorRT calls this from C++: keep systemd patient, never raise here (a cancel waits for the plan).
+        out = build_plan(trt, spec, progress=lambda *_: pipe.hb.pulse())
     out["seconds"] = round(time.perf_counter() - t0, 2)
     return out
 

@@ -13,6 +13,11 @@ agent is serving, one recipe at a time. A build sends ``STATUS=`` lines with its
 ``engine_build`` events (``started`` → ``finished`` | ``refused`` | ``failed``); it never sends
 ``EXTEND_TIMEOUT_USEC`` (the service is already up: the extension would stretch ``RuntimeMaxSec``).
 Only a build the start waits for (no tier could load without an engine) keeps systemd patient.
+
+Stopping (``close``): a cancel flag the build checks before each step and at every sample makes it
+give up within one sample's native work (``engine_build`` ``cancelled``; the finished steps stay
+staged and resume next time, nothing half-built enters the cache); ``close`` then waits for the
+build thread, up to a bound, so the interpreter never exits under a thread inside ONNX Runtime.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..backends import SessionOptions, open_session
 from ..build.cache import EngineCache, Entry, hash_model
-from ..build.pipeline import BuildRequest, GateRefused, Heartbeat, Pipeline
+from ..build.pipeline import BuildCancelled, BuildRequest, GateRefused, Heartbeat, Pipeline
 from ..build.recipes import TARGET_BACKENDS, Recipe, load_recipe, recipe_files
 from ..errors import ConfigError, EdgeAgentError, ModelError
 from ..models.catalog import DEMO_MODELS, ModelRef, inspect_folder, resolve_model
@@ -102,6 +107,7 @@ class TierEngines:
         self._pending: set[str] = set()
         self._lock = threading.Lock()
         self._worker: threading.Thread | None = None
+        self._cancel = threading.Event()  # stopping: builds give up at their next step or sample
 
     # -- recipes ---------------------------------------------------------------------------------
 
@@ -206,6 +212,9 @@ class TierEngines:
     def schedule(self, recipe: Recipe, tiers: list[TierConfig], force: bool, reason: str) -> dict[str, Any]:
         """Queue a background build of ``recipe`` for ``tiers``; returns at once."""
         with self._lock:
+            if self._cancel.is_set():
+                return {"recipe": recipe.name, "state": "refused: the agent is stopping",
+                        "tiers": [t.name for t in tiers]}
             if recipe.name in self._pending:
                 return {"recipe": recipe.name, "state": "already queued or running", "tiers": [t.name for t in tiers]}
             self._pending.add(recipe.name)
@@ -223,7 +232,7 @@ class TierEngines:
         if recipe is None:
             return False
         return self._build(_Job(recipe, [tier], False, "no tier could load without an engine"),
-                           Heartbeat(enabled=False, notifier=self.notifier))
+                           Heartbeat(enabled=False, notifier=self.notifier, cancel=self._cancel))
 
     def wait_idle(self, timeout_s: float | None = None) -> bool:
         """Wait for queued builds to finish (tests, stop); False on timeout."""
@@ -236,16 +245,38 @@ class TierEngines:
                 return False
             time.sleep(0.05)
 
-    def close(self) -> None:
+    def cancel(self) -> None:
+        """Stop building: a running build gives up at its next step or sample; queued ones never start."""
+        self._cancel.set()
+
+    @property
+    def building(self) -> bool:
+        worker = self._worker
+        return worker is not None and worker.is_alive()
+
+    def close(self, timeout_s: float | None = 30.0) -> bool:
+        """Cancel builds and wait up to ``timeout_s`` for the build thread; False if it still runs
+        (a step inside native code that has no progress callback, e.g. a TensorRT plan)."""
+        self.cancel()
         self._jobs.put(None)
+        worker = self._worker
+        if worker is None or worker is threading.current_thread():
+            return True
+        worker.join(timeout_s)
+        return not worker.is_alive()
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
+            if self._cancel.is_set():  # stopping: drop what is queued
+                with self._lock:
+                    self._pending.discard(job.recipe.name)
+                continue
             try:
                 if not job.force:  # a tier not loaded yet may already have its engine cached
                     job.tiers = [t for t in job.tiers if self._engine_for(t) is None]
                 if job.tiers:
-                    self._build(job, _StatusHeartbeat(self.notifier, f"building engine {job.recipe.name}"))
+                    self._build(job, _StatusHeartbeat(self.notifier, f"building engine {job.recipe.name}",
+                                                      self._cancel))
             except Exception:  # the build thread must survive anything a build throws
                 log.exception("engine build of %s crashed", job.recipe.name)
             finally:
@@ -268,20 +299,31 @@ class TierEngines:
         built: list[dict] = []
         refused: list[str] = []
         failed: list[str] = []
+        cancelled = False
         for i, req in enumerate(requests, 1):
             label = f"{req.backend}/{req.precision} ({i}/{len(requests)})"
             if isinstance(heartbeat, _StatusHeartbeat):
                 heartbeat.prefix = f"building engine {recipe.name} {label}"
             self._status(f"building engine {recipe.name} {label}")
             try:
+                heartbeat.check()
                 report = pipe.build(req)
                 built.append({"key": report["key"], "precision": req.precision, "cache": report.get("cache")})
+            except BuildCancelled:
+                cancelled = True
+                log.info("engine build %s %s cancelled: the agent is stopping (finished steps stay staged)",
+                         recipe.name, label)
+                break
             except GateRefused as exc:
                 refused.append(f"{req.precision}: {exc}")
             except Exception as exc:  # missing runtime, bad data, a crash in a converter: report, keep serving
                 log.exception("engine build %s %s failed", recipe.name, label)
                 failed.append(f"{req.precision}: {exc if isinstance(exc, EdgeAgentError) else repr(exc)}")
         seconds = round(time.perf_counter() - t0, 2)
+        if cancelled:
+            self.on_event("engine_build", {**base, "state": "cancelled", "build_s": seconds, "built": built,
+                                           "reason": "the agent is stopping"})
+            return False
         ready = {t.name: e.key for t in job.tiers if (e := self._engine_for(t)) is not None}
         state = "finished" if ready else ("refused" if refused and not failed else "failed")
         payload = {**base, "state": state, "build_s": seconds, "built": built, "engines": ready}
@@ -292,7 +334,7 @@ class TierEngines:
         self.on_event("engine_build", payload)
         self._status(self.serving_status if not ready else f"{self.serving_status}; engine {recipe.name} ready")
         for tier in job.tiers:
-            if tier.name in ready:
+            if tier.name in ready and not self._cancel.is_set():
                 self._swap_in(tier.name)
         return bool(ready)
 
@@ -346,8 +388,9 @@ class TierEngines:
 class _StatusHeartbeat(Heartbeat):
     """A background build's progress: ``STATUS=`` lines at most every 5 s; never EXTEND_TIMEOUT_USEC."""
 
-    def __init__(self, notifier: Notifier, prefix: str) -> None:
-        super().__init__(enabled=False, notifier=Notifier({}))  # the silent one gets beat()'s extensions
+    def __init__(self, notifier: Notifier, prefix: str, cancel: threading.Event | None = None) -> None:
+        # the silent notifier gets beat()'s extensions
+        super().__init__(enabled=False, notifier=Notifier({}), cancel=cancel)
         self.prefix, self.status_notifier, self.last_status = prefix, notifier, float("-inf")
 
     def bar(self, label: str, unit: str = "") -> Progress:

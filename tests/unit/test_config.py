@@ -77,7 +77,7 @@ backend = "tensorflow"
     with pytest.raises(ConfigError) as err:
         load_settings(path)
     problems = dict(err.value.problems)
-    assert problems["mqtt.hots"] == "unknown key"
+    assert problems["mqtt.hots"] == "unknown key; did you mean 'host'?"
     assert "65535" in problems["mqtt.port"]
     assert "'/'" in problems["mqtt.device_id"]
     assert "preferred_batch_sizes" in problems["batching"]
@@ -164,7 +164,8 @@ def test_sla_asr_preset_unknown_keys_and_llm_metrics_are_rejected(tmp_path, monk
     with pytest.raises(ConfigError) as err:
         load_settings(write(tmp_path, '[sla.asr]\ntarget = 300\nmetric = "ttft_ms"\nadaptive_batch = "on"\n'))
     problems = dict(err.value.problems)
-    assert problems["sla.asr.target"] == "unknown key" and problems["sla.asr.adaptive_batch"] == "unknown key"
+    assert problems["sla.asr.target"] == "unknown key; did you mean 'target_ms'?"
+    assert problems["sla.asr.adaptive_batch"].startswith("unknown key")
     assert "first_partial_ms" in problems["sla.asr.metric"]
     with pytest.raises(ConfigError) as err:
         load_settings(write(tmp_path, '[sla.asr]\npreset = "chit-chat"\n'))
@@ -172,3 +173,93 @@ def test_sla_asr_preset_unknown_keys_and_llm_metrics_are_rejected(tmp_path, monk
     assert where == "sla.asr" and "asr-customer-service" in message
     monkeypatch.setenv("EDGE_AGENT_SLA__ASR__TARGET_MS", "200")
     assert load_settings(write(tmp_path, "[sla]\ntarget_ms = 400\n")).sla.asr.target_ms == 200.0
+
+
+def test_unknown_keys_get_the_closest_key_of_their_own_section(tmp_path):
+    path = write(tmp_path, """
+[tlemetry]
+interval_s = 5
+[[models.llm]]
+name = "x"
+modle = "demo-phi3"
+[mqtt.tls]
+ca_fiel = "/etc/ca.pem"
+[api]
+zzzz = 1
+""")
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    problems = dict(err.value.problems)
+    assert problems["tlemetry"] == "unknown key; did you mean 'telemetry'?"
+    assert problems["models.llm[0].modle"] == "unknown key; did you mean 'model'?"
+    assert problems["mqtt.tls.ca_fiel"] == "unknown key; did you mean 'ca_file'?"
+    # Nothing close: the section's keys are listed instead.
+    assert problems["api.zzzz"].startswith("unknown key; this section takes host, port")
+
+
+def test_messages_never_offer_the_internal_backend(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path, '[[models.llm]]\nname = "x"\nmodel = "demo-phi3"\nbackend = "onnxrt"\n'))
+    message = dict(err.value.problems)["models.llm[0].backend"]
+    assert "did you mean 'onnxruntime'?" in message
+    assert "'tensorrt'" in message and "fake" not in message
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path, '[[models.llm]]\nname = "x"\nmodel = "demo-phi3"\nbackend = "fak"\n'))
+    assert "fake" not in str(err.value)
+    # Still accepted where it is used (tests, benchmarks).
+    s = load_settings(write(tmp_path, '[[models.llm]]\nname = "x"\nmodel = "demo-phi3"\nbackend = "fake"\n'))
+    assert s.models.llm[0].backend == "fake"
+
+
+def test_logging_section_defaults_and_choices(tmp_path, monkeypatch):
+    s = load_settings(None)
+    assert (s.logging.level, s.logging.format) == ("info", "text")
+    s = load_settings(write(tmp_path, '[logging]\nlevel = "debug"\nformat = "json"\n'))
+    assert (s.logging.level, s.logging.format) == ("debug", "json")
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path, '[logging]\nformat = "jsn"\nlevel = "loud"\n'))
+    problems = dict(err.value.problems)
+    assert problems["logging.format"] == "'jsn' is not one of 'text', 'json'; did you mean 'json'?"
+    assert problems["logging.level"].startswith("'loud' is not one of 'debug', 'info', 'warning', 'error'")
+    monkeypatch.setenv("EDGE_AGENT_LOGGING__FORMAT", "text")
+    assert load_settings(write(tmp_path, '[logging]\nformat = "json"\n')).logging.format == "text"
+
+
+def test_check_config_reports_schema_and_model_problems_in_one_pass(tmp_path):
+    from edge_agent.preflight import config_problems
+
+    path = write(tmp_path, f"""
+[mqtt]
+hots = "typo"
+[[models.llm]]
+name = "big"
+model = "{tmp_path / 'no-such-export'}"
+[[models.llm]]
+name = "small"
+model = "demo-phi3"
+max_batch = 0
+[[models.asr]]
+name = "ctc"
+model = "demo-phi3"
+""")
+    problems = dict(config_problems(path))
+    assert problems["mqtt.hots"].startswith("unknown key")
+    assert "greater than or equal to 1" in problems["models.llm[1].max_batch"]
+    assert "no such folder" in problems["models.llm[0].model"]  # found although the schema failed
+    assert "not asr" in problems["models.asr[0].model"]
+    assert "models.llm[1].model" not in problems  # demo-phi3 exists
+
+
+def test_check_config_cli_prints_every_problem_and_exits_2(tmp_path, capsys):
+    from edge_agent.cli import main
+
+    path = write(tmp_path, f'[mqtt]\nhots = "x"\n[[models.llm]]\nname = "a"\nmodel = "{tmp_path / "gone"}"\n'
+                           'backend = "fake2"\n')
+    assert main(["check-config", "--config", str(path)]) == 2
+    out, err = capsys.readouterr()
+    lines = out.strip().splitlines()
+    assert any(line.startswith("mqtt.hots: unknown key; did you mean 'host'?") for line in lines), out
+    assert any(line.startswith("models.llm[0].model: no model") for line in lines), out
+    assert any(line.startswith("models.llm[0].backend: 'fake2' is not one of") for line in lines), out
+    assert "'fake'" not in out
+    assert "3 problem(s)" in err

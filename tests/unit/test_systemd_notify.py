@@ -70,3 +70,14 @@ def test_watchdog_pings_only_while_the_loop_progresses(listener):
         assert recv(sock) == {"WATCHDOG": "1"}
     finally:
         dog.stop()
+
+
+def test_reloading_carries_the_monotonic_clock_in_microseconds(listener):
+    sock, address = listener
+    n = Notifier({"NOTIFY_SOCKET": address})
+    before = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+    assert n.reloading()
+    after = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+    message = recv(sock)
+    assert message["RELOADING"] == "1" and "STATUS" in message
+    assert before <= int(message["MONOTONIC_USEC"]) <= after

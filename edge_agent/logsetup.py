@@ -1,0 +1,57 @@
+"""Log output for people (text) and for journald/Loki (one JSON object per line).
+
+``--log-format json`` or ``[logging] format = "json"``: each record is one line
+``{"time": "2026-12-01T02:31:38.414Z", "level": "INFO", "logger": "edge_agent.agent", "message": "…"}``,
+plus ``exception`` (the formatted traceback) when the record carries one, and ``thread`` when it is
+not the main thread. Timestamps are UTC with milliseconds, so lines from several devices sort.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from typing import IO
+
+FORMATS = ("text", "json")
+LEVELS = ("debug", "info", "warning", "error")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line (newlines in messages are escaped by JSON)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.threadName and record.thread != threading.main_thread().ident:
+            out["thread"] = record.threadName
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            out["exception"] = record.exc_text
+        if record.stack_info:
+            out["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(out, ensure_ascii=False, default=str)
+
+
+def configure(level: str | int = "warning", fmt: str = "text", stream: IO[str] | None = None) -> None:
+    """Set the root logger's one handler (replacing earlier ones) to ``fmt`` at ``level``."""
+    if fmt not in FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    numeric = level if isinstance(level, int) else logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise ValueError(f"log level must be one of {', '.join(LEVELS)}, not {level!r}")
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(numeric)
+    logging.getLogger("edge_agent").setLevel(numeric)
