@@ -7,7 +7,7 @@
   applied, and a later signed version 5 is; a signed ``reset_desired`` lets a lower version apply again;
   a command outside ``telemetry.commands_allowed`` is refused.
 - A command flood does not log one line per dropped message, and the drops are counted in telemetry.
-- The shipped mosquitto ACL example confines a device to its own topics.
+- The shipped mosquitto ACL example confines a device to its own topics, and a real agent still works under it.
 
 The signed envelope is built here from its documented definition (docs/telemetry.md), with
 ``cryptography`` directly, not with the agent's own signing code.
@@ -325,3 +325,29 @@ def test_acl_example_confines_each_device_to_its_own_topics(tmp_path):
             assert fl2.connected.wait(10)
             fl2.publish("edge/v1/dev-b/desired", b"", retain=True)
             fl2.close()
+
+
+def test_the_agent_does_its_job_under_the_acl_example(tmp_path):
+    """The ACL must confine, not break: a real agent authenticated as its device id publishes its
+    birth and telemetry and answers a command, both on its own res topic and under fleet/replies/<id>/."""
+    acl = (ROOT / "systemd" / "mosquitto-acl.example").read_text()
+    with Broker(tmp_path / "acl-broker", passwords={"dev-c": "pc", "fleet": "pf"}, acl=acl) as b:
+        fl = Fleet(b.port, "fleet", topics=("edge/v1/#", "fleet/replies/#"), username="fleet", password="pf")
+        api_port = free_port()
+        cfg = config_text(tmp_path, b.port, api_port, device="dev-c").replace(
+            'device_id = "dev-c"\n', 'device_id = "dev-c"\nusername = "dev-c"\npassword = "pc"\n')
+        d = Daemon(tmp_path, broker_port=b.port, config=cfg, api_port=api_port, device="dev-c", listen=False)
+        try:
+            assert fl.subscribed.wait(15) and not fl.refused
+            d.start()
+            wait_for(lambda: fl.docs("edge/v1/dev-c/state") and fl.docs("edge/v1/dev-c/meta")
+                     and fl.docs("edge/v1/dev-c/reported") and fl.docs("edge/v1/dev-c/tele/latency"), 30,
+                     what="birth messages and a telemetry window from the agent")
+            assert fl.docs("edge/v1/dev-c/state")[-1]["state"] == "online"
+            fl.publish("edge/v1/dev-c/cmd/get_status/req", req("acl-1"))
+            assert final(fl, "edge/v1/dev-c/cmd/get_status/res", "acl-1")["status"] == "succeeded"
+            fl.publish("edge/v1/dev-c/cmd/get_status/req", req("acl-2"), response_topic="fleet/replies/dev-c/7")
+            assert final(fl, "fleet/replies/dev-c/7", "acl-2")["status"] == "succeeded"
+        finally:
+            d.close()
+            fl.close()
