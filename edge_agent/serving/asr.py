@@ -348,7 +348,9 @@ class AsrStream:
         u.done = True
         if code is None:
             code = "overloaded" if isinstance(exc, Overloaded) else "failed"
-        log.warning("stream %d utterance %d: %s (%s)", self.id, u.index, exc, code)
+        # a client that left is routine; anything else is worth a warning
+        log.log(logging.INFO if code == "cancelled" else logging.WARNING, "stream %d utterance %d: %s (%s)",
+                self.id, u.index, exc, code)
         if self._current is u:
             self._current = None
         self._emit(AsrEvent("error", self.id, u.index, at_s=self.service.clock(), error=str(exc), code=code))

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import threading
+import time
 import urllib.request
 
 import numpy as np
@@ -139,3 +142,191 @@ def test_pcm_messages_split_inside_a_sample_lose_nothing():
         stream.push(pcm[i:i + 333])
     got = np.concatenate(fed)
     np.testing.assert_array_equal(got, np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0)
+
+
+# -- under load: back-pressure, bounded close, abandoned work dropped (fake engine, real service/API) --
+
+class PacedRecognizer:
+    """A recogniser whose step costs ``rtf`` × the audio it takes (or blocks while ``gate`` is clear);
+    each stream counts the samples it heard, so a final says whether any audio was lost."""
+
+    kind, name, sample_rate, max_utterance_s = "fake", "paced", 16000, 600.0
+
+    def __init__(self, rtf: float = 0.0) -> None:
+        from edge_agent.models.recognizer import AudioStream, Hypothesis
+
+        self._stream_type, self._hyp = AudioStream, Hypothesis
+        self.rtf, self.gate = rtf, threading.Event()
+        self.gate.set()
+        self.taken_s: list[float] = []  # audio each stream step took
+        self.stepped: list[int] = []  # id() of every stream stepped
+
+    def new_stream(self):
+        stream = self._stream_type(self.sample_rate)
+        stream.heard = 0
+        return stream
+
+    def step(self, streams):
+        self.gate.wait(30)
+        out = []
+        for s in streams:
+            x, ended = s.take()
+            self.stepped.append(id(s))
+            self.taken_s.append(x.size / self.sample_rate)
+            time.sleep(self.rtf * x.size / self.sample_rate)
+            s.heard += x.size
+            out.append(self._hyp(f"heard {s.heard}", (), ended, audio_s=s.heard / self.sample_rate)
+                       if ended or x.size else None)
+        return out
+
+    def close(self) -> None:
+        self.gate.set()
+
+
+def paced_speech(engine: PacedRecognizer, max_batch: int = 4):
+    from edge_agent.serving.asr import AsrService
+    from edge_agent.serving.batcher import BatchLimits
+    from edge_agent.serving.speech import Speech, SpeechTier
+
+    # No VAD: each stream is one utterance, from its first sample to its end.
+    return Speech([SpeechTier("paced", lambda: engine)],
+                  lambda e: AsrService(e, limits=BatchLimits(max_batch=max_batch, batch_timeout_ms=0),
+                                       detector_factory=lambda: None)).start()
+
+
+def tone(seconds: float) -> bytes:
+    n = int(seconds * 16000)
+    return (np.sin(np.arange(n) * 0.05) * 8000).astype("<i2").tobytes()
+
+
+def test_a_fast_client_is_held_back_and_loses_nothing():
+    from edge_agent.serving.speech import MAX_BACKLOG_S
+
+    engine = PacedRecognizer(rtf=0.25)  # 4× faster than real time, far slower than the client
+    speech = paced_speech(engine)
+    api = ApiServer(None, asr=speech).start("127.0.0.1", 0)
+    block = tone(0.1)
+
+    async def talk() -> tuple[int, list[dict]]:
+        events, sent = [], 0
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(api.address.replace("http", "ws") + "/v1/audio/stream") as ws:
+                ws.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+                deadline = time.monotonic() + 3.0
+                while time.monotonic() < deadline:  # unpaced: as fast as the server takes it
+                    await asyncio.wait_for(ws.send_bytes(block), 10)
+                    sent += len(block) // 2
+                await ws.send_str("end")
+                async for msg in ws:
+                    events.append(json.loads(msg.data))
+        return sent, events
+
+    try:
+        sent, events = asyncio.run(asyncio.wait_for(talk(), 60))
+    finally:
+        api.stop()
+        speech.stop(1)
+    print(f"sent {sent / 16000:.1f} s; steps took at most {max(engine.taken_s):.2f} s of audio")
+    finals = [e for e in events if e["kind"] == "final"]  # (max_utterance_s splits a long stream)
+    assert finals and sum(int(e["text"].split()[1]) for e in finals) == sent, events  # every sample decoded
+    # the server stopped reading while the stream was behind: no step ever took much more than the bound
+    assert max(engine.taken_s) <= MAX_BACKLOG_S + 0.5, max(engine.taken_s)
+
+
+def test_a_stream_the_engine_cannot_serve_gets_overloaded_and_close_1013():
+    engine = PacedRecognizer()
+    engine.gate.clear()  # the engine stalls on its first step
+    speech = paced_speech(engine)
+    api = ApiServer(None, asr=speech).start("127.0.0.1", 0)
+
+    async def talk() -> tuple[list[dict], int | None, float]:
+        events = []
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(api.address.replace("http", "ws") + "/v1/audio/stream") as ws:
+                start = time.monotonic()
+                for _ in range(200):  # 20 s of audio, unpaced; the server stops taking it
+                    if ws.closed:
+                        break
+                    try:
+                        await asyncio.wait_for(ws.send_bytes(tone(0.1)), 15)
+                    except ConnectionError:
+                        break
+                async for msg in ws:
+                    if msg.type == aiohttp.WSMsgType.TEXT:
+                        events.append(json.loads(msg.data))
+                return events, ws.close_code, time.monotonic() - start
+
+    try:
+        events, code, took = asyncio.run(asyncio.wait_for(talk(), 60))
+    finally:
+        engine.gate.set()
+        api.stop()
+        speech.stop(1)
+    assert code == 1013 and took < 20, (code, took)
+    assert [e["kind"] for e in events if "kind" in e] == ["speech_start", "error"]
+    assert events[-2]["code"] == "overloaded"  # the utterance's own end
+    assert events[-1]["type"] == "error" and events[-1]["code"] == "overloaded" and "behind" in events[-1]["message"]
+
+
+def test_close_honours_its_timeout_and_drops_the_streams_queued_work():
+    engine = PacedRecognizer()
+    speech = paced_speech(engine, max_batch=1)
+    try:
+        engine.gate.clear()
+        busy_events, slow_events = [], []
+        busy = speech.open_stream(busy_events.append)
+        busy.push(tone(0.4))  # its step takes the device thread and stalls there
+        deadline = time.monotonic() + 5
+        while not engine.stepped and time.monotonic() < deadline:
+            time.sleep(0.005)
+        slow = speech.open_stream(slow_events.append)
+        slow.push(tone(0.4))  # queued behind it
+        slow_rstream = speech.service.batcher._queue[0].item.rstream
+        start = time.monotonic()
+        slow.close(0.3)
+        took = time.monotonic() - start
+        assert took < 1.5, took  # was: wait(120) returned at its timeout and the work stayed queued
+        assert [e["kind"] for e in slow_events] == ["speech_start", "error"] and slow_events[-1]["code"] == "timeout"
+        assert speech.service.batcher.queued == 0 and speech.service.batcher.dropped == 1
+        engine.gate.set()
+        busy.close(10)
+        assert [e["kind"] for e in busy_events][-1] == "final"
+        assert id(slow_rstream) not in engine.stepped  # its step never ran
+        assert speech.open_streams == {"paced": 0}
+    finally:
+        engine.gate.set()
+        speech.stop(1)
+
+
+def test_an_abandoned_websocket_drops_its_work_and_frees_its_slot():
+    engine = PacedRecognizer()
+    engine.gate.clear()
+    speech = paced_speech(engine, max_batch=1)
+    api = ApiServer(None, asr=speech).start("127.0.0.1", 0)
+    url = api.address.replace("http", "ws") + "/v1/audio/stream"
+
+    async def abandon() -> None:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(2):  # the first one's step holds the device thread; the second queues
+                ws = await session.ws_connect(url)
+                await ws.send_bytes(tone(0.4))
+                await asyncio.sleep(0.3)
+                await ws.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(abandon(), 30))
+        deadline = time.monotonic() + 5
+        while speech.open_streams != {"paced": 0} and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert speech.open_streams == {"paced": 0}  # both released without waiting for the engine
+        assert speech.service.batcher.queued == 0 and speech.service.batcher.dropped >= 1
+        engine.gate.set()
+        deadline = time.monotonic() + 5
+        while not engine.stepped and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert len(engine.stepped) == 1  # only the step already running when its client left
+    finally:
+        engine.gate.set()
+        api.stop()
+        speech.stop(1)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -109,3 +110,51 @@ def test_bounded_queue_and_stopping_reject_new_requests():
         b.stop(5)
     with pytest.raises(Overloaded, match="stopping"):
         b.submit(1)
+
+
+def test_dropped_requests_leave_the_queue_unrun_and_free_their_slots():
+    gate, ran = threading.Event(), []
+
+    def run(items):
+        gate.wait(5)
+        ran.extend(items)
+        return items
+
+    b = Batcher(run, BatchLimits(max_batch=1, batch_timeout_ms=0, max_queue=3)).start()
+    try:
+        running = b.submit("a0")
+        deadline = time.monotonic() + 5
+        while b.queued and time.monotonic() < deadline:  # a0 is taken by the device thread
+            time.sleep(0.005)
+        queued = [b.submit(x) for x in ("a1", "b1", "a2")]
+        with pytest.raises(Overloaded):
+            b.submit("b2")  # full
+        assert b.drop(lambda item: item.startswith("a")) == 2
+        assert queued[0].cancelled() and queued[2].cancelled() and not queued[1].cancelled()
+        later = b.submit("b2")  # the dropped ones no longer count against max_queue
+        gate.set()
+        assert running.result(5) == "a0" and queued[1].result(5) == "b1" and later.result(5) == "b2"
+    finally:
+        gate.set()
+        b.stop(5)
+    assert ran == ["a0", "b1", "b2"]  # a running batch finishes; dropped ones never run
+    assert b.dropped == 2 and b.drop(lambda item: True) == 0
+
+
+def test_a_future_its_caller_cancelled_is_not_run():
+    gate, ran = threading.Event(), []
+    b = Batcher(lambda items: (gate.wait(5), ran.extend(items), items)[2],
+                BatchLimits(max_batch=2, batch_timeout_ms=0)).start()
+    try:
+        first = b.submit(1)
+        deadline = time.monotonic() + 5
+        while b.queued and time.monotonic() < deadline:
+            time.sleep(0.005)
+        second, third = b.submit(2), b.submit(3)
+        assert second.cancel() and not first.cancel()  # queued: cancellable; running: not
+        gate.set()
+        assert first.result(5) == 1 and third.result(5) == 3
+    finally:
+        gate.set()
+        b.stop(5)
+    assert ran == [1, 3]
