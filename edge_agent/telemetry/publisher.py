@@ -9,7 +9,12 @@ One thread owns the spool. Each turn of its loop:
    ``replay_per_s`` per second, never more than ``max_inflight`` unacknowledged in all.
 
 So after an outage the backlog drains at a bounded rate while live windows keep flowing, and a
-receiver can tell them apart. Messages unacknowledged for ``inflight_timeout_s`` become eligible
+receiver can tell them apart.
+
+A full disk degrades, never stops, the loop: windows that cannot be stored are lost and reported
+(the spool keeps the report until its event is stored), queued events wait in memory, and
+``on_degraded`` hears each change of ``Spool.degraded`` (the service turns it into ``state``). A turn
+that raises is logged once per run of failures and retried after a back-off, never in a tight loop. Messages unacknowledged for ``inflight_timeout_s`` become eligible
 again (paho retransmits its own on reconnect; a second copy is harmless: ``seq`` dedups).
 
 Timestamps: window boundaries come from the injected monotonic ``clock``; wall times are reported
@@ -36,6 +41,7 @@ log = logging.getLogger(__name__)
 
 CLOCK_JUMP_S = 1.0
 MAX_QUEUED_EVENTS = 1000
+ERROR_BACKOFF_MIN_S, ERROR_BACKOFF_MAX_S = 0.5, 30.0
 
 
 def kernel_clock_synced() -> bool:
@@ -89,6 +95,8 @@ class Publisher:
         self._wake = threading.Event()
         self._flush = threading.Event()
         self._thread: threading.Thread | None = None
+        self.on_degraded: Callable[[str | None], None] | None = None  # spool degraded (why) / None: fine
+        self._degraded: str | None = None
         if link is not None:
             link.on_ack = self._wake.set
         self.stats = {"windows": 0, "events": 0, "published_live": 0, "published_historical": 0,
@@ -123,23 +131,42 @@ class Publisher:
 
     def _run(self) -> None:
         next_tick = self.clock() + self.interval_s
+        failing, backoff = 0, ERROR_BACKOFF_MIN_S
         while not self._stop.is_set():
             try:
                 now = self.clock()
                 if now >= next_tick or self._flush.is_set():
                     self._flush.clear()
-                    self.seal_window()
+                    # Scheduled before sealing: a seal that raises must not be retried at once.
                     next_tick = max(next_tick + self.interval_s, now + self.interval_s / 2) \
                         if now >= next_tick else next_tick
+                    self.seal_window()
                 self.drain_events()
                 busy = self.pump()
+                self.check_health()
             except Exception:  # the telemetry thread must outlive any one bad turn
                 self.stats["loop_errors"] += 1
-                log.exception("telemetry loop error")
-                busy = False
+                if failing == 0:  # one traceback per run of failures, then a back-off
+                    log.exception("telemetry loop error; retrying with a back-off up to %.0f s", ERROR_BACKOFF_MAX_S)
+                failing += 1
+                self._wake.wait(backoff)
+                backoff = min(ERROR_BACKOFF_MAX_S, backoff * 2)
+                self._wake.clear()
+                continue
+            if failing:
+                log.warning("telemetry loop working again after %d failed turns", failing)
+                failing, backoff = 0, ERROR_BACKOFF_MIN_S
             wait = 0.02 if busy else min(0.25, max(0.0, next_tick - self.clock()))
             self._wake.wait(wait)
             self._wake.clear()
+
+    def check_health(self) -> None:
+        """Tell ``on_degraded`` when the spool became degraded or fine again (once per change)."""
+        degraded = self.spool.degraded
+        if (degraded is None) != (self._degraded is None):
+            self._degraded = degraded
+            if self.on_degraded is not None:
+                self.on_degraded(degraded)
 
     def seal_window(self) -> Record | None:
         """Take the accumulated window and spool it as one ``tele/latency`` record."""
@@ -168,13 +195,18 @@ class Publisher:
         return record
 
     def drain_events(self) -> None:
+        """Store queued events, then the spool's loss reports. What the disk cannot take now stays
+        queued (events here, loss reports in the spool) for a later turn."""
         while self._events:
-            type_, data, at_wall, at_mono = self._events.popleft()
-            self._append_event(type_, data, at_wall, at_mono)
-        for drop in self.spool.take_drops():
-            self._append_event("spool_drop", drop.model_dump(), self.wall(), self.clock())
+            item = self._events.popleft()
+            if not self._append_event(*item):
+                self._events.appendleft(item)
+                return
+        self.spool.report_drops(lambda drop: self._append_event("spool_drop", drop.model_dump(), self.wall(),
+                                                                self.clock()))
 
-    def _append_event(self, type_: str, data: dict, at_wall: float, at_mono: float) -> None:
+    def _append_event(self, type_: str, data: dict, at_wall: float, at_mono: float) -> bool:
+        """True when stored (or refused as malformed: retrying would not help); False on a full disk."""
         ident = self.identity
 
         def build(seq: int) -> bytes:
@@ -182,14 +214,16 @@ class Publisher:
                          at_wall=at_wall, at_mono=at_mono, data=data).to_json()
 
         try:
-            self._append("event", f"evt/{type_}", build)
+            if self._append("event", f"evt/{type_}", build, keep=True) is None:
+                return False
             self.stats["events"] += 1
         except ValueError as exc:  # a malformed event from a caller must not stop telemetry
             log.error("event %r not sent: %s", type_, exc)
+        return True
 
-    def _append(self, kind: str, suffix: str, build: Callable[[int], bytes]) -> Record | None:
+    def _append(self, kind: str, suffix: str, build: Callable[[int], bytes], keep: bool = False) -> Record | None:
         topic = f"{self.link.prefix}/{suffix}" if self.link else suffix
-        record = self.spool.append(kind, topic, build)  # type: ignore[arg-type]
+        record = self.spool.append(kind, topic, build, keep=keep)  # type: ignore[arg-type]
         if record is not None:
             self._fresh.append((record.id, self.clock()))
         return record

@@ -4,7 +4,8 @@ A truncated SQLite file keeps its old page count in the header, and SQLite then 
 ("database disk image is malformed"), even the intact ones. The salvage works on a copy cut to whole
 pages with that count cleared, scans the records, and where the scan hits an unreadable page,
 probes ids one by one: every leaf page still referenced by a readable interior page comes back.
-Only records whose CRC32 matches are kept.
+Only records whose CRC32 matches are kept; the ``seq`` of a window whose row is readable but whose
+CRC does not match is returned too, so that its loss can be announced exactly.
 """
 from __future__ import annotations
 
@@ -39,18 +40,20 @@ def patched_copy(src: Path, dst: Path) -> None:
         Path(str(dst) + "-wal").write_bytes(wal.read_bytes())
 
 
-def salvage(path: Path) -> tuple[list[tuple], dict[str, int], int]:
-    """(readable records as insert tuples, counters, records skipped as corrupt) of a damaged file."""
+def salvage(path: Path) -> tuple[list[tuple], dict[str, int], int, list[int]]:
+    """(readable records as insert tuples, counters, records skipped as corrupt, the seqs of the
+    corrupt windows among them) of a damaged file."""
     rows: list[tuple] = []
     counters: dict[str, int] = {}
     bad = 0
+    bad_windows: list[int] = []
     copy = path.with_name(path.name + ".salvage")
     try:
         patched_copy(path, copy)
         conn = sqlite3.connect(copy)
     except (OSError, sqlite3.Error) as exc:
         log.warning("spool %s: nothing salvageable (%s)", path, exc)
-        return rows, counters, bad
+        return rows, counters, bad, bad_windows
 
     def keep(row: tuple) -> None:
         nonlocal bad
@@ -58,6 +61,8 @@ def salvage(path: Path) -> tuple[list[tuple], dict[str, int], int]:
             rows.append(row)
         else:
             bad += 1
+            if row[0] == "window" and isinstance(row[2], int) and row[2] > 0:
+                bad_windows.append(row[2])
 
     try:
         try:
@@ -71,10 +76,11 @@ def salvage(path: Path) -> tuple[list[tuple], dict[str, int], int]:
             log.warning("spool scan stopped after %d records (%s); probing ids one by one", len(rows), exc)
             rows.clear()
             bad = 0
+            bad_windows.clear()
             try:
                 conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'records'").fetchone()
             except sqlite3.Error:
-                return rows, counters, bad  # not even the catalogue is readable: nothing to probe
+                return rows, counters, bad, bad_windows  # not even the catalogue is readable: nothing to probe
             # Ids never exceed the number of records ever appended, which the counters bound.
             upper = sum(v for k, v in counters.items() if k in STREAM_OF.values()) or MAX_PROBES
             for rid in range(1, min(upper, MAX_PROBES) + 1):
@@ -87,8 +93,10 @@ def salvage(path: Path) -> tuple[list[tuple], dict[str, int], int]:
         for row in rows:  # salvaged seqs count as handed out
             key = STREAM_OF[row[0]]
             counters[key] = max(counters.get(key, 0), int(row[2]))
+        if bad_windows:  # so do those of corrupt windows: their loss is reported, never reused
+            counters["tele"] = max(counters.get("tele", 0), max(bad_windows))
     finally:
         conn.close()
         for suffix in ("", "-wal", "-shm"):
             Path(str(copy) + suffix).unlink(missing_ok=True)
-    return rows, counters, bad
+    return rows, counters, bad, bad_windows

@@ -7,8 +7,9 @@ or not, and numbers are never skipped (a gap at a receiver therefore always mean
 A sidecar file ``<spool>.seq`` mirrors the last values (written atomically with rename after each
 commit). It is read only when the database is lost or corrupt, so that a rebuilt spool continues
 above every number already published instead of starting again at 0 (which a fleet tool would take
-for duplicates). Numbers handed out between the last sidecar write and a crash are covered by the
-``margin`` added on recovery; the gap that leaves is real loss and is reported as such.
+for duplicates). No margin is added: a record is published only after the sidecar holds its number,
+so a number the sidecar misses (a crash between commit and sidecar write) was never seen by anyone
+and may be handed out again; skipping numbers would show a receiver a loss that never happened.
 """
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ UINT64_MAX = 2**64 - 1  # the wire type: JSON numbers, unsigned 64-bit
 MAX_VALUE = 2**63 - 1  # SQLite integers are signed 64-bit: the device's counters stop here
 STREAMS = ("tele", "evt")
 SESSION = "session"
-RECOVERY_MARGIN = 16
 
 
 def allocate(conn: sqlite3.Connection, key: str) -> int:
@@ -53,6 +53,7 @@ class Sidecar:
 
     def __init__(self, spool_path: Path) -> None:
         self.path = Path(str(spool_path) + ".seq")
+        self._failing = False  # log a failing write once, not once per record
 
     def read(self) -> dict[str, int]:
         try:
@@ -70,10 +71,17 @@ class Sidecar:
             tmp.write_text(json.dumps(values, sort_keys=True))
             os.replace(tmp, self.path)
         except OSError as exc:  # a full disk must not stop telemetry; the database stays the authority
-            log.warning("cannot write sequence sidecar %s: %s", self.path, exc)
+            if not self._failing:
+                log.warning("cannot write sequence sidecar %s: %s", self.path, exc)
+            self._failing = True
+            return
+        if self._failing:
+            log.info("sequence sidecar %s written again", self.path)
+            self._failing = False
 
     def recovery_floors(self, salvaged: dict[str, int]) -> dict[str, int]:
-        """Counters for a rebuilt spool: above the sidecar (plus a margin) and every salvaged value."""
+        """Counters for a rebuilt spool: the larger of the sidecar and every salvaged value, so the
+        next number follows the last one handed out, with no gap."""
         side = self.read()
         keys = set(side) | set(salvaged) | set(STREAMS) | {SESSION}
-        return {k: max(side.get(k, 0) + (RECOVERY_MARGIN if k in side else 0), salvaged.get(k, 0)) for k in keys}
+        return {k: max(side.get(k, 0), salvaged.get(k, 0)) for k in keys}

@@ -53,6 +53,7 @@ class Telemetry:
                                    interval_s=telemetry.interval_s, replay_per_s=telemetry.replay_per_s,
                                    max_inflight=mqtt.max_inflight, clock=clock, wall=wall,
                                    clock_synced=clock_synced, live_age_s=live_age_s)
+        self.publisher.on_degraded = self._spool_degraded
         self._state_now: tuple[str, str | None] = ("online", None)
         self.ledger: Ledger | None = None
         self.commands: CommandProcessor | None = None
@@ -119,6 +120,10 @@ class Telemetry:
             raise ValueError(f"state must be 'online' or 'degraded', got {state!r} (offline is the Will)")
         self._state_now = (state, reason)
         self.link.publish(self.link.topic("state"), self._state(state, reason), qos=1, retain=True)
+
+    def _spool_degraded(self, reason: str | None) -> None:
+        """The spool cannot store records (a full disk), or can again: the retained ``state`` says so."""
+        self.set_state("degraded" if reason else "online", reason[:512] if reason else None)
 
     # -- birth, will, commands ----------------------------------------------------------------------
 

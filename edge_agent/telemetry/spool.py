@@ -13,8 +13,15 @@ Damage never stops the agent:
 - a file SQLite cannot read (truncated, overwritten, not a database) is moved aside to
   ``<path>.corrupt-<unix time>``, the readable records are salvaged into a fresh file, and the
   event says where the damaged file went;
-- a full disk (SQLITE_FULL) drops the oldest windows and retries once; if it still fails the
-  record is counted as lost and reported (reason ``disk_full``).
+- a full disk (SQLITE_FULL) drops the oldest windows and retries once; if it still fails the spool
+  is *degraded* (``degraded`` says why) until a write succeeds again: no write raises, a window that
+  cannot be stored is lost but still takes its ``seq`` (kept in memory and committed with the next
+  record that fits), so a receiver sees the gap and the ``disk_full`` report names it; the disk is
+  tried again after a back-off (1 s doubling to 8 s), and one log line marks each change of state.
+  Deletes that fail (acks, corrupt rows) are remembered and done once space returns.
+
+Loss reports are handed out by ``report_drops``, which puts a report back when its event could not
+be stored, so a loss is never forgotten because the report of it was lost too.
 
 Single writer: the telemetry thread. A lock guards the connection anyway.
 """
@@ -31,6 +38,7 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from . import seq as seqmod
+from .drops import Drops, Loss
 from .salvage import STREAM_OF, salvage
 from .schema import SpoolDrop
 
@@ -38,7 +46,7 @@ log = logging.getLogger(__name__)
 
 Kind = Literal["window", "event"]
 RECORD_OVERHEAD = 64  # bytes counted per record besides payload and topic (row header, index)
-MAX_RANGES = 32
+BACKOFF_MIN_S, BACKOFF_MAX_S = 1.0, 8.0  # retrying a full disk
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -73,64 +81,34 @@ class Record:
         return len(self.payload) + len(self.topic) + RECORD_OVERHEAD
 
 
-class _Drops:
-    """Losses since the last report, per reason."""
-
-    def __init__(self) -> None:
-        self.by_reason: dict[str, dict] = {}
-
-    def add(self, reason: str, kind: str, seq: int, size: int, detail: str | None = None) -> None:
-        d = self.by_reason.setdefault(reason, {"windows": 0, "events": 0, "bytes": 0, "seqs": [], "detail": None})
-        d["windows" if kind == "window" else "events"] += 1
-        d["bytes"] += size
-        if kind == "window" and seq > 0:
-            d["seqs"].append(seq)
-        if detail:
-            d["detail"] = detail
-
-    def note(self, reason: str, detail: str) -> None:
-        self.by_reason.setdefault(reason, {"windows": 0, "events": 0, "bytes": 0, "seqs": [], "detail": None})
-        self.by_reason[reason]["detail"] = detail
-
-    def take(self) -> list[SpoolDrop]:
-        out = [SpoolDrop(reason=reason, windows=d["windows"], events=d["events"], bytes=d["bytes"],
-                         seq_ranges=_ranges(d["seqs"]), detail=(d["detail"] or None) and d["detail"][:1024])
-               for reason, d in sorted(self.by_reason.items())]
-        self.by_reason = {}
-        return out
-
-
-def _ranges(values: list[int]) -> list[tuple[int, int]]:
-    ranges: list[list[int]] = []
-    for v in sorted(set(values)):
-        if ranges and v == ranges[-1][1] + 1:
-            ranges[-1][1] = v
-        else:
-            ranges.append([v, v])
-    if len(ranges) > MAX_RANGES:  # keep the message bounded: fold the middle into one range
-        ranges = ranges[: MAX_RANGES // 2] + [[ranges[MAX_RANGES // 2][0], ranges[-MAX_RANGES // 2][1]]] \
-            + ranges[-MAX_RANGES // 2 + 1:]
-    return [(a, b) for a, b in ranges]
-
-
 def _is_full(exc: sqlite3.Error) -> bool:
     return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "full" in str(exc).lower()
 
 
 class Spool:
     def __init__(self, path: Path | str, max_bytes: int = 64 * 1024 * 1024, max_records: int = 100_000,
-                 max_attempts: int = 5, *, wall: Callable[[], float] = time.time) -> None:
+                 max_attempts: int = 5, *, wall: Callable[[], float] = time.time,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if max_bytes < 4096 or max_records < 2:
             raise ValueError("spool bounds too small: max_bytes >= 4096 and max_records >= 2")
         self.path = Path(path)
         self.max_bytes, self.max_records, self.max_attempts = max_bytes, max_records, max_attempts
-        self._wall = wall
+        self._wall, self._clock = wall, clock
         self._lock = threading.RLock()
-        self._drops = _Drops()
+        self._drops = Drops()
         self._sidecar = seqmod.Sidecar(self.path)
         self.corrupt_records = 0  # CRC mismatches or unreadable rows, since open
-        self.write_errors = 0  # appends that failed even after making room
+        self.write_errors = 0  # records lost because the disk was full, since open
         self.recovered_from: Path | None = None  # where a damaged file was moved, if it was
+        # Full disk: numbers given to lost records (committed with the next record that fits), rows
+        # already dealt with whose DELETE failed, and the retry schedule.
+        self._reserved: dict[str, int] = {}
+        self._doomed: set[int] = set()
+        self._full_since: float | None = None
+        self._full_error = ""
+        self._retry_at = 0.0
+        self._backoff = BACKOFF_MIN_S
+        self._lost_while_full = 0
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = self._open()
         with self._lock, self._conn:
@@ -164,7 +142,7 @@ class Spool:
         return self._recover(problem)
 
     def _recover(self, problem: str) -> sqlite3.Connection:
-        salvaged, counters, bad = salvage(self.path)
+        salvaged, counters, bad, bad_windows = salvage(self.path)
         self.corrupt_records += bad
         aside = self.path.with_name(f"{self.path.name}.corrupt-{int(self._wall())}")
         for suffix in ("", "-wal", "-shm"):
@@ -172,16 +150,20 @@ class Spool:
             if src.exists():
                 os.replace(src, Path(str(aside) + suffix))
         self.recovered_from = aside
+        floors = self._sidecar.recovery_floors(counters)
         detail = (f"spool {self.path} was damaged ({problem}); moved to {aside}; "
-                  f"{len(salvaged)} readable records salvaged")
+                  f"{len(salvaged)} readable records salvaged, {bad} corrupt; seq continues after "
+                  f"{floors.get('tele', 0)}")
         log.error("%s", detail)
         conn = self._connect()
         with conn:
-            seqmod.raise_floor(conn, self._sidecar.recovery_floors(counters))
+            seqmod.raise_floor(conn, floors)
             for row in salvaged:
                 conn.execute("INSERT INTO records(kind, topic, seq, session, created_wall, attempts, crc, payload) "
                              "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
         self._drops.note("corrupt", detail)
+        for seq in bad_windows:
+            self._drops.add("corrupt", "window", seq, 0)
         return conn
 
     def _totals(self) -> tuple[int, int]:
@@ -193,38 +175,118 @@ class Spool:
     def _mirror(self) -> None:
         self._sidecar.write(seqmod.read_all(self._conn))
 
+    # -- a full disk ----------------------------------------------------------------------------------
+
+    @property
+    def degraded(self) -> str | None:
+        """Why the spool cannot store records right now (a full disk), or None while it can."""
+        return self._full_error if self._full_since is not None else None
+
+    def _may_write(self) -> bool:
+        return self._full_since is None or self._clock() >= self._retry_at
+
+    def _disk_full(self, exc: sqlite3.Error) -> None:
+        """A write failed for lack of space: degraded (one log line), retried after a back-off."""
+        now = self._clock()
+        if self._full_since is None:
+            self._full_since, self._backoff, self._lost_while_full = now, BACKOFF_MIN_S, 0
+            self._full_error = f"disk full writing spool {self.path}: {exc}"
+            log.error("%s; telemetry degraded: windows that cannot be stored are counted as lost, "
+                      "retrying every %.0f-%.0f s", self._full_error, BACKOFF_MIN_S, BACKOFF_MAX_S)
+        elif now >= self._retry_at:  # a new try failed (not a second failure within the same try)
+            self._backoff = min(BACKOFF_MAX_S, self._backoff * 2)
+        else:
+            return
+        self._retry_at = now + self._backoff
+
+    def _wrote(self) -> None:
+        """A write went through: leave the degraded state and finish the deletes that had failed."""
+        if self._full_since is not None:
+            log.warning("spool %s writable again after %.1f s; %d records lost meanwhile", self.path,
+                        self._clock() - self._full_since, self._lost_while_full)
+            self._full_since = None
+        if self._doomed:
+            self._delete(list(self._doomed))
+
+    def _delete(self, ids: list[int], remember: bool = True) -> bool:
+        """DELETE rows. On a full disk rows already dealt with (``remember``: acked, reported) are
+        hidden from ``pending`` and deleted later; rows to evict simply stay."""
+        try:
+            with self._conn:
+                self._conn.executemany("DELETE FROM records WHERE id = ?", [(i,) for i in ids])
+        except sqlite3.OperationalError as exc:
+            if not _is_full(exc):
+                raise
+            if remember:
+                self._doomed.update(ids)
+            self._disk_full(exc)
+            return False
+        self._doomed.difference_update(ids)
+        return True
+
     # -- writing ------------------------------------------------------------------------------------
 
-    def append(self, kind: Kind, topic: str, build: Callable[[int], bytes]) -> Record | None:
-        """Store one record; ``build(seq)`` makes the payload with its ``seq``. None when it was lost."""
+    def append(self, kind: Kind, topic: str, build: Callable[[int], bytes], *, keep: bool = False) -> Record | None:
+        """Store one record; ``build(seq)`` makes the payload with its ``seq``. None when it could not be
+        stored: then it is lost and reported, or, with ``keep``, the caller keeps it to try again and
+        nothing is counted."""
         if kind not in STREAM_OF:
             raise ValueError(f"unknown record kind {kind!r}")
         with self._lock:
-            for attempt in (1, 2):
-                try:
-                    record = self._insert(kind, topic, build)
-                    break
-                except sqlite3.OperationalError as exc:
-                    if not _is_full(exc):
-                        raise
-                    if attempt == 2 or not self._evict(max(1, self.records // 10), reason="disk_full",
-                                                       detail=f"disk full writing {self.path}: {exc}"):
-                        self.write_errors += 1
-                        self._drops.add("disk_full", kind, 0, 0, f"disk full writing {self.path}: {exc}")
-                        log.error("spool %s: disk full, %s record lost", self.path, kind)
-                        return None
+            record = None
+            if self._may_write():
+                record = self._try_insert(kind, topic, build)
+            if record is None:
+                if not keep:
+                    self._lose(kind, build)
+                return None
+            self._wrote()
             self._mirror()
             self._enforce_bounds()
             return record
 
+    def _try_insert(self, kind: Kind, topic: str, build: Callable[[int], bytes]) -> Record | None:
+        """Insert; on SQLITE_FULL make room once (oldest windows) and try again; None if still full."""
+        for attempt in (1, 2):
+            try:
+                return self._insert(kind, topic, build)
+            except sqlite3.OperationalError as exc:
+                if not _is_full(exc):
+                    raise
+                if attempt == 2 or not self._evict(max(1, self.records // 10), reason="disk_full",
+                                                   detail=f"disk full writing {self.path}: {exc}"):
+                    self._disk_full(exc)
+                    return None
+        return None  # pragma: no cover (the loop returns)
+
+    def _lose(self, kind: Kind, build: Callable[[int], bytes]) -> None:
+        """A record that could not be stored. A window still takes the next ``seq`` (in memory, made
+        durable by the next commit), so a receiver sees a gap that the ``disk_full`` report names."""
+        stream = STREAM_OF[kind]
+        seq = 0
+        if kind == "window":
+            (stored,) = self._conn.execute("SELECT COALESCE(MAX(value), 0) FROM meta WHERE key = ?",
+                                           (stream,)).fetchone()
+            seq = self._reserved[stream] = max(int(stored), self._reserved.get(stream, 0)) + 1
+        try:
+            size = len(build(seq)) + RECORD_OVERHEAD
+        except ValueError:
+            size = RECORD_OVERHEAD
+        self.write_errors += 1
+        self._lost_while_full += 1
+        self._drops.add("disk_full", kind, seq, size, self._full_error or f"disk full writing {self.path}")
+
     def _insert(self, kind: Kind, topic: str, build: Callable[[int], bytes]) -> Record:
         wall = self._wall()
         with self._conn:
+            if self._reserved:  # numbers of records lost on a full disk: never hand them out again
+                seqmod.raise_floor(self._conn, self._reserved)
             seq = seqmod.allocate(self._conn, STREAM_OF[kind])
             payload = build(seq)
             cur = self._conn.execute(
                 "INSERT INTO records(kind, topic, seq, session, created_wall, crc, payload) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (kind, topic, seq, self.session, wall, zlib.crc32(payload), payload))
+        self._reserved = {}
         record = Record(int(cur.lastrowid), kind, topic, seq, self.session, wall, 0, payload)
         self.records += 1
         self.bytes += record.size
@@ -237,18 +299,18 @@ class Spool:
 
     def _evict(self, n: int, reason: str, detail: str | None = None) -> int:
         """Delete the ``n`` oldest records, windows before events; returns how many went."""
-        rows = self._conn.execute(
+        rows = [r for r in self._conn.execute(
             "SELECT id, kind, seq, LENGTH(payload) + LENGTH(topic) FROM records "
-            "ORDER BY kind = 'event', id LIMIT ?", (n,)).fetchall()
-        if not rows:
+            "ORDER BY kind = 'event', id LIMIT ?", (n + len(self._doomed),)).fetchall() if r[0] not in self._doomed]
+        rows = rows[:n]
+        if not rows or not self._delete([r[0] for r in rows], remember=False):
             return 0
-        with self._conn:
-            self._conn.executemany("DELETE FROM records WHERE id = ?", [(r[0],) for r in rows])
         for _id, kind, seq, size in rows:
             self.records -= 1
             self.bytes -= size + RECORD_OVERHEAD
             self._drops.add(reason, kind, seq, size + RECORD_OVERHEAD, detail)
-        log.warning("spool %s %s: dropped %d oldest records", self.path, reason, len(rows))
+        log.log(logging.WARNING if reason == "full" else logging.INFO,
+                "spool %s %s: dropped %d oldest records", self.path, reason, len(rows))
         return len(rows)
 
     # -- reading and acknowledging --------------------------------------------------------------------
@@ -260,19 +322,21 @@ class Spool:
         out: list[Record] = []
         bad: list[tuple[int, str, int, int]] = []
         with self._lock:
+            skip = set(exclude) | self._doomed
             cur = self._conn.execute(
                 "SELECT id, kind, topic, seq, session, created_wall, attempts, crc, payload FROM records "
-                "WHERE id > ? ORDER BY id LIMIT ?", (after_id, limit + len(exclude)))
+                "WHERE id > ? ORDER BY id LIMIT ?", (after_id, limit + len(skip)))
             for rid, kind, topic, seq, session, wall, attempts, crc, payload in cur.fetchall():
+                if rid in self._doomed:
+                    continue
                 payload = bytes(payload)
                 if kind not in STREAM_OF or zlib.crc32(payload) != crc:
                     bad.append((rid, kind, seq, len(payload) + len(topic) + RECORD_OVERHEAD))
                     continue
-                if rid not in exclude and len(out) < limit:
+                if rid not in skip and len(out) < limit:
                     out.append(Record(rid, kind, topic, seq, session, wall, attempts, payload))
             if bad:
-                with self._conn:
-                    self._conn.executemany("DELETE FROM records WHERE id = ?", [(b[0],) for b in bad])
+                self._delete([b[0] for b in bad])  # on a full disk: hidden now, deleted later
                 for rid, kind, seq, size in bad:
                     self.corrupt_records += 1
                     self.records -= 1
@@ -283,15 +347,20 @@ class Spool:
         return out
 
     def ack(self, ids: list[int]) -> int:
-        """Delete acknowledged records; returns how many existed."""
+        """Delete acknowledged records; returns how many existed. On a full disk they are hidden from
+        ``pending`` at once (never sent twice) and deleted once a write succeeds."""
         if not ids:
             return 0
         with self._lock:
-            rows = self._conn.execute(
+            rows = [r for r in self._conn.execute(
                 f"SELECT id, LENGTH(payload) + LENGTH(topic) FROM records WHERE id IN ({','.join('?' * len(ids))})",
-                ids).fetchall()
-            with self._conn:
-                self._conn.executemany("DELETE FROM records WHERE id = ?", [(r[0],) for r in rows])
+                ids).fetchall() if r[0] not in self._doomed]
+            if not rows:
+                return 0
+            if not self._may_write():
+                self._doomed.update(r[0] for r in rows)
+            elif self._delete([r[0] for r in rows]):
+                self._wrote()
             for _id, size in rows:
                 self.records -= 1
                 self.bytes -= size + RECORD_OVERHEAD
@@ -302,14 +371,19 @@ class Spool:
         with self._lock:
             row = self._conn.execute("SELECT kind, seq, attempts, LENGTH(payload) + LENGTH(topic), topic "
                                      "FROM records WHERE id = ?", (rid,)).fetchone()
-            if row is None:
+            if row is None or rid in self._doomed:
                 return False
             kind, seq, attempts, size, topic = row
-            with self._conn:
-                if attempts + 1 < self.max_attempts:
-                    self._conn.execute("UPDATE records SET attempts = attempts + 1 WHERE id = ?", (rid,))
-                    return False
-                self._conn.execute("DELETE FROM records WHERE id = ?", (rid,))
+            if attempts + 1 < self.max_attempts:
+                try:
+                    with self._conn:
+                        self._conn.execute("UPDATE records SET attempts = attempts + 1 WHERE id = ?", (rid,))
+                except sqlite3.OperationalError as exc:  # on a full disk the count waits; the retry does not
+                    if not _is_full(exc):
+                        raise
+                    self._disk_full(exc)
+                return False
+            self._delete([rid])
             self.records -= 1
             self.bytes -= size + RECORD_OVERHEAD
             self._drops.add("rejected", kind, seq, size + RECORD_OVERHEAD,
@@ -317,13 +391,33 @@ class Spool:
             return True
 
     def take_drops(self) -> list[SpoolDrop]:
+        """Every loss not yet reported, as reports, forgotten here (``report_drops`` is the safe way)."""
         with self._lock:
             return self._drops.take()
+
+    def report_drops(self, store: Callable[[SpoolDrop], bool]) -> int:
+        """Hand each pending loss report to ``store`` (which appends it as an event, with ``keep``);
+        a report ``store`` could not write is kept for the next call. Returns how many were stored."""
+        stored = 0
+        with self._lock:
+            pending = self._drops.pop()
+            for i, (reason, loss) in enumerate(pending):
+                parts = loss.split()
+                for j, part in enumerate(parts):
+                    if not store(part.report(reason)):
+                        for later in parts[j:]:
+                            self._drops.restore(reason, later)
+                        for r2, l2 in pending[i + 1:]:
+                            self._drops.restore(r2, l2)
+                        return stored
+                    stored += 1
+        return stored
 
     def stats(self) -> dict[str, int | str | None]:
         return {"records": self.records, "bytes": self.bytes, "corrupt_records": self.corrupt_records,
                 "write_errors": self.write_errors, "session": self.session,
-                "recovered_from": str(self.recovered_from) if self.recovered_from else None}
+                "recovered_from": str(self.recovered_from) if self.recovered_from else None,
+                "degraded": self.degraded}
 
     def close(self) -> None:
         with self._lock:

@@ -113,7 +113,7 @@ def test_sidecar_survives_unreadable_content(tmp_path):
     side.path.write_text("{not json")
     assert side.read() == {}
     side.write({"tele": 7})
-    assert side.recovery_floors({})["tele"] == 7 + 16
+    assert side.recovery_floors({})["tele"] == 7
 
 
 def test_disk_full_drops_oldest_windows_then_reports_loss(tmp_path):
