@@ -83,9 +83,14 @@ class RequestHandle:
         self._completion: Completion | None = None
         self._error: BaseException | None = None
         self.cancelled = False
+        self._on_cancel: Callable[[], None] | None = None  # set by the scheduler: wakes its loop
 
     def cancel(self) -> None:
-        self.cancelled = True
+        """Stop the request: a waiting one is dropped, a running one ends at its next token (its
+        batch slot is freed then). Safe from any thread, and more than once."""
+        first, self.cancelled = not self.cancelled, True
+        if first and not self._done.is_set() and self._on_cancel is not None:
+            self._on_cancel()
 
     def __iter__(self) -> Iterator[TokenEvent]:
         while True:
@@ -179,11 +184,17 @@ class LLMScheduler:
                 raise Overloaded(f"queue full ({self.limits.max_queue} waiting); retry later")
             self._next_id += 1
             handle = RequestHandle(self._next_id)
+            handle._on_cancel = self._wake
             deadline = now + deadline_ms / 1e3 if deadline_ms is not None else None
             self._waiting.append(_Sequence(handle, list(prompt_ids), params, now, deadline,
                                            StreamDecoder(self.lm.tokenizer), tags, self.clock))
             self._cond.notify_all()
         return handle
+
+    def _wake(self) -> None:
+        # A cancelled waiter is dropped at once rather than at the loop's next timed look.
+        with self._cond:
+            self._cond.notify_all()
 
     # -- the device thread ------------------------------------------------------------------
 

@@ -160,3 +160,18 @@ def test_genai_folder_with_in_place_kv_serves_joining_requests_with_reference_to
     finally:
         sched.stop()
         genai.close()
+
+
+def test_cancelling_a_waiting_request_frees_it_at_once_even_while_the_batch_fills(lm):
+    # A lone request waits up to batch_timeout_ms for companions; cancelling it must not wait that out.
+    sched = LLMScheduler(lm, Limits(max_batch=4, batch_timeout_ms=20_000, preferred_batch_sizes=(4,))).start()
+    try:
+        handle = sched.submit([5, 6, 7], greedy(8))
+        threading.Event().wait(0.2)
+        assert sched.load == (1, 0)
+        handle.cancel()
+        done = handle.result(3)  # well before the 20 s batch timeout
+        assert done.finish_reason == "cancelled" and done.token_ids == ()
+        assert sched.load == (0, 0)
+    finally:
+        sched.stop(5)
