@@ -55,3 +55,4 @@ def configure(level: str | int = "warning", fmt: str = "text", stream: IO[str] |
     root.addHandler(handler)
     root.setLevel(numeric)
     logging.getLogger("edge_agent").setLevel(numeric)
+    logging.captureWarnings(True)  # Python warnings become records too: one format on stderr

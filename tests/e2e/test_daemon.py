@@ -91,13 +91,14 @@ def test_daemon_lifecycle(tmp_path):
         assert notify.seen("STOPPING", "1")
         wait_for(lambda: listener.of("state")[-1]["state"] == "offline", 10, what="offline state")
 
-        # kill -9 and restart: a new session.
+        # kill -9 and restart: a new session. (Each reload above also ended with READY=1: count from here.)
+        readies = notify.count("READY", "1")
         proc = start_agent(cfg, notify)
-        wait_for(lambda: sum(1 for m in notify.messages if m.get("READY") == "1") >= 2, 120, what="second READY")
+        wait_for(lambda: notify.count("READY", "1") >= readies + 1, 120, what="second start's READY")
         proc.kill()
         proc.wait(10)
         proc = start_agent(cfg, notify)
-        wait_for(lambda: sum(1 for m in notify.messages if m.get("READY") == "1") >= 3, 120, what="third READY")
+        wait_for(lambda: notify.count("READY", "1") >= readies + 2, 120, what="third start's READY")
         wait_for(lambda: listener.of("state")[-1]["state"] == "online", 20, what="online again")
         assert listener.of("state")[-1]["session"] >= session + 2
     finally:

@@ -24,6 +24,7 @@ def _restore_logging():
         root.addHandler(h)
     root.setLevel(level)
     logging.getLogger("edge_agent").setLevel(agent_level)
+    logging.captureWarnings(False)
 
 
 def test_json_lines_carry_time_level_logger_message_and_exceptions():
