@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from . import seq as seqmod
-from .drops import Drops, Loss
+from .drops import Drops
 from .salvage import STREAM_OF, salvage
 from .schema import SpoolDrop
 

@@ -77,7 +77,7 @@ def small_disk(tmp_path):
     mnt.mkdir()
     try:
         done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
-                              capture_output=True, text=True, timeout=30)
+                              check=False, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         pytest.skip(f"cannot mount a tmpfs: {exc}")
     if done.returncode != 0:
@@ -85,7 +85,7 @@ def small_disk(tmp_path):
     try:
         yield mnt
     finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+        subprocess.run(["umount", "-l", str(mnt)], check=False, capture_output=True, timeout=30)
 
 
 def _fill(disk: Path) -> Path:

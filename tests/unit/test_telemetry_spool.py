@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sqlite3
@@ -7,7 +8,7 @@ import sqlite3
 import pytest
 
 from edge_agent.telemetry.seq import Sidecar
-from edge_agent.telemetry.spool import Spool
+from edge_agent.telemetry.spool import BACKOFF_MAX_S, Spool
 
 
 def payload(seq: int, size: int = 100) -> bytes:
@@ -129,3 +130,209 @@ def test_disk_full_drops_oldest_windows_then_reports_loss(tmp_path):
     assert drops["disk_full"].windows > 0
     # The spool still works afterwards, and every stored record is readable.
     assert all(r.payload.startswith(b"{") for r in sp.pending(100))
+
+
+# -- a full disk: degraded, never raising, every lost window numbered and reported ---------------------
+
+class FullDisk:
+    """The spool's connection with a switchable full disk: while ``full``, every statement that
+    writes fails as SQLite fails on ENOSPC (reads still work, as on a real full disk)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn, self.full, self.writes_tried = conn, False, 0
+
+    def _check(self, sql: str) -> None:
+        if sql.lstrip().split()[0].upper() in ("INSERT", "UPDATE", "DELETE"):
+            self.writes_tried += 1
+            if self.full:
+                raise sqlite3.OperationalError("database or disk is full")
+
+    def execute(self, sql, params=()):
+        self._check(sql)
+        return self.conn.execute(sql, params)
+
+    def executemany(self, sql, rows):
+        self._check(sql)
+        return self.conn.executemany(sql, rows)
+
+    def __enter__(self):
+        return self.conn.__enter__()
+
+    def __exit__(self, *exc):
+        return self.conn.__exit__(*exc)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def full_disk_spool(path, **kw) -> tuple[Spool, FullDisk, Clock]:
+    clock = Clock()
+    sp = Spool(path, clock=clock, **kw)
+    disk = sp._conn = FullDisk(sp._conn)
+    return sp, disk, clock
+
+
+def rows(path) -> list[tuple[str, int]]:
+    with sqlite3.connect(path) as conn:
+        return conn.execute("SELECT kind, seq FROM records ORDER BY id").fetchall()
+
+
+def test_full_disk_never_raises_lost_windows_keep_their_seq_and_the_spool_recovers(tmp_path):
+    path = tmp_path / "s.sqlite"
+    sp, disk, clock = full_disk_spool(path)
+    recs = fill(sp, 3)
+    disk.full = True
+    assert sp.degraded is None
+    lost = [sp.append("window", "t", lambda q: payload(q)) for _ in range(3)]  # must not raise
+    assert lost == [None, None, None]
+    assert sp.degraded is not None and "disk full" in sp.degraded
+    assert sp.ack([recs[0].id]) == 1  # the DELETE cannot run: the record is hidden, deleted later
+    assert [r.seq for r in sp.pending(10)] == [2, 3]
+    clock.t += BACKOFF_MAX_S
+    disk.full = False
+    new = sp.append("window", "t", lambda q: payload(q))
+    assert new.seq == 7, "the three lost windows took seq 4-6: a receiver sees the gap"
+    assert sp.degraded is None
+    assert rows(path) == [("window", 2), ("window", 3), ("window", 7)]  # the acked one is gone now
+    (drop,) = sp.take_drops()
+    assert drop.reason == "disk_full" and drop.windows == 3 and drop.seq_ranges == [(4, 6)]
+    sp.close()
+    assert fill(Spool(path), 1)[0].seq == 8, "the jump over the lost seqs was committed"
+
+
+def test_full_disk_retries_with_a_back_off_and_logs_once_per_change(tmp_path, caplog):
+    sp, disk, clock = full_disk_spool(tmp_path / "s.sqlite")
+    fill(sp, 2)
+    disk.full = True
+    caplog.set_level("INFO", logger="edge_agent.telemetry")
+    tries = []
+    for _ in range(400):  # 40 s of windows every 0.1 s on a full disk
+        before = disk.writes_tried
+        assert sp.append("window", "t", lambda q: payload(q)) is None
+        if disk.writes_tried > before:
+            tries.append(round(clock.t - 1000.0, 1))
+        clock.t += 0.1
+    gaps = [b - a for a, b in itertools.pairwise(tries)]
+    assert gaps[:4] == pytest.approx([1.0, 2.0, 4.0, 8.0], abs=0.11) and max(gaps) <= BACKOFF_MAX_S + 0.11
+    assert len(tries) < 10
+    disk.full = False
+    clock.t += BACKOFF_MAX_S
+    assert sp.append("window", "t", lambda q: payload(q)) is not None
+    lines = [r for r in caplog.records if r.name.endswith("spool")]
+    assert [r.levelname for r in lines] == ["ERROR", "WARNING"], [r.getMessage() for r in lines]
+    assert "degraded" in lines[0].getMessage() and "writable again" in lines[1].getMessage()
+    (drop,) = sp.take_drops()
+    assert drop.windows == 400 and drop.seq_ranges == [(3, 402)]
+
+
+def test_a_loss_report_is_kept_until_its_event_is_stored(tmp_path):
+    sp, disk, clock = full_disk_spool(tmp_path / "s.sqlite")
+    disk.full = True
+    sp.append("window", "t", lambda q: payload(q))  # seq 1, lost
+    seen = []
+
+    def store(drop) -> bool:
+        seen.append(drop)
+        return sp.append("event", "evt/spool_drop", lambda q: payload(q), keep=True) is not None
+
+    assert sp.report_drops(store) == 0  # the disk is full: the report cannot be written either
+    assert sp.report_drops(store) == 0
+    clock.t += BACKOFF_MAX_S
+    sp.append("window", "t", lambda q: payload(q))  # seq 2, lost too (the disk is still full)
+    disk.full = False
+    clock.t += BACKOFF_MAX_S
+    assert sp.report_drops(store) == 1
+    assert seen[-1].windows == 2 and seen[-1].seq_ranges == [(1, 2)] and seen[-1].events == 0
+    assert sp.take_drops() == []
+    assert [k for k, _s in rows(sp.path)] == ["event"]
+    assert fill(sp, 1)[0].seq == 3
+
+
+def test_a_report_of_many_ranges_is_split_exactly(tmp_path):
+    sp = Spool(tmp_path / "s.sqlite", max_attempts=1)
+    recs = fill(sp, 70)
+    for r in recs[::2]:  # 35 separate single-seq losses: more ranges than one report holds
+        assert sp.reject(r.id, 0x87)
+    drops = sp.take_drops()
+    assert [len(d.seq_ranges) for d in drops] == [32, 3]
+    named = [v for d in drops for lo, hi in d.seq_ranges for v in range(lo, hi + 1)]
+    assert sorted(named) == [r.seq for r in recs[::2]]  # not one seq more: nothing folded together
+    assert [d.windows for d in drops] == [32, 3]
+
+
+def damage_index(path) -> None:
+    """Overwrite the records index's page: the integrity check fails, the table itself is intact."""
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        (root,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'records_kind'").fetchone()
+        size = conn.execute("PRAGMA page_size").fetchone()[0]
+    with path.open("r+b") as fh:
+        fh.seek((root - 1) * size)
+        fh.write(b"\xa5" * size)
+
+
+def test_a_rebuilt_spool_continues_right_after_the_salvaged_records(tmp_path):
+    """The sidecar agrees with what was salvaged: no margin, no gap, the session goes up by one."""
+    path = tmp_path / "s.sqlite"
+    sp = Spool(path)
+    fill(sp, 25)
+    sp.close()
+    damage_index(path)
+    sp = Spool(path)
+    assert sp.recovered_from is not None
+    assert sp.session == 2
+    assert [r.seq for r in sp.pending(100)] == list(range(1, 26))
+    assert fill(sp, 1)[0].seq == 26
+    (drop,) = sp.take_drops()
+    assert drop.reason == "corrupt" and drop.windows == 0 and drop.seq_ranges == []
+
+
+def test_windows_with_a_bad_checksum_in_a_damaged_file_are_announced_by_seq(tmp_path):
+    path = tmp_path / "s.sqlite"
+    sp = Spool(path)
+    fill(sp, 10)
+    sp.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE records SET payload = X'00' WHERE seq IN (4, 5)")
+    damage_index(path)
+    sp = Spool(path)
+    assert sp.recovered_from is not None
+    (drop,) = sp.take_drops()
+    assert drop.reason == "corrupt" and drop.seq_ranges == [(4, 5)] and drop.windows == 2
+    assert fill(sp, 1)[0].seq == 11
+
+
+def test_the_telemetry_loop_backs_off_when_the_spool_keeps_failing(tmp_path, caplog):
+    """A spool error that is not a full disk (here: an I/O error on every write) must not spin the
+    loop: one traceback, then turns retried after a growing back-off."""
+    import time
+
+    from edge_agent.telemetry.publisher import Identity, Publisher
+    from edge_agent.telemetry.windows import WindowAccumulator
+
+    sp = Spool(tmp_path / "s.sqlite")
+    real = sp._conn
+
+    class Broken(FullDisk):
+        def _check(self, sql: str) -> None:
+            if sql.lstrip().split()[0].upper() in ("INSERT", "UPDATE", "DELETE"):
+                raise sqlite3.OperationalError("disk I/O error")
+
+    sp._conn = Broken(real)
+    pub = Publisher(None, sp, WindowAccumulator(), Identity("dev-1", "t", "boot"), interval_s=0.01,
+                    clock_synced=lambda: True)
+    caplog.set_level("INFO", logger="edge_agent.telemetry")
+    pub.start()
+    time.sleep(2.0)
+    pub.stop()
+    errors = pub.stats["loop_errors"]
+    assert 1 <= errors <= 4, f"{errors} failed turns in 2 s: the loop must back off (0.5, 1, 2 s)"
+    assert sum(r.exc_info is not None for r in caplog.records) == 1
