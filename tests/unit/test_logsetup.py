@@ -69,3 +69,17 @@ def test_configure_replaces_earlier_handlers_and_rejects_unknown_values():
         configure("info", "xml")
     with pytest.raises(ValueError):
         configure("loud", "text")
+
+
+def test_run_takes_the_log_flags_before_or_after_the_command(monkeypatch):
+    from edge_agent import agent
+    from edge_agent.cli import main
+
+    calls = []
+    monkeypatch.setattr(agent, "run", lambda config, log_format=None, log_level=None: calls.append(
+        (config, log_format, log_level)) or 0)
+    assert main(["run", "--config", "a.toml", "--log-format", "json"]) == 0
+    assert main(["--log-format", "json", "--log-level", "error", "run"]) == 0
+    assert main(["--debug", "run", "--log-level", "warning"]) == 0  # --debug means debug
+    assert main(["run"]) == 0  # the config's [logging] decides
+    assert calls == [("a.toml", "json", None), (None, "json", "error"), (None, None, "debug"), (None, None, None)]
