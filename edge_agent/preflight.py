@@ -27,8 +27,8 @@ def config_problems(config: str | Path | None) -> list[tuple[str, str]]:
 
 
 def _raw_tier_problems(config: str | Path | None) -> list[tuple[str, str]]:
-    """Model and backend problems of the tiers as written (file, then ``EDGE_AGENT_MODELS__…``), for a
-    configuration that failed its schema: each tier that names a model is checked on its own."""
+    """Model and backend problems of the tiers as written (file, then ``EDGE_AGENT_MODELS__…``) and
+    missing TLS files, for a configuration that failed its schema: each is checked on its own."""
     try:
         path = resolve_config_path(config)
         data = read_toml(path) if path else {}
@@ -53,6 +53,11 @@ def _raw_tier_problems(config: str | Path | None) -> list[tuple[str, str]]:
             backend = tier.get("backend", "onnxruntime")
             if backend in BACKENDS and backend not in INTERNAL_BACKENDS and not is_installed(backend):
                 problems.append((f"{where}.backend", f"{backend!r} is not installed here: {BACKENDS[backend].install_hint}"))
+    mqtt = data.get("mqtt") if isinstance(data.get("mqtt"), dict) else {}
+    tls = mqtt.get("tls") if isinstance(mqtt.get("tls"), dict) else {}
+    for key in ("ca_file", "cert_file", "key_file"):
+        if isinstance(tls.get(key), str) and not Path(tls[key]).expanduser().is_file():
+            problems.append((f"mqtt.tls.{key}", f"file not found: {tls[key]}"))
     return problems
 
 

@@ -231,6 +231,8 @@ def test_check_config_reports_schema_and_model_problems_in_one_pass(tmp_path):
     path = write(tmp_path, f"""
 [mqtt]
 hots = "typo"
+[mqtt.tls]
+ca_file = "{tmp_path / 'no-ca.pem'}"
 [[models.llm]]
 name = "big"
 model = "{tmp_path / 'no-such-export'}"
@@ -248,6 +250,7 @@ model = "demo-phi3"
     assert "no such folder" in problems["models.llm[0].model"]  # found although the schema failed
     assert "not asr" in problems["models.asr[0].model"]
     assert "models.llm[1].model" not in problems  # demo-phi3 exists
+    assert problems["mqtt.tls.ca_file"] == f"file not found: {tmp_path / 'no-ca.pem'}"
 
 
 def test_check_config_cli_prints_every_problem_and_exits_2(tmp_path, capsys):
