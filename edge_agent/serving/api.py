@@ -13,10 +13,19 @@ requests, 401 without the bearer token, 404 for unknown models, 413 for oversize
 (queue full) and 503 (shedding or draining) with ``Retry-After``. The server runs its own asyncio
 loop on one thread; engine work stays on the device threads, and each streaming response is
 bridged from its request handle with ``call_soon_threadsafe``.
+
+Nothing slow runs on that loop: a body is read within ``body_timeout_s`` and parsed, and a prompt
+tokenized, on the executor; a prompt that cannot fit the context is refused before tokenizing
+(``tiered.MAX_CHARS_PER_TOKEN``). Each connection must deliver a request head within
+``header_timeout_s`` (``http_guard.HeadDeadline``). A client that goes away, streaming or not, has
+its request cancelled (its batch slot is freed), logged on one line. The loop ticks ``ticks`` so the
+watchdog can tell it is alive.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
+import hmac
 import json
 import logging
 import threading
@@ -25,16 +34,23 @@ import uuid
 from typing import Any, Callable, Protocol
 
 from aiohttp import WSMsgType, web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from ..errors import DeadlineExceeded, EdgeAgentError, InputError, Overloaded, Unavailable
 from ..metrics.prometheus import CONTENT_TYPE_LATEST, PrometheusMetrics
-from ..models.sampling import SamplingParams
 from ..models.tokenizer import Message
+from . import http_guard
+from .openai_schema import ChatRequest, CompletionRequest, GenerateRequest, parse, validation_message
 from .tiered import TieredLLM
 
 log = logging.getLogger(__name__)
 MAX_BODY = 32 * 1024 * 1024  # audio uploads included
+HEADER_TIMEOUT_S = 5.0  # a request head (line and headers) must arrive within this
+BODY_TIMEOUT_S = 30.0  # and a JSON body within this (a 32 MiB body over a 10 Mbit/s link takes ~27 s)
+RELEASE_AFTER = 1 << 20  # bodies at least this big: hand the heap they used back to the OS afterwards
+DISCONNECT_POLL_S = 0.05
+TICK_S = 0.1
+DISCONNECTS = (ConnectionResetError, BrokenPipeError)  # aiohttp's ClientConnectionResetError included
 FINISH = {"stop": "stop", "length": "length", "deadline": "length", "cancelled": "stop", "repetition": "stop"}
 
 
@@ -43,52 +59,6 @@ class SpeechService(Protocol):
 
     def transcribe_bytes(self, data: bytes, filename: str) -> dict: ...
     def open_stream(self, on_event: Callable[[dict], None]) -> Any: ...  # .push(pcm16: bytes), .close()
-
-
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
-    repetition_penalty: float = Field(1.0, gt=0, le=10)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    n: int = Field(1, ge=1, le=1, description="one choice per request")
-    stream: bool = False
-    stream_options: dict | None = None
-    frequency_penalty: float = Field(0.0, ge=0, le=0, description="not supported: use repetition_penalty")
-    presence_penalty: float = Field(0.0, ge=0, le=0, description="not supported: use repetition_penalty")
-
-    def params(self) -> SamplingParams:
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        return SamplingParams(max_new_tokens=self.max_completion_tokens or self.max_tokens or 256,
-                              temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              repetition_penalty=self.repetition_penalty, seed=self.seed, stop=stop)
-
-
-class _ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    role: str = Field(pattern="^(system|user|assistant|developer)$")
-    content: str | list[dict]
-
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        parts = [p.get("text", "") for p in self.content if p.get("type") == "text"]
-        if len(parts) != len(self.content):
-            raise InputError("only text content parts are supported")
-        return "".join(parts)
-
-
-class _ChatRequest(_Request):
-    messages: list[_ChatMessage] = Field(min_length=1)
-
-
-class _CompletionRequest(_Request):
-    prompt: str = Field(min_length=1)
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
@@ -100,9 +70,12 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", code:
 
 def _from_exception(exc: BaseException) -> web.Response:
     if isinstance(exc, ValidationError):
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        return _error(400, f"{where}: {first['msg']}", param=where)
+        message, param = validation_message(exc)
+        return _error(400, message, param=param)
+    if isinstance(exc, http_guard.BodyError):
+        return _error(exc.status, str(exc), code=exc.code)
+    if isinstance(exc, RecursionError):  # nesting a parser refused to follow: the client's mistake
+        return _error(400, "the body is nested too deeply")
     if isinstance(exc, Unavailable):
         return _error(503, str(exc), "server_error", "unavailable", retry_after_s=5)
     if isinstance(exc, Overloaded):
@@ -110,7 +83,7 @@ def _from_exception(exc: BaseException) -> web.Response:
     if isinstance(exc, DeadlineExceeded):
         return _error(503, str(exc), "server_error", "timeout", retry_after_s=2)
     if isinstance(exc, (InputError, ValueError)):
-        return _error(400, str(exc))
+        return _error(400, str(exc), code=getattr(exc, "code", None))
     if isinstance(exc, EdgeAgentError):
         return _error(500, str(exc), "server_error")
     log.exception("unexpected API error", exc_info=exc)
@@ -119,13 +92,21 @@ def _from_exception(exc: BaseException) -> web.Response:
 
 class ApiServer:
     def __init__(self, llm: TieredLLM | None, metrics: PrometheusMetrics | None = None, token: str | None = None,
-                 asr: SpeechService | None = None, health: Callable[[], dict] | None = None) -> None:
+                 asr: SpeechService | None = None, health: Callable[[], dict] | None = None,
+                 header_timeout_s: float = HEADER_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S) -> None:
+        if token is not None and not token.strip():
+            raise EdgeAgentError("the API token is empty: give a secret, or None to serve without one")
         self.llm, self.asr, self.token = llm, asr, token
+        self._expected = f"Bearer {token}".encode() if token else b""
         self.metrics = metrics or PrometheusMetrics()
         self._health = health or (lambda: {})
+        self.header_timeout_s, self.body_timeout_s = header_timeout_s, body_timeout_s
         self.draining = False
+        self.ticks = 0  # advanced by the loop every TICK_S: the watchdog's sign that it is not blocked
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: dict[Any, http_guard.HeadDeadline] = {}
         self._thread: threading.Thread | None = None
         self.address = ""
 
@@ -144,26 +125,39 @@ class ApiServer:
 
     @web.middleware
     async def _guard(self, request: web.Request, handler):
-        if self.token and request.path not in ("/health",):
-            if request.headers.get("Authorization", "") != f"Bearer {self.token}":
-                return _error(401, "missing or wrong bearer token (Authorization: Bearer …)", code="invalid_api_key")
+        connection = self._connections.get(request.transport)
+        if connection is not None:
+            connection.started()  # the head is in: its deadline no longer applies
         try:
+            if self.token and request.path not in ("/health",) and not self._authorized(request):
+                return _error(401, "missing or wrong bearer token (Authorization: Bearer …)", code="invalid_api_key")
             return await handler(request)
         except web.HTTPException as exc:
             if exc.status == 413:
-                return _error(413, f"request body larger than {MAX_BODY // 2**20} MiB")
+                return _error(413, f"request body larger than {MAX_BODY // 2**20} MiB", code="request_too_large")
             if exc.status in (404, 405):
                 return _error(exc.status, f"{request.method} {request.path}: {exc.reason}", code="not_found")
             raise
+        except DISCONNECTS:
+            if request.transport is not None and not request.transport.is_closing():
+                raise  # not the client's connection: a real error, logged as one
+            log.info("client went away during %s %s", request.method, request.path)
+            return web.Response(status=499)  # never delivered: aiohttp drops it quietly
+        finally:
+            if connection is not None:
+                connection.finished()
+            if http_guard.body_bytes.get() >= RELEASE_AFTER:
+                asyncio.get_running_loop().run_in_executor(None, http_guard.release_memory)
 
-    async def _json(self, request: web.Request, model: type[BaseModel]) -> BaseModel:
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(f"the body is not valid JSON: {exc}") from exc
-        if not isinstance(body, dict):
-            raise InputError("the body must be a JSON object")
-        return model.model_validate(body)
+    def _authorized(self, request: web.Request) -> bool:
+        got = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        return hmac.compare_digest(got, self._expected)  # constant time: no timing hints about the token
+
+    async def _json(self, request: web.Request, model: type[GenerateRequest]) -> GenerateRequest:
+        """Read the body (bounded in size and time), then parse it on the executor: a large body
+        must not hold the loop."""
+        raw = await http_guard.read_body(request, MAX_BODY, self.body_timeout_s)
+        return await asyncio.get_running_loop().run_in_executor(None, parse, raw, model)
 
     def _check_model(self, requested: str | None) -> web.Response | None:
         if self.llm is None:
@@ -183,29 +177,37 @@ class ApiServer:
         return await self._generate(request, chat=False)
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
         try:
-            body = await self._json(request, _ChatRequest if chat else _CompletionRequest)
+            body = await self._json(request, ChatRequest if chat else CompletionRequest)
             refused = self._check_model(body.model)
             if refused is not None:
                 return refused
-            params = body.params()
+            params, stream, include_usage = body.params(), body.stream, body.include_usage
             prompt = [Message(m.role, m.text()) for m in body.messages] if chat else body.prompt
-            handle = self.llm.submit(prompt, params, raw=not chat)
+            del body  # it may hold megabytes: only the prompt goes on
+            # Measuring and tokenizing the prompt happen on the executor, never on this loop.
+            handle = await loop.run_in_executor(None, functools.partial(self.llm.submit, prompt, params, raw=not chat))
+            del prompt
         except Exception as exc:
             if isinstance(exc, (Overloaded, DeadlineExceeded)):
                 self.metrics.failed("llm", type(exc).__name__)
             return _from_exception(exc)
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         model = self.llm.model_name
-        events = _bridge(handle, asyncio.get_running_loop())
-        if body.stream:
-            return await self._stream(request, handle, events, ident, model, chat, body)
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, handle, ident))
         try:
-            async for _ in events:
-                pass
-            done = await asyncio.get_running_loop().run_in_executor(None, handle.result)
-        except Exception as exc:
-            return _from_exception(exc)
+            events = _bridge(handle, loop)
+            if stream:
+                return await self._stream(request, handle, events, ident, model, chat, include_usage)
+            try:
+                async for _ in events:
+                    pass
+                done = await loop.run_in_executor(None, handle.result)
+            except Exception as exc:
+                return _from_exception(exc)
+        finally:
+            watcher.cancel()
         usage = {"prompt_tokens": done.timing.tokens_in, "completion_tokens": len(done.token_ids),
                  "total_tokens": done.timing.tokens_in + len(done.token_ids)}
         choice = ({"index": 0, "message": {"role": "assistant", "content": done.text}} if chat else
@@ -214,9 +216,8 @@ class ApiServer:
         return web.json_response({"id": ident, "object": "chat.completion" if chat else "text_completion",
                                   "created": int(time.time()), "model": model, "choices": [choice], "usage": usage})
 
-    async def _stream(self, request, handle, events, ident, model, chat, body) -> web.StreamResponse:
+    async def _stream(self, request, handle, events, ident, model, chat, include_usage) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
         created = int(time.time())
         kind = "chat.completion.chunk" if chat else "text_completion"
 
@@ -228,27 +229,38 @@ class ApiServer:
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
 
         try:
+            await resp.prepare(request)
             if chat:
                 await send({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
             async for event in events:
                 if event.text:
                     await send({"index": 0, "delta": {"content": event.text}, "finish_reason": None} if chat else
                                {"index": 0, "text": event.text, "finish_reason": None, "logprobs": None})
-            done = handle.result(5)
+            done = handle.result(5)  # the events ended: it is finished
             reason = FINISH.get(done.finish_reason, "stop")
             await send({"index": 0, "delta": {}, "finish_reason": reason} if chat else
                        {"index": 0, "text": "", "finish_reason": reason, "logprobs": None})
-            if (body.stream_options or {}).get("include_usage"):
+            if include_usage:
                 n = len(done.token_ids)
                 await send({}, {"prompt_tokens": done.timing.tokens_in, "completion_tokens": n,
                                 "total_tokens": done.timing.tokens_in + n})
-        except (ConnectionResetError, asyncio.CancelledError):
-            handle.cancel()  # the client went away: free its batch slot
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except DISCONNECTS:  # the client went away: free its batch slot, say so once, no traceback
+            if not handle.cancelled:
+                handle.cancel()
+                log.info("client went away: %s cancelled", ident)
+        except asyncio.CancelledError:
+            handle.cancel()
             raise
         except EdgeAgentError as exc:  # a failure after the headers went out: report it in-band
-            await resp.write(f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error'}})}\n\n".encode())
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
+            try:
+                await resp.write(f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error'}})}\n\n"
+                                 .encode())
+                await resp.write(b"data: [DONE]\n\n")
+                await resp.write_eof()
+            except DISCONNECTS:
+                pass
         return resp
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -322,13 +334,18 @@ class ApiServer:
                 except ConnectionError:
                     continue
 
+        def gone() -> bool:  # the connection is closing: audio still buffered from it has nobody to answer
+            return request.transport is None or request.transport.is_closing()
+
         sender = asyncio.create_task(pump())
         ended, overloaded = False, None
         try:
             async for msg in ws:
                 if msg.type == WSMsgType.BINARY:
+                    if gone():
+                        break
                     await loop.run_in_executor(None, stream.push, msg.data)
-                    if stream.over_backlog and not await until(lambda: not stream.over_backlog, stall_s):
+                    if stream.over_backlog and not await until(lambda: not stream.over_backlog or gone(), stall_s):
                         overloaded = (f"the recogniser is {stream.backlog_s:.1f} s of audio behind this stream and "
                                       f"did not catch up within {stall_s:g} s; retry later or send in real time")
                         break
@@ -373,6 +390,11 @@ class ApiServer:
 
     def start(self, host: str = "127.0.0.1", port: int = 8080, unix_socket: str | None = None) -> ApiServer:
         """Serve on a thread of its own; returns once listening (``address`` says where)."""
+        if unix_socket:
+            http_guard.claim_unix_socket(unix_socket)  # never silently take over another agent's socket
+        warning = http_guard.exposure_warning(host, port, self.token, unix_socket)
+        if warning:
+            log.warning("SECURITY: %s", warning)
         ready = threading.Event()
         failure: list[BaseException] = []
 
@@ -382,17 +404,27 @@ class ApiServer:
             try:
                 self._runner = web.AppRunner(self.app(), access_log=None)
                 loop.run_until_complete(self._runner.setup())
-                site = (web.UnixSite(self._runner, unix_socket) if unix_socket
-                        else web.TCPSite(self._runner, host, port))
-                loop.run_until_complete(site.start())
-                sockets = [s.getsockname() for s in site._server.sockets] if not unix_socket else [unix_socket]
-                self.address = unix_socket or f"http://{sockets[0][0]}:{sockets[0][1]}"
+                server = self._runner.server
+
+                def connection() -> http_guard.HeadDeadline:
+                    return http_guard.HeadDeadline(server(), self.header_timeout_s, self._connections)
+
+                if unix_socket:
+                    self._server = loop.run_until_complete(loop.create_unix_server(connection, unix_socket))
+                    self.address = unix_socket
+                else:
+                    self._server = loop.run_until_complete(loop.create_server(connection, host, port,
+                                                                              reuse_address=True))
+                    name = self._server.sockets[0].getsockname()
+                    self.address = f"http://{f'[{name[0]}]' if ':' in name[0] else name[0]}:{name[1]}"
             except BaseException as exc:  # e.g. the port is taken
                 failure.append(exc)
                 ready.set()
                 return
+            self._tick()
             ready.set()
             loop.run_forever()
+            self._server.close()
             loop.run_until_complete(self._runner.cleanup())
             loop.close()
 
@@ -403,11 +435,29 @@ class ApiServer:
             raise EdgeAgentError(f"the API could not listen on {unix_socket or f'{host}:{port}'}: {failure[0]}")
         return self
 
+    def _tick(self) -> None:
+        self.ticks += 1
+        assert self._loop is not None
+        self._loop.call_later(TICK_S, self._tick)
+
     def stop(self) -> None:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:
             self._thread.join(10)
+
+
+async def _cancel_on_disconnect(request: web.Request, handle, ident: str) -> None:
+    """Cancel ``handle`` as soon as the client's connection is gone (aiohttp does not cancel a
+    handler by itself, and a non-streaming one writes nothing that could fail until the end)."""
+    while True:
+        await asyncio.sleep(DISCONNECT_POLL_S)
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            if not handle.cancelled:
+                handle.cancel()
+                log.info("client went away: %s cancelled", ident)
+            return
 
 
 def _bridge(handle, loop: asyncio.AbstractEventLoop):
