@@ -149,14 +149,23 @@ class Agent:
                 restart.append(section)
         self.settings = self.settings.model_copy(update={"sla": new.sla})
         s = self.settings
-        if self.controller is not None:
-            self.controller.set_policy(policy_from_config(s.sla, max(t.max_batch for t in s.models.llm)),
-                                       s.sla.window_s, source="file")
-            self.controller.evaluate_every_s = s.sla.evaluate_every_s
-        if self.asr_controller is not None:
-            self.asr_controller.set_policy(asr_policy_from_config(s.sla.asr), s.sla.asr.window_s, source="file")
-            self.asr_controller.evaluate_every_s = s.sla.asr.evaluate_every_s
         commands = self.telemetry.commands if self.telemetry is not None else None
+        # The stored desired is folded in before anything is set, so that a reload that changes nothing
+        # in force leaves the controllers' windows, truncation and shedding alone.
+        stored = commands.stored_desired() if commands is not None else None
+        overlay = stored.sla if stored is not None else {}
+        for workload, controller, policy, window_s, every_s in (
+                ("llm", self.controller, lambda: policy_from_config(s.sla, max(t.max_batch for t in s.models.llm)),
+                 s.sla.window_s, s.sla.evaluate_every_s),
+                ("asr", self.asr_controller, lambda: asr_policy_from_config(s.sla.asr), s.sla.asr.window_s,
+                 s.sla.asr.evaluate_every_s)):
+            if controller is None:
+                continue
+            base, sla = policy(), overlay.get(workload)
+            if sla is not None and (workload != "asr" or sla.metric in ASR_SLA_METRICS):
+                base, window_s = _overlay(base, sla), sla.window_s
+            controller.set_policy(base, window_s, source="file")
+            controller.evaluate_every_s = every_s
         if commands is not None:
             if commands.reapply_desired():
                 applied.append(f"the fleet's desired version {commands.desired_in_force} on top")
@@ -352,9 +361,7 @@ class Agent:
             raise EdgeAgentError(f"no SLA controller for workload {workload!r} on this device")
         if workload == "asr" and sla.metric not in ASR_SLA_METRICS:
             raise EdgeAgentError(f"the ASR SLA metric must be one of {', '.join(ASR_SLA_METRICS)}, not {sla.metric!r}")
-        policy = replace(controller.policy, metric=sla.metric, percentile=sla.percentile, target_ms=sla.target_ms,
-                         min_samples=sla.min_samples)
-        controller.set_policy(policy, sla.window_s, source=source)
+        controller.set_policy(_overlay(controller.policy, sla), sla.window_s, source=source)
         return {"sla": sla.model_dump()}
 
     def pin_tier(self, workload: str, tier: str, source: str = "command") -> dict[str, Any]:
@@ -404,6 +411,12 @@ class Agent:
             out["sources"][f"sla.{workload}"] = controller.sla_source
             out["sources"][f"pins.{workload}"] = controller.pin_source
         return out
+
+
+def _overlay(policy, sla):
+    """``policy`` with the fleet's SLA (``schema.SlaSpec``) on top; the hysteresis stays the file's."""
+    return replace(policy, metric=sla.metric, percentile=sla.percentile, target_ms=sla.target_ms,
+                   min_samples=sla.min_samples)
 
 
 def run(config: str | None, log_format: str | None = None, log_level: str | None = None) -> int:

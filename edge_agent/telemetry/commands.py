@@ -469,7 +469,7 @@ class CommandProcessor:
         log.info("desired version %d in force", desired.version)
         return True
 
-    def _stored_desired(self) -> Desired | None:
+    def stored_desired(self) -> Desired | None:
         raw = self.ledger.get(DESIRED_DOC_KEY)
         if raw is None:
             last = self.ledger.get(DESIRED_KEY)
@@ -489,7 +489,7 @@ class CommandProcessor:
         """Put the stored desired document back in force on top of the file (after a reload of the
         file, or at start); ``reported`` is the caller's to publish."""
         with self._desired_lock:
-            desired = self._stored_desired()
+            desired = self.stored_desired()
             self.desired_in_force = None
             return desired is not None and self._apply(desired)
 
