@@ -145,14 +145,21 @@ class AsrService:
     # -- device thread -----------------------------------------------------------------------
 
     def _run_batch(self, utts: list[_Utterance]) -> list[Hypothesis | None]:
-        for u in utts:  # what this step takes is no longer backlog (audio added meanwhile stays backlog)
+        # an utterance cut (aborted) between being queued and now is not decoded for nobody
+        live = [u for u in utts if not u.done]
+        for u in live:  # what this step takes is no longer backlog (audio added meanwhile stays backlog)
             u.taken = u.rstream.samples_in
+        if not live:
+            return [None] * len(utts)
         start = time.perf_counter()
-        hyps = self.engine.step([u.rstream for u in utts])
-        share = (time.perf_counter() - start) / len(utts)
-        for u in utts:
+        hyps = list(self.engine.step([u.rstream for u in live]))
+        share = (time.perf_counter() - start) / len(live)
+        for u in live:
             u.compute_s += share
-        return hyps
+        if len(live) == len(utts) or len(hyps) != len(live):
+            return hyps  # (a wrong count is the batcher's to report)
+        by_utt = {id(u): h for u, h in zip(live, hyps)}
+        return [by_utt.get(id(u)) for u in utts]
 
     def _submit(self, u: _Utterance, urgent: bool) -> None:
         """Under the stream lock: ask for a step unless one is in flight."""
