@@ -77,7 +77,8 @@ class Agent:
                              asr=self.asr, health=self.health).start(s.api.host, s.api.port,
                                                                     str(s.api.unix_socket) if s.api.unix_socket else None)
         self.metrics.track_load("llm", lambda: self.llm.load)
-        heartbeats = [LoopHeartbeat(lambda: self.llm.steps, lambda: self.llm.load != (0, 0))]
+        heartbeats = [LoopHeartbeat(lambda: self.llm.steps, lambda: self.llm.load != (0, 0)),
+                      LoopHeartbeat(lambda: self.api.ticks, lambda: True)]  # the API loop never blocks
         self.watchdog = Watchdog(self.notifier, lambda: all(h() for h in heartbeats)).start()
         status = f"serving: llm tier {self.llm.tiers[self.llm.active].name} ({self.llm.model_name})"
         if self.asr is not None:

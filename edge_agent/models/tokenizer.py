@@ -8,6 +8,7 @@ fallback for exports that carry none.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -32,6 +33,7 @@ GEMMA_TEMPLATE = (
 )
 FALLBACK_TEMPLATES = {"phi3": PHI3_TEMPLATE, "gemma": GEMMA_TEMPLATE, "gemma2": GEMMA_TEMPLATE}
 ROLES = ("system", "user", "assistant")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +86,14 @@ class Tokenizer:
         return self._tok.token_to_id(token)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch releases the GIL while it works and encode does not: a long prompt must not
+        # stall every other thread of the agent (the API loop, the watchdog, MQTT) while it tokenizes.
+        try:
+            return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        except TypeError as exc:  # e.g. a lone UTF-16 surrogate: text that cannot be UTF-8
+            if isinstance(text, str) and _SURROGATE.search(text):
+                raise InputError("the text contains a lone UTF-16 surrogate (not valid Unicode)") from exc
+            raise
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

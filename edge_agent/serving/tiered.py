@@ -9,6 +9,13 @@ may use different tokenizers.
 Relief from the controller applies to new requests: ``token_cap_ratio`` truncates their
 ``max_new_tokens``, ``shedding`` rejects them with ``Unavailable`` (HTTP 503, with a retry hint),
 ``max_batch`` resizes the active scheduler's batch within what its KV buffers hold.
+
+A prompt is measured before it is tokenized: longer than the tier's context (``max_context``
+tokens) times ``MAX_CHARS_PER_TOKEN`` characters, or with more messages than the context has
+tokens, it cannot fit and is refused at once (``ContextLengthExceeded``) — tokenizing tens of
+megabytes of text takes minutes and gigabytes for an answer known in advance. 32 characters per
+token is generous: text averages 3–5 characters per token in the tokenizers served here, and only
+long runs of one repeated character come near 16; every message renders to at least one token.
 """
 from __future__ import annotations
 
@@ -16,7 +23,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from ..errors import Unavailable
+from ..errors import InputError, Unavailable
 from ..metrics.timing import RequestTiming
 from ..metrics.window import FIRST_AFTER_LOAD
 from ..models.llm import DecoderLM
@@ -24,6 +31,14 @@ from ..models.sampling import SamplingParams
 from ..models.tokenizer import Message
 from .ladder import Ladder
 from .scheduler import Limits, LLMScheduler, RequestHandle
+
+MAX_CHARS_PER_TOKEN = 32
+
+
+class ContextLengthExceeded(InputError):
+    """The prompt (with ``max_new_tokens``) does not fit the serving tier's context."""
+
+    code = "context_length_exceeded"
 
 @dataclass(frozen=True, slots=True)
 class Tier:
@@ -96,13 +111,19 @@ class TieredLLM(Ladder):
             if loaded.first:
                 tags.append(FIRST_AFTER_LOAD)
                 loaded.first = False
+        cap = max(1, int(loaded.tier.max_new_tokens * self.token_cap_ratio))
+        params = replace(params, max_new_tokens=min(params.max_new_tokens, cap))
+        context = loaded.lm.contract.max_context
+        _check_size(prompt, context, loaded.tier.name)
         tok = loaded.lm.tokenizer
         if isinstance(prompt, str):
             ids = tok.encode(prompt) if raw or not tok.chat_template else tok.encode_chat([Message("user", prompt)])
         else:
             ids = tok.encode_chat(list(prompt))
-        cap = max(1, int(loaded.tier.max_new_tokens * self.token_cap_ratio))
-        params = replace(params, max_new_tokens=min(params.max_new_tokens, cap))
+        if len(ids) + params.max_new_tokens > context:
+            raise ContextLengthExceeded(
+                f"the prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = "
+                f"{len(ids) + params.max_new_tokens} exceeds tier {loaded.tier.name!r}'s context of {context} tokens")
         return loaded.scheduler.submit(ids, params, deadline_ms=deadline_ms, tags=tags)
 
     def set_max_batch(self, max_batch: int) -> None:
@@ -118,3 +139,19 @@ class TieredLLM(Ladder):
         if self._active is not None:
             self._active.close(self._drain_s if drain_s is None else drain_s)
             self._active = None
+
+
+def _check_size(prompt: str | Sequence[Message], context: int, tier: str) -> None:
+    """Refuse, before tokenizing, a prompt that cannot fit ``context`` tokens (see the module doc)."""
+    limit = context * MAX_CHARS_PER_TOKEN
+    if isinstance(prompt, str):
+        chars, what = len(prompt), "the prompt"
+    else:
+        if len(prompt) > context:
+            raise ContextLengthExceeded(f"{len(prompt):,} messages cannot fit tier {tier!r}'s context of {context:,} "
+                                        f"tokens: send at most {context:,}")
+        chars, what = sum(len(m.content) for m in prompt), "the messages"
+    if chars > limit:
+        raise ContextLengthExceeded(
+            f"{what} hold {chars:,} characters; tier {tier!r} takes at most {limit:,} characters (its context "
+            f"of {context:,} tokens × {MAX_CHARS_PER_TOKEN} characters per token): shorten the prompt")

@@ -101,7 +101,8 @@ def _post(server, path: str, body: bytes, token: str | None = TOKEN) -> tuple[in
     (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', 400, "n", None),
     (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": -1}', 400, "temperature", None),
     (b'{"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4o"}', 404, "not served here", "model_not_found"),
-    (b'{"messages": [{"role": "user", "content": "' + b"word " * 5000 + b'"}], "max_tokens": 8}', 400, "context", None),
+    (b'{"messages": [{"role": "user", "content": "' + b"word " * 5000 + b'"}], "max_tokens": 8}', 400, "context",
+     "context_length_exceeded"),
 ])
 def test_bad_requests_get_openai_shaped_errors(server, body, status, fragment, code):
     got, payload, _ = _post(server, "/v1/chat/completions", body)
@@ -151,3 +152,178 @@ def test_errors_map_to_http_statuses(exc, status, retry):
     resp = _from_exception(getattr(errors, exc)("boom"))
     assert resp.status == status and resp.headers.get("Retry-After") == retry
     assert json.loads(resp.body)["error"]["message"] == "boom"
+
+
+# -- hardening: sizes, timeouts, disconnects, auth -------------------------------------------------
+
+def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized(server, monkeypatch):
+    from edge_agent.models.tokenizer import Tokenizer
+    from edge_agent.serving.tiered import MAX_CHARS_PER_TOKEN, ContextLengthExceeded
+
+    _, llm, reference = server
+    context = reference.contract.max_context
+
+    def never(*args, **kwargs):
+        raise AssertionError("tokenized a prompt that cannot fit")
+
+    monkeypatch.setattr(Tokenizer, "encode", never)
+    monkeypatch.setattr(Tokenizer, "encode_chat", never)
+    with pytest.raises(ContextLengthExceeded, match="characters"):
+        llm.submit("x" * (context * MAX_CHARS_PER_TOKEN + 1), raw=True)
+    with pytest.raises(ContextLengthExceeded, match="messages"):
+        llm.submit([Message("user", "")] * (context + 1))
+    body = json.dumps({"prompt": "x" * (context * MAX_CHARS_PER_TOKEN + 1), "max_tokens": 2}).encode()
+    got, payload, _ = _post(server, "/v1/completions", body)
+    assert got == 400 and payload["error"]["code"] == "context_length_exceeded"
+
+
+@pytest.fixture
+def bare(server):
+    """A second server on the same model, with short timeouts and no token."""
+    api = ApiServer(server[1], header_timeout_s=0.5, body_timeout_s=1.0).start("127.0.0.1", 0)
+    yield api
+    api.stop()
+
+
+def _raw(address: str, data: bytes, timeout_s: float = 5) -> bytes:
+    import socket
+
+    host, port = address.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as s:
+        s.sendall(data)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
+
+
+def test_a_body_that_does_not_arrive_in_time_is_408(bare):
+    import time
+
+    t0 = time.monotonic()
+    out = _raw(bare.address, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: 100\r\n\r\n{\"messages\"", timeout_s=15)
+    assert out.startswith(b"HTTP/1.1 408") and b'"request_timeout"' in out, out[:300]
+    assert time.monotonic() - t0 < 12  # 1 s to read, then aiohttp's lingering close at most
+
+
+def test_idle_keepalive_connections_outlive_the_header_timeout(bare):
+    import http.client
+    import time
+
+    host, port = bare.address.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=5)
+    try:
+        for _ in range(2):
+            conn.request("GET", "/health")
+            resp = conn.getresponse()
+            assert resp.status == 200 and json.loads(resp.read())["status"] == "ok"
+            time.sleep(1.0)  # twice the header timeout, idle: no bytes means no request head is late
+    finally:
+        conn.close()
+
+
+def test_a_client_that_leaves_mid_response_is_one_log_line_not_a_traceback(server, caplog):
+    import asyncio
+    import logging
+    import socket
+
+    from aiohttp import web
+
+    class Probe(ApiServer):
+        def app(self) -> web.Application:
+            app = super().app()
+
+            async def leave(request: web.Request) -> web.StreamResponse:
+                resp = web.StreamResponse()
+                await resp.prepare(request)
+                await resp.write(b"x")
+                for _ in range(250):
+                    if request.transport is None or request.transport.is_closing():
+                        break
+                    await asyncio.sleep(0.02)
+                raise ConnectionResetError("Cannot write to closing transport")  # as aiohttp's writer does
+
+            app.router.add_get("/probe/leave", leave)
+            return app
+
+    api = Probe(server[1]).start("127.0.0.1", 0)
+    try:
+        with caplog.at_level(logging.INFO):
+            host, port = api.address.removeprefix("http://").rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=5) as s:
+                s.sendall(b"GET /probe/leave HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert s.recv(100).startswith(b"HTTP/1.1 200")
+            import time
+
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not any("went away" in r.getMessage() for r in caplog.records):
+                time.sleep(0.05)
+    finally:
+        api.stop()
+    assert any("client went away during GET /probe/leave" in r.getMessage() for r in caplog.records)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], \
+        [r.getMessage() for r in caplog.records]
+
+
+def test_the_token_is_compared_in_constant_time_and_odd_headers_are_401(server, monkeypatch):
+    import hmac
+
+    calls = []
+    real = hmac.compare_digest
+    monkeypatch.setattr(hmac, "compare_digest", lambda a, b: calls.append((a, b)) or real(a, b))
+    for header in ("Bearer wrong", "Bearer s3cr\u00e9t", f"Bearer {TOKEN}x"):
+        req = urllib.request.Request(server[0].address + "/v1/models", headers={"Authorization": header})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=10)
+        assert err.value.code == 401 and json.loads(err.value.read())["error"]["code"] == "invalid_api_key"
+    assert len(calls) == 3 and all(isinstance(a, bytes) for a, _ in calls)
+    req = urllib.request.Request(server[0].address + "/v1/models", headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.status == 200
+
+
+def test_an_empty_token_is_refused_rather_than_disabling_auth(server):
+    from edge_agent.errors import EdgeAgentError
+
+    with pytest.raises(EdgeAgentError, match="empty"):
+        ApiServer(server[1], token="")
+    with pytest.raises(EdgeAgentError, match="empty"):
+        ApiServer(server[1], token="  ")
+
+
+def test_an_open_api_without_a_token_is_warned_about():
+    from edge_agent.serving.http_guard import exposure_warning
+
+    warning = exposure_warning("0.0.0.0", 8080, None, None)
+    assert warning is not None and "0.0.0.0:8080" in warning and "NO token" in warning
+    assert exposure_warning("192.168.1.20", 8080, None, None) is not None
+    assert exposure_warning("0.0.0.0", 8080, "s3cret", None) is None
+    assert exposure_warning("127.0.0.1", 8080, None, None) is None
+    assert exposure_warning("::1", 8080, None, None) is None
+    assert exposure_warning("0.0.0.0", 8080, None, "/run/edge-agent/api.sock") is None
+
+
+def test_a_unix_socket_in_use_is_refused_a_stale_one_removed(tmp_path):
+    import socket
+
+    from edge_agent.errors import EdgeAgentError
+    from edge_agent.serving.http_guard import claim_unix_socket
+
+    path = tmp_path / "api.sock"
+    claim_unix_socket(str(path))  # nothing there: fine
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    live.bind(str(path))
+    live.listen(1)
+    try:
+        with pytest.raises(EdgeAgentError, match="already serving") as err:
+            claim_unix_socket(str(path))
+        assert str(path) in str(err.value)
+    finally:
+        live.close()
+    assert path.exists()  # closed without unlinking: stale
+    claim_unix_socket(str(path))
+    assert not path.exists()
+    path.write_text("not a socket")
+    with pytest.raises(EdgeAgentError, match="not a socket"):
+        claim_unix_socket(str(path))
