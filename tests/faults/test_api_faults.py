@@ -96,7 +96,6 @@ def daemon(tmp_path, broker):
 
 # -- fault 1: a big prompt must not freeze the process ---------------------------------------------
 
-@pytest.mark.slow
 def test_a_31_mb_prompt_is_refused_without_freezing_health_watchdog_or_memory(daemon):
     port = daemon.api_port
     status, out = request(port, "POST", CHAT, chat_body("Hello there", max_tokens=4))
@@ -295,7 +294,6 @@ def unix_health(path: Path) -> int:
         conn.close()
 
 
-@pytest.mark.slow
 def test_a_second_daemon_on_the_same_unix_socket_is_refused_and_a_stale_one_replaced(tmp_path, broker):
     sock = tmp_path / "api.sock"
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
