@@ -6,6 +6,7 @@ otherwise), so a loss is never forgotten because the report of it could not be w
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .schema import SpoolDrop
 
@@ -80,6 +81,16 @@ class Drops:
         if newer is not None:
             loss.merge(newer)
         self.by_reason[reason] = loss
+
+    def report(self, store: Callable[[SpoolDrop], bool]) -> int:
+        """Hand every report to ``store``; from the first it could not store on, keep them all."""
+        parts = [(reason, part) for reason, loss in self.pop() for part in loss.split()]
+        for i, (reason, part) in enumerate(parts):
+            if not store(part.report(reason)):
+                for later_reason, later in parts[i:]:
+                    self.restore(later_reason, later)
+                return i
+        return len(parts)
 
     def take(self) -> list[SpoolDrop]:
         return [part.report(reason) for reason, loss in self.pop() for part in loss.split()]

@@ -54,7 +54,9 @@ class Telemetry:
                                    max_inflight=mqtt.max_inflight, clock=clock, wall=wall,
                                    clock_synced=clock_synced, live_age_s=live_age_s)
         self.publisher.on_degraded = self._spool_degraded
-        self._state_now: tuple[str, str | None] = ("online", None)
+        # A spool that starts on a full disk is degraded from the first birth message on.
+        self._state_now: tuple[str, str | None] = ("degraded", self.spool.degraded[:512]) if self.spool.degraded \
+            else ("online", None)
         self.ledger: Ledger | None = None
         self.commands: CommandProcessor | None = None
         self.warnings: list[str] = []

@@ -18,7 +18,8 @@ Damage never stops the agent:
   cannot be stored is lost but still takes its ``seq`` (kept in memory and committed with the next
   record that fits), so a receiver sees the gap and the ``disk_full`` report names it; the disk is
   tried again after a back-off (1 s doubling to 8 s), and one log line marks each change of state.
-  Deletes that fail (acks, corrupt rows) are remembered and done once space returns.
+  Deletes that fail (acks, corrupt rows) are remembered and done once space returns. A start on a
+  full disk is not taken for damage: the file is left alone and opened once space returns.
 
 Loss reports are handed out by ``report_drops``, which puts a report back when its event could not
 be stored, so a loss is never forgotten because the report of it was lost too.
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from . import seq as seqmod
+from .diskfull import BACKOFF_MAX_S, BACKOFF_MIN_S, DiskFull, is_full, low_space
 from .drops import Drops
 from .salvage import STREAM_OF, salvage
 from .schema import SpoolDrop
@@ -46,7 +48,7 @@ log = logging.getLogger(__name__)
 
 Kind = Literal["window", "event"]
 RECORD_OVERHEAD = 64  # bytes counted per record besides payload and topic (row header, index)
-BACKOFF_MIN_S, BACKOFF_MAX_S = 1.0, 8.0  # retrying a full disk
+__all__ = ["BACKOFF_MAX_S", "BACKOFF_MIN_S", "Record", "Spool"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -81,10 +83,6 @@ class Record:
         return len(self.payload) + len(self.topic) + RECORD_OVERHEAD
 
 
-def _is_full(exc: sqlite3.Error) -> bool:
-    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "full" in str(exc).lower()
-
-
 class Spool:
     def __init__(self, path: Path | str, max_bytes: int = 64 * 1024 * 1024, max_records: int = 100_000,
                  max_attempts: int = 5, *, wall: Callable[[], float] = time.time,
@@ -93,7 +91,7 @@ class Spool:
             raise ValueError("spool bounds too small: max_bytes >= 4096 and max_records >= 2")
         self.path = Path(path)
         self.max_bytes, self.max_records, self.max_attempts = max_bytes, max_records, max_attempts
-        self._wall, self._clock = wall, clock
+        self._wall = wall
         self._lock = threading.RLock()
         self._drops = Drops()
         self._sidecar = seqmod.Sidecar(self.path)
@@ -104,15 +102,17 @@ class Spool:
         # already dealt with whose DELETE failed, and the retry schedule.
         self._reserved: dict[str, int] = {}
         self._doomed: set[int] = set()
-        self._full_since: float | None = None
-        self._full_error = ""
-        self._retry_at = 0.0
-        self._backoff = BACKOFF_MIN_S
-        self._lost_while_full = 0
+        self._full = DiskFull(self.path, clock)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = self._open()
-        with self._lock, self._conn:
-            self.session = seqmod.allocate(self._conn, seqmod.SESSION)
+        self._attached = True  # False: started on a full disk, the file is not open yet
+        try:
+            self._conn = self._open()
+            with self._lock, self._conn:
+                self.session = seqmod.allocate(self._conn, seqmod.SESSION)
+        except sqlite3.Error as exc:
+            if not (is_full(exc) or low_space(self.path)):
+                raise
+            self._conn = self._detached(exc)
         self._mirror()
         self.records, self.bytes = self._totals()
 
@@ -139,7 +139,48 @@ class Spool:
                 problem = str(exc)
         if problem is None:
             return self._connect()
+        if low_space(self.path):  # not damage: moving a healthy spool aside would lose it
+            raise sqlite3.OperationalError(f"database or disk is full ({problem})")
         return self._recover(problem)
+
+    def _detached(self, exc: sqlite3.Error) -> sqlite3.Connection:
+        """Started on a full disk: the file stays as it is, untouched, and records cannot be stored
+        (windows are lost and reported, like any record on a full disk) until ``_attach`` opens it.
+        The counters live in memory meanwhile, above the sidecar and the file's last readable ones."""
+        self._attached = False
+        conn = sqlite3.connect(":memory:", check_same_thread=False)
+        conn.executescript(_SCHEMA)
+        floors = self._sidecar.read()
+        try:  # the main file without its WAL: read only, needs no space
+            ro = sqlite3.connect(f"file:{self.path}?immutable=1", uri=True)
+            try:
+                for key, value in seqmod.read_all(ro).items():
+                    floors[key] = max(value, floors.get(key, 0))
+            finally:
+                ro.close()
+        except sqlite3.Error:
+            pass
+        with conn:
+            seqmod.raise_floor(conn, floors)
+            self.session = seqmod.allocate(conn, seqmod.SESSION)
+        self._full.failed(exc)
+        return conn
+
+    def _attach(self) -> bool:
+        """Open the file after a start on a full disk; its counters rise to those handed out since."""
+        try:
+            conn = self._open()
+            with conn:
+                seqmod.raise_floor(conn, seqmod.read_all(self._conn))
+        except sqlite3.Error as exc:
+            if not (is_full(exc) or low_space(self.path)):
+                raise
+            self._full.failed(exc)
+            return False
+        self._conn.close()
+        self._conn, self._attached = conn, True
+        self.records, self.bytes = self._totals()
+        return True
 
     def _recover(self, problem: str) -> sqlite3.Connection:
         salvaged, counters, bad, bad_windows = salvage(self.path)
@@ -180,31 +221,11 @@ class Spool:
     @property
     def degraded(self) -> str | None:
         """Why the spool cannot store records right now (a full disk), or None while it can."""
-        return self._full_error if self._full_since is not None else None
-
-    def _may_write(self) -> bool:
-        return self._full_since is None or self._clock() >= self._retry_at
-
-    def _disk_full(self, exc: sqlite3.Error) -> None:
-        """A write failed for lack of space: degraded (one log line), retried after a back-off."""
-        now = self._clock()
-        if self._full_since is None:
-            self._full_since, self._backoff, self._lost_while_full = now, BACKOFF_MIN_S, 0
-            self._full_error = f"disk full writing spool {self.path}: {exc}"
-            log.error("%s; telemetry degraded: windows that cannot be stored are counted as lost, "
-                      "retrying every %.0f-%.0f s", self._full_error, BACKOFF_MIN_S, BACKOFF_MAX_S)
-        elif now >= self._retry_at:  # a new try failed (not a second failure within the same try)
-            self._backoff = min(BACKOFF_MAX_S, self._backoff * 2)
-        else:
-            return
-        self._retry_at = now + self._backoff
+        return self._full.degraded
 
     def _wrote(self) -> None:
         """A write went through: leave the degraded state and finish the deletes that had failed."""
-        if self._full_since is not None:
-            log.warning("spool %s writable again after %.1f s; %d records lost meanwhile", self.path,
-                        self._clock() - self._full_since, self._lost_while_full)
-            self._full_since = None
+        self._full.wrote()
         if self._doomed:
             self._delete(list(self._doomed))
 
@@ -215,11 +236,11 @@ class Spool:
             with self._conn:
                 self._conn.executemany("DELETE FROM records WHERE id = ?", [(i,) for i in ids])
         except sqlite3.OperationalError as exc:
-            if not _is_full(exc):
+            if not is_full(exc):
                 raise
             if remember:
                 self._doomed.update(ids)
-            self._disk_full(exc)
+            self._full.failed(exc)
             return False
         self._doomed.difference_update(ids)
         return True
@@ -234,7 +255,7 @@ class Spool:
             raise ValueError(f"unknown record kind {kind!r}")
         with self._lock:
             record = None
-            if self._may_write():
+            if self._full.may_write() and (self._attached or self._attach()):
                 record = self._try_insert(kind, topic, build)
             if record is None:
                 if not keep:
@@ -251,11 +272,11 @@ class Spool:
             try:
                 return self._insert(kind, topic, build)
             except sqlite3.OperationalError as exc:
-                if not _is_full(exc):
+                if not is_full(exc):
                     raise
                 if attempt == 2 or not self._evict(max(1, self.records // 10), reason="disk_full",
                                                    detail=f"disk full writing {self.path}: {exc}"):
-                    self._disk_full(exc)
+                    self._full.failed(exc)
                     return None
         return None  # pragma: no cover (the loop returns)
 
@@ -273,8 +294,8 @@ class Spool:
         except ValueError:
             size = RECORD_OVERHEAD
         self.write_errors += 1
-        self._lost_while_full += 1
-        self._drops.add("disk_full", kind, seq, size, self._full_error or f"disk full writing {self.path}")
+        self._full.lost += 1
+        self._drops.add("disk_full", kind, seq, size, self._full.error or f"disk full writing {self.path}")
 
     def _insert(self, kind: Kind, topic: str, build: Callable[[int], bytes]) -> Record:
         wall = self._wall()
@@ -357,7 +378,7 @@ class Spool:
                 ids).fetchall() if r[0] not in self._doomed]
             if not rows:
                 return 0
-            if not self._may_write():
+            if not self._full.may_write():
                 self._doomed.update(r[0] for r in rows)
             elif self._delete([r[0] for r in rows]):
                 self._wrote()
@@ -379,9 +400,9 @@ class Spool:
                     with self._conn:
                         self._conn.execute("UPDATE records SET attempts = attempts + 1 WHERE id = ?", (rid,))
                 except sqlite3.OperationalError as exc:  # on a full disk the count waits; the retry does not
-                    if not _is_full(exc):
+                    if not is_full(exc):
                         raise
-                    self._disk_full(exc)
+                    self._full.failed(exc)
                 return False
             self._delete([rid])
             self.records -= 1
@@ -398,20 +419,8 @@ class Spool:
     def report_drops(self, store: Callable[[SpoolDrop], bool]) -> int:
         """Hand each pending loss report to ``store`` (which appends it as an event, with ``keep``);
         a report ``store`` could not write is kept for the next call. Returns how many were stored."""
-        stored = 0
         with self._lock:
-            pending = self._drops.pop()
-            for i, (reason, loss) in enumerate(pending):
-                parts = loss.split()
-                for j, part in enumerate(parts):
-                    if not store(part.report(reason)):
-                        for later in parts[j:]:
-                            self._drops.restore(reason, later)
-                        for r2, l2 in pending[i + 1:]:
-                            self._drops.restore(r2, l2)
-                        return stored
-                    stored += 1
-        return stored
+            return self._drops.report(store)
 
     def stats(self) -> dict[str, int | str | None]:
         return {"records": self.records, "bytes": self.bytes, "corrupt_records": self.corrupt_records,

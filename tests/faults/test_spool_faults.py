@@ -231,3 +231,54 @@ def test_kill9_in_an_outage_then_a_damaged_spool_continues_seq_and_session(tmp_p
 def _missing_from(docs: list[dict]) -> set[int]:
     seen = {d["seq"] for d in docs}
     return set(range(1, max(seen) + 1)) - seen
+
+
+def test_a_start_on_a_full_disk_keeps_the_spool_and_runs_degraded_until_space_returns(tmp_path, small_disk):
+    """A restart while the disk is still full: the agent must start (degraded), leave the intact spool
+    where it is (not take it for damage), and replay what it holds once space returns."""
+    log = tmp_path / "agent.log"
+    spool = small_disk / "dev-1.spool.sqlite"
+    with Broker(tmp_path / "b") as broker, TcpProxy(broker.port) as proxy:
+        w = Watcher(broker.port)
+        first = _agent(proxy.port, small_disk, log)
+        try:
+            assert _session(first) == 1
+            wait_for(lambda: len(w.seqs()) >= 5, 30, what="first run's windows")
+            proxy.cut()
+            wait_for(lambda: len(_windows(spool)) >= 10, 30, what="windows spooled in an outage")
+        finally:
+            _kill(first)
+        held = _windows(spool)
+        proxy.heal()
+        filler = _fill(small_disk)
+        lines_before = _lines(log)
+        second = _agent(proxy.port, small_disk, log)
+        try:
+            line = second.stdout.readline().strip()
+            started = line.startswith("session ")
+            degraded = False
+            if started:
+                t0 = time.monotonic()
+                while time.monotonic() - t0 < 10.0 and second.poll() is None:
+                    degraded = degraded or any(d["state"] == "degraded" and d["session"] == 2
+                                               for d in w.docs("/state"))
+                    time.sleep(0.2)
+            lines_full = _lines(log) - lines_before
+            aside = list(small_disk.glob("dev-1.spool.sqlite.corrupt-*"))
+            filler.unlink()
+            if started:
+                wait_for(lambda: _states(w)[-1:] == ["online"], 30, what="online once space returned")
+                wait_for(lambda: set(held) <= set(w.seqs()), 30, what="the first run's held windows replayed")
+                wait_for(lambda: _missing(w) == _reported(w)[0], 30, what="the loss report")
+        finally:
+            _kill(second)
+        missing, (reported, counted) = _missing(w), _reported(w)
+        silent = _silent_losses(w, 0.1)
+        w.close()
+    print(f"\nstart on a full disk: {line!r}; {lines_full} log lines in 10 s; degraded {degraded}; "
+          f"moved aside {[p.name for p in aside]}; missing {len(missing)}, reported {counted}")
+    assert started, f"the agent did not start on a full disk: {line!r} {log.read_text()[-2000:]}"
+    assert line == "session 2"
+    assert not aside, "an intact spool on a full disk is not damage"
+    assert degraded and lines_full < MAX_LOG_LINES
+    assert silent == 0 and reported == missing and counted == len(missing)
