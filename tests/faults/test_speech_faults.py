@@ -36,7 +36,7 @@ def daemon(tmp_path_factory):
     broker = Broker(tmp).start()
     api_port = free_port()
     cfg = config_text(tmp, broker.port, api_port).replace("asr = []\n", "")
-    cfg += f'\n[[models.asr]]\nname = "ctc"\nmodel = "demo-asr"\n'
+    cfg += '\n[[models.asr]]\nname = "ctc"\nmodel = "demo-asr"\n'
     d = Daemon(tmp, broker_port=broker.port, config=cfg, api_port=api_port,
                env={"CACHE_DIRECTORY": str(tmp / "cache"), "STATE_DIRECTORY": str(tmp / "state")})
     try:
