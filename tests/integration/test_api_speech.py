@@ -199,6 +199,7 @@ def tone(seconds: float) -> bytes:
     return (np.sin(np.arange(n) * 0.05) * 8000).astype("<i2").tobytes()
 
 
+@pytest.mark.slow
 def test_a_fast_client_is_held_back_and_loses_nothing():
     from edge_agent.serving.speech import MAX_BACKLOG_S
 
@@ -233,6 +234,7 @@ def test_a_fast_client_is_held_back_and_loses_nothing():
     assert max(engine.taken_s) <= MAX_BACKLOG_S + 0.5, max(engine.taken_s)
 
 
+@pytest.mark.slow
 def test_a_stream_the_engine_cannot_serve_gets_overloaded_and_close_1013():
     engine = PacedRecognizer()
     engine.gate.clear()  # the engine stalls on its first step
@@ -268,6 +270,7 @@ def test_a_stream_the_engine_cannot_serve_gets_overloaded_and_close_1013():
     assert events[-1]["type"] == "error" and events[-1]["code"] == "overloaded" and "behind" in events[-1]["message"]
 
 
+@pytest.mark.slow
 def test_close_honours_its_timeout_and_drops_the_streams_queued_work():
     engine = PacedRecognizer()
     speech = paced_speech(engine, max_batch=1)

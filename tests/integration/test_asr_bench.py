@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from edge_agent.cli import main
 from tests.speech import speech_wav
 
 
+@pytest.mark.slow
 def test_bench_asr_reports_streaming_and_baseline(tmp_path, capsys):
     wav = speech_wav("turn on the lights", lead_s=0.3, tail_s=0.7)
     out, png = tmp_path / "asr.json", tmp_path / "asr.png"

@@ -21,6 +21,7 @@ def transcribe(capsys, *argv):
     return code, out, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["demo-ctc", "demo-whisper"])
 def test_transcribe_json_has_text_and_latencies(capsys, model):
     code, out, err = transcribe(capsys, speech_wav("turn on the kitchen lights"), "--model", model, "--json")

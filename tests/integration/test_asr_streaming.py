@@ -77,6 +77,7 @@ def stream_batched(engine, xs, chunk=CHUNK):
     return partials, finals
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decoder", ["greedy", "beam"])
 def test_ctc_streaming_final_equals_one_pass_and_batched_equals_alone(engines, speech, decoder):
     engine = engines("demo-ctc", decoder=decoder)
@@ -89,6 +90,7 @@ def test_ctc_streaming_final_equals_one_pass_and_batched_equals_alone(engines, s
     assert [[p.token_ids for p in ps] for ps in partials] == [[p.token_ids for p in a[0]] for a in alone]
 
 
+@pytest.mark.slow
 def test_whisper_streaming_batched_equals_alone_and_commits_only_grow(engines, speech):
     engine = engines("demo-whisper")
     speech = speech[:2]  # each step re-encodes a 30 s window: two streams keep this test short
@@ -102,6 +104,7 @@ def test_whisper_streaming_batched_equals_alone_and_commits_only_grow(engines, s
     assert [[p.token_ids for p in ps] for ps in partials] == [[p.token_ids for p in a[0]] for a in alone]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["demo-ctc", "demo-whisper"])
 def test_service_with_concurrent_streams_equals_single_stream(engines, speech, name):
     engine = engines(name)

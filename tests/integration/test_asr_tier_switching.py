@@ -237,6 +237,7 @@ def test_a_pin_overrides_a_fast_tier_and_unpin_returns_control():
         speech.stop(1)
 
 
+@pytest.mark.slow
 def test_a_tier_that_cannot_load_keeps_the_current_one_serving():
     ladder = Ladder(heavy_ms=250, light_ms=5, light_fails=True)
     speech, controller, events, _ = build(ladder)
@@ -259,6 +260,7 @@ def test_a_tier_that_cannot_load_keeps_the_current_one_serving():
         speech.stop(1)
 
 
+@pytest.mark.slow
 def test_shedding_at_the_lightest_tier_rejects_new_streams_but_finishes_open_ones():
     ladder = Ladder(heavy_ms=5, light_ms=250)
     policy = replace(POLICY, shed_after=1)

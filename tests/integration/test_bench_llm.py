@@ -39,6 +39,7 @@ def _check_stats(side: dict) -> None:
     assert side["tokens_per_s"] == pytest.approx(side["requests_per_s"] * NEW, rel=0.35)  # medians of each
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("concurrency,rate", [(1, None), (2, None), (1, 50.0), (2, 50.0)])
 def test_bench_llm_report(tmp_path, capsys, concurrency, rate):
     out, png = tmp_path / "r.json", tmp_path / "r.png"
@@ -71,6 +72,7 @@ def test_bench_llm_report(tmp_path, capsys, concurrency, rate):
     assert "ttft_ms p99" in printed and "roofline" in printed
 
 
+@pytest.mark.slow
 def test_bench_llm_compares_with_onnxruntime_genai_on_the_same_weights(tmp_path):
     """The genai side runs og.Generator on demo-phi3's genai folder (same weights, GroupQueryAttention):
     same request counts, its own ratios, and greedy tokens identical to the bare loop's."""

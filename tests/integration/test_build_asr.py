@@ -50,12 +50,14 @@ def test_int8_streaming_ctc_is_scored_by_wer(tmp_path: Path, flavour: str) -> No
         assert set(report["conversion"]["op_types"]) >= {"Conv", "MatMul"}
 
 
+@pytest.mark.slow
 def test_ignored_types_stay_in_float(tmp_path: Path) -> None:
     pipe = make_pipeline(tmp_path, 'ignored_types = ["Conv"]')
     report = pipe.build(BuildRequest("cpu", "int8"))
     assert "Conv" not in report["conversion"]["op_types"] and "MatMul" in report["conversion"]["op_types"]
 
 
+@pytest.mark.slow
 def test_entropy_calibration_keeps_full_chunks(tmp_path: Path) -> None:
     report = make_pipeline(tmp_path).build(BuildRequest("cpu", "int8", method="entropy"))
     assert report["conversion"]["method"] == "entropy" and report["conversion"]["samples"] > 3

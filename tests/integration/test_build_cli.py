@@ -25,6 +25,7 @@ def run(tmp_path: Path):
     return go
 
 
+@pytest.mark.slow
 def test_calibrate_reports_every_int8_flavour_and_a_choice(tmp_path: Path, run) -> None:
     recipe = make_recipe(tmp_path)
     done = run("calibrate", "--recipe", str(recipe), "--json")
@@ -65,6 +66,7 @@ def test_build_engines_list_verify_prune(tmp_path: Path, run) -> None:
     assert len(pruned["removed"]["quarantine"]) == 1
 
 
+@pytest.mark.slow
 def test_errors_are_one_line(tmp_path: Path, run) -> None:
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")

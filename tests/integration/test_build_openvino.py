@@ -30,6 +30,7 @@ def test_nncf_int8_builds_an_ir_with_a_compiled_blob(tmp_path: Path) -> None:
     assert (model / "tokenizer.json").is_file()  # the artifact is a usable model folder
 
 
+@pytest.mark.slow
 def test_weight_compression_int8_and_int4(tmp_path: Path) -> None:
     pipe = make_pipeline(tmp_path)
     pipe.recipe = pipe.recipe.model_copy(update={"precisions": ["fp32", "int8", "int4"]})

@@ -134,6 +134,7 @@ def test_streamed_equals_whole(runner: StreamingCtcRunner, reference: dict[str, 
     assert len(stream.chunk_ms) == real_frames // runner.spec.chunk_frames + 1  # full chunks + the flushed tail
 
 
+@pytest.mark.slow
 def test_held_out_speech_is_recognised(spoken: Path) -> None:
     from edge_agent.audio.wav import read_audio
 

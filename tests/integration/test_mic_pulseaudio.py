@@ -21,6 +21,9 @@ from edge_agent.audio.mic import MicSource, NoAudioDevice, resolve_device
 from edge_agent.errors import InputError
 from tests.speech import speech_wav
 
+# A real PulseAudio server and real-time capture: seconds per test (scripts/test --all).
+pytestmark = pytest.mark.slow
+
 
 class PulseServer:
     def __init__(self, runtime: Path) -> None:

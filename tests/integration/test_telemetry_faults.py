@@ -25,6 +25,9 @@ from tests.conftest import REPO
 from tests.mqtt_broker import Broker, TcpProxy, free_port, wait_for
 from tests.telemetry_helpers import Load, Watcher, assert_no_gaps, drained, make_telemetry
 
+# Broker restarts, cuts and kills under load: seconds each (scripts/test --all).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def pbroker(tmp_path):

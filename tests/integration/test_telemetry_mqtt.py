@@ -62,6 +62,7 @@ def test_last_will_on_a_dead_link_and_online_again_on_reconnect(tmp_path, broker
         tele.stop()
 
 
+@pytest.mark.slow
 def test_missing_broker_at_boot_spools_then_delivers_everything(tmp_path, broker, watcher):
     port = free_port()  # nothing listens here until the "broker" (a proxy to it) appears
     tele = make_telemetry(tmp_path, port, interval_s=0.1, live_age_s=0.5).start()
@@ -91,6 +92,7 @@ def test_mutual_tls_with_generated_certificates(tmp_path):
         w.close()
 
 
+@pytest.mark.slow
 def test_tls_with_an_untrusted_ca_is_refused_and_the_agent_keeps_spooling(tmp_path):
     good, other = Certs.generate(tmp_path / "pki"), Certs.generate(tmp_path / "other")
     with Broker(tmp_path / "b", tls=good) as broker:
@@ -180,6 +182,7 @@ def test_retained_desired_is_applied_on_connect_and_echoed(tmp_path, broker, wat
     watcher.client.publish("edge/v1/dev-1/desired", b"", qos=1, retain=True).wait_for_publish(10)
 
 
+@pytest.mark.slow
 def test_fleet_watch_cli_merges_devices_and_prints_json(tmp_path, broker):
     import subprocess
     import sys
