@@ -195,6 +195,9 @@ class Spool:
         detail = (f"spool {self.path} was damaged ({problem}); moved to {aside}; "
                   f"{len(salvaged)} readable records salvaged, {bad} corrupt; seq continues after "
                   f"{floors.get('tele', 0)}")
+        newest = max((row[2] for row in salvaged if row[0] == "window"), default=0)
+        if floors.get("tele", 0) > newest:  # delivered before the damage, or lost with it: unknowable
+            detail += f"; windows {newest + 1}-{floors['tele']} were not in it (acknowledged, or lost with the damage)"
         log.error("%s", detail)
         conn = self._connect()
         with conn:

@@ -103,14 +103,14 @@ def _fill(disk: Path) -> Path:
 
 
 def _silent_losses(w: Watcher, interval_s: float) -> int:
-    """Windows lost without a trace: consecutive seqs whose windows do not touch in time (each
-    window starts at the monotonic instant its predecessor ended), counted in intervals."""
-    docs = {d["seq"]: d["window"] for d in w.docs("tele/latency")}
+    """Windows lost without a trace: consecutive seqs of one run whose windows do not touch in time
+    (each window starts at the monotonic instant its predecessor ended), counted in intervals."""
+    docs = {d["seq"]: (d["session"], d["window"]) for d in w.docs("tele/latency")}
     lost = 0
-    for seq, win in docs.items():
+    for seq, (session, win) in docs.items():
         prev = docs.get(seq - 1)
-        if prev is not None and win["start_mono"] != prev["end_mono"]:
-            lost += max(1, round((win["start_mono"] - prev["end_mono"]) / interval_s))
+        if prev is not None and prev[0] == session and win["start_mono"] != prev[1]["end_mono"]:
+            lost += max(1, round((win["start_mono"] - prev[1]["end_mono"]) / interval_s))
     return lost
 
 
