@@ -14,8 +14,10 @@ receiver can tell them apart.
 A full disk degrades, never stops, the loop: windows that cannot be stored are lost and reported
 (the spool keeps the report until its event is stored), queued events wait in memory, and
 ``on_degraded`` hears each change of ``Spool.degraded`` (the service turns it into ``state``). A turn
-that raises is logged once per run of failures and retried after a back-off, never in a tight loop. Messages unacknowledged for ``inflight_timeout_s`` become eligible
-again (paho retransmits its own on reconnect; a second copy is harmless: ``seq`` dedups).
+that raises is logged once per run of failures and retried after a back-off, never in a tight loop.
+
+Messages unacknowledged for ``inflight_timeout_s`` become eligible again (paho retransmits its own on
+reconnect; a second copy is harmless: ``seq`` dedups).
 
 Timestamps: window boundaries come from the injected monotonic ``clock``; wall times are reported
 beside them, with ``clock_synced`` (kernel NTP state) and ``clock_jump_s`` when the wall clock moved
