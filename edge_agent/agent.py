@@ -73,6 +73,10 @@ class Agent:
         self.llm = self._start_llm()
         self.notifier.status("starting: ASR")
         self.asr = self._start_asr()
+        if self.telemetry is not None and self.telemetry.commands is not None:
+            # Before the API listens: a restarted device never serves under the file's SLA while the
+            # ledger holds a desired the fleet applied.
+            self.telemetry.commands.restore_desired()
         self.api = ApiServer(self.llm, self.metrics, s.api.token.get_secret_value() if s.api.token else None,
                              asr=self.asr, health=self.health).start(s.api.host, s.api.port,
                                                                     str(s.api.unix_socket) if s.api.unix_socket else None)
@@ -110,14 +114,17 @@ class Agent:
         self.notifier.stopping("draining in-flight requests")
         if self.api is not None:
             self.api.draining = True  # new requests get 503 + Retry-After while the rest finish
-        if self.controller is not None:
-            self.controller.stop()
-        if self.llm is not None:
-            self.llm.stop(self.drain_s)
-        if self.asr_controller is not None:
-            self.asr_controller.stop()
-        if self.asr is not None:
-            self.asr.stop(self.drain_s)
+        for controller in (self.controller, self.asr_controller):
+            if controller is not None:
+                controller.stop()
+        # Both workloads drain at once, so the whole stop stays within drain_s + build_stop_s
+        # (TimeoutStopSec=60 in the unit), however many requests and streams are in flight.
+        drains = [threading.Thread(target=served.stop, args=(self.drain_s,), name=f"drain-{name}")
+                  for name, served in (("llm", self.llm), ("asr", self.asr)) if served is not None]
+        for thread in drains:
+            thread.start()
+        for thread in drains:
+            thread.join()
         finished = True
         if self._engines is not None:  # a cancelled build keeps its finished steps staged; they resume next time
             finished = self._engines.close(self.build_stop_s)
@@ -301,20 +308,11 @@ class Agent:
         else:
             self._publish_reported()
 
-    _desired_restored = False  # set by the first ``_publish_reported`` once serving
-
     def _publish_reported(self) -> None:
-        """The retained ``reported`` state, after anything it shows changed (tiers, pins, SLA). The first
-        call once every controller exists (the API is up; start publishes before READY=1) first puts
-        the fleet's stored ``desired`` back in force: after a restart the device must not run the
-        file's SLA while the ledger says a desired version was applied."""
+        """The retained ``reported`` state, after anything it shows changed (tiers, pins, SLA)."""
         if self.telemetry is None or self.telemetry.commands is None:
             return
         commands = self.telemetry.commands
-        if not self._desired_restored and self.api is not None:
-            self._desired_restored = True
-            commands.restore_desired()  # publishes reported itself
-            return
         commands.publish_reported(commands.reported())
 
     def _event(self, kind: str, payload: dict) -> None:
