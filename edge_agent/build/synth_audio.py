@@ -71,7 +71,7 @@ def materialise(manifest: Path, records: list[tuple[int, dict]]) -> Path:
                          f"apt install espeak-ng sox, or put recorded WAVs at the manifest's paths")
     synth = _synth_module()
     print(f"synthesising {len(todo)} WAVs of {manifest.name} with espeak-ng into {home.parent} "
-          f"(once; about {max(1, len(todo) // 8)} s)", file=sys.stderr, flush=True)
+          f"(once; about {max(1, len(todo) // 25)} s)", file=sys.stderr, flush=True)
     with Progress(f"synthesising {manifest.name}", "WAVs") as bar:
         for done, (number, item) in enumerate(todo, 1):
             try:
