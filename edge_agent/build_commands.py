@@ -16,6 +16,7 @@ from typing import Any
 from .errors import EdgeAgentError, InputError
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
+EXIT_ALL_REFUSED = 3  # `build`: every candidate refused by the accuracy gate (distinct from 1, an error)
 
 
 def _json_arg(p: argparse.ArgumentParser) -> None:
@@ -41,15 +42,19 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     _recipe_args(p)
     p.add_argument("--data", type=Path, help="calibration manifest (default: the recipe's)")
     p.add_argument("--method", choices=["minmax", "entropy", "percentile"], help="activation range method")
-    p.add_argument("--target", default="cpu", choices=["cpu", "jetson", "intel-npu"])
+    p.add_argument("--target", choices=["cpu", "jetson", "intel-npu"],
+                   help="default: device.target from the config, or this machine (Jetson, Intel NPU, else cpu)")
     p.set_defaults(func=cmd_calibrate)
 
     p = subparsers.add_parser("build", help="build, gate and cache an engine for a target and precision")
     _common(p)
     _recipe_args(p)
-    p.add_argument("--target", required=True, choices=["cpu", "jetson", "intel-npu"])
-    p.add_argument("--precision", required=True, choices=[*PRECISIONS, "all"],
-                   help="'all' builds every precision the recipe lists and picks the engine to use")
+    p.add_argument("--target", choices=["cpu", "jetson", "intel-npu"],
+                   help="default: device.target from the config, or this machine (Jetson, Intel NPU, else cpu)")
+    p.add_argument("--precision", default="all", choices=[*PRECISIONS, "all"],
+                   help="default 'all': every precision the recipe lists, then the engine to use is picked. "
+                        f"Exit status: 0 an engine passed the gate and is cached, {EXIT_ALL_REFUSED} every "
+                        "candidate was refused by the gate, 1 an error, 2 bad usage or config")
     p.add_argument("--backend", choices=["onnxruntime", "openvino", "tensorrt"], help="default: the target's first")
     p.add_argument("--int8-flavour", choices=["qdq", "dynamic", "nncf", "weights", "calibrator"],
                    help="how INT8 is made (default: qdq for ONNX Runtime/TensorRT, nncf for OpenVINO)")
@@ -80,6 +85,8 @@ def _setup(args: argparse.Namespace):
     from .config import load_settings
 
     settings = load_settings(args.config)
+    if getattr(args, "target", "") is None:
+        args.target = default_target(settings.device.target)
     cache = EngineCache(settings.engines.cache_dir, settings.engines.max_bytes)
     if not hasattr(args, "recipe"):
         return settings, cache, None
@@ -173,9 +180,26 @@ def cmd_build(args: argparse.Namespace) -> int:
     summary, text = _summary(reports, pipe.recipe.workload)
     summary.update(recipe=pipe.recipe.name, target=args.target)
     _emit(args, summary, text)
-    if refused:
-        raise EdgeAgentError(f"refused by the accuracy gate: {', '.join(refused)} (see the report above)")
+    if refused and len(refused) == len(reports):
+        print(f"edge-agent: every candidate was refused by the accuracy gate: {', '.join(refused)} "
+              "(see the report above); nothing was cached", file=sys.stderr)
+        return EXIT_ALL_REFUSED
+    if refused:  # some refused, at least one cached: a normal outcome for --precision all
+        print(f"edge-agent: refused by the accuracy gate (not cached): {', '.join(refused)}", file=sys.stderr)
     return 0
+
+
+def default_target(configured: str) -> str:
+    """The build target when ``--target`` is not given: the config's ``device.target`` unless it is
+    ``auto``, else what this machine is (a Jetson has /etc/nv_tegra_release, an Intel NPU shows up
+    as /dev/accel/accel0), else ``cpu``."""
+    if configured != "auto":
+        return configured
+    if Path("/etc/nv_tegra_release").exists():
+        return "jetson"
+    if Path("/dev/accel/accel0").exists():
+        return "intel-npu"
+    return "cpu"
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

@@ -82,3 +82,25 @@ def test_errors_are_one_line(tmp_path: Path, run) -> None:
 
     done = run("build", "--recipe", "no-such-recipe", "--target", "cpu", "--precision", "fp32")
     assert done.returncode == 2 and "recipe file not found" in done.stderr
+
+
+@pytest.mark.slow
+def test_build_defaults_to_this_machine_and_every_precision_with_exit_codes(tmp_path: Path, run) -> None:
+    # No --target / --precision: this machine (no Jetson, no NPU here: cpu) and every precision listed.
+    done = run("build", "--recipe", str(make_recipe(tmp_path)), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["target"] == "cpu"
+    assert {e["precision"] for e in report["engines"]} >= {"fp32", "fp16"}
+    assert any(e.get("cache") == "built" for e in report["engines"])
+
+    # A budget nothing can meet: every candidate refused is its own exit status, not an error's.
+    strict = tmp_path / "strict"
+    strict.mkdir()
+    done = run("build", "--recipe", str(make_recipe(strict, min_cosine=0.99999999)), "--precision", "int8")
+    cached = json.loads(run("engines", "list", "--json").stdout)["engines"]
+    if done.returncode == 0:  # INT8 this exact is possible in principle; then it must really be cached
+        assert any(e["precision"] == "int8" for e in cached)
+        return
+    assert done.returncode == 3, done.stderr
+    assert "every candidate was refused" in done.stderr and "Traceback" not in done.stderr
