@@ -21,6 +21,7 @@ build thread, up to a bound, so the interpreter never exits under a thread insid
 """
 from __future__ import annotations
 
+import importlib.util
 import logging
 import queue
 import threading
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
     from .tiered import TieredLLM
 
 log = logging.getLogger(__name__)
+
+BUILD_MODULES = ("onnx",)  # graph edits every backend's build needs (the [build] extra)
 
 Event = Callable[[str, dict], None]
 
@@ -210,7 +213,17 @@ class TierEngines:
         return self.schedule(recipe, mine, True, "rebuild_engine command")
 
     def schedule(self, recipe: Recipe, tiers: list[TierConfig], force: bool, reason: str) -> dict[str, Any]:
-        """Queue a background build of ``recipe`` for ``tiers``; returns at once."""
+        """Queue a background build of ``recipe`` for ``tiers``; returns at once. Without the build
+        tooling (a core install, no ``[build]`` extra) nothing is queued: one ``engine_build`` event
+        and one log line say why, and the model folder keeps serving."""
+        missing = [m for m in BUILD_MODULES if importlib.util.find_spec(m) is None]
+        if missing:
+            why = (f"engine building is not installed ({', '.join(missing)} missing): "
+                   "pip install 'edge-agent[build]'; the model folder serves meanwhile")
+            log.warning("engine build %s skipped: %s", recipe.name, why)
+            self.on_event("engine_build", {"workload": "llm", "recipe": recipe.name, "tiers": [t.name for t in tiers],
+                                           "state": "failed", "reason": reason, "error": why})
+            return {"recipe": recipe.name, "state": f"skipped: {why}", "tiers": [t.name for t in tiers]}
         with self._lock:
             if self._cancel.is_set():
                 return {"recipe": recipe.name, "state": "refused: the agent is stopping",
@@ -316,7 +329,10 @@ class TierEngines:
                 break
             except GateRefused as exc:
                 refused.append(f"{req.precision}: {exc}")
-            except Exception as exc:  # missing runtime, bad data, a crash in a converter: report, keep serving
+            except EdgeAgentError as exc:  # missing runtime, bad data: said in one line, keep serving
+                log.error("engine build %s %s failed: %s", recipe.name, label, exc)
+                failed.append(f"{req.precision}: {exc}")
+            except Exception as exc:  # a crash in a converter: the traceback is worth having
                 log.exception("engine build %s %s failed", recipe.name, label)
                 failed.append(f"{req.precision}: {exc if isinstance(exc, EdgeAgentError) else repr(exc)}")
         seconds = round(time.perf_counter() - t0, 2)

@@ -180,6 +180,19 @@ def test_a_gate_refusal_keeps_the_model_folder_and_says_why(tmp_path: Path, star
     assert "entries" not in served_path(agent).parts and generate(agent)
 
 
+def test_without_the_build_tooling_one_event_says_why_and_the_folder_serves(tmp_path: Path, started, monkeypatch,
+                                                                          caplog) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnx" else real(name, *a))
+    agent = started(RecordingAgent(settings(tmp_path, precisions='["fp32", "fp16"]'), notifier=Notifier({}),
+                                   drain_s=5))
+    [event] = agent.of("engine_build")
+    assert event["state"] == "failed" and "pip install 'edge-agent[build]'" in event["error"]
+    assert "Traceback" not in caplog.text and "entries" not in served_path(agent).parts and generate(agent)
+
+
 def test_rebuild_engine_command_builds_again_and_unknown_recipes_fail(tmp_path: Path, started) -> None:
     s = settings(tmp_path)
     first = prebuild(s)
