@@ -23,7 +23,6 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import replace
 from typing import Any, Callable
 
 from . import __version__
@@ -36,6 +35,7 @@ from .serving.api import ApiServer
 from .serving.scheduler import Limits
 from .serving.tier_control import TierController, asr_policy_from_config, policy_from_config
 from .serving.tiered import Tier, TieredLLM
+from .remote import RemoteTarget, overlay
 from .statelock import StateLock, state_dirs
 from .systemd import LoopHeartbeat, Notifier, Watchdog
 
@@ -43,7 +43,8 @@ log = logging.getLogger(__name__)
 
 
 class Agent:
-    """Everything one device runs. Implements the telemetry ``CommandTarget`` seam."""
+    """Everything one device runs, composed from ``Settings``: ``start``, ``stop`` (drain), ``reload``.
+    The fleet steers it through ``remote`` (``remote.RemoteTarget``, the telemetry ``CommandTarget``)."""
 
     def __init__(self, settings: Settings, config_path: str | None = None, notifier: Notifier | None = None,
                  drain_s: float = 30.0) -> None:
@@ -61,6 +62,7 @@ class Agent:
         self.watchdog: Watchdog | None = None
         self._observers: dict[str, Callable[[RequestTiming], None]] = {}
         self.started_wall = time.time()
+        self.remote = RemoteTarget(self)
 
     # -- start / stop ---------------------------------------------------------------------------
 
@@ -87,7 +89,7 @@ class Agent:
         status = f"serving: llm tier {self.llm.tiers[self.llm.active].name} ({self.llm.model_name})"
         if self.asr is not None:
             status += f", asr {self.asr.active_tier}"
-        self._publish_reported()
+        self.remote.publish_reported()
         self.notifier.ready(f"{status}; api {self.api.address}")
         log.info("%s; api %s", status, self.api.address)
         engines.starting, engines.serving_status = False, f"{status}; api {self.api.address}"
@@ -161,7 +163,7 @@ class Agent:
         # The stored desired is folded in before anything is set, so that a reload that changes nothing
         # in force leaves the controllers' windows, truncation and shedding alone.
         stored = commands.stored_desired() if commands is not None else None
-        overlay = stored.sla if stored is not None else {}
+        fleet_sla = stored.sla if stored is not None else {}
         for workload, controller, policy, window_s, every_s in (
                 ("llm", self.controller, lambda: policy_from_config(s.sla, max(t.max_batch for t in s.models.llm)),
                  s.sla.window_s, s.sla.evaluate_every_s),
@@ -169,9 +171,9 @@ class Agent:
                  s.sla.asr.evaluate_every_s)):
             if controller is None:
                 continue
-            base, sla = policy(), overlay.get(workload)
+            base, sla = policy(), fleet_sla.get(workload)
             if sla is not None and (workload != "asr" or sla.metric in ASR_SLA_METRICS):
-                base, window_s = _overlay(base, sla), sla.window_s
+                base, window_s = overlay(base, sla), sla.window_s
             controller.set_policy(base, window_s, source="file")
             controller.evaluate_every_s = every_s
         if commands is not None:
@@ -182,7 +184,7 @@ class Agent:
                 if (controller is not None and commands.desired_in_force is None
                         and controller.pin_source.startswith("desired@")):
                     controller.unpin(source="file")
-        self._publish_reported()
+        self.remote.publish_reported()
         message = f"reloaded: applied {', '.join(applied)}" + (
             f"; changes to {', '.join(restart)} take effect after a restart" if restart else "")
         log.info("%s", message)
@@ -195,7 +197,7 @@ class Agent:
         from .telemetry.service import Telemetry
 
         caps = ["llm"] + (["asr"] if self.settings.models.asr else [])
-        return Telemetry(self.settings.mqtt, self.settings.telemetry, version=__version__, target=self,
+        return Telemetry(self.settings.mqtt, self.settings.telemetry, version=__version__, target=self.remote,
                          capabilities=caps).start()
 
     def _start_llm(self) -> TieredLLM:
@@ -300,20 +302,13 @@ class Agent:
         if error and self.asr_controller is not None:
             self.asr_controller.switch_failed(old, new, error)
         else:
-            self._publish_reported()
+            self.remote.publish_reported()
 
     def _llm_switched(self, old: int, new: int, load_ms: float, error: str | None) -> None:
         if error and self.controller is not None:
             self.controller.switch_failed(old, new, error)
         else:
-            self._publish_reported()
-
-    def _publish_reported(self) -> None:
-        """The retained ``reported`` state, after anything it shows changed (tiers, pins, SLA)."""
-        if self.telemetry is None or self.telemetry.commands is None:
-            return
-        commands = self.telemetry.commands
-        commands.publish_reported(commands.reported())
+            self.remote.publish_reported()
 
     def _event(self, kind: str, payload: dict) -> None:
         log.info("event %s: %s", kind, payload)
@@ -325,97 +320,6 @@ class Agent:
         if self.telemetry is not None:
             out["mqtt_connected"] = self.telemetry.link.connected.is_set()
         return out
-
-    # -- telemetry CommandTarget ------------------------------------------------------------------
-
-    def tiers(self) -> dict[str, list[str]]:
-        return {w: [t.name for t in getattr(self.settings.models, w)] for w in ("llm", "asr")
-                if getattr(self.settings.models, w)}
-
-    def recipes(self) -> list[str]:
-        return self._tier_engines().recipes(self.settings.models.llm)
-
-    def status(self) -> dict[str, Any]:
-        out = {**self.health(), **self.reported()}
-        if self.llm is not None:
-            waiting, running = self.llm.load
-            out["llm_load"] = {"waiting": waiting, "running": running}
-        if self.controller is not None and self.controller.last is not None:
-            out["llm_controller"] = {"action": self.controller.last.action, "reason": self.controller.last.reason}
-        if self.asr is not None:
-            out["asr_streams"] = self.asr.open_streams
-        if self.asr_controller is not None and self.asr_controller.last is not None:
-            out["asr_controller"] = {"action": self.asr_controller.last.action,
-                                     "reason": self.asr_controller.last.reason}
-        return out
-
-    def _tier_controller(self, workload: str) -> TierController | None:
-        return {"llm": self.controller, "asr": self.asr_controller}.get(workload)
-
-    def set_sla(self, workload: str, sla, source: str = "command") -> dict[str, Any]:
-        """A fleet SLA (command or desired) on top of the file's; a changed target lifts truncation and
-        shedding. The caller publishes ``reported`` (a desired applies several values at once)."""
-        controller = self._tier_controller(workload)
-        if controller is None:
-            raise EdgeAgentError(f"no SLA controller for workload {workload!r} on this device")
-        if workload == "asr" and sla.metric not in ASR_SLA_METRICS:
-            raise EdgeAgentError(f"the ASR SLA metric must be one of {', '.join(ASR_SLA_METRICS)}, not {sla.metric!r}")
-        controller.set_policy(_overlay(controller.policy, sla), sla.window_s, source=source)
-        return {"sla": sla.model_dump()}
-
-    def pin_tier(self, workload: str, tier: str, source: str = "command") -> dict[str, Any]:
-        controller = self._tier_controller(workload)
-        if controller is None:
-            raise EdgeAgentError(f"no tier controller for workload {workload!r} on this device")
-        controller.pin(tier, source=source)
-        self._publish_reported()
-        return {"pinned": tier}
-
-    def unpin_tier(self, workload: str, source: str = "command") -> dict[str, Any]:
-        """Control goes back to the controller; an idle ladder returns to its top tier (``tiers.decide``)."""
-        controller = self._tier_controller(workload)
-        if controller is not None:
-            controller.unpin(source=source)
-            self._publish_reported()
-        return {"pinned": None}
-
-    def rebuild_engine(self, recipe: str) -> dict[str, Any]:
-        """Queue a forced background build of ``recipe``; returns at once (``engine_build`` events follow)."""
-        return self._tier_engines().rebuild(recipe, self.settings.models.llm)
-
-    def engine_hashes(self) -> dict[str, str]:
-        """Per LLM tier loaded so far: ``engine:<cache key>`` or ``model:<sha256 of the folder>``."""
-        return self._tier_engines().identities()
-
-    def flush_telemetry(self) -> dict[str, Any]:
-        if self.telemetry is not None:
-            self.telemetry.publisher.flush()
-        return {"flushed": True}
-
-    def reported(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"active_tiers": {}, "pins": {}, "sla": {}, "sources": {},
-                               "engine_hashes": self.engine_hashes()}
-        if self.llm is not None and self.llm.active_tier is not None:
-            out["active_tiers"]["llm"] = self.llm.active_tier
-        if self.asr is not None and self.asr.active_tier is not None:
-            out["active_tiers"]["asr"] = self.asr.active_tier
-        for workload, controller in (("llm", self.controller), ("asr", self.asr_controller)):
-            if controller is None:
-                continue
-            p = controller.policy
-            if controller.state.pinned is not None:
-                out["pins"][workload] = controller.served.tiers[controller.state.pinned].name
-            out["sla"][workload] = {"metric": p.metric, "percentile": p.percentile, "target_ms": p.target_ms,
-                                    "window_s": controller.window_s, "min_samples": p.min_samples}
-            out["sources"][f"sla.{workload}"] = controller.sla_source
-            out["sources"][f"pins.{workload}"] = controller.pin_source
-        return out
-
-
-def _overlay(policy, sla):
-    """``policy`` with the fleet's SLA (``schema.SlaSpec``) on top; the hysteresis stays the file's."""
-    return replace(policy, metric=sla.metric, percentile=sla.percentile, target_ms=sla.target_ms,
-                   min_samples=sla.min_samples)
 
 
 def run(config: str | None, log_format: str | None = None, log_level: str | None = None) -> int:

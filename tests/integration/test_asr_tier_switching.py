@@ -334,7 +334,7 @@ def test_agent_switches_real_asr_tiers_while_a_stream_is_open(tmp_path):
     agent.asr = agent._start_asr()
     try:
         assert agent.asr_controller is not None and agent.asr.active_tier == "top"
-        reported = agent.reported()
+        reported = agent.remote.reported()
         assert reported["active_tiers"]["asr"] == "top" and "asr" not in reported["pins"]
         assert reported["sla"]["asr"]["metric"] == "first_partial_ms" and reported["sla"]["asr"]["target_ms"] == 300
 
@@ -348,9 +348,9 @@ def test_agent_switches_real_asr_tiers_while_a_stream_is_open(tmp_path):
         during: list[dict] = []
         stream = agent.asr.open_stream(during.append)
         feed(stream, blocks[:len(blocks) // 2])
-        assert agent.pin_tier("asr", "light") == {"pinned": "light"}
+        assert agent.remote.pin_tier("asr", "light") == {"pinned": "light"}
         wait_active(agent.asr, 1, timeout_s=60)
-        assert agent.reported()["active_tiers"]["asr"] == "light" and agent.reported()["pins"]["asr"] == "light"
+        assert agent.remote.reported()["active_tiers"]["asr"] == "light" and agent.remote.reported()["pins"]["asr"] == "light"
 
         light: list[dict] = []
         other = agent.asr.open_stream(light.append)
@@ -365,12 +365,12 @@ def test_agent_switches_real_asr_tiers_while_a_stream_is_open(tmp_path):
         agent.asr.wait_switched(30)
         assert agent.asr.open_streams == {"light": 0}  # the top tier is gone from memory
 
-        assert agent.set_sla("asr", SlaSpec(metric="final_ms", target_ms=500))["sla"]["target_ms"] == 500
-        assert agent.reported()["sla"]["asr"]["metric"] == "final_ms"
+        assert agent.remote.set_sla("asr", SlaSpec(metric="final_ms", target_ms=500))["sla"]["target_ms"] == 500
+        assert agent.remote.reported()["sla"]["asr"]["metric"] == "final_ms"
         with pytest.raises(EdgeAgentError, match="ASR SLA metric"):
-            agent.set_sla("asr", SlaSpec(metric="ttft_ms", target_ms=500))
-        agent.unpin_tier("asr")
-        assert "asr" not in agent.reported()["pins"] and agent.asr_controller.state.pinned is None
+            agent.remote.set_sla("asr", SlaSpec(metric="ttft_ms", target_ms=500))
+        agent.remote.unpin_tier("asr")
+        assert "asr" not in agent.remote.reported()["pins"] and agent.asr_controller.state.pinned is None
 
         path.write_text(path.read_text().replace("target_ms = 300", "target_ms = 250"))
         assert "reloaded" in agent.reload()
@@ -389,8 +389,8 @@ def test_one_asr_tier_runs_no_controller(tmp_path):
     try:
         assert agent.asr is not None and agent.asr_controller is None
         assert "tiers-asr" not in [t.name for t in threading.enumerate()]
-        assert agent.reported()["active_tiers"] == {"asr": "ctc"} and "asr" not in agent.reported()["sla"]
+        assert agent.remote.reported()["active_tiers"] == {"asr": "ctc"} and "asr" not in agent.remote.reported()["sla"]
         with pytest.raises(EdgeAgentError, match="no tier controller"):
-            agent.pin_tier("asr", "ctc")
+            agent.remote.pin_tier("asr", "ctc")
     finally:
         agent.stop()

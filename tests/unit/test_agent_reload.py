@@ -58,7 +58,7 @@ def rig(tmp_path):
     agent.controller = TierController(ladder, policy_from_config(settings.sla, 4), window_s=10,
                                       clock=lambda: clock.now)
     reported: list[dict] = []
-    commands = CommandProcessor(agent, Ledger(tmp_path / "ledger.sqlite"), "edge/v1/dev-1", "dev-1",
+    commands = CommandProcessor(agent.remote, Ledger(tmp_path / "ledger.sqlite"), "edge/v1/dev-1", "dev-1",
                                 lambda *_: None, reported.append)
     agent.telemetry = SimpleNamespace(commands=commands)
     yield agent, path, commands, ladder, reported
@@ -84,8 +84,8 @@ def test_a_reload_keeps_the_desired_on_top_of_the_file_and_republishes_reported(
     assert doc["sources"] == {"sla.llm": "desired@7", "pins.llm": "file"}
     Reported(device_id="dev-1", **doc)
 
-    agent.set_sla("llm", SlaSpec(target_ms=300))  # a command: in force until the next reload
-    assert agent.reported()["sources"]["sla.llm"] == "command" and agent.controller.policy.target_ms == 300
+    agent.remote.set_sla("llm", SlaSpec(target_ms=300))  # a command: in force until the next reload
+    assert agent.remote.reported()["sources"]["sla.llm"] == "command" and agent.controller.policy.target_ms == 300
     agent.reload()
     assert agent.controller.policy.target_ms == 222 and reported[-1]["sources"]["sla.llm"] == "desired@7"
 
@@ -99,14 +99,14 @@ def test_a_reload_that_changes_nothing_in_force_leaves_shedding_and_the_window_a
     agent.reload()
     assert controller.state.shedding and controller.state.token_cap_ratio == 0.25 and ladder.shedding
     assert controller.window is window
-    agent.set_sla("llm", SlaSpec(target_ms=10_000, window_s=5))  # a new target: relief lifted at once
+    agent.remote.set_sla("llm", SlaSpec(target_ms=10_000, window_s=5))  # a new target: relief lifted at once
     assert not controller.state.shedding and not ladder.shedding and controller.state.token_cap_ratio == 1.0
 
 
 def test_reset_desired_goes_back_to_the_file_and_drops_the_desired_pin(rig):
     agent, _path, commands, ladder, reported = rig
     assert commands.apply_desired(desired(8, sla={"llm": {"target_ms": 222}}, pins={"llm": "light"}))
-    assert ladder.active == 1 and agent.reported()["sources"]["pins.llm"] == "desired@8"
+    assert ladder.active == 1 and agent.remote.reported()["sources"]["pins.llm"] == "desired@8"
     result = commands.reset_desired()
     assert result["forgotten_version"] == 8
     assert agent.controller.policy.target_ms == 387 and agent.controller.state.pinned is None
