@@ -79,9 +79,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 # -- helpers -------------------------------------------------------------------------------------
 
 def _setup(args: argparse.Namespace):
-    from .build.cache import EngineCache
-    from .build.pipeline import Heartbeat, Pipeline
-    from .build.recipes import load_recipe
+    from .engines.cache import EngineCache
+    from .engines.pipeline import Heartbeat, Pipeline
+    from .engines.recipes import load_recipe
     from .config import load_settings
 
     settings = load_settings(args.config)
@@ -109,7 +109,7 @@ def _emit(args: argparse.Namespace, report: dict[str, Any], text: str) -> None:
 
 
 def _attempt(pipe, req) -> tuple[dict, bool]:
-    from .build.pipeline import GateRefused
+    from .engines.pipeline import GateRefused
 
     try:
         return pipe.build(req), True
@@ -118,8 +118,8 @@ def _attempt(pipe, req) -> tuple[dict, bool]:
 
 
 def _summary(reports: list[dict], workload: str, with_source: bool = True) -> tuple[dict, str]:
-    from .build import gate
-    from .build.pipeline import verdict_from
+    from .engines import gate
+    from .engines.pipeline import verdict_from
 
     verdicts = [verdict_from(r) for r in reports if r.get("accuracy")]
     if with_source:
@@ -141,7 +141,7 @@ def _summary(reports: list[dict], workload: str, with_source: bool = True) -> tu
 def source_verdicts(verdicts: list, workload: str) -> list:
     """The FP32 source model itself as a candidate, once per backend (its latency is the paired reference
     each gate measured), so a quantized engine has to beat it to be chosen."""
-    from .build.gate import Verdict
+    from .engines.gate import Verdict
 
     out = []
     for backend in dict.fromkeys(v.backend for v in verdicts):
@@ -161,7 +161,7 @@ def source_verdicts(verdicts: list, workload: str) -> list:
 # -- commands ------------------------------------------------------------------------------------
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from .build.pipeline import BuildRequest
+    from .engines.pipeline import BuildRequest
 
     _, _, pipe = _setup(args)
     precisions = [p for p in pipe.recipe.precisions] if args.precision == "all" else [args.precision]
@@ -204,9 +204,9 @@ def default_target(configured: str) -> str:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from .backends import is_installed
-    from .build.pipeline import INT8_FLAVOURS, BuildRequest
-    from .build.recipes import TARGET_BACKENDS
-    from .build.tensorrt_build import is_strongly_typed_only
+    from .engines.pipeline import INT8_FLAVOURS, BuildRequest
+    from .engines.recipes import TARGET_BACKENDS
+    from .engines.tensorrt_build import is_strongly_typed_only
 
     _, _, pipe = _setup(args)
     if "int8" not in pipe.recipe.precisions:
@@ -221,7 +221,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             if flavour == "weights" and pipe.recipe.workload != "llm":
                 continue
             if flavour == "calibrator":
-                from .build.fingerprint import runtime_version
+                from .engines.fingerprint import runtime_version
 
                 if is_strongly_typed_only(runtime_version("tensorrt") or "11"):
                     continue  # TensorRT 11 removed the implicit calibrator: Q/DQ only
@@ -242,7 +242,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_engines_list(args: argparse.Namespace) -> int:
-    from .build.fingerprint import device_fingerprint, runtime_versions
+    from .engines.fingerprint import device_fingerprint, runtime_versions
 
     _, cache, _ = _setup(args)
     versions = runtime_versions()
@@ -290,7 +290,7 @@ def cmd_engines_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_engines_prune(args: argparse.Namespace) -> int:
-    from .build.fingerprint import device_fingerprint, runtime_versions
+    from .engines.fingerprint import device_fingerprint, runtime_versions
 
     _, cache, _ = _setup(args)
     versions = runtime_versions()

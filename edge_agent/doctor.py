@@ -330,8 +330,8 @@ def _audio(timeout_s: float) -> Entry:
 
 def _build(_: float) -> Entry:
     """Engine building (``edge-agent build`` and the daemon's background builds): available or why not."""
-    from .build.recipes import recipe_dirs, recipe_files
-    from .build.synth_audio import missing_tools
+    from .engines.recipes import recipe_dirs, recipe_files
+    from .engines.synth_audio import missing_tools
     from .shipped import default_recipes_dir
 
     tools = {d: _dist_version(d) for d in ("onnx", "nncf")}

@@ -37,7 +37,7 @@ def device_id_origin(config: str | Path | None) -> str:
 
 
 def _runtime(backend: str) -> str:
-    from .build.fingerprint import runtime_version
+    from .engines.fingerprint import runtime_version
 
     try:
         version = runtime_version(backend)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from edge_agent.build.pipeline import BuildRequest, GateRefused, Pipeline
-from edge_agent.build.recipes import AccuracyBudget
+from edge_agent.engines.pipeline import BuildRequest, GateRefused, Pipeline
+from edge_agent.engines.recipes import AccuracyBudget
 
 
 def expected_pass(workload: str, metrics: dict[str, float], budget: AccuracyBudget) -> bool:

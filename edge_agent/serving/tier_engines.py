@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..backends import SessionOptions, open_session
-from ..build.cache import EngineCache, Entry, hash_model
-from ..build.pipeline import BuildCancelled, BuildRequest, GateRefused, Heartbeat, Pipeline
-from ..build.recipes import TARGET_BACKENDS, Recipe, load_recipe, recipe_files
+from ..engines.cache import EngineCache, Entry, hash_model
+from ..engines.pipeline import BuildCancelled, BuildRequest, GateRefused, Heartbeat, Pipeline
+from ..engines.recipes import TARGET_BACKENDS, Recipe, load_recipe, recipe_files
 from ..errors import ConfigError, EdgeAgentError, ModelError
 from ..models.catalog import DEMO_MODELS, ModelRef, inspect_folder, resolve_model
 from ..models.llm import DecoderLM
@@ -135,8 +135,8 @@ class TierEngines:
     # -- resolve and open --------------------------------------------------------------------------
 
     def resolve(self, tier: TierConfig) -> Resolved:
-        from ..build.fingerprint import device_fingerprint, runtime_version
-        from ..build.gate import Verdict, choose
+        from ..engines.fingerprint import device_fingerprint, runtime_version
+        from ..engines.gate import Verdict, choose
 
         source = resolve_model(tier.model, self.models_dir)
         model_hash = hash_model(source.path, self.cache.root / "model-hashes.json")
@@ -419,7 +419,7 @@ class _StatusHeartbeat(Heartbeat):
 
 def _open_engine(resolved: Resolved, tier: TierConfig, threads: int) -> DecoderLM:
     """Open a cached engine folder like the build's gate did (same precision hint, same compiled blob)."""
-    from ..build.stages import ov_hint
+    from ..engines.stages import ov_hint
 
     entry = resolved.engine
     assert entry is not None

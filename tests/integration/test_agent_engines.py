@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from edge_agent.agent import Agent
-from edge_agent.build.cache import EngineCache
-from edge_agent.build.pipeline import BuildRequest, Heartbeat, Pipeline
-from edge_agent.build.recipes import load_recipe
+from edge_agent.engines.cache import EngineCache
+from edge_agent.engines.pipeline import BuildRequest, Heartbeat, Pipeline
+from edge_agent.engines.recipes import load_recipe
 from edge_agent.config import Settings
 from edge_agent.errors import EdgeAgentError
 from edge_agent.models.sampling import SamplingParams
@@ -109,7 +109,7 @@ def test_a_cached_engine_is_served_at_start_without_building(tmp_path: Path, sta
     built = prebuild(s)
     agent = started(RecordingAgent(s, notifier=Notifier({}), drain_s=5))
     assert served_path(agent) == Path(built["path"]) / "model"
-    assert agent.engine_hashes() == {"tiny": f"engine:{built['key']}"}
+    assert agent.remote.engine_hashes() == {"tiny": f"engine:{built['key']}"}
     assert generate(agent)
     assert agent._tier_engines().wait_idle(60)
     assert agent.of("engine_build") == []  # nothing to build: the engine was there
@@ -120,7 +120,7 @@ def test_a_miss_serves_the_model_folder_at_once_then_swaps_to_the_built_engine(t
     agent = started(RecordingAgent(s, notifier=Notifier({}), drain_s=5))
     plain = served_path(agent)
     assert "entries" not in plain.parts  # serving the demo model folder while the build runs
-    assert agent.engine_hashes()["tiny"].startswith("model:")
+    assert agent.remote.engine_hashes()["tiny"].startswith("model:")
     # Requests keep flowing through the build and the swap; none may fail.
     results, failures, stop = [], [], threading.Event()
 
@@ -147,7 +147,7 @@ def test_a_miss_serves_the_model_folder_at_once_then_swaps_to_the_built_engine(t
     key = finished["engines"]["tiny"]
     assert agent.of("engine_swap") == [{"workload": "llm", "tier": "tiny", "ok": True, "serving": f"engine:{key}"}]
     assert served_path(agent) == tmp_path / "engines" / "entries" / key / "model"
-    assert agent.engine_hashes() == {"tiny": f"engine:{key}"}
+    assert agent.remote.engine_hashes() == {"tiny": f"engine:{key}"}
     assert failures == [] and len(results) > 0
     assert generate(agent)
 
@@ -197,10 +197,10 @@ def test_rebuild_engine_command_builds_again_and_unknown_recipes_fail(tmp_path: 
     s = settings(tmp_path)
     first = prebuild(s)
     agent = started(RecordingAgent(s, notifier=Notifier({}), drain_s=5))
-    assert agent.recipes() == ["tiny-phi3"]
+    assert agent.remote.recipes() == ["tiny-phi3"]
     with pytest.raises(EdgeAgentError, match="no engine recipe 'nope'"):
-        agent.rebuild_engine("nope")
-    result = agent.rebuild_engine("tiny-phi3")  # returns at once; the build runs on its own thread
+        agent.remote.rebuild_engine("nope")
+    result = agent.remote.rebuild_engine("tiny-phi3")  # returns at once; the build runs on its own thread
     assert result == {"recipe": "tiny-phi3", "state": "started", "tiers": ["tiny"]}
     assert agent._tier_engines().wait_idle(120)
     deadline = time.monotonic() + 60
@@ -280,5 +280,5 @@ def test_an_openvino_tier_serves_its_cached_ir_engine(tmp_path: Path, started) -
     agent = started(RecordingAgent(s, notifier=Notifier({}), drain_s=5))
     assert served_path(agent) == Path(built["path"]) / "model"
     assert agent.llm._active.lm.session.backend == "openvino"
-    assert agent.engine_hashes() == {"ov": f"engine:{built['key']}"}
+    assert agent.remote.engine_hashes() == {"ov": f"engine:{built['key']}"}
     assert generate(agent)

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.build.cache import EngineCache
-from edge_agent.build.pipeline import BuildRequest, Heartbeat, Pipeline
-from edge_agent.build.probes import AsrProbe
-from edge_agent.build.datasets import read_audio_manifest
-from edge_agent.build.recipes import load_recipe
+from edge_agent.engines.cache import EngineCache
+from edge_agent.engines.pipeline import BuildRequest, Heartbeat, Pipeline
+from edge_agent.engines.probes import AsrProbe
+from edge_agent.engines.datasets import read_audio_manifest
+from edge_agent.engines.recipes import load_recipe
 from edge_agent.models.catalog import resolve_model
 from edge_agent.systemd import Notifier
 

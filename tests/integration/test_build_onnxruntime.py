@@ -8,11 +8,11 @@ import numpy as np
 import onnx
 import pytest
 
-import edge_agent.build.pipeline as pipeline_mod
-from edge_agent.build.cache import EngineCache
-from edge_agent.build.pipeline import BuildRequest, GateRefused, Heartbeat, Pipeline
-from edge_agent.build.recipes import load_recipe
-from edge_agent.build.stages import profile_shapes
+import edge_agent.engines.pipeline as pipeline_mod
+from edge_agent.engines.cache import EngineCache
+from edge_agent.engines.pipeline import BuildRequest, GateRefused, Heartbeat, Pipeline
+from edge_agent.engines.recipes import load_recipe
+from edge_agent.engines.stages import profile_shapes
 from edge_agent.errors import BackendUnavailable, ConfigError, InputError
 from edge_agent.systemd import Notifier
 from tests.gate_checks import build_gated
@@ -139,7 +139,7 @@ def test_missing_runtime_names_what_to_install(tmp_path: Path) -> None:
 
 def test_profiles_that_do_not_fit_the_model_are_refused(tmp_path: Path) -> None:
     pipe = make_pipeline(tmp_path)
-    shapes = profile_shapes(pipe, {"target": "jetson"}, pipe.ref.path / "model.onnx")
+    shapes = profile_shapes(pipe.recipe, "jetson", pipe.ref.path / "model.onnx")
     assert [name for name, _ in shapes] == ["prefill", "decode"]
     lo, opt, hi = shapes[1][1]["past_key_values.0.key"]
     assert lo[2] == 1 and hi[2] == 127 and lo[0] == 1 and hi[0] == 4
@@ -147,7 +147,7 @@ def test_profiles_that_do_not_fit_the_model_are_refused(tmp_path: Path) -> None:
     (tmp_path / "tiny-phi3.toml").write_text(bad)
     pipe.recipe = load_recipe(tmp_path / "tiny-phi3.toml")
     with pytest.raises(ConfigError, match="past_sequence_length"):
-        profile_shapes(pipe, {"target": "jetson"}, pipe.ref.path / "model.onnx")
+        profile_shapes(pipe.recipe, "jetson", pipe.ref.path / "model.onnx")
 
 
 def test_manifest_records_key_parts_and_accuracy(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("openvino")
 pytest.importorskip("nncf")
 
-from edge_agent.build.pipeline import BuildRequest, GateRefused  # noqa: E402
+from edge_agent.engines.pipeline import BuildRequest, GateRefused  # noqa: E402
 from tests.gate_checks import assert_gate_decided, build_gated  # noqa: E402
 from tests.integration.test_build_onnxruntime import make_pipeline  # noqa: E402
 

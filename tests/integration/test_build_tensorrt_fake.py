@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import edge_agent.build.pipeline as pipeline_mod
-from edge_agent.build.pipeline import BuildRequest
-from edge_agent.build.stages import compile_artifact, convert
+import edge_agent.engines.pipeline as pipeline_mod
+from edge_agent.engines.pipeline import BuildRequest
+from edge_agent.engines.stages import compile_artifact, convert
 from tests.fakes import fake_tensorrt
 from tests.integration.test_build_onnxruntime import make_pipeline
 
@@ -29,8 +29,8 @@ def stage(tmp_path: Path, precision: str) -> tuple[dict, dict, dict]:
     parts = pipe.key_parts(req)
     staged = tmp_path / "staged"
     staged.mkdir()
-    conversion = convert(pipe, staged, parts, req)
-    compiled = compile_artifact(pipe, staged, parts, req)
+    conversion = convert(pipe.stage_context(), staged, parts, req)
+    compiled = compile_artifact(pipe.stage_context(), staged, parts, req)
     return conversion, compiled, json.loads((staged / "model" / "model.plan").read_bytes())
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge_agent.build.gate import Verdict, asr_metrics, choose, judge, llm_metrics, render_table
-from edge_agent.build.recipes import AccuracyBudget
+from edge_agent.engines.gate import Verdict, asr_metrics, choose, judge, llm_metrics, render_table
+from edge_agent.engines.recipes import AccuracyBudget
 
 
 def test_identical_logits_are_perfect() -> None:

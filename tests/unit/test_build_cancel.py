@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.build.cache import EngineCache
-from edge_agent.build.pipeline import BuildCancelled, BuildRequest, Heartbeat, Pipeline
-from edge_agent.build.recipes import load_recipe
+from edge_agent.engines.cache import EngineCache
+from edge_agent.engines.pipeline import BuildCancelled, BuildRequest, Heartbeat, Pipeline
+from edge_agent.engines.recipes import load_recipe
 from edge_agent.systemd import Notifier
 
 pytest.importorskip("onnxruntime")

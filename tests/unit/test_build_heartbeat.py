@@ -4,7 +4,7 @@ from __future__ import annotations
 import io
 import socket
 
-from edge_agent.build.pipeline import Heartbeat
+from edge_agent.engines.heartbeat import Heartbeat
 from edge_agent.progress import Progress
 from edge_agent.systemd import Notifier
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.build.cache import EngineCache, cache_key, hash_model, mark_step, step_done
+from edge_agent.engines.cache import EngineCache, cache_key, hash_model, mark_step, step_done
 from edge_agent.errors import EngineError
 
 
@@ -62,7 +62,7 @@ def test_hash_model_covers_names_and_bytes(tmp_path: Path) -> None:
 
 
 def test_hash_memo_skips_unchanged_files_and_sees_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import edge_agent.build.cache as cache_mod
+    import edge_agent.engines.cache as cache_mod
 
     folder, memo = tmp_path / "m", tmp_path / "memo.json"
     folder.mkdir()
@@ -201,7 +201,7 @@ def test_find_picks_the_engine_a_tier_should_load(cache: EngineCache) -> None:
 
 
 def test_device_fingerprints() -> None:
-    from edge_agent.build.fingerprint import cpu_fingerprint, jetson_fingerprint
+    from edge_agent.engines.fingerprint import cpu_fingerprint, jetson_fingerprint
 
     info = "processor\t: 0\nmodel name\t: Intel(R) Core(TM) Ultra 7 155H\nflags\t\t: fpu avx avx2 fma avx_vnni sse4_2\n"
     assert cpu_fingerprint(info, "x86_64") == "cpu:x86_64:Intel(R) Core(TM) Ultra 7 155H:avx,avx2,fma,avx_vnni"

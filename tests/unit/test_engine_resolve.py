@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.build.recipes import load_recipe
+from edge_agent.engines.recipes import load_recipe
 from edge_agent.config import EnginesConfig, TierConfig
 from edge_agent.shipped import engines_dir
 from edge_agent.serving.tier_engines import TierEngines, _StatusHeartbeat, same_model, target_of

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.build.datasets import manifest_digest, read_audio_manifest, read_text_manifest
-from edge_agent.build.recipes import Profile, input_shapes, load_recipe
+from edge_agent.engines.datasets import manifest_digest, read_audio_manifest, read_text_manifest
+from edge_agent.engines.recipes import Profile, input_shapes, load_recipe
 from edge_agent.errors import ConfigError, InputError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edge_agent.build.tensorrt_build import BuildSpec, build_plan, entropy_calibrator, is_strongly_typed_only
+from edge_agent.engines.tensorrt_build import BuildSpec, build_plan, entropy_calibrator, is_strongly_typed_only
 from edge_agent.errors import BackendError, InputError
 from tests.fakes import fake_tensorrt
 from tests.fakes.fake_cuda import FakeCuda

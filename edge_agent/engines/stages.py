@@ -9,18 +9,38 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..backends import SessionOptions, open_session
 from ..errors import InputError
+from ..models.catalog import ModelRef
 from . import quantize_ort
-from .recipes import input_shapes
-
-if TYPE_CHECKING:
-    from .pipeline import Pipeline
+from .heartbeat import Heartbeat
+from .recipes import Recipe, input_shapes
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StageContext:
+    """What a stage needs from the build it runs in (the pipeline makes one per build)."""
+
+    recipe: Recipe
+    ref: ModelRef  # the source model folder (FP32 export)
+    threads: int
+    hb: Heartbeat
+    timing_dir: Path  # the engine cache's TensorRT timing caches
+
+
+def calibration_path(recipe: Recipe, req: Any) -> Path:
+    """The calibration manifest of a build: ``--data``, else the recipe's ``[calibration] data``."""
+    if req.data is not None:
+        return Path(req.data)
+    if recipe.calibration is None:
+        raise InputError(f"recipe {recipe.name} has no [calibration] data; pass --data MANIFEST")
+    return recipe.resolve(recipe.calibration.data)
 
 _GRAPHS = {"onnxruntime": "model.onnx", "openvino": "openvino_model.xml", "tensorrt": "model.plan"}
 
@@ -29,17 +49,17 @@ def graph_name(backend: str) -> str:
     return _GRAPHS[backend]
 
 
-def _op_types(pipe: Pipeline) -> list[str]:
-    ops = quantize_ort.LLM_OPS if pipe.recipe.workload == "llm" else quantize_ort.ASR_OPS
-    ignored = set(pipe.recipe.calibration.ignored_types) if pipe.recipe.calibration else set()
+def _op_types(ctx: StageContext) -> list[str]:
+    ops = quantize_ort.LLM_OPS if ctx.recipe.workload == "llm" else quantize_ort.ASR_OPS
+    ignored = set(ctx.recipe.calibration.ignored_types) if ctx.recipe.calibration else set()
     return [op for op in ops if op not in ignored]
 
 
-def _ignored(pipe: Pipeline) -> list[str]:
-    return list(pipe.recipe.calibration.ignored_types) if pipe.recipe.calibration else []
+def _ignored(ctx: StageContext) -> list[str]:
+    return list(ctx.recipe.calibration.ignored_types) if ctx.recipe.calibration else []
 
 
-def calibration_feeds(pipe: Pipeline, req: Any) -> list[dict]:
+def calibration_feeds(ctx: StageContext, req: Any) -> list[dict]:
     """The real model inputs of the calibration set (prefills for LLMs, streamed chunks for ASR).
 
     ONNX Runtime's histogram calibrators (entropy, percentile) stack each tensor over all samples,
@@ -50,17 +70,17 @@ def calibration_feeds(pipe: Pipeline, req: Any) -> list[dict]:
     from .datasets import read_audio_manifest, read_text_manifest
     from .probes import AsrProbe, LlmProbe
 
-    recipe, spec = pipe.recipe, pipe.recipe.calibration
-    path = pipe.calibration_path(req)
+    recipe, spec = ctx.recipe, ctx.recipe.calibration
+    path = calibration_path(ctx.recipe, req)
     limit = spec.samples if spec else 64
     method = req.method or (spec.method if spec else "minmax")
     same_shapes = method != "minmax"
-    with pipe.hb.bar("calibration inputs", "samples") as bar:
-        cb = pipe.hb.callback(bar)
+    with ctx.hb.bar("calibration inputs", "samples") as bar:
+        cb = ctx.hb.callback(bar)
         if recipe.workload == "llm":
             samples = read_text_manifest(path, limit)
             max_tokens = spec.max_tokens if spec else 64
-            probe = LlmProbe(pipe.ref, max_tokens if not same_shapes else 1 << 30)
+            probe = LlmProbe(ctx.ref, max_tokens if not same_shapes else 1 << 30)
             sequences = []
             for i, s in enumerate(samples):
                 sequences.append(probe.token_ids(s))
@@ -73,13 +93,13 @@ def calibration_feeds(pipe: Pipeline, req: Any) -> list[dict]:
                                      f"{max_tokens}; add samples or lower max_tokens")
             else:
                 sequences = [ids[:max_tokens] for ids in sequences]
-            session = open_session(pipe.ref.path / recipe.onnx_file, "onnxruntime", SessionOptions(threads=pipe.threads),
+            session = open_session(ctx.ref.path / recipe.onnx_file, "onnxruntime", SessionOptions(threads=ctx.threads),
                                    warmup=lambda s: None)
             try:
                 return [probe.feeds(session, ids) for ids in sequences]
             finally:
                 session.close()
-        feeds = AsrProbe(pipe.ref).calibration_feeds(read_audio_manifest(path, limit), cb)
+        feeds = AsrProbe(ctx.ref).calibration_feeds(read_audio_manifest(path, limit), cb)
         if same_shapes and feeds:
             shape_of = lambda f: tuple((k, v.shape) for k, v in sorted(f.items()))  # noqa: E731
             common, _ = Counter(shape_of(f) for f in feeds).most_common(1)[0]
@@ -87,13 +107,13 @@ def calibration_feeds(pipe: Pipeline, req: Any) -> list[dict]:
         return feeds
 
 
-def convert(pipe: Pipeline, staged: Path, parts: dict, req: Any) -> dict:
+def convert(ctx: StageContext, staged: Path, parts: dict, req: Any) -> dict:
     backend, precision, flavour = parts["backend"], parts["precision"], parts["flavour"]
-    src = pipe.ref.path / pipe.recipe.onnx_file
+    src = ctx.ref.path / ctx.recipe.onnx_file
     work = staged / "work"
     work.mkdir(exist_ok=True)
     model_dir = staged / "model"
-    quantize_ort.copy_sidecars(pipe.ref.path, model_dir, pipe.recipe.onnx_file)
+    quantize_ort.copy_sidecars(ctx.ref.path, model_dir, ctx.recipe.onnx_file)
     method = (parts["calibration"] or {}).get("method", "minmax")
     t0 = time.perf_counter()
     out: dict[str, Any]
@@ -109,12 +129,12 @@ def convert(pipe: Pipeline, staged: Path, parts: dict, req: Any) -> dict:
         elif precision == "int8" and flavour == "calibrator":
             out = {"tool": "TensorRT IInt8EntropyCalibrator2 at compile time (TensorRT < 11)", "method": "entropy"}
         elif precision == "int8" and flavour == "dynamic":
-            out = quantize_ort.quantize_weights_dynamic(src, dst, _op_types(pipe))
+            out = quantize_ort.quantize_weights_dynamic(src, dst, _op_types(ctx))
         elif precision == "int8":
-            feeds = calibration_feeds(pipe, req)
-            with pipe.hb.bar(f"calibrating ({method})", "batches") as bar:
-                out = quantize_ort.quantize_qdq(src, dst, feeds, method, _op_types(pipe),
-                                                progress=pipe.hb.callback(bar))
+            feeds = calibration_feeds(ctx, req)
+            with ctx.hb.bar(f"calibrating ({method})", "batches") as bar:
+                out = quantize_ort.quantize_qdq(src, dst, feeds, method, _op_types(ctx),
+                                                progress=ctx.hb.callback(bar))
         else:
             raise InputError(f"{backend} has no {precision} path here; INT4 weight compression is built with "
                              f"--backend openvino (NNCF)")
@@ -127,10 +147,10 @@ def convert(pipe: Pipeline, staged: Path, parts: dict, req: Any) -> dict:
         elif precision == "int4" or (precision == "int8" and flavour == "weights"):
             out = qov.compress_weights(src, xml, 4 if precision == "int4" else 8)
         else:
-            feeds = calibration_feeds(pipe, req)
-            with pipe.hb.bar("NNCF quantize", "samples") as bar:
-                out = qov.quantize_int8(src, xml, feeds, pipe.recipe.workload, _ignored(pipe),
-                                         progress=pipe.hb.callback(bar))
+            feeds = calibration_feeds(ctx, req)
+            with ctx.hb.bar("NNCF quantize", "samples") as bar:
+                out = qov.quantize_int8(src, xml, feeds, ctx.recipe.workload, _ignored(ctx),
+                                         progress=ctx.hb.callback(bar))
     else:
         raise InputError(f"unknown backend {backend!r}")
     out["seconds"] = round(time.perf_counter() - t0, 2)
@@ -143,20 +163,20 @@ def _trt_strongly_typed(parts: dict) -> bool:
     return is_strongly_typed_only(parts["runtime_version"])
 
 
-def compile_artifact(pipe: Pipeline, staged: Path, parts: dict, req: Any) -> dict:
+def compile_artifact(ctx: StageContext, staged: Path, parts: dict, req: Any) -> dict:
     backend, precision = parts["backend"], parts["precision"]
-    src = pipe.ref.path / pipe.recipe.onnx_file
+    src = ctx.ref.path / ctx.recipe.onnx_file
     converted = staged / "work" / "model.onnx"
     model_dir = staged / "model"
     t0 = time.perf_counter()
     if backend == "onnxruntime":
-        out = quantize_ort.optimize(converted if converted.is_file() else src, model_dir / "model.onnx", pipe.threads)
+        out = quantize_ort.optimize(converted if converted.is_file() else src, model_dir / "model.onnx", ctx.threads)
     elif backend == "openvino":
         from .quantize_openvino import compile_blob
 
         device = "NPU" if parts["target"] == "intel-npu" else "CPU"
-        out = compile_blob(model_dir / graph_name(backend), model_dir, device, ov_hint(parts), pipe.threads,
-                           static_shapes(pipe, parts))
+        out = compile_blob(model_dir / graph_name(backend), model_dir, device, ov_hint(parts), ctx.threads,
+                           static_shapes(ctx, parts))
     else:
         from .tensorrt_build import BuildSpec, build_plan, load_tensorrt
 
@@ -167,14 +187,14 @@ def compile_artifact(pipe: Pipeline, staged: Path, parts: dict, req: Any) -> dic
             from ..backends.cuda import select_cuda
             from .tensorrt_build import entropy_calibrator
 
-            calibrator = entropy_calibrator(trt, select_cuda(None, 0), calibration_feeds(pipe, req),
+            calibrator = entropy_calibrator(trt, select_cuda(None, 0), calibration_feeds(ctx, req),
                                             staged / "work" / "calibration.cache")
         spec = BuildSpec(onnx=onnx_path, plan=model_dir / "model.plan", precision=precision,
-                         profiles=profile_shapes(pipe, parts, onnx_path),
-                         timing_cache=pipe.cache.timing_dir / f"trt-{parts['runtime_version']}-"
+                         profiles=profile_shapes(ctx.recipe, parts["target"], onnx_path),
+                         timing_cache=ctx.timing_dir / f"trt-{parts['runtime_version']}-"
                          f"{parts['device'].replace(':', '_').replace(' ', '_')}.cache", calibrator=calibrator)
         # TensorRT calls this from C++: keep systemd patient, never raise here (a cancel waits for the plan).
-        out = build_plan(trt, spec, progress=lambda *_: pipe.hb.pulse())
+        out = build_plan(trt, spec, progress=lambda *_: ctx.hb.pulse())
     out["seconds"] = round(time.perf_counter() - t0, 2)
     return out
 
@@ -193,19 +213,19 @@ def _inputs(onnx_path: Path) -> list[tuple[str, tuple]]:
     return out
 
 
-def profile_shapes(pipe: Pipeline, parts: dict, onnx_path: Path) -> list[tuple[str, dict]]:
+def profile_shapes(recipe: Recipe, target: str, onnx_path: Path) -> list[tuple[str, dict]]:
     """(profile name, {input: (min, opt, max)}) for the target; a mismatch with the model is an error."""
-    profiles = pipe.recipe.profiles_for(parts["target"])
+    profiles = recipe.profiles_for(target)
     if not profiles:
-        raise InputError(f"recipe {pipe.recipe.name} has no shape profile for target {parts['target']}")
+        raise InputError(f"recipe {recipe.name} has no shape profile for target {target}")
     inputs = _inputs(onnx_path)
     return [(p.name, input_shapes(p, inputs)) for p in profiles]
 
 
-def static_shapes(pipe: Pipeline, parts: dict) -> dict[str, tuple[int, ...]] | None:
+def static_shapes(ctx: StageContext, parts: dict) -> dict[str, tuple[int, ...]] | None:
     if parts["target"] != "intel-npu":
         return None
-    name, shapes = profile_shapes(pipe, parts, pipe.ref.path / pipe.recipe.onnx_file)[0]
+    name, shapes = profile_shapes(ctx.recipe, parts["target"], ctx.ref.path / ctx.recipe.onnx_file)[0]
     return {inp: lo for inp, (lo, _, _) in shapes.items()}
 
 
@@ -216,19 +236,19 @@ def ov_hint(parts: dict) -> str:
     return "fp16" if parts["precision"] == "fp16" and parts["target"] != "cpu" else "fp32"
 
 
-def open_candidate(pipe: Pipeline, folder: Path, parts: dict, threads: int):
+def open_candidate(ctx: StageContext, folder: Path, parts: dict):
     """The built engine opened ready to run: a Session (LLM) or a streaming runner (ASR)."""
     from .probes import AsrProbe
 
     backend = parts["backend"]
     if backend == "onnxruntime":
-        options = SessionOptions(device="cpu", threads=threads)
+        options = SessionOptions(device="cpu", threads=ctx.threads)
     elif backend == "openvino":
         options = SessionOptions(device="NPU" if parts["target"] == "intel-npu" else "CPU", precision=ov_hint(parts),  # type: ignore[arg-type]
-                                 threads=threads, cache_dir=folder, static_shapes=static_shapes(pipe, parts))
+                                 threads=ctx.threads, cache_dir=folder, static_shapes=static_shapes(ctx, parts))
     else:
         options = SessionOptions(device="cuda:0")
     graph = folder / graph_name(backend)
-    if pipe.recipe.workload == "asr":
-        return AsrProbe(pipe.ref).runner(graph, backend, options)
+    if ctx.recipe.workload == "asr":
+        return AsrProbe(ctx.ref).runner(graph, backend, options)
     return open_session(graph, backend, options, warmup=lambda s: None)

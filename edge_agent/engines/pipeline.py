@@ -19,12 +19,10 @@ committed, so the cache never holds a half-written entry.
 """
 from __future__ import annotations
 
-import json
 import logging
 import shutil
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,15 +31,16 @@ import numpy as np
 from ..backends import SessionOptions, open_session
 from ..errors import BackendUnavailable, EdgeAgentError, InputError
 from ..models.catalog import ModelRef, resolve_model
-from ..progress import Progress
-from ..systemd import Notifier
 from . import gate as gates
 from .cache import EngineCache, Entry, cache_key, hash_model, mark_step, step_done
 from .datasets import manifest_digest, read_audio_manifest, read_text_manifest
 from .fingerprint import device_fingerprint, runtime_version
+from .heartbeat import BuildCancelled, Heartbeat
 from .probes import AsrProbe, LlmProbe
 from .recipes import TARGET_BACKENDS, Recipe
-from .stages import convert, graph_name, open_candidate
+from .stages import StageContext, calibration_path, compile_artifact, convert, graph_name, open_candidate
+
+__all__ = ["INT8_FLAVOURS", "BuildCancelled", "BuildRequest", "GateRefused", "Heartbeat", "Pipeline", "verdict_from"]
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +56,6 @@ class GateRefused(EdgeAgentError):
         self.report = report
 
 
-class BuildCancelled(EdgeAgentError):
-    """The build was asked to stop (the agent is stopping); its finished steps stay staged."""
-
-
 @dataclass(frozen=True, slots=True)
 class BuildRequest:
     target: str
@@ -70,44 +65,6 @@ class BuildRequest:
     data: Path | None = None  # calibration manifest override
     method: str | None = None  # calibration method override
     force: bool = False  # rebuild even when a verified entry exists
-
-
-@dataclass(slots=True)
-class Heartbeat:
-    """Progress on stderr, and EXTEND_TIMEOUT_USEC to systemd while long steps run."""
-
-    enabled: bool = True
-    notifier: Notifier = field(default_factory=Notifier)
-    extend_s: float = 120.0
-    clock: Callable[[], float] = time.monotonic
-    cancel: threading.Event | None = None  # set: the next beat() raises BuildCancelled
-    _last_extend: float = float("-inf")
-
-    def check(self) -> None:
-        if self.cancel is not None and self.cancel.is_set():
-            raise BuildCancelled("engine build cancelled")
-
-    def beat(self) -> None:
-        """A progress tick: raises ``BuildCancelled`` when cancelled, else keeps systemd patient."""
-        self.check()
-        self.pulse()
-
-    def pulse(self) -> None:
-        """Keep systemd patient without checking for cancellation (for callbacks from native code,
-        where an exception must not cross back into C++)."""
-        now = self.clock()
-        if now - self._last_extend >= self.extend_s / 4:
-            self.notifier.extend_timeout(self.extend_s)
-            self._last_extend = now
-
-    def bar(self, label: str, unit: str = "") -> Progress:
-        return Progress(label, unit=unit, enabled=self.enabled)
-
-    def callback(self, bar: Progress) -> Callable[[int, int], None]:
-        def update(done: int, total: int) -> None:
-            self.beat()
-            bar.update(done, total)
-        return update
 
 
 class Pipeline:
@@ -147,11 +104,11 @@ class Pipeline:
         return TARGET_BACKENDS[req.target][0]
 
     def calibration_path(self, req: BuildRequest) -> Path:
-        if req.data is not None:
-            return Path(req.data)
-        if self.recipe.calibration is None:
-            raise InputError(f"recipe {self.recipe.name} has no [calibration] data; pass --data MANIFEST")
-        return self.recipe.resolve(self.recipe.calibration.data)
+        return calibration_path(self.recipe, req)
+
+    def stage_context(self) -> StageContext:
+        """What the stages need from this build (they never see the pipeline itself)."""
+        return StageContext(self.recipe, self.ref, self.threads, self.hb, self.cache.timing_dir)
 
     def key_parts(self, req: BuildRequest) -> dict[str, Any]:
         backend = self.backend_for(req)
@@ -192,8 +149,8 @@ class Pipeline:
             if resumed:
                 log.warning("resuming the build of %s from step(s) %s", key[:12], ", ".join(resumed))
             reference = self._step_reference(staged, parts)
-            conversion = self._step(staged, "convert", lambda: convert(self, staged, parts, req))
-            compiled = self._step(staged, "compile", lambda: self._compile(staged, parts, req))
+            conversion = self._step(staged, "convert", lambda: convert(self.stage_context(), staged, parts, req))
+            compiled = self._step(staged, "compile", lambda: compile_artifact(self.stage_context(), staged, parts, req))
             verdict = self._step(staged, "gate", lambda: self._gate(staged, parts, reference))
             report = {"recipe": self.recipe.name, "model": self.ref.name, "key": key, **_public(parts),
                       "conversion": conversion, "compile": compiled, "accuracy": verdict,
@@ -257,7 +214,7 @@ class Pipeline:
         samples = self._heldout()[:count]
         backend = "onnxruntime" if parts["backend"] == "tensorrt" else parts["backend"]
         reference = self._open_reference(backend)
-        candidate = open_candidate(self, staged / "model", parts, self.threads)
+        candidate = open_candidate(self.stage_context(), staged / "model", parts)
         ref_ms: list[float] = []
         cand_ms: list[float] = []
         try:
@@ -292,16 +249,11 @@ class Pipeline:
             return AsrProbe(self.ref).runner(graph, backend, options)
         return open_session(graph, backend, options, warmup=lambda s: None)
 
-    def _compile(self, staged: Path, parts: dict, req: BuildRequest) -> dict:
-        from .stages import compile_artifact
-
-        return compile_artifact(self, staged, parts, req)
-
     def _gate(self, staged: Path, parts: dict, reference: dict) -> dict:
         if parts["backend"] == "tensorrt" and not _gpu_here():
             raise BackendUnavailable("the accuracy gate of a TensorRT engine runs it, which needs the Jetson's GPU: "
                                      "run edge-agent build on the device")
-        handle = open_candidate(self, staged / "model", parts, self.threads)
+        handle = open_candidate(self.stage_context(), staged / "model", parts)
         try:
             outs, lat, texts = self._run_held_out(handle, f"gate {parts['backend']}/{parts['precision']}")
         finally:
@@ -322,7 +274,7 @@ class Pipeline:
         if entry.manifest.get("backend") == "tensorrt" and not _gpu_here():
             return None
         t0 = time.perf_counter()
-        handle = open_candidate(self, entry.artifact, entry.manifest["key_parts"], self.threads)
+        handle = open_candidate(self.stage_context(), entry.artifact, entry.manifest["key_parts"])
         ms = (time.perf_counter() - t0) * 1e3
         handle.close()
         return round(ms, 1)
@@ -344,10 +296,3 @@ def verdict_from(report: dict) -> gates.Verdict:
                       a.get("latency_ms"), a.get("reference_latency_ms"), a.get("flavour", ""))
     return v
 
-
-def dump_json(obj: Any, path: Path | None) -> None:
-    text = json.dumps(obj, indent=2, default=str)
-    if path is None:
-        print(text)
-    else:
-        Path(path).write_text(text + "\n")
