@@ -205,7 +205,6 @@ class Agent:
         tiers = [Tier(t.name, self._opener(t), self._limits(t), t.max_new_tokens) for t in s.models.llm]
         served = TieredLLM(tiers, on_finished=self._llm_finished, on_switched=self._llm_switched,
                            drain_s=self.drain_s)
-        self._tier_engines().ladder = served  # a passing background build swaps the serving tier onto it
         errors = []
         for index, tier in enumerate(tiers):  # the top tier, or the lightest one that loads
             try:
@@ -268,10 +267,14 @@ class Agent:
         """What each LLM tier loads (cached engine or model folder) and the background engine builds."""
         engines = self._engines
         if engines is None:
-            from .serving.tier_engines import TierEngines
+            from .engines.background import TierEngines
+            from .serving.engine_swap import swap_onto_engine
+
+            def engine_ready(tier: str, _key: str) -> None:  # a passing background build: serve its engine
+                swap_onto_engine(self.llm, tier, engines.served.get, self._event)
 
             engines = self._engines = TierEngines(self.settings.engines, self.settings.models.cache_dir, self._event,
-                                                  self.notifier)
+                                                  self.notifier, on_engine_ready=engine_ready)
         return engines
 
     # -- hooks ----------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ import pytest
 from edge_agent.engines.recipes import load_recipe
 from edge_agent.config import EnginesConfig, TierConfig
 from edge_agent.shipped import engines_dir
-from edge_agent.serving.tier_engines import TierEngines, _StatusHeartbeat, same_model, target_of
+from edge_agent.engines.background import TierEngines, _StatusHeartbeat
+from edge_agent.engines.resolve import same_model, target_of
 from edge_agent.systemd import Notifier
 
 RECIPE = """

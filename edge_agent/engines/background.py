@@ -1,11 +1,7 @@
-"""What each LLM tier loads at start (a cached engine, else its model folder), and background builds.
+"""What each LLM tier serves, and the engine builds that run in the background while it serves.
 
-For a tier (model, backend, device, precision) ``resolve`` picks the engine the accuracy gate would
-choose among the *current* cache entries of that model: same runtime version and device
-fingerprint, and built from the same model bytes (the entry's ``key_parts.model`` equals the
-folder's hash, so an edited export never serves an engine of the old one). Every candidate is
-re-hashed before use; a corrupt one is quarantined, reported (``engine_quarantined``) and the next
-one, or the plain model folder, is served: a bad cache never stops a start.
+``TierEngines.open`` resolves a tier (``resolve.py``: a verified cached engine, else the model
+folder), opens it and records what the tier serves (``identities`` for ``reported.engine_hashes``).
 
 A tier whose model has a recipe in ``engines.recipes_dir`` and no engine is *wanted*: with
 ``engines.build_on_start`` its build runs on one background thread (``engine-build``), after the
@@ -13,6 +9,9 @@ agent is serving, one recipe at a time. A build sends ``STATUS=`` lines with its
 ``engine_build`` events (``started`` → ``finished`` | ``refused`` | ``failed``); it never sends
 ``EXTEND_TIMEOUT_USEC`` (the service is already up: the extension would stretch ``RuntimeMaxSec``).
 Only a build the start waits for (no tier could load without an engine) keeps systemd patient.
+A build that passes the gate announces it: ``on_engine_ready(tier_name, engine_key)`` for each tier
+that now has an engine; the app decides what to do (reload the serving tier onto it). The engines
+never hold the ladder that serves them.
 
 Stopping (``close``): a cancel flag the build checks before each step and at every sample makes it
 give up within one sample's native work (``engine_build`` ``cancelled``; the finished steps stay
@@ -28,62 +27,35 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from ..backends import SessionOptions, open_session
-from ..engines.cache import EngineCache, Entry, hash_model
-from ..engines.pipeline import BuildCancelled, BuildRequest, GateRefused, Heartbeat, Pipeline
-from ..engines.recipes import TARGET_BACKENDS, Recipe, load_recipe, recipe_files
 from ..errors import ConfigError, EdgeAgentError, ModelError
-from ..models.catalog import DEMO_MODELS, ModelRef, inspect_folder, resolve_model
 from ..models.llm import DecoderLM
 from ..progress import Progress
 from ..systemd import Notifier
+from .cache import EngineCache, Entry
+from .heartbeat import BuildCancelled, Heartbeat
+from .pipeline import BuildRequest, GateRefused, Pipeline
+from .recipes import TARGET_BACKENDS, Recipe, load_recipe, recipe_files
+from .resolve import EngineResolver, Resolved, same_model, target_of
 
 if TYPE_CHECKING:
     from ..config import EnginesConfig, TierConfig
-    from .tiered import TieredLLM
 
 log = logging.getLogger(__name__)
 
 BUILD_MODULES = ("onnx",)  # graph edits every backend's build needs (the [build] extra)
 
 Event = Callable[[str, dict], None]
+EngineReady = Callable[[str, str], None]  # (tier name, engine cache key)
+
+__all__ = ["EngineReady", "Resolved", "TierEngines", "same_model", "target_of"]
 
 
-@dataclass(frozen=True, slots=True)
-class Resolved:
-    """What a tier loads: ``engine`` (a verified cache entry) or, when None, the model folder ``source``."""
+class Startable(Protocol):
+    """What ``build_then_start`` starts once an engine is built: a ladder's ``start(index)``."""
 
-    tier: str
-    source: ModelRef
-    model_hash: str
-    engine: Entry | None = None
-    why_plain: str = ""  # why no engine is served (empty when one is)
-
-    @property
-    def identity(self) -> str:
-        """For ``reported.engine_hashes``: the cache key of the engine, or the model folder's hash."""
-        return f"engine:{self.engine.key}" if self.engine else f"model:{self.model_hash}"
-
-    @property
-    def ref(self) -> ModelRef:
-        return inspect_folder(self.engine.artifact, name=self.source.name) if self.engine else self.source
-
-
-def target_of(tier: TierConfig) -> str:
-    """The build target (recipe vocabulary) of a serving tier."""
-    if tier.backend == "tensorrt":
-        return "jetson"
-    if tier.backend == "openvino" and tier.device.upper().startswith("NPU"):
-        return "intel-npu"
-    return "cpu"
-
-
-def same_model(recipe: Recipe, model: str) -> bool:
-    if model in DEMO_MODELS or recipe.model in DEMO_MODELS:
-        return model == recipe.model
-    return recipe.resolve(recipe.model).resolve() == Path(model).expanduser().resolve()
+    def start(self, index: int) -> object: ...
 
 
 @dataclass
@@ -95,13 +67,16 @@ class _Job:
 
 
 class TierEngines:
-    """The engine side of the agent's LLM tiers: resolve, open, build in the background."""
+    """The engine side of the agent's LLM tiers: open what each resolves to, build in the background,
+    announce an engine that became ready (``on_engine_ready``)."""
 
-    def __init__(self, engines: EnginesConfig, models_dir: Path, on_event: Event, notifier: Notifier) -> None:
+    def __init__(self, engines: EnginesConfig, models_dir: Path, on_event: Event, notifier: Notifier,
+                 on_engine_ready: EngineReady | None = None) -> None:
         self.config, self.models_dir = engines, models_dir
         self.cache = EngineCache(engines.cache_dir, engines.max_bytes)
         self.on_event, self.notifier = on_event, notifier
-        self.ladder: TieredLLM | None = None  # the LLM tiers these engines serve (swapped onto new engines)
+        self.on_engine_ready = on_engine_ready
+        self.resolver = EngineResolver(self.cache, models_dir, on_event)
         self.starting = True  # the service start waits on what we do: EXTEND_TIMEOUT_USEC is allowed
         self.serving_status = ""  # the READY status line, restored when a build ends
         self.served: dict[str, Resolved] = {}  # tier name -> what it loaded last
@@ -135,54 +110,12 @@ class TierEngines:
     # -- resolve and open --------------------------------------------------------------------------
 
     def resolve(self, tier: TierConfig) -> Resolved:
-        from ..engines.fingerprint import device_fingerprint, runtime_version
-        from ..engines.gate import Verdict, choose
-
-        source = resolve_model(tier.model, self.models_dir)
-        model_hash = hash_model(source.path, self.cache.root / "model-hashes.json")
-        if tier.backend == "fake" or tier.precision == "bf16":
-            return Resolved(tier.name, source, model_hash, why_plain=f"no engines for {tier.backend}/{tier.precision}")
-        version, device = runtime_version(tier.backend), device_fingerprint(target_of(tier))
-        precision = None if tier.precision == "auto" else tier.precision
-        candidates = {e.key: e for e in self.cache.entries() if e.manifest.get("model_name") == source.name
-                      and e.manifest.get("backend") == tier.backend and e.manifest.get("device") == device
-                      and e.manifest.get("runtime_version") == version
-                      and (e.manifest.get("key_parts") or {}).get("model") == model_hash
-                      and (precision is None or e.manifest.get("precision") == precision)}
-        while candidates:  # the gate's choice; a corrupt one is quarantined and the next best tried
-            verdicts = {}
-            for key, e in candidates.items():
-                acc = e.manifest.get("accuracy") or {}
-                verdicts[key] = Verdict(str(e.manifest.get("precision")), tier.backend, acc.get("metrics", {}), {},
-                                        bool(acc.get("passed", True)), [], acc.get("latency_ms"),
-                                        acc.get("reference_latency_ms"))
-            best = choose(list(verdicts.values()))
-            if best is None:
-                break
-            key = next(k for k, v in verdicts.items() if v is best)
-            entry = self.cache.lookup(key)  # re-hashes every file; quarantines a mismatch
-            if entry is not None:
-                return Resolved(tier.name, source, model_hash, entry)
-            del candidates[key]
-            reason = self._quarantine_reason(key)
-            self.on_event("engine_quarantined", {"workload": "llm", "tier": tier.name, "key": key,
-                                                 "reason": reason})
-        why = "no engine in the cache for this runtime, device and model" + (f" ({precision})" if precision else "")
-        return Resolved(tier.name, source, model_hash, why_plain=why)
+        return self.resolver.resolve(tier)
 
     def open(self, tier: TierConfig, device_threads: int = 0) -> DecoderLM:
         """Resolve and open ``tier`` (the tier's ``Tier.open``); records what it serves."""
         resolved = self.resolve(tier)
-        if resolved.engine is None:
-            options = SessionOptions(device=tier.device, threads=device_threads, precision=tier.precision,
-                                     cache_dir=self.cache.root)
-            lm = DecoderLM.open(resolved.source, tier.backend, options)
-            log.info("tier %r serves its model folder %s (%s)", tier.name, resolved.source.path, resolved.why_plain)
-        else:
-            lm = _open_engine(resolved, tier, device_threads)
-            m = resolved.engine.manifest
-            log.info("tier %r serves engine %s (%s/%s%s)", tier.name, resolved.engine.key[:12], m.get("backend"),
-                     m.get("precision"), f" {m['flavour']}" if m.get("flavour") else "")
+        lm = self.resolver.open(resolved, tier, device_threads)
         self.served[tier.name] = resolved
         return lm
 
@@ -350,24 +283,11 @@ class TierEngines:
         self.on_event("engine_build", payload)
         self._status(self.serving_status if not ready else f"{self.serving_status}; engine {recipe.name} ready")
         for tier in job.tiers:
-            if tier.name in ready and not self._cancel.is_set():
-                self._swap_in(tier.name)
+            if tier.name in ready and not self._cancel.is_set() and self.on_engine_ready is not None:
+                self.on_engine_ready(tier.name, ready[tier.name])
         return bool(ready)
 
-    def _swap_in(self, tier: str) -> None:
-        """A build passed the gate: the tier serving now reloads onto its engine in place (loaded and
-        warmed aside, swapped between batches, no request fails); another tier picks its engine up
-        the next time it is loaded (a controller switch)."""
-        ladder = self.ladder
-        if ladder is None or ladder.active_tier != tier or not reload_in_place(ladder, ladder.active):
-            return
-        ladder.wait_switched()
-        now = self.served.get(tier)
-        ok = ladder.active_tier == tier and now is not None and now.engine is not None
-        self.on_event("engine_swap", {"workload": "llm", "tier": tier, "ok": ok,
-                                      "serving": now.identity if now is not None else None})
-
-    def build_then_start(self, ladder: TieredLLM, tiers: list[TierConfig], errors: list[str]) -> None:
+    def build_then_start(self, ladder: Startable, tiers: list[TierConfig], errors: list[str]) -> None:
         """No tier loads without an engine (TensorRT tiers on a fresh Jetson): build the lightest one that
         has a recipe while the start waits (the build sends EXTEND_TIMEOUT_USEC), then serve it."""
         for index in reversed(range(len(tiers))):
@@ -393,13 +313,6 @@ class TierEngines:
         if text:
             self.notifier.status(text[:200])
 
-    def _quarantine_reason(self, key: str) -> str:
-        found = sorted(self.cache.quarantine_dir.glob(f"{key}-*"))
-        try:
-            return (found[-1] / "QUARANTINED").read_text().strip() if found else "failed verification"
-        except OSError:
-            return "failed verification"
-
 
 class _StatusHeartbeat(Heartbeat):
     """A background build's progress: ``STATUS=`` lines at most every 5 s; never EXTEND_TIMEOUT_USEC."""
@@ -415,43 +328,3 @@ class _StatusHeartbeat(Heartbeat):
             self.status_notifier.status(f"{self.prefix}: {label}"[:200])
             self.last_status = now
         return Progress(label, unit=unit, enabled=False)
-
-
-def _open_engine(resolved: Resolved, tier: TierConfig, threads: int) -> DecoderLM:
-    """Open a cached engine folder like the build's gate did (same precision hint, same compiled blob)."""
-    from ..engines.stages import ov_hint
-
-    entry = resolved.engine
-    assert entry is not None
-    parts = entry.manifest["key_parts"]
-    ref = resolved.ref
-    if parts["backend"] == "openvino":
-        hint = ov_hint(parts)
-        options = SessionOptions(device=tier.device, precision=hint, threads=threads,  # type: ignore[arg-type]
-                                 cache_dir=entry.artifact)
-        return DecoderLM.open(ref, "openvino", options)
-    if parts["backend"] == "tensorrt":  # a plan, not model.onnx: open the session and wrap it ourselves
-        session = open_session(entry.path / entry.manifest["graph"], "tensorrt", SessionOptions(device=tier.device),
-                               warmup=lambda _s: None)
-        try:
-            lm = DecoderLM(ref, session)
-            lm.warmup()
-        except BaseException:
-            session.close()
-            raise
-        return lm
-    # The graph already carries its precision (FP16 weights, INT8 Q/DQ): no second conversion.
-    return DecoderLM.open(ref, parts["backend"], SessionOptions(device=tier.device, threads=threads))
-
-
-def reload_in_place(served: TieredLLM, index: int, wait_s: float = 120.0) -> bool:
-    """Reload the serving tier ``index`` (now resolving to its engine), waiting out a switch already
-    in progress; False when ``index`` is not the active tier (it picks its engine up when next loaded)."""
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        if served.active_tier is None or served.active != index:
-            return False
-        if served.switch_to(index, reload=True):
-            return True
-        served.wait_switched(1.0)
-    return False

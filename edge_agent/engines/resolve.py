@@ -1,0 +1,157 @@
+"""Which engine a serving tier loads: a verified cached engine, else its model folder; and opening it.
+
+For a tier (model, backend, device, precision) ``EngineResolver.resolve`` picks the engine the
+accuracy gate would choose among the *current* cache entries of that model: same runtime version
+and device fingerprint, and built from the same model bytes (the entry's ``key_parts.model`` equals
+the folder's hash, so an edited export never serves an engine of the old one). Every candidate is
+re-hashed before use; a corrupt one is quarantined, reported (``engine_quarantined``) and the next
+one, or the plain model folder, is served: a bad cache never stops a start.
+
+``open_resolved`` opens what was resolved the way the build's gate opened it (same precision hint,
+same compiled blob).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from ..backends import SessionOptions, open_session
+from ..models.catalog import DEMO_MODELS, ModelRef, inspect_folder, resolve_model
+from ..models.llm import DecoderLM
+from .cache import EngineCache, Entry, hash_model
+from .recipes import Recipe
+from .stages import ov_hint
+
+if TYPE_CHECKING:
+    from ..config import TierConfig
+
+log = logging.getLogger(__name__)
+
+Event = Callable[[str, dict], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """What a tier loads: ``engine`` (a verified cache entry) or, when None, the model folder ``source``."""
+
+    tier: str
+    source: ModelRef
+    model_hash: str
+    engine: Entry | None = None
+    why_plain: str = ""  # why no engine is served (empty when one is)
+
+    @property
+    def identity(self) -> str:
+        """For ``reported.engine_hashes``: the cache key of the engine, or the model folder's hash."""
+        return f"engine:{self.engine.key}" if self.engine else f"model:{self.model_hash}"
+
+    @property
+    def ref(self) -> ModelRef:
+        return inspect_folder(self.engine.artifact, name=self.source.name) if self.engine else self.source
+
+
+def target_of(tier: TierConfig) -> str:
+    """The build target (recipe vocabulary) of a serving tier."""
+    if tier.backend == "tensorrt":
+        return "jetson"
+    if tier.backend == "openvino" and tier.device.upper().startswith("NPU"):
+        return "intel-npu"
+    return "cpu"
+
+
+def same_model(recipe: Recipe, model: str) -> bool:
+    """True when ``recipe`` builds the model a tier names (a demo name, or the same folder)."""
+    if model in DEMO_MODELS or recipe.model in DEMO_MODELS:
+        return model == recipe.model
+    return recipe.resolve(recipe.model).resolve() == Path(model).expanduser().resolve()
+
+
+class EngineResolver:
+    """Resolves LLM tiers against one engine cache; ``on_event`` hears of quarantined entries."""
+
+    def __init__(self, cache: EngineCache, models_dir: Path, on_event: Event) -> None:
+        self.cache, self.models_dir, self.on_event = cache, models_dir, on_event
+
+    def resolve(self, tier: TierConfig) -> Resolved:
+        from .fingerprint import device_fingerprint, runtime_version
+        from .gate import Verdict, choose
+
+        source = resolve_model(tier.model, self.models_dir)
+        model_hash = hash_model(source.path, self.cache.root / "model-hashes.json")
+        if tier.backend == "fake" or tier.precision == "bf16":
+            return Resolved(tier.name, source, model_hash, why_plain=f"no engines for {tier.backend}/{tier.precision}")
+        version, device = runtime_version(tier.backend), device_fingerprint(target_of(tier))
+        precision = None if tier.precision == "auto" else tier.precision
+        candidates = {e.key: e for e in self.cache.entries() if e.manifest.get("model_name") == source.name
+                      and e.manifest.get("backend") == tier.backend and e.manifest.get("device") == device
+                      and e.manifest.get("runtime_version") == version
+                      and (e.manifest.get("key_parts") or {}).get("model") == model_hash
+                      and (precision is None or e.manifest.get("precision") == precision)}
+        while candidates:  # the gate's choice; a corrupt one is quarantined and the next best tried
+            verdicts = {}
+            for key, e in candidates.items():
+                acc = e.manifest.get("accuracy") or {}
+                verdicts[key] = Verdict(str(e.manifest.get("precision")), tier.backend, acc.get("metrics", {}), {},
+                                        bool(acc.get("passed", True)), [], acc.get("latency_ms"),
+                                        acc.get("reference_latency_ms"))
+            best = choose(list(verdicts.values()))
+            if best is None:
+                break
+            key = next(k for k, v in verdicts.items() if v is best)
+            entry = self.cache.lookup(key)  # re-hashes every file; quarantines a mismatch
+            if entry is not None:
+                return Resolved(tier.name, source, model_hash, entry)
+            del candidates[key]
+            reason = self._quarantine_reason(key)
+            self.on_event("engine_quarantined", {"workload": "llm", "tier": tier.name, "key": key,
+                                                 "reason": reason})
+        why = "no engine in the cache for this runtime, device and model" + (f" ({precision})" if precision else "")
+        return Resolved(tier.name, source, model_hash, why_plain=why)
+
+    def open(self, resolved: Resolved, tier: TierConfig, device_threads: int = 0) -> DecoderLM:
+        """Open what ``resolve`` chose for ``tier``: the cached engine, else the model folder."""
+        if resolved.engine is None:
+            options = SessionOptions(device=tier.device, threads=device_threads, precision=tier.precision,
+                                     cache_dir=self.cache.root)
+            lm = DecoderLM.open(resolved.source, tier.backend, options)
+            log.info("tier %r serves its model folder %s (%s)", tier.name, resolved.source.path, resolved.why_plain)
+            return lm
+        lm = open_resolved(resolved, tier, device_threads)
+        m = resolved.engine.manifest
+        log.info("tier %r serves engine %s (%s/%s%s)", tier.name, resolved.engine.key[:12], m.get("backend"),
+                 m.get("precision"), f" {m['flavour']}" if m.get("flavour") else "")
+        return lm
+
+    def _quarantine_reason(self, key: str) -> str:
+        found = sorted(self.cache.quarantine_dir.glob(f"{key}-*"))
+        try:
+            return (found[-1] / "QUARANTINED").read_text().strip() if found else "failed verification"
+        except OSError:
+            return "failed verification"
+
+
+def open_resolved(resolved: Resolved, tier: TierConfig, threads: int) -> DecoderLM:
+    """Open a cached engine folder like the build's gate did (same precision hint, same compiled blob)."""
+    entry = resolved.engine
+    assert entry is not None
+    parts = entry.manifest["key_parts"]
+    ref = resolved.ref
+    if parts["backend"] == "openvino":
+        hint = ov_hint(parts)
+        options = SessionOptions(device=tier.device, precision=hint, threads=threads,  # type: ignore[arg-type]
+                                 cache_dir=entry.artifact)
+        return DecoderLM.open(ref, "openvino", options)
+    if parts["backend"] == "tensorrt":  # a plan, not model.onnx: open the session and wrap it ourselves
+        session = open_session(entry.path / entry.manifest["graph"], "tensorrt", SessionOptions(device=tier.device),
+                               warmup=lambda _s: None)
+        try:
+            lm = DecoderLM(ref, session)
+            lm.warmup()
+        except BaseException:
+            session.close()
+            raise
+        return lm
+    # The graph already carries its precision (FP16 weights, INT8 Q/DQ): no second conversion.
+    return DecoderLM.open(ref, parts["backend"], SessionOptions(device=tier.device, threads=threads))
