@@ -54,15 +54,21 @@ def default_cache_dir() -> Path:
 
 
 class Section(BaseModel):
+    """A configuration section: unknown keys are errors and assignments are validated."""
+
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class DeviceConfig(Section):
+    """``[device]``: the target platform and the runtime's intra-op threads."""
+
     target: Literal["auto", "cpu", "jetson", "intel-npu"] = "auto"
     threads: int = Field(0, ge=0, description="intra-op threads per session; 0 = the runtime's default")
 
 
 class TierConfig(Section):
+    """One tier of ``[[models.llm]]`` or ``[[models.asr]]``: the model, backend, device and precision it runs with."""
+
     name: str = Field(min_length=1)
     model: str = Field(min_length=1, description="demo model name or a model folder")
     backend: Backend = "onnxruntime"
@@ -81,6 +87,8 @@ def _default_asr_tiers() -> list[TierConfig]:
 
 
 class ModelsConfig(Section):
+    """``[models]``: the LLM and ASR tiers, heaviest first, and the cache of generated demo weights."""
+
     llm: list[TierConfig] = Field(default_factory=_default_llm_tiers, description="heaviest tier first")
     asr: list[TierConfig] = Field(default_factory=_default_asr_tiers, description="heaviest tier first")
     cache_dir: Path = Field(default_factory=lambda: default_cache_dir() / "models")
@@ -96,6 +104,8 @@ class ModelsConfig(Section):
 
 
 class BatchingConfig(Section):
+    """``[batching]``: dynamic batching and the admission queue's bounds."""
+
     max_batch: int = Field(4, ge=1, le=128)
     batch_timeout_ms: float = Field(80.0, ge=0, le=10_000)
     preferred_batch_sizes: list[int] = Field(default_factory=lambda: [2, 4])
@@ -180,6 +190,8 @@ class SlaConfig(_SlaPolicy):
 
 
 class TlsConfig(Section):
+    """``[mqtt.tls]``: the CA to trust and, for mutual TLS, the client certificate and key."""
+
     ca_file: Path | None = None
     cert_file: Path | None = None
     key_file: Path | None = None
@@ -196,6 +208,8 @@ def _default_device_id() -> str:
 
 
 class MqttConfig(Section):
+    """``[mqtt]``: the broker, the device id, credentials and the link's timing."""
+
     host: str = "127.0.0.1"
     port: int = Field(1883, ge=1, le=65535)
     device_id: str = Field(default_factory=_default_device_id)
@@ -221,6 +235,8 @@ FLEET_COMMANDS = ("get_status", "set_sla", "pin_tier", "unpin_tier", "rebuild_en
 
 
 class TelemetryConfig(Section):
+    """``[telemetry]``: the window interval, the spool and the ledger, and what the fleet may command."""
+
     interval_s: float = Field(10.0, gt=0, le=3600)
     spool_path: Path = Field(default_factory=lambda: _user_dir("state") / "spool.sqlite")
     spool_max_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
@@ -267,6 +283,8 @@ def _default_recipes_dir() -> Path:
 
 
 class EnginesConfig(Section):
+    """``[engines]``: the engine cache, where recipes are found, and background builds."""
+
     cache_dir: Path = Field(default_factory=lambda: default_cache_dir() / "engines")
     max_bytes: int = Field(8 * 1024**3, ge=1024 * 1024)
     recipes_dir: Path = Field(default_factory=_default_recipes_dir,
@@ -280,6 +298,8 @@ class EnginesConfig(Section):
 
 
 class ApiConfig(Section):
+    """``[api]``: where the local API listens and how a client authenticates."""
+
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     unix_socket: Path | None = None
@@ -318,6 +338,8 @@ class ApiConfig(Section):
 
 
 class AudioConfig(Section):
+    """``[audio]``: capture, voice-activity detection and the ASR's streaming chunk."""
+
     device: str | int | None = Field(None, description="sounddevice input name or index; None = default")
     sample_rate: int = Field(16000, ge=8000, le=192000)
     block_ms: int = Field(20, ge=5, le=500)
@@ -338,12 +360,16 @@ class AudioConfig(Section):
 
 
 class LoggingConfig(Section):
+    """``[logging]``: the daemon's log level and format."""
+
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="`edge-agent run`'s log level")
     format: Literal["text", "json"] = Field("text", description="text, or one JSON object per line "
                                             "(time, level, logger, message) for journald/Loki")
 
 
 class Settings(BaseSettings):
+    """The whole configuration: the TOML file, then ``EDGE_AGENT_*`` environment variables on top."""
+
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid")
 
     device: DeviceConfig = Field(default_factory=DeviceConfig)

@@ -43,6 +43,8 @@ VOICES = ("en", "en+m3", "en+f2", "en-us", "en+m7")
 
 @dataclass
 class Record:
+    """What the demo observed: chat and speech latencies, failures, tiers over time and the fleet's view."""
+
     chats: list[tuple[float, float, float, str]] = field(default_factory=list)  # t, ttft ms, e2e ms, tier
     failed: list[str] = field(default_factory=list)
     speech: list[tuple[float, float, str, str]] = field(default_factory=list)  # t, final_ms, heard, said
@@ -227,17 +229,6 @@ def _fmt(v) -> str:
     return "—" if v is None else f"{v:.0f}"
 
 
-def add_commands(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="run the daemon on the demo tiers under a mixed chat + speech load, live")
-    p.add_argument("--config", metavar="FILE", help="take mqtt.host/port from this config (default: built-in)")
-    p.add_argument("--duration-s", type=float, default=60.0)
-    p.add_argument("--chat-rate", type=float, default=1.5, help="chat requests/s outside the burst (default 1.5)")
-    p.add_argument("--plot", metavar="PNG", default="edge-agent-demo.png")
-    p.add_argument("--json", dest="json_out", metavar="OUT")
-    p.add_argument("--no-speech", action="store_true", help="chat load only")
-    p.set_defaults(func=run)
-
-
 def subscribe_fleet(host: str, port: int, rec: Record, t0: float):
     """A FleetView fed by edge/v1/+/# (what `edge-agent fleet watch` shows), or None without a broker."""
     import paho.mqtt.client as mqtt
@@ -278,8 +269,9 @@ def run(args: argparse.Namespace) -> int:
     api_port = _free_port()
     cfg = daemon_config(workdir, (host, port), api_port, speech=bool(clips))
     print(f"demo: {broker_note}; daemon config {cfg}", flush=True)
-    daemon = subprocess.Popen([sys.executable, "-m", "edge_agent", "run", "--config", str(cfg)],
-                              stdout=open(workdir / "daemon.log", "w"), stderr=subprocess.STDOUT)
+    with open(workdir / "daemon.log", "w") as daemon_log:  # the daemon writes through its own copy
+        daemon = subprocess.Popen([sys.executable, "-m", "edge_agent", "run", "--config", str(cfg)],
+                                  stdout=daemon_log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{api_port}"
     rec = Record()
     try:
@@ -290,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
                                      + (workdir / "daemon.log").read_text()[-2000:])
             time.sleep(0.2)
         t0 = time.monotonic()
-        view, client = subscribe_fleet(host, port, rec, t0)
+        view, _client = subscribe_fleet(host, port, rec, t0)  # the client must stay referenced
         print(f"demo: daemon serving at {base}; {args.duration_s:g} s of chat"
               f"{' and spoken commands' if clips else ''}; Ctrl-C ends early", flush=True)
         asyncio.run(_drive(base, clips, rec, t0, args, view))

@@ -12,7 +12,7 @@ from typing import Any
 from .backends import BACKENDS, is_installed
 from .config import ENV_PREFIX, INTERNAL_BACKENDS, Settings, load_settings, read_toml, resolve_config_path
 from .errors import ConfigError, ModelError
-from .models.catalog import DEMO_MODELS, DEMO_DIR, inspect_folder
+from .models.catalog import DEMO_DIR, DEMO_MODELS, inspect_folder
 
 
 def config_problems(config: str | Path | None) -> list[tuple[str, str]]:
@@ -34,7 +34,9 @@ def _raw_tier_problems(config: str | Path | None) -> list[tuple[str, str]]:
         data = read_toml(path) if path else {}
     except ConfigError:
         return []  # unreadable or not TOML: that is the one problem, already reported
-    models = data.get("models") if isinstance(data.get("models"), dict) else {}
+    models = data.get("models")
+    if not isinstance(models, dict):
+        models = {}
     problems: list[tuple[str, str]] = []
     for workload in ("llm", "asr"):
         tiers: Any = models.get(workload)
@@ -52,9 +54,12 @@ def _raw_tier_problems(config: str | Path | None) -> list[tuple[str, str]]:
                 problems += _model_problems(f"{where}.model", tier["model"], workload)
             backend = tier.get("backend", "onnxruntime")
             if backend in BACKENDS and backend not in INTERNAL_BACKENDS and not is_installed(backend):
-                problems.append((f"{where}.backend", f"{backend!r} is not installed here: {BACKENDS[backend].install_hint}"))
-    mqtt = data.get("mqtt") if isinstance(data.get("mqtt"), dict) else {}
-    tls = mqtt.get("tls") if isinstance(mqtt.get("tls"), dict) else {}
+                problems.append((f"{where}.backend",
+                                 f"{backend!r} is not installed here: {BACKENDS[backend].install_hint}"))
+    mqtt = data.get("mqtt")
+    tls = mqtt.get("tls") if isinstance(mqtt, dict) else None
+    if not isinstance(tls, dict):
+        tls = {}
     for key in ("ca_file", "cert_file", "key_file"):
         if isinstance(tls.get(key), str) and not Path(tls[key]).expanduser().is_file():
             problems.append((f"mqtt.tls.{key}", f"file not found: {tls[key]}"))
@@ -68,7 +73,8 @@ def settings_problems(settings: Settings) -> list[tuple[str, str]]:
             where = f"models.{workload}[{i}]"
             problems += _model_problems(f"{where}.model", tier.model, workload)
             if not is_installed(tier.backend):
-                problems.append((f"{where}.backend", f"{tier.backend!r} is not installed here: {BACKENDS[tier.backend].install_hint}"))
+                problems.append((f"{where}.backend",
+                                 f"{tier.backend!r} is not installed here: {BACKENDS[tier.backend].install_hint}"))
     tls = settings.mqtt.tls
     if tls:
         for key in ("ca_file", "cert_file", "key_file"):

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 
 class Progress:
+    """One progress line (done, rate, ETA): redrawn on a terminal, printed every few seconds otherwise."""
+
     def __init__(
         self,
         label: str,

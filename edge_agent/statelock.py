@@ -18,8 +18,9 @@ import fcntl
 import logging
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from .errors import EdgeAgentError
 

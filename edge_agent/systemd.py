@@ -20,20 +20,23 @@ import os
 import socket
 import threading
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 log = logging.getLogger(__name__)
 
 
 class Notifier:
+    """sd_notify messages to ``$NOTIFY_SOCKET``; every call is a no-op outside systemd."""
+
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
         env = os.environ if env is None else env
         self.address = env.get("NOTIFY_SOCKET") or None
         usec = env.get("WATCHDOG_USEC")
         pid = env.get("WATCHDOG_PID")
         # WATCHDOG_PID names the process the watchdog is meant for; another process must not ping.
-        ok = usec and usec.isdigit() and (not pid or pid == str(os.getpid()))
-        self.watchdog_s = int(usec) / 1e6 if ok else None
+        self.watchdog_s: float | None = None
+        if usec and usec.isdigit() and (not pid or pid == str(os.getpid())):
+            self.watchdog_s = int(usec) / 1e6
         self._lock = threading.Lock()
 
     @property

@@ -22,6 +22,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -61,8 +62,9 @@ class LogMelConfig:
             raise ValueError("std values must be positive")
 
     @classmethod
-    def from_preprocessor(cls, source: str | Path | Mapping[str, object]) -> LogMelConfig:
+    def from_preprocessor(cls, source: str | Path | Mapping[str, Any]) -> LogMelConfig:
         """Read ``preprocessor_config.json`` (a path to it, to its folder, or its parsed content)."""
+        data: dict[str, Any]
         if isinstance(source, Mapping):
             data = dict(source)
         else:
@@ -145,7 +147,9 @@ def mel_filterbank(cfg: LogMelConfig) -> np.ndarray:
 
 
 def slaney_filterbank(n_mels: int, n_fft: int, rate: int, fmin: float = 0.0, fmax: float | None = None) -> np.ndarray:
-    """librosa's ``mel(htk=False, norm="slaney")``, as Whisper and this contract use it: ``[n_fft // 2 + 1, n_mels]``."""
+    """librosa's ``mel(htk=False, norm="slaney")``, as Whisper and this contract use it.
+
+    Shape ``[n_fft // 2 + 1, n_mels]``."""
     fmax = fmax if fmax is not None else rate / 2
     fft_hz = np.linspace(0.0, rate / 2, n_fft // 2 + 1)
     mel_points = np.linspace(_hz_to_mel(np.array(fmin)), _hz_to_mel(np.array(fmax)), n_mels + 2)

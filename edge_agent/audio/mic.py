@@ -17,8 +17,9 @@ import queue
 import threading
 import time
 import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import ClassVar
 
 import numpy as np
 
@@ -83,6 +84,8 @@ def resolve_device(device: str | int | None, sd=None) -> dict:
 
 @dataclass
 class MicStats:
+    """What a capture lost and where it ran: overflows, dropped blocks, reconnects, the device's rate and name."""
+
     overflows: int = 0  # PortAudio input overflows (samples lost before we saw them)
     dropped_blocks: int = 0  # blocks dropped because the consumer fell behind
     reconnects: int = 0
@@ -93,7 +96,7 @@ class MicStats:
 class MicSource:
     """Blocks from a live input device at 16 kHz mono."""
 
-    _instances: weakref.WeakSet[MicSource] = weakref.WeakSet()  # every open capture in this process
+    _instances: ClassVar[weakref.WeakSet[MicSource]] = weakref.WeakSet()  # every open capture in this process
 
     def __init__(self, device: str | int | None = None, block_ms: int = 20, *, capture_rate: int | None = None,
                  stall_s: float = 2.0, start_timeout_s: float = 6.0,

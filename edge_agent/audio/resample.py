@@ -20,7 +20,7 @@ ZERO_CROSSINGS = 16  # sinc lobes each side at the cut-off: ~-80 dB stop band wi
 @lru_cache(maxsize=16)
 def _kernel(up: int, down: int) -> tuple[np.ndarray, int]:
     cutoff = min(1.0, up / down)  # relative to the input Nyquist
-    half = int(math.ceil(ZERO_CROSSINGS / cutoff))
+    half = math.ceil(ZERO_CROSSINGS / cutoff)
     k = np.arange(-half + 1, half + 1, dtype=np.float64)  # taps relative to floor(t)
     frac = np.arange(up, dtype=np.float64)[:, None] / up
     d = k[None, :] - frac  # distance of each tap from t, in input samples

@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, Literal, Protocol
+from typing import BinaryIO, Literal, Protocol
 
 import numpy as np
 
@@ -27,6 +28,8 @@ _DTYPES = {"s16le": ("<i2", 32768.0), "s32le": ("<i4", 2147483648.0), "f32le": (
 
 
 class AudioSource(Protocol):
+    """Where audio comes from (file, stdin, microphone): float32 mono blocks at ``rate``."""
+
     rate: int
 
     def blocks(self) -> Iterator[np.ndarray]:

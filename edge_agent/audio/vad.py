@@ -28,6 +28,8 @@ from . import TARGET_RATE
 
 
 class Detector(Protocol):
+    """A voice-activity detector: fixed-size frames in, speech or not out (energy, WebRTC, Silero)."""
+
     frame_samples: int
 
     def is_speech(self, frame: np.ndarray) -> bool: ...
@@ -150,17 +152,23 @@ def make_detector(kind: Literal["energy", "webrtc", "silero"] = "energy", *, fra
 
 @dataclass(frozen=True, slots=True)
 class SpeechStart:
+    """An utterance began: its onset time and the audio that confirmed it (pre-roll included)."""
+
     at_s: float  # stream time of the onset (first voiced frame)
     audio: np.ndarray  # pre-roll + the voiced frames that confirmed the onset
 
 
 @dataclass(frozen=True, slots=True)
 class SpeechAudio:
+    """One more frame of the current utterance."""
+
     audio: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
 class SpeechEnd:
+    """The current utterance ended, with the decision's time, the last voiced time and why."""
+
     at_s: float  # stream time of the decision
     speech_end_s: float  # stream time where the last voiced frame ended
     reason: Literal["silence", "max_length", "end_of_stream"]
@@ -171,6 +179,8 @@ Event = SpeechStart | SpeechAudio | SpeechEnd
 
 @dataclass(frozen=True, slots=True)
 class EndpointConfig:
+    """When an utterance starts and ends: minimum speech, trailing silence, pre-roll, maximum length."""
+
     min_speech_ms: int = 100
     trailing_silence_ms: int = 500
     pre_roll_ms: int = 200
@@ -189,7 +199,7 @@ class Endpointer:
         self._min_voiced = max(1, math.ceil(config.min_speech_ms / frame_ms)) if detector else 1
         self._max_silence = max(1, math.ceil(config.trailing_silence_ms / frame_ms))
         self._max_frames = max(1, int(config.max_utterance_s * 1000 / frame_ms))
-        self._pre = deque(maxlen=max(0, math.ceil(config.pre_roll_ms / frame_ms)) + self._min_voiced)
+        self._pre: deque[np.ndarray] = deque(maxlen=max(0, math.ceil(config.pre_roll_ms / frame_ms)) + self._min_voiced)
         self._pending = np.zeros(0, np.float32)
         self._pos = 0  # samples framed so far
         self.speaking = False
@@ -247,7 +257,7 @@ class Endpointer:
             self._last_voiced_end = self._pos
         else:
             self._silence_run += 1
-        reason = None
+        reason: Literal["silence", "max_length"] | None = None
         if self._silence_run >= self._max_silence:
             reason = "silence"
         elif self._frames_in >= self._max_frames:

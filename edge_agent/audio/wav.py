@@ -82,7 +82,8 @@ def read_audio(path: str | Path, rate: int = TARGET_RATE) -> tuple[np.ndarray, A
     if data.shape[0] == 0:
         raise InputError(f"{path}: the file holds no audio (its data chunk is empty or truncated)")
     if data.shape[0] < info.frames:
-        log.warning("%s: header says %d frames, only %d could be read (truncated file)", path, info.frames, data.shape[0])
+        log.warning("%s: header says %d frames, only %d could be read (truncated file)",
+                    path, info.frames, data.shape[0])
     mono = to_mono(data)
     warnings = list(check_levels(mono))
     declared = max(info.frames, _wav_declared_frames(Path(path)) or 0)
@@ -111,7 +112,7 @@ def to_mono(data: np.ndarray) -> np.ndarray:
 
 def check_levels(samples: np.ndarray) -> list[str]:
     """Warnings about levels that hurt recognition: clipping, silence."""
-    out = []
+    out: list[str] = []
     if samples.size == 0:
         return out
     clipped = float(np.mean(np.abs(samples) >= CLIP_LEVEL))

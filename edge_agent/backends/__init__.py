@@ -12,9 +12,10 @@ import importlib
 import importlib.util
 import logging
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -67,6 +68,8 @@ class Session(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class BackendInfo:
+    """A backend the registry knows: the module that implements it, the package it needs, how to install it."""
+
     name: str
     module: str  # imported lazily
     requires: str  # top-level Python package the backend needs
@@ -144,7 +147,8 @@ def open_session(
     return session
 
 
-def dummy_feeds(specs: Sequence[TensorSpec], dims: Mapping[str, int] | None = None, default: int = 1) -> dict[str, np.ndarray]:
+def dummy_feeds(specs: Sequence[TensorSpec], dims: Mapping[str, int] | None = None,
+                default: int = 1) -> dict[str, np.ndarray]:
     """Zero-filled feeds for ``specs``; named dynamic dims come from ``dims``, others are ``default``."""
     dims = dims or {}
     feeds = {}

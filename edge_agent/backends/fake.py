@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -25,6 +25,8 @@ Compute = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
 
 
 class FakeSession:
+    """A ``Session`` that computes in numpy, with injectable latency and failures, for tests and benchmarks."""
+
     backend = "fake"
 
     def __init__(
@@ -80,7 +82,7 @@ def _specs(items: list[dict], where: str) -> list[TensorSpec]:
         raise ModelError(f"{where}: each tensor needs name, dtype and shape ({exc})") from exc
 
 
-def open(path: Path, options: SessionOptions) -> FakeSession:  # noqa: A001 - registry entry point
+def open(path: Path, options: SessionOptions) -> FakeSession:
     try:
         spec = json.loads(path.read_text())
     except FileNotFoundError:

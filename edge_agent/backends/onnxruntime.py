@@ -7,8 +7,8 @@ from an fp32 model, and does so only when asked.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -78,6 +78,8 @@ def _spec(arg) -> TensorSpec:
 
 
 class OrtSession:
+    """An ONNX Runtime ``InferenceSession`` behind the ``Session`` interface."""
+
     backend = "onnxruntime"
 
     def __init__(self, session: ort.InferenceSession, path: Path) -> None:
@@ -117,12 +119,12 @@ class OrtSession:
 def _translate(exc: Exception, path: Path) -> Exception:
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     kind = type(exc).__name__
-    if kind in ("InvalidArgument", "InvalidGraph") or "Invalid" in text and "input" in text.lower():
+    if kind in ("InvalidArgument", "InvalidGraph") or ("Invalid" in text and "input" in text.lower()):
         return InputError(f"onnxruntime rejected the inputs for {path.name}: {text}")
     return BackendError(f"onnxruntime failed running {path}: {text}")
 
 
-def open(path: Path, options: SessionOptions) -> OrtSession:  # noqa: A001 - registry entry point
+def open(path: Path, options: SessionOptions) -> OrtSession:
     if path.is_dir():
         raise ModelError(f"{path} is a folder; give the .onnx file inside it")
     if not path.is_file():

@@ -9,8 +9,8 @@ Two OpenVINO habits this module overrides on purpose:
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import openvino as ov
@@ -57,6 +57,8 @@ def compile_config(options: SessionOptions) -> dict[str, str]:
 
 
 class OvSession:
+    """An OpenVINO compiled model and its infer request behind the ``Session`` interface."""
+
     backend = "openvino"
 
     def __init__(self, model: ov.Model, compiled: ov.CompiledModel, path: Path, device: str) -> None:
@@ -93,7 +95,7 @@ class OvSession:
         self._compiled = None
 
 
-def open(path: Path, options: SessionOptions) -> OvSession:  # noqa: A001 - registry entry point
+def open(path: Path, options: SessionOptions) -> OvSession:
     if not path.is_file():
         raise ModelError(f"model file not found: {path}")
     if path.suffix not in (".onnx", ".xml"):

@@ -6,8 +6,15 @@ from __future__ import annotations
 
 from .histogram import ExponentialHistogram, bucket_index, relative_error
 from .timing import LATENCY_METRICS, LatencyStats, RequestTiming, TimingRecorder
-from .window import (FIRST_AFTER_LOAD, SLA_EXCLUDED_TAGS, WARMUP, MetricSnapshot, RollingWindow,
-                     WindowSnapshot, nearest_rank)
+from .window import (
+    FIRST_AFTER_LOAD,
+    SLA_EXCLUDED_TAGS,
+    WARMUP,
+    MetricSnapshot,
+    RollingWindow,
+    WindowSnapshot,
+    nearest_rank,
+)
 
 __all__ = [
     "ExponentialHistogram", "bucket_index", "relative_error",

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterable, Mapping
 from decimal import Decimal
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from .otlp import parse_data_point
 
@@ -335,10 +336,10 @@ class ExponentialHistogram:
         hist._downscale(_change_to_fit(offset, offset + len(counts) - 1, hist.max_size) if counts else 0)
         hist.zero_count, hist.count, hist.sum = point.zero_count, point.count, point.sum
         if point.count:
-            hist._bounds_known = point.min is not None and point.max is not None
-            # Unknown bounds stay loose ([0, inf]): quantile clamping is then a no-op.
-            hist._min = point.min if hist._bounds_known else 0.0
-            hist._max = point.max if hist._bounds_known else math.inf
+            if point.min is not None and point.max is not None:
+                hist._bounds_known, hist._min, hist._max = True, point.min, point.max
+            else:  # unknown bounds stay loose ([0, inf]): quantile clamping is then a no-op
+                hist._bounds_known, hist._min, hist._max = False, 0.0, math.inf
         return hist
 
     def __eq__(self, other: object) -> bool:

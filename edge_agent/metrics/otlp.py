@@ -8,8 +8,9 @@ decimal strings and fields at their default value (0, empty) may be absent.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 MAX_WIRE_BUCKETS = 1 << 16  # a payload claiming more buckets is refused, not allocated
 

@@ -1,6 +1,6 @@
 """Per-request latency: the timeline of one request and the aggregate over many.
 
-Vocabulary (DESIGN "Latency vocabulary", compatible with GenAI-Perf / vLLM bench):
+Vocabulary (docs/metrics.md, compatible with GenAI-Perf / vLLM bench):
 
     admitted ──queue_ms──▶ scheduled ──prefill_ms──▶ token 1 ─itl─▶ token 2 ─itl─▶ … token n ─▶ finished
     └──────────────────── ttft_ms ──────────────────┘
@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Iterable
+from itertools import pairwise
 
 from .histogram import DEFAULT_MAX_SIZE, ExponentialHistogram
 from .window import SLA_EXCLUDED_TAGS, RollingWindow, WindowSnapshot
@@ -48,7 +49,7 @@ class RequestTiming:
             points.append(("scheduled", self.scheduled_s))
         points += [(f"token {k + 1}", t) for k, t in enumerate(self.token_times_s)]
         points.append(("finished", self.finished_s))
-        for (name_a, a), (name_b, b) in zip(points, points[1:]):
+        for (name_a, a), (name_b, b) in pairwise(points):
             if b < a:
                 raise ValueError(f"request timeline goes backwards: {name_b} at {b!r} s "
                                  f"is before {name_a} at {a!r} s")
@@ -74,7 +75,7 @@ class RequestTiming:
     @property
     def itl_ms(self) -> tuple[float, ...]:
         times = self.token_times_s
-        return tuple((b - a) * 1e3 for a, b in zip(times, times[1:]))
+        return tuple((b - a) * 1e3 for a, b in pairwise(times))
 
     @property
     def e2e_ms(self) -> float:
@@ -91,7 +92,7 @@ class RequestTiming:
         """Every metric of ``LATENCY_METRICS`` as its samples (none, one, or one per gap for ITL)."""
         single = {"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms, "e2e_ms": self.e2e_ms,
                   "queue_ms": self.queue_ms, "prefill_ms": self.prefill_ms}
-        out = {name: () if value is None else (value,) for name, value in single.items()}
+        out: dict[str, tuple[float, ...]] = {name: () if value is None else (value,) for name, value in single.items()}
         out["itl_ms"] = self.itl_ms
         return out
 

@@ -13,8 +13,8 @@ way the demo corpus speaks them ("40%" → "forty percent", "7:05" → "seven oh
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 _ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
          "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
@@ -113,6 +113,8 @@ class ErrorCounts:
 
 @dataclass(frozen=True, slots=True)
 class Alignment:
+    """A minimum edit-distance alignment: the error counts and each aligned pair with its operation."""
+
     counts: ErrorCounts
     # (op, ref, hyp): op "=" match, "S" substitution, "D" deletion (hyp None), "I" insertion (ref None)
     pairs: tuple[tuple[str, str | None, str | None], ...]

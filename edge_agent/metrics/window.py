@@ -4,7 +4,7 @@ A window keeps, per metric, the samples of the last ``window_s`` seconds and at 
 of them (the newest win). Percentiles are nearest-rank: the smallest sample with at least p % of the
 samples <= it, i.e. ``sorted[ceil(p/100 * n) - 1]``, the same as ``numpy.percentile(...,
 method="inverted_cdf")``. They are always reported with ``count``: an SLA decision on 3 samples is
-noise (DESIGN asks for >= 20), and the caller decides.
+noise (the SLA policy waits for ``min_samples``, 20 by default), and the caller decides.
 
 Samples tagged with any of ``exclude_tags`` (warm-up, first request after a model load) are dropped
 at ``record``: they measure compilation and cache warming, not the service a user gets.
@@ -18,10 +18,10 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from decimal import Decimal
 from types import MappingProxyType
-from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 WARMUP = "warmup"
 FIRST_AFTER_LOAD = "first_after_load"

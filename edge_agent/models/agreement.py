@@ -9,7 +9,7 @@ Pure and small: tokens are any hashable values (token ids here).
 """
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 
 def common_prefix(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
@@ -22,6 +22,8 @@ def common_prefix(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
 
 
 class LocalAgreement:
+    """LocalAgreement-n over a stream of hypotheses: ``committed`` only ever grows (see the module doc)."""
+
     def __init__(self, n: int = 2) -> None:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
@@ -37,7 +39,7 @@ class LocalAgreement:
             # keeps the committed part and is judged on what follows it.
             keep = common_prefix(hyp, self.committed)
             hyp = self.committed + hyp[keep:]
-        self._recent = (self._recent + [hyp])[-self.n:]
+        self._recent = [*self._recent, hyp][-self.n:]
         if len(self._recent) < self.n:
             return []
         agreed = min(common_prefix(self._recent[0], h) for h in self._recent[1:]) if self.n > 1 else len(hyp)

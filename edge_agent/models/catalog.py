@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 from ..errors import ModelError, ModelNotFound
 
@@ -33,6 +34,8 @@ Kind = Literal["llm", "asr-whisper", "asr-ctc", "asr-ctc-streaming"]
 
 @dataclass(frozen=True, slots=True)
 class DemoModel:
+    """A demo model addressable by name: its kind, a description, whether its weights are generated on first use."""
+
     name: str
     kind: Kind
     description: str
@@ -44,7 +47,8 @@ DEMO_MODELS: dict[str, DemoModel] = {m.name: m for m in (
     DemoModel("demo-gemma", "llm", "Gemma architecture (multi-query attention), tiny, random weights"),
     DemoModel("demo-gemma2", "llm", "Gemma-2 architecture (GQA, soft-capping, sliding window), tiny, random weights"),
     DemoModel("demo-phi3-small", "llm", "Phi-3 architecture, 28.6 M parameters, random weights (benchmarks)", True),
-    DemoModel("demo-whisper", "asr-whisper", "Whisper architecture (encoder + decoder with KV cache), tiny, random weights"),
+    DemoModel("demo-whisper", "asr-whisper",
+              "Whisper architecture (encoder + decoder with KV cache), tiny, random weights"),
     DemoModel("demo-ctc", "asr-ctc", "wav2vec2-CTC architecture, tiny, random weights"),
     DemoModel("demo-asr", "asr-ctc-streaming", "streaming CTC (conv + GRU), 1.8 M parameters, trained on espeak-ng "
               "voice-assistant speech"),

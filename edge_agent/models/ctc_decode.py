@@ -14,9 +14,10 @@ as a whole-utterance decode.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -28,6 +29,8 @@ SPECIAL = ("<s>", "</s>", "<unk>", "<pad>", "<blank>", "<blk>", "<eps>")
 
 @dataclass(frozen=True, slots=True)
 class CtcVocab:
+    """A CTC model's vocabulary: id to token, the blank id and the word delimiter."""
+
     tokens: tuple[str, ...]  # id → token
     blank_id: int
     word_delimiter: str = "|"
@@ -55,7 +58,8 @@ class CtcVocab:
         return cls(tuple(tokens), int(blank), delimiter)
 
     def text(self, ids: Sequence[int]) -> str:
-        words, word = [], []
+        words: list[str] = []
+        word: list[str] = []
         for i in ids:
             tok = self.tokens[i] if 0 <= i < len(self.tokens) else ""
             if tok == self.word_delimiter or tok == " ":
@@ -76,6 +80,8 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 class Decoder(Protocol):
+    """An incremental CTC decoder: frames in through ``advance``, the best and the settled labels out."""
+
     def advance(self, log_probs: np.ndarray) -> None: ...
 
     def finish(self) -> None: ...  # the utterance ended (end-of-sentence scores, if any)
@@ -88,6 +94,8 @@ class Decoder(Protocol):
 
 
 class GreedyDecoder:
+    """Best path: the most likely label per frame, repeats merged and blanks dropped; every label is settled."""
+
     def __init__(self, blank_id: int) -> None:
         self.blank_id = blank_id
         self._ids: list[int] = []
@@ -156,7 +164,7 @@ class PrefixBeamDecoder:
             last = prefix[-1] if prefix else None
             for c in candidates:
                 p = lp[c]
-                ext = slot(prefix + (c,))
+                ext = slot((*prefix, c))
                 if c == last:
                     # A repeat extends only across a blank; without one it collapses into prefix.
                     ext[1] = np.logaddexp(ext[1], pb + p)

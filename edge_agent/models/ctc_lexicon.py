@@ -16,9 +16,9 @@ gives the same result.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -39,6 +39,8 @@ def _lae(a: float, b: float) -> float:
 
 @dataclass(frozen=True)
 class Lexicon:
+    """The words a model may output (``lexicon.txt``) and every prefix of them."""
+
     words: frozenset[str]
     prefixes: frozenset[str]
 
@@ -105,7 +107,7 @@ class NgramLM:
         backoff = 0.0
         for start in range(len(history) + 1):
             h = history[start:]
-            hit = self.entries.get(h + (word,))
+            hit = self.entries.get((*h, word))
             if hit is not None:
                 return backoff + hit[0]
             if h:
@@ -175,11 +177,11 @@ class LexiconBeamDecoder:
                     if word not in words:
                         continue
                     score = self.lm.score(hist, word) if self.lm is not None else 0.0
-                    add(key + (i,), NEG_INF, extend, lm + score, "", hist + (word,))
+                    add((*key, i), NEG_INF, extend, lm + score, "", (*hist, word))
                 else:
                     grown = word + tokens[i]
                     if grown in prefixes:
-                        add(key + (i,), NEG_INF, extend, lm, grown, hist)
+                        add((*key, i), NEG_INF, extend, lm, grown, hist)
         ranked = sorted(nxt.items(), key=lambda kv: (-(_lae(kv[1][0], kv[1][1]) + kv[1][2]), kv[0]))
         self._beams = dict(ranked[: self.beam])
 
@@ -193,7 +195,7 @@ class LexiconBeamDecoder:
             if self.lm is not None:
                 if word:
                     score += self.lm.score(hist, word)
-                    hist = hist + (word,)
+                    hist = (*hist, word)
                 score += self.lm.score(hist, "</s>")
             if score > best or (score == best and best_key is not None and key < best_key):
                 best, best_key = score, key

@@ -10,7 +10,8 @@ boundaries; columns that only hold pads for every row are trimmed when rows leav
 """
 from __future__ import annotations
 
-from typing import Generic, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Generic, TypeVar
 
 import numpy as np
 

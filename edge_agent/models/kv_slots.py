@@ -12,7 +12,8 @@ at step boundaries; leaving compacts the rows so the active ones stay a contiguo
 """
 from __future__ import annotations
 
-from typing import Generic, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -22,6 +23,8 @@ Row = TypeVar("Row")
 
 
 class SlotCache(Generic[Row]):
+    """Per-row KV slots in buffers allocated once; rows join and leave at step boundaries (see the module doc)."""
+
     def __init__(self, names: Sequence[str], max_rows: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: str = "float32") -> None:
         self.capacity = capacity

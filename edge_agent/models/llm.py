@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -112,7 +112,8 @@ class DecoderLM:
             self.contract = replace(self.contract, max_context=min(self.contract.max_context, kv_capacity))
             if not hasattr(session, "run_with_binding"):
                 raise ModelError(f"{ref.name}: onnxruntime-genai folders run on ONNX Runtime only")
-        self.tokenizer = Tokenizer(ref.path, config.get("model_type", ref.model_type) if self.shared_kv else ref.model_type)
+        model_type = config.get("model_type", ref.model_type) if self.shared_kv else ref.model_type
+        self.tokenizer = Tokenizer(ref.path, model_type)
         out = {s.name: s for s in session.outputs}
         vocab = out["logits"].shape[-1] if "logits" in out else None
         self._vocab = vocab if isinstance(vocab, int) else int(config.get("vocab_size", 0) or 0)
@@ -183,7 +184,8 @@ class DecoderLM:
         ids = np.asarray(tokens, dtype=np.int64)[:, None]
         mask = batch.step_mask()
         if isinstance(batch, SlotCache):
-            logits = self._run_slots(batch, 0, len(batch), ids, mask, np.asarray(batch.lengths, dtype=np.int64)[:, None])
+            positions = np.asarray(batch.lengths, dtype=np.int64)[:, None]
+            logits = self._run_slots(batch, 0, len(batch), ids, mask, positions)
             batch.advance()
             return logits[:, -1]
         logits, present = self.forward(ids, mask, batch.past)
@@ -217,7 +219,8 @@ class DecoderLM:
             positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -ids.shape[1]:]
             feeds["position_ids"] = positions.astype(np.int64)
         out = self.session.run(feeds)
-        new_past = {name.replace("present.", "past_key_values.", 1): v for name, v in out.items() if name.startswith("present.")}
+        new_past = {name.replace("present.", "past_key_values.", 1): v
+                    for name, v in out.items() if name.startswith("present.")}
         return out["logits"], new_past
 
     def prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
@@ -238,7 +241,8 @@ class DecoderLM:
                 f"model's context of {self.contract.max_context} tokens"
             )
 
-    def generate_greedy(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_at_eos: bool = True) -> Iterator[int]:
+    def generate_greedy(self, prompt_ids: Sequence[int], max_new_tokens: int,
+                        stop_at_eos: bool = True) -> Iterator[int]:
         """Greedy decoding with the KV cache, yielding each new token id as soon as it exists."""
         self.check_prompt(prompt_ids, max_new_tokens)
         ids = np.asarray([prompt_ids], dtype=np.int64)

@@ -6,8 +6,8 @@ whatever else shares its batch, because each request owns its generator.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -16,6 +16,8 @@ from ..errors import InputError
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
+    """How to pick each next token and when to stop; the defaults are greedy with no stop text."""
+
     max_new_tokens: int = 128
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = off

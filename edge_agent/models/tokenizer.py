@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from ..errors import InputError, ModelError
 
@@ -38,6 +38,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 @dataclass(frozen=True, slots=True)
 class Message:
+    """One chat message (role and content), as the chat template takes it."""
+
     role: str
     content: str
 
@@ -107,7 +109,8 @@ class Tokenizer:
             if not isinstance(m.content, str):
                 raise InputError(f"messages[{i}].content: must be text")
         if not self.chat_template:
-            raise ModelError("this model has no chat template (tokenizer_config.json chat_template); send a plain prompt")
+            raise ModelError("this model has no chat template (tokenizer_config.json chat_template); "
+                             "send a plain prompt")
         import jinja2
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 

@@ -1,6 +1,6 @@
 """The MQTT link: paho-mqtt 2.x, MQTT v5, ``connect_async`` + ``loop_start``, TLS, Last Will, birth.
 
-What the wrapper guarantees (FACTS "MQTT" lists the pitfalls it exists for):
+What the wrapper guarantees (each point is a paho pitfall it exists for):
 - a broker that is missing at boot, or goes away, never stops the agent: paho's thread keeps
   retrying, with an exponential delay (1 s doubling to ``max_delay_s``) scaled by a random factor
   in [0.5, 1] so that a fleet does not reconnect in lock-step after a broker restart;
@@ -22,8 +22,8 @@ import random
 import ssl
 import threading
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
@@ -38,6 +38,8 @@ MAX_ACK_BACKLOG = 100_000
 
 @dataclass(frozen=True, slots=True)
 class Outgoing:
+    """A message to publish: topic, payload, QoS and the retain flag."""
+
     topic: str
     payload: bytes
     qos: int = 1
@@ -46,6 +48,8 @@ class Outgoing:
 
 @dataclass(frozen=True, slots=True)
 class Incoming:
+    """A message the broker delivered, with the MQTT 5 properties a command's reply needs."""
+
     topic: str
     payload: bytes
     response_topic: str | None
@@ -152,7 +156,7 @@ class MqttLink:
             log.warning("%s", self.last_error)
             return None
         if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
-            # NO_CONN still queues a QoS 1 message (FACTS); anything else (queue full) did not.
+            # NO_CONN still queues a QoS 1 message (paho sends it on reconnect); anything else (queue full) did not.
             return None
         return info.mid
 
@@ -218,7 +222,8 @@ class MqttLink:
         self._failures = min(self._failures + 1, 16)
         delay = min(self._max_delay_s, 2.0 ** (self._failures - 1)) * self._rng.uniform(0.5, 1.0)
         # reconnect_delay_set resets paho's own backoff: its next wait is exactly our jittered delay.
-        self._client.reconnect_delay_set(max(0.2, delay), max(1, int(self._max_delay_s)))
+        # paho annotates the delays as int, but uses them as seconds in float arithmetic: sub-second is fine
+        self._client.reconnect_delay_set(max(0.2, delay), max(1, int(self._max_delay_s)))  # type: ignore[arg-type]
 
     def _handle_publish(self, _client: mqtt.Client, _ud: object, mid: int, rc: object, _props: object) -> None:
         self.acks.append((mid, _reason_value(rc)))

@@ -10,17 +10,18 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 log = logging.getLogger("edge_agent.telemetry.spool")
 
 BACKOFF_MIN_S, BACKOFF_MAX_S = 1.0, 8.0
 MIN_FREE_BYTES = 1024 * 1024  # below this, a spool that will not open is taken for a full disk
+SQLITE_FULL = 13  # sqlite3.SQLITE_FULL, which Python 3.10's sqlite3 does not define
 
 
 def is_full(exc: sqlite3.Error) -> bool:
-    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "full" in str(exc).lower()
+    return getattr(exc, "sqlite_errorcode", None) == SQLITE_FULL or "full" in str(exc).lower()
 
 
 def low_space(path: Path) -> bool:
@@ -32,6 +33,8 @@ def low_space(path: Path) -> bool:
 
 
 class DiskFull:
+    """The full-disk state of one spool: since when, why, when to try the disk again, records lost meanwhile."""
+
     def __init__(self, path: Path, clock: Callable[[], float]) -> None:
         self.path, self.clock = path, clock
         self.since: float | None = None

@@ -5,8 +5,8 @@ otherwise), so a loss is never forgotten because the report of it could not be w
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .schema import SpoolDrop
 
@@ -53,6 +53,8 @@ class Loss:
 
 
 class Drops:
+    """Unreported losses per reason, turned into ``spool_drop`` reports by ``take``."""
+
     def __init__(self) -> None:
         self.by_reason: dict[str, Loss] = {}
 

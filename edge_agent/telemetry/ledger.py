@@ -13,8 +13,8 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,8 @@ CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 
 
 class Ledger:
+    """The command ledger and the last ``desired`` applied, in SQLite (see the module doc)."""
+
     def __init__(self, path: Path | str, max_entries: int = 10_000, *, wall: Callable[[], float] = time.time) -> None:
         self.path = Path(path)
         self.max_entries = max_entries

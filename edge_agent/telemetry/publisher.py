@@ -31,8 +31,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .client import MqttLink
 from .schema import Event, LatencyWindow, WindowTimes
@@ -66,12 +67,16 @@ def read_boot_id() -> str:
 
 @dataclass(frozen=True, slots=True)
 class Identity:
+    """Who publishes: the device id, the agent's version and this boot's id."""
+
     device_id: str
     version: str
     boot_id: str
 
 
 class Publisher:
+    """The telemetry thread's loop: seal windows, spool them, publish live then backlog (see the module doc)."""
+
     def __init__(self, link: MqttLink | None, spool: Spool, accumulator: WindowAccumulator, identity: Identity,
                  *, interval_s: float = 10.0, replay_per_s: float = 5.0, replay_burst: int = 10,
                  live_age_s: float | None = None, max_inflight: int = 20, inflight_timeout_s: float = 60.0,
@@ -243,7 +248,7 @@ class Publisher:
             self._generation = link.generation
             # Sent-before-reconnect messages get a fresh timeout: paho retransmits them itself.
             self._inflight = {mid: (rid, now) for mid, (rid, _t) in self._inflight.items()}
-        for mid, (rid, sent) in list(self._inflight.items()):
+        for mid, (_rid, sent) in list(self._inflight.items()):
             if now - sent > self.inflight_timeout_s:
                 del self._inflight[mid]
         # Records too old to be live are left to the backlog pass (also keeps _fresh bounded offline).

@@ -26,7 +26,7 @@ SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 UINT64_MAX = 2**64 - 1
 WORKLOAD = r"^[a-z][a-z0-9_-]{0,31}$"
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-# Metrics a window may carry histograms for (DESIGN "Latency vocabulary").
+# Metrics a window may carry histograms for (the vocabulary of docs/metrics.md).
 WINDOW_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "queue_ms", "prefill_ms",
                   "first_partial_ms", "final_ms", "turn_ms")
 MetricName = Literal["ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "queue_ms", "prefill_ms",
@@ -56,6 +56,8 @@ def _schema_field(name: str) -> Any:
 # -- histograms and windows ---------------------------------------------------------------------
 
 class Buckets(BaseModel):
+    """The populated buckets of one side of an exponential histogram: the first index and the counts from it."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
     offset: int = 0
     bucketCounts: list[int] = Field(default_factory=list, max_length=4096)
@@ -99,6 +101,8 @@ class LocalQuantiles(BaseModel):
 
 
 class Throughput(BaseModel):
+    """Requests and generated tokens per second over the window."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
     requests_per_s: float = Field(ge=0)
     tokens_per_s: float = Field(0.0, ge=0)
@@ -123,6 +127,8 @@ class Series(BaseModel):
 
 
 class WindowTimes(BaseModel):
+    """The window's bounds on the wall clock and on the monotonic clock."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
     start_wall: float
     end_wall: float
@@ -178,6 +184,8 @@ class Meta(Wire):
 
 
 class SlaSpec(BaseModel):
+    """A latency objective: a percentile of a metric under a target, over a window, with a minimum sample count."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
     metric: Literal["ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "first_partial_ms", "final_ms", "turn_ms"] = "ttft_ms"
     percentile: float = Field(95.0, gt=0, le=100)
@@ -250,7 +258,8 @@ class SpoolDrop(BaseModel):
     windows: int = Field(0, ge=0)
     events: int = Field(0, ge=0)
     bytes: int = Field(0, ge=0)
-    seq_ranges: list[tuple[int, int]] = Field(default_factory=list, description="lost tele/latency seq ranges, inclusive")
+    seq_ranges: list[tuple[int, int]] = Field(default_factory=list,
+                                              description="lost tele/latency seq ranges, inclusive")
     detail: str | None = Field(None, max_length=1024)
 
 

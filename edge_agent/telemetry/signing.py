@@ -22,8 +22,9 @@ import binascii
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, EdgeAgentError
 
@@ -126,7 +127,7 @@ class Unsigned(Exception):
 def unwrap(payload: bytes) -> tuple[bytes, int, bytes] | None:
     """``(inner payload, expires, signature)`` when ``payload`` is an envelope, else None.
     Raises ``Unsigned`` for an envelope that is malformed."""
-    if not payload.lstrip()[:1] == b"{":
+    if payload.lstrip()[:1] != b"{":
         return None
     try:
         doc = json.loads(payload)
@@ -168,7 +169,7 @@ class Verifier:
         now = self.wall()
         if expires < now:
             raise Unsigned(f"signature expired {now - expires:.0f} s ago (expires {expires}, device time {now:.0f})")
-        if self.required:
+        if self.public_key is not None:  # required
             from cryptography.exceptions import InvalidSignature
 
             try:

@@ -34,9 +34,10 @@ import sqlite3
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 from . import seq as seqmod
 from .diskfull import BACKOFF_MAX_S, BACKOFF_MIN_S, DiskFull, is_full, low_space
@@ -69,6 +70,8 @@ CREATE INDEX IF NOT EXISTS records_kind ON records(kind, id);
 
 @dataclass(frozen=True, slots=True)
 class Record:
+    """One spooled message: its row id, kind, topic, ``seq``, the session that wrote it, and its payload."""
+
     id: int
     kind: Kind
     topic: str
@@ -84,6 +87,8 @@ class Record:
 
 
 class Spool:
+    """The store-and-forward spool (see the module doc): bounded, crash-safe, never raising on a full disk."""
+
     def __init__(self, path: Path | str, max_bytes: int = 64 * 1024 * 1024, max_records: int = 100_000,
                  max_attempts: int = 5, *, wall: Callable[[], float] = time.time,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -308,10 +313,12 @@ class Spool:
             seq = seqmod.allocate(self._conn, STREAM_OF[kind])
             payload = build(seq)
             cur = self._conn.execute(
-                "INSERT INTO records(kind, topic, seq, session, created_wall, crc, payload) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO records(kind, topic, seq, session, created_wall, crc, payload)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (kind, topic, seq, self.session, wall, zlib.crc32(payload), payload))
         self._reserved = {}
-        record = Record(int(cur.lastrowid), kind, topic, seq, self.session, wall, 0, payload)
+        assert cur.lastrowid is not None  # an INSERT always sets it
+        record = Record(cur.lastrowid, kind, topic, seq, self.session, wall, 0, payload)
         self.records += 1
         self.bytes += record.size
         return record

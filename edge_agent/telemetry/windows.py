@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 from ..metrics.histogram import DEFAULT_MAX_SIZE, ExponentialHistogram
 from ..metrics.timing import RequestTiming
@@ -24,6 +24,8 @@ from .schema import WINDOW_METRICS, Histogram, LocalQuantiles, Series, Throughpu
 
 @dataclass
 class SeriesData:
+    """One (workload, tier) series of a window: counts, a histogram and bounded raw samples per metric."""
+
     workload: str
     tier: str
     model: str
@@ -46,7 +48,8 @@ class SeriesData:
         return Series(workload=self.workload, tier=self.tier, model=self.model, engine_hash=self.engine_hash,
                       requests=self.requests, errors=self.errors, tokens_out=self.tokens_out,
                       throughput=Throughput(requests_per_s=self.requests * per_s, tokens_per_s=self.tokens_out * per_s),
-                      histograms=hists, relative_error={m: h.relative_error for m, h in self.histograms.items() if h.count},
+                      histograms=hists,
+                      relative_error={m: h.relative_error for m, h in self.histograms.items() if h.count},
                       local=local)
 
 
