@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from .errors import ConfigError, EdgeAgentError
+from .fleet_keys import load_public_key
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -265,8 +266,6 @@ class TelemetryConfig(Section):
     @classmethod
     def _loadable_key(cls, value: str | None) -> str | None:
         if value:  # a key that cannot be read must stop the agent, never fall back to unsigned
-            from .telemetry.signing import load_public_key
-
             try:
                 load_public_key(value)
             except ConfigError as exc:

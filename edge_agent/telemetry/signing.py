@@ -18,96 +18,27 @@ envelope rather than MQTT user properties: it survives MQTT 3.1.1 bridges and re
 from __future__ import annotations
 
 import base64
-import binascii
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, EdgeAgentError
+from ..errors import EdgeAgentError
+from ..fleet_keys import b64_or_none, keygen, load_private_key
+
+# the keys moved to fleet_keys; these stay importable from here
+from ..fleet_keys import load_public_key as load_public_key
+from ..fleet_keys import public_key_b64 as public_key_b64
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..config import MqttConfig, TelemetryConfig
 
 ENVELOPE = "edge-agent.signed/1"
-INSTALL_HINT = "pip install 'edge-agent[fleet]'"
-
-
-def _crypto() -> Any:
-    try:
-        from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric import ed25519
-    except ImportError as exc:
-        raise EdgeAgentError(f"signed fleet messages need the 'cryptography' package: {INSTALL_HINT}") from exc
-    return serialization, ed25519
 
 
 def signed_bytes(topic: str, expires: int, payload: bytes) -> bytes:
     return topic.encode() + b"\n" + str(int(expires)).encode() + b"\n" + payload
-
-
-# -- keys -------------------------------------------------------------------------------------------
-
-def load_public_key(value: str, where: str = "telemetry.fleet_public_key") -> Any:
-    """An Ed25519 public key from a PEM file path or the raw 32-byte key in base64."""
-    serialization, ed25519 = _crypto()
-    text = value.strip()
-    raw = _b64(text)
-    if raw is not None and len(raw) == 32:
-        return ed25519.Ed25519PublicKey.from_public_bytes(raw)
-    path = Path(text).expanduser()
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError([(where, f"neither a base64 Ed25519 key (32 bytes) nor a readable PEM file: "
-                                   f"{path}: {exc.strerror or exc}")]) from None
-    try:
-        key = serialization.load_pem_public_key(data)
-    except ValueError as exc:
-        raise ConfigError([(where, f"{path}: not a PEM public key: {exc}")]) from None
-    if not isinstance(key, ed25519.Ed25519PublicKey):
-        raise ConfigError([(where, f"{path}: a {type(key).__name__}, not an Ed25519 public key")])
-    return key
-
-
-def load_private_key(path: Path) -> Any:
-    serialization, ed25519 = _crypto()
-    try:
-        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
-    except OSError as exc:
-        raise EdgeAgentError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except (ValueError, TypeError) as exc:
-        raise EdgeAgentError(f"{path}: not an unencrypted PEM private key: {exc}") from None
-    if not isinstance(key, ed25519.Ed25519PrivateKey):
-        raise EdgeAgentError(f"{path}: a {type(key).__name__}, not an Ed25519 private key")
-    return key
-
-
-def public_key_b64(public_key: Any) -> str:
-    serialization, _ = _crypto()
-    return base64.b64encode(public_key.public_bytes(serialization.Encoding.Raw,
-                                                    serialization.PublicFormat.Raw)).decode()
-
-
-def keygen(out: Path) -> tuple[Path, str]:
-    """Write a new private key (PEM, mode 0600) and ``<out>.pub.pem``; return the public PEM path and
-    the public key in base64 (either form works as ``telemetry.fleet_public_key``)."""
-    serialization, ed25519 = _crypto()
-    out = Path(out)
-    if out.exists():
-        raise EdgeAgentError(f"{out} exists; refusing to overwrite a key")
-    key = ed25519.Ed25519PrivateKey.generate()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(pem)
-    pub = out.with_name(out.name.removesuffix(".pem") + ".pub.pem")
-    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
-    return pub, public_key_b64(key.public_key())
 
 
 # -- envelopes --------------------------------------------------------------------------------------
@@ -141,7 +72,7 @@ def unwrap(payload: bytes) -> tuple[bytes, int, bytes] | None:
             or not isinstance(sig, str):
         raise Unsigned(f"malformed {ENVELOPE} envelope: needs integer 'expires' and base64 'payload' and "
                        f"'sig'{'; unknown keys ' + ', '.join(extra) if extra else ''}")
-    raw, signature = _b64(inner), _b64(sig)
+    raw, signature = b64_or_none(inner), b64_or_none(sig)
     if raw is None or signature is None:
         raise Unsigned(f"malformed {ENVELOPE} envelope: 'payload' and 'sig' must be base64")
     return raw, expires, signature
@@ -240,10 +171,3 @@ def cmd_sign(args: Any) -> int:
         raise EdgeAgentError(f"cannot read {args.payload_file}: {exc.strerror or exc}") from None
     sys.stdout.buffer.write(sign(key, args.topic, payload, int(time.time()) + args.ttl) + b"\n")
     return 0
-
-
-def _b64(text: str) -> bytes | None:
-    try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        return None
