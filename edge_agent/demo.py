@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .audio.spoken import synthesize
 from .errors import EdgeAgentError, InputError
 from .metrics.window import nearest_rank
 
@@ -36,9 +37,6 @@ log = logging.getLogger(__name__)
 
 CHAT = ("Turn on the kitchen light.", "What is on my calendar tomorrow?", "Summarize today's notes briefly.",
         "Set a timer for ten minutes.", "How warm is the living room?", "Translate 'thank you' into Spanish.")
-SPOKEN = ("turn on the kitchen light", "set the bedroom temperature to twenty one degrees",
-          "what time is it", "set a timer for five minutes", "turn off all the lights")
-VOICES = ("en", "en+m3", "en+f2", "en-us", "en+m7")
 
 
 @dataclass
@@ -113,21 +111,6 @@ cooldown_s = 8
 min_dwell_s = 3
 """)
     return cfg
-
-
-def synthesize(workdir: Path) -> list[tuple[Path, str]]:
-    """Spoken commands as 16 kHz mono WAVs, several voices (espeak-ng + sox); [] when not installed."""
-    if not (shutil.which("espeak-ng") and shutil.which("sox")):
-        return []
-    out = []
-    for i, text in enumerate(SPOKEN):
-        raw, wav = workdir / f"say{i}.raw.wav", workdir / f"say{i}.wav"
-        subprocess.run(["espeak-ng", "-v", VOICES[i % len(VOICES)], "-s", "150", "-w", str(raw), text],
-                       check=True, capture_output=True)
-        subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(wav), "pad", "0.2", "0.6"],
-                       check=True, capture_output=True)
-        out.append((wav, text))
-    return out
 
 
 async def chat_load(base: str, rec: Record, t0: float, duration: float, rate: float, stop: asyncio.Event) -> None:
