@@ -29,8 +29,8 @@ from . import __version__
 from .config import ASR_SLA_METRICS, Settings, TierConfig, load_settings
 from .errors import ConfigError, EdgeAgentError
 from .metrics.prometheus import PrometheusMetrics
-from .metrics.timing import RequestTiming
 from .models.llm import DecoderLM
+from .observe import Observers
 from .serving.api import ApiServer
 from .serving.scheduler import Limits
 from .serving.tier_control import TierController, asr_policy_from_config, policy_from_config
@@ -60,7 +60,9 @@ class Agent:
         self.asr_controller: TierController | None = None  # only with two or more ASR tiers
         self._engines = None  # TierEngines, made on first use
         self.watchdog: Watchdog | None = None
-        self._observers: dict[str, Callable[[RequestTiming], None]] = {}
+        # Every finished request and utterance, to Prometheus, the controllers and the telemetry.
+        self.observers = Observers()
+        self.observers.register(self.metrics.observe)
         self.started_wall = time.time()
         self.remote = RemoteTarget(self)
 
@@ -71,6 +73,8 @@ class Agent:
         engines = self._tier_engines()
         self.notifier.status("starting: telemetry")
         self.telemetry = self._start_telemetry()
+        if self.telemetry is not None:
+            self.observers.register(self.telemetry.observe)
         self.notifier.status("starting: loading the LLM tier")
         self.llm = self._start_llm()
         self.notifier.status("starting: ASR")
@@ -202,8 +206,8 @@ class Agent:
 
     def _start_llm(self) -> TieredLLM:
         s = self.settings
-        tiers = [Tier(t.name, self._opener(t), self._limits(t), t.max_new_tokens) for t in s.models.llm]
-        served = TieredLLM(tiers, on_finished=self._llm_finished, on_switched=self._llm_switched,
+        tiers = [Tier(t.name, self._opener(t), self._limits(t), t.max_new_tokens, t.model) for t in s.models.llm]
+        served = TieredLLM(tiers, observe=self.observers.deliver, on_switched=self._llm_switched,
                            drain_s=self.drain_s)
         errors = []
         for index, tier in enumerate(tiers):  # the top tier, or the lightest one that loads
@@ -219,6 +223,7 @@ class Agent:
         policy = policy_from_config(s.sla, max(t.max_batch for t in s.models.llm))
         self.controller = TierController(served, policy, window_s=s.sla.window_s,
                                          evaluate_every_s=s.sla.evaluate_every_s, on_event=self._event).start()
+        self.observers.register(self.controller.observe)
         return served
 
     def _opener(self, tier: TierConfig) -> Callable[[], DecoderLM]:
@@ -247,7 +252,7 @@ class Agent:
         try:
             from .serving.speech import open_speech
 
-            speech = open_speech(s, on_utterance=self._asr_finished, on_switched=self._asr_switched,
+            speech = open_speech(s, observe=self.observers.deliver, on_switched=self._asr_switched,
                                  on_load_failed=lambda tier, exc: self._event(
                                      "tier_load_failed", {"workload": "asr", "tier": tier, "error": str(exc)}),
                                  drain_s=self.drain_s)
@@ -261,6 +266,7 @@ class Agent:
             self.asr_controller = TierController(speech, asr_policy_from_config(s.sla.asr), window_s=s.sla.asr.window_s,
                                                  evaluate_every_s=s.sla.asr.evaluate_every_s, on_event=self._event,
                                                  workload="asr").start()
+            self.observers.register(self.asr_controller.observe)
         return speech
 
     def _tier_engines(self):
@@ -278,28 +284,6 @@ class Agent:
         return engines
 
     # -- hooks ----------------------------------------------------------------------------------
-
-    def _llm_finished(self, timing: RequestTiming) -> None:
-        self.metrics.observe(timing, "llm")
-        if self.controller is not None:
-            self.controller.observe(timing)
-        if self.telemetry is not None:
-            tier = next((t.split(":", 1)[1] for t in timing.tags if t.startswith("tier:")), "")
-            observer = self._observers.get(tier)
-            if observer is None:
-                model = next((t.model for t in self.settings.models.llm if t.name == tier), "")
-                observer = self._observers[tier] = self.telemetry.llm_observer(tier, model)
-            observer(timing)
-
-    def _asr_finished(self, tier: str, model: str, samples: dict[str, list[float]]) -> None:
-        if self.asr_controller is not None:
-            self.asr_controller.observe_samples(samples, tier)
-        if self.telemetry is not None:
-            self.telemetry.accumulator.observe("asr", tier, model, samples)
-        for metric, histogram in (("first_partial_ms", self.metrics.asr_first_partial),
-                                  ("final_ms", self.metrics.asr_final)):
-            for value in samples.get(metric, ()):
-                histogram.labels(tier).observe(value / 1e3)
 
     def _asr_switched(self, old: int, new: int, load_ms: float, error: str | None) -> None:
         if error and self.asr_controller is not None:

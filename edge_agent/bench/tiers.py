@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     events: list[tuple[float, str, dict]] = []
     holder: dict = {}
     t0 = [time.monotonic()]
-    served = TieredLLM(ladder, on_finished=lambda t: holder["c"].observe(t),
+    served = TieredLLM(ladder, observe=lambda obs: holder["c"].observe(obs),
                        on_switched=lambda old, new, ms, err: (events.append((time.monotonic() - t0[0], "loaded",
                                                               {"to": ladder[new].name, "load_ms": ms, "error": err})),
                                                               err and holder["c"].switch_failed(old, new, err))).start()

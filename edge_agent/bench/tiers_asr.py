@@ -164,16 +164,16 @@ def run(args: argparse.Namespace) -> int:
     def note(kind: str, payload: dict) -> None:
         events.append((time.monotonic() - t0[0], kind, payload))
 
-    def utterance(tier: str, model: str, samples: dict) -> None:
+    def utterance(obs) -> None:
         if "c" in holder:
-            holder["c"].observe_samples(samples, tier)
+            holder["c"].observe(obs)
 
     def switched(old: int, new: int, ms: float, err: str | None) -> None:
         note("loaded", {"to": names[new], "load_ms": ms, "error": err})
         if err and "c" in holder:
             holder["c"].switch_failed(old, new, err)
 
-    speech = open_speech(settings, on_utterance=utterance, on_switched=switched, drain_s=60.0)
+    speech = open_speech(settings, observe=utterance, on_switched=switched, drain_s=60.0)
     controller = holder["c"] = TierController(speech, policy, window_s=args.window_s, evaluate_every_s=ev,
                                               on_event=note, workload="asr")
     t0[0] = time.monotonic()

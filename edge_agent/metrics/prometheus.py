@@ -6,12 +6,13 @@ documented error are the MQTT telemetry's (OpenTelemetry exponential histograms)
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401 - re-exported for the API
 
-from .timing import RequestTiming
+if TYPE_CHECKING:
+    from ..observe import Observation
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.387, 0.5, 0.75, 1.0,
                     1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
@@ -19,6 +20,9 @@ _TOKEN_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 
 
 
 class PrometheusMetrics:
+    """The ``/metrics`` registry: latency histograms per workload and tier (``observe``, an
+    ``observe.Observers`` consumer), failures, and the queue/batch gauges read at each scrape."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -46,20 +50,20 @@ class PrometheusMetrics:
                                    buckets=_LATENCY_BUCKETS, registry=r)
         self._load: list[tuple[str, Callable[[], tuple[int, int]]]] = []
 
-    def observe(self, timing: RequestTiming, workload: str = "llm") -> None:
-        tier = next((t.split(":", 1)[1] for t in timing.tags if t.startswith("tier:")), "")
-        lab = (workload, tier)
-        if timing.ttft_ms is not None:
-            self.ttft.labels(*lab).observe(timing.ttft_ms / 1e3)
-        for gap in timing.itl_ms:
-            self.itl.labels(*lab).observe(gap / 1e3)
-        if timing.tpot_ms is not None:
-            self.tpot.labels(*lab).observe(timing.tpot_ms / 1e3)
-        if timing.queue_ms is not None:
-            self.queue.labels(*lab).observe(timing.queue_ms / 1e3)
-        self.e2e.labels(*lab).observe(timing.e2e_ms / 1e3)
-        self.prompt_tokens.labels(*lab).inc(timing.tokens_in)
-        self.generation_tokens.labels(*lab).inc(timing.tokens_out)
+    def observe(self, obs: Observation) -> None:
+        """One finished request or utterance, first-after-load included (every request is served)."""
+        if obs.workload == "asr":
+            for metric, histogram in (("first_partial_ms", self.asr_first_partial), ("final_ms", self.asr_final)):
+                for value in obs.samples.get(metric, ()):
+                    histogram.labels(obs.tier).observe(value / 1e3)
+            return
+        lab = (obs.workload, obs.tier)
+        for metric, histogram in (("ttft_ms", self.ttft), ("itl_ms", self.itl), ("tpot_ms", self.tpot),
+                                  ("queue_ms", self.queue), ("e2e_ms", self.e2e)):
+            for value in obs.samples.get(metric, ()):
+                histogram.labels(*lab).observe(value / 1e3)
+        self.prompt_tokens.labels(*lab).inc(obs.tokens_in)
+        self.generation_tokens.labels(*lab).inc(obs.tokens_out)
         self.requests.labels(*lab).inc()
 
     def failed(self, workload: str, reason: str) -> None:

@@ -36,6 +36,7 @@ import numpy as np
 from ..config import Settings, TierConfig
 from ..errors import DeadlineExceeded, EdgeAgentError, InputError, ModelError, Unavailable
 from ..models.recognizer import Recognizer
+from ..observe import Observation, Observer
 from .asr import AsrEvent, AsrService
 from .ladder import Ladder, Switched
 
@@ -46,7 +47,6 @@ log = logging.getLogger(__name__)
 MAX_BACKLOG_S = 4.0
 CLOSE_TIMEOUT_S = 30.0  # end of input → every final; past it, what is still open gets an error
 UPLOAD_TIMEOUT_S = 300.0
-Observer = Callable[[str, str, dict], None]  # (tier, model, {metric: [values]})
 
 
 def event_dict(event: AsrEvent) -> dict:
@@ -71,21 +71,21 @@ class _Loaded:
     """One tier in memory: its engine, its service, and how many streams it still serves."""
 
     def __init__(self, index: int, tier: SpeechTier, engine: Recognizer, service: AsrService,
-                 on_utterance: Observer) -> None:
+                 observe: Observer) -> None:
         self.index, self.tier, self.engine, self.service = index, tier, engine, service
         self.model = engine.name
-        self._on_utterance = on_utterance
+        self._deliver = observe
         self.streams = 0  # open streams and uploads (under Speech._lock)
 
     def _observe(self, event: AsrEvent) -> None:
         if event.kind != "final" or event.metrics is None:
             return
         m = event.metrics
-        samples = {"final_ms": [m.final_ms], "rtf": [m.rtf]}
+        samples = {"final_ms": (m.final_ms,), "rtf": (m.rtf,)}
         if m.first_partial_ms is not None:
-            samples["first_partial_ms"] = [m.first_partial_ms]
+            samples["first_partial_ms"] = (m.first_partial_ms,)
         try:
-            self._on_utterance(self.tier.name, self.model, samples)
+            self._deliver(Observation("asr", self.tier.name, self.model, samples))
         except Exception:  # metrics must never break a stream
             log.exception("ASR metrics observer failed")
 
@@ -166,16 +166,19 @@ class PcmStream:
 
 
 class Speech(Ladder):
+    """The ASR workload: a ladder of ``SpeechTier``s, one ``AsrService`` serving the active one (see
+    the module doc). Each final utterance reaches ``observe`` as an ``observe.Observation``."""
+
     kind = "ASR tier"
 
     def __init__(self, tiers: Sequence[SpeechTier], make_service: Callable[[Recognizer], AsrService],
-                 on_utterance: Observer | None = None, on_switched: Switched | None = None,
+                 observe: Observer | None = None, on_switched: Switched | None = None,
                  drain_s: float = 120.0) -> None:
         """``make_service(engine)`` builds a tier's (unstarted) service; ``on_switched(old, new, load_ms,
         error)`` is told when a switch completes or fails."""
         super().__init__(tiers, on_switched)
         self._make_service = make_service
-        self._on_utterance = on_utterance or (lambda tier, model, samples: None)
+        self._observe = observe or (lambda obs: None)
         self._drain_s = drain_s
         self._changed = threading.Condition(self._lock)  # a stream closed
         self._draining: _Loaded | None = None
@@ -192,7 +195,7 @@ class Speech(Ladder):
         except BaseException:
             engine.close()
             raise
-        return _Loaded(index, self.tiers[index], engine, service, self._on_utterance)
+        return _Loaded(index, self.tiers[index], engine, service, self._observe)
 
     # -- what the controller, the agent and the API read ----------------------------------------
 
@@ -313,7 +316,7 @@ def _opener(tier: TierConfig, settings: Settings) -> Callable[[], Recognizer]:
     def open_tier() -> Recognizer:
         from ..backends import SessionOptions
         from ..models.catalog import resolve_model
-        from ..models.recognizer import open_recognizer
+        from ..models.asr import open_recognizer
 
         ref = resolve_model(tier.model, settings.models.cache_dir)
         options = SessionOptions(device=tier.device, threads=settings.device.threads, precision=tier.precision,
@@ -322,15 +325,15 @@ def _opener(tier: TierConfig, settings: Settings) -> Callable[[], Recognizer]:
     return open_tier
 
 
-def open_speech(settings: Settings, on_utterance: Observer | None = None, on_switched: Switched | None = None,
+def open_speech(settings: Settings, observe: Observer | None = None, on_switched: Switched | None = None,
                 on_load_failed: Callable[[str, EdgeAgentError], None] | None = None,
                 drain_s: float = 120.0) -> Speech:
     """The ASR ladder serving from its top tier, or the first lighter one that loads."""
-    from ..asr_commands import make_service
+    from .asr_setup import make_service
 
     speech = Speech(speech_tiers(settings),
                     lambda engine: make_service(engine, settings.audio, settings.batching, streams=4),
-                    on_utterance, on_switched, drain_s)
+                    observe, on_switched, drain_s)
     errors = []
     for index, tier in enumerate(speech.tiers):
         try:

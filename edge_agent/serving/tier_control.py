@@ -3,9 +3,9 @@
 Every ``evaluate_every_s`` it takes the SLA metric's percentile over a rolling window of the active
 tier's requests (a switch starts a fresh window, and each tier's first request after loading is
 excluded), calls the pure ``decide``, and applies the result to the served ladder: switch, truncate,
-shed, resize the batch. The same loop serves both workloads: ``TieredLLM`` reports ``RequestTiming``
-records (``observe``), ``serving.speech.Speech`` reports each utterance's samples (``observe_samples``);
-token caps and batch sizes are applied only where the policy can ask for them (an ASR policy never
+shed, resize the batch. The same loop serves both workloads: register ``observe`` with the agent's
+``observe.Observers`` and it keeps the observations of its own workload's active tier (an LLM
+request, an ASR utterance, the same record); token caps and batch sizes are applied only where the policy can ask for them (an ASR policy never
 does). Each switch is reported as a ``tier_switch`` event with its reason and the snapshot that
 caused it; a fleet pin (``pin``/``unpin``) overrides the controller until removed, and an unpin with
 too few samples to judge by goes back to the top tier. ``set_policy`` (a new SLA from the file or the
@@ -17,10 +17,10 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
-from ..metrics.timing import RequestTiming
 from ..metrics.window import RollingWindow
+from ..observe import Observation
 from ..tiers import Decision, Policy, Snapshot, TierState, decide
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,10 @@ class Served(Protocol):
 
 
 class TierController:
+    """The loop that keeps one workload's ladder within its SLA (see the module doc): ``observe``
+    feeds the window, ``evaluate`` (every ``evaluate_every_s`` on its own thread) decides and applies;
+    ``pin``/``unpin``/``set_policy`` are the fleet's and the file's levers."""
+
     def __init__(self, served: Served, policy: Policy, window_s: float = 30.0, evaluate_every_s: float = 10.0,
                  on_event: Callable[[str, dict], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, workload: str = "llm") -> None:
@@ -83,26 +87,15 @@ class TierController:
 
     # -- inputs ----------------------------------------------------------------------------
 
-    def observe(self, timing: RequestTiming) -> None:
-        """Record one finished request (give this to the tier's ``on_finished``)."""
-        tag = f"tier:{self.served.tiers[self.state.tier].name}"
-        if timing.tags and tag not in timing.tags:
-            return  # a request finishing on a tier being drained says nothing about the new one
-        values = timing.samples().get(self.policy.metric, ())
+    def observe(self, obs: Observation) -> None:
+        """Record one finished request or utterance (an ``Observers`` consumer); only the active
+        tier of this controller's workload counts."""
+        if obs.workload != self.workload or obs.tier != self.served.tiers[self.state.tier].name:
+            return  # work finishing on a tier being drained says nothing about the new one
+        values = obs.samples.get(self.policy.metric, ())
         if values:
-            self.window.record_many(self.policy.metric, values, timing.tags)
+            self.window.record_many(self.policy.metric, values, obs.tags)
         self.window.record("requests", 1.0)  # throughput counts every request, warm-up or not
-
-    def observe_samples(self, samples: Mapping[str, Sequence[float]], tier: str,
-                        tags: Sequence[str] = ()) -> None:
-        """Record one finished unit of work given as ``{metric: [values]}`` (an ASR utterance), served
-        by ``tier``; only the active tier's count."""
-        if tier != self.served.tiers[self.state.tier].name:
-            return  # an utterance finishing on a tier being drained says nothing about the new one
-        values = samples.get(self.policy.metric, ())
-        if values:
-            self.window.record_many(self.policy.metric, list(values), tags)
-        self.window.record("requests", 1.0)
 
     def pin(self, tier: int | str, source: str = "command") -> None:
         """Go to ``tier`` now (no samples needed) and stay there until ``unpin``."""

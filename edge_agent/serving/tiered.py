@@ -24,11 +24,11 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from ..errors import InputError, Unavailable
-from ..metrics.timing import RequestTiming
 from ..metrics.window import FIRST_AFTER_LOAD
 from ..models.llm import DecoderLM
 from ..models.sampling import SamplingParams
 from ..models.tokenizer import Message
+from ..observe import Observation, Observer
 from .ladder import Ladder
 from .scheduler import Limits, LLMScheduler, RequestHandle
 
@@ -42,17 +42,23 @@ class ContextLengthExceeded(InputError):
 
 @dataclass(frozen=True, slots=True)
 class Tier:
+    """One rung of the LLM ladder: how to open it, its batching limits, its token cap."""
+
     name: str
     open: Callable[[], DecoderLM]  # loads and warms the model (DecoderLM.open does both)
     limits: Limits = Limits()
     max_new_tokens: int = 256
+    model: str = ""  # the configured model, as observations name it
 
 
 class _Loaded:
-    def __init__(self, index: int, tier: Tier, lm: DecoderLM, on_finished: Callable[[RequestTiming], None],
+    def __init__(self, index: int, tier: Tier, lm: DecoderLM, observe: Observer,
                  clock: Callable[[], float]) -> None:
         self.index, self.tier, self.lm = index, tier, lm
-        self.scheduler = LLMScheduler(lm, tier.limits, on_finished=on_finished, clock=clock).start()
+        # The tier is known here, where the scheduler is made: each observation says so, typed.
+        self.scheduler = LLMScheduler(lm, tier.limits, clock=clock,
+                                      on_finished=lambda timing: observe(Observation.of_request(
+                                          timing, tier.name, tier.model))).start()
         self.first = True  # the next request is the first after a load: excluded from SLA windows
 
     def close(self, drain_s: float) -> None:
@@ -61,12 +67,15 @@ class _Loaded:
 
 
 class TieredLLM(Ladder):
-    def __init__(self, tiers: Sequence[Tier], on_finished: Callable[[RequestTiming], None] | None = None,
+    """The LLM workload: a ladder of ``Tier``s, one ``LLMScheduler`` serving the active one (see the
+    module doc). Each finished request reaches ``observe`` as an ``observe.Observation``."""
+
+    def __init__(self, tiers: Sequence[Tier], observe: Observer | None = None,
                  on_switched: Callable[[int, int, float, str | None], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, drain_s: float = 120.0) -> None:
         """``on_switched(old, new, load_ms, error)`` is told when a switch completes or fails."""
         super().__init__(tiers, on_switched)
-        self._on_finished = on_finished or (lambda timing: None)
+        self._observe = observe or (lambda obs: None)
         self._clock = clock
         self._drain_s = drain_s
         self.token_cap_ratio = 1.0
@@ -77,7 +86,7 @@ class TieredLLM(Ladder):
         return self
 
     def _load(self, index: int) -> _Loaded:
-        return _Loaded(index, self.tiers[index], self.tiers[index].open(), self._on_finished, self._clock)
+        return _Loaded(index, self.tiers[index], self.tiers[index].open(), self._observe, self._clock)
 
     def _retire(self, old: _Loaded) -> None:
         old.close(self._drain_s)  # finishes every request it admitted, then frees the model
@@ -107,10 +116,8 @@ class TieredLLM(Ladder):
             if self.shedding:
                 raise Unavailable(f"shedding load: tier {loaded.tier.name!r} is over its latency target and no "
                                  "lighter tier is left; retry in a few seconds")
-            tags = [f"tier:{loaded.tier.name}"]
-            if loaded.first:
-                tags.append(FIRST_AFTER_LOAD)
-                loaded.first = False
+            tags = [FIRST_AFTER_LOAD] if loaded.first else []
+            loaded.first = False
         cap = max(1, int(loaded.tier.max_new_tokens * self.token_cap_ratio))
         params = replace(params, max_new_tokens=min(params.max_new_tokens, cap))
         context = loaded.lm.contract.max_context

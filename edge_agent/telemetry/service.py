@@ -1,7 +1,8 @@
 """Wiring of the telemetry parts for one device: the seam the agent (and the benchmark) use.
 
     svc = Telemetry(settings.mqtt, settings.telemetry, version=__version__, target=my_target).start()
-    scheduler = LLMScheduler(lm, on_finished=svc.llm_observer("small", "demo-phi3-small"))
+    observers.register(svc.observe)  # every ``observe.Observation``, LLM and ASR
+    scheduler = LLMScheduler(lm, on_finished=svc.llm_observer("small", "demo-phi3-small"))  # a bare scheduler
     svc.emit_event("tier_switch", {...})
     svc.stop()
 
@@ -19,6 +20,7 @@ from .. import __version__
 from ..config import MqttConfig, TelemetryConfig
 from ..metrics.histogram import DEFAULT_MAX_SIZE, relative_error
 from ..metrics.timing import RequestTiming
+from ..observe import Observation
 from .client import Incoming, MqttLink, Outgoing, response_properties
 from .commands import CommandProcessor, CommandTarget
 from .ledger import Ledger
@@ -36,6 +38,9 @@ NOMINAL_SCALE = 5
 
 
 class Telemetry:
+    """The telemetry side of one device (see the module doc): ``observe`` on the hot path,
+    ``emit_event`` for events, ``start``/``stop`` around the rest."""
+
     def __init__(self, mqtt: MqttConfig, telemetry: TelemetryConfig, *, version: str = __version__,
                  target: CommandTarget | None = None, capabilities: Iterable[str] = ("llm",),
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
@@ -104,6 +109,14 @@ class Telemetry:
             self.ledger.close()
 
     # -- the hot-path seams ---------------------------------------------------------------------------
+
+    def observe(self, obs: Observation) -> None:
+        """An ``observe.Observers`` consumer: one lock + histogram updates, no I/O. The first request
+        after a load (or a warm-up) is left out: it measures loading, not serving."""
+        if obs.first_after_load:
+            return
+        self.accumulator.observe(obs.workload, obs.tier, obs.model, obs.samples, tokens_out=obs.tokens_out,
+                                 engine_hash=obs.engine)
 
     def llm_observer(self, tier: str, model: str, engine_hash: str | None = None) -> Callable[[RequestTiming], None]:
         """An ``on_finished`` callback for ``LLMScheduler``: one lock + histogram updates, no I/O."""

@@ -27,7 +27,7 @@ def server(tmp_path_factory):
     tiers = [Tier("small", lambda: DecoderLM.open(ref, "onnxruntime", SessionOptions(threads=1)),
                   Limits(max_batch=2, batch_timeout_ms=0, max_queue=2), 64)]
     metrics = PrometheusMetrics()
-    llm = TieredLLM(tiers, on_finished=metrics.observe).start()
+    llm = TieredLLM(tiers, observe=metrics.observe).start()
     metrics.track_load("llm", lambda: llm.load)
     api = ApiServer(llm, metrics, token=TOKEN).start("127.0.0.1", 0)
     reference = DecoderLM.open(ref, "onnxruntime", SessionOptions(threads=1))

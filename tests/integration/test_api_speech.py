@@ -26,7 +26,7 @@ def served(tmp_path_factory):
     settings = Settings.model_validate({"models": {"asr": [{"name": "ctc", "model": "demo-asr"}],
                                                    "cache_dir": str(tmp_path_factory.mktemp("m"))}})
     observed = []
-    speech = open_speech(settings, on_utterance=lambda tier, model, samples: observed.append((tier, samples)))
+    speech = open_speech(settings, observe=observed.append)
     api = ApiServer(None, asr=speech).start("127.0.0.1", 0)
     yield api, speech, observed
     api.stop()
@@ -56,7 +56,8 @@ def test_upload_transcribes_like_the_service(served):
         out = json.loads(resp.read())
     assert out["text"] == direct_text(speech, speech_samples("set the kitchen light to forty percent"))
     assert out["segments"] and out["segments"][-1]["final_ms"] >= 0 and out["duration"] > 1.0
-    assert observed and "final_ms" in observed[-1][1] and observed[-1][0] == "ctc"
+    assert observed and "final_ms" in observed[-1].samples and observed[-1].tier == "ctc"
+    assert observed[-1].workload == "asr" and not observed[-1].first_after_load
 
 
 def test_empty_upload_is_a_clear_400(served):

@@ -108,9 +108,9 @@ POLICY = Policy(metric="first_partial_ms", percentile=95, target_ms=150.0, min_s
 def build(ladder: Ladder, policy: Policy = POLICY, start: int = 0, drain_s: float = 30.0):
     events, observed, holder = [], [], {}
 
-    def on_utterance(tier, model, samples):
-        observed.append((tier, samples))
-        holder["c"].observe_samples(samples, tier)
+    def on_utterance(obs):
+        observed.append((obs.tier, obs.samples))
+        holder["c"].observe(obs)
 
     def on_switched(old, new, load_ms, error):
         if error:

@@ -77,7 +77,7 @@ POLICY = Policy(metric="ttft_ms", percentile=95, target_ms=40.0, min_samples=4, 
 def build(ladder, policy=POLICY):
     events = []
     holder = {}
-    served = TieredLLM(ladder.tiers, on_finished=lambda t: holder["c"].observe(t),
+    served = TieredLLM(ladder.tiers, observe=lambda obs: holder["c"].observe(obs),
                        on_switched=lambda old, new, ms, err: err and holder["c"].switch_failed(old, new, err))
     served.start()
     controller = holder["c"] = TierController(served, policy, window_s=30.0, evaluate_every_s=3600,

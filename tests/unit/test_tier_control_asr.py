@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from edge_agent.config import AsrSlaConfig
+from edge_agent.observe import Observation
 from edge_agent.serving.speech import SpeechTier
 from edge_agent.serving.tier_control import TierController, asr_policy_from_config
 
@@ -48,7 +49,8 @@ def build(active: int = 0, window_s: float = 30.0):
 
 def utterances(controller, tier: str, first_partial_ms: float, n: int = 5) -> None:
     for _ in range(n):
-        controller.observe_samples({"first_partial_ms": [first_partial_ms], "final_ms": [40.0], "rtf": [0.1]}, tier)
+        controller.observe(Observation("asr", tier, "m", {"first_partial_ms": (first_partial_ms,), "final_ms": (40.0,),
+                                                          "rtf": (0.1,)}))
 
 
 def test_policy_from_sla_asr_has_no_token_cap_and_no_adaptive_batch():
@@ -77,7 +79,7 @@ def test_only_the_active_tiers_utterances_and_the_policy_metric_count():
     clock, ladder, controller, events = build()
     utterances(controller, "light", 900.0)  # a stream draining on another tier says nothing about this one
     for _ in range(5):  # too short for a partial: counted as load, not as a first_partial sample
-        controller.observe_samples({"final_ms": [900.0], "rtf": [0.1]}, "heavy")
+        controller.observe(Observation("asr", "heavy", "m", {"final_ms": (900.0,), "rtf": (0.1,)}))
     clock.now = 1.0
     decision = controller.evaluate()
     assert decision.action == "insufficient" and "0 first_partial_ms samples" in decision.reason
