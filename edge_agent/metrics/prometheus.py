@@ -6,10 +6,17 @@ documented error are the MQTT telemetry's (OpenTelemetry exponential histograms)
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401 - re-exported for the API
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,  # noqa: F401 - re-exported for the API
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 if TYPE_CHECKING:
     from ..observe import Observation
