@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
              "position_ids": np.arange(prompt.shape[1], dtype=np.int64)[None]}
     for spec in session.get_inputs():
         if spec.name.startswith("past_key_values"):
-            feeds[spec.name] = np.zeros((1, config.num_key_value_heads, 0, config.hidden_size // config.num_attention_heads),
-                                        np.float32)
+            head_dim = config.hidden_size // config.num_attention_heads
+            feeds[spec.name] = np.zeros((1, config.num_key_value_heads, 0, head_dim), np.float32)
     onnx_logits = session.run(["logits"], feeds)[0][0]
     with torch.no_grad():
         hf_logits = model(torch.from_numpy(prompt)).logits[0].numpy()

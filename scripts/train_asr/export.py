@@ -84,10 +84,10 @@ def write_arpa(path: Path, sentences: list[str], order: int = 3, discount: float
     """
     from collections import Counter
 
-    words = corpus.vocabulary() + ["</s>", "<unk>"]
+    words = [*corpus.vocabulary(), "</s>", "<unk>"]
     counts: list[Counter[tuple[str, ...]]] = [Counter() for _ in range(order + 1)]
     for sentence in sentences:
-        toks = ["<s>"] + sentence.split() + ["</s>"]
+        toks = ["<s>", *sentence.split(), "</s>"]
         for k in range(1, order + 1):
             counts[k].update(tuple(toks[i:i + k]) for i in range(len(toks) - k + 1) if k > 1 or toks[i] != "<s>")
     for k in range(3, order + 1):
@@ -124,7 +124,7 @@ def write_arpa(path: Path, sentences: list[str], order: int = 3, discount: float
             return 0.0
         return math.log10(discount * followers[k][h] / hist_count[k][h])
 
-    sections = [[f"{-99.0 if w == '<s>' else math.log10(p_uni[w]):.6f}\t{w}\t{bow((w,)):.6f}" for w in ["<s>"] + words]]
+    sections = [[f"{-99.0 if w == '<s>' else math.log10(p_uni[w]):.6f}\t{w}\t{bow((w,)):.6f}" for w in ["<s>", *words]]]
     for k in range(2, order + 1):
         lines = []
         for g in sorted(counts[k]):
@@ -134,7 +134,7 @@ def write_arpa(path: Path, sentences: list[str], order: int = 3, discount: float
     text = ["\\data\\", *(f"ngram {k}={len(lines)}" for k, lines in enumerate(sections, 1)), ""]
     for k, lines in enumerate(sections, 1):
         text += [f"\\{k}-grams:", *lines, ""]
-    path.write_text("\n".join(text + ["\\end\\", ""]))
+    path.write_text("\n".join([*text, "\\end\\", ""]))
 
 
 def export_onnx(work: Path, out: Path, checkpoint: Path | None = None) -> None:

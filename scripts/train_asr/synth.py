@@ -58,7 +58,7 @@ class Recipe:
 def random_recipe(r: random.Random, split: str) -> Recipe:
     accents = TRAIN_ACCENTS
     variants = HELDOUT_VARIANTS if split == "heldout" else TRAIN_VARIANTS
-    variant = r.choice(variants + [""] if split == "train" else variants)
+    variant = r.choice([*variants, ""] if split == "train" else variants)
     voice = r.choice(accents) + (f"+{variant}" if variant else "")
     noisy = r.random() < (0.6 if split == "train" else 0.5)
     low_snr = 5.0 if split == "train" else 10.0

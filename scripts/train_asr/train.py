@@ -79,7 +79,8 @@ def _features(job: tuple[str, dict]) -> np.ndarray:
     return log_mel(synth.render(text, synth.Recipe(**recipe)), _WORKER_CFG)
 
 
-def _synth_features(jobs: list[tuple[str, dict]], cfg: LogMelConfig, procs: int, work: Path, what: str) -> list[np.ndarray]:
+def _synth_features(jobs: list[tuple[str, dict]], cfg: LogMelConfig, procs: int, work: Path,
+                    what: str) -> list[np.ndarray]:
     out: list[np.ndarray] = []
     start = time.time()
     with mp.get_context("fork").Pool(procs, initializer=_init_worker, initargs=(cfg,)) as pool:
@@ -243,8 +244,9 @@ def train(work: Path, args: argparse.Namespace) -> None:
         elapsed_before = state.get("elapsed_s", 0.0)
         _log(work, f"resumed at update {step}")
     else:
-        _log(work, f"{args.run or 'phase 1'}: model: {count_parameters(model):,} parameters; data: {len(data.lengths)} "
-                   f"utterances, {data.hours:.2f} h; {args.steps} updates of ≤ {args.max_frames} frames, peak LR {args.lr}"
+        _log(work, f"{args.run or 'phase 1'}: model: {count_parameters(model):,} parameters; "
+                   f"data: {len(data.lengths)} utterances, {data.hours:.2f} h; "
+                   f"{args.steps} updates of ≤ {args.max_frames} frames, peak LR {args.lr}"
                    + (f", from {args.init_from.name}" if args.init_from else ""))
     dev = dev_set(work, args.seed, args.procs, data.cfg)
     pad = data.cfg.padding_value
