@@ -12,11 +12,9 @@ from __future__ import annotations
 import glob
 import importlib.metadata
 import importlib.util
-import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -24,12 +22,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+from .backends.probe import run_probe
+
 SECTIONS = ("system", "python", "jetson", "cuda", "tensorrt", "openvino", "onnxruntime", "audio", "build")
-
-_ROOT = Path(__file__).resolve().parents[1]  # so a probe child can import edge_agent from a checkout
-
-# Test hook: code run first in the named probe's child process (e.g. to make it segfault).
-_probe_prelude: dict[str, str] = {}
 
 
 @dataclass(slots=True)
@@ -39,41 +34,6 @@ class Entry:
     detail: str = ""
     data: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeRun:
-    data: dict[str, Any]  # the JSON object the child printed last; {} on failure
-    error: str | None  # why there is no result: timeout, signal, exit code
-
-
-def run_probe(code: str, timeout_s: float, name: str | None = None) -> ProbeRun:
-    """Run ``code`` in a child Python; it must print one JSON object as its last line."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")])))
-    source = _probe_prelude.get(name or "", "") + "\n" + code
-    try:
-        proc = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True,
-                              timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return ProbeRun({}, f"probe timed out after {timeout_s:g} s (killed)")
-    except OSError as exc:
-        return ProbeRun({}, f"probe could not start {sys.executable}: {exc}")
-    if proc.returncode < 0:
-        try:
-            sig = signal.Signals(-proc.returncode).name
-        except ValueError:
-            sig = "an unknown signal"
-        return ProbeRun({}, f"probe crashed: killed by {sig} (signal {-proc.returncode}, exit code {proc.returncode})")
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
-        return ProbeRun({}, f"probe exited with code {proc.returncode}: {last}")
-    try:
-        data = json.loads((proc.stdout.strip().splitlines() or ["null"])[-1])
-    except json.JSONDecodeError:
-        data = None
-    if not isinstance(data, dict):
-        return ProbeRun({}, "probe printed no result")
-    return ProbeRun(data, None)
 
 
 def collect(timeout_s: float = 20) -> dict[str, dict[str, Any]]:
@@ -173,7 +133,6 @@ def _jetson(timeout_s: float) -> Entry:
 # -- child-process probes ---------------------------------------------------------------------------
 
 _CUDA_CODE = """
-import json
 try:
     from edge_agent.backends.cuda import select_cuda
     c = select_cuda()

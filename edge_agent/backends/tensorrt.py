@@ -353,7 +353,7 @@ def probe_tensorrt(timeout_s: float = 20.0) -> dict[str, Any]:
         found = False
     if not found:
         return {"installed": False, "version": None, "error": None}
-    from ..doctor import run_probe  # doctor owns the crash-safe subprocess runner
+    from .probe import run_probe  # the crash-safe subprocess runner (doctor uses it too)
 
     result = run_probe("import json, tensorrt\nprint(json.dumps({'version': tensorrt.__version__}))", timeout_s)
     if result.error:

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from edge_agent import doctor
+from edge_agent.backends import probe
 from edge_agent.backends.tensorrt import probe_tensorrt
 
 SEGFAULT = "import os; os.kill(os.getpid(), 11)\n"
@@ -41,7 +42,7 @@ def test_absent_sections_say_what_to_install(report: dict) -> None:
 
 
 def test_a_segfaulting_probe_is_reported_not_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(doctor._probe_prelude, "onnxruntime", SEGFAULT)
+    monkeypatch.setitem(probe.PRELUDE, "onnxruntime", SEGFAULT)
     report = doctor.collect(timeout_s=60)
     assert report["onnxruntime"]["status"] == "error"
     assert "SIGSEGV" in report["onnxruntime"]["detail"] and "-11" in report["onnxruntime"]["detail"]
@@ -50,14 +51,14 @@ def test_a_segfaulting_probe_is_reported_not_fatal(monkeypatch: pytest.MonkeyPat
 
 
 def test_a_hanging_probe_times_out() -> None:
-    result = doctor.run_probe("import time; time.sleep(30)", timeout_s=1)
+    result = probe.run_probe("import time; time.sleep(30)", timeout_s=1)
     assert result.data == {} and "timed out after 1 s" in result.error
 
 
 def test_a_failing_probe_reports_its_exit_code_and_last_line() -> None:
-    result = doctor.run_probe("raise RuntimeError('driver said no')", timeout_s=30)
+    result = probe.run_probe("raise RuntimeError('driver said no')", timeout_s=30)
     assert "exited with code 1" in result.error and "driver said no" in result.error
-    assert doctor.run_probe("print('not json')", timeout_s=30).error == "probe printed no result"
+    assert probe.run_probe("print('not json')", timeout_s=30).error == "probe printed no result"
 
 
 def test_a_broken_probe_function_becomes_an_error_entry(monkeypatch: pytest.MonkeyPatch) -> None:
