@@ -31,11 +31,12 @@ from .errors import ConfigError, EdgeAgentError
 from .metrics.prometheus import PrometheusMetrics
 from .models.llm import DecoderLM
 from .observe import Observers
+from .remote import RemoteTarget
 from .serving.api import ApiServer
-from .serving.scheduler import Limits
-from .serving.tier_control import TierController, asr_policy_from_config, policy_from_config
-from .serving.tiered import Tier, TieredLLM
-from .remote import RemoteTarget, overlay
+from .serving.llm.ladder import Tier, TieredLLM
+from .serving.llm.scheduler import Limits
+from .serving.tier_control import TierController
+from .serving.tier_policy import overlay, policy_from_config
 from .statelock import StateLock, state_dirs
 from .systemd import LoopHeartbeat, Notifier, Watchdog
 
@@ -171,7 +172,7 @@ class Agent:
         for workload, controller, policy, window_s, every_s in (
                 ("llm", self.controller, lambda: policy_from_config(s.sla, max(t.max_batch for t in s.models.llm)),
                  s.sla.window_s, s.sla.evaluate_every_s),
-                ("asr", self.asr_controller, lambda: asr_policy_from_config(s.sla.asr), s.sla.asr.window_s,
+                ("asr", self.asr_controller, lambda: policy_from_config(s.sla.asr), s.sla.asr.window_s,
                  s.sla.asr.evaluate_every_s)):
             if controller is None:
                 continue
@@ -209,16 +210,9 @@ class Agent:
         tiers = [Tier(t.name, self._opener(t), self._limits(t), t.max_new_tokens, t.model) for t in s.models.llm]
         served = TieredLLM(tiers, observe=self.observers.deliver, on_switched=self._llm_switched,
                            drain_s=self.drain_s)
-        errors = []
-        for index, tier in enumerate(tiers):  # the top tier, or the lightest one that loads
-            try:
-                served.start(index)
-                break
-            except EdgeAgentError as exc:
-                errors.append(f"{tier.name}: {exc}")
-                log.error("LLM tier %r could not load (%s); trying the next one", tier.name, exc)
-                self._event("tier_load_failed", {"workload": "llm", "tier": tier.name, "error": str(exc)})
-        else:
+        errors = served.start_first(lambda tier, exc: self._event(
+            "tier_load_failed", {"workload": "llm", "tier": tier, "error": str(exc)}))
+        if served.active_tier is None:  # no tier loads: build an engine for one, then serve it
             self._tier_engines().build_then_start(served, s.models.llm, errors)
         policy = policy_from_config(s.sla, max(t.max_batch for t in s.models.llm))
         self.controller = TierController(served, policy, window_s=s.sla.window_s,
@@ -250,7 +244,7 @@ class Agent:
         if not s.models.asr:
             return None
         try:
-            from .serving.speech import open_speech
+            from .serving.asr.ladder import open_speech
 
             speech = open_speech(s, observe=self.observers.deliver, on_switched=self._asr_switched,
                                  on_load_failed=lambda tier, exc: self._event(
@@ -263,7 +257,7 @@ class Agent:
             log.error("ASR could not start: %s", exc)
             return None
         if len(speech.tiers) > 1:
-            self.asr_controller = TierController(speech, asr_policy_from_config(s.sla.asr), window_s=s.sla.asr.window_s,
+            self.asr_controller = TierController(speech, policy_from_config(s.sla.asr), window_s=s.sla.asr.window_s,
                                                  evaluate_every_s=s.sla.asr.evaluate_every_s, on_event=self._event,
                                                  workload="asr").start()
             self.observers.register(self.asr_controller.observe)

@@ -8,15 +8,15 @@ is not running (no ASR configured, telemetry off) is simply absent from the answ
 
 Sources: every SLA and pin carries who set it (``file``, ``command``, ``desired@<version>``),
 reported under ``sources``; a fleet SLA overlays the file's metric, percentile, target and
-sample count, never its hysteresis (``overlay``).
+sample count, never its hysteresis (``tier_policy.overlay``).
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .config import ASR_SLA_METRICS
 from .errors import EdgeAgentError
+from .serving.tier_policy import overlay
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -125,8 +125,3 @@ class RemoteTarget:
         commands = telemetry.commands
         commands.publish_reported(commands.reported())
 
-
-def overlay(policy, sla):
-    """``policy`` with the fleet's SLA (``schema.SlaSpec``) on top; the hysteresis stays the file's."""
-    return replace(policy, metric=sla.metric, percentile=sla.percentile, target_ms=sla.target_ms,
-                   min_samples=sla.min_samples)

@@ -30,7 +30,7 @@ from ..metrics.timing import RequestTiming
 from ..models.catalog import resolve_model
 from ..models.llm import DecoderLM
 from ..progress import Progress
-from ..serving.scheduler import Limits, LLMScheduler
+from ..serving.llm.scheduler import Limits, LLMScheduler
 from . import roofline as rl
 from .genai import GenaiRunner, agreement, find_genai_folder
 from .llm_report import _median_of, _ratio, format_table, summarize

@@ -112,7 +112,7 @@ def _run_condition(cond: str, lm: Any, prompts: list[list[int]], args: argparse.
     from ..config import MqttConfig, TelemetryConfig
     from ..metrics.timing import RequestTiming
     from ..models.sampling import SamplingParams
-    from ..serving.scheduler import Limits, LLMScheduler
+    from ..serving.llm.scheduler import Limits, LLMScheduler
     from ..telemetry.service import Telemetry
     from .netproxy import TcpProxy, free_port
 

@@ -25,10 +25,10 @@ from ..models.catalog import resolve_model
 from ..models.llm import DecoderLM
 from ..models.sampling import SamplingParams
 from ..progress import Progress
-from ..serving.scheduler import Limits
+from ..serving.llm.ladder import Tier, TieredLLM
+from ..serving.llm.scheduler import Limits
 from ..serving.tier_control import TierController
-from ..serving.tiered import Tier, TieredLLM
-from ..tiers import Policy
+from ..serving.tier_policy import Policy
 
 PROMPTS = ("Turn on the kitchen lights.", "What is the weather like tomorrow morning?",
            "Summarize my meeting notes in two sentences.", "Set a timer for twelve minutes.",

@@ -2,7 +2,7 @@
 
 Poisson arrivals of spoken-command streams (espeak-ng WAVs synthesised at start, several voices),
 each paced in real time (100 ms of PCM16 every 100 ms), run twice in one process on the same seeded
-arrival times: once on the ASR ladder (``serving.speech.Speech`` + ``TierController``, heavy
+arrival times: once on the ASR ladder (``serving.asr.ladder.Speech`` + ``TierController``, heavy
 ``demo-whisper`` above light streaming ``demo-asr``), once on the fixed heavy tier. The metric is each
 utterance's ``first_partial_ms`` (P95 against ``[sla.asr]``'s target unless ``--target-ms``).
 Reported: a timeline, every switch with its reason, streams started/finished/failed (must be 0 failed:
@@ -24,7 +24,8 @@ import numpy as np
 
 from ..errors import InputError, Unavailable
 from ..progress import Progress
-from ..serving.tier_control import TierController, asr_policy_from_config
+from ..serving.tier_control import TierController
+from ..serving.tier_policy import policy_from_config
 from . import tiers
 from .tiers import _p, arrivals, rate_at
 
@@ -135,7 +136,7 @@ def _summary(run: dict, over_s: float) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..serving.speech import open_speech
+    from ..serving.asr.ladder import open_speech
 
     names = [n.strip() for n in (args.tiers or DEFAULT_TIERS).split(",") if n.strip()]
     if len(names) < 2:
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     schedule = arrivals(duration, base, peak, args.seed)
 
     ev = args.evaluate_every_s
-    policy = replace(asr_policy_from_config(settings.sla.asr), target_ms=target, min_samples=4, downgrade_after=2,
+    policy = replace(policy_from_config(settings.sla.asr), target_ms=target, min_samples=4, downgrade_after=2,
                      upgrade_after=3, cooldown_s=8 * ev, min_dwell_s=2 * ev)  # short, as the LLM bench
     events: list[tuple[float, str, dict]] = []
     holder: dict = {}

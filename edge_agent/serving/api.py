@@ -16,7 +16,7 @@ bridged from its request handle with ``call_soon_threadsafe``.
 
 Nothing slow runs on that loop: a body is read within ``body_timeout_s`` and parsed, and a prompt
 tokenized, on the executor; a prompt that cannot fit the context is refused before tokenizing
-(``tiered.MAX_CHARS_PER_TOKEN``). Each connection must deliver a request head within
+(``llm.ladder.MAX_CHARS_PER_TOKEN``). Each connection must deliver a request head within
 ``header_timeout_s`` (``http_guard.HeadDeadline``). A client that goes away, streaming or not, has
 its request cancelled (its batch slot is freed), logged on one line. The loop ticks ``ticks`` so the
 watchdog can tell it is alive.
@@ -40,8 +40,8 @@ from ..errors import DeadlineExceeded, EdgeAgentError, InputError, Overloaded, U
 from ..metrics.prometheus import CONTENT_TYPE_LATEST, PrometheusMetrics
 from ..models.tokenizer import Message
 from . import http_guard
+from .llm.ladder import TieredLLM
 from .openai_schema import ChatRequest, CompletionRequest, GenerateRequest, parse, validation_message
-from .tiered import TieredLLM
 
 log = logging.getLogger(__name__)
 MAX_BODY = 32 * 1024 * 1024  # audio uploads included
@@ -55,7 +55,7 @@ FINISH = {"stop": "stop", "length": "length", "deadline": "length", "cancelled":
 
 
 class SpeechService(Protocol):
-    """What the API needs from the ASR side (``serving/asr.py`` implements it)."""
+    """What the API needs from the ASR side (``serving/asr/ladder.py``, ``Speech``, implements it)."""
 
     def transcribe_bytes(self, data: bytes, filename: str) -> dict: ...
     def open_stream(self, on_event: Callable[[dict], None]) -> Any: ...  # .push(pcm16: bytes), .close()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from ..engines.resolve import Resolved
-    from .tiered import TieredLLM
+    from .llm.ladder import TieredLLM
 
 Event = Callable[[str, dict], None]
 

@@ -1,8 +1,9 @@
-"""What every tier ladder shares (``TieredLLM``, ``serving.speech.Speech``): the active tier, and one
-background switch at a time.
+"""What every tier ladder shares (``llm.ladder.TieredLLM``, ``asr.ladder.Speech``): the active tier,
+the start on the first tier that loads, and one background switch at a time.
 
 A subclass keeps ``self._active`` (an object with ``.index`` and ``.tier``) and implements
 ``_load(index)`` (load and warm a tier) and ``_retire(old)`` (drain and free the tier swapped out).
+``start_first`` serves from the top tier, or else the first lighter one that loads.
 ``switch_to`` runs the switch on a thread of its own and refuses while one is still running, its
 retirement included, so at most two tiers are ever in memory. ``on_switched(old, new, load_ms,
 error)`` is told when a switch completes or fails; a tier that cannot load leaves the current one
@@ -23,7 +24,10 @@ Switched = Callable[[int, int, float, "str | None"], None]  # (old, new, load_ms
 
 
 class Ladder(ABC):
+    """Tiers heaviest first, one of them active (see the module doc)."""
+
     kind = "tier"  # for messages and thread names: "tier", "ASR tier"
+    workload = "llm"  # as the logs name it
 
     def __init__(self, tiers: Sequence[Any], on_switched: Switched | None = None) -> None:
         if not tiers:
@@ -33,6 +37,27 @@ class Ladder(ABC):
         self._lock = threading.Lock()
         self._active: Any = None
         self._switching: threading.Thread | None = None
+
+    def start(self, tier: int = 0) -> Ladder:
+        """Load and serve tier ``tier`` now (on the caller's thread)."""
+        self._active = self._load(tier)
+        return self
+
+    def start_first(self, on_load_failed: Callable[[str, EdgeAgentError], None] | None = None) -> list[str]:
+        """Serve from the top tier, or the first lighter one that loads. Returns ``"<tier>: <error>"``
+        for each tier that could not load (every tier: nothing serves, ``_active`` stays None);
+        ``on_load_failed(tier, error)`` is told of each."""
+        errors = []
+        for index, tier in enumerate(self.tiers):
+            try:
+                self.start(index)
+                return errors
+            except EdgeAgentError as exc:
+                errors.append(f"{tier.name}: {exc}")
+                log.error("%s tier %r could not load (%s); trying the next one", self.workload.upper(), tier.name, exc)
+                if on_load_failed is not None:
+                    on_load_failed(tier.name, exc)
+        return errors
 
     @property
     def active(self) -> int:

@@ -1,4 +1,4 @@
-"""The tier controller loop: observe finished requests, ask ``tiers.decide``, apply the decision.
+"""The tier controller loop: observe finished requests, ask ``tier_policy.decide``, apply the decision.
 
 Every ``evaluate_every_s`` it takes the SLA metric's percentile over a rolling window of the active
 tier's requests (a switch starts a fresh window, and each tier's first request after loading is
@@ -21,29 +21,9 @@ from typing import Callable, Protocol, Sequence
 
 from ..metrics.window import RollingWindow
 from ..observe import Observation
-from ..tiers import Decision, Policy, Snapshot, TierState, decide
+from .tier_policy import Decision, Policy, Snapshot, TierState, decide
 
 log = logging.getLogger(__name__)
-
-
-def policy_from_config(sla, max_batch: int) -> Policy:
-    """The controller's policy from the ``[sla]`` config section (``config.SlaConfig``)."""
-    adaptive = sla.adaptive_batch == "on" or (sla.adaptive_batch == "auto" and sla.metric in ("itl_ms", "tpot_ms"))
-    return Policy(metric=sla.metric, percentile=sla.percentile, target_ms=sla.target_ms, min_samples=sla.min_samples,
-                  downgrade_after=sla.downgrade_after, upgrade_after=sla.upgrade_after,
-                  upgrade_ratio=sla.upgrade_ratio, cooldown_s=sla.cooldown_s, min_dwell_s=sla.min_dwell_s,
-                  adaptive_batch=adaptive, min_batch=min(sla.min_batch, max_batch), max_batch=max_batch,
-                  min_token_cap_ratio=sla.min_token_cap_ratio, shed_after=sla.shed_after)
-
-
-def asr_policy_from_config(sla) -> Policy:
-    """The ASR controller's policy from ``[sla.asr]`` (``config.AsrSlaConfig``). There are no tokens to
-    cap and the batch stays as configured: ``min_token_cap_ratio = 1`` sends an over-target lightest
-    tier straight to counting towards shedding."""
-    return Policy(metric=sla.metric, percentile=sla.percentile, target_ms=sla.target_ms, min_samples=sla.min_samples,
-                  downgrade_after=sla.downgrade_after, upgrade_after=sla.upgrade_after,
-                  upgrade_ratio=sla.upgrade_ratio, cooldown_s=sla.cooldown_s, min_dwell_s=sla.min_dwell_s,
-                  adaptive_batch=False, min_token_cap_ratio=1.0, shed_after=sla.shed_after)
 
 
 class Named(Protocol):

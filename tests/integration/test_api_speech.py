@@ -14,7 +14,7 @@ import pytest
 
 from edge_agent.config import Settings
 from edge_agent.serving.api import ApiServer
-from edge_agent.serving.speech import open_speech
+from edge_agent.serving.asr.ladder import open_speech
 from tests.speech import require_tools, speech_samples, speech_wav
 
 aiohttp = pytest.importorskip("aiohttp")
@@ -121,7 +121,7 @@ def test_a_shedding_speech_tier_refuses_a_websocket_before_the_upgrade(served):
 
 
 def test_pcm_messages_split_inside_a_sample_lose_nothing():
-    from edge_agent.serving.speech import PcmStream
+    from edge_agent.serving.asr.ladder import PcmStream
 
     fed = []
 
@@ -185,9 +185,9 @@ class PacedRecognizer:
 
 
 def paced_speech(engine: PacedRecognizer, max_batch: int = 4):
-    from edge_agent.serving.asr import AsrService
-    from edge_agent.serving.batcher import BatchLimits
-    from edge_agent.serving.speech import Speech, SpeechTier
+    from edge_agent.serving.asr.service import AsrService
+    from edge_agent.serving.asr.batcher import BatchLimits
+    from edge_agent.serving.asr.ladder import Speech, SpeechTier
 
     # No VAD: each stream is one utterance, from its first sample to its end.
     return Speech([SpeechTier("paced", lambda: engine)],
@@ -202,7 +202,7 @@ def tone(seconds: float) -> bytes:
 
 @pytest.mark.slow
 def test_a_fast_client_is_held_back_and_loses_nothing():
-    from edge_agent.serving.speech import MAX_BACKLOG_S
+    from edge_agent.serving.asr.ladder import MAX_BACKLOG_S
 
     engine = PacedRecognizer(rtf=0.25)  # 4× faster than real time, far slower than the client
     speech = paced_speech(engine)

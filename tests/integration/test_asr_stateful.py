@@ -21,8 +21,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edge_agent.models.catalog import inspect_folder
 from edge_agent.models.recognizer import open_recognizer
-from edge_agent.serving.asr import AsrService
-from edge_agent.serving.batcher import BatchLimits
+from edge_agent.serving.asr.service import AsrService
+from edge_agent.serving.asr.batcher import BatchLimits
 from tests.speech import speech_samples
 
 MELS, VOCAB, SUB, CHUNK, FLUSH = 16, 8, 2, 8, 2

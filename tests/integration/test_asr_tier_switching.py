@@ -17,11 +17,11 @@ import pytest
 
 from edge_agent.errors import EdgeAgentError, ModelError, Unavailable
 from edge_agent.models.recognizer import AudioStream, Hypothesis
-from edge_agent.serving.asr import AsrService
-from edge_agent.serving.batcher import BatchLimits
-from edge_agent.serving.speech import Speech, SpeechTier
+from edge_agent.serving.asr.service import AsrService
+from edge_agent.serving.asr.batcher import BatchLimits
+from edge_agent.serving.asr.ladder import Speech, SpeechTier
 from edge_agent.serving.tier_control import TierController
-from edge_agent.tiers import Policy
+from edge_agent.serving.tier_policy import Policy
 
 RATE = 16000
 CHUNK = 5120  # 320 ms: one recogniser step per push

@@ -106,8 +106,8 @@ def capture(mic: MicSource, seconds: float) -> list[np.ndarray]:
 def test_real_input_stream_delivers_speech_to_the_asr_service(pulse, capture_rate, tmp_path):
     from edge_agent.models.catalog import resolve_model
     from edge_agent.models.recognizer import open_recognizer
-    from edge_agent.serving.asr import AsrService
-    from edge_agent.serving.batcher import BatchLimits
+    from edge_agent.serving.asr.service import AsrService
+    from edge_agent.serving.asr.batcher import BatchLimits
 
     engine = open_recognizer(resolve_model("demo-ctc", tmp_path), "onnxruntime")
     wav = speech_wav("turn on the kitchen lights")

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from edge_agent.errors import EdgeAgentError, Overloaded
-from edge_agent.serving.batcher import Batcher, BatchLimits, BatchPlan, Waiting, take_batch
+from edge_agent.serving.asr.batcher import Batcher, BatchLimits, BatchPlan, Waiting, take_batch
 
 L = BatchLimits(max_batch=4, batch_timeout_ms=80.0, preferred_batch_sizes=())
 P = BatchLimits(max_batch=4, batch_timeout_ms=80.0, preferred_batch_sizes=(2, 4))

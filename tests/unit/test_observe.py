@@ -12,7 +12,7 @@ from edge_agent.metrics.timing import RequestTiming
 from edge_agent.metrics.window import FIRST_AFTER_LOAD, WARMUP
 from edge_agent.observe import Observation, Observers
 from edge_agent.serving.tier_control import TierController
-from edge_agent.tiers import Policy
+from edge_agent.serving.tier_policy import Policy
 
 
 def timing(tags=frozenset()) -> RequestTiming:

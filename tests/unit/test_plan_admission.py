@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from edge_agent.serving.scheduler import Limits, plan_admission
+from edge_agent.serving.llm.scheduler import Limits, plan_admission
 
 L = Limits(max_batch=4, batch_timeout_ms=80, preferred_batch_sizes=(2, 4))
 

@@ -7,8 +7,9 @@ import pytest
 
 from edge_agent.config import AsrSlaConfig
 from edge_agent.observe import Observation
-from edge_agent.serving.speech import SpeechTier
-from edge_agent.serving.tier_control import TierController, asr_policy_from_config
+from edge_agent.serving.asr.ladder import SpeechTier
+from edge_agent.serving.tier_control import TierController
+from edge_agent.serving.tier_policy import policy_from_config
 
 
 class Clock:
@@ -36,8 +37,8 @@ class Ladder:
         return True
 
 
-POLICY = asr_policy_from_config(AsrSlaConfig(target_ms=300, min_samples=3, downgrade_after=2, upgrade_after=2,
-                                             cooldown_s=10, min_dwell_s=0, shed_after=2))
+POLICY = policy_from_config(AsrSlaConfig(target_ms=300, min_samples=3, downgrade_after=2, upgrade_after=2,
+                                         cooldown_s=10, min_dwell_s=0, shed_after=2))
 
 
 def build(active: int = 0, window_s: float = 30.0):
@@ -54,7 +55,7 @@ def utterances(controller, tier: str, first_partial_ms: float, n: int = 5) -> No
 
 
 def test_policy_from_sla_asr_has_no_token_cap_and_no_adaptive_batch():
-    p = asr_policy_from_config(AsrSlaConfig(preset="asr-customer-service", downgrade_after=5))
+    p = policy_from_config(AsrSlaConfig(preset="asr-customer-service", downgrade_after=5))
     assert (p.metric, p.percentile, p.target_ms, p.downgrade_after) == ("first_partial_ms", 95, 300.0, 5)
     assert p.min_token_cap_ratio == 1.0 and not p.adaptive_batch
 

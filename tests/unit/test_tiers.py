@@ -1,4 +1,4 @@
-"""Table tests of tiers.decide with a fake clock: hysteresis, cooldown, dwell, min samples, pinning,
+"""Table tests of tier_policy.decide with a fake clock: hysteresis, cooldown, dwell, min samples, pinning,
 truncation and shedding, AIMD batch, and no flapping under a noisy but steady load."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from edge_agent.tiers import Decision, Policy, Snapshot, TierState, decide
+from edge_agent.serving.tier_policy import Decision, Policy, Snapshot, TierState, decide
 
 POLICY = Policy(target_ms=100.0, min_samples=20, downgrade_after=3, upgrade_after=4, upgrade_ratio=0.7,
                 cooldown_s=30.0, min_dwell_s=10.0)
@@ -116,7 +116,7 @@ def test_aimd_batch_within_bounds(value, batch, expected):
 ])
 def test_policy_from_the_sla_section(metric, mode, adaptive):
     from edge_agent.config import SlaConfig
-    from edge_agent.serving.tier_control import policy_from_config
+    from edge_agent.serving.tier_policy import policy_from_config
 
     sla = SlaConfig(metric=metric, adaptive_batch=mode, preset="customer-service", min_batch=8)
     policy = policy_from_config(sla, max_batch=4)

@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Generic, Sequence, TypeVar
 
-from ..errors import EdgeAgentError, Overloaded
+from ...errors import EdgeAgentError, Overloaded
 
 log = logging.getLogger(__name__)
 

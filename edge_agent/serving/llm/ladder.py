@@ -23,13 +23,13 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from ..errors import InputError, Unavailable
-from ..metrics.window import FIRST_AFTER_LOAD
-from ..models.llm import DecoderLM
-from ..models.sampling import SamplingParams
-from ..models.tokenizer import Message
-from ..observe import Observation, Observer
-from .ladder import Ladder
+from ...errors import InputError, Unavailable
+from ...metrics.window import FIRST_AFTER_LOAD
+from ...models.llm import DecoderLM
+from ...models.sampling import SamplingParams
+from ...models.tokenizer import Message
+from ...observe import Observation, Observer
+from ..ladder import Ladder
 from .scheduler import Limits, LLMScheduler, RequestHandle
 
 MAX_CHARS_PER_TOKEN = 32
@@ -80,10 +80,6 @@ class TieredLLM(Ladder):
         self._drain_s = drain_s
         self.token_cap_ratio = 1.0
         self.shedding = False
-
-    def start(self, tier: int = 0) -> TieredLLM:
-        self._active = self._load(tier)
-        return self
 
     def _load(self, index: int) -> _Loaded:
         return _Loaded(index, self.tiers[index], self.tiers[index].open(), self._observe, self._clock)

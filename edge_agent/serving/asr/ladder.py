@@ -33,12 +33,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..config import Settings, TierConfig
-from ..errors import DeadlineExceeded, EdgeAgentError, InputError, ModelError, Unavailable
-from ..models.recognizer import Recognizer
-from ..observe import Observation, Observer
-from .asr import AsrEvent, AsrService
-from .ladder import Ladder, Switched
+from ...config import Settings, TierConfig
+from ...errors import DeadlineExceeded, EdgeAgentError, InputError, ModelError, Unavailable
+from ...models.recognizer import Recognizer
+from ...observe import Observation, Observer
+from ..ladder import Ladder, Switched
+from .service import AsrEvent, AsrService
 
 log = logging.getLogger(__name__)
 # A few seconds of speech a stream may have waiting for the recogniser: enough to absorb a burst
@@ -170,6 +170,7 @@ class Speech(Ladder):
     the module doc). Each final utterance reaches ``observe`` as an ``observe.Observation``."""
 
     kind = "ASR tier"
+    workload = "asr"
 
     def __init__(self, tiers: Sequence[SpeechTier], make_service: Callable[[Recognizer], AsrService],
                  observe: Observer | None = None, on_switched: Switched | None = None,
@@ -183,10 +184,6 @@ class Speech(Ladder):
         self._changed = threading.Condition(self._lock)  # a stream closed
         self._draining: _Loaded | None = None
         self.shedding = False
-
-    def start(self, tier: int = 0) -> Speech:
-        self._active = self._load(tier)
-        return self
 
     def _load(self, index: int) -> _Loaded:
         engine = self.tiers[index].open()
@@ -236,7 +233,7 @@ class Speech(Ladder):
 
     def transcribe_bytes(self, data: bytes, filename: str) -> dict:
         """A whole uploaded file (any format soundfile reads), through the same streaming service."""
-        from ..audio.wav import read_audio
+        from ...audio.wav import read_audio
 
         if not data:
             raise InputError(f"{filename}: the upload is empty")
@@ -314,9 +311,9 @@ def speech_tiers(settings: Settings) -> list[SpeechTier]:
 
 def _opener(tier: TierConfig, settings: Settings) -> Callable[[], Recognizer]:
     def open_tier() -> Recognizer:
-        from ..backends import SessionOptions
-        from ..models.catalog import resolve_model
-        from ..models.asr import open_recognizer
+        from ...backends import SessionOptions
+        from ...models.catalog import resolve_model
+        from ...models.asr import open_recognizer
 
         ref = resolve_model(tier.model, settings.models.cache_dir)
         options = SessionOptions(device=tier.device, threads=settings.device.threads, precision=tier.precision,
@@ -329,18 +326,12 @@ def open_speech(settings: Settings, observe: Observer | None = None, on_switched
                 on_load_failed: Callable[[str, EdgeAgentError], None] | None = None,
                 drain_s: float = 120.0) -> Speech:
     """The ASR ladder serving from its top tier, or the first lighter one that loads."""
-    from .asr_setup import make_service
+    from ..asr_setup import make_service
 
     speech = Speech(speech_tiers(settings),
                     lambda engine: make_service(engine, settings.audio, settings.batching, streams=4),
                     observe, on_switched, drain_s)
-    errors = []
-    for index, tier in enumerate(speech.tiers):
-        try:
-            return speech.start(index)
-        except EdgeAgentError as exc:
-            errors.append(f"{tier.name}: {exc}")
-            log.error("ASR tier %r could not load (%s); trying the next one", tier.name, exc)
-            if on_load_failed is not None:
-                on_load_failed(tier.name, exc)
-    raise ModelError("no ASR tier could be loaded: " + "; ".join(errors))
+    errors = speech.start_first(on_load_failed)
+    if speech.active_tier is None:
+        raise ModelError("no ASR tier could be loaded: " + "; ".join(errors))
+    return speech

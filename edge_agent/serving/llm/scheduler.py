@@ -23,13 +23,13 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
-from ..errors import DeadlineExceeded, EdgeAgentError, Overloaded, Unavailable
-from ..metrics.timing import RequestTiming, TimingRecorder
-from ..models.kv_batch import DecodeBatch
-from ..models.kv_slots import SlotCache
-from ..models.llm import DecoderLM
-from ..models.sampling import Sampler, SamplingParams, find_stop, repeated_too_often
-from ..models.tokenizer import StreamDecoder
+from ...errors import DeadlineExceeded, EdgeAgentError, Overloaded, Unavailable
+from ...metrics.timing import RequestTiming, TimingRecorder
+from ...models.kv_batch import DecodeBatch
+from ...models.kv_slots import SlotCache
+from ...models.llm import DecoderLM
+from ...models.sampling import Sampler, SamplingParams, find_stop, repeated_too_often
+from ...models.tokenizer import StreamDecoder
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""The tier controller's decision: a pure function of a latency snapshot, the state and the policy.
+"""The tier policy: the controller's decision, a pure function of a latency snapshot, the state and
+the policy, and the policy itself from the configuration (``policy_from_config``, both workloads).
 
 ``decide(snapshot, state, policy, now)`` is called once per evaluation (every ``evaluate_every_s``)
 with the SLA metric's percentile over the rolling window. It never sleeps, reads a clock or touches
@@ -36,11 +37,16 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from ..config import AsrSlaConfig, SlaConfig
+
 Action = Literal["hold", "downgrade", "upgrade", "pin", "unpin", "probe", "insufficient"]
 
 
 @dataclass(frozen=True, slots=True)
 class Policy:
+    """What the controller aims for (metric, percentile, target) and how it gets there (hysteresis,
+    relief); ``policy_from_config`` makes one from ``[sla]`` or ``[sla.asr]``."""
+
     metric: str = "ttft_ms"
     percentile: float = 95.0
     target_ms: float = 387.0
@@ -70,6 +76,8 @@ class Snapshot:
 
 @dataclass(frozen=True, slots=True)
 class TierState:
+    """Where the ladder is and the streaks, relief and pin that the next decision starts from."""
+
     tiers: int  # ladder length; tier 0 is the heaviest
     tier: int = 0
     entered_s: float = -math.inf  # when the current tier became active
@@ -87,6 +95,8 @@ class TierState:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
+    """The next state, what it does (``action``) and why (``reason``, logged and sent in events)."""
+
     state: TierState
     action: Action
     reason: str
@@ -195,3 +205,28 @@ def _adapt_batch(s: TierState, p: Policy, value: float) -> TierState:
     elif value < 0.9 * p.target_ms:
         batch = min(p.max_batch, batch * 2)
     return replace(s, batch=batch)
+
+
+def policy_from_config(sla: SlaConfig | AsrSlaConfig, max_batch: int | None = None) -> Policy:
+    """The controller's policy from ``[sla]`` (``config.SlaConfig``, the LLM; ``max_batch``: the largest
+    batch of its tiers) or ``[sla.asr]`` (``config.AsrSlaConfig``). ASR has no tokens to cap and its
+    batch stays as configured: ``min_token_cap_ratio = 1`` sends an over-target lightest tier straight
+    to counting towards shedding."""
+    relief: dict = {"adaptive_batch": False, "min_token_cap_ratio": 1.0}
+    if isinstance(sla, SlaConfig):
+        if max_batch is None:
+            raise ValueError("the LLM policy needs max_batch, the largest batch of its tiers")
+        relief = {"adaptive_batch": sla.adaptive_batch == "on" or (sla.adaptive_batch == "auto"
+                                                                   and sla.metric in ("itl_ms", "tpot_ms")),
+                  "min_batch": min(sla.min_batch, max_batch), "max_batch": max_batch,
+                  "min_token_cap_ratio": sla.min_token_cap_ratio}
+    return Policy(metric=sla.metric, percentile=sla.percentile, target_ms=sla.target_ms, min_samples=sla.min_samples,
+                  downgrade_after=sla.downgrade_after, upgrade_after=sla.upgrade_after,
+                  upgrade_ratio=sla.upgrade_ratio, cooldown_s=sla.cooldown_s, min_dwell_s=sla.min_dwell_s,
+                  shed_after=sla.shed_after, **relief)
+
+
+def overlay(policy: Policy, sla) -> Policy:
+    """``policy`` with the fleet's SLA (``telemetry.schema.SlaSpec``) on top; the hysteresis stays the file's."""
+    return replace(policy, metric=sla.metric, percentile=sla.percentile, target_ms=sla.target_ms,
+                   min_samples=sla.min_samples)

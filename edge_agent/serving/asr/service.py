@@ -30,11 +30,11 @@ from typing import Callable, Iterator, Literal
 
 import numpy as np
 
-from ..audio.vad import Detector, EndpointConfig, Endpointer, SpeechAudio, SpeechEnd, SpeechStart
-from ..errors import Overloaded
-from ..metrics.histogram import ExponentialHistogram
-from ..metrics.window import MetricSnapshot, RollingWindow
-from ..models.recognizer import Hypothesis, Recognizer
+from ...audio.vad import Detector, EndpointConfig, Endpointer, SpeechAudio, SpeechEnd, SpeechStart
+from ...errors import Overloaded
+from ...metrics.histogram import ExponentialHistogram
+from ...metrics.window import MetricSnapshot, RollingWindow
+from ...models.recognizer import Hypothesis, Recognizer
 from .batcher import Batcher, BatchLimits
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class AsrService:
         self.endpoint = EndpointConfig(endpoint.min_speech_ms, endpoint.trailing_silence_ms,
                                        endpoint.pre_roll_ms, max_s)
         if detector_factory is None:
-            from ..audio.vad import EnergyVAD
+            from ...audio.vad import EnergyVAD
 
             detector_factory = EnergyVAD
         self.detector_factory = detector_factory
