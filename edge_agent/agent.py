@@ -23,7 +23,8 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import __version__
 from .config import ASR_SLA_METRICS, Settings, TierConfig, load_settings
@@ -84,9 +85,9 @@ class Agent:
             # Before the API listens: a restarted device never serves under the file's SLA while the
             # ledger holds a desired the fleet applied.
             self.telemetry.commands.restore_desired()
+        unix_socket = str(s.api.unix_socket) if s.api.unix_socket else None
         self.api = ApiServer(self.llm, self.metrics, s.api.token.get_secret_value() if s.api.token else None,
-                             asr=self.asr, health=self.health).start(s.api.host, s.api.port,
-                                                                    str(s.api.unix_socket) if s.api.unix_socket else None)
+                             asr=self.asr, health=self.health).start(s.api.host, s.api.port, unix_socket)
         self.metrics.track_load("llm", lambda: self.llm.load)
         heartbeats = [LoopHeartbeat(lambda: self.llm.steps, lambda: self.llm.load != (0, 0)),
                       LoopHeartbeat(lambda: self.api.ticks, lambda: True)]  # the API loop never blocks

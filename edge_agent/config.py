@@ -230,7 +230,7 @@ class MqttConfig(Section):
         return value
 
 
-# Commands a fleet may send (``telemetry/commands.py`` ALLOWED); ``telemetry.commands_allowed`` narrows them.
+# Commands a fleet may send (``telemetry/command_args.py`` ALLOWED); ``telemetry.commands_allowed`` narrows them.
 FLEET_COMMANDS = ("get_status", "set_sla", "pin_tier", "unpin_tier", "rebuild_engine", "flush_telemetry",
                   "reset_desired")
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Mapping
+from typing import Literal
 
 from .metrics.timing import RequestTiming
 from .metrics.window import FIRST_AFTER_LOAD, SLA_EXCLUDED_TAGS

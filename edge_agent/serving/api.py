@@ -31,17 +31,20 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any
 
-from aiohttp import WSMsgType, web
-from pydantic import ValidationError
+from aiohttp import web
 
-from ..errors import DeadlineExceeded, EdgeAgentError, InputError, Overloaded, Unavailable
+from ..errors import DeadlineExceeded, EdgeAgentError, Overloaded
 from ..metrics.prometheus import CONTENT_TYPE_LATEST, PrometheusMetrics
 from ..models.tokenizer import Message
-from . import http_guard
+from . import api_speech, http_guard
+from .api_errors import error as _error
+from .api_errors import from_exception as _from_exception
+from .api_speech import SpeechService
 from .llm.ladder import TieredLLM
-from .openai_schema import ChatRequest, CompletionRequest, GenerateRequest, parse, validation_message
+from .openai_schema import ChatRequest, CompletionRequest, GenerateRequest, parse
 
 log = logging.getLogger(__name__)
 MAX_BODY = 32 * 1024 * 1024  # audio uploads included
@@ -54,43 +57,11 @@ DISCONNECTS = (ConnectionResetError, BrokenPipeError)  # aiohttp's ClientConnect
 FINISH = {"stop": "stop", "length": "length", "deadline": "length", "cancelled": "stop", "repetition": "stop"}
 
 
-class SpeechService(Protocol):
-    """What the API needs from the ASR side (``serving/asr/ladder.py``, ``Speech``, implements it)."""
-
-    def transcribe_bytes(self, data: bytes, filename: str) -> dict: ...
-    def open_stream(self, on_event: Callable[[dict], None]) -> Any: ...  # .push(pcm16: bytes), .close()
-
-
-def _error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
-           param: str | None = None, retry_after_s: float | None = None) -> web.Response:
-    headers = {"Retry-After": str(int(retry_after_s))} if retry_after_s else None
-    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}},
-                             status=status, headers=headers)
-
-
-def _from_exception(exc: BaseException) -> web.Response:
-    if isinstance(exc, ValidationError):
-        message, param = validation_message(exc)
-        return _error(400, message, param=param)
-    if isinstance(exc, http_guard.BodyError):
-        return _error(exc.status, str(exc), code=exc.code)
-    if isinstance(exc, RecursionError):  # nesting a parser refused to follow: the client's mistake
-        return _error(400, "the body is nested too deeply")
-    if isinstance(exc, Unavailable):
-        return _error(503, str(exc), "server_error", "unavailable", retry_after_s=5)
-    if isinstance(exc, Overloaded):
-        return _error(429, str(exc), "rate_limit_error", "overloaded", retry_after_s=1)
-    if isinstance(exc, DeadlineExceeded):
-        return _error(503, str(exc), "server_error", "timeout", retry_after_s=2)
-    if isinstance(exc, (InputError, ValueError)):
-        return _error(400, str(exc), code=getattr(exc, "code", None))
-    if isinstance(exc, EdgeAgentError):
-        return _error(500, str(exc), "server_error")
-    log.exception("unexpected API error", exc_info=exc)
-    return _error(500, f"internal error: {type(exc).__name__}", "server_error")
-
-
 class ApiServer:
+    """The local API on its own thread and asyncio loop (see the module doc): ``start(host, port,
+    unix_socket)``, ``draining`` (new requests get 503 while the rest finish), ``stop``. The LLM
+    routes are here; the speech routes are ``api_speech``'s, errors are shaped by ``api_errors``."""
+
     def __init__(self, llm: TieredLLM | None, metrics: PrometheusMetrics | None = None, token: str | None = None,
                  asr: SpeechService | None = None, health: Callable[[], dict] | None = None,
                  header_timeout_s: float = HEADER_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S) -> None:
@@ -117,7 +88,7 @@ class ApiServer:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/v1/audio/transcriptions", self._transcriptions)
+        app.router.add_post("/v1/audio/transcriptions", self._transcriptions)  # api_speech.py
         app.router.add_get("/v1/audio/stream", self._audio_stream)
         app.router.add_get("/health", self._health_route)
         app.router.add_get("/metrics", self._metrics)
@@ -271,109 +242,10 @@ class ApiServer:
         return web.json_response({"object": "list", "data": data})
 
     async def _transcriptions(self, request: web.Request) -> web.Response:
-        if self.asr is None:
-            return _error(503, "no ASR tier is configured", "server_error", "unavailable")
-        try:
-            form = await request.post()
-        except ValueError as exc:
-            return _error(400, f"expected multipart/form-data with a 'file' field: {exc}")
-        upload = form.get("file")
-        if upload is None or not hasattr(upload, "file"):
-            return _error(400, "missing the 'file' field (multipart/form-data)", param="file")
-        data = upload.file.read()
-        try:
-            result = await asyncio.get_running_loop().run_in_executor(
-                None, self.asr.transcribe_bytes, data, upload.filename or "audio")
-        except Exception as exc:
-            return _from_exception(exc)
-        if form.get("response_format") == "text":
-            return web.Response(text=result["text"] + "\n")
-        return web.json_response(result if form.get("response_format") == "verbose_json" else {"text": result["text"]})
+        return await api_speech.transcriptions(self.asr, request)
 
     async def _audio_stream(self, request: web.Request) -> web.StreamResponse:
-        if self.asr is None:
-            return _error(503, "no ASR tier is configured", "server_error", "unavailable")
-        import socket
-
-        loop = asyncio.get_running_loop()
-        outbox: asyncio.Queue = asyncio.Queue()
-        try:  # before the upgrade, so shedding or draining is a plain 503 with Retry-After
-            stream = self.asr.open_stream(lambda event: loop.call_soon_threadsafe(outbox.put_nowait, event))
-        except Exception as exc:
-            return _from_exception(exc)
-        ws = web.WebSocketResponse(heartbeat=20)
-        sock = request.transport.get_extra_info("socket") if request.transport is not None else None
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            # a fixed receive buffer (~2 s of PCM16 at 16 kHz) rather than one autotuned up to tcp_rmem's
-            # maximum (tens of MB: minutes of audio), so that back-pressure reaches the client
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-        await ws.prepare(request)
-        # Back-pressure: while the stream's unprocessed audio is over its bound this handler does not
-        # read the socket (aiohttp then pauses the transport, and TCP slows the client down). A
-        # backlog that does not drain within ``stall_s`` (under the heartbeat's 10 s pong wait) means the
-        # server cannot keep up at all: an "overloaded" error and close 1013 (try again later).
-        stall_s = 5.0
-
-        async def until(done: Callable[[], bool], timeout_s: float) -> bool:
-            deadline = loop.time() + timeout_s
-            while not done():
-                if loop.time() >= deadline:
-                    return False
-                await asyncio.sleep(0.02)
-            return True
-
-        async def pump() -> None:
-            while True:
-                event = await outbox.get()
-                if event is None:
-                    return
-                if ws.closed:
-                    continue  # the client left: its remaining events have nobody to go to
-                try:
-                    await ws.send_json(event)
-                except ConnectionError:
-                    continue
-
-        def gone() -> bool:  # the connection is closing: audio still buffered from it has nobody to answer
-            return request.transport is None or request.transport.is_closing()
-
-        sender = asyncio.create_task(pump())
-        ended, overloaded = False, None
-        try:
-            async for msg in ws:
-                if msg.type == WSMsgType.BINARY:
-                    if gone():
-                        break
-                    await loop.run_in_executor(None, stream.push, msg.data)
-                    if stream.over_backlog and not await until(lambda: not stream.over_backlog or gone(), stall_s):
-                        overloaded = (f"the recogniser is {stream.backlog_s:.1f} s of audio behind this stream and "
-                                      f"did not catch up within {stall_s:g} s; retry later or send in real time")
-                        break
-                elif msg.type == WSMsgType.TEXT and msg.data.strip() in ('{"type": "end"}', '{"type":"end"}', "end"):
-                    ended = True
-                    break
-                elif msg.type == WSMsgType.TEXT:
-                    await ws.send_json({"type": "error", "message": 'send binary PCM16 frames, then "end"'})
-        finally:
-            if ended:  # the finals, within the stream's close timeout; past it, errors for what is open
-                stream.end()
-                await until(lambda: stream.finished, stream.close_timeout_s)
-                stream.close(0)
-            elif overloaded:
-                stream.abort(overloaded, "overloaded")
-                log.warning("ASR stream closed: %s", overloaded)
-                # queued like the stream's own events, so it comes after their utterance errors
-                loop.call_soon_threadsafe(outbox.put_nowait, {"type": "error", "code": "overloaded",
-                                                              "message": overloaded})
-            else:  # the client went away: drop its work rather than finish it for nobody
-                stream.abort("the client closed the connection")
-            loop.call_soon_threadsafe(outbox.put_nowait, None)  # after every event the stream emitted
-            await sender
-            if overloaded:
-                await ws.close(code=1013, message=b"overloaded: the recogniser cannot keep up")
-            else:
-                await ws.close()
-        return ws
+        return await api_speech.audio_stream(self.asr, request)
 
     async def _health_route(self, request: web.Request) -> web.Response:
         body = {"status": "draining" if self.draining else "ok", **self._health()}

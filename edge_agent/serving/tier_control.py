@@ -5,19 +5,21 @@ tier's requests (a switch starts a fresh window, and each tier's first request a
 excluded), calls the pure ``decide``, and applies the result to the served ladder: switch, truncate,
 shed, resize the batch. The same loop serves both workloads: register ``observe`` with the agent's
 ``observe.Observers`` and it keeps the observations of its own workload's active tier (an LLM
-request, an ASR utterance, the same record); token caps and batch sizes are applied only where the policy can ask for them (an ASR policy never
-does). Each switch is reported as a ``tier_switch`` event with its reason and the snapshot that
-caused it; a fleet pin (``pin``/``unpin``) overrides the controller until removed, and an unpin with
-too few samples to judge by goes back to the top tier. ``set_policy`` (a new SLA from the file or the
-fleet) lifts truncation and shedding: they were decided against the old target.
+request, an ASR utterance, the same record); token caps and batch sizes are applied only where the
+policy can ask for them (an ASR policy never does). Each switch is reported as a ``tier_switch``
+event with its reason and the snapshot that caused it; a fleet pin (``pin``/``unpin``) overrides
+the controller until removed, and an unpin with too few samples to judge by goes back to the top
+tier. ``set_policy`` (a new SLA from the file or the fleet) lifts truncation and shedding: they were
+decided against the old target.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 from ..metrics.window import RollingWindow
 from ..observe import Observation

@@ -23,7 +23,7 @@ from ..metrics.histogram import DEFAULT_MAX_SIZE, relative_error
 from ..metrics.timing import RequestTiming
 from ..observe import Observation
 from .client import Incoming, MqttLink, Outgoing, response_properties
-from .commands import CommandProcessor, CommandTarget
+from .remote_commands import CommandProcessor, CommandTarget
 from .ledger import Ledger
 from .publisher import Identity, Publisher, kernel_clock_synced, read_boot_id
 from .schema import SCHEMA_VERSIONS, Meta, Reported, State

@@ -147,7 +147,7 @@ def test_metrics_are_prometheus_text_with_vllm_like_names(server, client):
 ])
 def test_errors_map_to_http_statuses(exc, status, retry):
     import edge_agent.errors as errors
-    from edge_agent.serving.api import _from_exception
+    from edge_agent.serving.api_errors import from_exception as _from_exception
 
     resp = _from_exception(getattr(errors, exc)("boom"))
     assert resp.status == status and resp.headers.get("Retry-After") == retry

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from edge_agent.telemetry.client import Incoming
-from edge_agent.telemetry.commands import MAX_QUEUE as MAX
-from edge_agent.telemetry.commands import CommandProcessor
+from edge_agent.telemetry.remote_commands import MAX_QUEUE as MAX
+from edge_agent.telemetry.remote_commands import CommandProcessor
 from edge_agent.telemetry.ledger import Ledger
 from tests.telemetry_target import TinyAgent
 
@@ -194,7 +194,7 @@ def test_command_outside_commands_allowed_is_rejected(tmp_path):
 
 def test_every_known_command_is_configurable():
     from edge_agent.config import FLEET_COMMANDS
-    from edge_agent.telemetry.commands import ALLOWED
+    from edge_agent.telemetry.command_args import ALLOWED
 
     assert set(ALLOWED) == set(FLEET_COMMANDS)
 
@@ -246,7 +246,7 @@ def test_a_flood_logs_one_line_per_period_and_reports_the_drops(rig, caplog):
     proc, _agent, _sent, _rep, clock, _wall = rig
     events: list[dict] = []
     proc.on_drops = events.append
-    with caplog.at_level("WARNING", logger="edge_agent.telemetry.commands"):
+    with caplog.at_level("WARNING", logger="edge_agent.telemetry.remote_commands"):
         for k in range(MAX + 50):  # the worker is not running: the queue fills, then overflows
             proc.submit(msg("get_status", {"cmd_id": f"f{k}"}))
         proc.report_drops()
@@ -264,7 +264,7 @@ def test_a_flood_logs_one_line_per_period_and_reports_the_drops(rig, caplog):
 
 def test_rejections_in_a_flood_are_logged_once_per_period(rig, caplog):
     proc, _agent, sent, *_ = rig
-    with caplog.at_level("WARNING", logger="edge_agent.telemetry.commands"):
+    with caplog.at_level("WARNING", logger="edge_agent.telemetry.remote_commands"):
         for k in range(100):
             proc.handle(msg("get_status", b"{not json"))
             proc.handle(msg("get_status", {"cmd_id": f"o{k}"}, response_topic="edge/v1/OTHER/state"))

@@ -28,8 +28,8 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -312,8 +312,8 @@ def speech_tiers(settings: Settings) -> list[SpeechTier]:
 def _opener(tier: TierConfig, settings: Settings) -> Callable[[], Recognizer]:
     def open_tier() -> Recognizer:
         from ...backends import SessionOptions
-        from ...models.catalog import resolve_model
         from ...models.asr import open_recognizer
+        from ...models.catalog import resolve_model
 
         ref = resolve_model(tier.model, settings.models.cache_dir)
         options = SessionOptions(device=tier.device, threads=settings.device.threads, precision=tier.precision,

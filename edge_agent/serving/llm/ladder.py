@@ -20,8 +20,8 @@ long runs of one repeated character come near 16; every message renders to at le
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
 
 from ...errors import InputError, Unavailable
 from ...metrics.window import FIRST_AFTER_LOAD

@@ -20,8 +20,8 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
 
 from ...errors import DeadlineExceeded, EdgeAgentError, Overloaded, Unavailable
 from ...metrics.timing import RequestTiming, TimingRecorder

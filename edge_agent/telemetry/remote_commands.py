@@ -1,4 +1,4 @@
-"""Fleet commands (``cmd/<name>/req``) and ``desired`` state, executed through a small seam.
+"""Remote commands from the fleet (``cmd/<name>/req``) and its ``desired`` state, executed through a small seam.
 
 Lifecycle of one request, one response message per step, on the MQTT 5 response topic (else
 ``cmd/<name>/res``) with the request's correlation data:
@@ -20,12 +20,8 @@ A ``cmd_id`` already in the ledger is never run again: the stored final response
 ``duplicate: true``. Only allow-listed commands exist; none takes a file path, and tiers / engine
 recipes must be ones the device has configured (``CommandTarget.tiers`` / ``recipes``).
 
-``desired`` (retained, versioned) is applied all-or-nothing when its version is newer than the last
-applied one, and echoed through ``publish_reported``. It overlays the local config file: the applied
-document is kept in the ledger and put back in force after a restart (``restore_desired``, before the
-broker's retained copy of the same version, which is then a no-op) and after a reload of the file
-(``reapply_desired``); ``reset_desired`` forgets it and goes back to the file. ``reported`` says which
-version is in force in this run and where each SLA and pin comes from (``sources``).
+``desired`` (retained, versioned, laid over the local config file) is the overlay half,
+``desired.DesiredOverlay``, which ``CommandProcessor`` inherits: see that module.
 
 Threading: ``submit`` runs on paho's thread and only enqueues (bounded); one worker thread does
 the rest, so a slow ``rebuild_engine`` never stalls the network loop. A flood is logged at most
@@ -39,82 +35,32 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from .client import Incoming
+from .command_args import (
+    ALLOWED,
+    CommandArgs,
+    CommandTarget,
+    PinTierArgs,
+    RebuildArgs,
+    Rejected,
+    SetSlaArgs,
+    WorkloadArgs,
+    describe,
+)
+from .desired import DesiredOverlay
 from .ledger import Ledger
-from .schema import NAME, WORKLOAD, CommandRequest, CommandResponse, Desired, SlaSpec
+from .schema import CommandRequest, CommandResponse
 from .signing import Unsigned, Verifier, unwrap
 
 log = logging.getLogger(__name__)
 
-DESIRED_KEY = "desired_version"
-DESIRED_DOC_KEY = "desired_document"  # the applied document itself, re-applied after a restart
 MAX_QUEUE = 256
 LOG_EVERY_S = 10.0  # a flood of one kind of bad message logs one line (with a count) per this period
-
-
-class CommandTarget(Protocol):
-    """What the agent implements so the fleet can steer it. Methods return a JSON-able result dict
-    and raise (preferably ``EdgeAgentError``) to fail the command with that message."""
-
-    def tiers(self) -> Mapping[str, Sequence[str]]: ...      # workload -> configured tier names
-    def recipes(self) -> Sequence[str]: ...                  # configured engine recipe names
-    def status(self) -> dict[str, Any]: ...
-    # ``source`` says who asked, for ``reported.sources``: "command" or "desired@<version>".
-    def set_sla(self, workload: str, sla: SlaSpec, source: str = "command") -> dict[str, Any]: ...
-    def pin_tier(self, workload: str, tier: str, source: str = "command") -> dict[str, Any]: ...
-    def unpin_tier(self, workload: str, source: str = "command") -> dict[str, Any]: ...
-    def reload(self) -> str: ...  # re-read the config file, then ``reapply_desired`` on top
-    def rebuild_engine(self, recipe: str) -> dict[str, Any]: ...
-    def flush_telemetry(self) -> dict[str, Any]: ...
-    def reported(self) -> dict[str, Any]: ...  # active_tiers, pins, sla, engine_hashes
-
-
-class _Args(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class NoArgs(_Args):
-    pass
-
-
-class SetSlaArgs(_Args):
-    workload: str = Field(pattern=WORKLOAD)
-    sla: SlaSpec
-
-
-class PinTierArgs(_Args):
-    workload: str = Field(pattern=WORKLOAD)
-    tier: str = Field(pattern=NAME)
-
-
-class WorkloadArgs(_Args):
-    workload: str = Field(pattern=WORKLOAD)
-
-
-class RebuildArgs(_Args):
-    recipe: str = Field(pattern=NAME)
-
-
-ALLOWED: dict[str, type[_Args]] = {
-    "get_status": NoArgs, "set_sla": SetSlaArgs, "pin_tier": PinTierArgs, "unpin_tier": WorkloadArgs,
-    "rebuild_engine": RebuildArgs, "flush_telemetry": NoArgs, "reset_desired": NoArgs,
-}
-
-
-class Rejected(Exception):
-    """A request refused before execution; the message is the ``reason`` sent back."""
-
-
-def describe(exc: ValidationError, prefix: str = "") -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        loc = prefix + ".".join(str(p) for p in err["loc"]) if err["loc"] else "(payload)"
-        parts.append(f"{loc}: {err['msg']}")
-    return "; ".join(parts)
 
 
 class LogLimiter:
@@ -142,7 +88,10 @@ class LogLimiter:
         return True
 
 
-class CommandProcessor:
+class CommandProcessor(DesiredOverlay):
+    """Fleet commands for one device (see the module doc): ``submit`` on paho's thread, the rest on
+    the worker; the ``desired`` overlay comes from ``desired.DesiredOverlay``."""
+
     def __init__(self, target: CommandTarget, ledger: Ledger, prefix: str, device_id: str,
                  respond: Callable[[str, bytes, bytes | None], None],
                  publish_reported: Callable[[dict[str, Any]], None] = lambda _r: None, *,
@@ -165,10 +114,7 @@ class CommandProcessor:
         self._thread: threading.Thread | None = None
         self.stats = {"handled": 0, "rejected": 0, "duplicates": 0, "expired": 0, "failed": 0,
                       "succeeded": 0, "overflow": 0, "dropped": 0, "unsigned": 0, "errors": 0}
-        self.desired_error: str | None = None
-        self.desired_in_force: int | None = None  # the desired version applied in this run
-        self._desired_lock = threading.RLock()  # the worker, SIGHUP's reload and start's restore
-        self._desired_retry: bytes | None = None  # a desired that could not apply before the agent served
+        self._init_desired()
 
     # -- threads ------------------------------------------------------------------------------------
 
@@ -321,21 +267,6 @@ class CommandProcessor:
             return (len(rest) >= 3 and rest[0] == "cmd" and rest[2] == "res") or (len(rest) >= 2 and rest[0] == "res")
         return any(topic.startswith(p) for p in self.reply_prefixes)
 
-    def _desired(self, msg: Incoming) -> None:
-        """Check the signature (when required) before ``apply_desired`` sees the document."""
-        if not msg.payload or len(msg.payload) > 2 * self.max_bytes:
-            self.apply_desired(msg.payload)  # cleared retained message, or refused there as oversized
-            return
-        try:
-            payload = self.verifier.open(msg.topic, msg.payload)
-        except Unsigned as exc:
-            self.stats["unsigned"] += 1
-            self.desired_error = f"desired not applied: {exc}"
-            self.limited(logging.ERROR, "desired", "%s", self.desired_error)
-            self._report()
-            return
-        self.apply_desired(payload)
-
     def _sender(self, topic: str, correlation: bytes | None, name: str):
         def send(cmd_id: str | None, status: str, reason: str | None, *, result: dict | None = None,
                  final: bool = False, duplicate: bool = False) -> bytes:
@@ -369,7 +300,7 @@ class CommandProcessor:
             return True
         return req.expires_at_wall is not None and self.wall() > req.expires_at_wall
 
-    def _validate(self, name: str, raw: dict[str, Any]) -> _Args:
+    def _validate(self, name: str, raw: dict[str, Any]) -> CommandArgs:
         model = ALLOWED.get(name)
         if model is None:
             raise Rejected(f"unknown command {name!r}; known: {', '.join(sorted(ALLOWED))}")
@@ -392,7 +323,7 @@ class CommandProcessor:
                            f"{', '.join(self.target.recipes()) or '(none)'}")
         return args
 
-    def _execute(self, name: str, args: _Args) -> dict[str, Any]:
+    def _execute(self, name: str, args: CommandArgs) -> dict[str, Any]:
         t = self.target
         if isinstance(args, SetSlaArgs):
             return t.set_sla(args.workload, args.sla)
@@ -406,132 +337,6 @@ class CommandProcessor:
             result = self.reset_desired()
             return result if isinstance(result, dict) else {"desired_version": None}
         return t.status() if name == "get_status" else t.flush_telemetry()
-
-    # -- desired state ------------------------------------------------------------------------------
-
-    def apply_desired(self, payload: bytes) -> bool:
-        """Apply a retained ``desired`` document if newer than the stored one (or the same version not
-        yet in force in this run), keep it in the ledger, echo in ``reported``. The same version again
-        (the broker re-sends retained messages on every connection) changes nothing."""
-        if not payload:  # a cleared retained message
-            return False
-        try:
-            desired = Desired.model_validate_json(payload[: self.max_bytes + 1])
-            if len(payload) > self.max_bytes:
-                raise ValueError(f"desired is {len(payload)} bytes, over {self.max_bytes}")
-        except (ValidationError, ValueError) as exc:
-            reason = describe(exc) if isinstance(exc, ValidationError) else str(exc)
-            self.desired_error = f"desired not applied: {reason}"
-            log.error("%s", self.desired_error)
-            self._report()
-            return False
-        with self._desired_lock:
-            last = int(self.ledger.get(DESIRED_KEY) or -1)
-            stored = self.ledger.get(DESIRED_DOC_KEY) is not None
-            if desired.version < last or (desired.version == last and stored):
-                if desired.version == last and self.desired_in_force is None:
-                    # After a restart, before the agent serves: restore_desired applies the stored copy.
-                    self._desired_retry = payload
-                self._report()
-                return False
-            applied = self._apply(desired)
-            if applied:
-                self.ledger.put_many({DESIRED_DOC_KEY: desired.to_json().decode(), DESIRED_KEY: str(desired.version)})
-            elif self.desired_error and " failed: " in self.desired_error:
-                self._desired_retry = payload  # e.g. the controllers do not exist yet; retried at start
-        self._report()
-        return applied
-
-    def _apply(self, desired: Desired) -> bool:
-        """Check, then apply every SLA and pin of ``desired``; sets ``desired_error`` / ``desired_in_force``."""
-        tiers = self.target.tiers()
-        problems = [f"sla.{w}: unknown workload" for w in desired.sla if w not in tiers]
-        problems += [f"pins.{w}: tier {t!r} is not configured" for w, t in desired.pins.items()
-                     if w not in tiers or (t is not None and t not in tiers[w])]
-        if problems:
-            self.desired_error = f"desired version {desired.version} not applied: {'; '.join(problems)}"
-            log.error("%s", self.desired_error)
-            return False
-        source = f"desired@{desired.version}"
-        try:
-            for workload, sla in desired.sla.items():
-                self.target.set_sla(workload, sla, source=source)
-            for workload, tier in desired.pins.items():
-                if tier is None:
-                    self.target.unpin_tier(workload, source=source)
-                else:
-                    self.target.pin_tier(workload, tier, source=source)
-        except Exception as exc:
-            self.desired_error = f"desired version {desired.version} failed: {exc}"
-            log.error("%s", self.desired_error)
-            return False
-        self.desired_in_force, self.desired_error = desired.version, None
-        log.info("desired version %d in force", desired.version)
-        return True
-
-    def stored_desired(self) -> Desired | None:
-        raw = self.ledger.get(DESIRED_DOC_KEY)
-        if raw is None:
-            last = self.ledger.get(DESIRED_KEY)
-            if last is not None:  # a ledger from before documents were kept: the version alone is useless
-                self.ledger.delete(DESIRED_KEY)
-                log.warning("desired version %s was applied before, but its document was not kept; the "
-                            "fleet's retained copy will be applied again", last)
-            return None
-        try:
-            return Desired.model_validate_json(raw)
-        except ValidationError as exc:
-            self.desired_error = f"stored desired not re-applied: {describe(exc)}"
-            log.error("%s", self.desired_error)
-            return None
-
-    def reapply_desired(self) -> bool:
-        """Put the stored desired document back in force on top of the file (after a reload of the
-        file, or at start); ``reported`` is the caller's to publish."""
-        with self._desired_lock:
-            desired = self.stored_desired()
-            self.desired_in_force = None
-            return desired is not None and self._apply(desired)
-
-    def restore_desired(self) -> bool:
-        """At start, once the agent can apply it: the stored desired first, then any newer one that
-        arrived too early; then ``reported``."""
-        with self._desired_lock:
-            applied = self.reapply_desired()
-            retry, self._desired_retry = self._desired_retry, None
-        if retry is not None:
-            return self.apply_desired(retry) or applied
-        self._report()
-        return applied
-
-    def reset_desired(self) -> dict[str, Any]:
-        """Forget the stored desired (version and document), so that the next desired of any version
-        applies, and go back to the file (``target.reload``); for a signed ``reset_desired`` command."""
-        with self._desired_lock:
-            forgotten = self.desired_in_force
-            if forgotten is None:
-                last = self.ledger.get(DESIRED_KEY)
-                forgotten = int(last) if last is not None else None
-            self.ledger.delete(DESIRED_KEY, DESIRED_DOC_KEY)
-            self.desired_in_force, self.desired_error, self._desired_retry = None, None, None
-            message = self.target.reload()
-        log.info("desired version %s forgotten: %s", forgotten, message)
-        self._report()
-        return {"forgotten_version": forgotten, "reload": message, "desired_version": None}
-
-    def reported(self) -> dict[str, Any]:
-        doc = dict(self.target.reported())
-        doc["desired_version"] = self.desired_in_force
-        doc["desired_error"] = self.desired_error
-        return doc
-
-    def _report(self) -> None:
-        try:
-            self.publish_reported(self.reported())
-        except Exception:
-            self.stats["errors"] += 1
-            log.exception("publishing reported state failed")
-
 
 def _publishable(topic: str | None) -> bool:
     return bool(topic) and len(topic) <= 512 and not any(c in topic for c in "+#\0")

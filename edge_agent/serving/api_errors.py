@@ -1,0 +1,46 @@
+"""OpenAI-shaped error responses (``{"error": {"message", "type", "param", "code"}}``) for the local
+API: what each error of the tree (``edge_agent.errors``) becomes, with ``Retry-After`` where retrying
+helps (503 shedding or draining, 429 queue full). A client's mistake is a 4xx with what and where,
+never a traceback; only an unexpected error is logged with one.
+"""
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from ..errors import DeadlineExceeded, EdgeAgentError, InputError, Overloaded, Unavailable
+from . import http_guard
+from .openai_schema import validation_message
+
+log = logging.getLogger(__name__)
+
+
+def error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
+           param: str | None = None, retry_after_s: float | None = None) -> web.Response:
+    headers = {"Retry-After": str(int(retry_after_s))} if retry_after_s else None
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                             status=status, headers=headers)
+
+
+def from_exception(exc: BaseException) -> web.Response:
+    if isinstance(exc, ValidationError):
+        message, param = validation_message(exc)
+        return error(400, message, param=param)
+    if isinstance(exc, http_guard.BodyError):
+        return error(exc.status, str(exc), code=exc.code)
+    if isinstance(exc, RecursionError):  # nesting a parser refused to follow: the client's mistake
+        return error(400, "the body is nested too deeply")
+    if isinstance(exc, Unavailable):
+        return error(503, str(exc), "server_error", "unavailable", retry_after_s=5)
+    if isinstance(exc, Overloaded):
+        return error(429, str(exc), "rate_limit_error", "overloaded", retry_after_s=1)
+    if isinstance(exc, DeadlineExceeded):
+        return error(503, str(exc), "server_error", "timeout", retry_after_s=2)
+    if isinstance(exc, (InputError, ValueError)):
+        return error(400, str(exc), code=getattr(exc, "code", None))
+    if isinstance(exc, EdgeAgentError):
+        return error(500, str(exc), "server_error")
+    log.exception("unexpected API error", exc_info=exc)
+    return error(500, f"internal error: {type(exc).__name__}", "server_error")

@@ -1,0 +1,135 @@
+"""The local API's speech routes, on the API's loop (``api.ApiServer`` routes them here):
+
+    POST /v1/audio/transcriptions multipart file → text (OpenAI's shape), decoded on the executor
+    GET  /v1/audio/stream         WebSocket: binary 16 kHz mono PCM16 in, partial/final JSON out
+
+A live stream is opened before the WebSocket upgrade, so shedding or draining is a plain 503 with
+``Retry-After``; back-pressure, the stall bound and the close codes are described in ``audio_stream``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from aiohttp import WSMsgType, web
+
+from .api_errors import error as _error
+from .api_errors import from_exception as _from_exception
+
+log = logging.getLogger(__name__)
+
+
+class SpeechService(Protocol):
+    """What the API needs from the ASR side (``serving/asr/ladder.py``, ``Speech``, implements it)."""
+
+    def transcribe_bytes(self, data: bytes, filename: str) -> dict: ...
+    def open_stream(self, on_event: Callable[[dict], None]) -> Any: ...  # .push(pcm16: bytes), .close()
+
+
+async def transcriptions(asr: SpeechService | None, request: web.Request) -> web.Response:
+    """``POST /v1/audio/transcriptions``: the whole upload through the active ASR tier."""
+    if asr is None:
+        return _error(503, "no ASR tier is configured", "server_error", "unavailable")
+    try:
+        form = await request.post()
+    except ValueError as exc:
+        return _error(400, f"expected multipart/form-data with a 'file' field: {exc}")
+    upload = form.get("file")
+    if upload is None or not hasattr(upload, "file"):
+        return _error(400, "missing the 'file' field (multipart/form-data)", param="file")
+    data = upload.file.read()
+    try:
+        result = await asyncio.get_running_loop().run_in_executor(
+            None, asr.transcribe_bytes, data, upload.filename or "audio")
+    except Exception as exc:
+        return _from_exception(exc)
+    if form.get("response_format") == "text":
+        return web.Response(text=result["text"] + "\n")
+    return web.json_response(result if form.get("response_format") == "verbose_json" else {"text": result["text"]})
+
+async def audio_stream(asr: SpeechService | None, request: web.Request) -> web.StreamResponse:
+    """``GET /v1/audio/stream``: one live stream on the active ASR tier, events back as JSON."""
+    if asr is None:
+        return _error(503, "no ASR tier is configured", "server_error", "unavailable")
+    loop = asyncio.get_running_loop()
+    outbox: asyncio.Queue = asyncio.Queue()
+    try:  # before the upgrade, so shedding or draining is a plain 503 with Retry-After
+        stream = asr.open_stream(lambda event: loop.call_soon_threadsafe(outbox.put_nowait, event))
+    except Exception as exc:
+        return _from_exception(exc)
+    ws = web.WebSocketResponse(heartbeat=20)
+    sock = request.transport.get_extra_info("socket") if request.transport is not None else None
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        # a fixed receive buffer (~2 s of PCM16 at 16 kHz) rather than one autotuned up to tcp_rmem's
+        # maximum (tens of MB: minutes of audio), so that back-pressure reaches the client
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    await ws.prepare(request)
+    # Back-pressure: while the stream's unprocessed audio is over its bound this handler does not
+    # read the socket (aiohttp then pauses the transport, and TCP slows the client down). A
+    # backlog that does not drain within ``stall_s`` (under the heartbeat's 10 s pong wait) means the
+    # server cannot keep up at all: an "overloaded" error and close 1013 (try again later).
+    stall_s = 5.0
+
+    async def until(done: Callable[[], bool], timeout_s: float) -> bool:
+        deadline = loop.time() + timeout_s
+        while not done():
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    async def pump() -> None:
+        while True:
+            event = await outbox.get()
+            if event is None:
+                return
+            if ws.closed:
+                continue  # the client left: its remaining events have nobody to go to
+            try:
+                await ws.send_json(event)
+            except ConnectionError:
+                continue
+
+    def gone() -> bool:  # the connection is closing: audio still buffered from it has nobody to answer
+        return request.transport is None or request.transport.is_closing()
+
+    sender = asyncio.create_task(pump())
+    ended, overloaded = False, None
+    try:
+        async for msg in ws:
+            if msg.type == WSMsgType.BINARY:
+                if gone():
+                    break
+                await loop.run_in_executor(None, stream.push, msg.data)
+                if stream.over_backlog and not await until(lambda: not stream.over_backlog or gone(), stall_s):
+                    overloaded = (f"the recogniser is {stream.backlog_s:.1f} s of audio behind this stream and "
+                                  f"did not catch up within {stall_s:g} s; retry later or send in real time")
+                    break
+            elif msg.type == WSMsgType.TEXT and msg.data.strip() in ('{"type": "end"}', '{"type":"end"}', "end"):
+                ended = True
+                break
+            elif msg.type == WSMsgType.TEXT:
+                await ws.send_json({"type": "error", "message": 'send binary PCM16 frames, then "end"'})
+    finally:
+        if ended:  # the finals, within the stream's close timeout; past it, errors for what is open
+            stream.end()
+            await until(lambda: stream.finished, stream.close_timeout_s)
+            stream.close(0)
+        elif overloaded:
+            stream.abort(overloaded, "overloaded")
+            log.warning("ASR stream closed: %s", overloaded)
+            # queued like the stream's own events, so it comes after their utterance errors
+            loop.call_soon_threadsafe(outbox.put_nowait, {"type": "error", "code": "overloaded",
+                                                          "message": overloaded})
+        else:  # the client went away: drop its work rather than finish it for nobody
+            stream.abort("the client closed the connection")
+        loop.call_soon_threadsafe(outbox.put_nowait, None)  # after every event the stream emitted
+        await sender
+        if overloaded:
+            await ws.close(code=1013, message=b"overloaded: the recogniser cannot keep up")
+        else:
+            await ws.close()
+    return ws
