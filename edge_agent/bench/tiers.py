@@ -110,8 +110,8 @@ def _drive(served: TieredLLM, schedule: Sequence[float], max_new: int, label: st
             failed += 1
             errors.append(str(exc))
             continue
-        tier = next((t.split(":", 1)[1] for t in done.timing.tags if t.startswith("tier:")), "?")
-        rows.append({"t_s": offset, "ttft_ms": done.timing.ttft_ms, "e2e_ms": done.timing.e2e_ms, "tier": tier})
+        rows.append({"t_s": offset, "ttft_ms": done.timing.ttft_ms, "e2e_ms": done.timing.e2e_ms,
+                     "tier": handle.tier or "?"})
     return {"requests": len(schedule), "completed": len(rows), "failed": failed, "shed": shed,
             "errors": errors[:5], "rows": rows, "wall_s": time.monotonic() - start}
 

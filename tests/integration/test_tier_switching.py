@@ -125,6 +125,8 @@ def test_slow_top_tier_moves_down_without_failing_a_request(cache):
     assert switch["snapshot"]["value_ms"] > 40.0 and switch["snapshot"]["count"] >= 4 and "target 40" in switch["reason"]
     assert ladder.peak == 2 and ladder.loaded == 1  # old tier drained and closed; never three in memory
     assert all(r.finish_reason == "length" and len(r.token_ids) == 6 for r in results)
+    after = served.submit("after the switch", SamplingParams(max_new_tokens=3, temperature=0))
+    assert after.result(30).token_ids and after.tier == "light"  # the tier that served it, typed
     served.stop()
 
 

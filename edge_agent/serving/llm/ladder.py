@@ -127,7 +127,9 @@ class TieredLLM(Ladder):
             raise ContextLengthExceeded(
                 f"the prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = "
                 f"{len(ids) + params.max_new_tokens} exceeds tier {loaded.tier.name!r}'s context of {context} tokens")
-        return loaded.scheduler.submit(ids, params, deadline_ms=deadline_ms, tags=tags)
+        handle = loaded.scheduler.submit(ids, params, deadline_ms=deadline_ms, tags=tags)
+        handle.tier = loaded.tier.name
+        return handle
 
     def set_max_batch(self, max_batch: int) -> None:
         """Adaptive batching: resize the active tier's batch, never above its configured max."""

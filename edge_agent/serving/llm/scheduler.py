@@ -83,6 +83,7 @@ class RequestHandle:
         self._completion: Completion | None = None
         self._error: BaseException | None = None
         self.cancelled = False
+        self.tier: str | None = None  # the ladder tier serving it (``TieredLLM.submit`` sets it)
         self._on_cancel: Callable[[], None] | None = None  # set by the scheduler: wakes its loop
 
     def cancel(self) -> None:
