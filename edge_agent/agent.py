@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .config import ASR_SLA_METRICS, Settings, TierConfig, load_settings
@@ -40,6 +40,9 @@ from .serving.tier_control import TierController
 from .serving.tier_policy import overlay, policy_from_config
 from .statelock import StateLock, state_dirs
 from .systemd import LoopHeartbeat, Notifier, Watchdog
+
+if TYPE_CHECKING:
+    from .telemetry.schema import SlaSpec
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +172,7 @@ class Agent:
         # The stored desired is folded in before anything is set, so that a reload that changes nothing
         # in force leaves the controllers' windows, truncation and shedding alone.
         stored = commands.stored_desired() if commands is not None else None
-        fleet_sla = stored.sla if stored is not None else {}
+        fleet_sla: dict[str, SlaSpec] = stored.sla if stored is not None else {}
         for workload, controller, policy, window_s, every_s in (
                 ("llm", self.controller, lambda: policy_from_config(s.sla, max(t.max_batch for t in s.models.llm)),
                  s.sla.window_s, s.sla.evaluate_every_s),

@@ -38,6 +38,9 @@ class Ladder(ABC):
         self._lock = threading.Lock()
         self._active: Any = None
         self._switching: threading.Thread | None = None
+        # Set by the tier controller: reject new work (503), and cap the tokens of new requests (LLM).
+        self.shedding = False
+        self.token_cap_ratio = 1.0
 
     def start(self, tier: int = 0) -> Ladder:
         """Load and serve tier ``tier`` now (on the caller's thread)."""
@@ -48,7 +51,7 @@ class Ladder(ABC):
         """Serve from the top tier, or the first lighter one that loads. Returns ``"<tier>: <error>"``
         for each tier that could not load (every tier: nothing serves, ``_active`` stays None);
         ``on_load_failed(tier, error)`` is told of each."""
-        errors = []
+        errors: list[str] = []
         for index, tier in enumerate(self.tiers):
             try:
                 self.start(index)
@@ -103,8 +106,11 @@ class Ladder(ABC):
     def _retire(self, old: Any) -> None:
         """Drain and free the tier just swapped out (on the switch thread)."""
 
-    def _swapped(self, old: Any) -> None:
+    def _swapped(self, old: Any) -> None:  # noqa: B027 - an optional hook, not an abstract step
         """Under the lock, right after the swap (a subclass may note the tier it is draining)."""
+
+    def set_max_batch(self, max_batch: int) -> None:  # noqa: B027 - a ladder whose batch is fixed ignores it
+        """Adaptive batching (``Policy.adaptive_batch``): resize the active tier's batch."""
 
     def _switch(self, index: int) -> None:
         old = self._active

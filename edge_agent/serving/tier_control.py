@@ -29,20 +29,26 @@ log = logging.getLogger(__name__)
 
 
 class Named(Protocol):
-    name: str
+    """A tier: the controller only needs its name."""
+
+    @property
+    def name(self) -> str: ...
 
 
 class Served(Protocol):
-    """A ladder the controller drives (``TieredLLM``, ``Speech``)."""
+    """A ladder the controller drives (``serving.ladder.Ladder``: ``TieredLLM``, ``Speech``)."""
 
-    tiers: Sequence[Named]
     shedding: bool
+    token_cap_ratio: float
 
+    @property
+    def tiers(self) -> Sequence[Named]: ...
     @property
     def active(self) -> int: ...
     @property
     def switching(self) -> bool: ...
     def switch_to(self, index: int) -> bool: ...
+    def set_max_batch(self, max_batch: int) -> None: ...
 
 
 class TierController:

@@ -37,24 +37,32 @@ class CommandArgs(BaseModel):
 
 
 class NoArgs(CommandArgs):
-    pass
+    """A command without arguments."""
 
 
 class SetSlaArgs(CommandArgs):
+    """``set_sla``: a workload's SLA."""
+
     workload: str = Field(pattern=WORKLOAD)
     sla: SlaSpec
 
 
 class PinTierArgs(CommandArgs):
+    """``pin_tier``: a workload and one of its configured tiers."""
+
     workload: str = Field(pattern=WORKLOAD)
     tier: str = Field(pattern=NAME)
 
 
 class WorkloadArgs(CommandArgs):
+    """``unpin_tier``: a workload."""
+
     workload: str = Field(pattern=WORKLOAD)
 
 
 class RebuildArgs(CommandArgs):
+    """``rebuild_engine``: one of the configured engine recipes."""
+
     recipe: str = Field(pattern=NAME)
 
 

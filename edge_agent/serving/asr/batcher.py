@@ -37,6 +37,8 @@ R = TypeVar("R")
 
 @dataclass(frozen=True, slots=True)
 class BatchLimits:
+    """How big a batch may be, how long the first request may wait for company, the queue bound."""
+
     max_batch: int = 4
     batch_timeout_ms: float = 80.0
     preferred_batch_sizes: tuple[int, ...] = ()
@@ -53,6 +55,8 @@ class Waiting:
 
 @dataclass(frozen=True, slots=True)
 class BatchPlan:
+    """``take_batch``'s answer: how many to run now, or when to look again."""
+
     take: int  # how many of the oldest requests run now (0: none)
     wake_at_s: float | None = None  # when to plan again if nothing arrives (None: on arrival only)
 

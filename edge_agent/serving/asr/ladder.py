@@ -63,6 +63,8 @@ def event_dict(event: AsrEvent) -> dict:
 
 @dataclass(frozen=True, slots=True)
 class SpeechTier:
+    """One rung of the ASR ladder: its name and how to open (and warm) its recogniser."""
+
     name: str
     open: Callable[[], Recognizer]  # loads and warms the recogniser (they warm up as they open)
 

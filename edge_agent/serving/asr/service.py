@@ -45,6 +45,8 @@ ASR_METRICS = ("first_partial_ms", "final_ms", "rtf")
 
 @dataclass(frozen=True, slots=True)
 class UtteranceMetrics:
+    """One utterance's latency and cost, sent with its ``final`` event."""
+
     first_partial_ms: float | None  # None: no partial before the final (a very short utterance)
     final_ms: float
     rtf: float
@@ -55,6 +57,8 @@ class UtteranceMetrics:
 
 @dataclass(frozen=True, slots=True)
 class AsrEvent:
+    """What a stream emits: speech start, partial and final text, or an error."""
+
     kind: Literal["speech_start", "partial", "final", "error"]
     stream: int
     utterance: int
@@ -83,9 +87,15 @@ class _Utterance:
         self.last_text = ""
 
 
+_DEFAULT_LIMITS, _DEFAULT_ENDPOINT = BatchLimits(), EndpointConfig()  # frozen: safe to share
+
+
 class AsrService:
-    def __init__(self, engine: Recognizer, *, limits: BatchLimits = BatchLimits(),
-                 endpoint: EndpointConfig = EndpointConfig(),
+    """One loaded recogniser serving many endpointed streams (``open_stream``), their decode steps
+    batched on one device thread (``batcher.Batcher``); ``start``/``stop`` around it."""
+
+    def __init__(self, engine: Recognizer, *, limits: BatchLimits = _DEFAULT_LIMITS,
+                 endpoint: EndpointConfig = _DEFAULT_ENDPOINT,
                  detector_factory: Callable[[], Detector | None] | None = None,
                  chunk_ms: int = 320, window_s: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.engine, self.clock = engine, clock

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ...errors import InputError, Unavailable
 from ...metrics.window import FIRST_AFTER_LOAD
@@ -30,7 +30,7 @@ from ...models.sampling import SamplingParams
 from ...models.tokenizer import Message
 from ...observe import Observation, Observer
 from ..ladder import Ladder
-from .scheduler import Limits, LLMScheduler, RequestHandle
+from .scheduler import DEFAULT_PARAMS, Limits, LLMScheduler, RequestHandle
 
 MAX_CHARS_PER_TOKEN = 32
 
@@ -46,7 +46,7 @@ class Tier:
 
     name: str
     open: Callable[[], DecoderLM]  # loads and warms the model (DecoderLM.open does both)
-    limits: Limits = Limits()
+    limits: Limits = field(default_factory=Limits)
     max_new_tokens: int = 256
     model: str = ""  # the configured model, as observations name it
 
@@ -104,7 +104,7 @@ class TieredLLM(Ladder):
         loaded = self._active
         return loaded.lm.ref.name if loaded is not None else ""
 
-    def submit(self, prompt: str | Sequence[Message], params: SamplingParams = SamplingParams(),
+    def submit(self, prompt: str | Sequence[Message], params: SamplingParams = DEFAULT_PARAMS,
                deadline_ms: float | None = None, raw: bool = False) -> RequestHandle:
         with self._lock:
             loaded = self._active

@@ -34,8 +34,13 @@ from ...models.tokenizer import StreamDecoder
 log = logging.getLogger(__name__)
 
 
+DEFAULT_PARAMS = SamplingParams()  # frozen: one shared default
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
+    """Batching and admission limits of one scheduler (``plan_admission`` reads them)."""
+
     max_batch: int = 4
     batch_timeout_ms: float = 80.0
     preferred_batch_sizes: tuple[int, ...] = (2, 4)
@@ -43,7 +48,8 @@ class Limits:
     queue_timeout_ms: float = 30_000.0
 
 
-def plan_admission(waiting_since: Sequence[float], running: int, now: float, limits: Limits) -> tuple[int, float | None]:
+def plan_admission(waiting_since: Sequence[float], running: int, now: float,
+                   limits: Limits) -> tuple[int, float | None]:
     """How many of the oldest waiting requests to prefill now, and, if none, when to look again.
 
     ``waiting_since``: admission times of the queued requests, oldest first.
@@ -60,6 +66,8 @@ def plan_admission(waiting_since: Sequence[float], running: int, now: float, lim
 
 @dataclass(frozen=True, slots=True)
 class TokenEvent:
+    """One streamed token and the text it completed."""
+
     token_id: int
     text: str  # new text this token completed (may be empty while a character or stop string is pending)
     time_s: float
@@ -67,6 +75,8 @@ class TokenEvent:
 
 @dataclass(frozen=True, slots=True)
 class Completion:
+    """A finished request: its text, tokens, why it ended and its timeline."""
+
     text: str
     token_ids: tuple[int, ...]
     finish_reason: str  # stop | length | deadline | cancelled | repetition
@@ -141,6 +151,10 @@ class _Sequence:
 
 
 class LLMScheduler:
+    """Continuous batching of one loaded model on one device thread (see the module doc):
+    ``submit`` returns a ``RequestHandle``; each finished request's ``RequestTiming`` goes to
+    ``on_finished``; ``stop(timeout_s)`` finishes what was admitted."""
+
     def __init__(
         self,
         lm: DecoderLM,
@@ -174,7 +188,7 @@ class LLMScheduler:
         """(waiting, running)"""
         return len(self._waiting), len(self._batch)
 
-    def submit(self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams(),
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams = DEFAULT_PARAMS,
                deadline_ms: float | None = None, tags: Sequence[str] = ()) -> RequestHandle:
         self.lm.check_prompt(prompt_ids, params.max_new_tokens)
         now = self.clock()
