@@ -31,7 +31,7 @@ from pathlib import Path
 
 from .audio.spoken import synthesize
 from .errors import EdgeAgentError, InputError
-from .metrics.window import nearest_rank
+from .metrics.window import nearest_rank, percentile
 
 log = logging.getLogger(__name__)
 
@@ -201,8 +201,8 @@ async def watch(base: str, rec: Record, t0: float, duration: float, stop: asynci
             finals = [s[1] for s in rec.speech if s[0] > t - 20]
             row = fleet.rows()["fleet"] if fleet else {}
             rec.fleet.append((t, row.get("p95_ms"), row.get("p99_ms")))
-            print(f"[{t:5.1f}s] tier {tier:<6} chat TTFT P95 {_fmt(nearest_rank(sorted(recent), 95))} ms "
-                  f"(n={len(recent)}) · ASR final P95 {_fmt(nearest_rank(sorted(finals), 95))} ms · fleet TTFT "
+            print(f"[{t:5.1f}s] tier {tier:<6} chat TTFT P95 {_fmt(percentile(recent, 95))} ms "
+                  f"(n={len(recent)}) · ASR final P95 {_fmt(percentile(finals, 95))} ms · fleet TTFT "
                   f"P95/P99 {_fmt(row.get('p95_ms'))}/{_fmt(row.get('p99_ms'))} ms · failed {len(rec.failed)}",
                   flush=True)
             await asyncio.sleep(2.0)
@@ -339,9 +339,9 @@ def format_summary(s: dict) -> str:
 
 
 def plot(rec: Record, path: Path) -> Path:
-    from .bench.plot import _pyplot
+    from .bench.plot import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax, ax_tier) = plt.subplots(2, 1, figsize=(12, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     ax.scatter([c[0] for c in rec.chats], [c[1] for c in rec.chats], s=10, label="chat TTFT (client)")
     if rec.speech:

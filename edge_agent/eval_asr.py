@@ -1,4 +1,4 @@
-"""``edge-agent eval asr``: word and character error rates of a speech model over a manifest.
+"""Word and character error rates of a speech model over a manifest (``edge-agent eval asr``, cli/eval.py).
 
     edge-agent eval asr --model demo-asr --data calibration/asr/heldout.jsonl [--json [OUT]]
 
@@ -14,9 +14,7 @@ each combination with the latency figures: real-time factor, compute per model c
 """
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError, ModelError
+from .metrics.window import percentile
 
 MODES = ("stream", "full", "service")
 
@@ -64,13 +63,6 @@ def read_manifest(path: Path, need_text: bool = True) -> list[Utterance]:
     if not items:
         raise InputError(f"{path}: the manifest has no utterances")
     return items
-
-
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, int(np.ceil(q / 100 * len(ordered))) - 1))]  # nearest rank
 
 
 def evaluate(model: str, data: Path, backend: str = "onnxruntime", device: str = "cpu", precision: str = "auto",
@@ -161,9 +153,9 @@ def evaluate(model: str, data: Path, backend: str = "onnxruntime", device: str =
             "rtf": compute_s / audio_s if audio_s else None,
             "chunk_ms": runner.spec.chunk_frames * runner.spec.features.hop_length * 1000
             / runner.spec.features.sampling_rate,
-            "compute_per_chunk_ms_p50": _percentile(chunk_ms, 50),
-            "compute_per_chunk_ms_p95": _percentile(chunk_ms, 95),
-            "final_ms_p50": _percentile(final_ms, 50), "final_ms_p95": _percentile(final_ms, 95),
+            "compute_per_chunk_ms_p50": percentile(chunk_ms, 50),
+            "compute_per_chunk_ms_p95": percentile(chunk_ms, 95),
+            "final_ms_p50": percentile(final_ms, 50), "final_ms_p95": percentile(final_ms, 95),
             "count": len(final_ms),
         },
         "errors": wrong[:20],
@@ -172,9 +164,9 @@ def evaluate(model: str, data: Path, backend: str = "onnxruntime", device: str =
 
 def _service_hyps(ref, backend: str, options, decoder: str, clips: list[np.ndarray], audio) -> list[str]:
     """Each clip through the daemon's path: serving recogniser + AsrService (endpointing, 100 ms pushes)."""
-    from .asr_commands import feed_lockstep, make_service
     from .config import AudioConfig, BatchingConfig
-    from .models.recognizer import open_recognizer
+    from .models.asr import open_recognizer
+    from .serving.asr.factory import feed_lockstep, make_service
 
     engine = open_recognizer(ref, backend, options, decoder=decoder)
     service = make_service(engine, audio or AudioConfig(), BatchingConfig()).start()
@@ -189,57 +181,3 @@ def _service_hyps(ref, backend: str, options, decoder: str, clips: list[np.ndarr
         service.stop()
         engine.close()
     return hyps
-
-
-def _print_report(report: dict) -> None:
-    print(f"{report['model']} on {report['data']} ({report['utterances']} utterances, {report['audio_s']:.0f} s, "
-          f"{report['backend']} {report['device']} {report['precision']}, {report['threads']} thread(s))")
-    print(f"{'mode/decoder':<18}{'WER %':>8}{'S':>6}{'D':>6}{'I':>6}{'words':>7}{'CER %':>8}")
-    for key, r in report["results"].items():
-        w, c = r["wer"], r["cer"]
-        print(f"{key:<18}{100 * w['rate']:>8.2f}{w['substitutions']:>6}{w['deletions']:>6}{w['insertions']:>6}"
-              f"{w['ref_len']:>7}{100 * c['rate']:>8.2f}")
-    lat = report["latency"]
-    print(f"latency: RTF {lat['rtf']:.4f}; per {lat['chunk_ms']:.0f} ms chunk P50 "
-          f"{lat['compute_per_chunk_ms_p50']:.2f} / P95 {lat['compute_per_chunk_ms_p95']:.2f} ms; final_ms P50 {lat['final_ms_p50']:.2f} / "
-          f"P95 {lat['final_ms_p95']:.2f} (n={lat['count']}); streamed vs whole max |Δ log-prob| "
-          f"{report['stream_vs_full_max_abs_diff']:.2e}")
-
-
-def cmd_eval_asr(args: argparse.Namespace) -> int:
-    from .config import load_settings
-
-    settings = load_settings(args.config)
-    report = evaluate(args.model or settings.models.asr[0].model, Path(args.data), backend=args.backend,
-                      device=args.device, precision=args.precision, threads=args.threads,
-                      decoders=tuple(args.decoder) if args.decoder else None, limit=args.limit,
-                      cache_dir=settings.models.cache_dir, audio=settings.audio)
-    if args.json is None:
-        _print_report(report)
-    elif args.json == "-":
-        json.dump(report, sys.stdout, indent=2)
-        print()
-    else:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-        _print_report(report)
-    return 0
-
-
-def add_commands(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("eval", help="accuracy of a model over a data manifest")
-    esub = p.add_subparsers(dest="eval_command", metavar="WORKLOAD", required=True)
-    q = esub.add_parser("asr", help="WER/CER and latency of a streaming CTC speech model over an audio manifest")
-    q.add_argument("--config", metavar="FILE", help="TOML config (default /etc/edge-agent/agent.toml if present)")
-    q.add_argument("--json", nargs="?", const="-", metavar="OUT",
-                   help="write the report as JSON to OUT (or, without OUT, print only JSON on stdout)")
-    q.add_argument("--model", help="demo model name or model folder (default: the top configured ASR tier)")
-    q.add_argument("--data", required=True, metavar="MANIFEST", help='JSONL: {"audio": "rel/path.wav", "text": "..."}')
-    q.add_argument("--backend", choices=["onnxruntime", "openvino", "tensorrt"], default="onnxruntime")
-    q.add_argument("--device", default="cpu")
-    q.add_argument("--precision", choices=["auto", "fp32", "fp16", "bf16", "int8"], default="auto")
-    q.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
-    q.add_argument("--decoder", action="append", choices=["greedy", "lexicon", "lm"],
-                   help="decoder(s) to score (default: greedy, plus lexicon when the folder has lexicon.txt, "
-                        "plus lm when it also has lm.arpa)")
-    q.add_argument("--limit", type=int, help="score only the first N utterances")
-    q.set_defaults(func=cmd_eval_asr)

@@ -186,11 +186,11 @@ def _median_rounds(rounds: list[dict]) -> dict:
 # -- the command --------------------------------------------------------------------------------
 
 def run(args: argparse.Namespace) -> int:
-    from ..asr_commands import make_service
+    from ..serving.asr.factory import make_service
     from ..backends import SessionOptions
     from ..config import load_settings
     from ..models.catalog import resolve_model
-    from ..models.recognizer import open_recognizer
+    from ..models.asr import open_recognizer
 
     if args.streams < 1 or args.rounds < 1:
         raise InputError("--streams and --rounds must be at least 1")
@@ -276,14 +276,14 @@ def format_table(report: dict) -> str:
 
 
 def plot_report(report: dict, raw: dict, path: Path) -> Path:
-    from .plot import _cdf, _pyplot
+    from .plot import cdf, pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, metric, title in ((axes[0], "final_ms", "End of speech → final"),
                               (axes[1], "first_text_ms", "First voiced audio → first text")):
         for side, label in (("streaming", "streaming"), ("baseline", "one pass")):
-            _cdf(ax, [r[metric] for r in raw[side] if r[metric] is not None], label)
+            cdf(ax, [r[metric] for r in raw[side] if r[metric] is not None], label)
         ax.set_xlabel("ms")
         ax.set_ylabel("fraction of utterances")
         ax.set_title(title)

@@ -1,4 +1,5 @@
-"""PNG of a bench report: TTFT and ITL distributions (agent vs baseline, CDFs) and tokens/s bars."""
+"""Plots of bench reports: the shared helpers (``pyplot``: matplotlib headless, or a one-line error; ``cdf``:
+one empirical CDF), and the LLM report (TTFT and ITL CDFs, agent vs baseline, and tokens/s bars)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +7,9 @@ from pathlib import Path
 from ..errors import InputError
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (no display needed); without matplotlib, an ``InputError``
+    that says what to install."""
     try:
         import matplotlib
     except ImportError as exc:
@@ -17,7 +20,8 @@ def _pyplot():
     return plt
 
 
-def _cdf(ax, values, label: str) -> None:
+def cdf(ax, values, label: str) -> None:
+    """Draw the empirical CDF of ``values`` on ``ax`` (nothing for no values)."""
     if not values:
         return
     xs = sorted(values)
@@ -26,11 +30,11 @@ def _cdf(ax, values, label: str) -> None:
 
 
 def plot_report(report: dict, raw: dict, path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, metric, title in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "itl_ms", "Inter-token latency")):
         for side in ("agent", "baseline", "genai"):
-            _cdf(ax, raw.get(side, {}).get(metric, []), side)
+            cdf(ax, raw.get(side, {}).get(metric, []), side)
         ax.set_xlabel("ms")
         ax.set_ylabel("fraction of samples")
         ax.set_title(f"{title} CDF (all rounds)")

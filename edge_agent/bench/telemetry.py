@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BackendUnavailable, InputError
+from ..metrics.window import percentile
 
 CONDITIONS = ("off", "up", "down", "slow")
 
@@ -52,11 +53,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
     return p
-
-
-def _percentile(values: list[float], p: float) -> float | None:
-    from ..metrics.window import nearest_rank
-    return nearest_rank(sorted(values), p)
 
 
 class _Mosquitto:
@@ -157,8 +153,8 @@ def _run_condition(cond: str, lm: Any, prompts: list[list[int]], args: argparse.
             proxy.stop()
     ttft = [t.ttft_ms for t in timings if t.ttft_ms is not None]
     e2e = [t.e2e_ms for t in timings]
-    return {"ttft_p50": _percentile(ttft, 50), "ttft_p99": _percentile(ttft, 99),
-            "e2e_p50": _percentile(e2e, 50), "e2e_p99": _percentile(e2e, 99), "requests": len(timings),
+    return {"ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
+            "e2e_p50": percentile(e2e, 50), "e2e_p99": percentile(e2e, 99), "requests": len(timings),
             "windows": stats["publisher"]["windows"] if stats else 0,
             "published": (stats["publisher"]["published_live"] + stats["publisher"]["published_historical"])
             if stats else 0,

@@ -16,18 +16,19 @@ import json
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
 from ..errors import InputError, Unavailable
+from ..metrics.window import percentile
 from ..progress import Progress
 from ..serving.tier_control import TierController
 from ..serving.tier_policy import policy_from_config
-from . import tiers
-from .tiers import _p, arrivals, rate_at
+from . import ramp
+from .ramp import arrivals, rate_at, table_lines, timeline
 
 DEFAULT_TIERS = "demo-whisper,demo-asr"
 METRIC = "first_partial_ms"
@@ -46,7 +47,7 @@ def _settings(names: Sequence[str], threads: int):
 
 def _clips(workdir: Path) -> list[tuple[bytes, str]]:
     from ..audio.wav import read_audio
-    from ..demo import synthesize
+    from ..audio.spoken import synthesize
 
     made = synthesize(workdir)
     if not made:
@@ -80,7 +81,7 @@ def _drive(speech, schedule: Sequence[float], clips: Sequence[tuple[bytes, str]]
         error = None
         try:
             _feed(stream, clips[k % len(clips)][0])
-        except Exception as exc:  # noqa: BLE001 - any stream error counts as a failed stream
+        except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
         finals = [e for e in events if e["kind"] == "final"]
         bad = [e.get("error", "error event") for e in events if e["kind"] == "error"]
@@ -131,8 +132,9 @@ def _summary(run: dict, over_s: float) -> dict:
     for r in run["rows"]:
         by_tier[r["tier"]] = by_tier.get(r["tier"], 0) + 1
     return {k: run[k] for k in ("streams", "started", "finished", "failed", "shed", "errors")} | {
-        "utterances": len(run["rows"]), "first_partial_p50_ms": _p(fp, 50), "first_partial_p95_ms": _p(fp, 95),
-        "first_partial_p99_ms": _p(fp, 99), "time_over_target_s": over_s, "served_by_tier": by_tier}
+        "utterances": len(run["rows"]), "first_partial_p50_ms": percentile(fp, 50),
+        "first_partial_p95_ms": percentile(fp, 95), "first_partial_p99_ms": percentile(fp, 99),
+        "time_over_target_s": over_s, "served_by_tier": by_tier}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -191,8 +193,8 @@ def run(args: argparse.Namespace) -> int:
         fixed_speech.stop(60.0)
 
     bucket_s = max(2.0, duration / 15)
-    tl_a, over_a = tiers.timeline(adaptive, duration, bucket_s, target, METRIC)
-    tl_f, over_f = tiers.timeline(fixed, duration, bucket_s, target, METRIC)
+    tl_a, over_a = timeline(adaptive, duration, bucket_s, target, METRIC)
+    tl_f, over_f = timeline(fixed, duration, bucket_s, target, METRIC)
     report = {
         "workload": "asr", "metric": METRIC, "tiers": names, "threads": args.threads,
         "duration_s": duration, "target_ms": target, "base_rate": base, "peak_rate": peak,
@@ -226,12 +228,12 @@ def format_report(r: dict) -> str:
             f"target first_partial P95 ≤ {r['target_ms']:g} ms")
     keys = ("started", "finished", "failed", "shed", "first_partial_p50_ms", "first_partial_p95_ms",
             "first_partial_p99_ms", "time_over_target_s")
-    lines = [head, *tiers.table_lines(r, METRIC, "fixed heavy", keys)]
+    lines = [head, *table_lines(r, METRIC, "fixed heavy", keys)]
     for side in ("adaptive", "fixed"):
         lines.extend(f"{side} error: {e}" for e in r[side]["errors"])
     return "\n".join(lines)
 
 
 def plot_tiers(r: dict, path: Path) -> Path:
-    return tiers.plot_tiers(r, path, metric=METRIC, label="first partial", unit="streams/s",
-                            title="ASR tier controller vs fixed heavy tier", count="streams")
+    return ramp.plot_tiers(r, path, metric=METRIC, label="first partial", unit="streams/s",
+                           title="ASR tier controller vs fixed heavy tier", count="streams")

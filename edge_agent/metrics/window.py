@@ -41,6 +41,11 @@ def nearest_rank(sorted_values: Sequence[float], p: float) -> float | None:
     return sorted_values[rank - 1]
 
 
+def percentile(values: Iterable[float], p: float) -> float | None:
+    """``nearest_rank`` of ``values`` in any order (sorted here); None if empty."""
+    return nearest_rank(sorted(values), p)
+
+
 @dataclass(frozen=True, slots=True)
 class MetricSnapshot:
     """One metric over one window. Every statistic is None when ``count`` is 0."""

@@ -1,6 +1,6 @@
 """What every speech recogniser offers: a shared engine, per-stream state, a batched step.
 
-    engine = open_recognizer(ref, backend, options)      # one per model, owns the session(s)
+    engine = open_recognizer(ref, backend, options)      # models/asr.py; one per model, owns the session(s)
     s = engine.new_stream()                               # one per audio stream, owns its state
     s.add_audio(samples); ...; s.end()                    # any thread
     results = engine.step([s, t, ...])                    # the device thread, batched
@@ -18,9 +18,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from ..backends import SessionOptions
 from ..errors import ModelError
-from .catalog import ModelRef
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,20 +80,6 @@ class Recognizer(Protocol):
     def transcribe(self, samples: np.ndarray) -> Hypothesis: ...
 
     def close(self) -> None: ...
-
-
-def open_recognizer(ref: ModelRef, backend: str = "onnxruntime", options: SessionOptions | None = None,
-                    **kwargs) -> Recognizer:
-    """The engine for an ASR model folder: Whisper, stateless CTC or stateful streaming CTC."""
-    if ref.kind == "asr-whisper":
-        from .asr_whisper import WhisperRecognizer
-
-        return WhisperRecognizer.open(ref, backend, options, **kwargs)
-    if ref.kind in ("asr-ctc", "asr-ctc-streaming") or ref.model_type == "streaming-ctc":
-        from .asr_ctc import CtcRecognizer
-
-        return CtcRecognizer.open(ref, backend, options, **kwargs)
-    raise ModelError(f"{ref.name} is a {ref.kind} model, not a speech recogniser (give a Whisper or CTC folder)")
 
 
 def read_json(path: Path) -> dict:

@@ -84,8 +84,3 @@ def log_mel_spectrogram(samples: np.ndarray, cfg: WhisperFeatureConfig = Whisper
     log_spec = np.log10(np.maximum(mel, 1e-10)).T[:, :-1]
     log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
     return ((log_spec + 4.0) / 4.0).astype(np.float32)
-
-
-def batch_features(windows: list[np.ndarray], cfg: WhisperFeatureConfig = WhisperFeatureConfig()) -> np.ndarray:
-    """[batch, feature_size, nb_max_frames] for several waveforms (each padded to 30 s)."""
-    return np.stack([log_mel_spectrogram(w, cfg) for w in windows])

@@ -20,7 +20,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edge_agent.models.catalog import inspect_folder
-from edge_agent.models.recognizer import open_recognizer
+from edge_agent.models.asr import open_recognizer
 from edge_agent.serving.asr.service import AsrService
 from edge_agent.serving.asr.batcher import BatchLimits
 from tests.speech import speech_samples
@@ -161,7 +161,7 @@ def test_service_streams_the_stateful_model(engine_factory):
     x = speech_samples("open the garage door")
     with AsrService(e, limits=BatchLimits(max_batch=4, batch_timeout_ms=20)) as svc:
         hs = [svc.open_stream(vad=False) for _ in range(3)]
-        from edge_agent.asr_commands import feed_lockstep
+        from edge_agent.serving.asr.factory import feed_lockstep
 
         for h in hs:
             feed_lockstep(h, x, svc.chunk_samples)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from edge_agent.models.catalog import resolve_model
-from edge_agent.models.recognizer import open_recognizer
+from edge_agent.models.asr import open_recognizer
 from edge_agent.serving.asr.service import AsrService
 from edge_agent.serving.asr.batcher import BatchLimits
 from tests.speech import speech_samples, two_utterances
@@ -110,7 +110,7 @@ def test_service_with_concurrent_streams_equals_single_stream(engines, speech, n
     engine = engines(name)
 
     def run(streams_audio, max_batch):
-        from edge_agent.asr_commands import feed_lockstep
+        from edge_agent.serving.asr.factory import feed_lockstep
 
         limits = BatchLimits(max_batch=max_batch, batch_timeout_ms=50.0)
         with AsrService(engine, limits=limits) as svc:
@@ -139,7 +139,7 @@ def test_service_endpointing_gives_one_final_per_utterance_with_metrics(engines)
     events = []
     with AsrService(engine, limits=BatchLimits(max_batch=1, batch_timeout_ms=0)) as svc:
         h = svc.open_stream(on_event=events.append)
-        from edge_agent.asr_commands import feed_lockstep
+        from edge_agent.serving.asr.factory import feed_lockstep
 
         feed_lockstep(h, x, svc.chunk_samples)
         assert h.wait(30)

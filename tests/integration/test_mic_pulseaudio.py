@@ -105,7 +105,7 @@ def capture(mic: MicSource, seconds: float) -> list[np.ndarray]:
 @pytest.mark.parametrize("capture_rate", [None, 48000], ids=["16k", "48k-resampled"])
 def test_real_input_stream_delivers_speech_to_the_asr_service(pulse, capture_rate, tmp_path):
     from edge_agent.models.catalog import resolve_model
-    from edge_agent.models.recognizer import open_recognizer
+    from edge_agent.models.asr import open_recognizer
     from edge_agent.serving.asr.service import AsrService
     from edge_agent.serving.asr.batcher import BatchLimits
 

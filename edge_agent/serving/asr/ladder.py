@@ -328,7 +328,7 @@ def open_speech(settings: Settings, observe: Observer | None = None, on_switched
                 on_load_failed: Callable[[str, EdgeAgentError], None] | None = None,
                 drain_s: float = 120.0) -> Speech:
     """The ASR ladder serving from its top tier, or the first lighter one that loads."""
-    from ..asr_setup import make_service
+    from .factory import make_service
 
     speech = Speech(speech_tiers(settings),
                     lambda engine: make_service(engine, settings.audio, settings.batching, streams=4),

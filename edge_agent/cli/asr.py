@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from .models.ctc_lexicon import DECODERS
+from ..models.ctc_lexicon import DECODERS
 
 log = logging.getLogger(__name__)
 
@@ -63,46 +63,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--language", default="en", help="Whisper language code, or 'auto' (default en)")
 
 
-# -- shared setup -------------------------------------------------------------------------------
-
 def open_engine(args: argparse.Namespace, settings) -> Any:
-    from .backends import SessionOptions
-    from .models.catalog import resolve_model
-    from .models.recognizer import open_recognizer
+    from ..models.asr import open_configured
 
-    tier = settings.models.asr[0]
-    ref = resolve_model(args.model or tier.model, settings.models.cache_dir)
-    backend = args.backend or (tier.backend if not args.model else "onnxruntime")
-    device = tier.device if not args.model else ("CPU" if backend == "openvino" else "cpu")
-    options = SessionOptions(device=device, threads=settings.device.threads, cache_dir=settings.engines.cache_dir)
-    return open_recognizer(ref, backend, options, decoder=args.decoder, beam_width=args.beam_width,
+    return open_configured(settings, args.model, args.backend, decoder=args.decoder, beam_width=args.beam_width,
                            language=args.language)
-
-
-def make_service(engine, audio, batching, streams: int = 1):
-    """The ASR service for ``engine`` with the ``audio`` and ``batching`` config sections."""
-    from .audio.vad import EndpointConfig, make_detector
-    from .serving.asr import AsrService
-    from .serving.batcher import BatchLimits
-
-    limits = BatchLimits(max_batch=batching.max_batch,
-                         # one stream has nobody to wait for: never hold its steps back
-                         batch_timeout_ms=batching.batch_timeout_ms if streams > 1 else 0.0,
-                         preferred_batch_sizes=tuple(batching.preferred_batch_sizes) if streams > 1 else (),
-                         max_queue=batching.max_queue)
-    endpoint = EndpointConfig(audio.min_speech_ms, audio.trailing_silence_ms, audio.pre_roll_ms, audio.max_utterance_s)
-    make_detector(audio.vad, model=audio.vad_model, threshold_db=audio.energy_threshold_db)  # fail early
-    return AsrService(engine, limits=limits, endpoint=endpoint, chunk_ms=audio.chunk_ms,
-                      detector_factory=lambda: make_detector(audio.vad, model=audio.vad_model,
-                                                             threshold_db=audio.energy_threshold_db))
-
-
-def feed_lockstep(stream, samples, chunk: int, timeout_s: float = 120.0) -> None:
-    """Unpaced replay: feed a chunk, let its step finish, feed the next (partials at every chunk)."""
-    for offset in range(0, len(samples), chunk):
-        stream.feed(samples[offset:offset + chunk])
-        stream.wait_steps(timeout_s)
-    stream.close()
 
 
 def _r(v: float | None, digits: int = 1) -> float | None:
@@ -112,9 +77,10 @@ def _r(v: float | None, digits: int = 1) -> float | None:
 # -- transcribe -----------------------------------------------------------------------------------
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
-    from .audio.sources import FileSource
-    from .config import load_settings
-    from .errors import EdgeAgentError
+    from ..audio.sources import FileSource
+    from ..config import load_settings
+    from ..errors import EdgeAgentError
+    from ..serving.asr.factory import feed_lockstep, make_service
 
     settings = load_settings(args.config)
     source = FileSource(args.file, settings.audio.block_ms, paced=args.stream)  # bad files fail here, clearly
@@ -150,7 +116,8 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         "rtf": _r(compute_ms / 1e3 / max(source.duration_s, 1e-9), 4),
         "audio_s": round(source.duration_s, 3), "wall_s": round(wall_s, 3), "paced": args.stream,
         "warnings": list(source.info.warnings),
-        "utterances": [{"text": e.text, "end_s": round(e.audio_s, 2), "first_partial_ms": _r(e.metrics.first_partial_ms),
+        "utterances": [{"text": e.text, "end_s": round(e.audio_s, 2),
+                        "first_partial_ms": _r(e.metrics.first_partial_ms),
                         "final_ms": _r(e.metrics.final_ms), "rtf": _r(e.metrics.rtf, 4),
                         "audio_s": round(e.metrics.audio_s, 2), "reason": e.metrics.reason} for e in finals],
         "partials": [{"t_s": round(e.audio_s, 2), "text": e.text} for e in printer.events if e.kind == "partial"],
@@ -192,8 +159,9 @@ class _Printer:
 # -- listen ---------------------------------------------------------------------------------------
 
 def cmd_listen(args: argparse.Namespace) -> int:
-    from .config import load_settings
-    from .metrics.window import RollingWindow
+    from ..config import load_settings
+    from ..metrics.window import RollingWindow
+    from ..serving.asr.factory import make_service
 
     settings = load_settings(args.config)
     sources = _open_sources(args, settings)
@@ -280,14 +248,14 @@ def _source_report(source) -> dict:
 
 
 def _open_sources(args, settings) -> list:
-    from .audio.sources import FileSource, StdinSource
+    from ..audio.sources import FileSource, StdinSource
 
     if args.file:
         return [FileSource(args.file, settings.audio.block_ms, paced=True)]
     if args.stdin:
         return [StdinSource(fmt=args.pcm_format, rate=args.pcm_rate, channels=args.pcm_channels,
                             block_ms=settings.audio.block_ms)]
-    from .audio.mic import MicSource
+    from ..audio.mic import MicSource
 
     sources = []
     try:
@@ -326,10 +294,10 @@ class _Responder:
     """The voice turn: a final transcript → the LLM through the serving scheduler."""
 
     def __init__(self, args, settings) -> None:
-        from .backends import SessionOptions
-        from .models.catalog import resolve_model
-        from .models.llm import DecoderLM
-        from .serving.scheduler import Limits, LLMScheduler
+        from ..backends import SessionOptions
+        from ..models.catalog import resolve_model
+        from ..models.llm import DecoderLM
+        from ..serving.llm.scheduler import Limits, LLMScheduler
 
         tier = settings.models.llm[0]
         ref = resolve_model(args.llm_model or tier.model, settings.models.cache_dir)
@@ -341,8 +309,8 @@ class _Responder:
         self.max_new_tokens = args.max_new_tokens
 
     def respond(self, text: str, speech_end_at_s: float | None, quiet: bool) -> tuple[str, float | None]:
-        from .models.sampling import SamplingParams
-        from .models.tokenizer import Message
+        from ..models.sampling import SamplingParams
+        from ..models.tokenizer import Message
 
         tok = self.lm.tokenizer
         ids = tok.encode_chat([Message("user", text)]) if tok.chat_template else tok.encode(text)

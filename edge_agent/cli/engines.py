@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .errors import EdgeAgentError, InputError
+from ..errors import EdgeAgentError, InputError
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 EXIT_ALL_REFUSED = 3  # `build`: every candidate refused by the accuracy gate (distinct from 1, an error)
@@ -79,10 +79,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 # -- helpers -------------------------------------------------------------------------------------
 
 def _setup(args: argparse.Namespace):
-    from .engines.cache import EngineCache
-    from .engines.pipeline import Heartbeat, Pipeline
-    from .engines.recipes import load_recipe
-    from .config import load_settings
+    from ..config import load_settings
+    from ..engines.cache import EngineCache
+    from ..engines.pipeline import Heartbeat, Pipeline
+    from ..engines.recipes import load_recipe
 
     settings = load_settings(args.config)
     if getattr(args, "target", "") is None:
@@ -109,7 +109,7 @@ def _emit(args: argparse.Namespace, report: dict[str, Any], text: str) -> None:
 
 
 def _attempt(pipe, req) -> tuple[dict, bool]:
-    from .engines.pipeline import GateRefused
+    from ..engines.pipeline import GateRefused
 
     try:
         return pipe.build(req), True
@@ -118,8 +118,8 @@ def _attempt(pipe, req) -> tuple[dict, bool]:
 
 
 def _summary(reports: list[dict], workload: str, with_source: bool = True) -> tuple[dict, str]:
-    from .engines import gate
-    from .engines.pipeline import verdict_from
+    from ..engines import gate
+    from ..engines.pipeline import verdict_from
 
     verdicts = [verdict_from(r) for r in reports if r.get("accuracy")]
     if with_source:
@@ -141,7 +141,7 @@ def _summary(reports: list[dict], workload: str, with_source: bool = True) -> tu
 def source_verdicts(verdicts: list, workload: str) -> list:
     """The FP32 source model itself as a candidate, once per backend (its latency is the paired reference
     each gate measured), so a quantized engine has to beat it to be chosen."""
-    from .engines.gate import Verdict
+    from ..engines.gate import Verdict
 
     out = []
     for backend in dict.fromkeys(v.backend for v in verdicts):
@@ -161,16 +161,15 @@ def source_verdicts(verdicts: list, workload: str) -> list:
 # -- commands ------------------------------------------------------------------------------------
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from .engines.pipeline import BuildRequest
+    from ..engines.pipeline import BuildRequest
 
     _, _, pipe = _setup(args)
     precisions = [p for p in pipe.recipe.precisions] if args.precision == "all" else [args.precision]
     reports, refused = [], []
     for precision in precisions:
         backend = args.backend or pipe.backend_for(BuildRequest(args.target, precision))
-        if precision == "int4" and backend != "openvino":
-            if args.precision == "all":
-                continue
+        if precision == "int4" and backend != "openvino" and args.precision == "all":
+            continue
         req = BuildRequest(args.target, precision, args.backend, args.int8_flavour if precision == "int8" else None,
                            args.data, args.method, args.force)
         report, ok = _attempt(pipe, req)
@@ -203,10 +202,10 @@ def default_target(configured: str) -> str:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from .backends import is_installed
-    from .engines.pipeline import INT8_FLAVOURS, BuildRequest
-    from .engines.recipes import TARGET_BACKENDS
-    from .engines.tensorrt_build import is_strongly_typed_only
+    from ..backends import is_installed
+    from ..engines.pipeline import INT8_FLAVOURS, BuildRequest
+    from ..engines.recipes import TARGET_BACKENDS
+    from ..engines.tensorrt_build import is_strongly_typed_only
 
     _, _, pipe = _setup(args)
     if "int8" not in pipe.recipe.precisions:
@@ -221,7 +220,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             if flavour == "weights" and pipe.recipe.workload != "llm":
                 continue
             if flavour == "calibrator":
-                from .engines.fingerprint import runtime_version
+                from ..engines.fingerprint import runtime_version
 
                 if is_strongly_typed_only(runtime_version("tensorrt") or "11"):
                     continue  # TensorRT 11 removed the implicit calibrator: Q/DQ only
@@ -242,7 +241,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_engines_list(args: argparse.Namespace) -> int:
-    from .engines.fingerprint import device_fingerprint, runtime_versions
+    from ..engines.fingerprint import device_fingerprint, runtime_versions
 
     _, cache, _ = _setup(args)
     versions = runtime_versions()
@@ -263,7 +262,7 @@ def cmd_engines_list(args: argparse.Namespace) -> int:
     for r in rows:
         engine = f"{r['backend']}/{r['precision']}" + (f" {r['flavour']}" if r["flavour"] else "")
         ms = f"{r['latency_ms']:.2f}" if r["latency_ms"] is not None else "-"
-        lines.append(f"{r['key'][:12]:<13} {str(r['recipe']):<18} {r['target']:<9} {engine:<24} {r['bytes'] / 1e6:8.1f} "
+        lines.append(f"{r['key'][:12]:<13} {r['recipe']!s:<18} {r['target']:<9} {engine:<24} {r['bytes'] / 1e6:8.1f} "
                      f"{ms:>8} {r['status']:<8} {time.strftime('%Y-%m-%d %H:%M', time.localtime(r['last_used']))}")
     total = sum(r["bytes"] for r in rows)
     lines.append(f"{len(rows)} engine(s), {total / 1e6:.1f} MB of {cache.max_bytes / 1e6:.0f} MB in {cache.root}")
@@ -290,7 +289,7 @@ def cmd_engines_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_engines_prune(args: argparse.Namespace) -> int:
-    from .engines.fingerprint import device_fingerprint, runtime_versions
+    from ..engines.fingerprint import device_fingerprint, runtime_versions
 
     _, cache, _ = _setup(args)
     versions = runtime_versions()

@@ -1,0 +1,16 @@
+"""``edge-agent bench``: benchmarks that print figures measured side by side (one module per workload
+in ``edge_agent/bench/``, each adding its own parser)."""
+from __future__ import annotations
+
+import argparse
+
+from ..bench import asr, llm, telemetry, tiers
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmarks that print figures measured side by side")
+    bsub = p.add_subparsers(dest="bench_command", metavar="WORKLOAD", required=True)
+    llm.add_parser(bsub)
+    tiers.add_parser(bsub)
+    asr.add_parser(bsub)
+    telemetry.add_parser(bsub)
