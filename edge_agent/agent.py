@@ -42,6 +42,7 @@ from .statelock import StateLock, state_dirs
 from .systemd import LoopHeartbeat, Notifier, Watchdog
 
 if TYPE_CHECKING:
+    from .engines.background import TierEngines
     from .telemetry.schema import SlaSpec
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class Agent:
         self.api: ApiServer | None = None
         self.asr = None
         self.asr_controller: TierController | None = None  # only with two or more ASR tiers
-        self._engines = None  # TierEngines, made on first use
+        self._engines: TierEngines | None = None  # made on first use
         self.watchdog: Watchdog | None = None
         # Every finished request and utterance, to Prometheus, the controllers and the telemetry.
         self.observers = Observers()
@@ -91,9 +92,10 @@ class Agent:
         unix_socket = str(s.api.unix_socket) if s.api.unix_socket else None
         self.api = ApiServer(self.llm, self.metrics, s.api.token.get_secret_value() if s.api.token else None,
                              asr=self.asr, health=self.health).start(s.api.host, s.api.port, unix_socket)
-        self.metrics.track_load("llm", lambda: self.llm.load)
-        heartbeats = [LoopHeartbeat(lambda: self.llm.steps, lambda: self.llm.load != (0, 0)),
-                      LoopHeartbeat(lambda: self.api.ticks, lambda: True)]  # the API loop never blocks
+        llm, api = self.llm, self.api
+        self.metrics.track_load("llm", lambda: llm.load)
+        heartbeats = [LoopHeartbeat(lambda: llm.steps, lambda: llm.load != (0, 0)),
+                      LoopHeartbeat(lambda: api.ticks, lambda: True)]  # the API loop never blocks
         self.watchdog = Watchdog(self.notifier, lambda: all(h() for h in heartbeats)).start()
         status = f"serving: llm tier {self.llm.tiers[self.llm.active].name} ({self.llm.model_name})"
         if self.asr is not None:
@@ -267,19 +269,18 @@ class Agent:
             self.observers.register(self.asr_controller.observe)
         return speech
 
-    def _tier_engines(self):
+    def _tier_engines(self) -> TierEngines:
         """What each LLM tier loads (cached engine or model folder) and the background engine builds."""
-        engines = self._engines
-        if engines is None:
+        if self._engines is None:
             from .engines.background import TierEngines
             from .serving.engine_swap import swap_onto_engine
 
             def engine_ready(tier: str, _key: str) -> None:  # a passing background build: serve its engine
-                swap_onto_engine(self.llm, tier, engines.served.get, self._event)
+                swap_onto_engine(self.llm, tier, made.served.get, self._event)
 
-            engines = self._engines = TierEngines(self.settings.engines, self.settings.models.cache_dir, self._event,
-                                                  self.notifier, on_engine_ready=engine_ready)
-        return engines
+            made = self._engines = TierEngines(self.settings.engines, self.settings.models.cache_dir, self._event,
+                                               self.notifier, on_engine_ready=engine_ready)
+        return self._engines
 
     # -- hooks ----------------------------------------------------------------------------------
 

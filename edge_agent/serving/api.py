@@ -149,23 +149,30 @@ class ApiServer:
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
+        llm = self.llm
         try:
             body = await self._json(request, ChatRequest if chat else CompletionRequest)
             refused = self._check_model(body.model)
             if refused is not None:
                 return refused
+            assert llm is not None  # _check_model refused otherwise
             params, stream, include_usage = body.params(), body.stream, body.include_usage
-            prompt = [Message(m.role, m.text()) for m in body.messages] if chat else body.prompt
+            prompt: str | list[Message]
+            if isinstance(body, ChatRequest):
+                prompt = [Message(m.role, m.text()) for m in body.messages]
+            else:
+                assert isinstance(body, CompletionRequest)
+                prompt = body.prompt
             del body  # it may hold megabytes: only the prompt goes on
             # Measuring and tokenizing the prompt happen on the executor, never on this loop.
-            handle = await loop.run_in_executor(None, functools.partial(self.llm.submit, prompt, params, raw=not chat))
+            handle = await loop.run_in_executor(None, functools.partial(llm.submit, prompt, params, raw=not chat))
             del prompt
         except Exception as exc:
             if isinstance(exc, (Overloaded, DeadlineExceeded)):
                 self.metrics.failed("llm", type(exc).__name__)
             return _from_exception(exc)
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        model = self.llm.model_name
+        model = llm.model_name
         watcher = asyncio.create_task(_cancel_on_disconnect(request, handle, ident))
         try:
             events = _bridge(handle, loop)
@@ -277,6 +284,7 @@ class ApiServer:
                 self._runner = web.AppRunner(self.app(), access_log=None)
                 loop.run_until_complete(self._runner.setup())
                 server = self._runner.server
+                assert server is not None  # set up just above
 
                 def connection() -> http_guard.HeadDeadline:
                     return http_guard.HeadDeadline(server(), self.header_timeout_s, self._connections)

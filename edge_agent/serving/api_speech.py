@@ -38,7 +38,7 @@ async def transcriptions(asr: SpeechService | None, request: web.Request) -> web
     except ValueError as exc:
         return _error(400, f"expected multipart/form-data with a 'file' field: {exc}")
     upload = form.get("file")
-    if upload is None or not hasattr(upload, "file"):
+    if not isinstance(upload, web.FileField):
         return _error(400, "missing the 'file' field (multipart/form-data)", param="file")
     data = upload.file.read()
     try:
@@ -57,7 +57,7 @@ async def audio_stream(asr: SpeechService | None, request: web.Request) -> web.S
     loop = asyncio.get_running_loop()
     outbox: asyncio.Queue = asyncio.Queue()
     try:  # before the upgrade, so shedding or draining is a plain 503 with Retry-After
-        stream = asr.open_stream(lambda event: loop.call_soon_threadsafe(outbox.put_nowait, event))
+        stream = asr.open_stream(lambda event: _post(loop, outbox, event))
     except Exception as exc:
         return _from_exception(exc)
     ws = web.WebSocketResponse(heartbeat=20)
@@ -133,3 +133,8 @@ async def audio_stream(asr: SpeechService | None, request: web.Request) -> web.S
         else:
             await ws.close()
     return ws
+
+
+def _post(loop: asyncio.AbstractEventLoop, outbox: asyncio.Queue, event: dict | None) -> None:
+    """From the ASR thread: queue ``event`` for the loop's sender (``None`` ends it)."""
+    loop.call_soon_threadsafe(outbox.put_nowait, event)

@@ -82,7 +82,7 @@ class LogLimiter:
                 return False
             self._last[key] = now
             held = self._held.pop(key, 0)
-        if held:
+        if held and last is not None:
             fmt, args = fmt + " (and %d more like it in the last %.0f s)", (*args, held, now - last)
         log.log(level, fmt, *args)
         return True
@@ -207,7 +207,7 @@ class CommandProcessor(DesiredOverlay):
         except Unsigned as exc:
             unsigned, payload = str(exc), _unchecked(msg.payload)
         if bad_reply:
-            reason = (f"response topic {msg.response_topic[:200]!r} is not one of this device's reply topics "
+            reason = (f"response topic {(msg.response_topic or '')[:200]!r} is not one of this device's reply topics "
                       f"({self.prefix}/cmd/<name>/res[/...], {self.prefix}/res/...) nor under "
                       f"telemetry.reply_prefixes ({', '.join(self.reply_prefixes) or 'none'}); not run")
             send(_peek_cmd_id(payload), "rejected", reason)
@@ -339,7 +339,7 @@ class CommandProcessor(DesiredOverlay):
         return t.status() if name == "get_status" else t.flush_telemetry()
 
 def _publishable(topic: str | None) -> bool:
-    return bool(topic) and len(topic) <= 512 and not any(c in topic for c in "+#\0")
+    return topic is not None and 0 < len(topic) <= 512 and not any(c in topic for c in "+#\0")
 
 
 def _unchecked(payload: bytes) -> bytes:

@@ -23,9 +23,9 @@ from ..metrics.histogram import DEFAULT_MAX_SIZE, relative_error
 from ..metrics.timing import RequestTiming
 from ..observe import Observation
 from .client import Incoming, MqttLink, Outgoing, response_properties
-from .remote_commands import CommandProcessor, CommandTarget
 from .ledger import Ledger
 from .publisher import Identity, Publisher, kernel_clock_synced, read_boot_id
+from .remote_commands import CommandProcessor, CommandTarget
 from .schema import SCHEMA_VERSIONS, Meta, Reported, State
 from .signing import Verifier, command_channel_warnings, load_public_key
 from .spool import Spool

@@ -79,7 +79,8 @@ class _Request(Generic[T]):
     __slots__ = ("item", "waiting", "future")
 
     def __init__(self, item: T, waiting: Waiting) -> None:
-        self.item, self.waiting, self.future = item, waiting, Future()
+        self.item, self.waiting = item, waiting
+        self.future: Future[object] = Future()
 
 
 class Batcher(Generic[T, R]):

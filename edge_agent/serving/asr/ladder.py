@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -50,8 +51,9 @@ UPLOAD_TIMEOUT_S = 300.0
 
 
 def event_dict(event: AsrEvent) -> dict:
-    out = {"kind": event.kind, "utterance": event.utterance, "text": event.text, "stable_text": event.stable_text,
-           "audio_s": round(event.audio_s, 3)}
+    """An event as the API sends it (see the module doc)."""
+    out: dict[str, Any] = {"kind": event.kind, "utterance": event.utterance, "text": event.text,
+                           "stable_text": event.stable_text, "audio_s": round(event.audio_s, 3)}
     if event.metrics is not None:
         m = event.metrics
         out.update(first_partial_ms=m.first_partial_ms, final_ms=round(m.final_ms, 2), rtf=round(m.rtf, 4))
@@ -110,7 +112,11 @@ class PcmStream:
         self.owner = owner
         self.max_backlog_s, self.close_timeout_s = max_backlog_s, close_timeout_s
         self._on_close = on_close
-        self._stream = owner.service.open_stream(lambda e: (owner._observe(e), on_event(event_dict(e))))
+        def deliver(event: AsrEvent) -> None:
+            owner._observe(event)
+            on_event(event_dict(event))
+
+        self._stream = owner.service.open_stream(deliver)
         self._carry = b""
 
     @property

@@ -20,6 +20,7 @@ waits for: its open utterances get an ``error`` and its queued steps leave the b
 """
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -183,7 +184,7 @@ class AsrService:
             u.in_flight = False
             u.handle._fail(u, exc)
             return
-        future.add_done_callback(lambda f, u=u: u.handle._absorb(u, f))
+        future.add_done_callback(functools.partial(u.handle._absorb, u))
 
     def _record(self, m: UtteranceMetrics) -> None:
         self.utterances.append(m)
