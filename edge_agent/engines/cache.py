@@ -25,9 +25,10 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 from ..errors import EngineError
 

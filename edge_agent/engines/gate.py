@@ -12,8 +12,8 @@ engine that is not faster only costs accuracy.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -66,7 +66,8 @@ def llm_metrics(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray]
             "kl": float(np.mean(kl)), "kl_max": float(np.max(kl)), "steps": float(len(cos))}
 
 
-def asr_metrics(references: Sequence[str], fp32_texts: Sequence[str], candidate_texts: Sequence[str]) -> dict[str, float]:
+def asr_metrics(references: Sequence[str], fp32_texts: Sequence[str],
+                candidate_texts: Sequence[str]) -> dict[str, float]:
     from ..metrics.wer import error_rates
 
     words_ref, _ = error_rates(zip(references, fp32_texts))

@@ -22,9 +22,10 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -197,7 +198,8 @@ class Pipeline:
             return read_text_manifest(path, spec.samples)
         return read_audio_manifest(path, spec.samples, need_text=True)
 
-    def _run_held_out(self, session_or_runner, label: str, samples=None) -> tuple[list[np.ndarray], list[float], list[str]]:
+    def _run_held_out(self, session_or_runner, label: str,
+                      samples=None) -> tuple[list[np.ndarray], list[float], list[str]]:
         samples = self._heldout() if samples is None else samples
         with self.hb.bar(label, "samples") as bar:
             cb = self.hb.callback(bar)
@@ -255,7 +257,7 @@ class Pipeline:
                                      "run edge-agent build on the device")
         handle = open_candidate(self.stage_context(), staged / "model", parts)
         try:
-            outs, lat, texts = self._run_held_out(handle, f"gate {parts['backend']}/{parts['precision']}")
+            outs, _lat, texts = self._run_held_out(handle, f"gate {parts['backend']}/{parts['precision']}")
         finally:
             handle.close()
         if self.recipe.workload == "llm":

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -71,7 +71,8 @@ class LlmProbe:
                 heads, head_dim = self._kv_dims(spec.shape)
                 feeds[spec.name] = np.zeros((1, heads, 0, head_dim), dtype=spec.dtype)
             else:
-                raise ModelError(f"{self.ref.name}: unexpected LLM input {spec.name!r} (not a standard KV-cache export)")
+                raise ModelError(f"{self.ref.name}: unexpected LLM input {spec.name!r} "
+                                 "(not a standard KV-cache export)")
         return feeds
 
     def _kv_dims(self, shape: tuple) -> tuple[int, int]:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 

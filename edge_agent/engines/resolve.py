@@ -13,9 +13,10 @@ same compiled blob).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from ..backends import SessionOptions, open_session
 from ..models.catalog import DEMO_MODELS, ModelRef, inspect_folder, resolve_model

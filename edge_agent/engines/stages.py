@@ -225,7 +225,7 @@ def profile_shapes(recipe: Recipe, target: str, onnx_path: Path) -> list[tuple[s
 def static_shapes(ctx: StageContext, parts: dict) -> dict[str, tuple[int, ...]] | None:
     if parts["target"] != "intel-npu":
         return None
-    name, shapes = profile_shapes(ctx.recipe, parts["target"], ctx.ref.path / ctx.recipe.onnx_file)[0]
+    _name, shapes = profile_shapes(ctx.recipe, parts["target"], ctx.ref.path / ctx.recipe.onnx_file)[0]
     return {inp: lo for inp, (lo, _, _) in shapes.items()}
 
 
