@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
-from make_demo_models import (
+from demo_models_common import (
     SEEDS,
     assert_close,
     onnx_export,
