@@ -80,8 +80,8 @@ def evaluate(model: str, data: Path, backend: str = "onnxruntime", device: str =
     if ref.model_type != "streaming-ctc":
         raise ModelError(f"{ref.name}: eval asr scores streaming CTC models (config.json model_type "
                          f"'streaming-ctc'); this one is {ref.model_type!r}")
-    runner = StreamingCtcRunner(ref.path, backend, SessionOptions(device=device, precision=precision,
-                                                                  threads=threads))  # type: ignore[arg-type]
+    options = SessionOptions(device=device, precision=precision, threads=threads)  # type: ignore[arg-type]
+    runner = StreamingCtcRunner(ref.path, backend, options)
     if decoders is None:
         decoders = ("greedy",) + (("lexicon",) if runner.spec.lexicon is not None else ()) + (
             ("lm",) if runner.spec.lm is not None and runner.spec.lexicon is not None else ())

@@ -32,7 +32,7 @@ def rate_at(t: float, duration: float, base: float, peak: float) -> float:
 def arrivals(duration: float, base: float, peak: float, seed: int) -> list[float]:
     """Non-homogeneous Poisson arrivals by thinning (Lewis & Shedler), seeded."""
     rng = np.random.default_rng(seed)
-    t, out = 0.0, []
+    t, out = 0.0, list[float]()
     while True:
         t += rng.exponential(1.0 / peak)
         if t >= duration:

@@ -106,7 +106,8 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     errors = [e.error for e in printer.events if e.kind == "error"]
     if errors and not finals:
         raise EdgeAgentError(f"recognition failed: {errors[0]}")
-    metrics = [e.metrics for e in finals]
+    timed = [(e, e.metrics) for e in finals if e.metrics is not None]  # every final carries its metrics
+    metrics = [m for _, m in timed]
     compute_ms = sum(m.compute_ms for m in metrics)
     result = {
         "file": str(args.file), "model": engine.name, "kind": engine.kind,
@@ -116,10 +117,9 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         "rtf": _r(compute_ms / 1e3 / max(source.duration_s, 1e-9), 4),
         "audio_s": round(source.duration_s, 3), "wall_s": round(wall_s, 3), "paced": args.stream,
         "warnings": list(source.info.warnings),
-        "utterances": [{"text": e.text, "end_s": round(e.audio_s, 2),
-                        "first_partial_ms": _r(e.metrics.first_partial_ms),
-                        "final_ms": _r(e.metrics.final_ms), "rtf": _r(e.metrics.rtf, 4),
-                        "audio_s": round(e.metrics.audio_s, 2), "reason": e.metrics.reason} for e in finals],
+        "utterances": [{"text": e.text, "end_s": round(e.audio_s, 2), "first_partial_ms": _r(m.first_partial_ms),
+                        "final_ms": _r(m.final_ms), "rtf": _r(m.rtf, 4), "audio_s": round(m.audio_s, 2),
+                        "reason": m.reason} for e, m in timed],
         "partials": [{"t_s": round(e.audio_s, 2), "text": e.text} for e in printer.events if e.kind == "partial"],
         "errors": errors,
     }
@@ -139,7 +139,8 @@ class _Printer:
     """Prints events as they come (from the engine thread); keeps them for the JSON report."""
 
     def __init__(self, enabled: bool, tag_streams: bool = False) -> None:
-        self.enabled, self.events, self._lock = enabled, [], threading.Lock()
+        self.enabled, self._lock = enabled, threading.Lock()
+        self.events: list[Any] = []
         self.tag_streams = tag_streams
 
     def __call__(self, event) -> None:

@@ -279,7 +279,7 @@ class EngineCache:
         out = []
         for e in self.entries():
             m = e.manifest
-            if (runtime_versions.get(m.get("runtime")) != m.get("runtime_version")
+            if (runtime_versions.get(str(m.get("runtime"))) != m.get("runtime_version")
                     or devices.get(m.get("target", "cpu")) != m.get("device")):
                 out.append(e)
         return out

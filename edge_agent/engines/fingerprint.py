@@ -28,7 +28,7 @@ def cpu_fingerprint(cpuinfo: str | None = None, machine: str | None = None) -> s
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
             cpuinfo = ""
-    name, flags = "", set()
+    name, flags = "", set[str]()
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         key = key.strip().lower()

@@ -52,7 +52,9 @@ def llm_metrics(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray]
     """Per-step logits comparison; every array is ``[positions, vocab]``."""
     if len(reference) != len(candidate) or not reference:
         raise ValueError("reference and candidate must hold the same, non-zero number of samples")
-    cos, top1, kl = [], [], []
+    cos: list[float] = []
+    top1: list[float] = []
+    kl: list[float] = []
     for ref, cand in zip(reference, candidate):
         if ref.shape != cand.shape:
             raise ValueError(f"logits shapes differ: reference {ref.shape}, candidate {cand.shape}")
@@ -102,7 +104,10 @@ _QUANTIZED = ("int8", "int4")
 def _cost(v: Verdict, paired: bool) -> float:
     # Paired: latency relative to the FP32 run measured interleaved with it, so load that changed
     # between builds (another job on the device) does not decide the choice.
-    return v.latency_ms / v.reference_latency_ms if paired else v.latency_ms  # type: ignore[operator]
+    latency = v.latency_ms or 0.0  # choose() passes only measured verdicts
+    if paired and v.reference_latency_ms:  # paired: every verdict has its reference latency
+        return latency / v.reference_latency_ms
+    return latency
 
 
 def choose(verdicts: Sequence[Verdict]) -> Verdict | None:

@@ -88,7 +88,7 @@ def quantize_qdq(src: Path, dst: Path, feeds: Sequence[Mapping[str, np.ndarray]]
         raise InputError("the calibration set produced no inputs; give a manifest with samples")
     if method not in METHODS:
         raise InputError(f"unknown calibration method {method!r}; choose {', '.join(METHODS)}")
-    extra = {
+    extra: dict[str, bool | float] = {
         "ActivationSymmetric": True,  # zero point 0: the only INT8 TensorRT 11 accepts
         "WeightSymmetric": True,
         "CalibMovingAverage": False,

@@ -247,7 +247,9 @@ def input_shapes(profile: Profile, inputs: list[tuple[str, tuple]]) -> dict[str,
         lo, opt, hi = [], [], []
         for d in shape:
             if isinstance(d, int) and d >= 0:
-                lo.append(d), opt.append(d), hi.append(d)
+                lo.append(d)
+                opt.append(d)
+                hi.append(d)
                 continue
             key = str(d)
             if key not in profile.dims:
@@ -255,7 +257,9 @@ def input_shapes(profile: Profile, inputs: list[tuple[str, tuple]]) -> dict[str,
                 continue
             used.add(key)
             a, b, c = profile.dims[key]
-            lo.append(a), opt.append(b), hi.append(c)
+            lo.append(a)
+            opt.append(b)
+            hi.append(c)
         out[name] = (tuple(lo), tuple(opt), tuple(hi))
     unused = sorted(set(profile.dims) - used)
     if missing or unused:

@@ -80,7 +80,7 @@ def _progress_monitor(trt: Any, beat: Callable[[str, int, int], None]) -> Any | 
 
     class Monitor(base):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
-            base.__init__(self)
+            super().__init__()
             self.steps: dict[str, int] = {}
 
         def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:

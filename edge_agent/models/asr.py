@@ -5,7 +5,7 @@ opens the right one for a model folder, so the types never import their own base
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ..backends import SessionOptions
 from ..errors import ModelError
@@ -18,15 +18,18 @@ if TYPE_CHECKING:
 
 def open_recognizer(ref: ModelRef, backend: str = "onnxruntime", options: SessionOptions | None = None,
                     **kwargs) -> Recognizer:
-    """The engine for an ASR model folder: Whisper, stateless CTC or stateful streaming CTC."""
+    """The engine for an ASR model folder: Whisper, stateless CTC or stateful streaming CTC.
+
+    Each engine's ``step`` takes its own stream type (it is only fed the streams it made), which
+    the ``Recognizer`` protocol spells as ``AudioStream``: hence the casts."""
     if ref.kind == "asr-whisper":
         from .asr_whisper import WhisperRecognizer
 
-        return WhisperRecognizer.open(ref, backend, options, **kwargs)
+        return cast("Recognizer", WhisperRecognizer.open(ref, backend, options, **kwargs))
     if ref.kind in ("asr-ctc", "asr-ctc-streaming") or ref.model_type == "streaming-ctc":
         from .asr_ctc import CtcRecognizer
 
-        return CtcRecognizer.open(ref, backend, options, **kwargs)
+        return cast("Recognizer", CtcRecognizer.open(ref, backend, options, **kwargs))
     raise ModelError(f"{ref.name} is a {ref.kind} model, not a speech recogniser (give a Whisper or CTC folder)")
 
 

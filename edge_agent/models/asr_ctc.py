@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -29,6 +30,9 @@ from .catalog import ModelRef
 from .ctc_decode import CtcVocab, Decoder, GreedyDecoder, log_softmax
 from .ctc_lexicon import decoder_factory
 from .recognizer import AudioStream, Hypothesis, read_json
+
+if TYPE_CHECKING:
+    from ..audio.features import FeatureStream
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +45,7 @@ class CtcStream(AudioStream):
         self.total = 0
         self.decoded_at = -1  # stateless: samples covered by the last run
         self.last_decoder: Decoder | None = None  # stateless: the decode of the last run
-        self.features = None  # stateful: FeatureStream
+        self.features: FeatureStream | None = None  # stateful only
         self.feat_buf = np.zeros((0, 0), np.float32)
         self.state: dict[str, np.ndarray] = {}
 
@@ -53,8 +57,8 @@ class CtcRecognizer:
         self.ref, self.session, self.name = ref, session, ref.name
         self.vocab = CtcVocab.from_folder(ref.path, ref.config)
         # auto: the folder's lexicon + LM when it ships them (ctc_lexicon.py), else greedy
-        self.decoder_kind, self._new_decoder = decoder_factory(decoder, self.vocab, Path(ref.path), ref.config,
-                                                               beam_width)
+        self.decoder_kind, new_decoder = decoder_factory(decoder, self.vocab, Path(ref.path), ref.config, beam_width)
+        self._new_decoder = cast("Callable[[], Decoder]", new_decoder)  # every kind is a Decoder
         pre = read_json(ref.path / "preprocessor_config.json")
         names = {s.name for s in session.inputs}
         self.stateful = ref.model_type == "streaming-ctc" or "features" in names
@@ -203,7 +207,7 @@ class CtcRecognizer:
             new, _ = s.take()
             if s.finished:
                 continue
-            if new.size:
+            if new.size and s.features is not None:  # a stateful engine's streams all have features
                 s.total += new.size
                 s.feat_buf = np.concatenate([s.feat_buf, s.features.push(new)])
             active.append(i)

@@ -203,7 +203,8 @@ class FleetView:
 def _quantiles(hist: ExponentialHistogram | None) -> dict[str, Any]:
     if hist is None or hist.count == 0:
         return {"p95_ms": None, "p99_ms": None, "count": 0, "relative_error": None}
-    return {"p95_ms": round(hist.quantile(0.95), 3), "p99_ms": round(hist.quantile(0.99), 3),
+    p95, p99 = hist.quantile(0.95), hist.quantile(0.99)  # never None: the histogram holds samples
+    return {"p95_ms": None if p95 is None else round(p95, 3), "p99_ms": None if p99 is None else round(p99, 3),
             "count": hist.count, "relative_error": round(hist.relative_error, 5)}
 
 
