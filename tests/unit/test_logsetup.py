@@ -72,11 +72,11 @@ def test_configure_replaces_earlier_handlers_and_rejects_unknown_values():
 
 
 def test_run_takes_the_log_flags_before_or_after_the_command(monkeypatch):
-    from edge_agent import agent
     from edge_agent.cli import main
+    from edge_agent.cli import run as run_command
 
     calls = []
-    monkeypatch.setattr(agent, "run", lambda config, log_format=None, log_level=None: calls.append(
+    monkeypatch.setattr(run_command, "run", lambda config, log_format=None, log_level=None: calls.append(
         (config, log_format, log_level)) or 0)
     assert main(["run", "--config", "a.toml", "--log-format", "json"]) == 0
     assert main(["--log-format", "json", "--log-level", "error", "run"]) == 0

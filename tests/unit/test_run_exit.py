@@ -11,7 +11,7 @@ import pytest
 
 SCRIPT = textwrap.dedent("""
     import atexit, os, signal, sys, threading
-    from edge_agent import agent
+    from edge_agent.cli import run as run_command
     from edge_agent.systemd import Notifier
 
     class Stub:
@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent("""
             return sys.argv[1] == "finished"
 
     atexit.register(lambda: print("interpreter teardown", flush=True))
-    print("returned", agent._serve(Stub()), flush=True)
+    print("returned", run_command._serve(Stub()), flush=True)
 """)
 
 

@@ -1,4 +1,4 @@
-"""SIGHUP handling of ``edge-agent run`` (``agent._Reloads``): RELOADING=1 + MONOTONIC_USEC, the reload,
+"""SIGHUP handling of ``edge-agent run`` (``cli.run._Reloads``): RELOADING=1 + MONOTONIC_USEC, the reload,
 then READY=1 with its outcome; one during the start waits for serving; one while stopping is ignored."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from edge_agent.agent import _Reloads
+from edge_agent.cli.run import _Reloads
 from edge_agent.systemd import Notifier
 
 
