@@ -138,7 +138,8 @@ ASR_SLA_METRICS = ("first_partial_ms", "final_ms")
 
 class _SlaPolicy(Section):
     """What every workload's SLA policy has: the metric's percentile against a target over a rolling
-    window, and the tier controller's hysteresis, cooldown, dwell and shedding (``tiers.decide``)."""
+    window, and the tier controller's hysteresis, cooldown, dwell and shedding
+    (``serving.tier_policy.decide``)."""
 
     preset: Literal[tuple(SLA_PRESETS)] | None = None  # type: ignore[valid-type]
     percentile: float = Field(95, gt=0, le=100)
