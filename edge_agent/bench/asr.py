@@ -24,8 +24,8 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -174,7 +174,7 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def _median_rounds(rounds: list[dict]) -> dict:
-    out = {}
+    out: dict[str, dict[str, float | None]] = {}
     for metric in METRICS:
         out[metric] = {}
         for stat in ("p50", "p95", "p99", "mean", "count"):
@@ -186,11 +186,11 @@ def _median_rounds(rounds: list[dict]) -> dict:
 # -- the command --------------------------------------------------------------------------------
 
 def run(args: argparse.Namespace) -> int:
-    from ..serving.asr.factory import make_service
     from ..backends import SessionOptions
     from ..config import load_settings
-    from ..models.catalog import resolve_model
     from ..models.asr import open_recognizer
+    from ..models.catalog import resolve_model
+    from ..serving.asr.factory import make_service
 
     if args.streams < 1 or args.rounds < 1:
         raise InputError("--streams and --rounds must be at least 1")
@@ -207,8 +207,11 @@ def run(args: argparse.Namespace) -> int:
     clips, audio_source = load_audio(args.audio)
     gap = np.zeros(int(0.3 * 16000), np.float32)
     audio = np.concatenate([c for clip in clips for c in (clip, gap)])
-    stream_rounds, base_rounds, raw = [], [], {"streaming": [], "baseline": []}
-    same_text, compared, batch_sizes = 0, 0, {}
+    stream_rounds: list[dict] = []
+    base_rounds: list[dict] = []
+    raw: dict[str, list[dict]] = {"streaming": [], "baseline": []}
+    batch_sizes: dict[int, int] = {}
+    same_text, compared = 0, 0
     try:
         service = make_service(engine, settings.audio, batching, streams=args.streams)
         segs = segments(engine, audio, service)
@@ -216,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
         for r in range(args.rounds):
             service = make_service(engine, settings.audio, batching, streams=args.streams).start()
             try:
-                rows, wall = run_streaming(service, audio, args.streams, SEED + r)
+                rows, _wall = run_streaming(service, audio, args.streams, SEED + r)
             finally:
                 service.stop()
             for size, n in service.batcher.batch_sizes.items():
@@ -238,9 +241,11 @@ def run(args: argparse.Namespace) -> int:
         "model": ref.name, "kind": engine.kind, "backend": args.backend, "threads": args.threads,
         "streams": args.streams, "rounds": args.rounds, "audio": audio_source,
         "utterances_per_stream": len(segs), "audio_s_per_stream": round(audio.size / 16000, 2),
-        "batching": {"max_batch": batching.max_batch, "batch_timeout_ms": batching.batch_timeout_ms if args.streams > 1 else 0.0,
+        "batching": {"max_batch": batching.max_batch,
+                     "batch_timeout_ms": batching.batch_timeout_ms if args.streams > 1 else 0.0,
                      "batches": total_batches, "sizes": dict(sorted(batch_sizes.items())),
-                     "mean_size": (sum(s * n for s, n in batch_sizes.items()) / total_batches) if total_batches else None},
+                     "mean_size": (sum(s * n for s, n in batch_sizes.items()) / total_batches)
+                     if total_batches else None},
         "streaming": _median_rounds(stream_rounds), "baseline": _median_rounds(base_rounds),
         "final_text_equal_fraction": same_text / compared if compared else None,
         "notes": ["baseline: one non-streaming pass per utterance, sequential; final_ms = the pass",
@@ -263,15 +268,18 @@ def _fmt(v, digits: int = 1) -> str:
 def format_table(report: dict) -> str:
     s, b = report["streaming"], report["baseline"]
     lines = [f"ASR bench: {report['model']} ({report['kind']}) on {report['backend']} ({report['threads']} threads), "
-             f"{report['streams']} stream(s) × {report['utterances_per_stream']} utterances × {report['rounds']} rounds; "
+             f"{report['streams']} stream(s) × {report['utterances_per_stream']} utterances × "
+             f"{report['rounds']} rounds; "
              f"audio: {report['audio']}",
              f"{'metric (median of rounds)':<30}{'streaming':>12}{'one pass':>12}"]
     for metric, digits in (("first_partial_ms", 1), ("first_text_ms", 1), ("final_ms", 1), ("rtf", 4)):
         for stat in ("p50", "p95"):
-            lines.append(f"{metric + ' ' + stat:<30}{_fmt(s[metric][stat], digits):>12}{_fmt(b[metric][stat], digits):>12}")
+            streamed, one_pass = _fmt(s[metric][stat], digits), _fmt(b[metric][stat], digits)
+            lines.append(f"{metric + ' ' + stat:<30}{streamed:>12}{one_pass:>12}")
     bt = report["batching"]
     lines.append(f"batches {bt['batches']} (mean size {_fmt(bt['mean_size'], 2)}, sizes {bt['sizes']}), "
-                 f"final text = one-pass text for {_fmt((report['final_text_equal_fraction'] or 0) * 100, 0)}% of utterances")
+                 f"final text = one-pass text for {_fmt((report['final_text_equal_fraction'] or 0) * 100, 0)}% "
+                 "of utterances")
     return "\n".join(lines)
 
 

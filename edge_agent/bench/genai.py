@@ -10,8 +10,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ..errors import InputError, ModelError
 from ..metrics.timing import RequestTiming
@@ -63,7 +63,8 @@ class GenaiRunner:
         params.set_search_options(max_length=total, min_length=total, do_sample=False)
         generator = og.Generator(self.model, params)
         generator.append_tokens([int(t) for t in prompt])
-        tokens, times = [], []
+        tokens: list[int] = []
+        times: list[float] = []
         while not generator.is_done() and len(tokens) < max_new_tokens:
             generator.generate_next_token()
             tokens.append(int(generator.get_next_tokens()[0]))

@@ -19,8 +19,8 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -45,18 +45,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description="Run synthetic requests through the agent's scheduler and through a bare sequential "
                     "runtime loop (alternating rounds), report TTFT/ITL/TPOT/E2E percentiles, tokens/s, "
                     "goodput, overhead ratios and the memory-bandwidth roofline.")
-    p.add_argument("--model", default="demo-phi3-small", help="demo model name or model folder (default demo-phi3-small)")
+    p.add_argument("--model", default="demo-phi3-small",
+                   help="demo model name or model folder (default demo-phi3-small)")
     p.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "openvino"))
     p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2; always set explicitly)")
-    p.add_argument("--concurrency", type=int, default=1, metavar="C", help="closed-loop clients / max batch (default 1)")
+    p.add_argument("--concurrency", type=int, default=1, metavar="C",
+                   help="closed-loop clients / max batch (default 1)")
     p.add_argument("--requests", type=int, default=16, metavar="N", help="requests per round (default 16)")
     p.add_argument("--rate", type=float, default=None, metavar="R",
                    help="Poisson arrivals at R requests/s (seeded); default: closed loop with C clients")
     p.add_argument("--prompt-tokens", type=int, default=128, metavar="P", help="synthetic prompt length (default 128)")
-    p.add_argument("--max-new-tokens", type=int, default=128, metavar="T", help="tokens per request, EOS ignored (default 128)")
+    p.add_argument("--max-new-tokens", type=int, default=128, metavar="T",
+                   help="tokens per request, EOS ignored (default 128)")
     p.add_argument("--sla-ms", type=float, default=DEFAULT_SLA_MS,
                    help=f"goodput counts requests with ttft_ms <= this (default {DEFAULT_SLA_MS:g})")
-    p.add_argument("--rounds", type=int, default=3, help="alternating agent/baseline rounds; medians reported (default 3)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="alternating agent/baseline rounds; medians reported (default 3)")
     p.add_argument("--json", dest="json_out", metavar="OUT", default=None, help="write the JSON report to OUT")
     p.add_argument("--plot", metavar="PNG", default=None, help="draw TTFT/ITL distributions and tokens/s to PNG")
     p.add_argument("--no-baseline", action="store_true", help="skip the bare-loop baseline")
@@ -241,7 +245,8 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
     k_rounds: list[dict] = []
     base_rounds: list[dict] = []
     genai_rounds: list[dict] = []
-    raw = {side: {"ttft_ms": [], "itl_ms": []} for side in ("agent", "baseline", "genai")}
+    raw: dict[str, dict[str, list[float]]] = {side: {"ttft_ms": [], "itl_ms": []}
+                                              for side in ("agent", "baseline", "genai")}
     genai_folder, genai_reason = find_genai_folder(ref, args.genai)
     genai_runner = GenaiRunner(genai_folder, args.threads) if genai_folder else None
     genai_tokens: list[list[int]] = []
@@ -263,7 +268,8 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
             agent_rounds.append(_agent_round(scheduler, sink, prompts, C, args, ramp_s, raw["agent"],
                                              f"agent round {r + 1}/{args.rounds}", show))
             if k_scheduler:
-                k_rounds.append(_agent_round(k_scheduler, k_sink, prompts, K, args, k_ramp_s, {"ttft_ms": [], "itl_ms": []},
+                k_raw: dict[str, list[float]] = {"ttft_ms": [], "itl_ms": []}  # the C=K rounds keep no raw samples
+                k_rounds.append(_agent_round(k_scheduler, k_sink, prompts, K, args, k_ramp_s, k_raw,
                                              f"agent C={K} round {r + 1}/{args.rounds}", show))
             if not args.no_baseline:
                 base: list[RequestTiming] = []

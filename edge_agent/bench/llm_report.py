@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import statistics
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..metrics.timing import LatencyStats, RequestTiming
 
@@ -43,7 +43,8 @@ def _median_of(rounds: list[dict]) -> dict:
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             values = [r[key] for r in rounds if r[key] is not None]
             med = statistics.median(values) if values else None
-            merged[key] = int(med) if isinstance(value, int) and med is not None and key in ("count", "requests", "tokens_out", "sla_met") else med
+            counted = key in ("count", "requests", "tokens_out", "sla_met")
+            merged[key] = int(med) if isinstance(value, int) and med is not None and counted else med
         else:
             values = [r[key] for r in rounds if r[key] is not None]
             merged[key] = statistics.median(values) if values else None
@@ -94,7 +95,8 @@ def format_table(report: dict) -> str:
         lines.append(f"genai: {g['folder']}; greedy token agreement with the bare loop {g['token_agreement']:.2f}")
     sc = report.get("scaling")
     if sc:
-        lines.append(f"scaling C={report['concurrency']} → C={sc['concurrency']}: tokens/s ×{_fmt(sc['tokens_per_s_ratio'], 2)}"
+        lines.append(f"scaling C={report['concurrency']} → C={sc['concurrency']}: "
+                     f"tokens/s ×{_fmt(sc['tokens_per_s_ratio'], 2)}"
                      f" ({_fmt(report['agent']['tokens_per_s'])} → {_fmt(sc['agent']['tokens_per_s'])}), TTFT p99 "
                      f"×{_fmt(sc['ttft_p99_ratio'], 2)} ({_fmt(report['agent']['ttft_ms']['p99'])} → "
                      f"{_fmt(sc['agent']['ttft_ms']['p99'])} ms), TTFT p50 ×{_fmt(sc['ttft_p50_ratio'], 2)}")

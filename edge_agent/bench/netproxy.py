@@ -52,7 +52,7 @@ class TcpProxy:
         while not self._stop.is_set():
             try:
                 client, _ = self._server.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             if self.mode == "cut":
                 _reset(client)

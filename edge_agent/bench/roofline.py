@@ -40,8 +40,8 @@ def weight_bytes(model_dir: Path) -> int:
         import onnx
         from onnx import numpy_helper  # noqa: F401
     except ImportError:
-        onnx = None
-    if onnx is not None:
+        pass
+    else:
         proto = onnx.load(str(model), load_external_data=False)
         total = 0
         for init in proto.graph.initializer:
@@ -49,7 +49,7 @@ def weight_bytes(model_dir: Path) -> int:
             total += n * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize
         return total
     # File sizes: the graph file plus its external-data file(s); the graph's own bytes are small.
-    files = [model] + sorted(p for p in Path(model_dir).iterdir() if p.name.startswith("model.onnx") and p != model)
+    files = [model, *sorted(p for p in Path(model_dir).iterdir() if p.name.startswith("model.onnx") and p != model)]
     return sum(p.stat().st_size for p in files if p.is_file())
 
 

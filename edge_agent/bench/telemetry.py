@@ -43,7 +43,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3, help="rounds over all conditions; medians reported (default 3)")
-    p.add_argument("--interval-s", type=float, default=0.05, help="telemetry window interval (default 0.05: 20 windows/s)")
+    p.add_argument("--interval-s", type=float, default=0.05,
+                   help="telemetry window interval (default 0.05: 20 windows/s)")
     p.add_argument("--delay-ms", type=float, default=250.0, help="proxy delay for the slow broker (default 250)")
     p.add_argument("--broker", metavar="HOST:PORT", help="use this broker (default: start mosquitto on a free port)")
     p.add_argument("--mosquitto", default=None, help="mosquitto binary (default: from PATH or /usr/sbin)")
@@ -61,7 +62,8 @@ class _Mosquitto:
 
         exe = binary or shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         if not Path(exe).exists():
-            raise BackendUnavailable("mosquitto not found: install it (apt install mosquitto) or pass --broker HOST:PORT")
+            raise BackendUnavailable("mosquitto not found: install it (apt install mosquitto) "
+                                     "or pass --broker HOST:PORT")
         import os
         import pwd
         self.port = free_port()
@@ -170,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
     conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
     bad = [c for c in conditions if c not in CONDITIONS]
     if bad or "off" not in conditions:
-        raise InputError(f"--conditions must name some of {', '.join(CONDITIONS)} and include 'off'; got {args.conditions!r}")
+        raise InputError(f"--conditions must name some of {', '.join(CONDITIONS)} and include 'off'; "
+                         f"got {args.conditions!r}")
     if args.requests < 2 or args.rounds < 1 or not args.interval_s > 0:
         raise InputError("--requests must be >= 2, --rounds >= 1 and --interval-s > 0")
     settings = load_settings(args.config)
@@ -214,7 +217,7 @@ def _report(rounds: dict[str, list[dict]], args: argparse.Namespace) -> dict[str
                                                                  "windows", "published")}
            for c, rs in rounds.items()}
     off = med["off"]
-    for c, m in med.items():
+    for m in med.values():
         m["ttft_p99_ratio"] = round(m["ttft_p99"] / off["ttft_p99"], 3) if off["ttft_p99"] else None
         m["e2e_p99_ratio"] = round(m["e2e_p99"] / off["e2e_p99"], 3) if off["e2e_p99"] else None
         m["e2e_p50_ratio"] = round(m["e2e_p50"] / off["e2e_p50"], 3) if off["e2e_p50"] else None

@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..backends import SessionOptions
 from ..errors import EdgeAgentError, InputError, Overloaded
 from ..metrics.window import percentile
-from ..models.catalog import resolve_model
+from ..models.catalog import ModelRef, resolve_model
 from ..models.llm import DecoderLM
 from ..models.sampling import SamplingParams
 from ..progress import Progress
@@ -110,11 +110,14 @@ def run(args: argparse.Namespace) -> int:
     options = SessionOptions(device="cpu", threads=args.threads)
     limits = Limits(max_batch=args.max_batch, batch_timeout_ms=10.0, preferred_batch_sizes=(),
                     max_queue=10_000, queue_timeout_ms=600_000.0)
-    ladder = [Tier(ref.name, (lambda r=ref: DecoderLM.open(r, "onnxruntime", options)), limits, args.max_new_tokens)
-              for ref in refs]
+    def opener(ref: ModelRef) -> Callable[[], DecoderLM]:
+        return lambda: DecoderLM.open(ref, "onnxruntime", options)
+
+    ladder = [Tier(ref.name, opener(ref), limits, args.max_new_tokens) for ref in refs]
 
     # Size the load from the top tier: one request alone, after a warm-up.
-    probe = TieredLLM(ladder[:1]).start()
+    probe = TieredLLM(ladder[:1])
+    probe.start()
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0, ignore_eos=True)
     probe.submit(PROMPTS[0], params).result(600)
     single_s = probe.submit(PROMPTS[1], params).result(600).timing.e2e_ms / 1e3
@@ -131,10 +134,14 @@ def run(args: argparse.Namespace) -> int:
     events: list[tuple[float, str, dict]] = []
     holder: dict = {}
     t0 = [time.monotonic()]
-    served = TieredLLM(ladder, observe=lambda obs: holder["c"].observe(obs),
-                       on_switched=lambda old, new, ms, err: (events.append((time.monotonic() - t0[0], "loaded",
-                                                              {"to": ladder[new].name, "load_ms": ms, "error": err})),
-                                                              err and holder["c"].switch_failed(old, new, err))).start()
+
+    def switched(old: int, new: int, ms: float, err: str | None) -> None:
+        events.append((time.monotonic() - t0[0], "loaded", {"to": ladder[new].name, "load_ms": ms, "error": err}))
+        if err:
+            holder["c"].switch_failed(old, new, err)
+
+    served = TieredLLM(ladder, observe=lambda obs: holder["c"].observe(obs), on_switched=switched)
+    served.start()
     controller = holder["c"] = TierController(
         served, policy, window_s=args.window_s, evaluate_every_s=args.evaluate_every_s,
         on_event=lambda kind, payload: events.append((time.monotonic() - t0[0], kind, payload)))
@@ -145,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         controller.stop()
         served.stop()
-    fixed_served = TieredLLM(ladder[:1]).start()
+    fixed_served = TieredLLM(ladder[:1])
+    fixed_served.start()
     try:
         fixed = _drive(fixed_served, schedule, args.max_new_tokens, "fixed top tier", show)
     finally:

@@ -46,8 +46,8 @@ def _settings(names: Sequence[str], threads: int):
 
 
 def _clips(workdir: Path) -> list[tuple[bytes, str]]:
-    from ..audio.wav import read_audio
     from ..audio.spoken import synthesize
+    from ..audio.wav import read_audio
 
     made = synthesize(workdir)
     if not made:
