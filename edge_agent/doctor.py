@@ -17,10 +17,11 @@ import platform
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from .backends.probe import run_probe
 
@@ -97,7 +98,8 @@ def _system(_: float) -> Entry:
             "cores": os.cpu_count(), "usable_cores": usable, "memory_bytes": mem.get("MemTotal"),
             "memory_available_bytes": mem.get("MemAvailable")}
     memory = f", {mem['MemTotal'] / 2**30:.1f} GiB RAM" if "MemTotal" in mem else ""
-    return Entry("ok", uname.release, f"{os_name} {uname.machine}, {cpu}, {usable}/{os.cpu_count()} cores{memory}", data)
+    detail = f"{os_name} {uname.machine}, {cpu}, {usable}/{os.cpu_count()} cores{memory}"
+    return Entry("ok", uname.release, detail, data)
 
 
 def _python(_: float) -> Entry:
@@ -172,7 +174,8 @@ def _cuda(timeout_s: float) -> Entry:
         entry.status = "absent"
         entry.detail = run.data["error"]
     if smi and smi.get("gpus") and entry.status != "ok":
-        entry.warnings.append(f"nvidia-smi sees {len(smi['gpus'])} GPU(s) but CUDA from Python does not: {entry.detail}")
+        entry.warnings.append(f"nvidia-smi sees {len(smi['gpus'])} GPU(s) but CUDA from Python does not: "
+                              f"{entry.detail}")
     return entry
 
 
@@ -223,7 +226,8 @@ print(json.dumps({"version": getattr(ov, "__version__", None) or ov.get_version(
 def _openvino(timeout_s: float) -> Entry:
     npu_nodes = sorted(glob.glob("/dev/accel/accel*"))
     if not _installed("openvino"):
-        return Entry("absent", detail="not installed: pip install 'edge-agent[openvino]'", data={"npu_nodes": npu_nodes})
+        return Entry("absent", detail="not installed: pip install 'edge-agent[openvino]'",
+                     data={"npu_nodes": npu_nodes})
     run = run_probe(_OPENVINO_CODE, timeout_s, "openvino")
     data = {"npu_nodes": npu_nodes, **run.data}
     if run.error:
@@ -280,7 +284,8 @@ def _audio(timeout_s: float) -> Entry:
         return Entry("error", detail=run.error + hint)
     inputs = run.data.get("inputs", [])
     entry = Entry("ok", run.data.get("version"),
-                  f"{len(inputs)} input device(s)" + (": " + ", ".join(d["name"] for d in inputs[:4]) if inputs else ""),
+                  f"{len(inputs)} input device(s)"
+                  + (": " + ", ".join(d["name"] for d in inputs[:4]) if inputs else ""),
                   run.data)
     if not inputs:
         entry.warnings.append("no audio input device: the microphone source cannot start (wav replay still works)")

@@ -194,7 +194,7 @@ def _scenario(workdir: Path) -> dict:
     mallocs = 0
     real_malloc = cuda.malloc
 
-    def counting_malloc(nbytes: int):  # noqa: ANN202
+    def counting_malloc(nbytes: int):
         nonlocal mallocs
         mallocs += 1
         return real_malloc(nbytes)

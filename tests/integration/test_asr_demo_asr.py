@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from edge_agent.errors import ModelNotFound
-from edge_agent.models.catalog import resolve_model
 from edge_agent.models.asr import open_recognizer
+from edge_agent.models.catalog import resolve_model
 from tests.speech import speech_samples
 
 SENTENCES = ["turn on the kitchen lights", "what is the weather tomorrow", "set a timer for ten minutes"]

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from edge_agent.backends import SessionOptions, is_installed
+from edge_agent.models.asr import open_recognizer
 from edge_agent.models.catalog import resolve_model
 from edge_agent.models.ctc_decode import greedy_ids
-from edge_agent.models.asr import open_recognizer
 
 BACKENDS = [pytest.param("onnxruntime", id="ort"),
             pytest.param("openvino", id="ov", marks=pytest.mark.skipif(not is_installed("openvino"),

@@ -19,10 +19,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edge_agent.models.catalog import inspect_folder
 from edge_agent.models.asr import open_recognizer
-from edge_agent.serving.asr.service import AsrService
+from edge_agent.models.catalog import inspect_folder
 from edge_agent.serving.asr.batcher import BatchLimits
+from edge_agent.serving.asr.service import AsrService
 from tests.speech import speech_samples
 
 MELS, VOCAB, SUB, CHUNK, FLUSH = 16, 8, 2, 8, 2

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge_agent.models.catalog import resolve_model
 from edge_agent.models.asr import open_recognizer
-from edge_agent.serving.asr.service import AsrService
+from edge_agent.models.catalog import resolve_model
 from edge_agent.serving.asr.batcher import BatchLimits
+from edge_agent.serving.asr.service import AsrService
 from tests.speech import speech_samples, two_utterances
 
 SENTENCES = ["turn on the kitchen lights", "what is the weather like tomorrow", "play some music"]

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from edge_agent.cli import main
 from edge_agent.bench.ramp import arrivals, rate_at
+from edge_agent.cli import main
 
 
 def test_arrivals_follow_the_rise_hold_fall_profile():

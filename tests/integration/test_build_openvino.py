@@ -8,9 +8,9 @@ import pytest
 pytest.importorskip("openvino")
 pytest.importorskip("nncf")
 
-from edge_agent.engines.pipeline import BuildRequest, GateRefused  # noqa: E402
-from tests.gate_checks import assert_gate_decided, build_gated  # noqa: E402
-from tests.integration.test_build_onnxruntime import make_pipeline  # noqa: E402
+from edge_agent.engines.pipeline import BuildRequest, GateRefused
+from tests.gate_checks import assert_gate_decided, build_gated
+from tests.integration.test_build_onnxruntime import make_pipeline
 
 
 def test_nncf_int8_builds_an_ir_with_a_compiled_blob(tmp_path: Path) -> None:

@@ -104,10 +104,10 @@ def capture(mic: MicSource, seconds: float) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("capture_rate", [None, 48000], ids=["16k", "48k-resampled"])
 def test_real_input_stream_delivers_speech_to_the_asr_service(pulse, capture_rate, tmp_path):
-    from edge_agent.models.catalog import resolve_model
     from edge_agent.models.asr import open_recognizer
-    from edge_agent.serving.asr.service import AsrService
+    from edge_agent.models.catalog import resolve_model
     from edge_agent.serving.asr.batcher import BatchLimits
+    from edge_agent.serving.asr.service import AsrService
 
     engine = open_recognizer(resolve_model("demo-ctc", tmp_path), "onnxruntime")
     wav = speech_wav("turn on the kitchen lights")
@@ -228,7 +228,7 @@ class FakeSoundDevice:
     def _initialize(self):
         self.unplugged.clear()
 
-    def InputStream(self, device, samplerate, channels, dtype, blocksize, callback):  # noqa: N802 - sounddevice's name
+    def InputStream(self, device, samplerate, channels, dtype, blocksize, callback):
         self.opened.append(samplerate)
         fake = self
 

@@ -31,7 +31,7 @@ def test_beats_extend_the_timeout_at_most_every_quarter_period(tmp_path) -> None
     try:
         while True:
             messages.append(sock.recv(4096).decode())
-    except socket.timeout:
+    except TimeoutError:
         pass
     sock.close()
     assert messages == ["EXTEND_TIMEOUT_USEC=120000000"] * 2

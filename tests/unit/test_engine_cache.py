@@ -153,11 +153,10 @@ def test_prune_empties_the_quarantine(cache: EngineCache) -> None:
 
 
 def test_staging_survives_an_interruption_and_resumes(cache: EngineCache) -> None:
-    with pytest.raises(KeyboardInterrupt):
-        with cache.staging("k1") as staged:
-            (staged / "work.bin").write_bytes(b"half")
-            mark_step(staged, "convert", {"seconds": 1.5})
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), cache.staging("k1") as staged:
+        (staged / "work.bin").write_bytes(b"half")
+        mark_step(staged, "convert", {"seconds": 1.5})
+        raise KeyboardInterrupt
     with cache.staging("k1") as staged:
         assert step_done(staged, "convert") == {"seconds": 1.5}
         assert step_done(staged, "gate") is None
@@ -169,10 +168,8 @@ def test_staging_survives_an_interruption_and_resumes(cache: EngineCache) -> Non
 
 
 def test_a_second_build_of_the_same_key_is_refused_while_one_runs(cache: EngineCache) -> None:
-    with cache.staging("k1"):
-        with pytest.raises(EngineError, match="another build"):
-            with cache.staging("k1"):
-                pass
+    with cache.staging("k1"), pytest.raises(EngineError, match="another build"), cache.staging("k1"):
+        pass
     with cache.staging("k1"):  # released afterwards
         pass
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.engines.recipes import load_recipe
 from edge_agent.config import EnginesConfig, TierConfig
-from edge_agent.shipped import engines_dir
 from edge_agent.engines.background import TierEngines, _StatusHeartbeat
+from edge_agent.engines.recipes import load_recipe
 from edge_agent.engines.resolve import same_model, target_of
+from edge_agent.shipped import engines_dir
 from edge_agent.systemd import Notifier
 
 RECIPE = """
@@ -64,7 +64,7 @@ def test_recipes_of_configured_tiers_only_llm_matching_target_and_broken_ones_sk
              TierConfig(name="d", model="demo-phi3", backend="openvino", device="CPU")]
     shipped = sorted(p.stem for p in engines_dir().glob("*.toml"))
     # the user's folder first, then the shipped recipes (none of those is hidden here: no name is shared)
-    assert [r.name for r in engines.all_recipes()] == ["asr", "gemma2-cpu", "phi"] + shipped
+    assert [r.name for r in engines.all_recipes()] == ["asr", "gemma2-cpu", "phi", *shipped]
     assert engines.recipes(tiers) == ["phi"]  # ASR is not a tier recipe; gemma2-cpu does not build for jetson (tier c)
     assert engines.recipe_for(tiers[3]).name == "phi"  # the CPU target builds OpenVINO too
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from edge_agent.config import EnginesConfig
 from edge_agent.engines import synth_audio
 from edge_agent.engines.datasets import manifest_digest, read_audio_manifest
 from edge_agent.engines.recipes import find_recipe, load_recipe, recipe_files
-from edge_agent.config import EnginesConfig
 from edge_agent.errors import ConfigError, InputError
 from edge_agent.shipped import default_recipes_dir, engines_dir
 
