@@ -8,7 +8,8 @@ serving picks its engine up the next time it is loaded (a controller switch).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..engines.resolve import Resolved
