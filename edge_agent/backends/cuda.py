@@ -18,7 +18,8 @@ import contextlib
 import ctypes
 import importlib
 import logging
-from typing import Any, Callable, Iterator, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -187,7 +188,8 @@ class _CudaPython:
         nbytes = max(int(np.prod(shape, dtype=np.int64)) * dt.itemsize, 1)
         ptr = int(self._call("cudaMallocHost", nbytes))
         raw = (ctypes.c_byte * nbytes).from_address(ptr)
-        array = np.frombuffer(raw, dtype=np.uint8)[: nbytes - nbytes % dt.itemsize].view(dt).reshape(shape)
+        # a ctypes array is a buffer; numpy's stubs only list bytes-like types
+        array = np.frombuffer(raw, dtype=np.uint8)[: nbytes - nbytes % dt.itemsize].view(dt).reshape(shape)  # type: ignore[call-overload]
         self._pinned[id(array)] = ptr
         return array
 

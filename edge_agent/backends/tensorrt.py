@@ -6,8 +6,9 @@ Engines with several profiles (LLM prefill and decode) switch profile per call: 
 whose min..max ranges hold the feed shapes wins.
 
 Only runtime calls are used here; the TensorRT 11 migration guide removes builder flags,
-calibrators and V2 APIs, not these, so the same code serves JetPack 6 (TensorRT 10.3) and 11.x. CUDA memory comes from ``backends.cuda`` (cuda-python or pycuda);
-pass a ready ``Cuda`` as ``SessionOptions.extra["cuda"]`` or pick one with ``extra["cuda_api"]``.
+calibrators and V2 APIs, not these, so the same code serves JetPack 6 (TensorRT 10.3) and 11.x.
+CUDA memory comes from ``backends.cuda`` (cuda-python or pycuda); pass a ready ``Cuda`` as
+``SessionOptions.extra["cuda"]`` or pick one with ``extra["cuda_api"]``.
 
 IO dtypes: FP32, FP16, INT8, UINT8, INT32, INT64 and BOOL map to numpy. BF16 IO tensors are shown
 to callers as float32 and converted on the host (numpy has no bfloat16; bf16 widens to fp32
@@ -20,9 +21,10 @@ import collections
 import importlib
 import importlib.util
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -38,7 +40,7 @@ _NUMPY_TYPES = {"FLOAT": "float32", "HALF": "float16", "INT8": "int8", "UINT8": 
 Shape = tuple[int, ...]
 
 
-def open(path: Path, options: SessionOptions) -> TensorRTSession:  # noqa: A001 - the registry's name
+def open(path: Path, options: SessionOptions) -> TensorRTSession:
     trt = _import_tensorrt()
     cuda = options.extra.get("cuda")
     if cuda is None:
@@ -80,7 +82,7 @@ class _Logger:
     the first one anyway), so there is one of these per ``tensorrt`` module, shared by sessions.
     """
 
-    _instances: dict[int, Any] = {}
+    _instances: ClassVar[dict[int, Any]] = {}
 
     @classmethod
     def for_module(cls, trt: Any) -> Any:
@@ -95,7 +97,7 @@ class _Logger:
                   sev.INFO: logging.DEBUG, sev.VERBOSE: logging.DEBUG}
         trt_log = logging.getLogger(__name__ + ".trt")
 
-        class Logger(trt.ILogger):  # type: ignore[misc, name-defined]
+        class Logger(trt.ILogger):
             def __init__(self) -> None:
                 trt.ILogger.__init__(self)  # pybind11 needs the base initialised explicitly
                 self.errors: collections.deque[str] = collections.deque(maxlen=8)
@@ -125,8 +127,13 @@ class TensorRTSession:
         self._profile = 0  # a new context starts on profile 0
         self._profiles: tuple[dict[str, tuple[Shape, Shape, Shape]], ...] = ()
         self._tensors: list[_Tensor] = []
-        self._stream = self._start = self._end = None
-        self._context = self._engine = self._runtime = None
+        # TensorRT and CUDA objects (untyped bindings); None until loaded and after close
+        self._stream: Any = None
+        self._start: Any = None
+        self._end: Any = None
+        self._context: Any = None
+        self._engine: Any = None
+        self._runtime: Any = None
         self._logger = _Logger.for_module(trt)
         try:
             self._load()
@@ -205,14 +212,15 @@ class TensorRTSession:
             self._use_profile(p)
             for t in self._tensors:
                 if t.is_input and not context.set_input_shape(t.name, t.ranges[p][2]):
-                    raise EngineError(f"{self.path}: profile {p} max shape of {t.name!r} rejected: {self._logger.drain()}")
+                    raise EngineError(f"{self.path}: profile {p} max shape of {t.name!r} rejected: "
+                                      f"{self._logger.drain()}")
             for i, t in enumerate(self._tensors):
                 shape = t.ranges[p][2] if t.is_input else _ints(context.get_tensor_shape(t.name))
                 if any(d < 0 for d in shape):
                     raise EngineError(f"{self.path}: output {t.name!r} has a data-dependent shape {shape}; "
                                       f"this backend needs shapes that follow from the input shapes")
                 sizes[i] = max(sizes[i], int(np.prod(shape, dtype=np.int64)) * t.wire.itemsize)
-        self._stream.synchronize()  # type: ignore[union-attr]
+        self._stream.synchronize()
         return sizes
 
     @staticmethod
@@ -255,11 +263,11 @@ class TensorRTSession:
                 cuda.copy_htod_async(t.device, host, stream)  # type: ignore[arg-type]
             if not context.set_tensor_address(t.name, t.device.ptr):  # type: ignore[union-attr]
                 raise BackendError(f"TensorRT rejected the buffer address of {t.name!r}: {self._logger.drain()}")
-        cuda.record(self._start, stream)  # type: ignore[arg-type]
+        cuda.record(self._start, stream)
         if not context.execute_async_v3(stream.handle):
             stream.synchronize()
             raise BackendError(f"TensorRT execution of {self.path} failed: {self._logger.drain() or 'no message'}")
-        cuda.record(self._end, stream)  # type: ignore[arg-type]
+        cuda.record(self._end, stream)
         pending = []
         for t in outputs:
             shape = _ints(context.get_tensor_shape(t.name))
@@ -267,7 +275,7 @@ class TensorRTSession:
             cuda.copy_dtoh_async(host, t.device, stream)  # type: ignore[arg-type]
             pending.append((t, host, shape))
         stream.synchronize()
-        self.last_gpu_ms = cuda.elapsed_ms(self._start, self._end)  # type: ignore[arg-type]
+        self.last_gpu_ms = cuda.elapsed_ms(self._start, self._end)
         return {t.name: (_from_bf16(host) if t.wire != t.dtype else host.copy()).reshape(shape)
                 for t, host, shape in pending}
 
@@ -286,7 +294,7 @@ class TensorRTSession:
         if profile == self._profile:
             return
         try:
-            self._context.set_optimization_profile_async(profile, self._stream.handle)  # type: ignore[union-attr]
+            self._context.set_optimization_profile_async(profile, self._stream.handle)
         except RuntimeError as exc:  # the binding raises rather than returning False
             raise BackendError(f"TensorRT could not switch to profile {profile}: {exc} {self._logger.drain()}") from exc
         self._profile = profile
