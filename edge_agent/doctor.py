@@ -30,6 +30,8 @@ SECTIONS = ("system", "python", "jetson", "cuda", "tensorrt", "openvino", "onnxr
 
 @dataclass(slots=True)
 class Entry:
+    """One section of the doctor's report: ok, absent (with what to install) or error, and what was found."""
+
     status: Literal["ok", "absent", "error"]
     version: str | None = None
     detail: str = ""

@@ -29,6 +29,8 @@ MODES = ("stream", "full", "service")
 
 @dataclass(frozen=True, slots=True)
 class Utterance:
+    """One manifest line: the audio file and its reference text."""
+
     line: int
     audio: Path
     text: str

@@ -67,6 +67,8 @@ class Stream:
 
 
 class Event:
+    """A CUDA event for timing on the device, destroyed once by ``close``."""
+
     __slots__ = ("native", "_destroy")
 
     def __init__(self, native: Any, destroy: Callable[[], None]) -> None:

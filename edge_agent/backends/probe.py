@@ -23,6 +23,8 @@ PRELUDE: dict[str, str] = {}
 
 @dataclass(frozen=True, slots=True)
 class ProbeRun:
+    """What a child probe returned: its last printed JSON object, or why there is none."""
+
     data: dict[str, Any]  # the JSON object the child printed last; {} on failure
     error: str | None  # why there is no result: timeout, signal, exit code
 

@@ -117,6 +117,8 @@ class _Logger:
 
 
 class TensorRTSession:
+    """A deserialized TensorRT engine and its execution context behind the ``Session`` interface."""
+
     backend = "tensorrt"
 
     def __init__(self, path: Path, trt: Any, cuda: Cuda) -> None:

@@ -85,6 +85,8 @@ def cache_key(parts: dict[str, Any]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Entry:
+    """One committed engine in the cache: its key, folder, manifest, size and last use."""
+
     key: str
     path: Path
     manifest: dict[str, Any]
@@ -119,6 +121,8 @@ def _dir_size(path: Path) -> int:
 
 
 class EngineCache:
+    """The content-addressed engine cache (see the module doc): staged, verified, LRU-bounded."""
+
     def __init__(self, root: Path, max_bytes: int, clock: Callable[[], float] = time.time) -> None:
         self.root = Path(root).expanduser()
         self.max_bytes = max_bytes

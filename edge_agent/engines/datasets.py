@@ -20,6 +20,8 @@ from ..errors import InputError
 
 @dataclass(frozen=True, slots=True)
 class TextSample:
+    """One LLM record of a manifest: a raw prompt or chat messages, with its line number."""
+
     line: int
     prompt: str | None
     messages: tuple[tuple[str, str], ...] | None
@@ -27,6 +29,8 @@ class TextSample:
 
 @dataclass(frozen=True, slots=True)
 class AudioSample:
+    """One ASR record of a manifest: the audio file and its transcript, with its line number."""
+
     line: int
     audio: Path
     text: str | None

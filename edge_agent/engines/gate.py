@@ -22,6 +22,8 @@ from .recipes import AccuracyBudget
 
 @dataclass(slots=True)
 class Verdict:
+    """The gate's answer for one candidate: its metrics against the budget, pass or refuse and why, latency."""
+
     precision: str
     backend: str
     metrics: dict[str, float]

@@ -59,6 +59,8 @@ class GateRefused(EdgeAgentError):
 
 @dataclass(frozen=True, slots=True)
 class BuildRequest:
+    """What to build: the target and precision, and overrides of the recipe's backend, flavour and data."""
+
     target: str
     precision: str
     backend: str | None = None
@@ -69,6 +71,8 @@ class BuildRequest:
 
 
 class Pipeline:
+    """The resumable build steps of one recipe (see the module doc), into the engine cache."""
+
     def __init__(self, recipe: Recipe, cache: EngineCache, models_dir: Path, threads: int = 1,
                  heartbeat: Heartbeat | None = None) -> None:
         self.recipe = recipe

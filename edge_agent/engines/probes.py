@@ -28,6 +28,8 @@ Progress = Callable[[int, int], None]
 
 @dataclass(frozen=True, slots=True)
 class Timed:
+    """A probe run's outputs per sample, with each sample's latency."""
+
     outputs: list[np.ndarray]
     latency_ms: list[float]  # one per sample
 
@@ -37,6 +39,8 @@ class Timed:
 
 
 class LlmProbe:
+    """Feeds an LLM's held-out prompts as one teacher-forced prefill each and reads the logits back."""
+
     def __init__(self, ref: ModelRef, max_tokens: int = 64) -> None:
         from ..models.tokenizer import Message, Tokenizer
 
@@ -118,6 +122,8 @@ class _Recorder:
 
 
 class AsrProbe:
+    """Streams a streaming-CTC model's utterances in its own chunks, state carried, as it is served."""
+
     def __init__(self, ref: ModelRef) -> None:
         if ref.model_type != "streaming-ctc":
             raise ModelError(f"{ref.name}: the ASR build path takes streaming CTC models (model_type "

@@ -78,11 +78,15 @@ class _Strict(BaseModel):
 
 
 class DataRef(_Strict):
+    """A JSONL manifest of samples, relative to the recipe file, and how many to use."""
+
     data: Path = Field(description="JSONL manifest, relative to the recipe file")
     samples: int = Field(64, ge=1, le=100_000, description="use at most this many records")
 
 
 class CalibrationSpec(DataRef):
+    """The calibration data and method for INT8, and the op types kept in float."""
+
     method: Method = "minmax"
     max_tokens: int = Field(64, ge=2, le=8192, description="LLM prompts are cut to this many tokens")
     ignored_types: list[str] = Field(default_factory=list,
@@ -90,6 +94,8 @@ class CalibrationSpec(DataRef):
 
 
 class AccuracyBudget(_Strict):
+    """How far a candidate may drift from FP32 and still pass the gate."""
+
     min_cosine: float = Field(0.99, ge=0.0, le=1.0, description="LLM: mean logits cosine vs FP32")
     min_top1: float = Field(0.90, ge=0.0, le=1.0, description="LLM: top-1 agreement with FP32")
     max_kl: float = Field(0.05, ge=0.0, description="LLM: mean KL(FP32 || candidate) per step, nats")
@@ -97,6 +103,8 @@ class AccuracyBudget(_Strict):
 
 
 class Profile(_Strict):
+    """A shape profile: [min, opt, max] per dynamic dimension, optionally for some targets only."""
+
     name: str = Field(min_length=1)
     dims: dict[str, tuple[int, int, int]] = Field(description="dynamic dim name -> [min, opt, max]")
     targets: list[Target] | None = Field(None, description="only for these targets (default: all)")
@@ -120,6 +128,8 @@ class Profile(_Strict):
 
 
 class Recipe(_Strict):
+    """How to build a model's engines: targets, precisions, calibration, held-out data and the budget."""
+
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     model: str = Field(min_length=1, description="demo model name or model folder")
     onnx_file: str = Field("model.onnx", description="the graph inside the model folder")

@@ -57,6 +57,8 @@ def load_tensorrt() -> Any:
 
 @dataclass(frozen=True, slots=True)
 class BuildSpec:
+    """One TensorRT build: the ONNX graph in, the plan out, precision, profiles and the timing cache."""
+
     onnx: Path
     plan: Path
     precision: str  # fp32 | fp16 | int8

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 
 class CtcStream(AudioStream):
+    """One utterance's state in a CTC recogniser: its audio or features so far and its decoder."""
+
     def __init__(self, rate: int, decoder: Decoder) -> None:
         super().__init__(rate)
         self.decoder = decoder
@@ -51,6 +53,8 @@ class CtcStream(AudioStream):
 
 
 class CtcRecognizer:
+    """A CTC recogniser, stateless (wav2vec2) or stateful streaming, with a greedy, lexicon or LM decoder."""
+
     kind = "ctc"
 
     def __init__(self, ref: ModelRef, session: Session, decoder: str = "auto", beam_width: int | None = None) -> None:

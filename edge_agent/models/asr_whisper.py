@@ -21,7 +21,7 @@ The encoder batches any streams (its input is always 30 s).
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 
 class WhisperStream(AudioStream):
+    """One utterance's state in Whisper: its audio, what is decoded and committed, its language."""
+
     def __init__(self, rate: int, language: str | None) -> None:
         super().__init__(rate)
         self.audio = np.zeros(0, np.float32)
@@ -46,6 +48,8 @@ class WhisperStream(AudioStream):
 
 
 class WhisperRecognizer:
+    """Whisper (encoder, decoder with KV cache) re-decoding a growing window, committed by LocalAgreement-2."""
+
     kind = "whisper"
 
     def __init__(self, ref: ModelRef, encoder: Session, decoder: Session, decoder_past: Session, *,
@@ -111,7 +115,8 @@ class WhisperRecognizer:
         return self.encode_features(feats)
 
     def encode_features(self, features: np.ndarray) -> np.ndarray:
-        return self.encoder.run({"input_features": features.astype(np.float32)}, ["last_hidden_state"])["last_hidden_state"]
+        out = self.encoder.run({"input_features": features.astype(np.float32)}, ["last_hidden_state"])
+        return out["last_hidden_state"]
 
     def detect_language(self, hidden: np.ndarray) -> list[str]:
         logits = self.decoder.run({"input_ids": np.full((hidden.shape[0], 1), self.sot, np.int64),

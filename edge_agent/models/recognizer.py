@@ -12,9 +12,10 @@ nothing new to say. ``transcribe`` is the one-pass, non-streaming decode of a wh
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -23,6 +24,8 @@ from ..errors import ModelError
 
 @dataclass(frozen=True, slots=True)
 class Hypothesis:
+    """A recogniser's text for one utterance so far: partial or final, with its settled prefix."""
+
     text: str
     token_ids: tuple[int, ...]
     final: bool
@@ -68,6 +71,8 @@ class AudioStream:
 
 
 class Recognizer(Protocol):
+    """What every recogniser offers: new streams, and one batched step over many of them."""
+
     name: str
     kind: str
     sample_rate: int

@@ -22,6 +22,8 @@ from ..audio.features import slaney_filterbank
 
 @dataclass(frozen=True, slots=True)
 class WhisperFeatureConfig:
+    """Whisper's log-mel settings, as its ``preprocessor_config.json`` gives them."""
+
     feature_size: int = 80
     sampling_rate: int = 16000
     n_fft: int = 400

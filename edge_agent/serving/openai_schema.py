@@ -16,6 +16,8 @@ _STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
 class GenerateRequest(BaseModel):
+    """The generation parameters both OpenAI endpoints share; unknown fields are refused."""
+
     model_config = _STRICT
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -44,6 +46,8 @@ class GenerateRequest(BaseModel):
 
 
 class ChatMessage(BaseModel):
+    """One chat message; content is text or OpenAI's list of parts (the text parts are used)."""
+
     model_config = _STRICT
     role: str = Field(pattern="^(system|user|assistant|developer)$")
     content: str | list[dict]
@@ -58,10 +62,14 @@ class ChatMessage(BaseModel):
 
 
 class ChatRequest(GenerateRequest):
+    """``POST /v1/chat/completions``."""
+
     messages: list[ChatMessage] = Field(min_length=1)
 
 
 class CompletionRequest(GenerateRequest):
+    """``POST /v1/completions``."""
+
     prompt: str = Field(min_length=1)
 
 

@@ -63,6 +63,8 @@ class SeqTracker:
 
 @dataclass
 class DeviceView:
+    """What the fleet view knows of one device: state, tiers, ``seq`` bookkeeping and recent live windows."""
+
     device_id: str
     state: str = "unknown"
     session: int | None = None
@@ -76,6 +78,8 @@ class DeviceView:
 
 
 class FleetView:
+    """The fleet's live table from MQTT (see the module doc): pure, time injected, ``ingest`` never raises."""
+
     def __init__(self, window_s: float = 60.0, metric: str = "ttft_ms", workload: str = "llm",
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.window_s, self.metric, self.workload, self.clock = window_s, metric, workload, clock
