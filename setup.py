@@ -20,6 +20,8 @@ SKIP = shutil.ignore_patterns("*.wav", "*.tmp", "__pycache__", "*.pyc", ".gitign
 
 
 class BuildPyWithData(build_py):
+    """``build_py`` that also copies the shipped data into the wheel's ``edge_agent/data/``."""
+
     def run(self) -> None:
         super().run()
         if getattr(self, "editable_mode", False):
