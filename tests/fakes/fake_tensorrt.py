@@ -40,7 +40,7 @@ class DataType(enum.IntEnum):  # values as in TensorRT 10.16's stubs
 
 
 float32, float16, int8, int32, int64 = DataType.FLOAT, DataType.HALF, DataType.INT8, DataType.INT32, DataType.INT64
-bool, uint8, bfloat16, fp8 = DataType.BOOL, DataType.UINT8, DataType.BF16, DataType.FP8  # noqa: A001
+bool, uint8, bfloat16, fp8 = DataType.BOOL, DataType.UINT8, DataType.BF16, DataType.FP8
 
 
 class TensorIOMode(enum.IntEnum):
@@ -65,7 +65,7 @@ class ILogger:
     def __init__(self) -> None:
         self._initialised = True  # pybind11 refuses subclasses that skip ILogger.__init__
 
-    def log(self, severity: "ILogger.Severity", msg: str) -> None:
+    def log(self, severity: ILogger.Severity, msg: str) -> None:
         raise RuntimeError("Tried to call pure virtual function \"ILogger::log\"")
 
 
@@ -83,7 +83,7 @@ class Dims(tuple):
     pass
 
 
-def volume(iterable) -> int:  # noqa: ANN001
+def volume(iterable) -> int:
     out = 1
     for d in iterable:
         out *= d
@@ -116,7 +116,7 @@ class Runtime:
             raise TypeError("Runtime(): incompatible constructor arguments (logger must be an initialised ILogger)")
         self.logger = logger
 
-    def deserialize_cuda_engine(self, serialized_engine: bytes) -> "ICudaEngine | None":
+    def deserialize_cuda_engine(self, serialized_engine: bytes) -> ICudaEngine | None:
         try:
             doc = json.loads(bytes(serialized_engine))
             assert doc["magic"] == _MAGIC
@@ -171,7 +171,7 @@ class ICudaEngine:
             return [Dims(), Dims(), Dims()]
         return [Dims(r) for r in ranges]
 
-    def create_execution_context(self) -> "IExecutionContext":
+    def create_execution_context(self) -> IExecutionContext:
         self.contexts_created += 1
         return IExecutionContext(self)
 
@@ -204,7 +204,7 @@ class IExecutionContext:
         self.profile_switches += 1
         return True
 
-    def set_input_shape(self, name: str, shape) -> bool:  # noqa: ANN001
+    def set_input_shape(self, name: str, shape) -> bool:
         eng = self.engine
         if eng.get_tensor_mode(name) != TensorIOMode.INPUT:
             return self._error(f"setInputShape: {name} is not an input tensor")
@@ -443,7 +443,7 @@ class IOptimizationProfile:
         self._shapes: dict[str, list[Dims]] = {}
         self.valid = True
 
-    def set_shape(self, input: str, min, opt, max) -> None:  # noqa: A002, ANN001 - the real keyword names
+    def set_shape(self, input: str, min, opt, max) -> None:
         lo, mid, hi = tuple(min), tuple(opt), tuple(max)
         if not (len(lo) == len(mid) == len(hi)) or not all(a <= b <= c for a, b, c in zip(lo, mid, hi)):
             self.logger.log(ILogger.Severity.ERROR, f"IOptimizationProfile::setDimensions: Error Code 3: API Usage "
@@ -452,7 +452,7 @@ class IOptimizationProfile:
             return
         self._shapes[input] = [Dims(lo), Dims(mid), Dims(hi)]
 
-    def get_shape(self, input: str) -> list[Dims]:  # noqa: A002
+    def get_shape(self, input: str) -> list[Dims]:
         return self._shapes.get(input, [])
 
 
@@ -464,7 +464,7 @@ class ITimingCache:
         return IHostMemory(json.dumps({"magic": "fake-trt-timing", "version": self.version,
                                        "entries": self.entries}).encode())
 
-    def combine(self, input_cache: "ITimingCache", ignore_mismatch: bool) -> bool:
+    def combine(self, input_cache: ITimingCache, ignore_mismatch: bool) -> bool:
         self.entries += input_cache.entries
         return True
 
@@ -500,7 +500,7 @@ class IBuilderConfig:
     _ATTRS = {"int8_calibrator", "progress_monitor", "builder_optimization_level", "profiling_verbosity",
               "default_device_type", "DLA_core", "avg_timing_iterations", "engine_capability"}
 
-    def __init__(self, builder: "Builder") -> None:
+    def __init__(self, builder: Builder) -> None:
         object.__setattr__(self, "_builder", builder)
         object.__setattr__(self, "_flags", set())
         object.__setattr__(self, "_pools", {})
@@ -508,12 +508,12 @@ class IBuilderConfig:
         object.__setattr__(self, "_timing", None)
         object.__setattr__(self, "_values", {"progress_monitor": None, "int8_calibrator": None})
 
-    def __setattr__(self, name: str, value) -> None:  # noqa: ANN001 - pybind objects refuse unknown attributes
+    def __setattr__(self, name: str, value) -> None:
         if name not in self._ATTRS:
             raise AttributeError(f"'tensorrt.tensorrt.IBuilderConfig' object has no attribute '{name}'")
         self._values[name] = value
 
-    def __getattr__(self, name: str):  # noqa: ANN204
+    def __getattr__(self, name: str):
         if name in type(self)._ATTRS:
             return self._values.get(name)
         raise AttributeError(f"'tensorrt.tensorrt.IBuilderConfig' object has no attribute '{name}'")
@@ -646,7 +646,7 @@ class Builder:
         return IHostMemory(json.dumps(doc).encode())
 
 
-def as_version(version: str):  # noqa: ANN201
+def as_version(version: str):
     """This module as TensorRT ``version`` would present it (11.x: weak typing and calibrators removed)."""
     import sys
     import types

@@ -185,9 +185,9 @@ class PacedRecognizer:
 
 
 def paced_speech(engine: PacedRecognizer, max_batch: int = 4):
-    from edge_agent.serving.asr.service import AsrService
     from edge_agent.serving.asr.batcher import BatchLimits
     from edge_agent.serving.asr.ladder import Speech, SpeechTier
+    from edge_agent.serving.asr.service import AsrService
 
     # No VAD: each stream is one utterance, from its first sample to its end.
     return Speech([SpeechTier("paced", lambda: engine)],

@@ -27,7 +27,7 @@ def test_transcribe_json_has_text_and_latencies(capsys, model):
     code, out, err = transcribe(capsys, speech_wav("turn on the kitchen lights"), "--model", model, "--json")
     assert code == 0, err
     result = json.loads(out)
-    assert KEYS <= set(result)
+    assert set(result) >= KEYS
     assert result["text"] and result["rtf"] > 0 and result["final_ms"] >= 0
     assert result["first_partial_ms"] is not None and len(result["partials"]) >= 2
     assert len(result["utterances"]) == 1 and result["utterances"][0]["reason"] == "silence"

@@ -17,9 +17,9 @@ import pytest
 
 from edge_agent.errors import EdgeAgentError, ModelError, Unavailable
 from edge_agent.models.recognizer import AudioStream, Hypothesis
-from edge_agent.serving.asr.service import AsrService
 from edge_agent.serving.asr.batcher import BatchLimits
 from edge_agent.serving.asr.ladder import Speech, SpeechTier
+from edge_agent.serving.asr.service import AsrService
 from edge_agent.serving.tier_control import TierController
 from edge_agent.serving.tier_policy import Policy
 

@@ -6,8 +6,7 @@ import pytest
 
 from edge_agent.backends import SessionOptions, TensorSpec, backend_names, is_installed, open_session
 from edge_agent.backends.openvino import compile_config
-from edge_agent.errors import (BackendError, BackendUnavailable, DeviceUnavailable, EngineError, InputError,
-                               ModelError)
+from edge_agent.errors import BackendError, BackendUnavailable, DeviceUnavailable, EngineError, InputError, ModelError
 from tests.onnx_models import affine_relu, affine_relu_reference
 
 LOCAL = [b for b in ("onnxruntime", "openvino") if is_installed(b)]

@@ -11,7 +11,7 @@ from edge_agent.errors import DeadlineExceeded, EdgeAgentError, Overloaded
 from edge_agent.models.catalog import DEMO_DIR, resolve_model
 from edge_agent.models.llm import DecoderLM
 from edge_agent.models.sampling import SamplingParams
-from edge_agent.serving.llm.scheduler import LLMScheduler, Limits
+from edge_agent.serving.llm.scheduler import Limits, LLMScheduler
 
 
 def reference(name: str) -> dict[str, np.ndarray]:

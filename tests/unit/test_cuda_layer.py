@@ -47,20 +47,20 @@ class _StubRuntime:
         self._ok, self._count, self._malloc_error = rt.cudaError_t.cudaSuccess, count, malloc_error
         self.calls: list[str] = []
 
-    def cudaGetDeviceCount(self):  # noqa: N802 - CUDA's names
+    def cudaGetDeviceCount(self):
         if self._count == 0:
             return (self.cudaError_t.cudaErrorNoDevice, 0)
         return (self._ok, self._count)
 
-    def cudaSetDevice(self, device):  # noqa: N802
+    def cudaSetDevice(self, device):
         return (self._ok,)
 
-    def cudaMalloc(self, nbytes):  # noqa: N802
+    def cudaMalloc(self, nbytes):
         if self._malloc_error:
             return (getattr(self.cudaError_t, self._malloc_error), None)
         return (self._ok, 0x1000)
 
-    def cudaMemcpyAsync(self, *args):  # noqa: N802
+    def cudaMemcpyAsync(self, *args):
         self.calls.append("cudaMemcpyAsync")
         return (self._ok,)
 

@@ -8,8 +8,8 @@ import json
 
 from edge_agent.errors import EdgeAgentError
 from edge_agent.telemetry.desired import DESIRED_KEY
-from edge_agent.telemetry.remote_commands import CommandProcessor
 from edge_agent.telemetry.ledger import Ledger
+from edge_agent.telemetry.remote_commands import CommandProcessor
 from edge_agent.telemetry.schema import Reported
 from tests.telemetry_target import TinyAgent
 

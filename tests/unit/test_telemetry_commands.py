@@ -5,9 +5,9 @@ import json
 import pytest
 
 from edge_agent.telemetry.client import Incoming
+from edge_agent.telemetry.ledger import Ledger
 from edge_agent.telemetry.remote_commands import MAX_QUEUE as MAX
 from edge_agent.telemetry.remote_commands import CommandProcessor
-from edge_agent.telemetry.ledger import Ledger
 from tests.telemetry_target import TinyAgent
 
 PREFIX = "edge/v1/dev-1"

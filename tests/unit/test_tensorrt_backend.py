@@ -7,12 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import edge_agent.backends.tensorrt as trt_backend
 from edge_agent.backends import SessionOptions, open_session
 from edge_agent.errors import BackendError, DeviceUnavailable, EngineError, InputError, ModelError
 from tests.fakes import fake_tensorrt
 from tests.fakes.fake_cuda import FakeCuda
-
-import edge_agent.backends.tensorrt as trt_backend
 
 AFFINE = {"y": {"input": "x", "scale": 2, "bias": 1}}
 

@@ -4,8 +4,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge_agent.audio.vad import (EndpointConfig, Endpointer, EnergyVAD, SpeechAudio, SpeechEnd, SpeechStart,
-                                  make_detector)
+from edge_agent.audio.vad import (
+    EndpointConfig,
+    Endpointer,
+    EnergyVAD,
+    SpeechAudio,
+    SpeechEnd,
+    SpeechStart,
+    make_detector,
+)
 from edge_agent.errors import InputError, ModelError
 
 RATE = 16000

@@ -3,8 +3,16 @@ from __future__ import annotations
 
 import pytest
 
-from edge_agent.metrics.wer import (ErrorCounts, align, char_errors, error_rates, normalize, number_words,
-                                    ordinal_words, word_errors)
+from edge_agent.metrics.wer import (
+    ErrorCounts,
+    align,
+    char_errors,
+    error_rates,
+    normalize,
+    number_words,
+    ordinal_words,
+    word_errors,
+)
 
 
 @pytest.mark.parametrize("ref, hyp, s, d, i, pairs", [

@@ -5,8 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_agent.models.whisper_features import (WhisperFeatureConfig, log_mel_spectrogram, mel_filters,
-                                                pad_or_trim)
+from edge_agent.models.whisper_features import WhisperFeatureConfig, log_mel_spectrogram, mel_filters, pad_or_trim
 
 DEMO = Path(__file__).resolve().parents[2] / "edge_agent" / "demo_models" / "demo-whisper"
 

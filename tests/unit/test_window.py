@@ -7,8 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from edge_agent.metrics import (FIRST_AFTER_LOAD, WARMUP, MetricSnapshot, RollingWindow, WindowSnapshot,
-                                nearest_rank)
+from edge_agent.metrics import FIRST_AFTER_LOAD, WARMUP, MetricSnapshot, RollingWindow, WindowSnapshot, nearest_rank
 
 
 class Clock:
