@@ -40,7 +40,8 @@ def speech_wav(text: str, voice: str = "en-us", *, rate: int = 16000, channels: 
                encoding: str = "signed-integer", lead_s: float = 0.4, tail_s: float = 0.8, wpm: int = 160) -> Path:
     """A WAV of ``text`` (cached per session). ``voice`` as espeak-ng takes it (``en+max``, …)."""
     require_tools()
-    key = hashlib.sha1(repr((text, voice, rate, channels, bits, encoding, lead_s, tail_s, wpm)).encode()).hexdigest()[:16]
+    recipe = (text, voice, rate, channels, bits, encoding, lead_s, tail_s, wpm)
+    key = hashlib.sha1(repr(recipe).encode()).hexdigest()[:16]
     out = _dir() / f"{key}.wav"
     if out.is_file():
         return out

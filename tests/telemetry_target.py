@@ -64,7 +64,6 @@ class TinyAgent:
                 if key.startswith("pins."):
                     self.pins.pop(key[5:], None)
         return "reloaded"
-        return {"workload": workload}
 
     def rebuild_engine(self, recipe: str) -> dict[str, Any]:
         self.gate.wait(30)

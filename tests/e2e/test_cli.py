@@ -44,7 +44,8 @@ def test_check_config_prints_every_problem_and_exits_nonzero(tmp_path):
     # One pass: the tiers' models are checked although the schema failed.
     assert any(line.startswith("models.llm[0].model: no model 'no-such-model'") for line in lines)
     assert "models.asr[0].model: 'demo-phi3' is a llm model, not asr" in lines
-    cfg.write_text('[[models.llm]]\nname = "x"\nmodel = "no-such-model"\n[[models.asr]]\nname = "y"\nmodel = "demo-phi3"\n')
+    cfg.write_text('[[models.llm]]\nname = "x"\nmodel = "no-such-model"\n'
+                   '[[models.asr]]\nname = "y"\nmodel = "demo-phi3"\n')
     out = run_cli("check-config", "--config", str(cfg), "--json")
     report = json.loads(out.stdout)
     assert out.returncode == 2 and report["ok"] is False

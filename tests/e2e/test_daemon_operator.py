@@ -21,7 +21,8 @@ def reload_once(daemon: Daemon) -> tuple[dict, dict]:
     start = len(daemon.notify.messages)
     sent_usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
     daemon.signal(signal.SIGHUP)
-    wait_for(lambda: any(m.get("READY") == "1" for m in daemon.notify.messages[start:]), 20, what="READY=1 after reload")
+    wait_for(lambda: any(m.get("READY") == "1" for m in daemon.notify.messages[start:]), 20,
+             what="READY=1 after reload")
     after = daemon.notify.messages[start:]
     reloading = [i for i, m in enumerate(after) if m.get("RELOADING") == "1"]
     ready = [i for i, m in enumerate(after) if m.get("READY") == "1"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import json
+from typing import ClassVar
 
 import numpy as np
 
@@ -497,8 +498,9 @@ class IInt8EntropyCalibrator2(IInt8Calibrator):
 
 
 class IBuilderConfig:
-    _ATTRS = {"int8_calibrator", "progress_monitor", "builder_optimization_level", "profiling_verbosity",
-              "default_device_type", "DLA_core", "avg_timing_iterations", "engine_capability"}
+    _ATTRS: ClassVar[set[str]] = {"int8_calibrator", "progress_monitor", "builder_optimization_level",
+                                  "profiling_verbosity", "default_device_type", "DLA_core", "avg_timing_iterations",
+                                  "engine_capability"}
 
     def __init__(self, builder: Builder) -> None:
         object.__setattr__(self, "_builder", builder)

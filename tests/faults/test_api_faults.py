@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -133,7 +134,7 @@ def test_a_31_mb_prompt_is_refused_without_freezing_health_watchdog_or_memory(da
     pings = [t for m, t in zip(daemon.notify.messages, daemon.notify.times)
              if m.get("WATCHDOG") == "1" and started - 1 <= t <= ended + 1.5]
     edges = [started - 1, *pings, ended + 1.5]
-    assert max(b - a for a, b in zip(edges, edges[1:])) < 2.5, f"watchdog pings at {pings} in [{started}, {ended}]"
+    assert max(b - a for a, b in pairwise(edges)) < 2.5, f"watchdog pings at {pings} in [{started}, {ended}]"
     assert "error" not in result, result.get("error")
     err = assert_openai_error(result["payload"], 400, result["status"], "context_length_exceeded")
     limit = int(re.search(r"at most ([\d,]+) characters", err["message"]).group(1).replace(",", ""))

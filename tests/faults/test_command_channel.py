@@ -180,7 +180,8 @@ def test_reply_aimed_at_another_devices_topic_is_refused_on_own_res_topic(open_d
     props = next(p for t, pl, p in fleet.messages if t == own and json.loads(pl).get("cmd_id") == "aim-1")
     assert props.CorrelationData == b"corr-aim"
     time.sleep(1.0)  # anything the device would still send there has arrived by now on loopback
-    assert not [t for t in fleet.topics() if t.startswith("edge/v1/OTHER")], "the device published on another device's topic"
+    assert not [t for t in fleet.topics() if t.startswith("edge/v1/OTHER")], \
+        "the device published on another device's topic"
     # A reply topic under the device's own namespace still works.
     mine = f"edge/v1/{OPEN}/cmd/get_status/res/fleet-7"
     fleet.publish(f"edge/v1/{OPEN}/cmd/get_status/req", req("aim-2"), response_topic=mine, correlation=b"c2")

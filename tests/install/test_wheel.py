@@ -96,7 +96,8 @@ def test_the_wheel_declares_the_daemons_dependencies_and_carries_the_shipped_dat
 def test_build_by_recipe_name_from_outside_the_checkout(installed, tmp_path: Path) -> None:
     home = tmp_path / "home"
     env = _user_env(home)
-    where = subprocess.run([str(installed["venv"] / "bin" / "python"), "-c", "import edge_agent; print(edge_agent.__file__)"],
+    python = str(installed["venv"] / "bin" / "python")
+    where = subprocess.run([python, "-c", "import edge_agent; print(edge_agent.__file__)"],
                            cwd="/", env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert Path(where).is_relative_to(installed["site"]), where  # the wheel's copy, not the checkout
     needs_synth = not (shutil.which("espeak-ng") and shutil.which("sox"))

@@ -100,7 +100,8 @@ def _post(server, path: str, body: bytes, token: str | None = TOKEN) -> tuple[in
     (b'{"messages": [{"role": "wizard", "content": "hi"}]}', 400, "role", None),
     (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', 400, "n", None),
     (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": -1}', 400, "temperature", None),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4o"}', 404, "not served here", "model_not_found"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4o"}', 404, "not served here",
+     "model_not_found"),
     (b'{"messages": [{"role": "user", "content": "' + b"word " * 5000 + b'"}], "max_tokens": 8}', 400, "context",
      "context_length_exceeded"),
 ])

@@ -80,13 +80,13 @@ def test_websocket_stream_gives_partials_and_the_same_final(served):
 
     async def talk() -> list[dict]:
         events = []
-        async with aiohttp.ClientSession() as session:
-            async with session.ws_connect(api.address.replace("http", "ws") + "/v1/audio/stream") as ws:
-                for i in range(0, len(pcm), 3200):  # 100 ms messages, as a microphone client sends them
-                    await ws.send_bytes(pcm[i:i + 3200])
-                await ws.send_str("end")
-                async for msg in ws:
-                    events.append(json.loads(msg.data))
+        ws_url = api.address.replace("http", "ws") + "/v1/audio/stream"
+        async with aiohttp.ClientSession() as session, session.ws_connect(ws_url) as ws:
+            for i in range(0, len(pcm), 3200):  # 100 ms messages, as a microphone client sends them
+                await ws.send_bytes(pcm[i:i + 3200])
+            await ws.send_str("end")
+            async for msg in ws:
+                events.append(json.loads(msg.data))
         return events
 
     events = asyncio.run(talk())
@@ -211,16 +211,16 @@ def test_a_fast_client_is_held_back_and_loses_nothing():
 
     async def talk() -> tuple[int, list[dict]]:
         events, sent = [], 0
-        async with aiohttp.ClientSession() as session:
-            async with session.ws_connect(api.address.replace("http", "ws") + "/v1/audio/stream") as ws:
-                ws.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
-                deadline = time.monotonic() + 3.0
-                while time.monotonic() < deadline:  # unpaced: as fast as the server takes it
-                    await asyncio.wait_for(ws.send_bytes(block), 10)
-                    sent += len(block) // 2
-                await ws.send_str("end")
-                async for msg in ws:
-                    events.append(json.loads(msg.data))
+        ws_url = api.address.replace("http", "ws") + "/v1/audio/stream"
+        async with aiohttp.ClientSession() as session, session.ws_connect(ws_url) as ws:
+            ws.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:  # unpaced: as fast as the server takes it
+                await asyncio.wait_for(ws.send_bytes(block), 10)
+                sent += len(block) // 2
+            await ws.send_str("end")
+            async for msg in ws:
+                events.append(json.loads(msg.data))
         return sent, events
 
     try:
@@ -244,20 +244,20 @@ def test_a_stream_the_engine_cannot_serve_gets_overloaded_and_close_1013():
 
     async def talk() -> tuple[list[dict], int | None, float]:
         events = []
-        async with aiohttp.ClientSession() as session:
-            async with session.ws_connect(api.address.replace("http", "ws") + "/v1/audio/stream") as ws:
-                start = time.monotonic()
-                for _ in range(200):  # 20 s of audio, unpaced; the server stops taking it
-                    if ws.closed:
-                        break
-                    try:
-                        await asyncio.wait_for(ws.send_bytes(tone(0.1)), 15)
-                    except ConnectionError:
-                        break
-                async for msg in ws:
-                    if msg.type == aiohttp.WSMsgType.TEXT:
-                        events.append(json.loads(msg.data))
-                return events, ws.close_code, time.monotonic() - start
+        ws_url = api.address.replace("http", "ws") + "/v1/audio/stream"
+        async with aiohttp.ClientSession() as session, session.ws_connect(ws_url) as ws:
+            start = time.monotonic()
+            for _ in range(200):  # 20 s of audio, unpaced; the server stops taking it
+                if ws.closed:
+                    break
+                try:
+                    await asyncio.wait_for(ws.send_bytes(tone(0.1)), 15)
+                except ConnectionError:
+                    break
+            async for msg in ws:
+                if msg.type == aiohttp.WSMsgType.TEXT:
+                    events.append(json.loads(msg.data))
+            return events, ws.close_code, time.monotonic() - start
 
     try:
         events, code, took = asyncio.run(asyncio.wait_for(talk(), 60))

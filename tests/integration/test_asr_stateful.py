@@ -12,6 +12,7 @@ which is exactly the contract a real streaming model (conv caches, GRU state) pr
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -114,7 +115,7 @@ def test_streaming_equals_whole_utterance_for_any_chunking(engine_factory, decod
     # partials only grow (CTC streams natively: nothing already emitted is revised, greedy)
     if decoder == "greedy":
         ids = [p.token_ids for p in partials] + [final.token_ids]
-        assert all(b[:len(a)] == a for a, b in zip(ids, ids[1:]))
+        assert all(b[:len(a)] == a for a, b in pairwise(ids))
 
 
 def test_scores_stream_exactly_like_the_whole_pass(engine_factory):

@@ -6,6 +6,8 @@ exactly the tokens the plain single-stream path gives.
 """
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import pytest
 
@@ -60,7 +62,7 @@ def stream_batched(engine, xs, chunk=CHUNK):
     partials = [[] for _ in xs]
     finals = [None] * len(xs)
     for i in range(0, max(len(x) for x in xs) + chunk, chunk):
-        for k, (s, x) in enumerate(zip(streams, xs)):
+        for s, x in zip(streams, xs):
             if s.ended:
                 continue
             piece = x[i:i + chunk]
@@ -97,7 +99,7 @@ def test_whisper_streaming_batched_equals_alone_and_commits_only_grow(engines, s
     alone = [stream_alone(engine, x) for x in speech]
     for partials, final in alone:
         stable = [p.stable_text for p in partials] + [final.text]
-        assert all(b.startswith(a) for a, b in zip(stable, stable[1:])), "committed text changed"
+        assert all(b.startswith(a) for a, b in pairwise(stable)), "committed text changed"
         assert final.text == final.stable_text
     partials, finals = stream_batched(engine, speech)
     assert [f.token_ids for f in finals] == [a[1].token_ids for a in alone]

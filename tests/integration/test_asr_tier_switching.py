@@ -79,7 +79,8 @@ class Ladder:
         self.engines: list[FakeRecognizer] = []
         self.lock = threading.Lock()
         self.loaded = self.peak = 0
-        self.tiers = [SpeechTier("heavy", lambda: self._open("heavy")), SpeechTier("light", lambda: self._open("light"))]
+        self.tiers = [SpeechTier("heavy", lambda: self._open("heavy")),
+                      SpeechTier("light", lambda: self._open("light"))]
 
     def _open(self, name: str) -> FakeRecognizer:
         if name == "light" and self.light_fails:
@@ -350,7 +351,8 @@ def test_agent_switches_real_asr_tiers_while_a_stream_is_open(tmp_path):
         feed(stream, blocks[:len(blocks) // 2])
         assert agent.remote.pin_tier("asr", "light") == {"pinned": "light"}
         wait_active(agent.asr, 1, timeout_s=60)
-        assert agent.remote.reported()["active_tiers"]["asr"] == "light" and agent.remote.reported()["pins"]["asr"] == "light"
+        reported = agent.remote.reported()
+        assert reported["active_tiers"]["asr"] == "light" and reported["pins"]["asr"] == "light"
 
         light: list[dict] = []
         other = agent.asr.open_stream(light.append)

@@ -70,7 +70,7 @@ def test_missing_and_corrupt_model_files(backend, tmp_path, model):
 
 
 def test_unknown_backend_lists_the_known_ones(model):
-    with pytest.raises(BackendError, match="unknown backend 'tflite'.*onnxruntime"):
+    with pytest.raises(BackendError, match=r"unknown backend 'tflite'.*onnxruntime"):
         open_session(model[0], "tflite")
     assert set(backend_names()) >= {"onnxruntime", "openvino", "tensorrt", "fake"}
 
@@ -155,7 +155,8 @@ def test_onnxruntime_tensorrt_provider_options_are_keyed_by_runtime_version(monk
     monkeypatch.setattr(ort, "get_available_providers",
                         lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
     chosen = providers_for(SessionOptions(device="tensorrt", precision="fp16", cache_dir=tmp_path))
-    assert [name for name, _ in chosen] == ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert [name for name, _ in chosen] == ["TensorrtExecutionProvider", "CUDAExecutionProvider",
+                                            "CPUExecutionProvider"]
     trt = chosen[0][1]
     assert trt["trt_fp16_enable"] is True and trt["trt_int8_enable"] is False
     # The TRT EP never invalidates its cache on upgrade: the folder carries the runtime version.

@@ -43,7 +43,7 @@ def _check_stats(side: dict) -> None:
 @pytest.mark.parametrize("concurrency,rate", [(1, None), (2, None), (1, 50.0), (2, 50.0)])
 def test_bench_llm_report(tmp_path, capsys, concurrency, rate):
     out, png = tmp_path / "r.json", tmp_path / "r.png"
-    argv = _base(tmp_path) + ["--concurrency", str(concurrency), "--json", str(out), "--plot", str(png)]
+    argv = [*_base(tmp_path), "--concurrency", str(concurrency), "--json", str(out), "--plot", str(png)]
     if rate is not None:
         argv += ["--rate", str(rate)]
     args = _parse(argv)
@@ -78,7 +78,7 @@ def test_bench_llm_compares_with_onnxruntime_genai_on_the_same_weights(tmp_path)
     same request counts, its own ratios, and greedy tokens identical to the bare loop's."""
     pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (extra 'genai')")
     out = tmp_path / "r.json"
-    args = _parse(_base(tmp_path) + ["--genai", str(GENAI_PHI3), "--json", str(out)])
+    args = _parse([*_base(tmp_path), "--genai", str(GENAI_PHI3), "--json", str(out)])
     assert args.func(args) == 0
     report = json.loads(out.read_text())
     genai = report["genai"]
@@ -91,14 +91,14 @@ def test_bench_llm_compares_with_onnxruntime_genai_on_the_same_weights(tmp_path)
 
 def test_bench_llm_genai_folder_must_be_one(tmp_path):
     pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (extra 'genai')")
-    args = _parse(_base(tmp_path) + ["--genai", str(tmp_path)])
-    with pytest.raises(InputError, match="no genai_config.json"):
+    args = _parse([*_base(tmp_path), "--genai", str(tmp_path)])
+    with pytest.raises(InputError, match=r"no genai_config\.json"):
         args.func(args)
 
 
 def test_bench_llm_scaling_runs_both_concurrencies_in_the_same_rounds(tmp_path):
     out = tmp_path / "r.json"
-    args = _parse(_base(tmp_path) + ["--concurrency", "1", "--scaling", "2", "--no-baseline", "--json", str(out)])
+    args = _parse([*_base(tmp_path), "--concurrency", "1", "--scaling", "2", "--no-baseline", "--json", str(out)])
     assert args.func(args) == 0
     report = json.loads(out.read_text())
     sc = report["scaling"]
@@ -110,7 +110,7 @@ def test_bench_llm_scaling_runs_both_concurrencies_in_the_same_rounds(tmp_path):
 
 def test_bench_llm_no_baseline(tmp_path):
     out = tmp_path / "r.json"
-    args = _parse(_base(tmp_path) + ["--no-baseline", "--rounds", "1", "--json", str(out)])
+    args = _parse([*_base(tmp_path), "--no-baseline", "--rounds", "1", "--json", str(out)])
     assert args.func(args) == 0
     report = json.loads(out.read_text())
     assert report["baseline"] is None and report["overhead_ratio"] is None
@@ -128,7 +128,7 @@ def test_bench_llm_no_baseline(tmp_path):
     ("--scaling", "0", "--scaling"),
 ])
 def test_bench_llm_bad_numbers(tmp_path, flag, value, message):
-    args = _parse(_base(tmp_path) + [flag, value])
+    args = _parse([*_base(tmp_path), flag, value])
     with pytest.raises(InputError, match=message):
         args.func(args)
 
@@ -136,6 +136,6 @@ def test_bench_llm_bad_numbers(tmp_path, flag, value, message):
 def test_bench_llm_unknown_model(tmp_path):
     from edge_agent.errors import ModelNotFound
 
-    args = _parse(_base(tmp_path) + ["--model", "no-such-model"])
+    args = _parse([*_base(tmp_path), "--model", "no-such-model"])
     with pytest.raises(ModelNotFound):
         args.func(args)

@@ -162,7 +162,7 @@ def test_server_restart_is_survived_by_reconnecting(pulse):
 
 
 def test_unknown_device_names_the_inputs_there_are(pulse):
-    with pytest.raises(NoAudioDevice, match="no audio input device matches 'USB Mic'.*pulse"):
+    with pytest.raises(NoAudioDevice, match=r"no audio input device matches 'USB Mic'.*pulse"):
         MicSource("USB Mic")
     with pytest.raises(NoAudioDevice, match="does not exist"):
         MicSource(999)

@@ -6,7 +6,8 @@ import pytest
 from edge_agent.models.agreement import LocalAgreement, common_prefix
 
 
-@pytest.mark.parametrize("a, b, n", [([], [], 0), ([1, 2], [1, 2, 3], 2), ([1, 2], [2, 1], 0), ([1, 2, 3], [1, 2, 4], 2)])
+@pytest.mark.parametrize("a, b, n", [([], [], 0), ([1, 2], [1, 2, 3], 2), ([1, 2], [2, 1], 0),
+                                     ([1, 2, 3], [1, 2, 4], 2)])
 def test_common_prefix(a, b, n):
     assert common_prefix(a, b) == n
 

@@ -95,7 +95,8 @@ def test_wrong_result_count_and_unexpected_exceptions_are_contained():
 
 def test_bounded_queue_and_stopping_reject_new_requests():
     gate = threading.Event()
-    b = Batcher(lambda items: (gate.wait(5), items)[1], BatchLimits(max_batch=1, batch_timeout_ms=0, max_queue=2)).start()
+    limits = BatchLimits(max_batch=1, batch_timeout_ms=0, max_queue=2)
+    b = Batcher(lambda items: (gate.wait(5), items)[1], limits).start()
     try:
         first = b.submit(0)
         # the first may already be running; fill the queue to its bound

@@ -101,13 +101,14 @@ def test_sla_preset_fills_unset_fields_but_explicit_values_win(tmp_path):
 
 
 def test_duplicate_tier_names_are_rejected(tmp_path):
-    path = write(tmp_path, '[[models.llm]]\nname = "a"\nmodel = "demo-phi3"\n[[models.llm]]\nname = "a"\nmodel = "demo-gemma"\n')
+    path = write(tmp_path, '[[models.llm]]\nname = "a"\nmodel = "demo-phi3"\n'
+                           '[[models.llm]]\nname = "a"\nmodel = "demo-gemma"\n')
     with pytest.raises(ConfigError, match=r"models\.llm: tier names must be unique"):
         load_settings(path)
 
 
 def test_tls_cert_needs_key(tmp_path):
-    with pytest.raises(ConfigError, match="mqtt.tls: cert_file and key_file go together"):
+    with pytest.raises(ConfigError, match=r"mqtt\.tls: cert_file and key_file go together"):
         load_settings(write(tmp_path, '[mqtt.tls]\ncert_file = "/c.pem"\n'))
 
 

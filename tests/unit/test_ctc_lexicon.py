@@ -191,12 +191,12 @@ def test_no_lexicon_path_falls_back_to_greedy() -> None:
 def test_factory_resolves_auto_from_the_folder(tmp_path: Path) -> None:
     vocab = CtcVocab(TOKENS, 0, "|")
     assert decoder_factory("auto", vocab, tmp_path, {})[0] == "greedy"
-    with pytest.raises(ModelError, match="no lexicon.txt"):
+    with pytest.raises(ModelError, match=r"no lexicon\.txt"):
         decoder_factory("lexicon", vocab, tmp_path, {})
     (tmp_path / "lexicon.txt").write_text("# words\non\nthe\n")
     kind, new = decoder_factory("auto", vocab, tmp_path, {})
     assert kind == "lexicon" and isinstance(new(), LexiconBeamDecoder)
-    with pytest.raises(ModelError, match="no lm.arpa"):
+    with pytest.raises(ModelError, match=r"no lm\.arpa"):
         decoder_factory("lm", vocab, tmp_path, {})
     (tmp_path / "lm.arpa").write_text(TRIGRAM)
     kind, new = decoder_factory("auto", vocab, tmp_path, {"lm_weight": 0.4, "lm_beam": 5})

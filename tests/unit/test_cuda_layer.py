@@ -43,7 +43,8 @@ class _StubRuntime:
     """The cuda-python call convention (``(err, *values)``) with the real enums; one device."""
 
     def __init__(self, rt: types.ModuleType, count: int = 1, malloc_error: str | None = None) -> None:
-        self.cudaError_t, self.cudaMemcpyKind, self.cudaDeviceAttr = rt.cudaError_t, rt.cudaMemcpyKind, rt.cudaDeviceAttr
+        self.cudaError_t, self.cudaMemcpyKind = rt.cudaError_t, rt.cudaMemcpyKind
+        self.cudaDeviceAttr = rt.cudaDeviceAttr
         self._ok, self._count, self._malloc_error = rt.cudaError_t.cudaSuccess, count, malloc_error
         self.calls: list[str] = []
 

@@ -82,7 +82,7 @@ def test_io_contract_matches_onnx(name: str) -> None:
     check_contract(ROOT / name, load_json(ROOT / name / "io_contract.json"))
 
 
-@pytest.mark.parametrize("name", LLMS + ("demo-phi3-small",))
+@pytest.mark.parametrize("name", (*LLMS, "demo-phi3-small"))
 def test_llm_metadata(name: str) -> None:
     folder = ROOT / name
     config, gen = load_json(folder / "config.json"), load_json(folder / "generation_config.json")

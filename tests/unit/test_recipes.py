@@ -84,7 +84,7 @@ def test_invalid_recipes_are_refused_with_the_key(tmp_path: Path, edit, message:
 
 def test_check_names_the_missing_target_and_precision(tmp_path: Path) -> None:
     recipe = load_recipe(write(tmp_path, BASE))
-    with pytest.raises(ConfigError, match="does not build for 'jetson'.*does not build 'fp16'"):
+    with pytest.raises(ConfigError, match=r"does not build for 'jetson'.*does not build 'fp16'"):
         recipe.check("jetson", "fp16")
     recipe.check("cpu", "int8")
 
@@ -140,10 +140,10 @@ def test_audio_manifest_resolves_relative_paths_and_names_missing_audio(tmp_path
     items = read_audio_manifest(path, need_text=True)
     assert items[0].audio == (tmp_path / "a.wav").resolve() and items[0].text == "hi"
     path.write_text(json.dumps({"audio": "b.wav"}) + "\n")
-    with pytest.raises(InputError, match="m.jsonl:1: audio file b.wav not found"):
+    with pytest.raises(InputError, match=r"m\.jsonl:1: audio file b\.wav not found"):
         read_audio_manifest(path)
     path.write_text(json.dumps({"audio": "a.wav"}) + "\n")
-    with pytest.raises(InputError, match='m.jsonl:1: no reference "text"'):
+    with pytest.raises(InputError, match=r'm\.jsonl:1: no reference "text"'):
         read_audio_manifest(path, need_text=True)
 
 

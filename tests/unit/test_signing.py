@@ -160,5 +160,6 @@ def test_cli_keygen_then_sign_produces_an_envelope_the_public_key_verifies(tmp_p
     pub.verify(base64.b64decode(env["sig"]), TOPIC.encode() + b"\n" + str(env["expires"]).encode() + b"\n" + BODY)
     # The public half written beside it is what a device loads.
     assert Verifier(load_public_key(str(tmp_path / "fleet.pub.pem"))).open(TOPIC, out.stdout.strip()) == BODY
-    bad = cli("sign", "--key", str(tmp_path / "req.json"), "--topic", TOPIC, "--payload-file", str(tmp_path / "req.json"))
+    req = str(tmp_path / "req.json")
+    bad = cli("sign", "--key", req, "--topic", TOPIC, "--payload-file", req)
     assert bad.returncode != 0 and b"Traceback" not in bad.stderr and b"req.json" in bad.stderr

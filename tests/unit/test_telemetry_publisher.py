@@ -124,7 +124,7 @@ def test_refused_publish_is_retried_then_dropped_and_reported(tmp_path):
     assert spool.records == 0
     pub.drain_events()
     pub.pump()
-    drop = [d for _m, t, d in link.sent if t.endswith("evt/spool_drop")][0]
+    drop = next(d for _m, t, d in link.sent if t.endswith("evt/spool_drop"))
     assert drop["data"]["reason"] == "rejected" and drop["data"]["seq_ranges"] == [[1, 1]]
 
 

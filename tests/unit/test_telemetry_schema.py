@@ -21,7 +21,7 @@ def test_check_cli_reports_stale_files(tmp_path, capsys):
 
 
 def test_every_payload_carries_its_schema_version():
-    for name, model in s.PAYLOADS.items():
+    for name in s.PAYLOADS:
         schema = s.json_schemas()[name]
         assert "schema" in schema["properties"], name
         assert schema["additionalProperties"] is False, name

@@ -121,7 +121,7 @@ def test_disk_full_drops_oldest_windows_then_reports_loss(tmp_path):
     path = tmp_path / "s.sqlite"
     sp = Spool(path)
     # A real SQLITE_FULL: cap the database's page count (what a full disk looks like to SQLite).
-    sp._conn.execute("PRAGMA max_page_count = %d" % (sp._conn.execute("PRAGMA page_count").fetchone()[0] + 2))
+    sp._conn.execute(f"PRAGMA max_page_count = {sp._conn.execute('PRAGMA page_count').fetchone()[0] + 2:d}")
     results = [sp.append("window", "t", lambda q: payload(q, 3000)) for _ in range(40)]
     stored = [r for r in results if r is not None]
     assert stored, "some records fit"

@@ -64,7 +64,7 @@ def test_plan_from_another_tensorrt_version_is_an_engine_error(tmp_path: Path, c
 
 
 def test_missing_plan_file_is_a_model_error(tmp_path: Path, cuda: FakeCuda) -> None:
-    with pytest.raises(ModelError, match="nothing.plan"):
+    with pytest.raises(ModelError, match=r"nothing\.plan"):
         trt_backend.open(tmp_path / "nothing.plan", SessionOptions(extra={"cuda": cuda}))
 
 

@@ -125,7 +125,7 @@ def test_profile_mismatches_are_clear_errors(tmp_path: Path, trt) -> None:
 def test_unparseable_onnx_names_the_file(tmp_path: Path, trt) -> None:
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not onnx")
-    with pytest.raises(InputError, match="could not parse .*bad.onnx"):
+    with pytest.raises(InputError, match=r"could not parse .*bad\.onnx"):
         build_plan(trt, BuildSpec(bad, tmp_path / "m.plan", "fp32", PROFILES))
 
 

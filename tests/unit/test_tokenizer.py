@@ -66,7 +66,7 @@ def test_stream_decoder_pieces_add_up_to_the_full_text():
 
 
 def test_missing_or_corrupt_tokenizer(tmp_path):
-    with pytest.raises(ModelError, match="no tokenizer.json"):
+    with pytest.raises(ModelError, match=r"no tokenizer\.json"):
         Tokenizer(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{broken")
     with pytest.raises(ModelError, match="unreadable tokenizer"):

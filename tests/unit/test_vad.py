@@ -61,7 +61,8 @@ def test_energy_vad_voiced_vs_silence_and_adapts_to_steady_noise():
     # a pause shorter than trailing_silence_ms does not split the utterance
     ((("quiet", 0.3), ("tone", 0.5), ("quiet", 0.3), ("tone", 0.5), ("quiet", 1.0)), [0.3], [(2.1, 1.6, "silence")]),
     # two utterances
-    ((("tone", 0.5), ("quiet", 0.8), ("tone", 0.5), ("quiet", 0.6)), [0.0, 1.3], [(1.0, 0.5, "silence"), (2.3, 1.8, "silence")]),
+    ((("tone", 0.5), ("quiet", 0.8), ("tone", 0.5), ("quiet", 0.6)), [0.0, 1.3],
+     [(1.0, 0.5, "silence"), (2.3, 1.8, "silence")]),
     # speech running into the end of the stream
     ((("quiet", 0.2), ("tone", 0.6)), [0.2], [(0.8, 0.8, "end_of_stream")]),
 ])

@@ -149,7 +149,8 @@ def test_file_source_paces_with_an_injected_clock(tmp_path):
     assert sum(b.size for b in fast.blocks()) == RATE
 
 
-@pytest.mark.parametrize("fmt, dtype, scale", [("s16le", "<i2", 32767), ("s32le", "<i4", 2**31 - 1), ("f32le", "<f4", 1.0)])
+@pytest.mark.parametrize("fmt, dtype, scale", [("s16le", "<i2", 32767), ("s32le", "<i4", 2**31 - 1),
+                                               ("f32le", "<f4", 1.0)])
 def test_stdin_pcm_any_format_rate_and_channels(fmt, dtype, scale):
     import io
 
