@@ -122,7 +122,9 @@ class BatchingConfig(Section):
 
 
 # Scenario SLAs (P95 unless noted): the abandonment cliff is the default.
-SLA_PRESETS: dict[str, dict[str, Any]] = {
+SlaPreset = Literal["default", "chit-chat", "customer-service", "medical-consultation", "live-risk-control",
+                    "video-conferencing", "asr-customer-service"]
+SLA_PRESETS: dict[SlaPreset, dict[str, Any]] = {
     "default": {"metric": "ttft_ms", "percentile": 95, "target_ms": 387.0},
     "chit-chat": {"metric": "ttft_ms", "percentile": 95, "target_ms": 350.0},
     "customer-service": {"metric": "ttft_ms", "percentile": 95, "target_ms": 220.0},
@@ -133,7 +135,8 @@ SLA_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-ASR_SLA_METRICS = ("first_partial_ms", "final_ms")
+AsrSlaMetric = Literal["first_partial_ms", "final_ms"]
+ASR_SLA_METRICS: tuple[str, ...] = typing.get_args(AsrSlaMetric)
 
 
 class _SlaPolicy(Section):
@@ -141,7 +144,7 @@ class _SlaPolicy(Section):
     window, and the tier controller's hysteresis, cooldown, dwell and shedding
     (``serving.tier_policy.decide``)."""
 
-    preset: Literal[tuple(SLA_PRESETS)] | None = None  # type: ignore[valid-type]
+    preset: SlaPreset | None = None
     percentile: float = Field(95, gt=0, le=100)
     window_s: float = Field(30.0, gt=0)
     min_samples: int = Field(20, ge=1)
@@ -167,7 +170,7 @@ class AsrSlaConfig(_SlaPolicy):
     No token cap and no adaptive batch here: at the lightest tier, over target goes straight to the
     shedding count."""
 
-    metric: Literal[ASR_SLA_METRICS] = "first_partial_ms"  # type: ignore[valid-type]
+    metric: AsrSlaMetric = "first_partial_ms"
     target_ms: float = Field(300.0, gt=0)
 
     @model_validator(mode="after")
@@ -232,8 +235,9 @@ class MqttConfig(Section):
 
 
 # Commands a fleet may send (``telemetry/command_args.py`` ALLOWED); ``telemetry.commands_allowed`` narrows them.
-FLEET_COMMANDS = ("get_status", "set_sla", "pin_tier", "unpin_tier", "rebuild_engine", "flush_telemetry",
-                  "reset_desired")
+FleetCommand = Literal["get_status", "set_sla", "pin_tier", "unpin_tier", "rebuild_engine", "flush_telemetry",
+                       "reset_desired"]
+FLEET_COMMANDS: tuple[FleetCommand, ...] = typing.get_args(FleetCommand)
 
 
 class TelemetryConfig(Section):
@@ -246,7 +250,7 @@ class TelemetryConfig(Section):
     replay_per_s: float = Field(5.0, gt=0, le=10_000, description="backlog replay rate after an outage")
     ledger_path: Path = Field(default_factory=lambda: _user_dir("state") / "commands.sqlite")
     max_command_bytes: int = Field(16 * 1024, ge=256, le=1024 * 1024)
-    commands_allowed: list[Literal[FLEET_COMMANDS]] = Field(  # type: ignore[valid-type]
+    commands_allowed: list[FleetCommand] = Field(
         default_factory=lambda: list(FLEET_COMMANDS), description="fleet commands this device runs; [] = none")
     reply_prefixes: list[str] = Field(
         default_factory=lambda: ["fleet/replies/"], description="topic prefixes (besides the device's own "

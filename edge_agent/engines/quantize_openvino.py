@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backends import SessionOptions, open_session
+from ..backends import Precision, SessionOptions, open_session
 from ..errors import BackendError, BackendUnavailable, InputError
 
 log = logging.getLogger(__name__)
@@ -104,12 +104,12 @@ def compress_weights(src: Path, dst_xml: Path, bits: int, group_size: int = 64) 
     return {"tool": f"nncf {nncf.__version__} compress_weights", "mode": mode.name, **kwargs}
 
 
-def compile_blob(xml: Path, cache_dir: Path, device: str, hint: str, threads: int = 0,
+def compile_blob(xml: Path, cache_dir: Path, device: str, hint: Precision, threads: int = 0,
                  static_shapes: Mapping[str, tuple[int, ...]] | None = None) -> dict:
     """Compile once into ``cache_dir/openvino`` (the backend's CACHE_DIR layout); returns compile facts."""
     import time
 
-    options = SessionOptions(device=device, precision=hint, threads=threads, cache_dir=cache_dir,  # type: ignore[arg-type]
+    options = SessionOptions(device=device, precision=hint, threads=threads, cache_dir=cache_dir,
                              static_shapes=static_shapes)
     t0 = time.perf_counter()
     try:

@@ -141,8 +141,7 @@ def open_resolved(resolved: Resolved, tier: TierConfig, threads: int) -> Decoder
     ref = resolved.ref
     if parts["backend"] == "openvino":
         hint = ov_hint(parts)
-        options = SessionOptions(device=tier.device, precision=hint, threads=threads,  # type: ignore[arg-type]
-                                 cache_dir=entry.artifact)
+        options = SessionOptions(device=tier.device, precision=hint, threads=threads, cache_dir=entry.artifact)
         return DecoderLM.open(ref, "openvino", options)
     if parts["backend"] == "tensorrt":  # a plan, not model.onnx: open the session and wrap it ourselves
         session = open_session(entry.path / entry.manifest["graph"], "tensorrt", SessionOptions(device=tier.device),

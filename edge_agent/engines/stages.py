@@ -11,7 +11,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..backends import SessionOptions, open_session
 from ..errors import InputError
@@ -229,7 +229,7 @@ def static_shapes(ctx: StageContext, parts: dict) -> dict[str, tuple[int, ...]] 
     return {inp: lo for inp, (lo, _, _) in shapes.items()}
 
 
-def ov_hint(parts: dict) -> str:
+def ov_hint(parts: dict) -> Literal["fp16", "fp32"]:
     """OpenVINO's inference precision for the engine. The same at compile and at load, or the cached
     blob would not match. On CPUs f32: FP16/INT8/INT4 live in the IR's weights, and x86 CPUs have
     no f16 arithmetic to gain from; the NPU computes f16."""
@@ -244,7 +244,7 @@ def open_candidate(ctx: StageContext, folder: Path, parts: dict):
     if backend == "onnxruntime":
         options = SessionOptions(device="cpu", threads=ctx.threads)
     elif backend == "openvino":
-        options = SessionOptions(device="NPU" if parts["target"] == "intel-npu" else "CPU", precision=ov_hint(parts),  # type: ignore[arg-type]
+        options = SessionOptions(device="NPU" if parts["target"] == "intel-npu" else "CPU", precision=ov_hint(parts),
                                  threads=ctx.threads, cache_dir=folder, static_shapes=static_shapes(ctx, parts))
     else:
         options = SessionOptions(device="cuda:0")

@@ -37,7 +37,7 @@ from typing import Any
 
 from .client import MqttLink
 from .schema import Event, LatencyWindow, WindowTimes
-from .spool import Record, Spool
+from .spool import Kind, Record, Spool
 from .windows import WindowAccumulator
 
 log = logging.getLogger(__name__)
@@ -228,9 +228,9 @@ class Publisher:
             log.error("event %r not sent: %s", type_, exc)
         return True
 
-    def _append(self, kind: str, suffix: str, build: Callable[[int], bytes], keep: bool = False) -> Record | None:
+    def _append(self, kind: Kind, suffix: str, build: Callable[[int], bytes], keep: bool = False) -> Record | None:
         topic = f"{self.link.prefix}/{suffix}" if self.link else suffix
-        record = self.spool.append(kind, topic, build, keep=keep)  # type: ignore[arg-type]
+        record = self.spool.append(kind, topic, build, keep=keep)
         if record is not None:
             self._fresh.append((record.id, self.clock()))
         return record
