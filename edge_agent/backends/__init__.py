@@ -66,6 +66,13 @@ class Session(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class BindingSession(Session, Protocol):
+    """A session that can run into buffers the caller owns (ONNX Runtime's I/O binding): in-place KV caches."""
+
+    def run_with_binding(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray]) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class BackendInfo:
     """A backend the registry knows: the module that implements it, the package it needs, how to install it."""

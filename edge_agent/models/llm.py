@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backends import Session, SessionOptions, open_session
+from ..backends import BindingSession, Session, SessionOptions, open_session
 from ..errors import InputError, ModelError
 from .catalog import ModelRef
 from .kv_batch import DecodeBatch, left_pad
@@ -110,8 +110,10 @@ class DecoderLM:
         self.contract = read_contract(session, config, generation_config)
         if self.shared_kv:
             self.contract = replace(self.contract, max_context=min(self.contract.max_context, kv_capacity))
-            if not hasattr(session, "run_with_binding"):
-                raise ModelError(f"{ref.name}: onnxruntime-genai folders run on ONNX Runtime only")
+        # in-place KV buffers (genai folders) are run through the session's I/O binding
+        self._binding = session if isinstance(session, BindingSession) else None
+        if self.shared_kv and self._binding is None:
+            raise ModelError(f"{ref.name}: onnxruntime-genai folders run on ONNX Runtime only")
         model_type = config.get("model_type", ref.model_type) if self.shared_kv else ref.model_type
         self.tokenizer = Tokenizer(ref.path, model_type)
         out = {s.name: s for s in session.outputs}
@@ -202,7 +204,9 @@ class DecoderLM:
             feeds["position_ids"] = positions
         logits = np.empty((count, ids.shape[1], self._vocab), dtype=np.float32)
         out = {"logits": logits, **{f"present.{n}": v for n, v in views.items()}}
-        self.session.run_with_binding(feeds, out)  # type: ignore[attr-defined]
+        if self._binding is None:  # refused at open: only genai folders take this path
+            raise ModelError(f"{self.ref.name}: in-place KV buffers need a session with I/O binding")
+        self._binding.run_with_binding(feeds, out)
         return logits
 
     def _empty_past(self, batch: int) -> dict[str, np.ndarray]:
