@@ -18,11 +18,16 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import InputError, ModelError
 from .metrics.window import percentile
+
+if TYPE_CHECKING:
+    from .backends import Precision
+    from .models.asr_streaming_ctc import Decoder
 
 MODES = ("stream", "full", "service")
 
@@ -67,8 +72,8 @@ def read_manifest(path: Path, need_text: bool = True) -> list[Utterance]:
     return items
 
 
-def evaluate(model: str, data: Path, backend: str = "onnxruntime", device: str = "cpu", precision: str = "auto",
-             threads: int = 1, decoders: tuple[str, ...] | None = None, limit: int | None = None,
+def evaluate(model: str, data: Path, backend: str = "onnxruntime", device: str = "cpu", precision: Precision = "auto",
+             threads: int = 1, decoders: tuple[Decoder, ...] | None = None, limit: int | None = None,
              cache_dir: Path | None = None, audio=None) -> dict:
     """Score ``model`` on manifest ``data``; the report ``edge-agent eval asr --json`` prints."""
     from .audio.wav import read_audio
@@ -82,11 +87,15 @@ def evaluate(model: str, data: Path, backend: str = "onnxruntime", device: str =
     if ref.model_type != "streaming-ctc":
         raise ModelError(f"{ref.name}: eval asr scores streaming CTC models (config.json model_type "
                          f"'streaming-ctc'); this one is {ref.model_type!r}")
-    options = SessionOptions(device=device, precision=precision, threads=threads)  # type: ignore[arg-type]
+    options = SessionOptions(device=device, precision=precision, threads=threads)
     runner = StreamingCtcRunner(ref.path, backend, options)
     if decoders is None:
-        decoders = ("greedy",) + (("lexicon",) if runner.spec.lexicon is not None else ()) + (
-            ("lm",) if runner.spec.lm is not None and runner.spec.lexicon is not None else ())
+        found: list[Decoder] = ["greedy"]
+        if runner.spec.lexicon is not None:
+            found.append("lexicon")
+            if runner.spec.lm is not None:
+                found.append("lm")
+        decoders = tuple(found)
     audio_s = compute_s = 0.0
     chunk_ms: list[float] = []
     final_ms: list[float] = []
@@ -107,7 +116,7 @@ def evaluate(model: str, data: Path, backend: str = "onnxruntime", device: str =
                 runner.push(stream, samples[i:i + 1600])
             t_last = time.perf_counter()
             streamed = runner.finish(stream)
-            hyps = {f"stream/{decoders[0]}": runner.decode(streamed, decoders[0])}  # type: ignore[arg-type]
+            hyps = {f"stream/{decoders[0]}": runner.decode(streamed, decoders[0])}
             final_ms.append((time.perf_counter() - t_last) * 1e3)
             compute_s += time.perf_counter() - t0
             chunk_ms.extend(stream.chunk_ms)
@@ -118,11 +127,11 @@ def evaluate(model: str, data: Path, backend: str = "onnxruntime", device: str =
                 for mode, lp in (("stream", streamed), ("full", whole)):
                     key = f"{mode}/{d}"
                     if key not in hyps:
-                        hyps[key] = runner.decode(lp, d)  # type: ignore[arg-type]
+                        hyps[key] = runner.decode(lp, d)
             samples_out.append({"line": utt.line, "ref": normalize(utt.text), **hyps})
     finally:
         runner.close()
-    options = SessionOptions(device=device, precision=precision, threads=threads)  # type: ignore[arg-type]
+    options = SessionOptions(device=device, precision=precision, threads=threads)
     for d in decoders:
         for out, hyp in zip(samples_out, _service_hyps(ref, backend, options, d, all_samples, audio)):
             out[f"service/{d}"] = hyp
