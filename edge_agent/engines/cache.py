@@ -25,7 +25,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -259,7 +259,7 @@ class EngineCache:
         (dest / "QUARANTINED").write_text(reason + "\n")
         return dest
 
-    def evict(self, keep: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
+    def evict(self, keep: Set[str] = frozenset()) -> list[str]:
         """Remove least-recently-used entries until the cache fits ``max_bytes``; returns removed keys."""
         entries = sorted(self.entries(), key=lambda e: e.last_used)
         total = sum(e.size_bytes for e in entries)

@@ -45,14 +45,14 @@ class HeadDeadline(asyncio.Protocol):
 
     def __init__(self, inner: asyncio.Protocol, timeout_s: float, registry: dict[Any, HeadDeadline]) -> None:
         self.inner, self.timeout_s, self._registry = inner, timeout_s, registry
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.BaseTransport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._busy = False
         self.dropped = False
 
     # asyncio.Protocol, forwarded
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport
         self._registry[transport] = self
         self._arm()
         self.inner.connection_made(transport)
