@@ -24,7 +24,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
@@ -42,13 +42,16 @@ Shape = tuple[int, ...]
 
 def open(path: Path, options: SessionOptions) -> TensorRTSession:
     trt = _import_tensorrt()
-    cuda = options.extra.get("cuda")
-    if cuda is None:
+    injected = options.extra.get("cuda")  # a CUDA layer given by the caller (the tests' fake)
+    if injected is not None:
+        cuda = cast("Cuda", injected)
+    else:
         # CUDA first: deserializing a plan with no usable GPU segfaults instead of failing.
-        cuda = select_cuda(options.extra.get("cuda_api"), _device_index(options.device))  # type: ignore[arg-type]
+        prefer = options.extra.get("cuda_api")
+        cuda = select_cuda(prefer if isinstance(prefer, str) else None, _device_index(options.device))
     if options.precision != "auto":
         log.debug("tensorrt: precision %r ignored; an engine's precision is fixed when it is built", options.precision)
-    return TensorRTSession(Path(path), trt, cuda)  # type: ignore[arg-type]
+    return TensorRTSession(Path(path), trt, cuda)
 
 
 def _import_tensorrt() -> Any:
@@ -256,14 +259,16 @@ class TensorRTSession:
         assert context is not None and stream is not None
         self._use_profile(self._choose_profile({n: tuple(a.shape) for n, a in feeds.items()}))
         for t in self._tensors:
+            device, pinned = t.device, t.host
+            assert device is not None and pinned is not None  # allocated at load, freed only by close
             if t.is_input:
                 value = feeds[t.name]
                 if not context.set_input_shape(t.name, value.shape):
                     raise InputError(f"TensorRT rejected shape {value.shape} for {t.name!r}: {self._logger.drain()}")
-                host = t.host[: value.size]  # type: ignore[index]
+                host = pinned[: value.size]
                 host[...] = _to_bf16(value).reshape(-1) if t.wire != t.dtype else value.reshape(-1)
-                cuda.copy_htod_async(t.device, host, stream)  # type: ignore[arg-type]
-            if not context.set_tensor_address(t.name, t.device.ptr):  # type: ignore[union-attr]
+                cuda.copy_htod_async(device, host, stream)
+            if not context.set_tensor_address(t.name, device.ptr):
                 raise BackendError(f"TensorRT rejected the buffer address of {t.name!r}: {self._logger.drain()}")
         cuda.record(self._start, stream)
         if not context.execute_async_v3(stream.handle):
@@ -273,8 +278,10 @@ class TensorRTSession:
         pending = []
         for t in outputs:
             shape = _ints(context.get_tensor_shape(t.name))
-            host = t.host[: int(np.prod(shape, dtype=np.int64))]  # type: ignore[index]
-            cuda.copy_dtoh_async(host, t.device, stream)  # type: ignore[arg-type]
+            device, pinned = t.device, t.host
+            assert device is not None and pinned is not None  # allocated at load, freed only by close
+            host = pinned[: int(np.prod(shape, dtype=np.int64))]
+            cuda.copy_dtoh_async(host, device, stream)
             pending.append((t, host, shape))
         stream.synchronize()
         self.last_gpu_ms = cuda.elapsed_ms(self._start, self._end)

@@ -80,7 +80,7 @@ def _progress_monitor(trt: Any, beat: Callable[[str, int, int], None]) -> Any | 
     if base is None:
         return None
 
-    class Monitor(base):  # type: ignore[misc, valid-type]
+    class Monitor(base):  # type: ignore[misc, valid-type]  # TensorRT's class, known only at run time
         def __init__(self) -> None:
             super().__init__()
             self.steps: dict[str, int] = {}
@@ -194,7 +194,7 @@ def entropy_calibrator(trt: Any, cuda: Any, feeds: Sequence[dict], cache_file: P
         raise InputError("the calibration set produced no inputs")
     base = trt.IInt8EntropyCalibrator2
 
-    class EntropyCalibrator(base):  # type: ignore[misc, valid-type]
+    class EntropyCalibrator(base):  # type: ignore[misc, valid-type]  # TensorRT's class, known only at run time
         def __init__(self) -> None:
             base.__init__(self)
             self.index = 0

@@ -123,7 +123,7 @@ class ExponentialHistogram:
 
     __slots__ = ("max_size", "max_scale", "zero_threshold", "scale", "zero_count", "count",
                  "sum", "_min", "_max", "_bounds_known", "_offset", "_counts")
-    __hash__ = None  # type: ignore[assignment]  # mutable
+    __hash__ = None  # type: ignore[assignment]  # mutable: unhashable as the data model spells it; typeshed wants a method
 
     def __init__(self, max_size: int = DEFAULT_MAX_SIZE, max_scale: int = MAX_SCALE,
                  zero_threshold: float = 0.0) -> None:
