@@ -121,7 +121,7 @@ def llm_config(name: str, vocab: int, meta: dict[str, Any]) -> transformers.Pret
         # Real Phi-3-mini-4k sets sliding_window=2047; left unset here so the graph carries a plain causal mask.
         return Phi3Config(hidden_size=64, intermediate_size=192, num_key_value_heads=4, eos_token_id=ids["eos"],
                           max_position_embeddings=4096, original_max_position_embeddings=4096, **common)
-    if name == "demo-phi3-small":  # the benchmark size of FACTS.md's peer table: 28.6 M parameters
+    if name == "demo-phi3-small":  # the benchmark size: 28.6 M parameters
         common.update(num_hidden_layers=6, num_attention_heads=8, initializer_range=0.02)
         return Phi3Config(hidden_size=512, intermediate_size=1536, num_key_value_heads=8, eos_token_id=ids["eos"],
                           max_position_embeddings=4096, original_max_position_embeddings=4096, **common)

@@ -9,7 +9,7 @@ Each round runs the same synthetic prompts twice, alternating:
 - **scaling** (``--scaling K``): the agent again at concurrency K, so C→K ratios come from one run.
 
 Figures are medians across rounds (noise on shared cores is about ±10%). Latency names follow
-DESIGN "Latency vocabulary": ``ttft_ms``, ``itl_ms``, ``tpot_ms``, ``e2e_ms``. ``goodput`` counts
+docs/metrics.md: ``ttft_ms``, ``itl_ms``, ``tpot_ms``, ``e2e_ms``. ``goodput`` counts
 requests whose TTFT is within ``--sla-ms`` (default 387 ms, the agent's default TTFT SLO) per second.
 """
 from __future__ import annotations

@@ -150,7 +150,7 @@ def test_example_config_is_valid_and_documents_every_key():
 def test_sla_asr_is_its_own_policy_and_flat_sla_keys_stay_the_llm_policy(tmp_path):
     s = load_settings(None)
     a = s.sla.asr
-    assert (a.metric, a.percentile, a.target_ms) == ("first_partial_ms", 95, 300.0)  # FACTS: AI customer-service ASR
+    assert (a.metric, a.percentile, a.target_ms) == ("first_partial_ms", 95, 300.0)  # customer-service ASR
     assert (a.window_s, a.min_samples, a.downgrade_after, a.upgrade_after, a.upgrade_ratio) == (30, 20, 3, 6, 0.7)
     s = load_settings(write(tmp_path, '[sla]\npreset = "customer-service"\ndowngrade_after = 5\n'
                                       '[sla.asr]\ntarget_ms = 250\nmetric = "final_ms"\ncooldown_s = 5\n'))

@@ -121,7 +121,7 @@ def test_quantiles_within_documented_error_of_numpy(name, values, max_size):
 
 
 def test_fleet_p99_from_merged_histograms_vs_mean_of_device_p99s():
-    # Three healthy devices and one degraded one, as in FACTS section 2.
+    # Three healthy devices and one degraded one.
     devices = [lognormal(10 + d, 130.0, 0.3, 4000) for d in range(3)]
     devices.append(lognormal(20, 330.0, 0.35, 4000))
     hists = []

@@ -8,7 +8,7 @@ recogniser state. An utterance asks for a step when it has ``chunk_ms`` of new a
 in flight (so one slow step never queues a backlog of them); its end of speech asks at once and
 goes to the front of the batching rule (``urgent``).
 
-Metrics per utterance (DESIGN "Latency vocabulary"), also kept in a rolling window:
+Metrics per utterance (the vocabulary of docs/metrics.md), also kept in a rolling window:
 - ``first_partial_ms``: arrival of the first voiced audio (the block holding the onset) → first
   non-empty partial;
 - ``final_ms``: the end-of-speech decision → the final text;
