@@ -2,8 +2,9 @@
 
 A PUBACK is not delivery (MQTT 5 acknowledges "no matching subscribers" too): a message the broker
 acknowledges while no subscriber holds a session is gone. The watcher here is what a fleet consumer
-should be: a persistent session on a persistent broker; where a broker dies without saving (SIGKILL), a proxy keeps the agent away
-until the watcher has resubscribed, so the test measures the agent's guarantee, not the broker's.
+should be: a persistent session on a persistent broker; where a broker dies without saving
+(SIGKILL), a proxy keeps the agent away until the watcher has resubscribed, so the test measures the
+agent's guarantee, not the broker's.
 """
 from __future__ import annotations
 
