@@ -32,7 +32,12 @@ def add_commands(subparsers: Any) -> None:
     w.add_argument("--refresh-s", type=float, default=2.0)
     w.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
     w.add_argument("--json", action="store_true",
-                   help="JSON instead of a table: one object at the end with --duration, else one line per refresh")
+                   help="JSON instead of a table: one object at the end with --duration or --once, else one line "
+                        "per refresh")
+    w.add_argument("--once", action="store_true",
+                   help="print one snapshot after --settle-s (retained state and reported arrive at once), then exit")
+    w.add_argument("--settle-s", type=float, default=1.5, metavar="S",
+                   help="with --once: how long to collect messages before the snapshot (default 1.5)")
     w.set_defaults(func=cmd_watch)
     add_signing_commands(fsub)  # keygen and sign: signed commands and desired (docs/telemetry.md)
 
@@ -51,6 +56,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
     import paho.mqtt.client as mqtt
 
     host, port = _parse_broker(args.broker)
+    if args.once:  # one snapshot at the end, like --duration, after the retained messages have arrived
+        args.duration = args.settle_s
     view = FleetView(window_s=args.window_s, metric=args.metric, workload=args.workload)
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
     client.suppress_exceptions = True
@@ -84,7 +91,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             if errors:
                 raise EdgeAgentError(errors[0])
             time.sleep(min(args.refresh_s, max(0.05, (args.duration or 1e9) - (time.monotonic() - start))))
-            if args.json and args.duration is not None:
+            if (args.json and args.duration is not None) or args.once:
                 continue
             snap = view.rows()
             if args.json:
@@ -100,4 +107,6 @@ def cmd_watch(args: argparse.Namespace) -> int:
         client.loop_stop()
     if args.json and args.duration is not None:
         print(json.dumps(view.rows(), indent=2))
+    elif args.once:
+        print(render_table(view.rows()))
     return 0

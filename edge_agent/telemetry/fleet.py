@@ -1,16 +1,21 @@
 """The fleet view behind ``edge-agent fleet watch``: a live table from ``edge/v1/+/#``, with merged histograms.
 
-Per device: online/offline (``state``, incl. the Last Will), active tier, TTFT P95/P99 read from the
-device's histograms merged over the last ``window_s`` seconds of *live* windows, throughput, and
-``seq`` bookkeeping: a duplicate (at-least-once delivery) is counted and ignored, a missing number
-is a gap until a replayed (``historical``) window fills it. The fleet row merges every device's
+Per device: online/offline (``state``, incl. the Last Will), active tier (from the latest window or the
+retained ``reported``, whichever came last), TTFT P95/P99 read from the device's histograms merged over
+the last ``window_s`` seconds of *live* windows, ASR first-partial and final P95, throughput, health (CPU
+temperature, RSS, CPU % when windows carry ``health``), *stale* when no window came for more than
+``STALE_INTERVALS`` times the device's window length, and ``seq`` bookkeeping: a duplicate
+(at-least-once delivery) is counted and ignored, a missing number is a gap until a replayed
+(``historical``) window fills it. The fleet row merges every device's
 histograms (never averaging percentiles); its error bound is that of the merged histogram's scale.
 
 ``FleetView`` is pure (time injected, ``ingest`` never raises); the CLI (``cli/fleet.py``) wraps it in a
 paho client.
 """
+
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -20,12 +25,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..metrics.histogram import ExponentialHistogram
-from .schema import Event, LatencyWindow, State
+from .schema import Event, LatencyWindow, Reported, State
 
 log = logging.getLogger(__name__)
 
 MAX_MISSING = 100_000
 MAX_WINDOWS_PER_DEVICE = 4096
+STALE_INTERVALS = 3.0  # a device is stale after this many of its own window lengths without a window
+ASR_METRICS = ("first_partial_ms", "final_ms")
 
 
 class SeqTracker:
@@ -70,18 +77,26 @@ class DeviceView:
     session: int | None = None
     tiers: dict[str, str] = field(default_factory=dict)
     seq: SeqTracker = field(default_factory=SeqTracker)
-    # (received at, {metric: histogram}, requests, tokens, duration_s) of live windows
+    # (received at, {metric: histogram}, requests, tokens, duration_s) of live windows; the histograms
+    # hold the watched workload's metrics plus the ASR metrics of the "asr" workload
     windows: deque = field(default_factory=lambda: deque(maxlen=MAX_WINDOWS_PER_DEVICE))
     historical: int = 0
     events: dict[str, int] = field(default_factory=dict)
     last_seen: float | None = None
+    interval_s: float | None = None  # the length of its last live window: how often it reports
+    health: dict[str, float | None] = field(default_factory=dict)
 
 
 class FleetView:
     """The fleet's live table from MQTT (see the module doc): pure, time injected, ``ingest`` never raises."""
 
-    def __init__(self, window_s: float = 60.0, metric: str = "ttft_ms", workload: str = "llm",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        window_s: float = 60.0,
+        metric: str = "ttft_ms",
+        workload: str = "llm",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.window_s, self.metric, self.workload, self.clock = window_s, metric, workload, clock
         self.devices: dict[str, DeviceView] = {}
         self.malformed = 0
@@ -115,8 +130,19 @@ class FleetView:
             st = State.model_validate_json(payload)
             dev = self._device(device_id)
             dev.state, dev.session = st.state, st.session
+        elif kind == "reported":
+            if not payload:
+                return
+            rep = Reported.model_validate_json(payload)
+            self._device(device_id).tiers.update(rep.active_tiers)
         elif kind == "tele/latency":
-            win = LatencyWindow.model_validate_json(payload)
+            raw = json.loads(payload)
+            if not isinstance(raw, dict):
+                raise ValueError("a window must be a JSON object")
+            health = raw.get("health")
+            if "health" not in LatencyWindow.model_fields:  # a newer device's window read by an older schema
+                raw.pop("health", None)
+            win = LatencyWindow.model_validate(raw)
             dev = self._device(device_id)
             dev.last_seen = self.clock()
             if not dev.seq.add(win.seq):
@@ -124,20 +150,26 @@ class FleetView:
             if win.historical:
                 dev.historical += 1
                 return
+            dev.interval_s = win.window.duration_s or dev.interval_s
+            dev.health = health_columns(health)
             hists: dict[str, ExponentialHistogram] = {}
             requests = tokens = 0
             for s in win.series:
-                if s.workload != self.workload:
-                    continue
                 dev.tiers[s.workload] = s.tier
-                requests += s.requests
-                tokens += s.tokens_out
+                watched = s.workload == self.workload
+                if watched:
+                    requests += s.requests
+                    tokens += s.tokens_out
                 for metric, h in s.histograms.items():
-                    hist = h.to_histogram()
-                    if metric in hists:
-                        hists[metric].merge(hist)
-                    else:
-                        hists[metric] = hist
+                    keys: list[str] = [metric] if watched else []
+                    if s.workload == "asr" and metric in ASR_METRICS:
+                        keys.append(f"asr.{metric}")
+                    for key in keys:
+                        hist = h.to_histogram()
+                        if key in hists:
+                            hists[key].merge(hist)
+                        else:
+                            hists[key] = hist
             dev.windows.append((self.clock(), hists, requests, tokens, win.window.duration_s))
         elif kind.startswith("evt/"):
             ev = Event.model_validate_json(payload)
@@ -147,20 +179,30 @@ class FleetView:
     # -- views ------------------------------------------------------------------------------------
 
     def _recent(self, dev: DeviceView, now: float) -> tuple[ExponentialHistogram | None, float, float]:
-        merged: ExponentialHistogram | None = None
         requests = tokens = 0
         duration = 0.0
-        for at, hists, req, tok, dur in dev.windows:
-            if now - at > self.window_s:
-                continue
-            requests, tokens, duration = requests + req, tokens + tok, duration + dur
-            h = hists.get(self.metric)
+        for at, _hists, req, tok, dur in dev.windows:
+            if now - at <= self.window_s:
+                requests, tokens, duration = requests + req, tokens + tok, duration + dur
+        merged = self._merged(dev, now, self.metric)
+        return merged, (requests / duration if duration else 0.0), (tokens / duration if duration else 0.0)
+
+    def _merged(self, dev: DeviceView, now: float, key: str) -> ExponentialHistogram | None:
+        merged: ExponentialHistogram | None = None
+        for at, hists, _req, _tok, _dur in dev.windows:
+            h = hists.get(key) if now - at <= self.window_s else None
             if h is not None:
                 if merged is None:
                     merged = h.copy()
                 else:
                     merged.merge(h)
-        return merged, (requests / duration if duration else 0.0), (tokens / duration if duration else 0.0)
+        return merged
+
+    def _stale(self, dev: DeviceView, now: float) -> bool:
+        # Only a device whose cadence is known can be late; one that said "offline" is not stale, it is gone.
+        if dev.last_seen is None or not dev.interval_s or dev.state == "offline":
+            return False
+        return now - dev.last_seen > STALE_INTERVALS * dev.interval_s
 
     def rows(self) -> dict[str, Any]:
         now = self.clock()
@@ -176,18 +218,53 @@ class FleetView:
                     else:
                         fleet.merge(hist)
                 fleet_rps, fleet_tps = fleet_rps + rps, fleet_tps + tps
-                out.append({"device": dev.device_id, "state": dev.state, "session": dev.session,
-                            "tier": dev.tiers.get(self.workload), **_quantiles(hist),
-                            "requests_per_s": round(rps, 3), "tokens_per_s": round(tps, 3),
-                            "windows": dev.seq.received, "historical": dev.historical,
-                            "gaps": dev.seq.gaps, "duplicates": dev.seq.duplicates, "seq_high": dev.seq.high,
-                            "events": dict(dev.events)})
+                asr = {m: _p95(self._merged(dev, now, f"asr.{m}")) for m in ASR_METRICS}
+                seen = None if dev.last_seen is None else round(now - dev.last_seen, 3)
+                out.append(
+                    {
+                        "device": dev.device_id,
+                        "state": dev.state,
+                        "session": dev.session,
+                        "stale": self._stale(dev, now),
+                        "last_window_age_s": seen,
+                        "interval_s": dev.interval_s,
+                        "tier": dev.tiers.get(self.workload),
+                        "tiers": dict(dev.tiers),
+                        **_quantiles(hist),
+                        "asr_first_partial_p95_ms": asr["first_partial_ms"],
+                        "asr_final_p95_ms": asr["final_ms"],
+                        "cpu_temp_c": dev.health.get("cpu_temp_c"),
+                        "rss_mb": dev.health.get("rss_mb"),
+                        "cpu_percent": dev.health.get("cpu_percent"),
+                        "requests_per_s": round(rps, 3),
+                        "tokens_per_s": round(tps, 3),
+                        "windows": dev.seq.received,
+                        "historical": dev.historical,
+                        "gaps": dev.seq.gaps,
+                        "duplicates": dev.seq.duplicates,
+                        "seq_high": dev.seq.high,
+                        "events": dict(dev.events),
+                    }
+                )
         online = sum(1 for r in out if r["state"] == "online")
-        fleet_row = {"devices": len(out), "online": online, **_quantiles(fleet),
-                     "requests_per_s": round(fleet_rps, 3), "tokens_per_s": round(fleet_tps, 3),
-                     "gaps": sum(r["gaps"] for r in out), "duplicates": sum(r["duplicates"] for r in out)}
-        return {"metric": self.metric, "window_s": self.window_s, "devices": out, "fleet": fleet_row,
-                "malformed": self.malformed, "last_error": self.last_error}
+        fleet_row = {
+            "devices": len(out),
+            "online": online,
+            "stale": sum(1 for r in out if r["stale"]),
+            **_quantiles(fleet),
+            "requests_per_s": round(fleet_rps, 3),
+            "tokens_per_s": round(fleet_tps, 3),
+            "gaps": sum(r["gaps"] for r in out),
+            "duplicates": sum(r["duplicates"] for r in out),
+        }
+        return {
+            "metric": self.metric,
+            "window_s": self.window_s,
+            "devices": out,
+            "fleet": fleet_row,
+            "malformed": self.malformed,
+            "last_error": self.last_error,
+        }
 
     def fleet_histogram(self) -> ExponentialHistogram | None:
         now = self.clock()
@@ -208,26 +285,100 @@ def _quantiles(hist: ExponentialHistogram | None) -> dict[str, Any]:
     if hist is None or hist.count == 0:
         return {"p95_ms": None, "p99_ms": None, "count": 0, "relative_error": None}
     p95, p99 = hist.quantile(0.95), hist.quantile(0.99)  # never None: the histogram holds samples
-    return {"p95_ms": None if p95 is None else round(p95, 3), "p99_ms": None if p99 is None else round(p99, 3),
-            "count": hist.count, "relative_error": round(hist.relative_error, 5)}
+    return {
+        "p95_ms": None if p95 is None else round(p95, 3),
+        "p99_ms": None if p99 is None else round(p99, 3),
+        "count": hist.count,
+        "relative_error": round(hist.relative_error, 5),
+    }
+
+
+def _p95(hist: ExponentialHistogram | None) -> float | None:
+    q = hist.quantile(0.95) if hist is not None and hist.count else None
+    return None if q is None else round(q, 3)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _first(obj: Any, *paths: str) -> float | None:
+    """The first number found at one of the dotted ``paths`` of ``obj``; None when none is there."""
+    for path in paths:
+        cur = obj
+        for part in path.split("."):
+            cur = cur.get(part) if isinstance(cur, dict) else None
+        if _number(cur) is not None:
+            return _number(cur)
+    return None
+
+
+def _hottest(temps: Any) -> float | None:
+    """The highest reading among temperature sources: a number, a list or a mapping of them (or of objects)."""
+    if isinstance(temps, dict):
+        temps = list(temps.values())
+    if not isinstance(temps, list):
+        return _number(temps)
+    found = [
+        t
+        for t in (_number(v) if not isinstance(v, dict) else _first(v, "temp_c", "c", "value") for v in temps)
+        if t is not None
+    ]
+    return max(found) if found else None
+
+
+def health_columns(health: Any) -> dict[str, float | None]:
+    """CPU temperature (°C), RSS (MiB) and process CPU % from a window's ``health``, None for what is absent.
+
+    Read defensively: every source of ``health`` is optional on the device, and a malformed or missing
+    object shows as absent columns rather than a refused window.
+    """
+    if not isinstance(health, dict):
+        return {}
+    temp = _first(health, "cpu_temp_c", "temp_c", "thermal.cpu_temp_c", "thermal.max_c")
+    if temp is None:
+        temp = _hottest(health.get("temperatures_c", health.get("temperatures", health.get("thermal"))))
+    rss_mb = _first(health, "process.rss_mb", "rss_mb")
+    if rss_mb is None:
+        rss = _first(health, "process.rss_bytes", "rss_bytes")
+        rss_mb = None if rss is None else rss / 2**20
+    cpu = _first(health, "process.cpu_percent", "process.cpu_pct", "cpu_percent", "process_cpu_percent")
+    return {
+        "cpu_temp_c": None if temp is None else round(temp, 1),
+        "rss_mb": None if rss_mb is None else round(rss_mb, 1),
+        "cpu_percent": None if cpu is None else round(cpu, 1),
+    }
 
 
 def render_table(view: dict[str, Any]) -> str:
     def f(v: Any) -> str:
         return "-" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v))
+
     m = view["metric"].removesuffix("_ms").upper()
-    head = (f"{'DEVICE':<20} {'STATE':<8} {'TIER':<8} {m + ' P95':>9} {m + ' P99':>9} {'N':>6} "
-            f"{'REQ/S':>7} {'TOK/S':>8} {'GAPS':>5} {'DUPS':>5}")
+    head = (
+        f"{'DEVICE':<20} {'STATE':<8} {'TIER':<8} {m + ' P95':>9} {m + ' P99':>9} {'N':>6} "
+        f"{'REQ/S':>7} {'TOK/S':>8} {'GAPS':>5} {'DUPS':>5} {'ASR1P95':>8} {'FINP95':>8} "
+        f"{'TEMP':>6} {'RSS MB':>7} {'CPU%':>6}"
+    )
     lines = [head]
     for r in view["devices"]:
-        lines.append(f"{r['device'][:20]:<20} {r['state']:<8} {f(r['tier'])[:8]:<8} {f(r['p95_ms']):>9} "
-                     f"{f(r['p99_ms']):>9} {r['count']:>6} {r['requests_per_s']:>7.2f} {r['tokens_per_s']:>8.1f} "
-                     f"{r['gaps']:>5} {r['duplicates']:>5}")
+        state = "stale" if r["stale"] else r["state"]
+        lines.append(
+            f"{r['device'][:20]:<20} {state:<8} {f(r['tier'])[:8]:<8} {f(r['p95_ms']):>9} "
+            f"{f(r['p99_ms']):>9} {r['count']:>6} {r['requests_per_s']:>7.2f} {r['tokens_per_s']:>8.1f} "
+            f"{r['gaps']:>5} {r['duplicates']:>5} {f(r['asr_first_partial_p95_ms']):>8} "
+            f"{f(r['asr_final_p95_ms']):>8} {f(r['cpu_temp_c']):>6} {f(r['rss_mb']):>7} "
+            f"{f(r['cpu_percent']):>6}"
+        )
     fl = view["fleet"]
     err = f" (±{fl['relative_error'] * 100:.1f} %)" if fl["relative_error"] is not None else ""
-    lines.append(f"{'FLEET (' + str(fl['online']) + '/' + str(fl['devices']) + ' online)':<29} "
-                 f"{f(fl['p95_ms']):>9} {f(fl['p99_ms']):>9} {fl['count']:>6} {fl['requests_per_s']:>7.2f} "
-                 f"{fl['tokens_per_s']:>8.1f} {fl['gaps']:>5} {fl['duplicates']:>5}{err}")
+    lines.append(
+        f"{'FLEET (' + str(fl['online']) + '/' + str(fl['devices']) + ' online)':<29} "
+        f"{f(fl['p95_ms']):>9} {f(fl['p99_ms']):>9} {fl['count']:>6} {fl['requests_per_s']:>7.2f} "
+        f"{fl['tokens_per_s']:>8.1f} {fl['gaps']:>5} {fl['duplicates']:>5}{err}"
+    )
+    if fl["stale"]:
+        lines.append(f"{fl['stale']} device(s) stale: no window for more than {STALE_INTERVALS:g} intervals")
     if view["malformed"]:
         lines.append(f"{view['malformed']} malformed messages ignored; last: {view['last_error']}")
     return "\n".join(lines)
