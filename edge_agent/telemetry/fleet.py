@@ -140,9 +140,13 @@ class FleetView:
             if not isinstance(raw, dict):
                 raise ValueError("a window must be a JSON object")
             health = raw.get("health")
-            if "health" not in LatencyWindow.model_fields:  # a newer device's window read by an older schema
-                raw.pop("health", None)
-            win = LatencyWindow.model_validate(raw)
+            try:
+                win = LatencyWindow.model_validate(raw)
+            except ValueError:
+                # Health is advisory: a window whose health this schema cannot read still counts its latency.
+                if raw.pop("health", None) is None:
+                    raise
+                win = LatencyWindow.model_validate(raw)
             dev = self._device(device_id)
             dev.last_seen = self.clock()
             if not dev.seq.add(win.seq):
@@ -335,14 +339,14 @@ def health_columns(health: Any) -> dict[str, float | None]:
     """
     if not isinstance(health, dict):
         return {}
-    temp = _first(health, "cpu_temp_c", "temp_c", "thermal.cpu_temp_c", "thermal.max_c")
+    temp = _first(health, "max_temp_c", "cpu_temp_c", "temp_c")
     if temp is None:
         temp = _hottest(health.get("temperatures_c", health.get("temperatures", health.get("thermal"))))
     rss_mb = _first(health, "process.rss_mb", "rss_mb")
     if rss_mb is None:
-        rss = _first(health, "process.rss_bytes", "rss_bytes")
+        rss = _first(health, "process_rss_bytes", "process.rss_bytes", "rss_bytes")
         rss_mb = None if rss is None else rss / 2**20
-    cpu = _first(health, "process.cpu_percent", "process.cpu_pct", "cpu_percent", "process_cpu_percent")
+    cpu = _first(health, "process_cpu_percent", "process.cpu_percent", "cpu_percent")
     return {
         "cpu_temp_c": None if temp is None else round(temp, 1),
         "rss_mb": None if rss_mb is None else round(rss_mb, 1),

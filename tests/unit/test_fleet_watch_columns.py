@@ -77,17 +77,24 @@ def test_asr_columns_are_p95_of_the_merged_asr_histograms():
 def test_health_columns_when_present_and_dash_when_absent():
     view = FleetView(window_s=1e9, clock=lambda: 0.0)
     health = {
-        "process": {"cpu_percent": 37.5, "rss_bytes": 512 * 2**20},
+        "process_cpu_percent": 37.5,
+        "process_rss_bytes": 512 * 2**20,
         "temperatures_c": {"x86_pkg_temp": 61.0, "acpitz": 48.0},
+        "absent": ["rapl"],
     }
     view.ingest("edge/v1/a/tele/latency", window("a", 1, [10.0], health=health))
     view.ingest("edge/v1/b/tele/latency", window("b", 1, [10.0]))
-    a, b = view.rows()["devices"]
+    # A health object this schema cannot read shows as absent; the window's latency still counts.
+    view.ingest("edge/v1/c/tele/latency", window("c", 1, [10.0], health={"from_the_future": 1}))
+    a, b, c = view.rows()["devices"]
     assert (a["cpu_temp_c"], a["rss_mb"], a["cpu_percent"]) == (61.0, 512.0, 37.5)
     assert (b["cpu_temp_c"], b["rss_mb"], b["cpu_percent"]) == (None, None, None)
+    assert (c["cpu_temp_c"], c["count"]) == (None, 1)
     assert view.malformed == 0
     lines = render_table(view.rows()).splitlines()
     assert lines[1].split()[-3:] == ["61.0", "512.0", "37.5"] and lines[2].split()[-3:] == ["-", "-", "-"]
+    # The window's own hottest reading wins when the device reports it.
+    assert health_columns({"max_temp_c": 70.2, "temperatures_c": {"a": 40}})["cpu_temp_c"] == 70.2
 
 
 def test_health_reader_never_raises_on_odd_shapes():
