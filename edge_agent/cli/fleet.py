@@ -10,6 +10,7 @@ from typing import Any
 from ..errors import ConfigError, EdgeAgentError
 from ..telemetry.fleet import FleetView, render_table
 from ..telemetry.signing import add_cli as add_signing_commands
+from .fleet_export import add_commands as add_export_commands
 
 
 def add_commands(subparsers: Any) -> None:
@@ -40,6 +41,7 @@ def add_commands(subparsers: Any) -> None:
                    help="with --once: how long to collect messages before the snapshot (default 1.5)")
     w.set_defaults(func=cmd_watch)
     add_signing_commands(fsub)  # keygen and sign: signed commands and desired (docs/telemetry.md)
+    add_export_commands(fsub)  # export (Prometheus, OTLP) and simulate
 
 
 def _parse_broker(value: str) -> tuple[str, int]:
