@@ -31,6 +31,7 @@ from .models.llm import DecoderLM
 from .observe import Observers
 from .remote import RemoteTarget
 from .serving.api import ApiServer
+from .serving.capture import Capture
 from .serving.llm.ladder import Tier, TieredLLM
 from .serving.llm.scheduler import Limits
 from .serving.tier_control import TierController
@@ -60,6 +61,7 @@ class Agent:
         self.api: ApiServer | None = None
         self.asr = None
         self.asr_controller: TierController | None = None  # only with two or more ASR tiers
+        self.capture: Capture | None = None  # [calibration] capture, when capture_dir is set
         self._engines: TierEngines | None = None  # made on first use
         self.watchdog: Watchdog | None = None
         # Every finished request and utterance, to Prometheus, the controllers and the telemetry.
@@ -81,6 +83,7 @@ class Agent:
         self.llm = self._start_llm()
         self.notifier.status("starting: ASR")
         self.asr = self._start_asr()
+        self.capture = self._start_capture()
         if self.telemetry is not None and self.telemetry.commands is not None:
             # Before the API listens: a restarted device never serves under the file's SLA while the
             # ledger holds a desired the fleet applied.
@@ -140,6 +143,8 @@ class Agent:
             if not finished:
                 log.warning("the engine build did not stop within %.0f s (a native step); leaving it unfinished "
                             "(nothing half-built is in the cache)", self.build_stop_s)
+        if self.capture is not None:  # after the drains: what they captured is written
+            self.capture.stop()
         if self.watchdog is not None:
             self.watchdog.stop()
         if self.api is not None:
@@ -206,6 +211,20 @@ class Agent:
         caps = ["llm"] + (["asr"] if self.settings.models.asr else [])
         return Telemetry(self.settings.mqtt, self.settings.telemetry, version=__version__, target=self.remote,
                          capabilities=caps).start()
+
+    def _start_capture(self) -> Capture | None:
+        """[calibration] capture, when configured: the LLM ladder and the ASR tiers tell it their traffic."""
+        c = self.settings.calibration
+        if c.capture_dir is None or not (c.capture_llm or c.capture_asr):
+            return None
+        capture = Capture(c.capture_dir, c.capture_rate, c.max_items, c.max_bytes, llm=c.capture_llm,
+                          asr=c.capture_asr).start()
+        if self.llm is not None and c.capture_llm:
+            self.llm.capture = capture.llm
+        if self.asr is not None and c.capture_asr:
+            self.asr.set_capture(capture.asr)
+        log.info("calibration capture %s", c.summary())
+        return capture
 
     def _start_llm(self) -> TieredLLM:
         s = self.settings

@@ -301,6 +301,30 @@ class EnginesConfig(Section):
                                "the device with serving)")
 
 
+class CalibrationConfig(Section):
+    """``[calibration]``: opt-in capture of a sample of real traffic as calibration manifests (off by default:
+    captured prompts and voice are personal data; they stay on the device, bounded in count and bytes)."""
+
+    capture_dir: Path | None = Field(None, description="where captured prompts and utterances go (llm.jsonl, "
+                                     "asr.jsonl, asr/*.wav); unset: capture is off")
+    capture_rate: float = Field(0.05, gt=0, le=1, description="fraction of requests and utterances kept: every "
+                                "1/rate-th one (0.05: one in twenty; 1.0: all)")
+    max_items: int = Field(500, ge=1, le=1_000_000, description="per workload; once reached, capture of that "
+                           "workload stops (the first items are kept, nothing is replaced)")
+    max_bytes: int = Field(256 * 1024**2, ge=1024 * 1024, description="total size of the capture directory; "
+                           "beyond it nothing more is written")
+    capture_llm: bool = Field(True, description="capture LLM prompts (chat messages or completion prompts)")
+    capture_asr: bool = Field(True, description="capture speech utterances (16 kHz mono WAV + the final text)")
+
+    def summary(self) -> str:
+        """One line for the start-up summary and ``meta``: ``off``, or what is captured where and how much."""
+        kinds = [k for k, on in (("llm", self.capture_llm), ("asr", self.capture_asr)) if on]
+        if self.capture_dir is None or not kinds:
+            return "off"
+        return (f"on: {', '.join(kinds)} into {self.capture_dir}, rate {self.capture_rate:g}, "
+                f"max {self.max_items} per workload, max {self.max_bytes} bytes")
+
+
 class ApiConfig(Section):
     """``[api]``: where the local API listens and how a client authenticates."""
 
@@ -383,6 +407,7 @@ class Settings(BaseSettings):
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     engines: EnginesConfig = Field(default_factory=EnginesConfig)
+    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
     api: ApiConfig = Field(default_factory=ApiConfig)
     audio: AudioConfig = Field(default_factory=AudioConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)

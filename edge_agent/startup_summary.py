@@ -61,6 +61,7 @@ def startup_lines(settings: Settings, config: str | Path | None) -> list[str]:
     backends = dict.fromkeys(t.backend for t in settings.models.llm + settings.models.asr)
     lines.append("backends: " + (", ".join(_runtime(b) for b in backends) or "(none)"))
     api = str(settings.api.unix_socket) if settings.api.unix_socket else f"{settings.api.host}:{settings.api.port}"
+    lines.append(f"calibration capture: {settings.calibration.summary()}")
     lines.append(f"mqtt {settings.mqtt.host}:{settings.mqtt.port}; api {api}; state in "
                  + ", ".join(str(d) for d in state_dirs(settings)))
     return lines

@@ -7,6 +7,9 @@ first use (``synth_audio``), beside the manifest or, for the shipped manifests, 
 
 A calibration set that is empty, or whose every line is broken, is refused: a quantizer fed
 nothing produces ranges of zero and an engine that outputs garbage.
+
+``--data`` may also name a capture directory (``[calibration] capture_dir``, written by
+``serving/capture.py``): its ``llm.jsonl`` or ``asr.jsonl`` is the manifest (``capture_manifest``).
 """
 from __future__ import annotations
 
@@ -16,6 +19,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
+
+CAPTURE_LLM, CAPTURE_ASR = "llm.jsonl", "asr.jsonl"  # a capture directory's manifests
+
+
+def capture_manifest(path: Path, workload: str) -> Path:
+    """``path`` itself when it is a file; for a directory, its manifest for ``workload`` (``llm`` or ``asr``)."""
+    if not path.is_dir():
+        return path
+    name = CAPTURE_LLM if workload == "llm" else CAPTURE_ASR
+    manifest = path / name
+    if not manifest.is_file():
+        raise InputError(f"{path}: a directory given as calibration data needs {name} inside (a capture directory, "
+                         f"[calibration] capture_dir); none is there yet")
+    return manifest
 
 
 @dataclass(frozen=True, slots=True)

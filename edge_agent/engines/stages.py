@@ -17,6 +17,7 @@ from ..backends import SessionOptions, open_session
 from ..errors import InputError
 from ..models.catalog import ModelRef
 from . import quantize_ort
+from .datasets import capture_manifest
 from .heartbeat import Heartbeat
 from .recipes import Recipe, input_shapes
 
@@ -35,9 +36,10 @@ class StageContext:
 
 
 def calibration_path(recipe: Recipe, req: Any) -> Path:
-    """The calibration manifest of a build: ``--data``, else the recipe's ``[calibration] data``."""
+    """The calibration manifest of a build: ``--data`` (a manifest, or a capture directory's manifest for the
+    recipe's workload), else the recipe's ``[calibration] data``."""
     if req.data is not None:
-        return Path(req.data)
+        return capture_manifest(Path(req.data), recipe.workload)
     if recipe.calibration is None:
         raise InputError(f"recipe {recipe.name} has no [calibration] data; pass --data MANIFEST")
     return recipe.resolve(recipe.calibration.data)

@@ -192,6 +192,8 @@ class Speech(Ladder):
         self._changed = threading.Condition(self._lock)  # a stream closed
         self._draining: _Loaded | None = None
         self.shedding = False
+        # [calibration] capture, handed to every tier's service (set_capture)
+        self._capture: Callable[[list[np.ndarray], int, str], None] | None = None
 
     def _load(self, index: int) -> _Loaded:
         engine = self.tiers[index].open()
@@ -200,7 +202,15 @@ class Speech(Ladder):
         except BaseException:
             engine.close()
             raise
+        service.capture = self._capture
         return _Loaded(index, self.tiers[index], engine, service, self._observe)
+
+    def set_capture(self, capture: Callable[[list[np.ndarray], int, str], None] | None) -> None:
+        """Capture utterances from the active tier now and from every tier loaded later."""
+        with self._lock:
+            self._capture = capture
+            if self._active is not None:
+                self._active.service.capture = capture
 
     # -- what the controller, the agent and the API read ----------------------------------------
 

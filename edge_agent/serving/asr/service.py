@@ -86,6 +86,7 @@ class _Utterance:
         self.compute_s = 0.0
         self.first_partial_ms: float | None = None
         self.last_text = ""
+        self.pcm: list[np.ndarray] | None = None  # the utterance's audio, kept only while capture is on
 
 
 _DEFAULT_LIMITS, _DEFAULT_ENDPOINT = BatchLimits(), EndpointConfig()  # frozen: safe to share
@@ -118,6 +119,8 @@ class AsrService:
         self.utterances: deque[UtteranceMetrics] = deque(maxlen=10_000)
         self._next_stream = 0
         self._lock = threading.Lock()
+        # [calibration] capture: told each utterance's audio, sample rate and final text; it never blocks
+        self.capture: Callable[[list[np.ndarray], int, str], None] | None = None
 
     def start(self) -> AsrService:
         self.batcher.start()
@@ -303,6 +306,8 @@ class AsrStream:
         for e in events:
             if isinstance(e, SpeechStart):
                 u = _Utterance(self, self._count, svc.engine.new_stream(), e.at_s, self._arrival_of(e.at_s, now))
+                if svc.capture is not None:
+                    u.pcm = []
                 self._count += 1
                 self._open += 1
                 self._current = u
@@ -320,6 +325,8 @@ class AsrStream:
     def _add(self, u: _Utterance, audio: np.ndarray) -> None:
         u.rstream.add_audio(audio)
         u.unsent += audio.size
+        if u.pcm is not None:
+            u.pcm.append(audio.copy())  # the endpointer may reuse its buffer
         if u.unsent >= self.service.chunk_samples:
             self.service._submit(u, urgent=False)
 
@@ -360,6 +367,12 @@ class AsrStream:
         self.finals.append(event)
         self._emit(event)
         self._close_one()
+        capture, pcm, u.pcm = self.service.capture, u.pcm, None
+        if capture is not None and pcm is not None:
+            try:
+                capture(pcm, self.service.engine.sample_rate, hyp.text)
+            except Exception:  # a capture fault must never stop recognition
+                log.exception("calibration capture failed")
 
     def _fail(self, u: _Utterance, exc: BaseException | str, code: str | None = None) -> None:
         if u.done:

@@ -19,6 +19,7 @@ long runs of one repeated character come near 16; every message renders to at le
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -33,6 +34,7 @@ from ..ladder import Ladder
 from .scheduler import DEFAULT_PARAMS, Limits, LLMScheduler, RequestHandle
 
 MAX_CHARS_PER_TOKEN = 32
+log = logging.getLogger(__name__)
 
 
 class ContextLengthExceeded(InputError):
@@ -80,6 +82,8 @@ class TieredLLM(Ladder):
         self._drain_s = drain_s
         self.token_cap_ratio = 1.0
         self.shedding = False
+        # [calibration] capture: told each admitted request's prompt or messages; it never blocks
+        self.capture: Callable[[str | Sequence[Message]], None] | None = None
 
     def _load(self, index: int) -> _Loaded:
         return _Loaded(index, self.tiers[index], self.tiers[index].open(), self._observe, self._clock)
@@ -129,6 +133,11 @@ class TieredLLM(Ladder):
                 f"{len(ids) + params.max_new_tokens} exceeds tier {loaded.tier.name!r}'s context of {context} tokens")
         handle = loaded.scheduler.submit(ids, params, deadline_ms=deadline_ms, tags=tags)
         handle.tier = loaded.tier.name
+        if self.capture is not None:
+            try:
+                self.capture(prompt)
+            except Exception:  # a capture fault must never fail the request it samples
+                log.exception("calibration capture failed")
         return handle
 
     def set_max_batch(self, max_batch: int) -> None:
