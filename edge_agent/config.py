@@ -191,6 +191,7 @@ class SlaConfig(_SlaPolicy):
     adaptive_batch: Literal["auto", "on", "off"] = "auto"
     min_batch: int = Field(1, ge=1)
     min_token_cap_ratio: float = Field(0.25, gt=0, le=1)
+    max_temp_c: float | None = Field(None, gt=0, le=150, description="opt-in: a lighter tier at this temperature")
     asr: AsrSlaConfig = Field(default_factory=AsrSlaConfig)
 
 

@@ -12,6 +12,7 @@ the controller until removed, and an unpin with too few samples to judge by goes
 tier. ``set_policy`` (a new SLA from the file or the fleet) lifts truncation and shedding: they were
 decided against the old target.
 """
+
 from __future__ import annotations
 
 import logging
@@ -56,10 +57,21 @@ class TierController:
     feeds the window, ``evaluate`` (every ``evaluate_every_s`` on its own thread) decides and applies;
     ``pin``/``unpin``/``set_policy`` are the fleet's and the file's levers."""
 
-    def __init__(self, served: Served, policy: Policy, window_s: float = 30.0, evaluate_every_s: float = 10.0,
-                 on_event: Callable[[str, dict], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, workload: str = "llm") -> None:
+    def __init__(
+        self,
+        served: Served,
+        policy: Policy,
+        window_s: float = 30.0,
+        evaluate_every_s: float = 10.0,
+        on_event: Callable[[str, dict], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        workload: str = "llm",
+        temperature: Callable[[], float | None] | None = None,
+    ) -> None:
+        """``temperature()``: the hottest sensor in °C (or None), read each evaluation when the policy
+        sets ``max_temp_c``."""
         self.served, self.policy, self.workload = served, policy, workload
+        self._temperature = temperature
         self.window_s, self.evaluate_every_s = window_s, evaluate_every_s
         self._clock = clock
         self._on_event = on_event or (lambda kind, payload: None)
@@ -128,6 +140,15 @@ class TierController:
 
     # -- the loop ----------------------------------------------------------------------------
 
+    def _read_temperature(self) -> float | None:
+        if self._temperature is None:
+            return None
+        try:
+            return self._temperature()
+        except Exception:  # a sensor that fails reads as absent: the latency rules still apply
+            log.warning("%s controller: the temperature could not be read", self.workload, exc_info=True)
+            return None
+
     def evaluate(self) -> Decision:
         now = self._clock()
         p = self.policy
@@ -135,7 +156,12 @@ class TierController:
         # Requests completed per second over the window (one sample each for per-request metrics).
         requests = self.window.count("requests", now)
         span = min(self.window_s, max(now - self._window_started, 1e-9))
-        snap = Snapshot(self.window.percentile(p.metric, p.percentile, now), len(values), requests / span)
+        snap = Snapshot(
+            self.window.percentile(p.metric, p.percentile, now),
+            len(values),
+            requests / span,
+            self._read_temperature() if p.max_temp_c is not None else None,
+        )
         with self._lock:
             state = self.state
             decision = decide(snap, state, p, now)
@@ -152,14 +178,25 @@ class TierController:
             self._window_started = now
             # The event goes out before the load starts: a load that fails at once reports its
             # tier_switch_failed after the switch it belongs to, not before.
-            self._on_event("tier_switch", {
-                "workload": self.workload, "from": self.served.tiers[old].name,
-                "to": self.served.tiers[decision.state.tier].name, "action": decision.action,
-                "reason": decision.reason,
-                "snapshot": {"metric": p.metric, "percentile": p.percentile, "value_ms": snap.value_ms,
-                             "count": snap.count, "rate_per_s": snap.rate_per_s, "target_ms": p.target_ms,
-                             "window_s": self.window_s},
-            })
+            self._on_event(
+                "tier_switch",
+                {
+                    "workload": self.workload,
+                    "from": self.served.tiers[old].name,
+                    "to": self.served.tiers[decision.state.tier].name,
+                    "action": decision.action,
+                    "reason": decision.reason,
+                    "snapshot": {
+                        "metric": p.metric,
+                        "percentile": p.percentile,
+                        "value_ms": snap.value_ms,
+                        "count": snap.count,
+                        "rate_per_s": snap.rate_per_s,
+                        "target_ms": p.target_ms,
+                        "window_s": self.window_s,
+                    },
+                },
+            )
             self.served.switch_to(decision.state.tier)
         if p.min_token_cap_ratio < 1.0:  # a policy that can truncate (LLM)
             self.served.token_cap_ratio = decision.state.token_cap_ratio
@@ -172,8 +209,15 @@ class TierController:
         """The served tier could not load ``new``: stay on ``old`` and say so."""
         with self._lock:
             self.state = replace(self.state, tier=old)
-        self._on_event("tier_switch_failed", {"workload": self.workload, "from": self.served.tiers[old].name,
-                                              "to": self.served.tiers[new].name, "error": error})
+        self._on_event(
+            "tier_switch_failed",
+            {
+                "workload": self.workload,
+                "from": self.served.tiers[old].name,
+                "to": self.served.tiers[new].name,
+                "error": error,
+            },
+        )
 
     def start(self) -> TierController:
         self._thread = threading.Thread(target=self._loop, name=f"tiers-{self.workload}", daemon=True)

@@ -30,7 +30,11 @@ bounded: ``cooldown_s`` after it began it stops (a probe) even while the window 
 and starts again only after ``shed_after`` more evaluations over target. Comfortably under target
 again (< 0.9 × target) undoes them step by step. The batch size follows the AIMD rule (halve above
 1.1 × target, double below 0.9 ×, within bounds) when ``adaptive_batch`` is on.
+Temperature (opt-in ``max_temp_c``, unpinned only): at or above it, after ``min_dwell_s`` in the tier,
+move one tier lighter whatever the latency says (throttling would soon slow every request); within
+``THERMAL_MARGIN_C`` of it, no upgrade.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,6 +42,9 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from ..config import AsrSlaConfig, SlaConfig
+
+# No way back up while within this many degrees of max_temp_c: the heavier tier would heat it again.
+THERMAL_MARGIN_C = 5.0
 
 Action = Literal["hold", "downgrade", "upgrade", "pin", "unpin", "probe", "insufficient"]
 
@@ -62,6 +69,7 @@ class Policy:
     min_token_cap_ratio: float = 0.25
     shed_after: int = 3
     forget_after_s: float = 600.0
+    max_temp_c: float | None = None  # opt-in: step down before the kernel throttles (None: temperature ignored)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +80,7 @@ class Snapshot:
     value_ms: float | None
     count: int
     rate_per_s: float | None = None
+    temp_c: float | None = None  # the hottest sensor now (telemetry.health); None when none is readable
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +123,21 @@ class Decision:
 def decide(snapshot: Snapshot, state: TierState, policy: Policy, now: float) -> Decision:
     p = policy
     if state.pinned is not None and state.tier != state.pinned:
-        return Decision(_switch(replace(state, released=False), state.pinned, now), "pin",
-                        f"pinned to tier {state.pinned} by the fleet")
+        return Decision(
+            _switch(replace(state, released=False), state.pinned, now),
+            "pin",
+            f"pinned to tier {state.pinned} by the fleet",
+        )
+    hot = False
+    if p.max_temp_c is not None and snapshot.temp_c is not None and state.pinned is None:
+        if snapshot.temp_c >= p.max_temp_c and state.tier < state.tiers - 1 and now - state.entered_s >= p.min_dwell_s:
+            return Decision(
+                _switch(replace(state, released=False), state.tier + 1, now),
+                "downgrade",
+                f"temperature {snapshot.temp_c:.1f} °C >= max_temp_c {p.max_temp_c:g} °C: "
+                f"a lighter tier before thermal throttling slows every request",
+            )
+        hot = snapshot.temp_c > p.max_temp_c - THERMAL_MARGIN_C
     value = snapshot.value_ms
     if value is None or snapshot.count < p.min_samples:
         return _without_samples(snapshot, state, p, now)
@@ -132,19 +154,35 @@ def decide(snapshot: Snapshot, state: TierState, policy: Policy, now: float) -> 
         broke = tuple(b for b in s.broke_at if b[0] != s.tier)
         if snapshot.rate_per_s is not None:
             broke += ((s.tier, snapshot.rate_per_s, now),)
-        return Decision(_switch(replace(s, broke_at=broke), s.tier + 1, now), "downgrade",
-                        f"{label} > target {p.target_ms:g} ms for {s.over} evaluations")
-    if (under and s.under >= p.upgrade_after and s.tier > 0 and dwelled
-            and now - s.entered_s >= p.cooldown_s):
-        limit = next((rate for tier, rate, at in s.broke_at
-                      if tier == s.tier - 1 and now - at < p.forget_after_s), None)
+        return Decision(
+            _switch(replace(s, broke_at=broke), s.tier + 1, now),
+            "downgrade",
+            f"{label} > target {p.target_ms:g} ms for {s.over} evaluations",
+        )
+    if (
+        under
+        and s.under >= p.upgrade_after
+        and s.tier > 0
+        and dwelled
+        and not hot
+        and now - s.entered_s >= p.cooldown_s
+    ):
+        limit = next(
+            (rate for tier, rate, at in s.broke_at if tier == s.tier - 1 and now - at < p.forget_after_s), None
+        )
         if limit is not None and (snapshot.rate_per_s is None or snapshot.rate_per_s >= p.upgrade_ratio * limit):
             load = "unknown" if snapshot.rate_per_s is None else f"{snapshot.rate_per_s:.2f} req/s"
-            return _relieve(s, p, value, now,
-                            f"{label}, but load {load} is not below {p.upgrade_ratio:g} × the {limit:.2f} req/s "
-                            f"at which tier {s.tier - 1} broke")
-        return Decision(_switch(s, s.tier - 1, now), "upgrade",
-                        f"{label} < {p.upgrade_ratio:g} × target for {s.under} evaluations")
+            return _relieve(
+                s,
+                p,
+                value,
+                now,
+                f"{label}, but load {load} is not below {p.upgrade_ratio:g} × the {limit:.2f} req/s "
+                f"at which tier {s.tier - 1} broke",
+            )
+        return Decision(
+            _switch(s, s.tier - 1, now), "upgrade", f"{label} < {p.upgrade_ratio:g} × target for {s.under} evaluations"
+        )
     return _relieve(s, p, value, now, label)
 
 
@@ -159,16 +197,18 @@ def _without_samples(snapshot: Snapshot, state: TierState, p: Policy, now: float
         return Decision(s, "insufficient", few)
     relieved = state.shedding or state.token_cap_ratio < 1.0
     if relieved and now - state.relief_s >= p.cooldown_s:
-        return Decision(replace(state, shedding=False, token_cap_ratio=1.0, over_at_floor=0, relief_s=now), "probe",
-                        f"{few} {now - state.relief_s:.0f} s after shedding or truncation began "
-                        f"(cooldown {p.cooldown_s:g} s): both lifted, to measure the load again")
+        return Decision(
+            replace(state, shedding=False, token_cap_ratio=1.0, over_at_floor=0, relief_s=now),
+            "probe",
+            f"{few} {now - state.relief_s:.0f} s after shedding or truncation began "
+            f"(cooldown {p.cooldown_s:g} s): both lifted, to measure the load again",
+        )
     return Decision(state, "insufficient", few)
 
 
 def _switch(s: TierState, tier: int, now: float) -> TierState:
     # A new tier starts with fresh streaks and no truncation or shedding: its latency is unknown yet.
-    return replace(s, tier=tier, entered_s=now, over=0, under=0, token_cap_ratio=1.0, over_at_floor=0,
-                   shedding=False)
+    return replace(s, tier=tier, entered_s=now, over=0, under=0, token_cap_ratio=1.0, over_at_floor=0, shedding=False)
 
 
 def _relieve(s: TierState, p: Policy, value: float, now: float, label: str) -> Decision:
@@ -178,17 +218,28 @@ def _relieve(s: TierState, p: Policy, value: float, now: float, label: str) -> D
     if value > p.target_ms and stuck:
         if s.shedding and now - s.relief_s >= p.cooldown_s:
             # The window may be stale (nothing new is admitted); admit again and measure.
-            return Decision(replace(s, shedding=False, over_at_floor=0, relief_s=now), "probe",
-                            f"{label} > target {p.target_ms:g} ms, but shedding for {now - s.relief_s:.0f} s "
-                            f"(cooldown {p.cooldown_s:g} s): admitting again; shedding resumes after "
-                            f"{p.shed_after} more evaluations over target")
+            return Decision(
+                replace(s, shedding=False, over_at_floor=0, relief_s=now),
+                "probe",
+                f"{label} > target {p.target_ms:g} ms, but shedding for {now - s.relief_s:.0f} s "
+                f"(cooldown {p.cooldown_s:g} s): admitting again; shedding resumes after "
+                f"{p.shed_after} more evaluations over target",
+            )
         if s.token_cap_ratio > p.min_token_cap_ratio:
-            return Decision(replace(s, token_cap_ratio=max(p.min_token_cap_ratio, s.token_cap_ratio / 2),
-                                    over_at_floor=0, relief_s=now), "hold", label)
+            return Decision(
+                replace(
+                    s, token_cap_ratio=max(p.min_token_cap_ratio, s.token_cap_ratio / 2), over_at_floor=0, relief_s=now
+                ),
+                "hold",
+                label,
+            )
         at_floor = s.over_at_floor + 1
         shed = s.shedding or at_floor >= p.shed_after
-        return Decision(replace(s, over_at_floor=at_floor, shedding=shed,
-                                relief_s=s.relief_s if s.shedding or not shed else now), "hold", label)
+        return Decision(
+            replace(s, over_at_floor=at_floor, shedding=shed, relief_s=s.relief_s if s.shedding or not shed else now),
+            "hold",
+            label,
+        )
     if value < 0.9 * p.target_ms:
         if s.shedding:
             return Decision(replace(s, shedding=False, over_at_floor=0), "hold", label)
@@ -216,17 +267,31 @@ def policy_from_config(sla: SlaConfig | AsrSlaConfig, max_batch: int | None = No
     if isinstance(sla, SlaConfig):
         if max_batch is None:
             raise ValueError("the LLM policy needs max_batch, the largest batch of its tiers")
-        relief = {"adaptive_batch": sla.adaptive_batch == "on" or (sla.adaptive_batch == "auto"
-                                                                   and sla.metric in ("itl_ms", "tpot_ms")),
-                  "min_batch": min(sla.min_batch, max_batch), "max_batch": max_batch,
-                  "min_token_cap_ratio": sla.min_token_cap_ratio}
-    return Policy(metric=sla.metric, percentile=sla.percentile, target_ms=sla.target_ms, min_samples=sla.min_samples,
-                  downgrade_after=sla.downgrade_after, upgrade_after=sla.upgrade_after,
-                  upgrade_ratio=sla.upgrade_ratio, cooldown_s=sla.cooldown_s, min_dwell_s=sla.min_dwell_s,
-                  shed_after=sla.shed_after, **relief)
+        relief = {
+            "adaptive_batch": sla.adaptive_batch == "on"
+            or (sla.adaptive_batch == "auto" and sla.metric in ("itl_ms", "tpot_ms")),
+            "min_batch": min(sla.min_batch, max_batch),
+            "max_batch": max_batch,
+            "min_token_cap_ratio": sla.min_token_cap_ratio,
+            "max_temp_c": sla.max_temp_c,
+        }
+    return Policy(
+        metric=sla.metric,
+        percentile=sla.percentile,
+        target_ms=sla.target_ms,
+        min_samples=sla.min_samples,
+        downgrade_after=sla.downgrade_after,
+        upgrade_after=sla.upgrade_after,
+        upgrade_ratio=sla.upgrade_ratio,
+        cooldown_s=sla.cooldown_s,
+        min_dwell_s=sla.min_dwell_s,
+        shed_after=sla.shed_after,
+        **relief,
+    )
 
 
 def overlay(policy: Policy, sla) -> Policy:
     """``policy`` with the fleet's SLA (``telemetry.schema.SlaSpec``) on top; the hysteresis stays the file's."""
-    return replace(policy, metric=sla.metric, percentile=sla.percentile, target_ms=sla.target_ms,
-                   min_samples=sla.min_samples)
+    return replace(
+        policy, metric=sla.metric, percentile=sla.percentile, target_ms=sla.target_ms, min_samples=sla.min_samples
+    )
