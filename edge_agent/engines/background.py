@@ -39,6 +39,7 @@ from .heartbeat import BuildCancelled, Heartbeat
 from .pipeline import BuildRequest, GateRefused, Pipeline
 from .recipes import TARGET_BACKENDS, Recipe, load_recipe, recipe_files
 from .resolve import EngineResolver, Resolved, same_model, target_of
+from .serving_mark import record_serving
 
 if TYPE_CHECKING:
     from ..config import EnginesConfig, TierConfig
@@ -118,6 +119,10 @@ class TierEngines:
         resolved = self.resolve(tier)
         lm = self.resolver.open(resolved, tier, device_threads)
         self.served[tier.name] = resolved
+        try:  # for `engines list`: a mark only, serving never depends on it
+            record_serving(self.cache.root, tier.name, resolved.engine.key if resolved.engine else None)
+        except OSError as exc:
+            log.debug("could not record what tier %r serves in %s: %s", tier.name, self.cache.root, exc)
         return lm
 
     def identities(self) -> dict[str, str]:

@@ -15,6 +15,7 @@ file's sha256) written last, then the folder is renamed into ``entries/``. Loadi
 hashes; a mismatch moves the entry to ``quarantine/`` and the caller rebuilds. The total size is
 capped by ``max_bytes``: least-recently-used entries are evicted after each commit.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -186,8 +187,9 @@ class EngineCache:
         if verify:
             problems = self.verify_entry(path)
             if problems:
-                log.warning("engine %s failed verification (%s); quarantined, it will be rebuilt",
-                            key[:12], "; ".join(problems))
+                log.warning(
+                    "engine %s failed verification (%s); quarantined, it will be rebuilt", key[:12], "; ".join(problems)
+                )
                 self._quarantine_path(path, "; ".join(problems))
                 return None
         self._touch(path)
@@ -223,24 +225,37 @@ class EngineCache:
                     log.warning("unreadable cache entry %s: %s", path.name, exc)
         return out
 
-    def find(self, model_name: str, backend: str, precision: str | None, runtime_version: str | None,
-             device: str) -> Entry | None:
+    def find(
+        self, model_name: str, backend: str, precision: str | None, runtime_version: str | None, device: str
+    ) -> Entry | None:
         """The engine a serving tier should load: a current entry (this runtime version and device) of
         ``model_name`` on ``backend``; for ``precision`` None ("auto"), the one the gate's rule picks
         (fastest passing; INT8/INT4 only if faster than FP32/FP16)."""
         from .gate import Verdict, choose
 
-        candidates = [e for e in self.entries() if e.manifest.get("model_name") == model_name
-                      and e.manifest.get("backend") == backend and e.manifest.get("device") == device
-                      and e.manifest.get("runtime_version") == runtime_version
-                      and (precision is None or e.manifest.get("precision") == precision)]
+        candidates = [
+            e
+            for e in self.entries()
+            if e.manifest.get("model_name") == model_name
+            and e.manifest.get("backend") == backend
+            and e.manifest.get("device") == device
+            and e.manifest.get("runtime_version") == runtime_version
+            and (precision is None or e.manifest.get("precision") == precision)
+        ]
         if not candidates:
             return None
         verdicts = {}
         for e in candidates:
             acc = e.manifest.get("accuracy") or {}
-            verdicts[e.key] = Verdict(str(e.manifest.get("precision")), backend, acc.get("metrics", {}), {},
-                                      bool(acc.get("passed", True)), [], acc.get("latency_ms"))
+            verdicts[e.key] = Verdict(
+                str(e.manifest.get("precision")),
+                backend,
+                acc.get("metrics", {}),
+                {},
+                bool(acc.get("passed", True)),
+                [],
+                acc.get("latency_ms"),
+            )
         best = choose(list(verdicts.values()))
         key = next((k for k, v in verdicts.items() if v is best), None)
         entry = next((e for e in candidates if e.key == key), None) if key else None
@@ -272,8 +287,13 @@ class EngineCache:
             shutil.rmtree(entry.path, ignore_errors=True)
             total -= entry.size_bytes
             removed.append(entry.key)
-            log.info("engine cache: evicted %s (%s, %.1f MB) to stay under %.0f MB", entry.key[:12],
-                     entry.manifest.get("recipe_name"), entry.size_bytes / 1e6, self.max_bytes / 1e6)
+            log.info(
+                "engine cache: evicted %s (%s, %.1f MB) to stay under %.0f MB",
+                entry.key[:12],
+                entry.manifest.get("recipe_name"),
+                entry.size_bytes / 1e6,
+                self.max_bytes / 1e6,
+            )
         return removed
 
     def stale(self, runtime_versions: Mapping[str, str | None], devices: Mapping[str, str]) -> list[Entry]:
@@ -283,27 +303,54 @@ class EngineCache:
         out = []
         for e in self.entries():
             m = e.manifest
-            if (runtime_versions.get(str(m.get("runtime"))) != m.get("runtime_version")
-                    or devices.get(m.get("target", "cpu")) != m.get("device")):
+            if runtime_versions.get(str(m.get("runtime"))) != m.get("runtime_version") or devices.get(
+                m.get("target", "cpu")
+            ) != m.get("device"):
                 out.append(e)
         return out
 
-    def prune(self, runtime_versions: Mapping[str, str | None], devices: Mapping[str, str],
-              everything: bool = False) -> dict[str, list]:
-        removed: dict[str, list] = {"stale": [], "quarantine": [], "staging": [], "all": []}
-        for e in (self.entries() if everything else self.stale(runtime_versions, devices)):
+    def prune(
+        self, runtime_versions: Mapping[str, str | None], devices: Mapping[str, str], everything: bool = False
+    ) -> dict[str, list]:
+        """Remove stale entries, quarantined ones, staging folders of refused builds and locks no
+        build holds (``everything``: every entry and staging folder); returns what went, by kind.
+
+        A staging folder of an interrupted build that was not refused is kept: the same command resumes it."""
+        removed: dict[str, list] = {"stale": [], "quarantine": [], "staging": [], "locks": [], "all": []}
+        for e in self.entries() if everything else self.stale(runtime_versions, devices):
             shutil.rmtree(e.path, ignore_errors=True)
             removed["all" if everything else "stale"].append(e.key)
-        for folder, name in ((self.quarantine_dir, "quarantine"), (self.staging_dir, "staging")):
-            if folder.is_dir() and (everything or name == "quarantine"):
-                for p in folder.iterdir():
-                    if p.is_dir():
-                        shutil.rmtree(p, ignore_errors=True)
-                        removed[name].append(p.name)
-                    elif everything:
-                        p.unlink(missing_ok=True)
+        if self.quarantine_dir.is_dir():
+            for p in sorted(self.quarantine_dir.iterdir()):
+                if p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+                    removed["quarantine"].append(p.name)
+        if self.staging_dir.is_dir():
+            for p in sorted(self.staging_dir.iterdir()):
+                if p.is_dir() and (everything or staged_refused(p)) and self._remove_unlocked(p.name, p):
+                    removed["staging"].append(p.name)
+            for lock in sorted(self.staging_dir.glob("*.lock")):
+                if not (self.staging_dir / lock.stem).is_dir() and self._remove_unlocked(lock.stem, None):
+                    removed["locks"].append(lock.name)
         removed["evicted"] = self.evict()
         return removed
+
+    def _remove_unlocked(self, key: str, folder: Path | None) -> bool:
+        """Remove ``folder`` and the lock of ``key`` unless a build holds it (flock dies with its holder)."""
+        lock_path = self.staging_dir / f"{key}.lock"
+        if not lock_path.exists():
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+            return True
+        with lock_path.open("a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # a build is running on it
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+            lock_path.unlink(missing_ok=True)
+        return True
 
     def _touch(self, path: Path) -> None:
         (path / "last_used").write_text(f"{self.clock():.6f}\n")
@@ -318,6 +365,19 @@ class EngineCache:
 
 
 # -- step markers: how an interrupted build resumes ---------------------------------------------
+
+STEPS = ("reference", "convert", "compile", "gate")  # in the order a build runs them
+
+
+def staged_steps(staged: Path) -> list[str]:
+    """The build steps an interrupted build of ``staged`` has finished, in order."""
+    return [s for s in STEPS if (staged / "steps" / f"{s}.json").is_file()]
+
+
+def staged_refused(staged: Path) -> bool:
+    """True when the build staged in ``staged`` finished its gate step and was refused by it."""
+    return (step_done(staged, "gate") or {}).get("passed") is False
+
 
 def step_done(staged: Path, step: str) -> dict[str, Any] | None:
     """The saved result of ``step`` if an earlier run finished it, else None."""

@@ -8,9 +8,9 @@
 - ``compile_blob``: compile once with ``CACHE_DIR`` inside the artifact so a later load imports the
   compiled blob instead of compiling (minutes on the NPU).
 """
+
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -20,6 +20,7 @@ import numpy as np
 
 from ..backends import Precision, SessionOptions, open_session
 from ..errors import BackendError, BackendUnavailable, InputError
+from .quiet import folded
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +31,6 @@ def _ov():
     except ImportError as exc:
         raise BackendUnavailable("OpenVINO builds need openvino: pip install 'edge-agent[openvino]'") from exc
     return ov
-
-
-def _to_stderr():
-    # NNCF draws its own progress bars on stdout; stdout is reserved for --json reports.
-    return contextlib.redirect_stdout(sys.stderr)
 
 
 def _nncf():
@@ -56,8 +52,14 @@ def to_ir(src: Path, dst_xml: Path, fp16: bool = False) -> dict:
     return {"tool": "openvino.save_model", "weights": "f16" if fp16 else "f32"}
 
 
-def quantize_int8(src: Path, dst_xml: Path, feeds: Sequence[Mapping[str, np.ndarray]], workload: str,
-                  ignored_types: Sequence[str] = (), progress: Callable[[int, int], None] | None = None) -> dict:
+def quantize_int8(
+    src: Path,
+    dst_xml: Path,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    workload: str,
+    ignored_types: Sequence[str] = (),
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
     ov, nncf = _ov(), _nncf()
     if not feeds:
         raise InputError("the calibration set produced no inputs; give a manifest with samples")
@@ -79,13 +81,22 @@ def quantize_int8(src: Path, dst_xml: Path, feeds: Sequence[Mapping[str, np.ndar
         kwargs["model_type"] = nncf.ModelType.TRANSFORMER
     if ignored_types:
         kwargs["ignored_scope"] = nncf.IgnoredScope(types=list(ignored_types), validate=False)
-    with _to_stderr():
-        quantized = nncf.quantize(model, nncf.Dataset(list(feeds), transform), subset_size=len(feeds),
-                                  preset=nncf.QuantizationPreset.PERFORMANCE, **kwargs)
+    with folded("nncf"):
+        quantized = nncf.quantize(
+            model,
+            nncf.Dataset(list(feeds), transform),
+            subset_size=len(feeds),
+            preset=nncf.QuantizationPreset.PERFORMANCE,
+            **kwargs,
+        )
     ov.save_model(quantized, str(dst_xml), compress_to_fp16=False)
-    return {"tool": f"nncf {nncf.__version__} quantize", "preset": "performance (symmetric)",
-            "model_type": "transformer" if workload == "llm" else "default", "samples": len(feeds),
-            "ignored_types": list(ignored_types)}
+    return {
+        "tool": f"nncf {nncf.__version__} quantize",
+        "preset": "performance (symmetric)",
+        "model_type": "transformer" if workload == "llm" else "default",
+        "samples": len(feeds),
+        "ignored_types": list(ignored_types),
+    }
 
 
 def compress_weights(src: Path, dst_xml: Path, bits: int, group_size: int = 64) -> dict:
@@ -98,19 +109,26 @@ def compress_weights(src: Path, dst_xml: Path, bits: int, group_size: int = 64) 
         mode, kwargs = nncf.CompressWeightsMode.INT4_SYM, {"group_size": group_size, "ratio": 1.0}
     else:
         raise InputError(f"weight compression takes 4 or 8 bits, not {bits}")
-    with _to_stderr():
+    with folded("nncf"):
         compressed = nncf.compress_weights(model, mode=mode, **kwargs)
     ov.save_model(compressed, str(dst_xml), compress_to_fp16=False)
     return {"tool": f"nncf {nncf.__version__} compress_weights", "mode": mode.name, **kwargs}
 
 
-def compile_blob(xml: Path, cache_dir: Path, device: str, hint: Precision, threads: int = 0,
-                 static_shapes: Mapping[str, tuple[int, ...]] | None = None) -> dict:
+def compile_blob(
+    xml: Path,
+    cache_dir: Path,
+    device: str,
+    hint: Precision,
+    threads: int = 0,
+    static_shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> dict:
     """Compile once into ``cache_dir/openvino`` (the backend's CACHE_DIR layout); returns compile facts."""
     import time
 
-    options = SessionOptions(device=device, precision=hint, threads=threads, cache_dir=cache_dir,
-                             static_shapes=static_shapes)
+    options = SessionOptions(
+        device=device, precision=hint, threads=threads, cache_dir=cache_dir, static_shapes=static_shapes
+    )
     t0 = time.perf_counter()
     try:
         session = open_session(xml, "openvino", options, warmup=lambda s: None)

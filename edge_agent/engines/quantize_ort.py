@@ -9,6 +9,7 @@
 - ``optimize``: ONNX Runtime's graph optimizations saved to a file (what ``build --precision fp32``
   caches for ONNX Runtime: loading it skips the optimization pass).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BackendUnavailable, InputError, ModelError
+from .quiet import folded
 
 log = logging.getLogger(__name__)
 
@@ -74,13 +76,24 @@ class _Reader:
 def _save_external(model, dst: Path) -> None:
     onnx = _onnx()
     big = sum(init.ByteSize() for init in model.graph.initializer) > 1_800_000_000
-    onnx.save_model(model, str(dst), save_as_external_data=big, all_tensors_to_one_file=True,
-                    location=dst.name + ".data" if big else None)
+    onnx.save_model(
+        model,
+        str(dst),
+        save_as_external_data=big,
+        all_tensors_to_one_file=True,
+        location=dst.name + ".data" if big else None,
+    )
 
 
-def quantize_qdq(src: Path, dst: Path, feeds: Sequence[Mapping[str, np.ndarray]], method: str = "minmax",
-                 op_types: Iterable[str] = LLM_OPS, exclude: Sequence[str] = (),
-                 progress: Callable[[int, int], None] | None = None) -> dict:
+def quantize_qdq(
+    src: Path,
+    dst: Path,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    method: str = "minmax",
+    op_types: Iterable[str] = LLM_OPS,
+    exclude: Sequence[str] = (),
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
     """Static symmetric per-channel INT8 Q/DQ. Returns what was done (for the report)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
@@ -95,27 +108,51 @@ def quantize_qdq(src: Path, dst: Path, feeds: Sequence[Mapping[str, np.ndarray]]
     }
     if method == "percentile":
         extra["CalibPercentile"] = 99.99
-    with _quiet_tools():
+    with _quiet_tools(), folded("onnxruntime.quantization"):
         quantize_static(
-            str(src), str(dst), _Reader(feeds, progress), quant_format=QuantFormat.QDQ,
-            op_types_to_quantize=list(op_types), per_channel=True, activation_type=QuantType.QInt8,
-            weight_type=QuantType.QInt8, nodes_to_exclude=list(exclude) or None,
-            calibrate_method=getattr(CalibrationMethod, METHODS[method]), extra_options=extra,
+            str(src),
+            str(dst),
+            _Reader(feeds, progress),
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=list(op_types),
+            per_channel=True,
+            activation_type=QuantType.QInt8,
+            weight_type=QuantType.QInt8,
+            nodes_to_exclude=list(exclude) or None,
+            calibrate_method=getattr(CalibrationMethod, METHODS[method]),
+            extra_options=extra,
             use_external_data_format=_needs_external(src),
         )
-    return {"tool": "onnxruntime.quantization.quantize_static", "format": "QDQ", "symmetric": True,
-            "per_channel": True, "method": method, "samples": len(feeds), "op_types": list(op_types),
-            "excluded_nodes": list(exclude)}
+    return {
+        "tool": "onnxruntime.quantization.quantize_static",
+        "format": "QDQ",
+        "symmetric": True,
+        "per_channel": True,
+        "method": method,
+        "samples": len(feeds),
+        "op_types": list(op_types),
+        "excluded_nodes": list(exclude),
+    }
 
 
 def quantize_weights_dynamic(src: Path, dst: Path, op_types: Iterable[str] = LLM_OPS) -> dict:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    with _quiet_tools():
-        quantize_dynamic(str(src), str(dst), op_types_to_quantize=list(op_types), per_channel=True,
-                         weight_type=QuantType.QInt8, use_external_data_format=_needs_external(src))
-    return {"tool": "onnxruntime.quantization.quantize_dynamic", "weights": "int8 per-channel",
-            "activations": "int8, scaled per call", "op_types": list(op_types)}
+    with _quiet_tools(), folded("onnxruntime.quantization"):
+        quantize_dynamic(
+            str(src),
+            str(dst),
+            op_types_to_quantize=list(op_types),
+            per_channel=True,
+            weight_type=QuantType.QInt8,
+            use_external_data_format=_needs_external(src),
+        )
+    return {
+        "tool": "onnxruntime.quantization.quantize_dynamic",
+        "weights": "int8 per-channel",
+        "activations": "int8, scaled per call",
+        "op_types": list(op_types),
+    }
 
 
 def to_fp16(src: Path, dst: Path, keep_io_types: bool = True) -> dict:

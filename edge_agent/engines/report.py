@@ -1,0 +1,210 @@
+"""The build/calibrate report that decides: a verdict line, then one row per candidate.
+
+Every row carries its metrics next to the recipe's budget, its median latency beside the paired FP32
+timing its speed ratio is taken against (so ``ms`` and ``speed`` never disagree), the times that
+apply to it (calibration only where calibration ran), and, for every row not chosen, why. Skipped
+precisions are rows of their own in the text and entries in the JSON. ``decide`` returns the JSON;
+``render`` turns that same JSON into the text, so the two cannot say different things.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from . import gate as gates
+from .gate import Verdict
+
+_QUANTIZED = ("int8", "int4")
+
+LEGEND = {
+    "llm": "cosine: mean logits cosine with FP32; top-1: share of steps whose next token agrees with FP32's; "
+    "KL: mean KL(FP32 || candidate) per step, nats",
+    "asr": "WER: word error rate against the reference transcripts; ΔWER: minus FP32's WER, against the budget; "
+    "agree: share of utterances whose text is identical to FP32's (reported, not gated)",
+}
+TIMING = (
+    "ms: median latency per held-out sample; fp32 ms: the FP32 source timed interleaved with that "
+    "candidate (same samples, same rounds); speed = fp32 ms / ms"
+)
+
+
+def name_of(v: Verdict) -> str:
+    return f"{v.backend}/{v.precision}" + (f" {v.flavour}" if v.flavour else "")
+
+
+def source_verdicts(verdicts: Sequence[Verdict], workload: str) -> list[Verdict]:
+    """The FP32 source model itself as a candidate, once per backend (its latency is the paired reference
+    each gate measured), so a quantized engine has to beat it to be chosen."""
+    out = []
+    for backend in dict.fromkeys(v.backend for v in verdicts):
+        mine = [v for v in verdicts if v.backend == backend and v.reference_latency_ms]
+        if not mine:
+            continue
+        lat = sorted(v.reference_latency_ms or 0.0 for v in mine)[len(mine) // 2]
+        if workload == "llm":
+            metrics = {"cosine": 1.0, "top1": 1.0, "kl": 0.0}
+        else:
+            wer = mine[0].metrics.get("wer_fp32", 0.0)
+            metrics = {"wer": wer, "wer_fp32": wer, "wer_delta": 0.0, "text_agreement": 1.0}
+        out.append(Verdict("fp32", backend, metrics, dict(mine[0].budget), True, [], lat, lat, "source"))
+    return out
+
+
+def checks(v: Verdict, workload: str) -> dict[str, str]:
+    """Each gated metric next to its budget, with the comparison that held or broke ("0.9952 ≥ 0.995")."""
+    m, b = v.metrics, v.budget
+    if workload == "llm":
+        out = {"cosine": f"{m['cosine']:.4f}", "top-1": f"{m['top1']:.3f}", "KL": f"{m['kl']:.4f}"}
+        if "min_cosine" in b:
+            out["cosine"] += f" {'≥' if m['cosine'] >= b['min_cosine'] else '<'} {b['min_cosine']}"
+        if "min_top1" in b:
+            out["top-1"] += f" {'≥' if m['top1'] >= b['min_top1'] else '<'} {b['min_top1']}"
+        if "max_kl" in b:
+            out["KL"] += f" {'≤' if m['kl'] <= b['max_kl'] else '>'} {b['max_kl']}"
+        return out
+    out = {"WER": f"{m['wer']:.3f}", "ΔWER": f"{m['wer_delta']:+.3f}", "agree": f"{m['text_agreement']:.3f}"}
+    if "max_wer_delta" in b:
+        out["ΔWER"] += f" / {b['max_wer_delta']}"
+    return out
+
+
+def _why_not(v: Verdict, chosen: Verdict | None, target: str) -> str:
+    if not v.passed:
+        return "refused: " + "; ".join(v.reasons)
+    if chosen is None:
+        return ""
+    speed, best = v.speedup or 0.0, chosen.speedup or 0.0
+    if v.precision in _QUANTIZED and chosen.precision not in _QUANTIZED:
+        return (
+            f"within budget but {speed:.2f}x as fast as FP32 here; a quantized engine is chosen only when "
+            f"faster than {name_of(chosen)} ({best:.2f}x)"
+        )
+    if v.flavour == "source":
+        return f"{name_of(chosen)} is faster ({best:.2f}x)"
+    if v.precision == "fp16":
+        return f"{speed:.2f}x, not faster than {name_of(chosen)} ({best:.2f}x) on this {target}"
+    return f"{speed:.2f}x, slower than {name_of(chosen)} ({best:.2f}x)"
+
+
+def _times(report: dict | None) -> dict[str, float | None]:
+    if report is None:  # the FP32 source: nothing was built
+        return {"build_s": None, "calibration_s": None, "load_ms": None}
+    conv = report.get("conversion") or {}
+    calibrated = report.get("precision") == "int8" and report.get("flavour") not in ("dynamic", "weights")
+    return {
+        "build_s": report.get("build_s"),
+        "load_ms": report.get("load_ms"),
+        "calibration_s": conv.get("seconds") if calibrated else None,
+    }
+
+
+def verdict_line(rows: list[dict], target: str) -> str:
+    chosen = next((r for r in rows if r["chosen"]), None)
+    if chosen is None:
+        return "chosen: none: every candidate was refused by the accuracy gate"
+    others = []
+    for r in rows:
+        if r["chosen"] or r["flavour"] == "source":
+            continue
+        label = f"{r['precision'].upper()}" + (f" {r['flavour']}" if r["flavour"] else "")
+        if not r["passed"]:
+            others.append(f"{label} refused ({r['reasons'][0]})" if r["reasons"] else f"{label} refused")
+        elif r["precision"] in _QUANTIZED:
+            others.append(f"{label} within budget but {r['speedup'] or 0:.2f}x as fast here")
+        else:
+            others.append(f"{label} {r['speedup'] or 0:.2f}x, not faster on this {target}")
+    head = f"chosen: {r_name(chosen)} ({chosen['speedup'] or 0:.2f}x of FP32)"
+    return head + (": " + "; ".join(others) if others else "")
+
+
+def r_name(r: dict) -> str:
+    return f"{r['backend']}/{r['precision']}" + (f" {r['flavour']}" if r["flavour"] else "")
+
+
+def decide(
+    reports: Sequence[dict], workload: str, target: str, skipped: Sequence[dict] = (), with_source: bool = True
+) -> dict[str, Any]:
+    """The report's facts as JSON: ``verdict``, ``chosen``, ``rows`` (one per candidate, FP32 source
+    first), ``skipped`` ({candidate, why}), ``legend``; plus the raw ``engines`` reports."""
+    measured = [r for r in reports if r.get("accuracy")]
+    verdicts = [
+        gates.Verdict(
+            **{k: r["accuracy"][k] for k in ("precision", "backend", "metrics", "budget", "passed", "reasons")},
+            latency_ms=r["accuracy"].get("latency_ms"),
+            reference_latency_ms=r["accuracy"].get("reference_latency_ms"),
+            flavour=r["accuracy"].get("flavour", ""),
+        )
+        for r in measured
+    ]
+    by_verdict: list[tuple[Verdict, dict | None]] = list(zip(verdicts, measured))
+    if with_source:
+        by_verdict = [(v, None) for v in source_verdicts(verdicts, workload)] + by_verdict
+    chosen = gates.choose([v for v, _ in by_verdict])
+    cpu_word = "CPU" if target == "cpu" else target
+    rows = []
+    for v, rep in by_verdict:
+        rows.append(
+            {
+                "candidate": name_of(v),
+                "backend": v.backend,
+                "precision": v.precision,
+                "flavour": v.flavour,
+                "metrics": v.metrics,
+                "budget": v.budget,
+                "checks": checks(v, workload),
+                "passed": v.passed,
+                "reasons": v.reasons,
+                "latency_ms": v.latency_ms,
+                "reference_latency_ms": v.reference_latency_ms,
+                "speedup": v.speedup,
+                "chosen": v is chosen,
+                "why_not_chosen": "" if v is chosen else _why_not(v, chosen, cpu_word),
+                "cache": (rep or {}).get("cache"),
+                **_times(rep),
+            }
+        )
+    return {
+        "verdict": verdict_line(rows, cpu_word),
+        "chosen": chosen.to_dict() if chosen else None,
+        "rows": rows,
+        "skipped": list(skipped),
+        "legend": [LEGEND[workload], TIMING],
+        "engines": list(reports),
+        "table": [v.to_dict() for v, _ in by_verdict],
+    }
+
+
+def _cell(x: float | None, fmt: str) -> str:
+    return format(x, fmt) if x is not None else ""
+
+
+def render(report: dict[str, Any], workload: str) -> str:
+    """The text of ``decide``'s JSON: verdict line, table, legend, skipped precisions."""
+    cols = ["cosine", "top-1", "KL"] if workload == "llm" else ["WER", "ΔWER", "agree"]
+    widths = [16, 13, 15] if workload == "llm" else [7, 14, 7]
+    head = (
+        f"{'candidate':<26} "
+        + " ".join(f"{c:<{w}}" for c, w in zip(cols, widths))
+        + f" {'ms':>8} {'fp32 ms':>8} {'speed':>6} {'build s':>8} {'calib s':>8} {'load ms':>8}  verdict"
+    )
+    lines = [report["verdict"], "", head, "-" * len(head)]
+    for r in report["rows"]:
+        verdict = "← chosen" if r["chosen"] else ("PASS, not chosen: " if r["passed"] else "") + r["why_not_chosen"]
+        speed = f"{r['speedup']:.2f}x" if r["speedup"] else ""
+        lines.append(
+            f"{r['candidate']:<26} "
+            + " ".join(f"{r['checks'][c]:<{w}}" for c, w in zip(cols, widths))
+            + f" {_cell(r['latency_ms'], '.2f'):>8} {_cell(r['reference_latency_ms'], '.2f'):>8}"
+            f" {speed:>6} {_cell(r['build_s'], '.1f'):>8} {_cell(r['calibration_s'], '.1f'):>8}"
+            f" {_cell(r['load_ms'], '.0f'):>8}  {verdict}"
+        )
+    for s in report["skipped"]:
+        lines.append(f"{s['candidate']:<26} skipped: {s['why']}")
+    lines += ["", *report["legend"]]
+    for r in report["engines"]:
+        if r.get("cache") in ("built", "hit"):
+            lines.append(
+                f"cached ({r['cache']}): {r['backend']}/{r['precision']} {r.get('key', '')[:12]} {r.get('path')}"
+            )
+    return "\n".join(lines)
