@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..bench import asr, llm, telemetry, tiers
+from ..bench import asr, fleet, llm, telemetry, tiers
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -14,3 +14,4 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     tiers.add_parser(bsub)
     asr.add_parser(bsub)
     telemetry.add_parser(bsub)
+    fleet.add_parser(bsub)

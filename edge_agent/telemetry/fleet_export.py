@@ -181,6 +181,11 @@ class FleetStore:
                             merged.merge(h)
         return merged
 
+    def lag_quantiles(self, qs: tuple[float, ...]) -> dict[float, float]:
+        """Quantiles (s) of the ingest lag over every window so far; empty before the first window."""
+        with self._lock:
+            return {q: v for q in qs if (v := self.lag_s.quantile(q)) is not None}
+
     def snapshot(self) -> list[ExportDevice]:
         """Copies of the devices, taken under the lock, for a scrape or an OTLP push."""
         with self._lock:
@@ -260,6 +265,15 @@ class FleetCollector:
             msgs.add_metric([kind], n)
         yield msgs
         yield CounterMetricFamily("edge_fleet_export_malformed", "messages refused as malformed", self.store.malformed)
+        lag = GaugeMetricFamily(
+            "edge_fleet_export_ingest_lag_seconds",
+            "window end on the device's wall clock to ingested here, over every window since start "
+            "(includes the clock offset between the two hosts)",
+            labels=("quantile",),
+        )
+        for q, value in self.store.lag_quantiles((0.5, 0.95, 0.99)).items():
+            lag.add_metric([str(q)], value)
+        yield lag
 
 
 def subscriptions(prefix: str = "edge/v1", share_group: str | None = "edge-fleet-export") -> list[str]:

@@ -1,0 +1,269 @@
+"""``edge-agent bench fleet``: the fleet side at 100 and 1,000 devices (messages/s, lag, CPU).
+
+Per device count, on one machine and one mosquitto (started on a free loopback port):
+
+- ``edge-agent fleet simulate`` publishes N devices' windows every ``--interval-s`` (its own process);
+- ``edge-agent fleet export`` ingests them (its own process): its CPU comes from ``/proc/<pid>/stat``,
+  its lag from its own ``edge_fleet_export_ingest_lag_seconds`` plus the time a ``/metrics`` scrape
+  takes (what Prometheus waits for the data to be reflected);
+- the ``fleet watch`` core (``FleetView``) ingests them in a third process (this command with the
+  hidden ``--role watch``), which reports its messages, lag (receive minus the window's end on the
+  shared wall clock) and CPU.
+
+The three processes and the broker share the machine's cores, so the figures are an upper bound
+for one box doing everything; the ratios between rows are what to read. Each count runs
+``--rounds`` times and the medians are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from ..bench.netproxy import free_port
+from ..errors import BackendUnavailable
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "fleet",
+        help="the fleet side (export, watch) at N simulated devices",
+        description="Simulated devices publish through a local mosquitto; measure messages/s, "
+        "fleet export and fleet watch lag and CPU per device count.",
+    )
+    p.add_argument("--devices", default="100,1000", help="device counts, comma-separated (default 100,1000)")
+    p.add_argument("--interval-s", type=float, default=1.0, help="window interval per device (default 1)")
+    p.add_argument("--duration-s", type=float, default=20.0, help="measured seconds per run (default 20)")
+    p.add_argument("--warmup-s", type=float, default=5.0)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--json", dest="json_out", metavar="OUT", default=None, help="write the JSON report to OUT")
+    p.add_argument("--role", choices=("bench", "watch"), default="bench", help=argparse.SUPPRESS)
+    p.add_argument("--broker", default=None, help=argparse.SUPPRESS)
+    p.set_defaults(func=run)
+    return p
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+
+def _watch_role(args: argparse.Namespace) -> int:
+    """The ``fleet watch`` core alone: ingest for warmup + duration, then print stats as one JSON line."""
+    import paho.mqtt.client as mqtt
+
+    from ..telemetry.fleet import FleetView
+
+    host, _, port = args.broker.rpartition(":")
+    view = FleetView(window_s=60.0)
+    lags: list[float] = []
+    state = {"measuring": False, "messages": 0}
+
+    def on_message(_c: object, _u: object, m: Any) -> None:
+        view.ingest(m.topic, bytes(m.payload))
+        if state["measuring"] and m.topic.endswith("/tele/latency"):
+            state["messages"] += 1
+            end = json.loads(m.payload)["window"]["end_wall"]
+            lags.append(time.time() - end)
+
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    client.on_connect = lambda c, *_: c.subscribe("edge/v1/+/#", qos=1)
+    client.on_message = on_message
+    client.connect(host, int(port))
+    client.loop_start()
+    time.sleep(args.warmup_s)
+    cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    state["measuring"] = True
+    time.sleep(args.duration_s)
+    state["measuring"] = False
+    cpu1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    view.rows()  # the table's aggregation is part of watch's cost
+    client.disconnect()
+    client.loop_stop()
+    lags.sort()
+    cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
+    print(
+        json.dumps(
+            {
+                "messages": state["messages"],
+                "elapsed_s": t1 - t0,
+                "cpu_s": cpu,
+                "lag_p50_s": lags[len(lags) // 2] if lags else None,
+                "lag_p95_s": lags[int(len(lags) * 0.95)] if lags else None,
+            }
+        ),
+        flush=True,
+    )
+    return 0
+
+
+def _metrics(port: int) -> tuple[str, float]:
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    return text, time.perf_counter() - t0
+
+
+def _gauge(text: str, prefix: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def _one_run(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    if not Path(mosquitto).exists():
+        raise BackendUnavailable("bench fleet needs mosquitto (apt-get install mosquitto)")
+    mq_port, ex_port = free_port(), free_port()
+    conf = work / f"mosquitto-{n}.conf"
+    conf.write_text(f"listener {mq_port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages 100000\n")
+    py = [sys.executable, "-m", "edge_agent"]
+    broker = f"127.0.0.1:{mq_port}"
+    procs: list[subprocess.Popen] = []
+    log = (work / f"children-{n}.log").open("ab")
+    try:
+        procs.append(subprocess.Popen([mosquitto, "-c", str(conf)], stdout=log, stderr=log))
+        time.sleep(0.5)
+        exporter = subprocess.Popen(
+            [*py, "fleet", "export", "--broker", broker, "--listen", f"127.0.0.1:{ex_port}"], stdout=log, stderr=log
+        )
+        procs.append(exporter)
+        total = args.warmup_s + args.duration_s
+        watch = subprocess.Popen(
+            [
+                *py,
+                "bench",
+                "fleet",
+                "--role",
+                "watch",
+                "--broker",
+                broker,
+                "--warmup-s",
+                str(args.warmup_s),
+                "--duration-s",
+                str(args.duration_s),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+        )
+        procs.append(watch)
+        time.sleep(1.5)
+        sim = subprocess.Popen(
+            [
+                *py,
+                "fleet",
+                "simulate",
+                "--broker",
+                broker,
+                "--devices",
+                str(n),
+                "--interval-s",
+                str(args.interval_s),
+                "--duration-s",
+                str(total + 1.0),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+        )
+        procs.append(sim)
+        time.sleep(args.warmup_s)
+        text0, _ = _metrics(ex_port)
+        cpu0, t0 = _cpu_s(exporter.pid), time.monotonic()
+        msgs0 = _gauge(text0, 'edge_fleet_export_messages_total{kind="tele/latency"}') or 0.0
+        scrapes = []
+        while time.monotonic() - t0 < args.duration_s:
+            time.sleep(min(2.0, max(0.0, args.duration_s - (time.monotonic() - t0))))
+            text, took = _metrics(ex_port)
+            scrapes.append(took)
+        cpu1, t1 = _cpu_s(exporter.pid), time.monotonic()
+        msgs1 = _gauge(text, 'edge_fleet_export_messages_total{kind="tele/latency"}') or 0.0
+        out, _ = watch.communicate(timeout=60)
+        w = json.loads(out.decode().strip().splitlines()[-1])
+        sim_out, _ = sim.communicate(timeout=60)
+        scrape = statistics.median(scrapes)
+        lag50 = _gauge(text, 'edge_fleet_export_ingest_lag_seconds{quantile="0.5"}')
+        lag95 = _gauge(text, 'edge_fleet_export_ingest_lag_seconds{quantile="0.95"}')
+        return {
+            "devices": n,
+            "expected_msgs_per_s": n / args.interval_s,
+            "export_msgs_per_s": (msgs1 - msgs0) / (t1 - t0),
+            "export_cpu_pct": 100 * (cpu1 - cpu0) / (t1 - t0),
+            "export_lag_p50_s": None if lag50 is None else lag50 + scrape,
+            "export_lag_p95_s": None if lag95 is None else lag95 + scrape,
+            "scrape_s": scrape,
+            "scrape_bytes": len(text),
+            "watch_msgs_per_s": w["messages"] / w["elapsed_s"],
+            "watch_cpu_pct": 100 * w["cpu_s"] / w["elapsed_s"],
+            "watch_lag_p50_s": w["lag_p50_s"],
+            "watch_lag_p95_s": w["lag_p95_s"],
+            "simulator": sim_out.decode().strip(),
+        }
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
+        log.close()
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| devices | expected msg/s | export msg/s | export lag P50 / P95 | export CPU | /metrics scrape "
+        "| watch msg/s | watch lag P50 / P95 | watch CPU |\n|---|---|---|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"| {r['devices']} | {r['expected_msgs_per_s']:.0f} | {r['export_msgs_per_s']:.0f} "
+            f"| {_fmt(r['export_lag_p50_s'] and r['export_lag_p50_s'] * 1e3, '.0f')} / "
+            f"{_fmt(r['export_lag_p95_s'] and r['export_lag_p95_s'] * 1e3, '.0f')} ms "
+            f"| {r['export_cpu_pct']:.0f} % | {r['scrape_s'] * 1e3:.0f} ms, {r['scrape_bytes'] / 1e6:.1f} MB "
+            f"| {r['watch_msgs_per_s']:.0f} | {_fmt(r['watch_lag_p50_s'] and r['watch_lag_p50_s'] * 1e3, '.0f')} / "
+            f"{_fmt(r['watch_lag_p95_s'] and r['watch_lag_p95_s'] * 1e3, '.0f')} ms | {r['watch_cpu_pct']:.0f} % |"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.role == "watch":
+        return _watch_role(args)
+    counts = [int(c) for c in str(args.devices).split(",") if c.strip()]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
+        for n in counts:
+            runs = [_one_run(n, args, Path(tmp)) for _ in range(max(1, args.rounds))]
+            row = dict(runs[0])
+            for key, value in runs[0].items():
+                if isinstance(value, float):
+                    values = [r[key] for r in runs if r[key] is not None]
+                    row[key] = statistics.median(values) if values else None
+            rows.append(row)
+            print(f"{n} devices: {row['simulator']}", file=sys.stderr, flush=True)
+    print(render(rows))
+    if args.json_out:
+        Path(args.json_out).write_text(
+            json.dumps({"interval_s": args.interval_s, "duration_s": args.duration_s, "rows": rows}, indent=2)
+        )
+    return 0
