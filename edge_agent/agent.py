@@ -209,8 +209,10 @@ class Agent:
         from .telemetry.service import Telemetry
 
         caps = ["llm"] + (["asr"] if self.settings.models.asr else [])
-        return Telemetry(self.settings.mqtt, self.settings.telemetry, version=__version__, target=self.remote,
-                         capabilities=caps).start()
+        telemetry = Telemetry(self.settings.mqtt, self.settings.telemetry, version=__version__, target=self.remote,
+                              capabilities=caps)
+        telemetry.calibration_capture = self.settings.calibration.summary()  # meta says whether it is on
+        return telemetry.start()
 
     def _start_capture(self) -> Capture | None:
         """[calibration] capture, when configured: the LLM ladder and the ASR tiers tell it their traffic."""

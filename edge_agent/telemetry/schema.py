@@ -181,6 +181,8 @@ class Meta(Wire):
     histogram_relative_error: float = Field(ge=0, lt=1)
     warnings: list[str] = Field(default_factory=list, max_length=16,
                                 description="what the operator should fix, e.g. an open command channel")
+    calibration_capture: str = Field("off", max_length=512, description="[calibration] capture: off, or what "
+                                     "is captured where (opt-in; the prompts and voice stay on the device)")
 
 
 class SlaSpec(BaseModel):

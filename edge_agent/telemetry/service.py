@@ -42,6 +42,8 @@ class Telemetry:
     """The telemetry side of one device (see the module doc): ``observe`` on the hot path,
     ``emit_event`` for events, ``start``/``stop`` around the rest."""
 
+    calibration_capture = "off"  # [calibration] capture, as meta reports it (the agent sets it before start)
+
     def __init__(self, mqtt: MqttConfig, telemetry: TelemetryConfig, *, version: str = __version__,
                  target: CommandTarget | None = None, capabilities: Iterable[str] = ("llm",),
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
@@ -155,7 +157,7 @@ class Telemetry:
                     tiers=tiers, schemas=dict(SCHEMA_VERSIONS),
                     histogram_relative_error=relative_error(NOMINAL_SCALE),
                     engines=dict(self.target.reported().get("engine_hashes", {})) if self.target else {},
-                    warnings=list(self.warnings))
+                    warnings=list(self.warnings), calibration_capture=self.calibration_capture)
         msgs.append(Outgoing(self.link.topic("meta"), meta.to_json(), retain=True))
         if self.commands:
             msgs.append(Outgoing(self.link.topic("reported"), self._reported_payload(self.commands.reported()),
