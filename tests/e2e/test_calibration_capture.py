@@ -68,6 +68,8 @@ def test_a_capture_from_a_running_daemon_calibrates(tmp_path: Path) -> None:
         for messages in CHATS:
             _post(d.url("/v1/chat/completions"), {"messages": messages, "max_tokens": 4})
         _post(d.url("/v1/completions"), {"prompt": PROMPT, "max_tokens": 4})
+        metas = d.listener.of("meta") if d.listener is not None else []
+        assert metas and metas[-1]["calibration_capture"].startswith(f"on: llm, asr into {capture}, rate 1")
         heard = asyncio.run(_upload(d.url("/v1/audio/transcriptions"), speech_wav(SPOKEN).read_bytes()))["text"]
         d.signal(signal.SIGTERM)
         assert d.wait(90) == 0
