@@ -17,6 +17,7 @@ Stop: STOPPING=1, refuse new requests (503), drain in-flight ones within ``drain
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -37,6 +38,8 @@ from .serving.llm.scheduler import Limits
 from .serving.tier_control import TierController
 from .serving.tier_policy import overlay, policy_from_config
 from .systemd import LoopHeartbeat, Notifier, Watchdog
+from .telemetry.health import HealthReader
+from .telemetry.inventory import InventoryBook, config_digest, from_doctor
 
 if TYPE_CHECKING:
     from .engines.background import TierEngines
@@ -100,9 +103,14 @@ class Agent:
         if self.asr is not None:
             status += f", asr {self.asr.active_tier}"
         self.remote.publish_reported()
+        self.metrics.track_health(HealthReader().snapshot)
         self.notifier.ready(f"{status}; api {self.api.address}")
         log.info("%s; api %s", status, self.api.address)
         engines.starting, engines.serving_status = False, f"{status}; api {self.api.address}"
+        self._inventory_changed()
+        # Accelerator probes load drivers in child processes (seconds; a TensorRT probe can crash its
+        # child): after READY, on a thread, then meta is republished with what they found.
+        threading.Thread(target=self._probe_inventory, name="inventory", daemon=True).start()
         if s.engines.build_on_start and not self._stop_requested:  # serving: missing engines build in the background
             for job in engines.start_builds(s.models.llm):
                 log.info("engine build %s %s for tier(s) %s", job["recipe"], job["state"], ", ".join(job["tiers"]))
@@ -209,8 +217,9 @@ class Agent:
         from .telemetry.service import Telemetry
 
         caps = ["llm"] + (["asr"] if self.settings.models.asr else [])
+        book = InventoryBook(__version__, config_digest(self.settings))
         telemetry = Telemetry(self.settings.mqtt, self.settings.telemetry, version=__version__, target=self.remote,
-                              capabilities=caps)
+                              capabilities=caps, inventory=book)
         telemetry.calibration_capture = self.settings.calibration.summary()  # meta says whether it is on
         return telemetry.start()
 
@@ -230,7 +239,8 @@ class Agent:
 
     def _start_llm(self) -> TieredLLM:
         s = self.settings
-        tiers = [Tier(t.name, self._opener(t), self._limits(t), t.max_new_tokens, t.model) for t in s.models.llm]
+        tiers = [Tier(t.name, self._opener(t), self._limits(t), t.max_new_tokens, t.model,
+                      engine=functools.partial(self._engine_identity, t.name)) for t in s.models.llm]
         served = TieredLLM(tiers, observe=self.observers.deliver, on_switched=self._llm_switched,
                            drain_s=self.drain_s)
         errors = served.start_first(lambda tier, exc: self._event(
@@ -239,7 +249,8 @@ class Agent:
             self._tier_engines().build_then_start(served, s.models.llm, errors)
         policy = policy_from_config(s.sla, max(t.max_batch for t in s.models.llm))
         self.controller = TierController(served, policy, window_s=s.sla.window_s,
-                                         evaluate_every_s=s.sla.evaluate_every_s, on_event=self._event).start()
+                                         evaluate_every_s=s.sla.evaluate_every_s, on_event=self._event,
+                                         temperature=HealthReader().max_temp_c).start()
         self.observers.register(self.controller.observe)
         return served
 
@@ -294,6 +305,7 @@ class Agent:
 
             def engine_ready(tier: str, _key: str) -> None:  # a passing background build: serve its engine
                 swap_onto_engine(self.llm, tier, made.served.get, self._event)
+                self._inventory_changed()
 
             made = self._engines = TierEngines(self.settings.engines, self.settings.models.cache_dir, self._event,
                                                self.notifier, on_engine_ready=engine_ready)
@@ -306,12 +318,68 @@ class Agent:
             self.asr_controller.switch_failed(old, new, error)
         else:
             self.remote.publish_reported()
+            self._inventory_changed()
 
     def _llm_switched(self, old: int, new: int, load_ms: float, error: str | None) -> None:
         if error and self.controller is not None:
             self.controller.switch_failed(old, new, error)
         else:
             self.remote.publish_reported()
+            self._inventory_changed()
+
+    # -- inventory (meta) --------------------------------------------------------------------------
+
+    def _engine_identity(self, tier: str) -> str | None:
+        resolved = self._engines.served.get(tier) if self._engines is not None else None
+        return resolved.identity if resolved is not None else None
+
+    def _serving(self) -> list[dict[str, Any]]:
+        """Per configured tier that has loaded: the engine (or model folder) it serves and how it was built."""
+        out: list[dict[str, Any]] = []
+        served = self._engines.served if self._engines is not None else {}
+        active = self.llm.active_tier if self.llm is not None else None
+        for t in self.settings.models.llm:
+            resolved = served.get(t.name)
+            if resolved is None:
+                continue
+            doc: dict[str, Any] = {"workload": "llm", "tier": t.name, "model": t.model, "identity": resolved.identity,
+                                   "backend": t.backend, "device": t.device, "precision": t.precision,
+                                   "loaded": t.name == active}
+            if resolved.engine is not None:
+                m = resolved.engine.manifest
+                gate = m.get("accuracy") or {}
+                doc.update(key=resolved.engine.key, backend=m.get("backend", t.backend),
+                           device=m.get("device", t.device), precision=m.get("precision", t.precision),
+                           built_at_wall=m.get("committed_at"), build_s=m.get("build_s"),
+                           gate={k: gate[k] for k in ("passed", "metrics", "reasons") if k in gate} or None)
+            out.append(doc)
+        asr_active = self.asr.active_tier if self.asr is not None else None
+        for t in self.settings.models.asr:
+            if t.name == asr_active:
+                out.append({"workload": "asr", "tier": t.name, "model": t.model, "backend": t.backend,
+                            "device": t.device, "precision": t.precision, "loaded": True})
+        return out
+
+    def _inventory_changed(self) -> None:
+        if self.telemetry is not None:
+            try:
+                self.telemetry.update_inventory(serving=self._serving())
+            except Exception:  # the inventory describes serving; it must never disturb it
+                log.warning("the inventory could not be updated", exc_info=True)
+
+    def _probe_inventory(self) -> None:
+        from .doctor import collect
+
+        try:
+            report = collect(timeout_s=30)
+        except Exception:
+            log.warning("the accelerator probes failed; meta keeps the host inventory only", exc_info=True)
+            return
+        if self.telemetry is not None and not self._stop_requested:
+            try:
+                self.telemetry.update_inventory(probes=from_doctor(report), serving=self._serving())
+            except Exception:  # the inventory describes the device; it must never disturb it
+                log.warning("the accelerator probes' findings could not be published", exc_info=True)
 
     def _event(self, kind: str, payload: dict) -> None:
         log.info("event %s: %s", kind, payload)

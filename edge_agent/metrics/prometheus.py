@@ -4,10 +4,12 @@ with an ``edge_agent:`` prefix, so existing dashboards need only the prefix chan
 Histograms use fixed Prometheus buckets (seconds); the fleet-grade mergeable histograms with a
 documented error are the MQTT telemetry's (OpenTelemetry exponential histograms), not these.
 """
+
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,  # noqa: F401 - re-exported for the API
@@ -21,8 +23,50 @@ from prometheus_client import (
 if TYPE_CHECKING:
     from ..observe import Observation
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.387, 0.5, 0.75, 1.0,
-                    1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
+log = logging.getLogger(__name__)
+
+# Health snapshot key -> gauge name and help (``telemetry.health``); units in the names, as Prometheus asks.
+_HEALTH = {
+    "process_cpu_percent": ("process_cpu_percent", "Agent process CPU, percent of one core, since the last scrape"),
+    "process_rss_bytes": ("process_resident_memory_bytes", "Agent process resident memory"),
+    "memory_available_bytes": ("memory_available_bytes", "System memory available (MemAvailable)"),
+    "memory_total_bytes": ("memory_total_bytes", "System memory (MemTotal)"),
+    "load_1m": ("load1", "System load average over 1 minute"),
+    "max_temp_c": ("max_temperature_celsius", "The hottest thermal sensor"),
+    "cpu_freq_mhz_mean": ("cpu_frequency_mean_megahertz", "Mean current CPU frequency over cores"),
+    "npu_freq_mhz": ("npu_frequency_megahertz", "NPU current frequency"),
+    "npu_busy_percent": ("npu_busy_percent", "NPU busy share since the last scrape"),
+}
+_HEALTH_LABELLED = {
+    "temperatures_c": ("temperature_celsius", "Thermal zone or hwmon sensor temperature", "sensor"),
+    "throttle_counts": ("cpu_thermal_throttle_total", "Thermal throttle events since boot, over CPUs", "kind"),
+    "rails_w": ("rail_power_watts", "Jetson INA3221 rail power", "rail"),
+    "rapl_power_w": ("rapl_power_watts", "Intel RAPL domain power since the last scrape", "domain"),
+}
+
+_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.387,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    10.0,
+    20.0,
+    60.0,
+)
 _TOKEN_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 
 
@@ -34,28 +78,73 @@ class PrometheusMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         labels = ("workload", "tier")
-        self.ttft = Histogram("edge_agent:time_to_first_token_seconds", "Request admitted to first token",
-                              labels, buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("edge_agent:inter_token_latency_seconds", "Gaps between streamed tokens",
-                             labels, buckets=_TOKEN_BUCKETS, registry=r)
-        self.tpot = Histogram("edge_agent:time_per_output_token_seconds", "(e2e - ttft) / (tokens - 1)",
-                              labels, buckets=_TOKEN_BUCKETS, registry=r)
-        self.e2e = Histogram("edge_agent:e2e_request_latency_seconds", "Request admitted to last token",
-                             labels, buckets=_LATENCY_BUCKETS, registry=r)
-        self.queue = Histogram("edge_agent:request_queue_time_seconds", "Admitted to scheduled",
-                               labels, buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "edge_agent:time_to_first_token_seconds",
+            "Request admitted to first token",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "edge_agent:inter_token_latency_seconds",
+            "Gaps between streamed tokens",
+            labels,
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "edge_agent:time_per_output_token_seconds",
+            "(e2e - ttft) / (tokens - 1)",
+            labels,
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "edge_agent:e2e_request_latency_seconds",
+            "Request admitted to last token",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue = Histogram(
+            "edge_agent:request_queue_time_seconds",
+            "Admitted to scheduled",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.prompt_tokens = Counter("edge_agent:prompt_tokens", "Prompt tokens processed", labels, registry=r)
         self.generation_tokens = Counter("edge_agent:generation_tokens", "Tokens generated", labels, registry=r)
         self.requests = Counter("edge_agent:request_success", "Finished requests", labels, registry=r)
-        self.failures = Counter("edge_agent:request_failure", "Requests that failed or were rejected",
-                                ("workload", "reason"), registry=r)
+        self.failures = Counter(
+            "edge_agent:request_failure", "Requests that failed or were rejected", ("workload", "reason"), registry=r
+        )
         self.running = Gauge("edge_agent:num_requests_running", "Sequences in the batch", ("workload",), registry=r)
         self.waiting = Gauge("edge_agent:num_requests_waiting", "Requests queued", ("workload",), registry=r)
-        self.asr_first_partial = Histogram("edge_agent:asr_first_partial_seconds", "First voiced audio to first "
-                                           "partial", ("tier",), buckets=_LATENCY_BUCKETS, registry=r)
-        self.asr_final = Histogram("edge_agent:asr_final_seconds", "End of speech to final text", ("tier",),
-                                   buckets=_LATENCY_BUCKETS, registry=r)
+        self.asr_first_partial = Histogram(
+            "edge_agent:asr_first_partial_seconds",
+            "First voiced audio to first partial",
+            ("tier",),
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.asr_final = Histogram(
+            "edge_agent:asr_final_seconds",
+            "End of speech to final text",
+            ("tier",),
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self._load: list[tuple[str, Callable[[], tuple[int, int]]]] = []
+        self._health: Callable[[], dict[str, Any]] | None = None
+        self.health_gauges = {key: Gauge(f"edge_agent:{name}", doc, registry=r) for key, (name, doc) in _HEALTH.items()}
+        self.health_labelled = {
+            key: Gauge(f"edge_agent:{name}", doc, (label,), registry=r)
+            for key, (name, doc, label) in _HEALTH_LABELLED.items()
+        }
+        self.health_absent = Gauge(
+            "edge_agent:health_source_absent", "1 for each health source not present", ("source",), registry=r
+        )
 
     def observe(self, obs: Observation) -> None:
         """One finished request or utterance, first-after-load included (every request is served)."""
@@ -65,8 +154,13 @@ class PrometheusMetrics:
                     histogram.labels(obs.tier).observe(value / 1e3)
             return
         lab = (obs.workload, obs.tier)
-        for metric, histogram in (("ttft_ms", self.ttft), ("itl_ms", self.itl), ("tpot_ms", self.tpot),
-                                  ("queue_ms", self.queue), ("e2e_ms", self.e2e)):
+        for metric, histogram in (
+            ("ttft_ms", self.ttft),
+            ("itl_ms", self.itl),
+            ("tpot_ms", self.tpot),
+            ("queue_ms", self.queue),
+            ("e2e_ms", self.e2e),
+        ):
             for value in obs.samples.get(metric, ()):
                 histogram.labels(*lab).observe(value / 1e3)
         self.prompt_tokens.labels(*lab).inc(obs.tokens_in)
@@ -80,7 +174,29 @@ class PrometheusMetrics:
         """``load()`` -> (waiting, running), read at every scrape."""
         self._load.append((workload, load))
 
+    def track_health(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        """``snapshot()`` -> a ``telemetry.health`` snapshot, read at every scrape into the health gauges."""
+        self._health = snapshot
+
+    def _read_health(self) -> None:
+        if self._health is None:
+            return
+        try:
+            doc = self._health()
+        except Exception:  # a scrape must never fail because a sensor did
+            log.warning("device health could not be read for /metrics", exc_info=True)
+            return
+        for key, gauge in self.health_gauges.items():
+            if doc.get(key) is not None:
+                gauge.set(doc[key])
+        for key, gauge in self.health_labelled.items():
+            for label, value in (doc.get(key) or {}).items():
+                gauge.labels(label).set(value)
+        for source in doc.get("absent", ()):
+            self.health_absent.labels(source).set(1)
+
     def render(self) -> bytes:
+        self._read_health()
         for workload, load in self._load:
             try:
                 waiting, running = load()

@@ -23,6 +23,7 @@ Timestamps: window boundaries come from the injected monotonic ``clock``; wall t
 beside them, with ``clock_synced`` (kernel NTP state) and ``clock_jump_s`` when the wall clock moved
 more than 1 s differently from the monotonic one within a window (a ``clock_jump`` event too).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .client import MqttLink
-from .schema import Event, LatencyWindow, WindowTimes
+from .schema import Event, Health, LatencyWindow, WindowTimes
 from .spool import Kind, Record, Spool
 from .windows import WindowAccumulator
 
@@ -77,12 +78,24 @@ class Identity:
 class Publisher:
     """The telemetry thread's loop: seal windows, spool them, publish live then backlog (see the module doc)."""
 
-    def __init__(self, link: MqttLink | None, spool: Spool, accumulator: WindowAccumulator, identity: Identity,
-                 *, interval_s: float = 10.0, replay_per_s: float = 5.0, replay_burst: int = 10,
-                 live_age_s: float | None = None, max_inflight: int = 20, inflight_timeout_s: float = 60.0,
-                 reject_backoff_s: float = 5.0, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time,
-                 clock_synced: Callable[[], bool] = kernel_clock_synced) -> None:
+    def __init__(
+        self,
+        link: MqttLink | None,
+        spool: Spool,
+        accumulator: WindowAccumulator,
+        identity: Identity,
+        *,
+        interval_s: float = 10.0,
+        replay_per_s: float = 5.0,
+        replay_burst: int = 10,
+        live_age_s: float | None = None,
+        max_inflight: int = 20,
+        inflight_timeout_s: float = 60.0,
+        reject_backoff_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        clock_synced: Callable[[], bool] = kernel_clock_synced,
+    ) -> None:
         self.link, self.spool, self.acc, self.identity = link, spool, accumulator, identity
         self.interval_s = interval_s
         self.replay_per_s, self.replay_burst = replay_per_s, replay_burst
@@ -106,8 +119,16 @@ class Publisher:
         self._degraded: str | None = None
         if link is not None:
             link.on_ack = self._wake.set
-        self.stats = {"windows": 0, "events": 0, "published_live": 0, "published_historical": 0,
-                      "acked": 0, "rejected": 0, "events_dropped": 0, "loop_errors": 0}
+        self.stats = {
+            "windows": 0,
+            "events": 0,
+            "published_live": 0,
+            "published_historical": 0,
+            "acked": 0,
+            "rejected": 0,
+            "events_dropped": 0,
+            "loop_errors": 0,
+        }
 
     # -- API for other threads ---------------------------------------------------------------------
 
@@ -145,8 +166,9 @@ class Publisher:
                 if now >= next_tick or self._flush.is_set():
                     self._flush.clear()
                     # Scheduled before sealing: a seal that raises must not be retried at once.
-                    next_tick = max(next_tick + self.interval_s, now + self.interval_s / 2) \
-                        if now >= next_tick else next_tick
+                    next_tick = (
+                        max(next_tick + self.interval_s, now + self.interval_s / 2) if now >= next_tick else next_tick
+                    )
                     self.seal_window()
                 self.drain_events()
                 busy = self.pump()
@@ -175,6 +197,9 @@ class Publisher:
             if self.on_degraded is not None:
                 self.on_degraded(degraded)
 
+    # The device's health as the window is sealed (``telemetry.health``); None leaves it out of the window.
+    health: Callable[[], dict[str, Any]] | None = None
+
     def seal_window(self) -> Record | None:
         """Take the accumulated window and spool it as one ``tele/latency`` record."""
         start_mono, start_wall = self._window_start
@@ -186,13 +211,32 @@ class Publisher:
         series = [s.to_series(duration) for s in self.acc.take()]
         synced = bool(self.clock_synced())
         ident = self.identity
+        health = None
+        if self.health is not None:
+            try:
+                health = Health.model_validate(self.health())
+            except Exception:  # health explains a window; it must never cost one
+                log.warning("device health could not be read for this window", exc_info=True)
 
         def build(seq: int) -> bytes:
-            return LatencyWindow(device_id=ident.device_id, session=self.spool.session, boot_id=ident.boot_id,
-                                 seq=seq, clock_synced=synced, clock_jump_s=jump,
-                                 window=WindowTimes(start_wall=start_wall, end_wall=end_wall, start_mono=start_mono,
-                                                    end_mono=end_mono, duration_s=duration),
-                                 series=series, version=ident.version).to_json()
+            return LatencyWindow(
+                device_id=ident.device_id,
+                session=self.spool.session,
+                boot_id=ident.boot_id,
+                seq=seq,
+                clock_synced=synced,
+                clock_jump_s=jump,
+                window=WindowTimes(
+                    start_wall=start_wall,
+                    end_wall=end_wall,
+                    start_mono=start_mono,
+                    end_mono=end_mono,
+                    duration_s=duration,
+                ),
+                series=series,
+                version=ident.version,
+                health=health,
+            ).to_json()
 
         record = self._append("window", "tele/latency", build)
         self.stats["windows"] += 1
@@ -209,16 +253,24 @@ class Publisher:
             if not self._append_event(*item):
                 self._events.appendleft(item)
                 return
-        self.spool.report_drops(lambda drop: self._append_event("spool_drop", drop.model_dump(), self.wall(),
-                                                                self.clock()))
+        self.spool.report_drops(
+            lambda drop: self._append_event("spool_drop", drop.model_dump(), self.wall(), self.clock())
+        )
 
     def _append_event(self, type_: str, data: dict, at_wall: float, at_mono: float) -> bool:
         """True when stored (or refused as malformed: retrying would not help); False on a full disk."""
         ident = self.identity
 
         def build(seq: int) -> bytes:
-            return Event(device_id=ident.device_id, type=type_, session=self.spool.session, seq=seq,
-                         at_wall=at_wall, at_mono=at_mono, data=data).to_json()
+            return Event(
+                device_id=ident.device_id,
+                type=type_,
+                session=self.spool.session,
+                seq=seq,
+                at_wall=at_wall,
+                at_mono=at_mono,
+                data=data,
+            ).to_json()
 
         try:
             if self._append("event", f"evt/{type_}", build, keep=True) is None:

@@ -10,6 +10,7 @@ without Python:
 
 Pydantic runs at this edge only (once per window, event or command), never per token.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,10 +28,20 @@ UINT64_MAX = 2**64 - 1
 WORKLOAD = r"^[a-z][a-z0-9_-]{0,31}$"
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 # Metrics a window may carry histograms for (the vocabulary of docs/metrics.md).
-WINDOW_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "queue_ms", "prefill_ms",
-                  "first_partial_ms", "final_ms", "turn_ms")
-MetricName = Literal["ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "queue_ms", "prefill_ms",
-                     "first_partial_ms", "final_ms", "turn_ms"]
+WINDOW_METRICS = (
+    "ttft_ms",
+    "itl_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "queue_ms",
+    "prefill_ms",
+    "first_partial_ms",
+    "final_ms",
+    "turn_ms",
+)
+MetricName = Literal[
+    "ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "queue_ms", "prefill_ms", "first_partial_ms", "final_ms", "turn_ms"
+]
 COMMAND_STATUSES = ("accepted", "executing", "succeeded", "failed", "expired", "rejected")
 
 
@@ -49,11 +60,13 @@ class Wire(BaseModel):
 
 def _schema_field(name: str) -> Any:
     sid = schema_id(name)
-    return Field(sid, alias="schema", pattern=f"^{sid.replace('.', '[.]')}$",
-                 description="payload name and major version")
+    return Field(
+        sid, alias="schema", pattern=f"^{sid.replace('.', '[.]')}$", description="payload name and major version"
+    )
 
 
 # -- histograms and windows ---------------------------------------------------------------------
+
 
 class Buckets(BaseModel):
     """The populated buckets of one side of an exponential histogram: the first index and the counts from it."""
@@ -122,7 +135,8 @@ class Series(BaseModel):
     throughput: Throughput
     histograms: dict[MetricName, Histogram] = Field(default_factory=dict)
     relative_error: dict[MetricName, float] = Field(
-        default_factory=dict, description="worst-case |estimate - true| / true of a quantile read from each histogram")
+        default_factory=dict, description="worst-case |estimate - true| / true of a quantile read from each histogram"
+    )
     local: dict[MetricName, LocalQuantiles] = Field(default_factory=dict)
 
 
@@ -135,6 +149,38 @@ class WindowTimes(BaseModel):
     start_mono: float
     end_mono: float
     duration_s: float = Field(ge=0, description="from the monotonic clock; the wall clock may jump")
+
+
+class Health(BaseModel):
+    """Device health over a window (``telemetry.health``): each source optional; a missing one is named in
+    ``absent`` and its fields are null. Temperatures in °C, power in W, frequencies in MHz."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    process_cpu_percent: float | None = Field(None, ge=0, description="percent of one core, as top shows it")
+    process_rss_bytes: int | None = Field(None, ge=0)
+    memory_total_bytes: int | None = Field(None, ge=0)
+    memory_available_bytes: int | None = Field(None, ge=0)
+    load_1m: float | None = Field(None, ge=0)
+    load_5m: float | None = Field(None, ge=0)
+    load_15m: float | None = Field(None, ge=0)
+    temperatures_c: dict[str, float] = Field(
+        default_factory=dict, max_length=128, description="thermal zone type or hwmon chip/label -> °C"
+    )
+    max_temp_c: float | None = None
+    cpu_freq_mhz_mean: float | None = Field(None, ge=0)
+    cpu_freq_mhz_min: float | None = Field(None, ge=0)
+    cpu_freq_mhz_max: float | None = Field(None, ge=0)
+    throttle_counts: dict[str, int] = Field(
+        default_factory=dict, max_length=8, description="thermal_throttle events since boot, summed over CPUs"
+    )
+    power_mode: str | None = Field(None, max_length=64, description="Jetson nvpmodel -q")
+    rails_w: dict[str, float] = Field(default_factory=dict, max_length=32, description="INA3221 rails")
+    rapl_power_w: dict[str, float] = Field(
+        default_factory=dict, max_length=32, description="Intel RAPL domains, mean since the previous window"
+    )
+    npu_freq_mhz: float | None = Field(None, ge=0)
+    npu_busy_percent: float | None = Field(None, ge=0, le=100)
+    absent: list[str] = Field(default_factory=list, max_length=32, description="sources not present or not readable")
 
 
 class LatencyWindow(Wire):
@@ -151,9 +197,11 @@ class LatencyWindow(Wire):
     window: WindowTimes
     series: list[Series] = Field(default_factory=list, max_length=256)
     version: str = Field(max_length=64)
+    health: Health | None = Field(None, description="device health read as the window was sealed")
 
 
 # -- device state ---------------------------------------------------------------------------------
+
 
 class State(Wire):
     """``state`` (retained; also the Last Will, with state "offline")."""
@@ -168,6 +216,47 @@ class State(Wire):
     reason: str | None = Field(None, max_length=512)
 
 
+class ServingEngine(BaseModel):
+    """What one tier actually serves: the engine (or plain model folder) and how it was built."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    workload: str = Field(pattern=WORKLOAD)
+    tier: str = Field(pattern=NAME)
+    model: str = Field(max_length=256)
+    identity: str | None = Field(None, max_length=128, description="engine:<cache key> or model:<sha256>")
+    key: str | None = Field(None, max_length=128, description="engine cache key; null for a plain model folder")
+    backend: str | None = Field(None, max_length=32)
+    device: str | None = Field(None, max_length=256)
+    precision: str | None = Field(None, max_length=32)
+    built_at_wall: float | None = None
+    build_s: float | None = Field(None, ge=0)
+    gate: dict[str, Any] | None = Field(None, description="the accuracy gate's metrics and verdict")
+    loaded: bool = Field(True, description="false for a configured tier not in memory now")
+
+
+class Inventory(BaseModel):
+    """What the device is and runs: host, accelerators, runtimes, and the engine behind each tier."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    agent_version: str = Field(max_length=64)
+    config_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$", description="effective settings, secrets excluded")
+    os: str | None = Field(None, max_length=128)
+    kernel: str | None = Field(None, max_length=128)
+    arch: str | None = Field(None, max_length=32)
+    cpu_model: str | None = Field(None, max_length=256)
+    cpu_cores: int | None = Field(None, ge=1)
+    memory_bytes: int | None = Field(None, ge=0)
+    jetson: dict[str, str | None] | None = Field(None, description="model, l4t, jetpack; null when not a Jetson")
+    accelerators: dict[str, Any] = Field(
+        default_factory=dict,
+        description="cuda, tensorrt, openvino devices, onnxruntime providers, NPU nodes: what the probes found",
+    )
+    runtimes: dict[str, str] = Field(default_factory=dict, description="runtime -> version")
+    serving: list[ServingEngine] = Field(default_factory=list, max_length=64)
+    probed: bool = Field(False, description="false until the accelerator probes (run after start) have reported")
+    absent: list[str] = Field(default_factory=list, max_length=32, description="what was looked for and not found")
+
+
 class Meta(Wire):
     """``meta`` (retained): what the device can do."""
 
@@ -179,10 +268,16 @@ class Meta(Wire):
     engines: dict[str, str] = Field(default_factory=dict, description="engine name -> content hash")
     schemas: dict[str, str] = Field(default_factory=dict)
     histogram_relative_error: float = Field(ge=0, lt=1)
-    warnings: list[str] = Field(default_factory=list, max_length=16,
-                                description="what the operator should fix, e.g. an open command channel")
-    calibration_capture: str = Field("off", max_length=512, description="[calibration] capture: off, or what "
-                                     "is captured where (opt-in; the prompts and voice stay on the device)")
+    warnings: list[str] = Field(
+        default_factory=list, max_length=16, description="what the operator should fix, e.g. an open command channel"
+    )
+    inventory: Inventory | None = None
+    calibration_capture: str = Field(
+        "off",
+        max_length=512,
+        description="[calibration] capture: off, or what is captured where (opt-in; the prompts and voice stay "
+        "on the device)",
+    )
 
 
 class SlaSpec(BaseModel):
@@ -209,12 +304,18 @@ class Reported(Wire):
     pins: dict[str, str] = Field(default_factory=dict)
     sla: dict[str, SlaSpec] = Field(default_factory=dict)
     engine_hashes: dict[str, str] = Field(default_factory=dict)
-    desired_version: int | None = Field(None, ge=0, description="the desired version in force now (applied in this "
-                                        "run, or restored from the device's ledger at start)")
+    desired_version: int | None = Field(
+        None,
+        ge=0,
+        description="the desired version in force now (applied in this "
+        "run, or restored from the device's ledger at start)",
+    )
     desired_error: str | None = Field(None, max_length=512)
     sources: dict[SourceKey, SourceValue] = Field(
-        default_factory=dict, description="where each value in force comes from: 'sla.<workload>' and "
-        "'pins.<workload>' -> 'file' (local config), 'command' or 'desired@<version>'")
+        default_factory=dict,
+        description="where each value in force comes from: 'sla.<workload>' and "
+        "'pins.<workload>' -> 'file' (local config), 'command' or 'desired@<version>'",
+    )
     at_wall: float | None = None
 
 
@@ -230,6 +331,7 @@ class Desired(Wire):
     @classmethod
     def _workloads(cls, value: dict) -> dict:
         import re
+
         bad = [k for k in value if not re.match(WORKLOAD, k)]
         if bad:
             raise ValueError(f"not workload names: {bad}")
@@ -237,6 +339,7 @@ class Desired(Wire):
 
 
 # -- events ---------------------------------------------------------------------------------------
+
 
 class Event(Wire):
     """``evt/<type>``: something happened (tier_switch, spool_drop, clock_jump, ...)."""
@@ -260,12 +363,14 @@ class SpoolDrop(BaseModel):
     windows: int = Field(0, ge=0)
     events: int = Field(0, ge=0)
     bytes: int = Field(0, ge=0)
-    seq_ranges: list[tuple[int, int]] = Field(default_factory=list,
-                                              description="lost tele/latency seq ranges, inclusive")
+    seq_ranges: list[tuple[int, int]] = Field(
+        default_factory=list, description="lost tele/latency seq ranges, inclusive"
+    )
     detail: str | None = Field(None, max_length=1024)
 
 
 # -- commands -------------------------------------------------------------------------------------
+
 
 class CommandRequest(Wire):
     """``cmd/<name>/req``. Use MQTT 5 response topic + correlation data; ``cmd_id`` makes retries safe."""
@@ -291,8 +396,14 @@ class CommandResponse(Wire):
 
 
 PAYLOADS: dict[str, type[Wire]] = {
-    "tele_latency": LatencyWindow, "state": State, "meta": Meta, "reported": Reported,
-    "desired": Desired, "event": Event, "cmd_request": CommandRequest, "cmd_response": CommandResponse,
+    "tele_latency": LatencyWindow,
+    "state": State,
+    "meta": Meta,
+    "reported": Reported,
+    "desired": Desired,
+    "event": Event,
+    "cmd_request": CommandRequest,
+    "cmd_response": CommandResponse,
 }
 SCHEMA_VERSIONS = {name: model.model_fields["schema_"].default for name, model in PAYLOADS.items()}
 
@@ -332,8 +443,9 @@ def write_files(directory: Path = SCHEMA_DIR) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m edge_agent.telemetry.schema",
-                                description="generate or check the checked-in JSON Schema files")
+    p = argparse.ArgumentParser(
+        prog="python -m edge_agent.telemetry.schema", description="generate or check the checked-in JSON Schema files"
+    )
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--write", action="store_true", help=f"write {SCHEMA_DIR}")
     g.add_argument("--check", action="store_true", help="exit 1 if a file is missing or stale")
@@ -344,8 +456,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     stale = stale_files()
     if stale:
-        print(f"stale JSON Schema files in {SCHEMA_DIR}: {', '.join(stale)}; "
-              "run: python -m edge_agent.telemetry.schema --write", file=sys.stderr)
+        print(
+            f"stale JSON Schema files in {SCHEMA_DIR}: {', '.join(stale)}; "
+            "run: python -m edge_agent.telemetry.schema --write",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -51,16 +51,19 @@ class Tier:
     limits: Limits = field(default_factory=Limits)
     max_new_tokens: int = 256
     model: str = ""  # the configured model, as observations name it
+    engine: Callable[[], str | None] | None = None  # what the tier loaded (engine:<key>, model:<sha>), once open
 
 
 class _Loaded:
     def __init__(self, index: int, tier: Tier, lm: DecoderLM, observe: Observer,
                  clock: Callable[[], float]) -> None:
         self.index, self.tier, self.lm = index, tier, lm
-        # The tier is known here, where the scheduler is made: each observation says so, typed.
+        # The tier is known here, where the scheduler is made: each observation says so, typed, with
+        # the engine it opened (asked once, now that it is open: a later build does not rename this one).
+        engine = tier.engine() if tier.engine is not None else None
         self.scheduler = LLMScheduler(lm, tier.limits, clock=clock,
                                       on_finished=lambda timing: observe(Observation.of_request(
-                                          timing, tier.name, tier.model))).start()
+                                          timing, tier.name, tier.model, engine))).start()
         self.first = True  # the next request is the first after a load: excluded from SLA windows
 
     def close(self, drain_s: float) -> None:
