@@ -226,6 +226,11 @@ class MqttConfig(Section):
     topic_prefix: str = "edge/v1"
     reconnect_max_s: float = Field(30.0, ge=1, le=3600, description="longest jittered wait between reconnects")
     max_inflight: int = Field(20, ge=1, le=1000, description="unacknowledged QoS 1 messages at a time")
+    homeassistant_discovery: bool = Field(
+        False, description="publish Home Assistant MQTT discovery (retained): latency, tokens/s, temperature and "
+        "tier sensors, and a tier select; turned off, the next start clears what was published")
+    homeassistant_prefix: str = Field("homeassistant", pattern=r"^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*$",
+                                      max_length=128, description="Home Assistant's discovery prefix")
 
     @field_validator("device_id")
     @classmethod
