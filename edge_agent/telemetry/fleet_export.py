@@ -303,11 +303,13 @@ class MqttFeed:
         self.store, self.topics = store, topics
         self.errors: list[str] = []
         self.connected = threading.Event()
+        self.subscribed = threading.Event()  # the broker acknowledged the subscriptions
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
         self.client.suppress_exceptions = True
         if username:
             self.client.username_pw_set(username, password)
         self.client.on_connect = self._on_connect
+        self.client.on_subscribe = lambda *_: self.subscribed.set()
         self.client.on_message = lambda _c, _u, m: store.ingest(m.topic, bytes(m.payload))
         self.host, self.port = host, port
 

@@ -75,3 +75,41 @@ def test_simulated_devices_publish_valid_windows_with_their_own_seq(tmp_path):
         assert sorted(numbers) == list(range(1, len(numbers) + 1)), device  # no gap, no duplicate
         assert len(numbers) >= 3
         assert kinds[device] == {"tele/latency", "state", "reported", "meta"}
+
+
+def test_two_exporters_of_one_share_group_split_the_windows_and_both_get_every_retained_state(tmp_path):
+    from edge_agent.telemetry.fleet_export import FleetStore, MqttFeed, subscriptions
+    from edge_agent.telemetry.simulate import SimDevice
+
+    broker = Broker(tmp_path).start()
+    stores = [FleetStore(), FleetStore()]
+    feeds = [
+        MqttFeed(s, "127.0.0.1", broker.port, subscriptions("edge/v1", "g"), client_id=f"exp-{i}").start()
+        for i, s in enumerate(stores)
+    ]
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="pub", protocol=mqtt.MQTTv5)
+    try:
+        assert all(f.subscribed.wait(10) for f in feeds)
+        client.connect("127.0.0.1", broker.port)
+        client.loop_start()
+        devices = [SimDevice(f"dev-{d}", seed=d) for d in range(4)]
+        for dev in devices:
+            for suffix, payload in dev.retained():
+                client.publish(f"edge/v1/{dev.device_id}/{suffix}", payload, qos=1, retain=True).wait_for_publish(5)
+            for _ in range(10):
+                client.publish(f"edge/v1/{dev.device_id}/tele/latency", dev.window(), qos=1).wait_for_publish(5)
+
+        def counted() -> int:
+            return sum(h.count for s in (stores[0], stores[1]) if (h := s.fleet_histogram("llm", "ttft_ms")))
+
+        wait_for(lambda: counted() == 4 * 10 * 20, 15, what="every window in one exporter or the other")
+    finally:
+        client.loop_stop()
+        client.disconnect()
+        for f in feeds:
+            f.stop()
+        broker.stop()
+    windows = [sum(d.seq.received for d in s.devices.values()) for s in stores]
+    assert sum(windows) == 40 and min(windows) > 0, windows  # split, each window once
+    for s in stores:  # the retained topics are on plain subscriptions: every exporter knows every device
+        assert {d.device_id: d.online for d in s.devices.values()} == {f"dev-{d}": 1.0 for d in range(4)}
