@@ -137,6 +137,7 @@ def _jetson(timeout_s: float) -> Entry:
 # -- child-process probes ---------------------------------------------------------------------------
 
 _CUDA_CODE = """
+import json
 try:
     from edge_agent.backends.cuda import select_cuda
     c = select_cuda()

@@ -116,3 +116,12 @@ def test_book_merges_and_reports_changes_meta_validates(tmp_path: Path) -> None:
         device_id="d1", version="1.2.3", histogram_relative_error=0.01, engines={"small": "engine:abc"}, inventory=inv
     )
     jsonschema.validate(json.loads(meta.to_json()), json.loads((SCHEMA_DIR / "meta.json").read_text()))
+
+
+def test_the_cuda_probe_reports_ok_or_absent_never_its_own_error() -> None:
+    """The inventory's CUDA entry comes from this probe: a machine without CUDA says absent (it said
+    ``NameError: name 'json' is not defined`` when the probe's child printed its result)."""
+    from edge_agent.doctor import _cuda
+
+    entry = _cuda(60)
+    assert entry.status in ("ok", "absent"), entry.detail
