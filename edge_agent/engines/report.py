@@ -101,11 +101,14 @@ def _times(report: dict | None) -> dict[str, float | None]:
 
 def verdict_line(rows: list[dict], target: str) -> str:
     chosen = next((r for r in rows if r["chosen"]), None)
-    if chosen is None:
-        return "chosen: none: every candidate was refused by the accuracy gate"
+    built = [r for r in rows if r["flavour"] != "source"]
+    refused = [r for r in built if not r["passed"]]
+    if chosen is None or (built and len(refused) == len(built)):
+        why = "; ".join(f"{r_name(r)}: {r['reasons'][0]}" for r in refused if r["reasons"])
+        return "chosen: none: every candidate was refused by the accuracy gate" + (f" ({why})" if why else "")
     others = []
-    for r in rows:
-        if r["chosen"] or r["flavour"] == "source":
+    for r in built:
+        if r["chosen"]:
             continue
         label = f"{r['precision'].upper()}" + (f" {r['flavour']}" if r["flavour"] else "")
         if not r["passed"]:
@@ -114,7 +117,8 @@ def verdict_line(rows: list[dict], target: str) -> str:
             others.append(f"{label} within budget but {r['speedup'] or 0:.2f}x as fast here")
         else:
             others.append(f"{label} {r['speedup'] or 0:.2f}x, not faster on this {target}")
-    head = f"chosen: {r_name(chosen)} ({chosen['speedup'] or 0:.2f}x of FP32)"
+    what = " (the model folder: no engine is faster here)" if chosen["flavour"] == "source" else ""
+    head = f"chosen: {r_name(chosen)}{what} ({chosen['speedup'] or 0:.2f}x of FP32)"
     return head + (": " + "; ".join(others) if others else "")
 
 

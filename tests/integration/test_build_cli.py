@@ -1,14 +1,19 @@
 """``edge-agent calibrate`` / ``build`` / ``engines`` as a user runs them (subprocess, real runtimes)."""
+
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from edge_agent.engines.serving_mark import record_serving
 from tests.integration.test_build_onnxruntime import make_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,12 +21,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def run(tmp_path: Path):
-    env = {**os.environ, "EDGE_AGENT_ENGINES__CACHE_DIR": str(tmp_path / "engines"),
-           "EDGE_AGENT_MODELS__CACHE_DIR": str(tmp_path / "models"), "EDGE_AGENT_DEVICE__THREADS": "1"}
+    env = {
+        **os.environ,
+        "EDGE_AGENT_ENGINES__CACHE_DIR": str(tmp_path / "engines"),
+        "EDGE_AGENT_MODELS__CACHE_DIR": str(tmp_path / "models"),
+        "EDGE_AGENT_DEVICE__THREADS": "1",
+    }
 
     def go(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "edge_agent", *args], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=240)
+        return subprocess.run(
+            [sys.executable, "-m", "edge_agent", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
+        )
+
     return go
 
 
@@ -53,6 +64,20 @@ def test_build_engines_list_verify_prune(tmp_path: Path, run) -> None:
     listing = json.loads(run("engines", "list", "--json").stdout)
     [entry] = listing["engines"]
     assert entry["key"] == built["key"] and entry["status"] == "current"
+    assert entry["chosen"] and entry["gate"] == "PASS" and entry["serving"] == []
+    assert entry["metrics"]["cosine"] == built["accuracy"]["metrics"]["cosine"]
+
+    # A daemon records what it serves in the cache; the mark lives only as long as that process.
+    daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        record_serving(tmp_path / "engines", "full", built["key"], pid=daemon.pid)
+        listed = run("engines", "list")
+        assert "serving (full)" in listed.stdout and "chosen" in listed.stdout
+        assert json.loads(run("engines", "list", "--json").stdout)["engines"][0]["serving"] == ["full"]
+    finally:
+        daemon.kill()
+        daemon.wait(timeout=30)
+    assert json.loads(run("engines", "list", "--json").stdout)["engines"][0]["serving"] == []
 
     assert run("engines", "verify").returncode == 0
     graph = Path(built["path"]) / "model" / "model.onnx"
@@ -73,8 +98,9 @@ def test_errors_are_one_line(tmp_path: Path, run) -> None:
     recipe = make_recipe(tmp_path, calib=empty)
     done = run("build", "--recipe", str(recipe), "--target", "cpu", "--precision", "int8")
     assert done.returncode == 1
-    assert done.stderr.strip().endswith("the manifest is empty; calibration needs representative samples "
-                                        "(see calibration/README.md)")
+    assert done.stderr.strip().endswith(
+        "the manifest is empty; calibration needs representative samples (see calibration/README.md)"
+    )
     assert "Traceback" not in done.stderr
 
     done = run("build", "--recipe", str(recipe), "--target", "jetson", "--precision", "fp16")
@@ -104,3 +130,57 @@ def test_build_defaults_to_this_machine_and_every_precision_with_exit_codes(tmp_
         return
     assert done.returncode == 3, done.stderr
     assert "every candidate was refused" in done.stderr and "Traceback" not in done.stderr
+    assert "chosen: none" in done.stdout
+
+    # The refused build stays in staging until prune, which says what it removed.
+    staging = tmp_path / "engines" / "staging"
+    refused = [p for p in staging.iterdir() if p.is_dir()]
+    assert refused
+    pruned = run("engines", "prune", "--json")
+    removed = json.loads(pruned.stdout)
+    assert sorted(removed["removed"]["staging"]) == sorted(p.name for p in refused)
+    assert not any(p.exists() for p in refused) and not list(staging.glob("*.lock"))
+
+    # calibrate follows the same rule: every INT8 candidate refused is 3, not an error's 1.
+    done = run("calibrate", "--recipe", str(make_recipe(strict, min_cosine=0.99999999)))
+    assert done.returncode in (0, 3), done.stderr
+    if done.returncode == 3:
+        assert "was refused by the accuracy gate" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_says_what_is_staged_and_the_same_command_resumes(tmp_path: Path, run) -> None:
+    env = {
+        **os.environ,
+        "EDGE_AGENT_ENGINES__CACHE_DIR": str(tmp_path / "engines"),
+        "EDGE_AGENT_MODELS__CACHE_DIR": str(tmp_path / "models"),
+        "EDGE_AGENT_DEVICE__THREADS": "1",
+    }
+    args = ["build", "--recipe", "demo-asr", "--precision", "int8", "--json"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edge_agent", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        if list((tmp_path / "engines" / "staging").glob("*/steps/reference.json")):
+            break
+        time.sleep(0.02)
+    else:
+        proc.kill()
+        pytest.fail("the build never finished its reference step")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    found = re.search(r"interrupted: (\d) of 4 steps of onnxruntime/int8 are staged", err)
+    assert found and int(found.group(1)) >= 1, err
+    assert "run the same command to resume" in err and "Traceback" not in err
+
+    again = run(*args)
+    assert again.returncode in (0, 3), again.stderr
+    [engine] = json.loads(again.stdout)["engines"]
+    assert "reference" in engine["resumed_steps"]

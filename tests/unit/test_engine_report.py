@@ -126,12 +126,20 @@ def test_asr_rows_show_delta_wer_against_its_budget_and_the_agree_legend() -> No
     assert not row["passed"]  # one word in 16 wrong: ΔWER 0.0625 > 0.02
     text = render(out, "asr")
     assert "agree: share of utterances whose text is identical to FP32's" in text
-    assert out["verdict"].startswith("chosen: onnxruntime/fp32 source")
+    assert out["verdict"].startswith("chosen: none: every candidate was refused")  # the source is no engine
 
 
-def test_every_candidate_refused_says_so() -> None:
-    out = decide([report_of("int8", "qdq", BAD, 9.0, 13.9)], "llm", "cpu", with_source=False)
-    assert out["chosen"] is None and out["verdict"].startswith("chosen: none")
+def test_every_candidate_refused_says_so_with_the_numbers() -> None:
+    for with_source in (True, False):
+        out = decide([report_of("int8", "qdq", BAD, 9.0, 13.9)], "llm", "cpu", with_source=with_source)
+        assert out["verdict"].startswith("chosen: none: every candidate was refused"), out["verdict"]
+        assert f"< {BUDGET.min_cosine}" in out["verdict"]
+
+
+def test_the_source_chosen_over_a_slower_quantized_engine_is_named_the_model_folder() -> None:
+    out = decide([report_of("int8", "qdq", GOOD, 14.80, 13.76)], "llm", "cpu")
+    assert out["verdict"].startswith("chosen: onnxruntime/fp32 source (the model folder")
+    assert "INT8 qdq within budget but 0.93x as fast here" in out["verdict"]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="matplotlib (the plot extra) not installed")
