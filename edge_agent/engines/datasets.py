@@ -25,6 +25,8 @@ CAPTURE_LLM, CAPTURE_ASR = "llm.jsonl", "asr.jsonl"  # a capture directory's man
 
 def capture_manifest(path: Path, workload: str) -> Path:
     """``path`` itself when it is a file; for a directory, its manifest for ``workload`` (``llm`` or ``asr``)."""
+    if not path.exists():
+        raise InputError(f"{path}: calibration data not found (a manifest file or a capture directory)")
     if not path.is_dir():
         return path
     name = CAPTURE_LLM if workload == "llm" else CAPTURE_ASR

@@ -98,6 +98,8 @@ def test_a_directory_without_the_workloads_manifest_is_refused_with_its_name(tmp
     assert capture_manifest(tmp_path / "llm.jsonl", "asr") == tmp_path / "llm.jsonl"  # a file stays itself
     with pytest.raises(InputError, match=r"asr\.jsonl"):
         capture_manifest(tmp_path, "asr")
+    with pytest.raises(InputError, match="calibration data not found"):
+        capture_manifest(tmp_path / "nowhere", "llm")
 
 
 def test_off_by_default_and_said_so():
