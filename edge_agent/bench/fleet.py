@@ -49,6 +49,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--duration-s", type=float, default=20.0, help="measured seconds per run (default 20)")
     p.add_argument("--warmup-s", type=float, default=5.0)
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument(
+        "--scrape-every-s",
+        type=float,
+        default=10.0,
+        help="scrape the exporter's /metrics this often, as Prometheus would (default 10)",
+    )
     p.add_argument("--json", dest="json_out", metavar="OUT", default=None, help="write the JSON report to OUT")
     p.add_argument("--role", choices=("bench", "watch"), default="bench", help=argparse.SUPPRESS)
     p.add_argument("--broker", default=None, help=argparse.SUPPRESS)
@@ -186,7 +192,7 @@ def _one_run(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         msgs0 = _gauge(text0, 'edge_fleet_export_messages_total{kind="tele/latency"}') or 0.0
         scrapes = []
         while time.monotonic() - t0 < args.duration_s:
-            time.sleep(min(2.0, max(0.0, args.duration_s - (time.monotonic() - t0))))
+            time.sleep(min(args.scrape_every_s, max(0.0, args.duration_s - (time.monotonic() - t0))))
             text, took = _metrics(ex_port)
             scrapes.append(took)
         cpu1, t1 = _cpu_s(exporter.pid), time.monotonic()

@@ -86,6 +86,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     host, port = parse_hostport(args.broker, "--broker")
     lhost, lport = parse_hostport(args.listen, "--listen")
     store = FleetStore()
+    pusher = None
+    if args.otlp:
+        from ..telemetry.fleet_otlp import OtlpPusher
+
+        try:
+            pusher = OtlpPusher(store, args.otlp, interval_s=args.otlp_interval_s)
+        except ValueError as exc:
+            raise ConfigError([("--otlp", str(exc))]) from None
     registry = CollectorRegistry()
     registry.register(FleetCollector(store, le_scale=args.le_scale))
     ProcessCollector(registry=registry)  # process_cpu_seconds_total: what the exporter itself costs
@@ -107,11 +115,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     except OSError as exc:
         server.shutdown()
         raise EdgeAgentError(f"cannot connect to broker {host}:{port}: {exc}") from exc
-    pusher = None
-    if args.otlp:
-        from ..telemetry.fleet_otlp import OtlpPusher
-
-        pusher = OtlpPusher(store, args.otlp, interval_s=args.otlp_interval_s).start()
+    if pusher is not None:
+        pusher.start()
     print(f"serving http://{lhost}:{server.server_port}/metrics from {host}:{port}", flush=True)
 
     def check() -> None:

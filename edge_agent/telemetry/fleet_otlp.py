@@ -102,7 +102,7 @@ class OtlpPusher:
 
     def __init__(self, store: FleetStore, url: str, interval_s: float = 10.0, timeout_s: float = 5.0) -> None:
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"--otlp: expected an http(s) URL such as http://collector:4318/v1/metrics, got {url!r}")
+            raise ValueError(f"expected an http(s) URL such as http://collector:4318/v1/metrics, got {url!r}")
         self.store, self.url, self.interval_s, self.timeout_s = store, url, interval_s, timeout_s
         self.start_ns = time.time_ns()
         self.pushed = self.failed = 0

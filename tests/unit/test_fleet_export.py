@@ -185,3 +185,10 @@ def test_otlp_push_sends_exponential_histograms_one_to_one():
             kept = store.devices[labels["device"]].hists[("llm", labels["tier"], "ttft_ms")]
             assert math.isclose(rebuilt.quantile(0.5), kept.quantile(0.5), rel_tol=2 * relative_error(p["scale"]))
     assert total == len(pooled)
+
+
+def test_an_otlp_url_that_is_not_http_is_refused_with_the_expected_form():
+    import pytest
+
+    with pytest.raises(ValueError, match="http://collector:4318/v1/metrics"):
+        OtlpPusher(FleetStore(), "ftp://collector/v1/metrics")
