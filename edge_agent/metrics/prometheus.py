@@ -137,6 +137,7 @@ class PrometheusMetrics:
         )
         self._load: list[tuple[str, Callable[[], tuple[int, int]]]] = []
         self._health: Callable[[], dict[str, Any]] | None = None
+        self._absent_seen: set[str] = set()
         self.health_gauges = {key: Gauge(f"edge_agent:{name}", doc, registry=r) for key, (name, doc) in _HEALTH.items()}
         self.health_labelled = {
             key: Gauge(f"edge_agent:{name}", doc, (label,), registry=r)
@@ -192,8 +193,10 @@ class PrometheusMetrics:
         for key, gauge in self.health_labelled.items():
             for label, value in (doc.get(key) or {}).items():
                 gauge.labels(label).set(value)
-        for source in doc.get("absent", ()):
-            self.health_absent.labels(source).set(1)
+        absent = set(doc.get("absent", ()))
+        for source in absent | self._absent_seen:  # a source that appeared since reads 0, not a stale 1
+            self.health_absent.labels(source).set(1 if source in absent else 0)
+        self._absent_seen |= absent
 
     def render(self) -> bytes:
         self._read_health()
