@@ -138,7 +138,7 @@ class Broker:
             except TimeoutError:
                 err = self._reap()
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"mosquitto did not start on port {self.port}: {err}")
+                    raise RuntimeError(f"mosquitto did not start on port {self.port}: {err}") from None
                 time.sleep(0.2)
 
     def _reap(self) -> str:
