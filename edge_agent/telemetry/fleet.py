@@ -231,7 +231,7 @@ class FleetView:
                         "session": dev.session,
                         "stale": self._stale(dev, now),
                         "last_window_age_s": seen,
-                        "interval_s": dev.interval_s,
+                        "interval_s": None if dev.interval_s is None else round(dev.interval_s, 3),
                         "tier": dev.tiers.get(self.workload),
                         "tiers": dict(dev.tiers),
                         **_quantiles(hist),
