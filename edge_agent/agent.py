@@ -228,8 +228,12 @@ class Agent:
         c = self.settings.calibration
         if c.capture_dir is None or not (c.capture_llm or c.capture_asr):
             return None
-        capture = Capture(c.capture_dir, c.capture_rate, c.max_items, c.max_bytes, llm=c.capture_llm,
-                          asr=c.capture_asr).start()
+        try:
+            capture = Capture(c.capture_dir, c.capture_rate, c.max_items, c.max_bytes, llm=c.capture_llm,
+                              asr=c.capture_asr).start()
+        except OSError as exc:  # an unwritable capture directory must not stop serving
+            log.error("calibration capture is off: cannot use %s (%s)", c.capture_dir, exc.strerror or exc)
+            return None
         if self.llm is not None and c.capture_llm:
             self.llm.capture = capture.llm
         if self.asr is not None and c.capture_asr:

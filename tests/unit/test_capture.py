@@ -106,3 +106,17 @@ def test_off_by_default_and_said_so():
     assert CalibrationConfig().summary() == "off"
     on = CalibrationConfig(capture_dir=Path("/tmp/x"), capture_rate=0.1, capture_asr=False)
     assert on.summary().startswith("on: llm into /tmp/x, rate 0.1")
+
+
+def test_an_unusable_capture_directory_leaves_serving_running(tmp_path, caplog):
+    from types import SimpleNamespace
+
+    from edge_agent.agent import Agent
+    from edge_agent.config import Settings
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    settings = Settings(calibration=CalibrationConfig(capture_dir=blocker / "capture"))
+    agent = SimpleNamespace(settings=settings, llm=None, asr=None)
+    assert Agent._start_capture(agent) is None  # type: ignore[arg-type]
+    assert "calibration capture is off: cannot use" in caplog.text
