@@ -358,10 +358,13 @@ class Agent:
                            gate={k: gate[k] for k in ("passed", "metrics", "reasons") if k in gate} or None)
             out.append(doc)
         asr_active = self.asr.active_tier if self.asr is not None else None
+        asr_tiers: dict[str, Any] = {t.name: t for t in self.asr.tiers} if self.asr is not None else {}
         for t in self.settings.models.asr:
-            if t.name == asr_active:
-                out.append({"workload": "asr", "tier": t.name, "model": t.model, "backend": t.backend,
-                            "device": t.device, "precision": t.precision, "loaded": True})
+            speech_tier = asr_tiers.get(t.name)
+            if t.name == asr_active and speech_tier is not None:
+                identity = speech_tier.engine() if speech_tier.engine is not None else None
+                out.append({"workload": "asr", "tier": t.name, "model": t.model, "identity": identity,
+                            "backend": t.backend, "device": t.device, "precision": t.precision, "loaded": True})
         return out
 
     def _inventory_changed(self) -> None:

@@ -23,6 +23,7 @@ an ``error``; ``abort`` drops a stream whose client went away, its queued work u
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tempfile
@@ -69,6 +70,7 @@ class SpeechTier:
 
     name: str
     open: Callable[[], Recognizer]  # loads and warms the recogniser (they warm up as they open)
+    engine: Callable[[], str | None] | None = None  # what the tier loaded (model:<sha256>), once open
 
 
 class _Loaded:
@@ -78,6 +80,8 @@ class _Loaded:
                  observe: Observer) -> None:
         self.index, self.tier, self.engine, self.service = index, tier, engine, service
         self.model = engine.name
+        # What this tier opened, asked once now that it is open: every observation carries it.
+        self.identity = tier.engine() if tier.engine is not None else None
         self._deliver = observe
         self.streams = 0  # open streams and uploads (under Speech._lock)
 
@@ -89,7 +93,7 @@ class _Loaded:
         if m.first_partial_ms is not None:
             samples["first_partial_ms"] = (m.first_partial_ms,)
         try:
-            self._deliver(Observation("asr", self.tier.name, self.model, samples))
+            self._deliver(Observation("asr", self.tier.name, self.model, samples, self.identity))
         except Exception:  # metrics must never break a stream
             log.exception("ASR metrics observer failed")
 
@@ -324,16 +328,23 @@ def _feed_bounded(stream, samples: np.ndarray, rate: int, filename: str) -> None
 
 def speech_tiers(settings: Settings) -> list[SpeechTier]:
     """The configured ASR ladder; each tier opens (resolves, builds or loads, warms) when first needed."""
-    return [SpeechTier(t.name, _opener(t, settings)) for t in settings.models.asr]
+    tiers = []
+    for t in settings.models.asr:
+        opened: dict[str, str] = {}  # "identity" once the tier has opened
+        tiers.append(SpeechTier(t.name, _opener(t, settings, opened), functools.partial(opened.get, "identity")))
+    return tiers
 
 
-def _opener(tier: TierConfig, settings: Settings) -> Callable[[], Recognizer]:
+def _opener(tier: TierConfig, settings: Settings, opened: dict[str, str]) -> Callable[[], Recognizer]:
     def open_tier() -> Recognizer:
         from ...backends import SessionOptions
+        from ...engines.cache import hash_model
         from ...models.asr import open_recognizer
         from ...models.catalog import resolve_model
 
         ref = resolve_model(tier.model, settings.models.cache_dir)
+        # The folder's content hash, as LLM tiers report theirs (memoised beside the engine cache).
+        opened["identity"] = "model:" + hash_model(ref.path, settings.engines.cache_dir / "model-hashes.json")
         options = SessionOptions(device=tier.device, threads=settings.device.threads, precision=tier.precision,
                                  cache_dir=settings.engines.cache_dir)
         return open_recognizer(ref, tier.backend, options)
