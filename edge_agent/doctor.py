@@ -222,7 +222,14 @@ for d in core.available_devices:
         devices[d] = str(core.get_property(d, "FULL_DEVICE_NAME"))
     except Exception as exc:
         devices[d] = "? (%s)" % exc
-print(json.dumps({"version": getattr(ov, "__version__", None) or ov.get_version(), "devices": devices}))
+npu_driver = None
+if "NPU" in devices:
+    try:
+        npu_driver = str(core.get_property("NPU", "NPU_DRIVER_VERSION"))
+    except Exception:
+        pass
+print(json.dumps({"version": getattr(ov, "__version__", None) or ov.get_version(), "devices": devices,
+                  "npu_driver": npu_driver}))
 """
 
 

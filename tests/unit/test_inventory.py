@@ -125,3 +125,28 @@ def test_the_cuda_probe_reports_ok_or_absent_never_its_own_error() -> None:
 
     entry = _cuda(60)
     assert entry.status in ("ok", "absent"), entry.detail
+
+
+def test_the_openvino_probe_reports_the_npu_driver_version(monkeypatch) -> None:
+    """An NPU's driver version reaches the inventory (a fake openvino module in the probe's child)."""
+    from edge_agent import doctor
+    from edge_agent.backends import probe
+
+    fake = (
+        "import sys, types\n"
+        "ov = types.ModuleType('openvino')\n"
+        "class Core:\n"
+        "    available_devices = ['CPU', 'NPU']\n"
+        "    def get_property(self, device, name):\n"
+        "        return {'FULL_DEVICE_NAME': device + ' fake', 'NPU_DRIVER_VERSION': 1688}[name]\n"
+        "ov.Core = Core\n"
+        "ov.__version__ = '2099.1.0'\n"
+        "sys.modules['openvino'] = ov\n"
+    )
+    monkeypatch.setitem(probe.PRELUDE, "openvino", fake)
+    monkeypatch.setattr(doctor, "_installed", lambda module: True)
+    entry = doctor._openvino(60)
+    found = from_doctor({"openvino": {"status": entry.status, "version": entry.version, "data": entry.data}})
+    assert found["accelerators"]["openvino"]["npu_driver"] == "1688"
+    assert found["accelerators"]["openvino"]["devices"] == {"CPU": "CPU fake", "NPU": "NPU fake"}
+    assert found["runtimes"]["openvino"] == "2099.1.0"
