@@ -85,7 +85,7 @@ def cmd_engines_list(args: argparse.Namespace) -> int:
             if v is best:
                 next(r for r in rows if r["key"] == key)["chosen"] = True
     lines = [
-        f"{'KEY':<13} {'RECIPE':<18} {'ENGINE':<24} {'ACCURACY':<44} {'GATE':<5} {'speed':>6} {'MB':>7} "
+        f"{'KEY':<13} {'RECIPE':<18} {'ENGINE':<24} {'ACCURACY':<56} {'GATE':<5} {'speed':>6} {'MB':>7} "
         f"{'STATUS':<8} MARK"
     ]
     for r in rows:
@@ -94,7 +94,7 @@ def cmd_engines_list(args: argparse.Namespace) -> int:
         speed = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
         mark = ", ".join((["chosen"] if r["chosen"] else []) + [f"serving ({t})" for t in r["serving"]])
         lines.append(
-            f"{r['key'][:12]:<13} {r['recipe']!s:<18} {engine:<24} {accuracy:<44} {r['gate']:<5} {speed:>6} "
+            f"{r['key'][:12]:<13} {r['recipe']!s:<18} {engine:<24} {accuracy:<56} {r['gate']:<5} {speed:>6} "
             f"{r['bytes'] / 1e6:7.1f} {r['status']:<8} {mark}"
         )
     total = sum(r["bytes"] for r in rows)

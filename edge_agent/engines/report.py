@@ -73,7 +73,7 @@ def _why_not(v: Verdict, chosen: Verdict | None, target: str) -> str:
     if not v.passed:
         return "refused: " + "; ".join(v.reasons)
     if chosen is None:
-        return ""
+        return "reference only: no engine passed, the model folder serves" if v.flavour == "source" else ""
     speed, best = v.speedup or 0.0, chosen.speedup or 0.0
     if v.precision in _QUANTIZED and chosen.precision not in _QUANTIZED:
         return (
@@ -117,8 +117,10 @@ def verdict_line(rows: list[dict], target: str) -> str:
             others.append(f"{label} within budget but {r['speedup'] or 0:.2f}x as fast here")
         else:
             others.append(f"{label} {r['speedup'] or 0:.2f}x, not faster on this {target}")
-    what = " (the model folder: no engine is faster here)" if chosen["flavour"] == "source" else ""
-    head = f"chosen: {r_name(chosen)}{what} ({chosen['speedup'] or 0:.2f}x of FP32)"
+    if chosen["flavour"] == "source":
+        head = f"chosen: {r_name(chosen)} (the model folder; no engine is faster here)"
+    else:
+        head = f"chosen: {r_name(chosen)} ({chosen['speedup'] or 0:.2f}x of FP32)"
     return head + (": " + "; ".join(others) if others else "")
 
 
@@ -145,6 +147,8 @@ def decide(
     if with_source:
         by_verdict = [(v, None) for v in source_verdicts(verdicts, workload)] + by_verdict
     chosen = gates.choose([v for v, _ in by_verdict])
+    if verdicts and not any(v.passed for v in verdicts):
+        chosen = None  # every engine refused: the FP32 source is a reference, not a choice
     cpu_word = "CPU" if target == "cpu" else target
     rows = []
     for v, rep in by_verdict:

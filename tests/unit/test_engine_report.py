@@ -134,11 +134,13 @@ def test_every_candidate_refused_says_so_with_the_numbers() -> None:
         out = decide([report_of("int8", "qdq", BAD, 9.0, 13.9)], "llm", "cpu", with_source=with_source)
         assert out["verdict"].startswith("chosen: none: every candidate was refused"), out["verdict"]
         assert f"< {BUDGET.min_cosine}" in out["verdict"]
+        assert out["chosen"] is None and not any(r["chosen"] for r in out["rows"])
+        assert all(r["why_not_chosen"] for r in out["rows"])
 
 
 def test_the_source_chosen_over_a_slower_quantized_engine_is_named_the_model_folder() -> None:
     out = decide([report_of("int8", "qdq", GOOD, 14.80, 13.76)], "llm", "cpu")
-    assert out["verdict"].startswith("chosen: onnxruntime/fp32 source (the model folder")
+    assert out["verdict"].startswith("chosen: onnxruntime/fp32 source (the model folder; no engine is faster here)")
     assert "INT8 qdq within budget but 0.93x as fast here" in out["verdict"]
 
 
