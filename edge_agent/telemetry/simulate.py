@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .schema import LatencyWindow, Meta, Reported, State, WindowTimes
+from .schema import Health, LatencyWindow, Meta, Reported, State, WindowTimes
 from .windows import WindowAccumulator
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,13 @@ class SimDevice:
         duration = max(0.0, end_mono - start_mono)
         self.seq += 1
         series = [s.to_series(duration) for s in self.acc.take()]
+        temp = round(self.rng.uniform(45.0, 80.0), 1)
+        health = Health(
+            process_cpu_percent=round(self.rng.uniform(20, 90), 1),
+            temperatures_c={"cpu": temp},
+            max_temp_c=temp,
+            absent=["nvpmodel", "ina3221", "rapl", "npu"],
+        )
         return LatencyWindow(
             device_id=self.device_id,
             session=self.session,
@@ -77,6 +84,7 @@ class SimDevice:
             ),
             series=series,
             version=VERSION,
+            health=health,
         ).to_json()
 
     def retained(self, state: str = "online") -> list[tuple[str, bytes]]:

@@ -192,3 +192,15 @@ def test_an_otlp_url_that_is_not_http_is_refused_with_the_expected_form():
 
     with pytest.raises(ValueError, match="http://collector:4318/v1/metrics"):
         OtlpPusher(FleetStore(), "ftp://collector/v1/metrics")
+
+
+def test_the_agents_health_object_becomes_gauges_and_absent_sources_stay_absent():
+    store = FleetStore()
+    dev = SimDevice("dev-a", seed=5)
+    payload = dev.window()
+    sent = json.loads(payload)["health"]
+    store.ingest("edge/v1/dev-a/tele/latency", payload)
+    health = {s.labels["name"]: s.value for s in scrape(store)["edge_fleet_device_health"]}
+    assert health["max_temp_c"] == sent["max_temp_c"] == health["temperatures_c_cpu"]
+    assert health["process_cpu_percent"] == sent["process_cpu_percent"]
+    assert not any(name.startswith(("absent", "rails", "npu", "power_mode")) for name in health)
