@@ -13,6 +13,8 @@ from typing import Any
 
 from ..bench.plot import pyplot
 
+_OFFSETS = ((8, 10), (8, -16), (-90, 22), (-90, -28))
+
 
 def plot_decision(report: dict[str, Any], workload: str, path: Path) -> Path:
     plt = pyplot()
@@ -32,18 +34,20 @@ def plot_decision(report: dict[str, Any], workload: str, path: Path) -> Path:
             ("*", "tab:green", 220) if r["chosen"] else (("o", "tab:blue", 60) if r["passed"] else ("x", "tab:red", 60))
         )
         ax.scatter([x], [y], marker=style[0], color=style[1], s=style[2], zorder=3)
-        # Alternate above/below: candidates at equal accuracy (FP32, FP16) sit side by side.
+        # Labels take turns around their point: FP32 and FP16 often sit on top of each other.
         ax.annotate(
             r["candidate"] + (" (chosen)" if r["chosen"] else ""),
             (x, y),
             textcoords="offset points",
-            xytext=(6, 8 if i % 2 == 0 else -14),
+            xytext=_OFFSETS[i % len(_OFFSETS)],
+            arrowprops={"arrowstyle": "-", "color": "gray", "linewidth": 0.5},
             fontsize=8,
         )
     if budget is not None:
         ax.axhline(budget, color="tab:red", linestyle="--", linewidth=1, label=f"budget {budget}")
         ax.legend(loc="best")
     ax.axvline(1.0, color="gray", linewidth=0.8)
+    ax.margins(x=0.15, y=0.1)
     ax.set_xlabel("speed against the paired FP32 timing (x)")
     ax.set_ylabel(label)
     ax.grid(alpha=0.3)

@@ -90,6 +90,8 @@ def _why_not(v: Verdict, chosen: Verdict | None, target: str) -> str:
 def _times(report: dict | None) -> dict[str, float | None]:
     if report is None:  # the FP32 source: nothing was built
         return {"build_s": None, "calibration_s": None, "load_ms": None}
+    if report.get("cache") == "hit":  # nothing was built or calibrated by this command
+        return {"build_s": None, "calibration_s": None, "load_ms": report.get("load_ms")}
     conv = report.get("conversion") or {}
     calibrated = report.get("precision") == "int8" and report.get("flavour") not in ("dynamic", "weights")
     return {

@@ -108,6 +108,9 @@ def test_times_that_do_not_apply_are_blank() -> None:
     for name in ("onnxruntime/fp32", "onnxruntime/fp16", "onnxruntime/int8 dynamic", "onnxruntime/fp32 source"):
         assert rows[name]["calibration_s"] is None, name  # no calibration ran for these
     assert rows["onnxruntime/fp32 source"]["build_s"] is None
+    hit = {**reports()[2], "cache": "hit"}  # a cache hit built and calibrated nothing now
+    [_, hit_row] = decide([hit], "llm", "cpu")["rows"]
+    assert hit_row["build_s"] is None and hit_row["calibration_s"] is None and hit_row["load_ms"] == 30.0
     lines = {line.split("  ")[0].strip(): line for line in render(out, "llm").splitlines()}
     assert f"{CALIB_S:.1f}" in lines["onnxruntime/int8 qdq"]
     for name in ("onnxruntime/fp32", "onnxruntime/fp16"):
