@@ -6,6 +6,7 @@ installer (``scripts/install-service --wheel``, for a device that has the wheel 
 in the repository, their only source; they are copied into the build tree here. An editable install
 reads them in place and gets no copy.
 """
+
 from __future__ import annotations
 
 import shutil

@@ -1,4 +1,5 @@
 """edge-agent: an inference daemon for edge boxes (TensorRT, OpenVINO, ONNX Runtime)."""
+
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version

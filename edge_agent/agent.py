@@ -15,6 +15,7 @@ tier; a tier that cannot load falls back to the next lighter one) → controller
 Stop: STOPPING=1, refuse new requests (503), drain in-flight ones within ``drain_s``, publish
 ``offline``, flush the spool.
 """
+
 from __future__ import annotations
 
 import functools
@@ -52,8 +53,13 @@ class Agent:
     """Everything one device runs, composed from ``Settings``: ``start``, ``stop`` (drain), ``reload``.
     The fleet steers it through ``remote`` (``remote.RemoteTarget``, the telemetry ``CommandTarget``)."""
 
-    def __init__(self, settings: Settings, config_path: str | None = None, notifier: Notifier | None = None,
-                 drain_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        config_path: str | None = None,
+        notifier: Notifier | None = None,
+        drain_s: float = 30.0,
+    ) -> None:
         self.settings, self.config_path = settings, config_path
         self.notifier = notifier or Notifier()
         self.drain_s = drain_s
@@ -92,12 +98,19 @@ class Agent:
             # ledger holds a desired the fleet applied.
             self.telemetry.commands.restore_desired()
         unix_socket = str(s.api.unix_socket) if s.api.unix_socket else None
-        self.api = ApiServer(self.llm, self.metrics, s.api.token.get_secret_value() if s.api.token else None,
-                             asr=self.asr, health=self.health).start(s.api.host, s.api.port, unix_socket)
+        self.api = ApiServer(
+            self.llm,
+            self.metrics,
+            s.api.token.get_secret_value() if s.api.token else None,
+            asr=self.asr,
+            health=self.health,
+        ).start(s.api.host, s.api.port, unix_socket)
         llm, api = self.llm, self.api
         self.metrics.track_load("llm", lambda: llm.load)
-        heartbeats = [LoopHeartbeat(lambda: llm.steps, lambda: llm.load != (0, 0)),
-                      LoopHeartbeat(lambda: api.ticks, lambda: True)]  # the API loop never blocks
+        heartbeats = [
+            LoopHeartbeat(lambda: llm.steps, lambda: llm.load != (0, 0)),
+            LoopHeartbeat(lambda: api.ticks, lambda: True),
+        ]  # the API loop never blocks
         self.watchdog = Watchdog(self.notifier, lambda: all(h() for h in heartbeats)).start()
         status = f"serving: llm tier {self.llm.tiers[self.llm.active].name} ({self.llm.model_name})"
         if self.asr is not None:
@@ -139,8 +152,11 @@ class Agent:
                 controller.stop()
         # Both workloads drain at once, so the whole stop stays within drain_s + build_stop_s
         # (TimeoutStopSec=60 in the unit), however many requests and streams are in flight.
-        drains = [threading.Thread(target=served.stop, args=(self.drain_s,), name=f"drain-{name}")
-                  for name, served in (("llm", self.llm), ("asr", self.asr)) if served is not None]
+        drains = [
+            threading.Thread(target=served.stop, args=(self.drain_s,), name=f"drain-{name}")
+            for name, served in (("llm", self.llm), ("asr", self.asr))
+            if served is not None
+        ]
         for thread in drains:
             thread.start()
         for thread in drains:
@@ -149,8 +165,11 @@ class Agent:
         if self._engines is not None:  # a cancelled build keeps its finished steps staged; they resume next time
             finished = self._engines.close(self.build_stop_s)
             if not finished:
-                log.warning("the engine build did not stop within %.0f s (a native step); leaving it unfinished "
-                            "(nothing half-built is in the cache)", self.build_stop_s)
+                log.warning(
+                    "the engine build did not stop within %.0f s (a native step); leaving it unfinished "
+                    "(nothing half-built is in the cache)",
+                    self.build_stop_s,
+                )
         if self.capture is not None:  # after the drains: what they captured is written
             self.capture.stop()
         if self.watchdog is not None:
@@ -185,10 +204,21 @@ class Agent:
         stored = commands.stored_desired() if commands is not None else None
         fleet_sla: dict[str, SlaSpec] = stored.sla if stored is not None else {}
         for workload, controller, policy, window_s, every_s in (
-                ("llm", self.controller, lambda: policy_from_config(s.sla, max(t.max_batch for t in s.models.llm)),
-                 s.sla.window_s, s.sla.evaluate_every_s),
-                ("asr", self.asr_controller, lambda: policy_from_config(s.sla.asr), s.sla.asr.window_s,
-                 s.sla.asr.evaluate_every_s)):
+            (
+                "llm",
+                self.controller,
+                lambda: policy_from_config(s.sla, max(t.max_batch for t in s.models.llm)),
+                s.sla.window_s,
+                s.sla.evaluate_every_s,
+            ),
+            (
+                "asr",
+                self.asr_controller,
+                lambda: policy_from_config(s.sla.asr),
+                s.sla.asr.window_s,
+                s.sla.asr.evaluate_every_s,
+            ),
+        ):
             if controller is None:
                 continue
             base, sla = policy(), fleet_sla.get(workload)
@@ -201,12 +231,16 @@ class Agent:
                 applied.append(f"the fleet's desired version {commands.desired_in_force} on top")
             for controller in (self.controller, self.asr_controller):
                 # A pin from a desired that is no longer stored (reset_desired) goes with it.
-                if (controller is not None and commands.desired_in_force is None
-                        and controller.pin_source.startswith("desired@")):
+                if (
+                    controller is not None
+                    and commands.desired_in_force is None
+                    and controller.pin_source.startswith("desired@")
+                ):
                     controller.unpin(source="file")
         self.remote.publish_reported()
         message = f"reloaded: applied {', '.join(applied)}" + (
-            f"; changes to {', '.join(restart)} take effect after a restart" if restart else "")
+            f"; changes to {', '.join(restart)} take effect after a restart" if restart else ""
+        )
         log.info("%s", message)
         self.notifier.status(message[:200])
         return message
@@ -218,8 +252,14 @@ class Agent:
 
         caps = ["llm"] + (["asr"] if self.settings.models.asr else [])
         book = InventoryBook(__version__, config_digest(self.settings))
-        telemetry = Telemetry(self.settings.mqtt, self.settings.telemetry, version=__version__, target=self.remote,
-                              capabilities=caps, inventory=book)
+        telemetry = Telemetry(
+            self.settings.mqtt,
+            self.settings.telemetry,
+            version=__version__,
+            target=self.remote,
+            capabilities=caps,
+            inventory=book,
+        )
         telemetry.calibration_capture = self.settings.calibration.summary()  # meta says whether it is on
         return telemetry.start()
 
@@ -229,8 +269,9 @@ class Agent:
         if c.capture_dir is None or not (c.capture_llm or c.capture_asr):
             return None
         try:
-            capture = Capture(c.capture_dir, c.capture_rate, c.max_items, c.max_bytes, llm=c.capture_llm,
-                              asr=c.capture_asr).start()
+            capture = Capture(
+                c.capture_dir, c.capture_rate, c.max_items, c.max_bytes, llm=c.capture_llm, asr=c.capture_asr
+            ).start()
         except OSError as exc:  # an unwritable capture directory must not stop serving
             log.error("calibration capture is off: cannot use %s (%s)", c.capture_dir, exc.strerror or exc)
             return None
@@ -243,18 +284,32 @@ class Agent:
 
     def _start_llm(self) -> TieredLLM:
         s = self.settings
-        tiers = [Tier(t.name, self._opener(t), self._limits(t), t.max_new_tokens, t.model,
-                      engine=functools.partial(self._engine_identity, t.name)) for t in s.models.llm]
-        served = TieredLLM(tiers, observe=self.observers.deliver, on_switched=self._llm_switched,
-                           drain_s=self.drain_s)
-        errors = served.start_first(lambda tier, exc: self._event(
-            "tier_load_failed", {"workload": "llm", "tier": tier, "error": str(exc)}))
+        tiers = [
+            Tier(
+                t.name,
+                self._opener(t),
+                self._limits(t),
+                t.max_new_tokens,
+                t.model,
+                engine=functools.partial(self._engine_identity, t.name),
+            )
+            for t in s.models.llm
+        ]
+        served = TieredLLM(tiers, observe=self.observers.deliver, on_switched=self._llm_switched, drain_s=self.drain_s)
+        errors = served.start_first(
+            lambda tier, exc: self._event("tier_load_failed", {"workload": "llm", "tier": tier, "error": str(exc)})
+        )
         if served.active_tier is None:  # no tier loads: build an engine for one, then serve it
             self._tier_engines().build_then_start(served, s.models.llm, errors)
         policy = policy_from_config(s.sla, max(t.max_batch for t in s.models.llm))
-        self.controller = TierController(served, policy, window_s=s.sla.window_s,
-                                         evaluate_every_s=s.sla.evaluate_every_s, on_event=self._event,
-                                         temperature=HealthReader().max_temp_c).start()
+        self.controller = TierController(
+            served,
+            policy,
+            window_s=s.sla.window_s,
+            evaluate_every_s=s.sla.evaluate_every_s,
+            on_event=self._event,
+            temperature=HealthReader().max_temp_c,
+        ).start()
         self.observers.register(self.controller.observe)
         return served
 
@@ -266,14 +321,19 @@ class Agent:
             if engines.starting:  # demo weights, hashing, compiling: keep systemd patient (not once serving)
                 self.notifier.extend_timeout(300)
             return engines.open(tier, s.device.threads)  # the cached engine if current and intact, else the folder
+
         return open_tier
 
     def _limits(self, tier: TierConfig) -> Limits:
         b = self.settings.batching
         max_batch = min(tier.max_batch, b.max_batch)
-        return Limits(max_batch=max_batch, batch_timeout_ms=b.batch_timeout_ms,
-                      preferred_batch_sizes=tuple(x for x in b.preferred_batch_sizes if x <= max_batch),
-                      max_queue=b.max_queue, queue_timeout_ms=b.queue_timeout_ms)
+        return Limits(
+            max_batch=max_batch,
+            batch_timeout_ms=b.batch_timeout_ms,
+            preferred_batch_sizes=tuple(x for x in b.preferred_batch_sizes if x <= max_batch),
+            max_queue=b.max_queue,
+            queue_timeout_ms=b.queue_timeout_ms,
+        )
 
     def _start_asr(self):
         """The ASR ladder from its top tier (or the first lighter one that loads), and its controller
@@ -284,10 +344,15 @@ class Agent:
         try:
             from .serving.asr.ladder import open_speech
 
-            speech = open_speech(s, observe=self.observers.deliver, on_switched=self._asr_switched,
-                                 on_load_failed=lambda tier, exc: self._event(
-                                     "tier_load_failed", {"workload": "asr", "tier": tier, "error": str(exc)}),
-                                 drain_s=self.drain_s)
+            speech = open_speech(
+                s,
+                observe=self.observers.deliver,
+                on_switched=self._asr_switched,
+                on_load_failed=lambda tier, exc: self._event(
+                    "tier_load_failed", {"workload": "asr", "tier": tier, "error": str(exc)}
+                ),
+                drain_s=self.drain_s,
+            )
         except ImportError as exc:  # the audio extra (soundfile) is missing
             log.error("ASR is configured but cannot start: %s (pip install 'edge-agent[audio]')", exc)
             return None
@@ -295,9 +360,14 @@ class Agent:
             log.error("ASR could not start: %s", exc)
             return None
         if len(speech.tiers) > 1:
-            self.asr_controller = TierController(speech, policy_from_config(s.sla.asr), window_s=s.sla.asr.window_s,
-                                                 evaluate_every_s=s.sla.asr.evaluate_every_s, on_event=self._event,
-                                                 workload="asr").start()
+            self.asr_controller = TierController(
+                speech,
+                policy_from_config(s.sla.asr),
+                window_s=s.sla.asr.window_s,
+                evaluate_every_s=s.sla.asr.evaluate_every_s,
+                on_event=self._event,
+                workload="asr",
+            ).start()
             self.observers.register(self.asr_controller.observe)
         return speech
 
@@ -311,8 +381,13 @@ class Agent:
                 swap_onto_engine(self.llm, tier, made.served.get, self._event)
                 self._inventory_changed()
 
-            made = self._engines = TierEngines(self.settings.engines, self.settings.models.cache_dir, self._event,
-                                               self.notifier, on_engine_ready=engine_ready)
+            made = self._engines = TierEngines(
+                self.settings.engines,
+                self.settings.models.cache_dir,
+                self._event,
+                self.notifier,
+                on_engine_ready=engine_ready,
+            )
         return self._engines
 
     # -- hooks ----------------------------------------------------------------------------------
@@ -346,16 +421,28 @@ class Agent:
             resolved = served.get(t.name)
             if resolved is None:
                 continue
-            doc: dict[str, Any] = {"workload": "llm", "tier": t.name, "model": t.model, "identity": resolved.identity,
-                                   "backend": t.backend, "device": t.device, "precision": t.precision,
-                                   "loaded": t.name == active}
+            doc: dict[str, Any] = {
+                "workload": "llm",
+                "tier": t.name,
+                "model": t.model,
+                "identity": resolved.identity,
+                "backend": t.backend,
+                "device": t.device,
+                "precision": t.precision,
+                "loaded": t.name == active,
+            }
             if resolved.engine is not None:
                 m = resolved.engine.manifest
                 gate = m.get("accuracy") or {}
-                doc.update(key=resolved.engine.key, backend=m.get("backend", t.backend),
-                           device=m.get("device", t.device), precision=m.get("precision", t.precision),
-                           built_at_wall=m.get("committed_at"), build_s=m.get("build_s"),
-                           gate={k: gate[k] for k in ("passed", "metrics", "reasons") if k in gate} or None)
+                doc.update(
+                    key=resolved.engine.key,
+                    backend=m.get("backend", t.backend),
+                    device=m.get("device", t.device),
+                    precision=m.get("precision", t.precision),
+                    built_at_wall=m.get("committed_at"),
+                    build_s=m.get("build_s"),
+                    gate={k: gate[k] for k in ("passed", "metrics", "reasons") if k in gate} or None,
+                )
             out.append(doc)
         asr_active = self.asr.active_tier if self.asr is not None else None
         asr_tiers: dict[str, Any] = {t.name: t for t in self.asr.tiers} if self.asr is not None else {}
@@ -363,8 +450,18 @@ class Agent:
             speech_tier = asr_tiers.get(t.name)
             if t.name == asr_active and speech_tier is not None:
                 identity = speech_tier.engine() if speech_tier.engine is not None else None
-                out.append({"workload": "asr", "tier": t.name, "model": t.model, "identity": identity,
-                            "backend": t.backend, "device": t.device, "precision": t.precision, "loaded": True})
+                out.append(
+                    {
+                        "workload": "asr",
+                        "tier": t.name,
+                        "model": t.model,
+                        "identity": identity,
+                        "backend": t.backend,
+                        "device": t.device,
+                        "precision": t.precision,
+                        "loaded": True,
+                    }
+                )
         return out
 
     def _inventory_changed(self) -> None:

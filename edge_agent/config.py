@@ -9,6 +9,7 @@ Every problem is reported as ``dotted.path: message`` (``ConfigError.problems``)
 are errors, so a typo never silently falls back to a default. Each component receives only its
 own section.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -122,8 +123,15 @@ class BatchingConfig(Section):
 
 
 # Scenario SLAs (P95 unless noted): the abandonment cliff is the default.
-SlaPreset = Literal["default", "chit-chat", "customer-service", "medical-consultation", "live-risk-control",
-                    "video-conferencing", "asr-customer-service"]
+SlaPreset = Literal[
+    "default",
+    "chit-chat",
+    "customer-service",
+    "medical-consultation",
+    "live-risk-control",
+    "video-conferencing",
+    "asr-customer-service",
+]
 SLA_PRESETS: dict[SlaPreset, dict[str, Any]] = {
     "default": {"metric": "ttft_ms", "percentile": 95, "target_ms": 387.0},
     "chit-chat": {"metric": "ttft_ms", "percentile": 95, "target_ms": 350.0},
@@ -178,8 +186,10 @@ class AsrSlaConfig(_SlaPolicy):
         # A preset's metric bypasses field validation: an LLM preset here would watch a metric ASR never has.
         if self.metric not in ASR_SLA_METRICS:
             asr = [n for n, p in SLA_PRESETS.items() if p["metric"] in ASR_SLA_METRICS]
-            raise ValueError(f"preset {self.preset!r} sets metric {self.metric!r}, not an ASR metric "
-                             f"({', '.join(ASR_SLA_METRICS)}); ASR presets: {', '.join(asr)}")
+            raise ValueError(
+                f"preset {self.preset!r} sets metric {self.metric!r}, not an ASR metric "
+                f"({', '.join(ASR_SLA_METRICS)}); ASR presets: {', '.join(asr)}"
+            )
         return self
 
 
@@ -227,10 +237,16 @@ class MqttConfig(Section):
     reconnect_max_s: float = Field(30.0, ge=1, le=3600, description="longest jittered wait between reconnects")
     max_inflight: int = Field(20, ge=1, le=1000, description="unacknowledged QoS 1 messages at a time")
     homeassistant_discovery: bool = Field(
-        False, description="publish Home Assistant MQTT discovery (retained): latency, tokens/s, temperature and "
-        "tier sensors, and a tier select; turned off, the next start clears what was published")
-    homeassistant_prefix: str = Field("homeassistant", pattern=r"^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*$",
-                                      max_length=128, description="Home Assistant's discovery prefix")
+        False,
+        description="publish Home Assistant MQTT discovery (retained): latency, tokens/s, temperature and "
+        "tier sensors, and a tier select; turned off, the next start clears what was published",
+    )
+    homeassistant_prefix: str = Field(
+        "homeassistant",
+        pattern=r"^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*$",
+        max_length=128,
+        description="Home Assistant's discovery prefix",
+    )
 
     @field_validator("device_id")
     @classmethod
@@ -241,8 +257,9 @@ class MqttConfig(Section):
 
 
 # Commands a fleet may send (``telemetry/command_args.py`` ALLOWED); ``telemetry.commands_allowed`` narrows them.
-FleetCommand = Literal["get_status", "set_sla", "pin_tier", "unpin_tier", "rebuild_engine", "flush_telemetry",
-                       "reset_desired"]
+FleetCommand = Literal[
+    "get_status", "set_sla", "pin_tier", "unpin_tier", "rebuild_engine", "flush_telemetry", "reset_desired"
+]
 FLEET_COMMANDS: tuple[FleetCommand, ...] = typing.get_args(FleetCommand)
 
 
@@ -257,13 +274,18 @@ class TelemetryConfig(Section):
     ledger_path: Path = Field(default_factory=lambda: _user_dir("state") / "commands.sqlite")
     max_command_bytes: int = Field(16 * 1024, ge=256, le=1024 * 1024)
     commands_allowed: list[FleetCommand] = Field(
-        default_factory=lambda: list(FLEET_COMMANDS), description="fleet commands this device runs; [] = none")
+        default_factory=lambda: list(FLEET_COMMANDS), description="fleet commands this device runs; [] = none"
+    )
     reply_prefixes: list[str] = Field(
-        default_factory=lambda: ["fleet/replies/"], description="topic prefixes (besides the device's own "
-        "<prefix>/<device_id>/cmd/<name>/res and .../res/) that command replies may be sent under")
+        default_factory=lambda: ["fleet/replies/"],
+        description="topic prefixes (besides the device's own "
+        "<prefix>/<device_id>/cmd/<name>/res and .../res/) that command replies may be sent under",
+    )
     fleet_public_key: str | None = Field(
-        None, description="the fleet's Ed25519 public key (a PEM file or the raw key in base64): when set, "
-        "commands and desired must be signed with it (docs/telemetry.md 'Signed commands')")
+        None,
+        description="the fleet's Ed25519 public key (a PEM file or the raw key in base64): when set, "
+        "commands and desired must be signed with it (docs/telemetry.md 'Signed commands')",
+    )
 
     @field_validator("reply_prefixes")
     @classmethod
@@ -297,28 +319,48 @@ class EnginesConfig(Section):
 
     cache_dir: Path = Field(default_factory=lambda: default_cache_dir() / "engines")
     max_bytes: int = Field(8 * 1024**3, ge=1024 * 1024)
-    recipes_dir: Path = Field(default_factory=_default_recipes_dir,
-                              description="the user's recipes: `--recipe NAME` and background builds look for "
-                              "NAME.toml here first, then among the shipped recipes (default /etc/edge-agent/engines "
-                              "under systemd, ~/.config/edge-agent/engines otherwise)")
-    build_on_start: bool = Field(True, description="`edge-agent run`: build a tier's missing engine (when its model "
-                                 "has a recipe) in the background while the model folder serves")
-    build_threads: int = Field(1, ge=1, le=256, description="intra-op threads of a background build (it shares "
-                               "the device with serving)")
+    recipes_dir: Path = Field(
+        default_factory=_default_recipes_dir,
+        description="the user's recipes: `--recipe NAME` and background builds look for "
+        "NAME.toml here first, then among the shipped recipes (default /etc/edge-agent/engines "
+        "under systemd, ~/.config/edge-agent/engines otherwise)",
+    )
+    build_on_start: bool = Field(
+        True,
+        description="`edge-agent run`: build a tier's missing engine (when its model "
+        "has a recipe) in the background while the model folder serves",
+    )
+    build_threads: int = Field(
+        1, ge=1, le=256, description="intra-op threads of a background build (it shares the device with serving)"
+    )
 
 
 class CalibrationConfig(Section):
     """``[calibration]``: opt-in capture of a sample of real traffic as calibration manifests (off by default:
     captured prompts and voice are personal data; they stay on the device, bounded in count and bytes)."""
 
-    capture_dir: Path | None = Field(None, description="where captured prompts and utterances go (llm.jsonl, "
-                                     "asr.jsonl, asr/*.wav); unset: capture is off")
-    capture_rate: float = Field(0.05, gt=0, le=1, description="fraction of requests and utterances kept: every "
-                                "1/rate-th one (0.05: one in twenty; 1.0: all)")
-    max_items: int = Field(500, ge=1, le=1_000_000, description="per workload; once reached, capture of that "
-                           "workload stops (the first items are kept, nothing is replaced)")
-    max_bytes: int = Field(256 * 1024**2, ge=1024 * 1024, description="total size of the capture directory; "
-                           "beyond it nothing more is written")
+    capture_dir: Path | None = Field(
+        None,
+        description="where captured prompts and utterances go (llm.jsonl, asr.jsonl, asr/*.wav); unset: capture is off",
+    )
+    capture_rate: float = Field(
+        0.05,
+        gt=0,
+        le=1,
+        description="fraction of requests and utterances kept: every 1/rate-th one (0.05: one in twenty; 1.0: all)",
+    )
+    max_items: int = Field(
+        500,
+        ge=1,
+        le=1_000_000,
+        description="per workload; once reached, capture of that "
+        "workload stops (the first items are kept, nothing is replaced)",
+    )
+    max_bytes: int = Field(
+        256 * 1024**2,
+        ge=1024 * 1024,
+        description="total size of the capture directory; beyond it nothing more is written",
+    )
     capture_llm: bool = Field(True, description="capture LLM prompts (chat messages or completion prompts)")
     capture_asr: bool = Field(True, description="capture speech utterances (16 kHz mono WAV + the final text)")
 
@@ -327,8 +369,10 @@ class CalibrationConfig(Section):
         kinds = [k for k, on in (("llm", self.capture_llm), ("asr", self.capture_asr)) if on]
         if self.capture_dir is None or not kinds:
             return "off"
-        return (f"on: {', '.join(kinds)} into {self.capture_dir}, rate {self.capture_rate:g}, "
-                f"max {self.max_items} per workload, max {self.max_bytes} bytes")
+        return (
+            f"on: {', '.join(kinds)} into {self.capture_dir}, rate {self.capture_rate:g}, "
+            f"max {self.max_items} per workload, max {self.max_bytes} bytes"
+        )
 
 
 class ApiConfig(Section):
@@ -338,8 +382,11 @@ class ApiConfig(Section):
     port: int = Field(8080, ge=0, le=65535)
     unix_socket: Path | None = None
     token: SecretStr | None = None
-    allow_unauthenticated: bool = Field(False, description="serve a host other machines can reach without a "
-                                        "token (the agent then warns at start); off: such a config is refused")
+    allow_unauthenticated: bool = Field(
+        False,
+        description="serve a host other machines can reach without a "
+        "token (the agent then warns at start); off: such a config is refused",
+    )
 
     @field_validator("token")
     @classmethod
@@ -351,11 +398,17 @@ class ApiConfig(Section):
 
     @model_validator(mode="after")
     def _open_host_needs_token(self) -> ApiConfig:
-        if self.unix_socket is None and self.token is None and not self.allow_unauthenticated \
-                and not self.is_loopback(self.host):
-            raise ValueError(f"host {self.host!r} is reachable from other machines and no token is set: set "
-                             "api.token (clients send Authorization: Bearer …), keep host on loopback, or set "
-                             "api.allow_unauthenticated = true to serve it open on purpose")
+        if (
+            self.unix_socket is None
+            and self.token is None
+            and not self.allow_unauthenticated
+            and not self.is_loopback(self.host)
+        ):
+            raise ValueError(
+                f"host {self.host!r} is reachable from other machines and no token is set: set "
+                "api.token (clients send Authorization: Bearer …), keep host on loopback, or set "
+                "api.allow_unauthenticated = true to serve it open on purpose"
+            )
         return self
 
     @staticmethod
@@ -397,8 +450,9 @@ class LoggingConfig(Section):
     """``[logging]``: the daemon's log level and format."""
 
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="`edge-agent run`'s log level")
-    format: Literal["text", "json"] = Field("text", description="text, or one JSON object per line "
-                                            "(time, level, logger, message) for journald/Loki")
+    format: Literal["text", "json"] = Field(
+        "text", description="text, or one JSON object per line (time, level, logger, message) for journald/Loki"
+    )
 
 
 class Settings(BaseSettings):

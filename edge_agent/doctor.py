@@ -7,6 +7,7 @@ A probe that crashes, hangs or raises becomes an ``error`` entry; ``collect`` it
 Every section is ``{status: ok | absent | error, version, detail, data, warnings}``: ``absent``
 means not installed or no such hardware (with what to install), ``error`` means it is there but broken.
 """
+
 from __future__ import annotations
 
 import glob
@@ -42,8 +43,15 @@ class Entry:
 def collect(timeout_s: float = 20) -> dict[str, dict[str, Any]]:
     """Every section of ``SECTIONS``, probed in parallel; each child gets ``timeout_s``."""
     probes: dict[str, Callable[[float], Entry]] = {
-        "system": _system, "python": _python, "jetson": _jetson, "cuda": _cuda, "tensorrt": _tensorrt,
-        "openvino": _openvino, "onnxruntime": _onnxruntime, "audio": _audio, "build": _build,
+        "system": _system,
+        "python": _python,
+        "jetson": _jetson,
+        "cuda": _cuda,
+        "tensorrt": _tensorrt,
+        "openvino": _openvino,
+        "onnxruntime": _onnxruntime,
+        "audio": _audio,
+        "build": _build,
     }
     with ThreadPoolExecutor(max_workers=len(probes)) as pool:
         futures = {name: pool.submit(_guarded, fn, timeout_s) for name, fn in probes.items()}
@@ -94,11 +102,21 @@ def _system(_: float) -> Entry:
         os_name = f"{uname.system} {uname.release}"
     cpu = _first_field(_read("/proc/cpuinfo"), ("model name", "Model", "Hardware")) or uname.processor or "unknown CPU"
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    mem = {k: int(v.split()[0]) * 1024 for k, v in _fields(_read("/proc/meminfo")).items()
-           if k in ("MemTotal", "MemAvailable")}
-    data = {"os": os_name, "kernel": uname.release, "arch": uname.machine, "cpu": cpu,
-            "cores": os.cpu_count(), "usable_cores": usable, "memory_bytes": mem.get("MemTotal"),
-            "memory_available_bytes": mem.get("MemAvailable")}
+    mem = {
+        k: int(v.split()[0]) * 1024
+        for k, v in _fields(_read("/proc/meminfo")).items()
+        if k in ("MemTotal", "MemAvailable")
+    }
+    data = {
+        "os": os_name,
+        "kernel": uname.release,
+        "arch": uname.machine,
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "memory_bytes": mem.get("MemTotal"),
+        "memory_available_bytes": mem.get("MemAvailable"),
+    }
     memory = f", {mem['MemTotal'] / 2**30:.1f} GiB RAM" if "MemTotal" in mem else ""
     detail = f"{os_name} {uname.machine}, {cpu}, {usable}/{os.cpu_count()} cores{memory}"
     return Entry("ok", uname.release, detail, data)
@@ -106,9 +124,12 @@ def _system(_: float) -> Entry:
 
 def _python(_: float) -> Entry:
     venv = sys.prefix != sys.base_prefix
-    return Entry("ok", platform.python_version(),
-                 f"{platform.python_implementation()} at {sys.executable}{' (virtualenv)' if venv else ''}",
-                 {"executable": sys.executable, "virtualenv": venv})
+    return Entry(
+        "ok",
+        platform.python_version(),
+        f"{platform.python_implementation()} at {sys.executable}{' (virtualenv)' if venv else ''}",
+        {"executable": sys.executable, "virtualenv": venv},
+    )
 
 
 def _jetson(timeout_s: float) -> Entry:
@@ -124,8 +145,12 @@ def _jetson(timeout_s: float) -> Entry:
     jetpack = None
     if shutil.which("dpkg-query"):
         try:
-            out = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "nvidia-jetpack"], capture_output=True,
-                                 text=True, timeout=min(timeout_s, 10))
+            out = subprocess.run(
+                ["dpkg-query", "-W", "-f=${Version}", "nvidia-jetpack"],
+                capture_output=True,
+                text=True,
+                timeout=min(timeout_s, 10),
+            )
             if out.returncode == 0 and out.stdout.strip():
                 jetpack = out.stdout.strip()
         except (OSError, subprocess.TimeoutExpired):
@@ -177,8 +202,9 @@ def _cuda(timeout_s: float) -> Entry:
         entry.status = "absent"
         entry.detail = run.data["error"]
     if smi and smi.get("gpus") and entry.status != "ok":
-        entry.warnings.append(f"nvidia-smi sees {len(smi['gpus'])} GPU(s) but CUDA from Python does not: "
-                              f"{entry.detail}")
+        entry.warnings.append(
+            f"nvidia-smi sees {len(smi['gpus'])} GPU(s) but CUDA from Python does not: {entry.detail}"
+        )
     return entry
 
 
@@ -187,14 +213,23 @@ def _nvidia_smi(timeout_s: float) -> dict[str, Any] | None:
     if not exe:
         return None
     try:
-        out = subprocess.run([exe, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=timeout_s)
+        out = subprocess.run(
+            [exe, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"error": str(exc)}
     if out.returncode != 0:
         return {"error": (out.stdout + out.stderr).strip()[-200:]}
-    return {"gpus": [dict(zip(("name", "driver", "memory"), (p.strip() for p in line.split(","))))
-                     for line in out.stdout.splitlines() if line.strip()]}
+    return {
+        "gpus": [
+            dict(zip(("name", "driver", "memory"), (p.strip() for p in line.split(","))))
+            for line in out.stdout.splitlines()
+            if line.strip()
+        ]
+    }
 
 
 def _tensorrt(timeout_s: float) -> Entry:
@@ -202,8 +237,12 @@ def _tensorrt(timeout_s: float) -> Entry:
 
     probe = probe_tensorrt(timeout_s)
     if not probe["installed"]:
-        return Entry("absent", detail="not installed: TensorRT comes from JetPack (apt install python3-libnvinfer), "
-                                      "plus pip install 'edge-agent[tensorrt]'", data=probe)
+        return Entry(
+            "absent",
+            detail="not installed: TensorRT comes from JetPack (apt install python3-libnvinfer), "
+            "plus pip install 'edge-agent[tensorrt]'",
+            data=probe,
+        )
     if probe["error"]:
         return Entry("error", detail=f"import tensorrt failed: {probe['error']}", data=probe)
     major = (probe["version"] or "").split(".")[0]
@@ -236,19 +275,26 @@ print(json.dumps({"version": getattr(ov, "__version__", None) or ov.get_version(
 def _openvino(timeout_s: float) -> Entry:
     npu_nodes = sorted(glob.glob("/dev/accel/accel*"))
     if not _installed("openvino"):
-        return Entry("absent", detail="not installed: pip install 'edge-agent[openvino]'",
-                     data={"npu_nodes": npu_nodes})
+        return Entry(
+            "absent", detail="not installed: pip install 'edge-agent[openvino]'", data={"npu_nodes": npu_nodes}
+        )
     run = run_probe(_OPENVINO_CODE, timeout_s, "openvino")
     data = {"npu_nodes": npu_nodes, **run.data}
     if run.error:
         return Entry("error", detail=run.error, data=data)
     devices: dict[str, str] = run.data.get("devices", {})
     npu = "NPU driver " + ("present" if npu_nodes else "absent (/dev/accel/accel* missing)")
-    entry = Entry("ok", str(run.data.get("version")).split("-")[0],
-                  ", ".join(f"{d}: {n}" for d, n in devices.items()) + f"; {npu}", data)
+    entry = Entry(
+        "ok",
+        str(run.data.get("version")).split("-")[0],
+        ", ".join(f"{d}: {n}" for d, n in devices.items()) + f"; {npu}",
+        data,
+    )
     if npu_nodes and "NPU" not in devices:
-        entry.warnings.append("an NPU device node exists but OpenVINO lists no NPU: install the NPU user-space "
-                              "driver (intel-npu-driver) and add this user to the 'render' group")
+        entry.warnings.append(
+            "an NPU device node exists but OpenVINO lists no NPU: install the NPU user-space "
+            "driver (intel-npu-driver) and add this user to the 'render' group"
+        )
     return entry
 
 
@@ -268,11 +314,16 @@ def _onnxruntime(timeout_s: float) -> Entry:
         dists = []
     run = run_probe(_ORT_CODE, timeout_s, "onnxruntime")
     data = {"distributions": dists, **run.data}
-    entry = (Entry("error", detail=run.error, data=data) if run.error else
-             Entry("ok", run.data.get("version"), "providers: " + ", ".join(run.data.get("providers", [])), data))
+    entry = (
+        Entry("error", detail=run.error, data=data)
+        if run.error
+        else Entry("ok", run.data.get("version"), "providers: " + ", ".join(run.data.get("providers", [])), data)
+    )
     if len(dists) > 1:
-        entry.warnings.append(f"{' and '.join(dists)} are all installed and replace each other's onnxruntime "
-                              f"module: uninstall them all, then install exactly one")
+        entry.warnings.append(
+            f"{' and '.join(dists)} are all installed and replace each other's onnxruntime "
+            f"module: uninstall them all, then install exactly one"
+        )
     return entry
 
 
@@ -293,10 +344,12 @@ def _audio(timeout_s: float) -> Entry:
         hint = "; install PortAudio: apt install libportaudio2" if "PortAudio" in run.error else ""
         return Entry("error", detail=run.error + hint)
     inputs = run.data.get("inputs", [])
-    entry = Entry("ok", run.data.get("version"),
-                  f"{len(inputs)} input device(s)"
-                  + (": " + ", ".join(d["name"] for d in inputs[:4]) if inputs else ""),
-                  run.data)
+    entry = Entry(
+        "ok",
+        run.data.get("version"),
+        f"{len(inputs)} input device(s)" + (": " + ", ".join(d["name"] for d in inputs[:4]) if inputs else ""),
+        run.data,
+    )
     if not inputs:
         entry.warnings.append("no audio input device: the microphone source cannot start (wav replay still works)")
     return entry
@@ -310,11 +363,19 @@ def _build(_: float) -> Entry:
 
     tools = {d: _dist_version(d) for d in ("onnx", "nncf")}
     recipes = recipe_files(default_recipes_dir())
-    data = {"packages": tools, "recipe_dirs": [str(d) for d in recipe_dirs(default_recipes_dir())],
-            "recipes": [p.stem for p in recipes], "synth_tools_missing": missing_tools()}
+    data = {
+        "packages": tools,
+        "recipe_dirs": [str(d) for d in recipe_dirs(default_recipes_dir())],
+        "recipes": [p.stem for p in recipes],
+        "synth_tools_missing": missing_tools(),
+    }
     if not tools["onnx"] or not _installed("onnx"):
-        return Entry("absent", detail="engine building unavailable: the onnx package is missing (pip install "
-                     "'edge-agent[build]'); `edge-agent run` serves model folders and builds no engines", data=data)
+        return Entry(
+            "absent",
+            detail="engine building unavailable: the onnx package is missing (pip install "
+            "'edge-agent[build]'); `edge-agent run` serves model folders and builds no engines",
+            data=data,
+        )
     runtimes = ["ONNX Runtime (INT8, FP16)"]
     entry = Entry("ok", tools["onnx"], "", data)
     if _installed("openvino"):
@@ -325,11 +386,14 @@ def _build(_: float) -> Entry:
             entry.warnings.append("OpenVINO INT8/INT4 engines need nncf: pip install 'edge-agent[build]'")
     if _installed("tensorrt"):
         runtimes.append("TensorRT")
-    entry.detail = (f"engine building available for {', '.join(runtimes)}; {len(recipes)} recipe(s) in "
-                    + " then ".join(data["recipe_dirs"]))
+    entry.detail = f"engine building available for {', '.join(runtimes)}; {len(recipes)} recipe(s) in " + " then ".join(
+        data["recipe_dirs"]
+    )
     if data["synth_tools_missing"]:
-        entry.warnings.append(f"{' and '.join(data['synth_tools_missing'])} missing: the shipped ASR calibration "
-                              "audio cannot be synthesised (apt install espeak-ng sox), so ASR INT8 builds fail")
+        entry.warnings.append(
+            f"{' and '.join(data['synth_tools_missing'])} missing: the shipped ASR calibration "
+            "audio cannot be synthesised (apt install espeak-ng sox), so ASR INT8 builds fail"
+        )
     return entry
 
 

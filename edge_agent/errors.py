@@ -17,6 +17,7 @@ callers catch ``EdgeAgentError``.
     │   └── Unavailable         shedding load or shutting down (HTTP 503)
     └── DeadlineExceeded        a request waited past its queue timeout or deadline
 """
+
 from __future__ import annotations
 
 

@@ -12,6 +12,7 @@ recogniser behind ``AsrService``, with the ``[audio]`` endpointing of the config
 each combination with the latency figures: real-time factor, compute per model call, and
 ``final_ms`` (last audio pushed → final text: flush, last model call and decoding).
 """
+
 from __future__ import annotations
 
 import json
@@ -61,10 +62,10 @@ def read_manifest(path: Path, need_text: bool = True) -> list[Utterance]:
             raise InputError(f'{path}:{number}: expected {{"audio": "relative/path.wav", "text": "..."}}')
         text = item.get("text")
         if need_text and not isinstance(text, str):
-            raise InputError(f"{path}:{number}: no reference \"text\" (needed to score {item['audio']})")
+            raise InputError(f'{path}:{number}: no reference "text" (needed to score {item["audio"]})')
         audio = (path.parent / item["audio"]).resolve()
         if not audio.is_file():
-            hint = (" (synthesised audio: regenerate it with scripts/asr-eval-audio)" if "synth" in item else "")
+            hint = " (synthesised audio: regenerate it with scripts/asr-eval-audio)" if "synth" in item else ""
             raise InputError(f"{path}:{number}: audio file {item['audio']} not found at {audio}{hint}")
         items.append(Utterance(number, audio, text or ""))
     if not items:
@@ -72,9 +73,18 @@ def read_manifest(path: Path, need_text: bool = True) -> list[Utterance]:
     return items
 
 
-def evaluate(model: str, data: Path, backend: str = "onnxruntime", device: str = "cpu", precision: Precision = "auto",
-             threads: int = 1, decoders: tuple[Decoder, ...] | None = None, limit: int | None = None,
-             cache_dir: Path | None = None, audio=None) -> dict:
+def evaluate(
+    model: str,
+    data: Path,
+    backend: str = "onnxruntime",
+    device: str = "cpu",
+    precision: Precision = "auto",
+    threads: int = 1,
+    decoders: tuple[Decoder, ...] | None = None,
+    limit: int | None = None,
+    cache_dir: Path | None = None,
+    audio=None,
+) -> dict:
     """Score ``model`` on manifest ``data``; the report ``edge-agent eval asr --json`` prints."""
     from .audio.wav import read_audio
     from .backends import SessionOptions
@@ -85,8 +95,10 @@ def evaluate(model: str, data: Path, backend: str = "onnxruntime", device: str =
     items = read_manifest(data)[:limit]
     ref = resolve_model(model, cache_dir or Path.home() / ".cache" / "edge-agent" / "models")
     if ref.model_type != "streaming-ctc":
-        raise ModelError(f"{ref.name}: eval asr scores streaming CTC models (config.json model_type "
-                         f"'streaming-ctc'); this one is {ref.model_type!r}")
+        raise ModelError(
+            f"{ref.name}: eval asr scores streaming CTC models (config.json model_type "
+            f"'streaming-ctc'); this one is {ref.model_type!r}"
+        )
     options = SessionOptions(device=device, precision=precision, threads=threads)
     runner = StreamingCtcRunner(ref.path, backend, options)
     if decoders is None:
@@ -113,7 +125,7 @@ def evaluate(model: str, data: Path, backend: str = "onnxruntime", device: str =
             t0 = time.perf_counter()
             stream = runner.start()
             for i in range(0, len(samples), 1600):
-                runner.push(stream, samples[i:i + 1600])
+                runner.push(stream, samples[i : i + 1600])
             t_last = time.perf_counter()
             streamed = runner.finish(stream)
             hyps = {f"stream/{decoders[0]}": runner.decode(streamed, decoders[0])}
@@ -121,8 +133,9 @@ def evaluate(model: str, data: Path, backend: str = "onnxruntime", device: str =
             compute_s += time.perf_counter() - t0
             chunk_ms.extend(stream.chunk_ms)
             whole = runner.full(samples)
-            max_diff = max(max_diff, float(np.max(np.abs(whole - streamed))) if whole.shape == streamed.shape
-                           else float("inf"))
+            max_diff = max(
+                max_diff, float(np.max(np.abs(whole - streamed))) if whole.shape == streamed.shape else float("inf")
+            )
             for d in decoders:
                 for mode, lp in (("stream", streamed), ("full", whole)):
                     key = f"{mode}/{d}"
@@ -150,23 +163,38 @@ def evaluate(model: str, data: Path, backend: str = "onnxruntime", device: str =
 
     def rates(acc: list[int]) -> dict:
         n, s, d, i = acc
-        return {"rate": (s + d + i) / n if n else 0.0, "ref_len": n, "substitutions": s, "deletions": d,
-                "insertions": i}
+        return {
+            "rate": (s + d + i) / n if n else 0.0,
+            "ref_len": n,
+            "substitutions": s,
+            "deletions": d,
+            "insertions": i,
+        }
 
     results = {key: {"wer": rates(v["words"]), "cer": rates(v["chars"])} for key, v in totals.items()}
     wrong = [s for s in samples_out if s["ref"] != s.get(f"stream/{decoders[-1]}")]
     return {
-        "model": ref.name, "model_path": str(ref.path), "data": str(data), "backend": backend, "device": device,
-        "precision": precision, "threads": threads, "utterances": len(items), "audio_s": round(audio_s, 2),
+        "model": ref.name,
+        "model_path": str(ref.path),
+        "data": str(data),
+        "backend": backend,
+        "device": device,
+        "precision": precision,
+        "threads": threads,
+        "utterances": len(items),
+        "audio_s": round(audio_s, 2),
         "results": results,
         "stream_vs_full_max_abs_diff": max_diff,
         "latency": {
             "rtf": compute_s / audio_s if audio_s else None,
-            "chunk_ms": runner.spec.chunk_frames * runner.spec.features.hop_length * 1000
+            "chunk_ms": runner.spec.chunk_frames
+            * runner.spec.features.hop_length
+            * 1000
             / runner.spec.features.sampling_rate,
             "compute_per_chunk_ms_p50": percentile(chunk_ms, 50),
             "compute_per_chunk_ms_p95": percentile(chunk_ms, 95),
-            "final_ms_p50": percentile(final_ms, 50), "final_ms_p95": percentile(final_ms, 95),
+            "final_ms_p50": percentile(final_ms, 50),
+            "final_ms_p95": percentile(final_ms, 95),
             "count": len(final_ms),
         },
         "errors": wrong[:20],

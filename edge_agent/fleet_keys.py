@@ -5,6 +5,7 @@ Kept apart from ``telemetry.signing`` (the envelopes) so that the configuration 
 while it loads without depending on the telemetry package. ``cryptography`` is imported lazily:
 only devices and tools that use signing need the ``fleet`` extra.
 """
+
 from __future__ import annotations
 
 import base64
@@ -38,8 +39,9 @@ def load_public_key(value: str, where: str = "telemetry.fleet_public_key") -> An
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise ConfigError([(where, f"neither a base64 Ed25519 key (32 bytes) nor a readable PEM file: "
-                                   f"{path}: {exc.strerror or exc}")]) from None
+        raise ConfigError(
+            [(where, f"neither a base64 Ed25519 key (32 bytes) nor a readable PEM file: {path}: {exc.strerror or exc}")]
+        ) from None
     try:
         key = serialization.load_pem_public_key(data)
     except ValueError as exc:
@@ -64,8 +66,9 @@ def load_private_key(path: Path) -> Any:
 
 def public_key_b64(public_key: Any) -> str:
     serialization, _ = _crypto()
-    return base64.b64encode(public_key.public_bytes(serialization.Encoding.Raw,
-                                                    serialization.PublicFormat.Raw)).decode()
+    return base64.b64encode(
+        public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    ).decode()
 
 
 def keygen(out: Path) -> tuple[Path, str]:
@@ -76,14 +79,14 @@ def keygen(out: Path) -> tuple[Path, str]:
     if out.exists():
         raise EdgeAgentError(f"{out} exists; refusing to overwrite a key")
     key = ed25519.Ed25519PrivateKey.generate()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as fh:
         fh.write(pem)
     pub = out.with_name(out.name.removesuffix(".pem") + ".pub.pem")
-    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
+    pub.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     return pub, public_key_b64(key.public_key())
 
 

@@ -5,6 +5,7 @@
 plus ``exception`` (the formatted traceback) when the record carries one, and ``thread`` when it is
 not the main thread. Timestamps are UTC with milliseconds, so lines from several devices sort.
 """
+
 from __future__ import annotations
 
 import json

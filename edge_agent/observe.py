@@ -16,6 +16,7 @@ serving), while Prometheus counts every request. ``deliver`` runs on the device 
 finished the work: an observer must not block (a lock and a few counters), and one that raises is
 logged without stopping the others or the serving thread.
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,8 +49,16 @@ class Observation:
     @classmethod
     def of_request(cls, timing: RequestTiming, tier: str, model: str, engine: str | None = None) -> Observation:
         """An LLM request's timeline (``metrics.timing``) as an observation."""
-        return cls("llm", tier, model, {m: v for m, v in timing.samples().items() if v}, engine,
-                   not SLA_EXCLUDED_TAGS.isdisjoint(timing.tags), timing.tokens_in, timing.tokens_out)
+        return cls(
+            "llm",
+            tier,
+            model,
+            {m: v for m, v in timing.samples().items() if v},
+            engine,
+            not SLA_EXCLUDED_TAGS.isdisjoint(timing.tags),
+            timing.tokens_in,
+            timing.tokens_out,
+        )
 
     @property
     def tags(self) -> tuple[str, ...]:

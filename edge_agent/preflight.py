@@ -2,6 +2,7 @@
 
 ``check-config`` and ``run`` call ``config_problems``; each problem is ``(dotted.path, message)``.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,9 @@ def _raw_tier_problems(config: str | Path | None) -> list[tuple[str, str]]:
                 problems += _model_problems(f"{where}.model", tier["model"], workload)
             backend = tier.get("backend", "onnxruntime")
             if backend in BACKENDS and backend not in INTERNAL_BACKENDS and not is_installed(backend):
-                problems.append((f"{where}.backend",
-                                 f"{backend!r} is not installed here: {BACKENDS[backend].install_hint}"))
+                problems.append(
+                    (f"{where}.backend", f"{backend!r} is not installed here: {BACKENDS[backend].install_hint}")
+                )
     mqtt = data.get("mqtt")
     tls = mqtt.get("tls") if isinstance(mqtt, dict) else None
     if not isinstance(tls, dict):
@@ -73,8 +75,12 @@ def settings_problems(settings: Settings) -> list[tuple[str, str]]:
             where = f"models.{workload}[{i}]"
             problems += _model_problems(f"{where}.model", tier.model, workload)
             if not is_installed(tier.backend):
-                problems.append((f"{where}.backend",
-                                 f"{tier.backend!r} is not installed here: {BACKENDS[tier.backend].install_hint}"))
+                problems.append(
+                    (
+                        f"{where}.backend",
+                        f"{tier.backend!r} is not installed here: {BACKENDS[tier.backend].install_hint}",
+                    )
+                )
     tls = settings.mqtt.tls
     if tls:
         for key in ("ca_file", "cert_file", "key_file"):

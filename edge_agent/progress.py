@@ -3,6 +3,7 @@
 On a terminal it redraws one line; otherwise (systemd journal, CI logs) it prints a line at most
 every few seconds, so logs stay readable.
 """
+
 from __future__ import annotations
 
 import sys
@@ -42,8 +43,9 @@ class Progress:
         if now - self._last < self.min_interval_s and not finished:
             return
         self._last = now
-        self.stream.write(("\r" if self.tty else "") + self.format(done, total, now - self._start)
-                          + ("" if self.tty else "\n"))
+        self.stream.write(
+            ("\r" if self.tty else "") + self.format(done, total, now - self._start) + ("" if self.tty else "\n")
+        )
         self.stream.flush()
         self._shown = True
 
@@ -56,8 +58,10 @@ class Progress:
             eta_text = f"{eta:4.0f}s" if eta != float("inf") else "  ?s"
             width = 24
             filled = int(width * pct / 100)
-            return (f"{self.label}: [{'#' * filled}{'.' * (width - filled)}] {pct:5.1f}% "
-                    f"{done:.1f}/{total:.1f}{unit} · {rate:.1f}{unit}/s · ETA {eta_text}")
+            return (
+                f"{self.label}: [{'#' * filled}{'.' * (width - filled)}] {pct:5.1f}% "
+                f"{done:.1f}/{total:.1f}{unit} · {rate:.1f}{unit}/s · ETA {eta_text}"
+            )
         return f"{self.label}: {done:.1f}{unit} · {rate:.1f}{unit}/s · {elapsed_s:.0f}s"
 
     def __enter__(self) -> Progress:

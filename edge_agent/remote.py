@@ -10,6 +10,7 @@ Sources: every SLA and pin carries who set it (``file``, ``command``, ``desired@
 reported under ``sources``; a fleet SLA overlays the file's metric, percentile, target and
 sample count, never its hysteresis (``tier_policy.overlay``).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -99,8 +100,13 @@ class RemoteTarget:
 
     def reported(self) -> dict[str, Any]:
         a = self.agent
-        out: dict[str, Any] = {"active_tiers": {}, "pins": {}, "sla": {}, "sources": {},
-                               "engine_hashes": self.engine_hashes()}
+        out: dict[str, Any] = {
+            "active_tiers": {},
+            "pins": {},
+            "sla": {},
+            "sources": {},
+            "engine_hashes": self.engine_hashes(),
+        }
         if a.llm is not None and a.llm.active_tier is not None:
             out["active_tiers"]["llm"] = a.llm.active_tier
         if a.asr is not None and a.asr.active_tier is not None:
@@ -111,8 +117,13 @@ class RemoteTarget:
             p = controller.policy
             if controller.state.pinned is not None:
                 out["pins"][workload] = controller.served.tiers[controller.state.pinned].name
-            out["sla"][workload] = {"metric": p.metric, "percentile": p.percentile, "target_ms": p.target_ms,
-                                    "window_s": controller.window_s, "min_samples": p.min_samples}
+            out["sla"][workload] = {
+                "metric": p.metric,
+                "percentile": p.percentile,
+                "target_ms": p.target_ms,
+                "window_s": controller.window_s,
+                "min_samples": p.min_samples,
+            }
             out["sources"][f"sla.{workload}"] = controller.sla_source
             out["sources"][f"pins.{workload}"] = controller.pin_source
         return out
@@ -124,4 +135,3 @@ class RemoteTarget:
             return
         commands = telemetry.commands
         commands.publish_reported(commands.reported())
-

@@ -6,6 +6,7 @@ Their only source is the repository's top level (``engines/``, ``calibration/``,
 layout (made by ``setup.py`` at build time, never committed); a checkout (editable install) reads
 them where they are. Either way a recipe's ``../calibration/...`` path points at the shipped data.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,6 +15,7 @@ from pathlib import Path
 _PACKAGE = Path(__file__).resolve().parent
 _PACKAGED = _PACKAGE / "data"
 _CHECKOUT = _PACKAGE.parent
+
 
 def data_root() -> Path:
     """The folder holding ``engines/``, ``calibration/``, ``systemd/``: the wheel's copy, else the checkout."""

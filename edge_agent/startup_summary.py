@@ -4,6 +4,7 @@ edge-agent`` then answers "which file, which device, which models" without readi
 
 Environment variables are listed by name only: ``EDGE_AGENT_MQTT__PASSWORD`` must not reach a log.
 """
+
 from __future__ import annotations
 
 import os
@@ -62,6 +63,8 @@ def startup_lines(settings: Settings, config: str | Path | None) -> list[str]:
     lines.append("backends: " + (", ".join(_runtime(b) for b in backends) or "(none)"))
     api = str(settings.api.unix_socket) if settings.api.unix_socket else f"{settings.api.host}:{settings.api.port}"
     lines.append(f"calibration capture: {settings.calibration.summary()}")
-    lines.append(f"mqtt {settings.mqtt.host}:{settings.mqtt.port}; api {api}; state in "
-                 + ", ".join(str(d) for d in state_dirs(settings)))
+    lines.append(
+        f"mqtt {settings.mqtt.host}:{settings.mqtt.port}; api {api}; state in "
+        + ", ".join(str(d) for d in state_dirs(settings))
+    )
     return lines

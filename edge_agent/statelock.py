@@ -12,6 +12,7 @@ it connects to anything or loads a model.
 included, so a crash never leaves a stale lock behind (the PID left in the file is only read while
 someone holds the lock).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -99,7 +100,10 @@ class StateLock:
             raise AlreadyRunning(
                 f"another edge-agent ({who}) is running on this device's state: {path} is locked. Stop it first "
                 "(systemctl stop edge-agent), or give this instance its own telemetry.spool_path and "
-                "telemetry.ledger_path", path, pid) from None
+                "telemetry.ledger_path",
+                path,
+                pid,
+            ) from None
         except OSError as exc:
             os.close(fd)
             raise EdgeAgentError(f"cannot lock {path}: {exc.strerror}") from None

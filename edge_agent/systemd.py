@@ -13,6 +13,7 @@ a test) every call is a no-op, so the agent runs the same from a terminal.
                              systemd can tell this reload from an older one; READY=1 follows when done
                              (also when the new file was refused: the old config keeps serving)
 """
+
 from __future__ import annotations
 
 import logging
@@ -84,8 +85,9 @@ class Watchdog:
     def __init__(self, notifier: Notifier, healthy: Callable[[], bool], interval_s: float | None = None) -> None:
         self.notifier = notifier
         self.healthy = healthy
-        self.interval_s = interval_s if interval_s is not None else (
-            notifier.watchdog_s / 2 if notifier.watchdog_s else None)
+        self.interval_s = (
+            interval_s if interval_s is not None else (notifier.watchdog_s / 2 if notifier.watchdog_s else None)
+        )
         self.pings = 0
         self.missed = 0
         self._stop = threading.Event()

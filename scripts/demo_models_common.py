@@ -28,8 +28,14 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "edge_agent" / "demo_models"
 OPSET = 18
-SEEDS = {"demo-phi3": 1301, "demo-gemma": 1302, "demo-gemma2": 1312, "demo-phi3-small": 1304,
-         "demo-whisper": 1306, "demo-ctc": 1307}
+SEEDS = {
+    "demo-phi3": 1301,
+    "demo-gemma": 1302,
+    "demo-gemma2": 1312,
+    "demo-phi3-small": 1304,
+    "demo-whisper": 1306,
+    "demo-ctc": 1307,
+}
 EXTERNAL_MIN_ELEMENTS = 4096  # demo-phi3-small: bigger initializers go to model.onnx.data
 
 # Deterministic training text for the byte-level BPE tokenizers (plain English, varied topics).
@@ -86,8 +92,14 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
                 np.lib.format.write_array(f, np.ascontiguousarray(value), allow_pickle=False)
 
 
-def onnx_export(module: torch.nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str],
-                dynamic_axes: dict[str, dict[int, str]]) -> None:
+def onnx_export(
+    module: torch.nn.Module,
+    args: tuple,
+    path: Path,
+    inputs: list[str],
+    outputs: list[str],
+    dynamic_axes: dict[str, dict[int, str]],
+) -> None:
     """TorchScript exporter: it traces DynamicCache-based code with dynamic past lengths without fuss,
     and produces plain opset-18 graphs (the dynamo exporter needs torch.export-friendly cache code)."""
     # Eval mode on the wrapper too: the exporter restores the wrapper's train/eval mode onto every submodule
@@ -95,8 +107,17 @@ def onnx_export(module: torch.nn.Module, args: tuple, path: Path, inputs: list[s
     module.eval()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, args, str(path), input_names=inputs, output_names=outputs,
-                          dynamic_axes=dynamic_axes, opset_version=OPSET, dynamo=False, do_constant_folding=True)
+        torch.onnx.export(
+            module,
+            args,
+            str(path),
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_axes=dynamic_axes,
+            opset_version=OPSET,
+            dynamo=False,
+            do_constant_folding=True,
+        )
     model = onnx.load(str(path))
     if retie_transposed_weights(model):
         onnx.save(model, str(path))
@@ -110,17 +131,23 @@ def retie_transposed_weights(model: onnx.ModelProto) -> int:
     Put the tie back as one Transpose node: same numbers, half the bytes on disk; runtimes fold it at load."""
     graph = model.graph
     big = [i for i in graph.initializer if len(i.dims) == 2 and np.prod(i.dims) >= EXTERNAL_MIN_ELEMENTS]
-    transposed = {hashlib.sha256(np.ascontiguousarray(onnx.numpy_helper.to_array(i).T).tobytes()).digest(): i.name
-                  for i in big}
+    transposed = {
+        hashlib.sha256(np.ascontiguousarray(onnx.numpy_helper.to_array(i).T).tobytes()).digest(): i.name for i in big
+    }
     nodes, dropped, sources = [], [], set()
     # Each pair matches both ways: replace the folded copy ("onnx::..." name) and keep the named parameter.
     for init in sorted(big, key=lambda i: not i.name.startswith("onnx::")):
         source = transposed.get(hashlib.sha256(onnx.numpy_helper.to_array(init).tobytes()).digest())
-        if source is not None and init.dims[0] != init.dims[1] and init.name not in sources \
-                and source not in {d.name for d in dropped}:
+        if (
+            source is not None
+            and init.dims[0] != init.dims[1]
+            and init.name not in sources
+            and source not in {d.name for d in dropped}
+        ):
             sources.add(source)
-            nodes.append(onnx.helper.make_node("Transpose", [source], [init.name], perm=[1, 0],
-                                               name=f"/retie/{init.name}"))
+            nodes.append(
+                onnx.helper.make_node("Transpose", [source], [init.name], perm=[1, 0], name=f"/retie/{init.name}")
+            )
             dropped.append(init)
     for init in dropped:
         graph.initializer.remove(init)
@@ -131,6 +158,7 @@ def retie_transposed_weights(model: onnx.ModelProto) -> int:
 
 def io_contract(folder: Path) -> dict[str, Any]:
     """Inputs/outputs of every ONNX file in the folder, as the runtime must feed and read them."""
+
     def describe(value: onnx.ValueInfoProto) -> dict[str, Any]:
         tensor = value.type.tensor_type
         dims = []
@@ -144,8 +172,10 @@ def io_contract(folder: Path) -> dict[str, Any]:
     for path in sorted(folder.glob("*.onnx")):
         graph = onnx.load(str(path), load_external_data=False).graph
         init = {i.name for i in graph.initializer}
-        contract[path.name] = {"inputs": [describe(v) for v in graph.input if v.name not in init],
-                               "outputs": [describe(v) for v in graph.output]}
+        contract[path.name] = {
+            "inputs": [describe(v) for v in graph.input if v.name not in init],
+            "outputs": [describe(v) for v in graph.output],
+        }
     return contract
 
 
@@ -166,12 +196,25 @@ def assert_close(name: str, got: np.ndarray, want: np.ndarray, tol: float = 1e-4
 
 def write_common(folder: Path, name: str, extra: dict[str, Any] | None = None) -> None:
     write_json(folder / "io_contract.json", io_contract(folder))
-    write_json(folder / "generator.json", {
-        "generator": "scripts/make_demo_models.py", "model": name, "seed": SEEDS[name], **(extra or {}),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__, "onnx": onnx.__version__,
-                     "onnxruntime": ort.__version__, "tokenizers": tokenizers.__version__, "numpy": np.__version__},
-        "date": datetime.date.today().isoformat()})
+    write_json(
+        folder / "generator.json",
+        {
+            "generator": "scripts/make_demo_models.py",
+            "model": name,
+            "seed": SEEDS[name],
+            **(extra or {}),
+            "versions": {
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "onnx": onnx.__version__,
+                "onnxruntime": ort.__version__,
+                "tokenizers": tokenizers.__version__,
+                "numpy": np.__version__,
+            },
+            "date": datetime.date.today().isoformat(),
+        },
+    )
 
 
 def save_config(config: transformers.PretrainedConfig, architecture: str, folder: Path) -> None:
@@ -187,8 +230,11 @@ def train_bpe(vocab_size: int, first: list[str], last: list[str]) -> Tokenizer:
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(last), show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=[AddedToken(t, special=True, normalized=False) for t in first])
+        vocab_size=vocab_size - len(last),
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[AddedToken(t, special=True, normalized=False) for t in first],
+    )
     tok.train_from_iterator(CORPUS.splitlines(), trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in last])
     assert tok.get_vocab_size() == vocab_size, (tok.get_vocab_size(), vocab_size)
@@ -199,16 +245,39 @@ def train_bpe(vocab_size: int, first: list[str], last: list[str]) -> Tokenizer:
 
 def write_tokenizer(folder: Path, tok: Tokenizer, meta: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
     tok.save(str(folder / "tokenizer.json"))
-    added = {str(i): {"content": t.content, "lstrip": False, "normalized": False, "rstrip": False,
-                      "single_word": False, "special": True}
-             for i, t in sorted(tok.get_added_tokens_decoder().items()) if t.special}
+    added = {
+        str(i): {
+            "content": t.content,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+        for i, t in sorted(tok.get_added_tokens_decoder().items())
+        if t.special
+    }
     specials = {f"{k}_token": meta[k] for k in ("bos", "eos", "pad", "unk") if k in meta}
-    config = {"add_bos_token": meta.get("add_bos", False), "add_eos_token": False, "added_tokens_decoder": added,
-              **specials, "clean_up_tokenization_spaces": False, "model_max_length": 4096,
-              "padding_side": "left", "tokenizer_class": "PreTrainedTokenizerFast", **(extra or {})}
+    config = {
+        "add_bos_token": meta.get("add_bos", False),
+        "add_eos_token": False,
+        "added_tokens_decoder": added,
+        **specials,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 4096,
+        "padding_side": "left",
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **(extra or {}),
+    }
     if "template" in meta:
         config["chat_template"] = meta["template"]
     write_json(folder / "tokenizer_config.json", config)
-    write_json(folder / "special_tokens_map.json", {
-        **{k: {"content": v, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False}
-           for k, v in specials.items()}})
+    write_json(
+        folder / "special_tokens_map.json",
+        {
+            **{
+                k: {"content": v, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False}
+                for k, v in specials.items()
+            }
+        },
+    )

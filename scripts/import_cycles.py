@@ -13,6 +13,7 @@ import-linter contracts in pyproject.toml leave them out too.
 cycle is a strongly connected component of two or more modules (Tarjan); a package's ``__init__``
 importing its own submodules is no cycle unless one of them imports the package back.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,8 +76,9 @@ def imports(module: str, path: Path, known: dict[str, Path], type_checking: bool
             else:
                 prefix = node.module or ""
             # `from pkg import sub` imports the submodule when there is one, else a name of pkg
-            targets = [f"{prefix}.{alias.name}" if f"{prefix}.{alias.name}" in known else prefix
-                       for alias in node.names]
+            targets = [
+                f"{prefix}.{alias.name}" if f"{prefix}.{alias.name}" in known else prefix for alias in node.names
+            ]
         else:
             continue
         for target in targets:

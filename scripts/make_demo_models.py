@@ -52,30 +52,32 @@ from transformers import (
     Phi3ForCausalLM,
 )
 
-LLM_VOCAB = 1024          # model vocab; the tokenizers have 1000 entries, padded like Phi-3's 32064
+LLM_VOCAB = 1024  # model vocab; the tokenizers have 1000 entries, padded like Phi-3's 32064
 TOKENIZER_SIZE = 1000
-N_NEW = 24                # greedy steps in the references: 8-token prompt + 24 > Gemma-2's window of 16
+N_NEW = 24  # greedy steps in the references: 8-token prompt + 24 > Gemma-2's window of 16
 PROMPT = "The weather today is bright, and the river"
 PROMPT2 = "Hello there, how are you?"
-DATA_ALIGN = 4096             # page-aligned tensor offsets in model.onnx.data (memory-mappable)
+DATA_ALIGN = 4096  # page-aligned tensor offsets in model.onnx.data (memory-mappable)
 
 # The families' real chat templates (Phi-3-mini-4k-instruct and gemma-*-it tokenizer_config.json).
 PHI3_CHAT_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + "
     "'<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}"
     "{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}")
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
 GEMMA_CHAT_TEMPLATE = (
     "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
     "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
     "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
     "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
     "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")
-
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
+)
 
 
 # ----------------------------------------------------------------------------- small helpers
+
 
 def load_materialize_module():
     """Load the runtime's numpy-only materializer by path, so edge_agent/__init__ (runtime deps) is not imported."""
@@ -88,21 +90,40 @@ def load_materialize_module():
 
 # ----------------------------------------------------------------------------- tokenizers
 
+
 def llm_tokenizer(family: str) -> tuple[Tokenizer, dict[str, Any]]:
     """Returns the tokenizer and the family's special-token metadata."""
     if family == "phi3":
         # Phi-3: <unk>=0 <s>=1 </s>=2, chat tokens appended after the vocabulary (32000.. in the real one).
-        tok = train_bpe(TOKENIZER_SIZE, ["<unk>", "<s>", "</s>"],
-                        ["<|endoftext|>", "<|assistant|>", "<|system|>", "<|end|>", "<|user|>"])
-        meta = {"bos": "<s>", "eos": "<|endoftext|>", "pad": "<|endoftext|>", "unk": "<unk>", "add_bos": False,
-                "stop": ["<|endoftext|>", "<|assistant|>", "<|end|>"], "template": PHI3_CHAT_TEMPLATE}
+        tok = train_bpe(
+            TOKENIZER_SIZE,
+            ["<unk>", "<s>", "</s>"],
+            ["<|endoftext|>", "<|assistant|>", "<|system|>", "<|end|>", "<|user|>"],
+        )
+        meta = {
+            "bos": "<s>",
+            "eos": "<|endoftext|>",
+            "pad": "<|endoftext|>",
+            "unk": "<unk>",
+            "add_bos": False,
+            "stop": ["<|endoftext|>", "<|assistant|>", "<|end|>"],
+            "template": PHI3_CHAT_TEMPLATE,
+        }
     else:
         # Gemma: <pad>=0 <eos>=1 <bos>=2 <unk>=3 as in the real vocabulary; the tokenizer prepends <bos>.
         tok = train_bpe(TOKENIZER_SIZE, ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"], [])
         tok.post_processor = processors.TemplateProcessing(
-            single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", tok.token_to_id("<bos>"))])
-        meta = {"bos": "<bos>", "eos": "<eos>", "pad": "<pad>", "unk": "<unk>", "add_bos": True,
-                "stop": ["<eos>", "<end_of_turn>"], "template": GEMMA_CHAT_TEMPLATE}
+            single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", tok.token_to_id("<bos>"))]
+        )
+        meta = {
+            "bos": "<bos>",
+            "eos": "<eos>",
+            "pad": "<pad>",
+            "unk": "<unk>",
+            "add_bos": True,
+            "stop": ["<eos>", "<end_of_turn>"],
+            "template": GEMMA_CHAT_TEMPLATE,
+        }
     assert tok.decode(tok.encode(PROMPT).ids) == PROMPT  # the added <bos> is skipped when decoding
     meta["ids"] = {k: tok.token_to_id(meta[k]) for k in ("bos", "eos", "pad", "unk")}
     meta["stop_ids"] = [tok.token_to_id(t) for t in meta["stop"]]
@@ -111,28 +132,60 @@ def llm_tokenizer(family: str) -> tuple[Tokenizer, dict[str, Any]]:
 
 # ----------------------------------------------------------------------------- causal LMs
 
+
 def llm_config(name: str, vocab: int, meta: dict[str, Any]) -> transformers.PretrainedConfig:
     ids = meta["ids"]
     # initializer_range 0.2 (HF default 0.02) gives the tiny Phi-3/Gemma peaked logits and varied greedy
     # tokens instead of repeating the last prompt token; Gemma-2 (sandwich norms, soft-caps) varies at 0.02.
-    common = dict(vocab_size=vocab, num_hidden_layers=2, num_attention_heads=4, bos_token_id=ids["bos"],
-                  pad_token_id=ids["pad"], initializer_range=0.2, attn_implementation="eager")
+    common = dict(
+        vocab_size=vocab,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        bos_token_id=ids["bos"],
+        pad_token_id=ids["pad"],
+        initializer_range=0.2,
+        attn_implementation="eager",
+    )
     if name == "demo-phi3":
         # Real Phi-3-mini-4k sets sliding_window=2047; left unset here so the graph carries a plain causal mask.
-        return Phi3Config(hidden_size=64, intermediate_size=192, num_key_value_heads=4, eos_token_id=ids["eos"],
-                          max_position_embeddings=4096, original_max_position_embeddings=4096, **common)
+        return Phi3Config(
+            hidden_size=64,
+            intermediate_size=192,
+            num_key_value_heads=4,
+            eos_token_id=ids["eos"],
+            max_position_embeddings=4096,
+            original_max_position_embeddings=4096,
+            **common,
+        )
     if name == "demo-phi3-small":  # the benchmark size: 28.6 M parameters
         common.update(num_hidden_layers=6, num_attention_heads=8, initializer_range=0.02)
-        return Phi3Config(hidden_size=512, intermediate_size=1536, num_key_value_heads=8, eos_token_id=ids["eos"],
-                          max_position_embeddings=4096, original_max_position_embeddings=4096, **common)
+        return Phi3Config(
+            hidden_size=512,
+            intermediate_size=1536,
+            num_key_value_heads=8,
+            eos_token_id=ids["eos"],
+            max_position_embeddings=4096,
+            original_max_position_embeddings=4096,
+            **common,
+        )
     if name == "demo-gemma":  # MQA like gemma-2b
-        return GemmaConfig(hidden_size=64, intermediate_size=256, num_key_value_heads=1, head_dim=16,
-                           eos_token_id=ids["eos"], **common)
+        return GemmaConfig(
+            hidden_size=64, intermediate_size=256, num_key_value_heads=1, head_dim=16, eos_token_id=ids["eos"], **common
+        )
     # Gemma-2: GQA, both soft-caps, sliding window on even layers / global attention on odd ones.
     common.update(initializer_range=0.02)
-    return Gemma2Config(hidden_size=64, intermediate_size=256, num_key_value_heads=2, head_dim=16,
-                        query_pre_attn_scalar=16, sliding_window=16, attn_logit_softcapping=50.0,
-                        final_logit_softcapping=30.0, eos_token_id=meta["stop_ids"], **common)
+    return Gemma2Config(
+        hidden_size=64,
+        intermediate_size=256,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=16,
+        attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0,
+        eos_token_id=meta["stop_ids"],
+        **common,
+    )
 
 
 class CausalLMWithPast(torch.nn.Module):
@@ -146,8 +199,9 @@ class CausalLMWithPast(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids, *past):
         cache = DynamicCache(ddp_cache_data=list(zip(past[0::2], past[1::2])))
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         cache=cache, use_cache=True)
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache, use_cache=True
+        )
         return (out.logits, *[t for layer in out.cache.layers for t in (layer.keys, layer.values)])
 
 
@@ -156,8 +210,12 @@ def llm_io_names(n_layers: int) -> tuple[list[str], list[str], dict[str, dict[in
     inputs = ["input_ids", "attention_mask", "position_ids"] + [f"past_key_values.{n}" for n in kv]
     outputs = ["logits"] + [f"present.{n}" for n in kv]
     step = {0: "batch_size", 1: "sequence_length"}
-    axes = {"input_ids": step, "position_ids": step, "logits": step,
-            "attention_mask": {0: "batch_size", 1: "total_sequence_length"}}
+    axes = {
+        "input_ids": step,
+        "position_ids": step,
+        "logits": step,
+        "attention_mask": {0: "batch_size", 1: "total_sequence_length"},
+    }
     axes.update({f"past_key_values.{n}": {0: "batch_size", 2: "past_sequence_length"} for n in kv})
     axes.update({f"present.{n}": {0: "batch_size", 2: "total_sequence_length"} for n in kv})
     return inputs, outputs, axes
@@ -181,14 +239,21 @@ def head_dim(cfg: Any) -> int:
 def past_feeds(cfg: Any, batch: int, length: int = 0, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
     """past_key_values.* inputs: empty (the first step) or random of the given length."""
     shape = (batch, cfg.num_key_value_heads, length, head_dim(cfg))
-    return {f"past_key_values.{i}.{k}": rng.standard_normal(shape, np.float32) if rng else np.zeros(shape, np.float32)
-            for i in range(cfg.num_hidden_layers) for k in ("key", "value")}
+    return {
+        f"past_key_values.{i}.{k}": rng.standard_normal(shape, np.float32) if rng else np.zeros(shape, np.float32)
+        for i in range(cfg.num_hidden_layers)
+        for k in ("key", "value")
+    }
 
 
 def prompt_feeds(prompt: list[int], cfg: Any) -> dict[str, np.ndarray]:
     n = len(prompt)
-    return {"input_ids": np.array([prompt], np.int64), "attention_mask": np.ones((1, n), np.int64),
-            "position_ids": np.arange(n, dtype=np.int64)[None], **past_feeds(cfg, 1)}
+    return {
+        "input_ids": np.array([prompt], np.int64),
+        "attention_mask": np.ones((1, n), np.int64),
+        "position_ids": np.arange(n, dtype=np.int64)[None],
+        **past_feeds(cfg, 1),
+    }
 
 
 def greedy(run: Callable, prompts: list[list[int]], n_new: int, cfg: Any, pad_id: int) -> np.ndarray:
@@ -198,10 +263,10 @@ def greedy(run: Callable, prompts: list[list[int]], n_new: int, cfg: Any, pad_id
     ids = np.full((batch, width), pad_id, np.int64)
     mask = np.zeros((batch, width), np.int64)
     for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):], mask[row, width - len(prompt):] = prompt, 1
+        ids[row, width - len(prompt) :], mask[row, width - len(prompt) :] = prompt, 1
     feeds, new = past_feeds(cfg, batch), []
     for _ in range(n_new):
-        positions = np.clip(np.cumsum(mask, 1) - 1, 0, None)[:, -ids.shape[1]:]
+        positions = np.clip(np.cumsum(mask, 1) - 1, 0, None)[:, -ids.shape[1] :]
         out = run({"input_ids": ids, "attention_mask": mask, "position_ids": positions, **feeds})
         ids = out["logits"][:, -1].argmax(-1).astype(np.int64)[:, None]
         new.append(ids[:, 0])
@@ -214,8 +279,13 @@ def torch_runner(module: torch.nn.Module, names: list[str]) -> Callable:
     def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         args = [torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in names]
         with torch.no_grad():
-            return {k: v.numpy() for k, v in zip(["logits"] + [n.replace("past_key_values", "present")
-                                                              for n in names[3:]], module(*args))}
+            return {
+                k: v.numpy()
+                for k, v in zip(
+                    ["logits"] + [n.replace("past_key_values", "present") for n in names[3:]], module(*args)
+                )
+            }
+
     return run
 
 
@@ -240,8 +310,9 @@ def build_llm(name: str, out_dir: Path) -> dict[str, Any]:
     family = "phi3" if name.startswith("demo-phi3") else "gemma"
     tok, meta = llm_tokenizer(family)
     torch.manual_seed(SEEDS[name])
-    model = {"demo-phi3": Phi3ForCausalLM, "demo-gemma": GemmaForCausalLM,
-             "demo-gemma2": Gemma2ForCausalLM}[name](llm_config(name, LLM_VOCAB, meta)).eval()
+    model = {"demo-phi3": Phi3ForCausalLM, "demo-gemma": GemmaForCausalLM, "demo-gemma2": Gemma2ForCausalLM}[name](
+        llm_config(name, LLM_VOCAB, meta)
+    ).eval()
     folder = out_dir / name
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -273,25 +344,43 @@ def build_llm(name: str, out_dir: Path) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     mask = np.ones((2, 23), np.int64)
     mask[1, :4] = 0
-    feeds = {"input_ids": rng.integers(0, TOKENIZER_SIZE, (2, 3)), "attention_mask": mask,
-             "position_ids": np.clip(np.cumsum(mask, 1) - 1, 0, None)[:, -3:], **past_feeds(cfg, 2, 20, rng)}
+    feeds = {
+        "input_ids": rng.integers(0, TOKENIZER_SIZE, (2, 3)),
+        "attention_mask": mask,
+        "position_ids": np.clip(np.cumsum(mask, 1) - 1, 0, None)[:, -3:],
+        **past_feeds(cfg, 2, 20, rng),
+    }
     want = adapter(feeds)
     for key, value in run(feeds).items():
         assert_close(f"{name} {key} (past 20 + 3)", value, want[key])
 
     save_config(cfg, type(model).__name__, folder)
-    write_json(folder / "generation_config.json", {
-        "bos_token_id": meta["ids"]["bos"], "eos_token_id": meta["stop_ids"], "pad_token_id": pad,
-        "transformers_version": transformers.__version__})
+    write_json(
+        folder / "generation_config.json",
+        {
+            "bos_token_id": meta["ids"]["bos"],
+            "eos_token_id": meta["stop_ids"],
+            "pad_token_id": pad,
+            "transformers_version": transformers.__version__,
+        },
+    )
     write_tokenizer(folder, tok, meta)
-    save_npz(folder / "reference.npz", {
-        "prompt_ids": np.array(prompts[0], np.int64), "prompt_logits": refs[0][0], "greedy_ids": refs[0][1],
-        "prompt2_ids": np.array(prompts[1], np.int64), "greedy2_ids": refs[1][1]})
+    save_npz(
+        folder / "reference.npz",
+        {
+            "prompt_ids": np.array(prompts[0], np.int64),
+            "prompt_logits": refs[0][0],
+            "greedy_ids": refs[0][1],
+            "prompt2_ids": np.array(prompts[1], np.int64),
+            "greedy2_ids": refs[1][1],
+        },
+    )
     write_common(folder, name, {"parameters": sum(p.numel() for p in model.parameters())})
     return {"min_margin": min(r[2] for r in refs), "eos_in_greedy": bool(np.isin(refs[0][1], meta["stop_ids"]).any())}
 
 
 # ----------------------------------------------------------------------------- demo-phi3-small (weights not committed)
+
 
 def build_phi3_small(out_dir: Path) -> dict[str, Any]:
     """Export the graph, move every large initializer to model.onnx.data and record, instead of the bytes,
@@ -323,9 +412,18 @@ def build_phi3_small(out_dir: Path) -> dict[str, Any]:
         assert init.data_type == onnx.TensorProto.FLOAT, init.name
         offset = -(-offset // DATA_ALIGN) * DATA_ALIGN
         length = 4 * int(np.prod(init.dims))
-        tensors.append({"name": init.name, "offset": offset, "length": length, "dtype": "float32",
-                        "shape": list(init.dims), "init": "normal", "std": cfg.initializer_range,
-                        "seed": zlib.crc32(f"{name}/{init.name}".encode())})
+        tensors.append(
+            {
+                "name": init.name,
+                "offset": offset,
+                "length": length,
+                "dtype": "float32",
+                "shape": list(init.dims),
+                "init": "normal",
+                "std": cfg.initializer_range,
+                "seed": zlib.crc32(f"{name}/{init.name}".encode()),
+            }
+        )
         init.ClearField("raw_data")
         init.data_location = onnx.TensorProto.EXTERNAL
         for key, value in (("location", "model.onnx.data"), ("offset", offset), ("length", length)):
@@ -335,14 +433,26 @@ def build_phi3_small(out_dir: Path) -> dict[str, Any]:
     del graph
 
     save_config(cfg, "Phi3ForCausalLM", folder)
-    write_json(folder / "generation_config.json", {
-        "bos_token_id": meta["ids"]["bos"], "eos_token_id": meta["stop_ids"], "pad_token_id": meta["ids"]["pad"],
-        "transformers_version": transformers.__version__})
+    write_json(
+        folder / "generation_config.json",
+        {
+            "bos_token_id": meta["ids"]["bos"],
+            "eos_token_id": meta["stop_ids"],
+            "pad_token_id": meta["ids"]["pad"],
+            "transformers_version": transformers.__version__,
+        },
+    )
     write_tokenizer(folder, tok, meta)
     # The recipe's sha256 comes from the runtime's own materializer, which is then checked end to end.
     mat = load_materialize_module()
-    recipe = {"format": 1, "file": "model.onnx.data", "data_bytes": offset, "data_sha256": None,
-              "align": DATA_ALIGN, "tensors": tensors}
+    recipe = {
+        "format": 1,
+        "file": "model.onnx.data",
+        "data_bytes": offset,
+        "data_sha256": None,
+        "align": DATA_ALIGN,
+        "tensors": tensors,
+    }
     recipe["data_sha256"] = mat.recipe_sha256(recipe)
     write_json(folder / "weights.json", recipe)
     write_common(folder, name, {"parameters": n_params})
@@ -354,6 +464,7 @@ def build_phi3_small(out_dir: Path) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- main
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -367,10 +478,14 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import make_demo_models_speech as speech  # sibling file: Whisper and wav2vec2-CTC
 
-    builders = {"demo-phi3": build_llm, "demo-gemma": build_llm, "demo-gemma2": build_llm,
-                "demo-phi3-small": lambda _n, out: build_phi3_small(out),
-                "demo-whisper": lambda _n, out: speech.build_whisper(out),
-                "demo-ctc": lambda _n, out: speech.build_ctc(out)}
+    builders = {
+        "demo-phi3": build_llm,
+        "demo-gemma": build_llm,
+        "demo-gemma2": build_llm,
+        "demo-phi3-small": lambda _n, out: build_phi3_small(out),
+        "demo-whisper": lambda _n, out: speech.build_whisper(out),
+        "demo-ctc": lambda _n, out: speech.build_ctc(out),
+    }
     for name in args.only:
         print(f"{name}: building", flush=True)
         info = builders[name](name, args.out)

@@ -10,6 +10,7 @@ the HF checkpoint is rebuilt, checked against the ONNX logits, and handed to
 Runs in the exporter environment (torch, transformers, onnx, onnxruntime-genai, onnx-ir):
     scripts/make-genai-model SRC_FOLDER OUT_FOLDER
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     config = Phi3Config.from_pretrained(args.src)
     model = Phi3ForCausalLM(config).eval()
     state = hf_state_dict(graph)
-    missing = [k for k in model.state_dict() if k not in state and not k.endswith("layernorm.weight")
-               and not k.endswith("norm.weight")]
+    missing = [
+        k
+        for k in model.state_dict()
+        if k not in state and not k.endswith("layernorm.weight") and not k.endswith("norm.weight")
+    ]
     if missing:
         sys.exit(f"make-genai-model: no ONNX initializer found for {missing[:5]} (is {args.src} a plain Phi-3 export?)")
     model.load_state_dict(state, strict=False)
@@ -72,8 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     # The rebuilt checkpoint must reproduce the ONNX model's logits before it is converted.
     prompt = np.arange(5, 37, dtype=np.int64)[None]
     session = ort.InferenceSession(str(args.src / "model.onnx"), providers=["CPUExecutionProvider"])
-    feeds = {"input_ids": prompt, "attention_mask": np.ones_like(prompt),
-             "position_ids": np.arange(prompt.shape[1], dtype=np.int64)[None]}
+    feeds = {
+        "input_ids": prompt,
+        "attention_mask": np.ones_like(prompt),
+        "position_ids": np.arange(prompt.shape[1], dtype=np.int64)[None],
+    }
     for spec in session.get_inputs():
         if spec.name.startswith("past_key_values"):
             head_dim = config.hidden_size // config.num_attention_heads
@@ -94,15 +101,35 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copy(args.src / name, hf_dir / name)
         shutil.rmtree(args.out, ignore_errors=True)
         # The builder's CLI is its stable interface (its Python entry points change between releases).
-        subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", "phi3-local",
-                        "-i", str(hf_dir), "-o", str(args.out), "-p", "fp32", "-e", "cpu", "-c", str(cache)],
-                       check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "onnxruntime_genai.models.builder",
+                "-m",
+                "phi3-local",
+                "-i",
+                str(hf_dir),
+                "-o",
+                str(args.out),
+                "-p",
+                "fp32",
+                "-e",
+                "cpu",
+                "-c",
+                str(cache),
+            ],
+            check=True,
+        )
     for name in TOKENIZER_FILES:
         if (args.src / name).is_file() and not (args.out / name).exists():
             shutil.copy(args.src / name, args.out / name)
     genai = json.loads((args.out / "genai_config.json").read_text())
-    print(f"wrote {args.out} (genai_config: context {genai['model']['context_length']}, "
-          f"{len(list(args.out.iterdir()))} files)", flush=True)
+    print(
+        f"wrote {args.out} (genai_config: context {genai['model']['context_length']}, "
+        f"{len(list(args.out.iterdir()))} files)",
+        flush=True,
+    )
     return 0
 
 

@@ -9,6 +9,7 @@ The config is the e2e one (a single small demo-phi3 tier, no ASR, 1 s telemetry 
 thread, so a chatty daemon never blocks on a full pipe. Only processes started here are signalled;
 every wait is bounded.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,8 @@ device_id = "{device}"
 
 [telemetry]
 interval_s = 1
-spool_path = "{tmp / 'spool.sqlite'}"
-ledger_path = "{tmp / 'ledger.sqlite'}"
+spool_path = "{tmp / "spool.sqlite"}"
+ledger_path = "{tmp / "ledger.sqlite"}"
 
 [api]
 host = "127.0.0.1"
@@ -82,8 +83,10 @@ class Notify:
             self.times.append(time.monotonic())
 
     def seen(self, key: str, value: str | None = None, contains: str | None = None) -> bool:
-        return any(key in m and (value is None or m[key] == value) and (contains is None or contains in m[key])
-                   for m in self.messages)
+        return any(
+            key in m and (value is None or m[key] == value) and (contains is None or contains in m[key])
+            for m in self.messages
+        )
 
     def count(self, key: str, value: str | None = None) -> int:
         return sum(1 for m in self.messages if key in m and (value is None or m[key] == value))
@@ -102,8 +105,9 @@ class Listener:
 
         self.device = device
         self.messages: list[tuple[str, dict, bool]] = []
-        self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id or f"listener-{device}",
-                                  protocol=paho.MQTTv5)
+        self.client = paho.Client(
+            paho.CallbackAPIVersion.VERSION2, client_id=client_id or f"listener-{device}", protocol=paho.MQTTv5
+        )
         self.client.on_message = self._on_message
         self.client.on_connect = lambda c, u, f, rc, p=None: c.subscribe(f"edge/v1/{device}/#", qos=1)
         self.client.connect("127.0.0.1", port)
@@ -143,9 +147,18 @@ def stop(proc: subprocess.Popen) -> str:
 class Daemon:
     """One ``edge-agent run`` process with its own config, notify socket and (optional) MQTT listener."""
 
-    def __init__(self, workdir: Path, broker_port: int, config: str | None = None, extra: str = "",
-                 device: str = "dev-e2e", env: dict[str, str] | None = None, api_port: int | None = None,
-                 listen: bool = True, name: str = "agent") -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        broker_port: int,
+        config: str | None = None,
+        extra: str = "",
+        device: str = "dev-e2e",
+        env: dict[str, str] | None = None,
+        api_port: int | None = None,
+        listen: bool = True,
+        name: str = "agent",
+    ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.api_port = api_port or free_port()
@@ -163,8 +176,7 @@ class Daemon:
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         if wait_ready:
-            wait_for(lambda: self.notify.seen("READY", "1") or self.proc.poll() is not None, timeout_s,
-                     what="READY=1")
+            wait_for(lambda: self.notify.seen("READY", "1") or self.proc.poll() is not None, timeout_s, what="READY=1")
             assert self.proc.poll() is None, f"the daemon exited {self.proc.returncode}:\n{self.output()}"
         return self
 

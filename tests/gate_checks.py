@@ -4,6 +4,7 @@ INT8/FP16 numerics differ between CPUs (AVX2 vs AVX-512 VNNI vs AMX bf16 kernels
 that the gate's verdict follows from the metrics it measured and the recipe's budget, never that an
 engine reached some cosine or WER on the machine that wrote the test.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -14,8 +15,11 @@ from edge_agent.engines.recipes import AccuracyBudget
 
 def expected_pass(workload: str, metrics: dict[str, float], budget: AccuracyBudget) -> bool:
     if workload == "llm":
-        return (metrics["cosine"] >= budget.min_cosine and metrics["top1"] >= budget.min_top1
-                and metrics["kl"] <= budget.max_kl)
+        return (
+            metrics["cosine"] >= budget.min_cosine
+            and metrics["top1"] >= budget.min_top1
+            and metrics["kl"] <= budget.max_kl
+        )
     return metrics["wer_delta"] <= budget.max_wer_delta
 
 

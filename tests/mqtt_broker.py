@@ -8,6 +8,7 @@
 
 Only processes this module started are ever signalled. Every wait is bounded.
 """
+
 from __future__ import annotations
 
 import os
@@ -67,22 +68,68 @@ class Certs:
         def ssl(*args: str) -> None:
             subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
 
-        ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=edge-test-ca",
-            "-keyout", "ca.key", "-out", "ca.pem")
+        ssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=edge-test-ca",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        )
         (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
         for name, cn, ext in (("server", "localhost", True), ("client", client_cn, False)):
-            ssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={cn}", "-keyout", f"{name}.key",
-                "-out", f"{name}.csr")
+            ssl(
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                f"/CN={cn}",
+                "-keyout",
+                f"{name}.key",
+                "-out",
+                f"{name}.csr",
+            )
             extra = ["-extfile", "san.ext"] if ext else []
-            ssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                "-days", "2", "-out", f"{name}.pem", *extra)
+            ssl(
+                "x509",
+                "-req",
+                "-in",
+                f"{name}.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-out",
+                f"{name}.pem",
+                *extra,
+            )
         return cls(d, d / "ca.pem", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key")
 
 
 class Broker:
-    def __init__(self, workdir: Path, *, port: int | None = None, tls: Certs | None = None,
-                 require_client_cert: bool = False, passwords: dict[str, str] | None = None,
-                 acl: str | None = None, max_packet_size: int | None = None, persistence: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        port: int | None = None,
+        tls: Certs | None = None,
+        require_client_cert: bool = False,
+        passwords: dict[str, str] | None = None,
+        acl: str | None = None,
+        max_packet_size: int | None = None,
+        persistence: bool = False,
+    ) -> None:
         self.dir = Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
@@ -90,9 +137,16 @@ class Broker:
         self.log_path = self.dir / "mosquitto.log"
         # Started as root, mosquitto would drop to the "mosquitto" user and could not read our files.
         run_as = [f"user {pwd.getpwuid(os.geteuid()).pw_name}"] if os.geteuid() == 0 else []
-        lines = [*run_as, f"listener {self.port} 127.0.0.1", f"log_dest file {self.log_path}",
-                 "log_type error", "log_type warning", "log_type notice", "log_type information",
-                 "max_queued_messages 100000"]
+        lines = [
+            *run_as,
+            f"listener {self.port} 127.0.0.1",
+            f"log_dest file {self.log_path}",
+            "log_type error",
+            "log_type warning",
+            "log_type notice",
+            "log_type information",
+            "max_queued_messages 100000",
+        ]
         if persistence:  # sessions and queued messages survive a graceful restart
             lines += ["persistence true", f"persistence_location {self.dir}/", "autosave_interval 1"]
         else:
@@ -100,16 +154,21 @@ class Broker:
         if max_packet_size:
             lines.append(f"max_packet_size {max_packet_size}")
         if tls:
-            lines += [f"cafile {tls.ca}", f"certfile {tls.server_cert}", f"keyfile {tls.server_key}",
-                      "tls_version tlsv1.2"]
+            lines += [
+                f"cafile {tls.ca}",
+                f"certfile {tls.server_cert}",
+                f"keyfile {tls.server_key}",
+                "tls_version tlsv1.2",
+            ]
             if require_client_cert:
                 lines += ["require_certificate true", "use_identity_as_username true"]
         if passwords:
             pw = self.dir / "passwd"
             pw.write_text("")
             for user, secret in passwords.items():
-                subprocess.run(["mosquitto_passwd", "-b", str(pw), user, secret], check=True,
-                               capture_output=True, timeout=30)
+                subprocess.run(
+                    ["mosquitto_passwd", "-b", str(pw), user, secret], check=True, capture_output=True, timeout=30
+                )
             os.chmod(pw, 0o600)
             lines += [f"password_file {pw}", "allow_anonymous false"]
         elif not (tls and require_client_cert):
@@ -126,12 +185,15 @@ class Broker:
         if self.proc and self.proc.poll() is None:
             return self
         if not os.path.exists(MOSQUITTO):
-            raise RuntimeError(f"{MOSQUITTO} not found: the telemetry tests need a real broker "
-                               "(apt install mosquitto mosquitto-clients; scripts/setup does it)")
+            raise RuntimeError(
+                f"{MOSQUITTO} not found: the telemetry tests need a real broker "
+                "(apt install mosquitto mosquitto-clients; scripts/setup does it)"
+            )
         deadline = time.monotonic() + timeout_s
         while True:  # the port may linger briefly after a kill
-            self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)], stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.PIPE)
+            self.proc = subprocess.Popen(
+                [MOSQUITTO, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            )
             try:
                 wait_port(self.port, timeout_s=min(5.0, max(0.5, deadline - time.monotonic())))
                 return self

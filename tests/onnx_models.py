@@ -1,4 +1,5 @@
 """Tiny ONNX graphs built with onnx.helper for backend tests, each with a numpy reference."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,8 +15,11 @@ def affine_relu(path: Path, in_dim: int = 8, out_dim: int = 4, seed: int = 0) ->
     w = rng.standard_normal((in_dim, out_dim)).astype(np.float32)
     b = rng.standard_normal(out_dim).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["pre"]),
-         helper.make_node("Relu", ["pre"], ["y"])],
+        [
+            helper.make_node("MatMul", ["x", "W"], ["xw"]),
+            helper.make_node("Add", ["xw", "b"], ["pre"]),
+            helper.make_node("Relu", ["pre"], ["y"]),
+        ],
         "affine_relu",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", in_dim])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", out_dim])],

@@ -4,6 +4,7 @@
 per test session and cached (synthesis takes well under a second). Tests that need it skip with
 the reason when the tools are missing.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -36,8 +37,18 @@ def require_tools() -> None:
         pytest.skip("speech synthesis needs espeak-ng and sox (apt install espeak-ng sox)")
 
 
-def speech_wav(text: str, voice: str = "en-us", *, rate: int = 16000, channels: int = 1, bits: int = 16,
-               encoding: str = "signed-integer", lead_s: float = 0.4, tail_s: float = 0.8, wpm: int = 160) -> Path:
+def speech_wav(
+    text: str,
+    voice: str = "en-us",
+    *,
+    rate: int = 16000,
+    channels: int = 1,
+    bits: int = 16,
+    encoding: str = "signed-integer",
+    lead_s: float = 0.4,
+    tail_s: float = 0.8,
+    wpm: int = 160,
+) -> Path:
     """A WAV of ``text`` (cached per session). ``voice`` as espeak-ng takes it (``en+max``, …)."""
     require_tools()
     recipe = (text, voice, rate, channels, bits, encoding, lead_s, tail_s, wpm)
@@ -46,10 +57,30 @@ def speech_wav(text: str, voice: str = "en-us", *, rate: int = 16000, channels: 
     if out.is_file():
         return out
     raw = _dir() / f"{key}.raw.wav"
-    subprocess.run(["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(raw), text], check=True,
-                   capture_output=True, timeout=30)
-    subprocess.run(["sox", str(raw), "-r", str(rate), "-c", str(channels), "-b", str(bits), "-e", encoding,
-                    str(out), "pad", str(lead_s), str(tail_s)], check=True, capture_output=True, timeout=30)
+    subprocess.run(
+        ["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(raw), text], check=True, capture_output=True, timeout=30
+    )
+    subprocess.run(
+        [
+            "sox",
+            str(raw),
+            "-r",
+            str(rate),
+            "-c",
+            str(channels),
+            "-b",
+            str(bits),
+            "-e",
+            encoding,
+            str(out),
+            "pad",
+            str(lead_s),
+            str(tail_s),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
     raw.unlink()
     return out
 

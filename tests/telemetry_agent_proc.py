@@ -1,7 +1,8 @@
 """An agent process for kill -9 tests: telemetry under load until killed.
 
-    python -m tests.telemetry_agent_proc PORT WORKDIR INTERVAL_S
+python -m tests.telemetry_agent_proc PORT WORKDIR INTERVAL_S
 """
+
 from __future__ import annotations
 
 import sys

@@ -1,4 +1,5 @@
 """Shared pieces of the telemetry integration tests: a fleet-side watcher and an agent-side rig."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,15 @@ from tests.mqtt_broker import wait_for
 class Watcher:
     """What a fleet manager runs: subscribes to edge/v1/+/#, keeps every message, feeds a FleetView."""
 
-    def __init__(self, port: int, *, topics: tuple[str, ...] = ("edge/v1/+/#", "fleet/replies/#"),
-                 client_id: str = "watcher", persistent: bool = False, **tls: Any) -> None:
+    def __init__(
+        self,
+        port: int,
+        *,
+        topics: tuple[str, ...] = ("edge/v1/+/#", "fleet/replies/#"),
+        client_id: str = "watcher",
+        persistent: bool = False,
+        **tls: Any,
+    ) -> None:
         self.messages: list[tuple[str, bytes, Any]] = []
         self.view = FleetView(window_s=1e9)
         self._lock = threading.Lock()
@@ -53,8 +61,14 @@ class Watcher:
     def seqs(self, device: str = "dev-1") -> list[int]:
         return [d["seq"] for d in self.docs("tele/latency") if d["device_id"] == device]
 
-    def request(self, topic: str, body: dict | bytes, response_topic: str | None = None,
-                correlation: bytes | None = None, expiry_s: int | None = None) -> None:
+    def request(
+        self,
+        topic: str,
+        body: dict | bytes,
+        response_topic: str | None = None,
+        correlation: bytes | None = None,
+        expiry_s: int | None = None,
+    ) -> None:
         props = Properties(PacketTypes.PUBLISH)
         if response_topic:
             props.ResponseTopic = response_topic
@@ -70,13 +84,24 @@ class Watcher:
         self.client.loop_stop()
 
 
-def make_telemetry(tmp_path: Path, port: int, *, device_id: str = "dev-1", interval_s: float = 0.2,
-                   mqtt_extra: dict | None = None, tele_extra: dict | None = None, **kw: Any) -> Telemetry:
-    mcfg = MqttConfig(host="127.0.0.1", port=port, device_id=device_id, reconnect_max_s=2,
-                      **(mqtt_extra or {}))
-    tcfg = TelemetryConfig(interval_s=interval_s, spool_path=tmp_path / f"{device_id}.spool.sqlite",
-                           ledger_path=tmp_path / f"{device_id}.ledger.sqlite", replay_per_s=200,
-                           **(tele_extra or {}))
+def make_telemetry(
+    tmp_path: Path,
+    port: int,
+    *,
+    device_id: str = "dev-1",
+    interval_s: float = 0.2,
+    mqtt_extra: dict | None = None,
+    tele_extra: dict | None = None,
+    **kw: Any,
+) -> Telemetry:
+    mcfg = MqttConfig(host="127.0.0.1", port=port, device_id=device_id, reconnect_max_s=2, **(mqtt_extra or {}))
+    tcfg = TelemetryConfig(
+        interval_s=interval_s,
+        spool_path=tmp_path / f"{device_id}.spool.sqlite",
+        ledger_path=tmp_path / f"{device_id}.ledger.sqlite",
+        replay_per_s=200,
+        **(tele_extra or {}),
+    )
     return Telemetry(mcfg, tcfg, **kw)
 
 
@@ -93,8 +118,9 @@ class Load:
         k = 0
         while not self._stop.is_set():
             k += 1
-            self.tele.accumulator.observe("llm", "small", "demo-phi3", {"ttft_ms": [20.0 + k % 50],
-                                                                        "itl_ms": [5.0, 6.0]}, tokens_out=3)
+            self.tele.accumulator.observe(
+                "llm", "small", "demo-phi3", {"ttft_ms": [20.0 + k % 50], "itl_ms": [5.0, 6.0]}, tokens_out=3
+            )
             self.count += 1
             time.sleep(self.period)
 
@@ -109,9 +135,11 @@ class Load:
 
 def drained(tele: Telemetry, timeout_s: float = 60.0) -> None:
     """Nothing older than a second is left in the spool (windows keep coming every interval)."""
+
     def done() -> bool:
         horizon = time.time() - 1.0
         return all(r.created_wall > horizon for r in tele.spool.pending(1000))
+
     try:
         wait_for(done, timeout_s, what="spool to drain")
     except AssertionError as exc:

@@ -6,6 +6,7 @@ until it is killed.
 The spool lives in WORKDIR (a small tmpfs in the disk-full test); the log goes to stderr with the
 daemon's format, at INFO, so a test can count every line a fault makes it write.
 """
+
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,5 @@
 """A real, tiny ``CommandTarget``: in-memory tiers, SLA and pins, as the agent will keep them."""
+
 from __future__ import annotations
 
 import threading
@@ -78,6 +79,10 @@ class TinyAgent:
         return {"flushed": True}
 
     def reported(self) -> dict[str, Any]:
-        return {"active_tiers": dict(self.active), "pins": dict(self.pins),
-                "sla": {w: s for w, s in self.sla.items()}, "sources": dict(self.sources),
-                "engine_hashes": {"small": "sha256:abc"}}
+        return {
+            "active_tiers": dict(self.active),
+            "pins": dict(self.pins),
+            "sla": {w: s for w, s in self.sla.items()},
+            "sources": dict(self.sources),
+            "engine_hashes": {"small": "sha256:abc"},
+        }

@@ -16,6 +16,7 @@ incremental paths then give the same float32 values even though BLAS may sum a o
 many-row product in a different order. Training computes its features with this module, so the
 model sees at run time exactly what it saw in training.
 """
+
 from __future__ import annotations
 
 import json
@@ -132,8 +133,9 @@ _LOGSTEP = np.log(6.4) / 27.0
 
 def _hz_to_mel(hz: np.ndarray) -> np.ndarray:
     hz = np.asarray(hz, dtype=np.float64)
-    return np.where(hz >= _MIN_LOG_HZ, _MIN_LOG_MEL + np.log(np.maximum(hz, _MIN_LOG_HZ) / _MIN_LOG_HZ) / _LOGSTEP,
-                    hz / _F_SP)
+    return np.where(
+        hz >= _MIN_LOG_HZ, _MIN_LOG_MEL + np.log(np.maximum(hz, _MIN_LOG_HZ) / _MIN_LOG_HZ) / _LOGSTEP, hz / _F_SP
+    )
 
 
 def _mel_to_hz(mel: np.ndarray) -> np.ndarray:
@@ -167,7 +169,7 @@ def _window(cfg: LogMelConfig) -> np.ndarray:
     hann = 0.5 - 0.5 * np.cos(2.0 * np.pi * n / cfg.win_length)  # periodic, as torch.hann_window
     left = (cfg.n_fft - cfg.win_length) // 2
     window = np.zeros(cfg.n_fft, dtype=np.float64)
-    window[left:left + cfg.win_length] = hann
+    window[left : left + cfg.win_length] = hann
     return window
 
 
@@ -254,7 +256,7 @@ class FeatureStream:
         buffer = np.concatenate([self._pending, chunk]) if self._pending.size else chunk
         count = num_frames(buffer.shape[0], self.cfg)
         out = self._kernel.frames(buffer, count)
-        self._pending = buffer[count * self.cfg.hop_length:].copy()
+        self._pending = buffer[count * self.cfg.hop_length :].copy()
         self.frames_out += count
         return out
 

@@ -9,6 +9,7 @@
   reopened with exponential backoff; PortAudio's device list is refreshed before each try;
 - no input device at all: ``NoAudioDevice``, saying what was found and what to do.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -36,8 +37,9 @@ class NoAudioDevice(InputError):
 
 def _sounddevice():
     if importlib.util.find_spec("sounddevice") is None:
-        raise InputError("microphone capture needs sounddevice: pip install 'edge-agent[audio]' "
-                         "(and apt install libportaudio2)")
+        raise InputError(
+            "microphone capture needs sounddevice: pip install 'edge-agent[audio]' (and apt install libportaudio2)"
+        )
     try:
         import sounddevice
     except OSError as exc:  # the module is there, the PortAudio library is not
@@ -56,8 +58,10 @@ def resolve_device(device: str | int | None, sd=None) -> dict:
     devices = input_devices(sd)
     names = ", ".join(f"[{d['index']}] {d['name']}" for d in devices) or "none"
     if not devices:
-        raise NoAudioDevice("no audio input device found: connect a microphone (or start PulseAudio); "
-                            "`edge-agent doctor` lists what the system sees")
+        raise NoAudioDevice(
+            "no audio input device found: connect a microphone (or start PulseAudio); "
+            "`edge-agent doctor` lists what the system sees"
+        )
     if device is None:
         try:
             info = sd.query_devices(kind="input")
@@ -78,8 +82,10 @@ def resolve_device(device: str | int | None, sd=None) -> dict:
         return matches[0]
     if not matches:
         raise NoAudioDevice(f"no audio input device matches {device!r}; inputs: {names}")
-    raise InputError(f"{device!r} matches several input devices ({', '.join(d['name'] for d in matches)}); "
-                     "give a longer name or the index")
+    raise InputError(
+        f"{device!r} matches several input devices ({', '.join(d['name'] for d in matches)}); "
+        "give a longer name or the index"
+    )
 
 
 @dataclass
@@ -98,10 +104,19 @@ class MicSource:
 
     _instances: ClassVar[weakref.WeakSet[MicSource]] = weakref.WeakSet()  # every open capture in this process
 
-    def __init__(self, device: str | int | None = None, block_ms: int = 20, *, capture_rate: int | None = None,
-                 stall_s: float = 2.0, start_timeout_s: float = 6.0,
-                 backoff_s: tuple[float, float] = (0.5, 8.0), max_queue_blocks: int = 500,
-                 sd=None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        device: str | int | None = None,
+        block_ms: int = 20,
+        *,
+        capture_rate: int | None = None,
+        stall_s: float = 2.0,
+        start_timeout_s: float = 6.0,
+        backoff_s: tuple[float, float] = (0.5, 8.0),
+        max_queue_blocks: int = 500,
+        sd=None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._sd = sd or _sounddevice()
         self.device, self.block_ms, self.rate = device, block_ms, TARGET_RATE
         self.stall_s, self.backoff_s, self.start_timeout_s = stall_s, backoff_s, start_timeout_s
@@ -124,13 +139,23 @@ class MicSource:
             sd.check_input_settings(device=info["index"], samplerate=rate, channels=1, dtype="float32")
         except Exception:
             rate = int(info.get("default_samplerate") or 48000)
-            log.info("input %r does not take %d Hz; capturing at %d Hz and resampling", info["name"],
-                     self.capture_rate or TARGET_RATE, rate)
+            log.info(
+                "input %r does not take %d Hz; capturing at %d Hz and resampling",
+                info["name"],
+                self.capture_rate or TARGET_RATE,
+                rate,
+            )
         self._resampler = Resampler(rate, TARGET_RATE)
         blocksize = max(1, rate * self.block_ms // 1000)
         try:
-            stream = sd.InputStream(device=info["index"], samplerate=rate, channels=1, dtype="float32",
-                                    blocksize=blocksize, callback=self._callback)
+            stream = sd.InputStream(
+                device=info["index"],
+                samplerate=rate,
+                channels=1,
+                dtype="float32",
+                blocksize=blocksize,
+                callback=self._callback,
+            )
             stream.start()
         except Exception as exc:
             raise NoAudioDevice(f"cannot open audio input {info['name']!r} at {rate} Hz: {exc}") from exc

@@ -7,6 +7,7 @@ downsampling (48 kHz → 16 kHz) does not alias. ``Resampler.push`` gives exactl
 one-shot ``resample`` gives for the same input, whatever the block sizes: each output is computed
 from the same window with the same weights, and nothing depends on where a block ended.
 """
+
 from __future__ import annotations
 
 import math

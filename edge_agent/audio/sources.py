@@ -5,6 +5,7 @@ microphone would deliver, so latency figures mean something) or unpaced (as fast
 takes it). Stdin takes headerless PCM (``s16le``, ``s32le`` or ``f32le``) at any rate and channel
 count, e.g. ``arecord -f S16_LE -r 16000 -c 1 -t raw | edge-agent listen --stdin``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,8 +43,15 @@ class AudioSource(Protocol):
 class FileSource:
     """A WAV/FLAC file replayed in ``block_ms`` blocks, paced in real time or not."""
 
-    def __init__(self, path: str | Path, block_ms: int = 20, paced: bool = True, *,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        block_ms: int = 20,
+        paced: bool = True,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         if block_ms <= 0:
             raise InputError(f"block_ms must be positive, got {block_ms}")
         self.path, self.paced, self.rate = Path(path), paced, TARGET_RATE
@@ -61,7 +69,7 @@ class FileSource:
         for offset in range(0, self.samples.size, self.block):
             if self._closed:
                 return
-            block = self.samples[offset:offset + self.block]
+            block = self.samples[offset : offset + self.block]
             if self.paced:
                 # A microphone delivers a block once it has been spoken: wait for its end.
                 due = start + (offset + block.size) / self.rate
@@ -77,8 +85,14 @@ class FileSource:
 class StdinSource:
     """Headerless PCM from a binary stream (stdin by default)."""
 
-    def __init__(self, stream: BinaryIO | None = None, fmt: PcmFormat = "s16le", rate: int = TARGET_RATE,
-                 channels: int = 1, block_ms: int = 20) -> None:
+    def __init__(
+        self,
+        stream: BinaryIO | None = None,
+        fmt: PcmFormat = "s16le",
+        rate: int = TARGET_RATE,
+        channels: int = 1,
+        block_ms: int = 20,
+    ) -> None:
         if fmt not in _DTYPES:
             raise InputError(f"unknown PCM format {fmt!r}; choose one of {', '.join(_DTYPES)}")
         if rate < 1000 or channels < 1:

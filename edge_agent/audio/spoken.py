@@ -4,14 +4,20 @@ Several voices, so that a recogniser is not measured on one speaker; 16 kHz mono
 little silence around each command, as an endpointer expects. Nothing is synthesised (an empty list)
 when either tool is missing: the callers then run without speech or say what to install.
 """
+
 from __future__ import annotations
 
 import shutil
 import subprocess
 from pathlib import Path
 
-SPOKEN = ("turn on the kitchen light", "set the bedroom temperature to twenty one degrees",
-          "what time is it", "set a timer for five minutes", "turn off all the lights")
+SPOKEN = (
+    "turn on the kitchen light",
+    "set the bedroom temperature to twenty one degrees",
+    "what time is it",
+    "set a timer for five minutes",
+    "turn off all the lights",
+)
 VOICES = ("en", "en+m3", "en+f2", "en-us", "en+m7")
 
 
@@ -22,9 +28,15 @@ def synthesize(workdir: Path) -> list[tuple[Path, str]]:
     out = []
     for i, text in enumerate(SPOKEN):
         raw, wav = workdir / f"say{i}.raw.wav", workdir / f"say{i}.wav"
-        subprocess.run(["espeak-ng", "-v", VOICES[i % len(VOICES)], "-s", "150", "-w", str(raw), text],
-                       check=True, capture_output=True)
-        subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(wav), "pad", "0.2", "0.6"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["espeak-ng", "-v", VOICES[i % len(VOICES)], "-s", "150", "-w", str(raw), text],
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(
+            ["sox", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(wav), "pad", "0.2", "0.6"],
+            check=True,
+            capture_output=True,
+        )
         out.append((wav, text))
     return out

@@ -12,6 +12,7 @@ seconds (samples pushed / rate), so decisions do not depend on how fast the audi
 Detectors: ``EnergyVAD`` (built in: level above an adaptive noise floor), ``WebRtcVAD`` (the
 ``webrtcvad`` package), ``SileroVAD`` (a Silero VAD v5 ONNX file run on ONNX Runtime).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -47,8 +48,15 @@ class EnergyVAD:
     so speech at the very start of a stream is recognised.
     """
 
-    def __init__(self, frame_ms: int = 20, rate: int = TARGET_RATE, threshold_db: float = -50.0,
-                 margin_db: float = 12.0, adapt_s: float = 3.0, initial_floor_db: float = -70.0) -> None:
+    def __init__(
+        self,
+        frame_ms: int = 20,
+        rate: int = TARGET_RATE,
+        threshold_db: float = -50.0,
+        margin_db: float = 12.0,
+        adapt_s: float = 3.0,
+        initial_floor_db: float = -70.0,
+    ) -> None:
         self.frame_samples = rate * frame_ms // 1000
         self.threshold_db, self.margin_db, self.initial_floor_db = threshold_db, margin_db, initial_floor_db
         self._window = max(1, int(adapt_s * 1000 / frame_ms))
@@ -126,17 +134,23 @@ class SileroVAD:
 
     def probability(self, frame: np.ndarray) -> float:
         x = np.concatenate([self._context, frame.astype(np.float32)])[None, :]
-        out, self._state = self._session.run(None, {"input": x, "state": self._state,
-                                                    "sr": np.array(self.rate, np.int64)})
-        self._context = x[0, -self.CONTEXT:]
+        out, self._state = self._session.run(
+            None, {"input": x, "state": self._state, "sr": np.array(self.rate, np.int64)}
+        )
+        self._context = x[0, -self.CONTEXT :]
         return float(np.asarray(out).reshape(-1)[0])
 
     def is_speech(self, frame: np.ndarray) -> bool:
         return self.probability(frame) >= self.threshold
 
 
-def make_detector(kind: Literal["energy", "webrtc", "silero"] = "energy", *, frame_ms: int = 20,
-                  model: str | Path | None = None, threshold_db: float = -50.0) -> Detector:
+def make_detector(
+    kind: Literal["energy", "webrtc", "silero"] = "energy",
+    *,
+    frame_ms: int = 20,
+    model: str | Path | None = None,
+    threshold_db: float = -50.0,
+) -> Detector:
     if kind == "energy":
         return EnergyVAD(frame_ms, threshold_db=threshold_db)
     if kind == "webrtc":
@@ -149,6 +163,7 @@ def make_detector(kind: Literal["energy", "webrtc", "silero"] = "energy", *, fra
 
 
 # -- endpointing ------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class SpeechStart:
@@ -190,8 +205,9 @@ class EndpointConfig:
 class Endpointer:
     """Frames the stream for ``detector`` and emits utterance events. ``detector=None``: all speech."""
 
-    def __init__(self, detector: Detector | None, config: EndpointConfig = EndpointConfig(),
-                 rate: int = TARGET_RATE) -> None:
+    def __init__(
+        self, detector: Detector | None, config: EndpointConfig = EndpointConfig(), rate: int = TARGET_RATE
+    ) -> None:
         self.detector, self.config, self.rate = detector, config, rate
         self.frame = detector.frame_samples if detector else rate // 50
         frame_ms = 1000 * self.frame / rate
@@ -213,8 +229,8 @@ class Endpointer:
         events: list[Event] = []
         n = x.size // self.frame
         for i in range(n):
-            self._frame(x[i * self.frame:(i + 1) * self.frame], events)
-        self._pending = x[n * self.frame:]
+            self._frame(x[i * self.frame : (i + 1) * self.frame], events)
+        self._pending = x[n * self.frame :]
         return _merge_audio(events)
 
     def flush(self) -> list[Event]:

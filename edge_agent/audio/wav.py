@@ -6,6 +6,7 @@ used is an ``InputError`` that names the file and the problem (not audio, empty,
 never a traceback. Things that can be used but hurt recognition (clipping, silence, a very low
 level) are reported in ``AudioInfo.warnings``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -82,8 +83,9 @@ def read_audio(path: str | Path, rate: int = TARGET_RATE) -> tuple[np.ndarray, A
     if data.shape[0] == 0:
         raise InputError(f"{path}: the file holds no audio (its data chunk is empty or truncated)")
     if data.shape[0] < info.frames:
-        log.warning("%s: header says %d frames, only %d could be read (truncated file)",
-                    path, info.frames, data.shape[0])
+        log.warning(
+            "%s: header says %d frames, only %d could be read (truncated file)", path, info.frames, data.shape[0]
+        )
     mono = to_mono(data)
     warnings = list(check_levels(mono))
     declared = max(info.frames, _wav_declared_frames(Path(path)) or 0)
@@ -144,9 +146,9 @@ def _wav_declared_frames(path: Path) -> int | None:
         return None
     pos, block_align = 12, None
     while pos + 8 <= len(head):
-        chunk, size = head[pos:pos + 4], struct.unpack("<I", head[pos + 4:pos + 8])[0]
+        chunk, size = head[pos : pos + 4], struct.unpack("<I", head[pos + 4 : pos + 8])[0]
         if chunk == b"fmt " and pos + 22 <= len(head):
-            block_align = struct.unpack("<H", head[pos + 20:pos + 22])[0]
+            block_align = struct.unpack("<H", head[pos + 20 : pos + 22])[0]
         elif chunk == b"data":
             return size // block_align if block_align else None
         pos += 8 + size + (size & 1)

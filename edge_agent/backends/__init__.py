@@ -6,6 +6,7 @@ A backend only runs tensors: ``Session.run(feeds) -> outputs`` plus the input/ou
 Backends are imported lazily: ``open_session`` imports only the runtime it is asked for, and a
 missing runtime raises ``BackendUnavailable`` naming the extra to install.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -85,14 +86,21 @@ class BackendInfo:
 
 BACKENDS: dict[str, BackendInfo] = {
     "onnxruntime": BackendInfo(
-        "onnxruntime", "edge_agent.backends.onnxruntime", "onnxruntime",
+        "onnxruntime",
+        "edge_agent.backends.onnxruntime",
+        "onnxruntime",
         "pip install onnxruntime (or onnxruntime-gpu on CUDA machines; never both)",
     ),
     "openvino": BackendInfo(
-        "openvino", "edge_agent.backends.openvino", "openvino", "pip install 'edge-agent[openvino]'",
+        "openvino",
+        "edge_agent.backends.openvino",
+        "openvino",
+        "pip install 'edge-agent[openvino]'",
     ),
     "tensorrt": BackendInfo(
-        "tensorrt", "edge_agent.backends.tensorrt", "tensorrt",
+        "tensorrt",
+        "edge_agent.backends.tensorrt",
+        "tensorrt",
         "TensorRT comes from JetPack (apt install python3-libnvinfer) and needs "
         "pip install 'edge-agent[tensorrt]' (cuda-python) or pycuda",
     ),
@@ -114,9 +122,7 @@ def _info(backend: str) -> BackendInfo:
     try:
         return BACKENDS[backend]
     except KeyError:
-        raise BackendError(
-            f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}"
-        ) from None
+        raise BackendError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}") from None
 
 
 def open_session(
@@ -154,8 +160,9 @@ def open_session(
     return session
 
 
-def dummy_feeds(specs: Sequence[TensorSpec], dims: Mapping[str, int] | None = None,
-                default: int = 1) -> dict[str, np.ndarray]:
+def dummy_feeds(
+    specs: Sequence[TensorSpec], dims: Mapping[str, int] | None = None, default: int = 1
+) -> dict[str, np.ndarray]:
     """Zero-filled feeds for ``specs``; named dynamic dims come from ``dims``, others are ``default``."""
     dims = dims or {}
     feeds = {}

@@ -12,6 +12,7 @@ pointers and streams from either are valid for ``IExecutionContext.execute_async
 Errors: an import failure is ``BackendUnavailable`` (names what to install), no usable device is
 ``DeviceUnavailable``, any other failed CUDA call is ``BackendError`` naming the CUDA error.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -178,8 +179,12 @@ class _CudaPython:
 
     def stream(self) -> Stream:
         native = self._call("cudaStreamCreate")
-        return Stream(native, int(native), lambda: self._call("cudaStreamSynchronize", native),
-                      lambda: self._call("cudaStreamDestroy", native))
+        return Stream(
+            native,
+            int(native),
+            lambda: self._call("cudaStreamSynchronize", native),
+            lambda: self._call("cudaStreamDestroy", native),
+        )
 
     def malloc(self, nbytes: int) -> DeviceBuffer:
         ptr = int(self._call("cudaMalloc", max(int(nbytes), 1)))
@@ -202,13 +207,25 @@ class _CudaPython:
 
     def copy_htod_async(self, dst: DeviceBuffer, src: np.ndarray, stream: Stream) -> None:
         _check_fits(src.nbytes, dst.nbytes)
-        self._call("cudaMemcpyAsync", dst.ptr, src.ctypes.data, src.nbytes,
-                   self._rt.cudaMemcpyKind.cudaMemcpyHostToDevice, stream.native)
+        self._call(
+            "cudaMemcpyAsync",
+            dst.ptr,
+            src.ctypes.data,
+            src.nbytes,
+            self._rt.cudaMemcpyKind.cudaMemcpyHostToDevice,
+            stream.native,
+        )
 
     def copy_dtoh_async(self, dst: np.ndarray, src: DeviceBuffer, stream: Stream) -> None:
         _check_fits(dst.nbytes, src.nbytes)
-        self._call("cudaMemcpyAsync", dst.ctypes.data, src.ptr, dst.nbytes,
-                   self._rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, stream.native)
+        self._call(
+            "cudaMemcpyAsync",
+            dst.ctypes.data,
+            src.ptr,
+            dst.nbytes,
+            self._rt.cudaMemcpyKind.cudaMemcpyDeviceToHost,
+            stream.native,
+        )
 
     def event(self) -> Event:
         native = self._call("cudaEventCreate")

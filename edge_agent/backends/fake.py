@@ -8,6 +8,7 @@ fails calls on demand. Opened from a JSON file::
      "outputs": [{"name": "y", "dtype": "float32", "shape": ["batch", 4]}],
      "latency_ms": 5, "per_item_ms": 1, "fail_every": 0}
 """
+
 from __future__ import annotations
 
 import json

@@ -4,6 +4,7 @@ Precision is the model's own: ONNX Runtime does not convert weights, so fp16/int
 built for it (``edge-agent build``). The one exception is the TensorRT EP, which can build fp16
 from an fp32 model, and does so only when asked.
 """
+
 from __future__ import annotations
 
 import logging
@@ -20,9 +21,15 @@ log = logging.getLogger(__name__)
 
 # ONNX tensor type strings as ONNX Runtime reports them -> numpy dtype names.
 _ORT_TYPES = {
-    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
-    "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int8)": "int8",
-    "tensor(uint8)": "uint8", "tensor(bool)": "bool", "tensor(bfloat16)": "bfloat16",
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(bool)": "bool",
+    "tensor(bfloat16)": "bfloat16",
 }
 
 _DEVICE_PROVIDERS = {
@@ -60,8 +67,12 @@ def providers_for(options: SessionOptions) -> list[tuple[str, dict]]:
                 # (onnxruntime#22244): key the folder by runtime version.
                 trt_dir = cache / f"ort-trt-{ort.__version__}"
                 trt_dir.mkdir(parents=True, exist_ok=True)
-                opts.update(trt_engine_cache_enable=True, trt_engine_cache_path=str(trt_dir),
-                            trt_timing_cache_enable=True, trt_timing_cache_path=str(trt_dir))
+                opts.update(
+                    trt_engine_cache_enable=True,
+                    trt_engine_cache_path=str(trt_dir),
+                    trt_timing_cache_enable=True,
+                    trt_timing_cache_path=str(trt_dir),
+                )
         elif name == "OpenVINOExecutionProvider":
             opts["device_type"] = str(options.extra.get("openvino_device", "CPU"))
             if cache:
@@ -138,8 +149,11 @@ def open(path: Path, options: SessionOptions) -> OrtSession:
     if optimized:
         so.optimized_model_filepath = str(optimized)
     if options.precision not in ("auto", "fp32") and options.device.lower() != "tensorrt":
-        log.info("onnxruntime runs %s in the precision it was exported in; %s needs an engine built for it",
-                 path.name, options.precision)
+        log.info(
+            "onnxruntime runs %s in the precision it was exported in; %s needs an engine built for it",
+            path.name,
+            options.precision,
+        )
     try:
         session = ort.InferenceSession(str(path), sess_options=so, providers=providers_for(options))
     except (DeviceUnavailable, BackendError):

@@ -6,6 +6,7 @@ Two OpenVINO habits this module overrides on purpose:
 - The NPU compiles only static shapes, so a model with dynamic dims must be reshaped first;
   ``SessionOptions.static_shapes`` gives the shapes, and their absence is a clear error.
 """
+
 from __future__ import annotations
 
 import logging

@@ -4,6 +4,7 @@ Loading a GPU, NPU or audio driver, or TensorRT, can segfault or hang a process 
 device; a probe keeps that out of the caller (``edge-agent doctor``, the TensorRT version check).
 The child prints one JSON object as its last line; a crash, hang or exception becomes ``error``.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,14 @@ def run_probe(code: str, timeout_s: float, name: str | None = None) -> ProbeRun:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")])))
     source = PRELUDE.get(name or "", "") + "\n" + code
     try:
-        proc = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True,
-                              timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [sys.executable, "-c", source],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
         return ProbeRun({}, f"probe timed out after {timeout_s:g} s (killed)")
     except OSError as exc:

@@ -15,6 +15,7 @@ to callers as float32 and converted on the host (numpy has no bfloat16; bf16 wid
 exactly, and the fp32 -> bf16 rounding is the nearest-even a cast layer would do). FP8, INT4, FP4
 and E8M0 IO tensors are refused: keep those types inside the network.
 """
+
 from __future__ import annotations
 
 import collections
@@ -34,8 +35,15 @@ from .cuda import Cuda, DeviceBuffer, select_cuda
 
 log = logging.getLogger(__name__)
 
-_NUMPY_TYPES = {"FLOAT": "float32", "HALF": "float16", "INT8": "int8", "UINT8": "uint8",
-                "INT32": "int32", "INT64": "int64", "BOOL": "bool"}
+_NUMPY_TYPES = {
+    "FLOAT": "float32",
+    "HALF": "float16",
+    "INT8": "int8",
+    "UINT8": "uint8",
+    "INT32": "int32",
+    "INT64": "int64",
+    "BOOL": "bool",
+}
 
 Shape = tuple[int, ...]
 
@@ -96,8 +104,13 @@ class _Logger:
     @staticmethod
     def _build(trt: Any) -> Any:
         sev = trt.ILogger.Severity
-        levels = {sev.INTERNAL_ERROR: logging.CRITICAL, sev.ERROR: logging.ERROR, sev.WARNING: logging.WARNING,
-                  sev.INFO: logging.DEBUG, sev.VERBOSE: logging.DEBUG}
+        levels = {
+            sev.INTERNAL_ERROR: logging.CRITICAL,
+            sev.ERROR: logging.ERROR,
+            sev.WARNING: logging.WARNING,
+            sev.INFO: logging.DEBUG,
+            sev.VERBOSE: logging.DEBUG,
+        }
         trt_log = logging.getLogger(__name__ + ".trt")
 
         class Logger(trt.ILogger):
@@ -173,8 +186,10 @@ class TensorRTSession:
             self._tensors.append(self._describe(engine, engine.get_tensor_name(i), n_profiles))
         self._context = engine.create_execution_context()
         if self._context is None:
-            raise BackendError(f"TensorRT could not create an execution context for {self.path} "
-                               f"(out of GPU memory?): {self._logger.drain()}")
+            raise BackendError(
+                f"TensorRT could not create an execution context for {self.path} "
+                f"(out of GPU memory?): {self._logger.drain()}"
+            )
         self._stream, self._start, self._end = cuda.stream(), cuda.event(), cuda.event()
         for t, nbytes in zip(self._tensors, self._max_nbytes(n_profiles)):
             t.device = cuda.malloc(nbytes)
@@ -182,23 +197,33 @@ class TensorRTSession:
         self._profiles = tuple({t.name: t.ranges[p] for t in self._tensors if t.is_input} for p in range(n_profiles))
         self.inputs = tuple(self._spec(t) for t in self._tensors if t.is_input)
         self.outputs = tuple(self._spec(t) for t in self._tensors if not t.is_input)
-        log.info("tensorrt: loaded %s (%d inputs, %d outputs, %d profile(s)) on %s",
-                 self.path, len(self.inputs), len(self.outputs), n_profiles, _gpu(cuda))
+        log.info(
+            "tensorrt: loaded %s (%d inputs, %d outputs, %d profile(s)) on %s",
+            self.path,
+            len(self.inputs),
+            len(self.outputs),
+            n_profiles,
+            _gpu(cuda),
+        )
 
     def _describe(self, engine: Any, name: str, n_profiles: int) -> _Tensor:
         trt = self._trt
         is_input = engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT
         if engine.get_tensor_location(name) == trt.TensorLocation.HOST:
-            raise EngineError(f"{self.path}: tensor {name!r} is a host (shape) tensor, which this backend does "
-                              f"not feed; export the model without shape-tensor inputs")
+            raise EngineError(
+                f"{self.path}: tensor {name!r} is a host (shape) tensor, which this backend does "
+                f"not feed; export the model without shape-tensor inputs"
+            )
         type_name = engine.get_tensor_dtype(name).name
         if type_name == "BF16":
             dtype, wire = np.dtype(np.float32), np.dtype(np.uint16)
         elif type_name in _NUMPY_TYPES:
             dtype = wire = np.dtype(_NUMPY_TYPES[type_name])
         else:
-            raise EngineError(f"{self.path}: IO tensor {name!r} has TensorRT type {type_name}, which numpy cannot "
-                              f"hold; rebuild with FP32/FP16/BF16 inputs and outputs (keep {type_name} inside)")
+            raise EngineError(
+                f"{self.path}: IO tensor {name!r} has TensorRT type {type_name}, which numpy cannot "
+                f"hold; rebuild with FP32/FP16/BF16 inputs and outputs (keep {type_name} inside)"
+            )
         shape = _ints(engine.get_tensor_shape(name))
         ranges = []
         if is_input:
@@ -217,13 +242,16 @@ class TensorRTSession:
             self._use_profile(p)
             for t in self._tensors:
                 if t.is_input and not context.set_input_shape(t.name, t.ranges[p][2]):
-                    raise EngineError(f"{self.path}: profile {p} max shape of {t.name!r} rejected: "
-                                      f"{self._logger.drain()}")
+                    raise EngineError(
+                        f"{self.path}: profile {p} max shape of {t.name!r} rejected: {self._logger.drain()}"
+                    )
             for i, t in enumerate(self._tensors):
                 shape = t.ranges[p][2] if t.is_input else _ints(context.get_tensor_shape(t.name))
                 if any(d < 0 for d in shape):
-                    raise EngineError(f"{self.path}: output {t.name!r} has a data-dependent shape {shape}; "
-                                      f"this backend needs shapes that follow from the input shapes")
+                    raise EngineError(
+                        f"{self.path}: output {t.name!r} has a data-dependent shape {shape}; "
+                        f"this backend needs shapes that follow from the input shapes"
+                    )
                 sizes[i] = max(sizes[i], int(np.prod(shape, dtype=np.int64)) * t.wire.itemsize)
         self._stream.synchronize()
         return sizes
@@ -240,8 +268,9 @@ class TensorRTSession:
     def warmup_feeds(self) -> dict[str, np.ndarray]:
         """Zero feeds at the first profile's minimum shapes: the smallest shapes the engine accepts."""
         by_name = {s.name: s for s in self.inputs}
-        return {name: np.zeros(ranges[0], dtype=np.dtype(by_name[name].dtype))
-                for name, ranges in self._profiles[0].items()}
+        return {
+            name: np.zeros(ranges[0], dtype=np.dtype(by_name[name].dtype)) for name, ranges in self._profiles[0].items()
+        }
 
     # -- running -------------------------------------------------------------------------------
 
@@ -285,8 +314,10 @@ class TensorRTSession:
             pending.append((t, host, shape))
         stream.synchronize()
         self.last_gpu_ms = cuda.elapsed_ms(self._start, self._end)
-        return {t.name: (_from_bf16(host) if t.wire != t.dtype else host.copy()).reshape(shape)
-                for t, host, shape in pending}
+        return {
+            t.name: (_from_bf16(host) if t.wire != t.dtype else host.copy()).reshape(shape)
+            for t, host, shape in pending
+        }
 
     def _choose_profile(self, shapes: Mapping[str, Shape]) -> int:
         profiles = self._profiles
@@ -295,9 +326,11 @@ class TensorRTSession:
                 return p
         listing = "; ".join(
             f"profile {p}: " + ", ".join(f"{name} {lo}..{hi}" for name, (lo, _, hi) in ranges.items())
-            for p, ranges in enumerate(profiles))
-        raise InputError(f"input shapes {dict(shapes)} fit none of the optimization profiles of {self.path.name} "
-                         f"({listing})")
+            for p, ranges in enumerate(profiles)
+        )
+        raise InputError(
+            f"input shapes {dict(shapes)} fit none of the optimization profiles of {self.path.name} ({listing})"
+        )
 
     def _use_profile(self, profile: int) -> None:
         if profile == self._profile:

@@ -5,6 +5,7 @@ with the same weights), its ``og.Generator`` runs the same prompts, one request 
 bare loop, in the same process and alternating with the other sides. Each token's time is taken
 when ``get_next_tokens()`` returns it, as a user of that library would see it.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -34,8 +35,10 @@ def find_genai_folder(ref, explicit: str | None) -> tuple[Path | None, str | Non
     sibling = Path(ref.path).with_name(Path(ref.path).name + "-genai")
     if (sibling / "genai_config.json").is_file():
         return sibling, None
-    return None, (f"no onnxruntime-genai folder of {ref.name}: build one with "
-                  f"`scripts/make-genai-model {ref.name}` (writes {sibling}) or pass --genai DIR")
+    return None, (
+        f"no onnxruntime-genai folder of {ref.name}: build one with "
+        f"`scripts/make-genai-model {ref.name}` (writes {sibling}) or pass --genai DIR"
+    )
 
 
 class GenaiRunner:
@@ -48,8 +51,15 @@ class GenaiRunner:
         self.folder = folder
         config = og.Config(str(folder))
         if threads:
-            config.overlay(json.dumps({"model": {"decoder": {"session_options": {
-                "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
+            config.overlay(
+                json.dumps(
+                    {
+                        "model": {
+                            "decoder": {"session_options": {"intra_op_num_threads": threads, "inter_op_num_threads": 1}}
+                        }
+                    }
+                )
+            )
         try:
             self.model = og.Model(config)
         except Exception as exc:  # og raises plain RuntimeError
@@ -71,8 +81,9 @@ class GenaiRunner:
             times.append(time.perf_counter())
         return tokens, times
 
-    def run(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, sink: list,
-            progress: Progress | None = None) -> tuple[float, list[list[int]]]:
+    def run(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, sink: list, progress: Progress | None = None
+    ) -> tuple[float, list[list[int]]]:
         """Every prompt, one at a time; timings into ``sink``. Returns (wall s, token ids per request)."""
         start = time.perf_counter()
         outputs = []

@@ -12,6 +12,7 @@ Figures are medians across rounds (noise on shared cores is about ±10%). Latenc
 docs/metrics.md: ``ttft_ms``, ``itl_ms``, ``tpot_ms``, ``e2e_ms``. ``goodput`` counts
 requests whose TTFT is within ``--sla-ms`` (default 387 ms, the agent's default TTFT SLO) per second.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,38 +42,67 @@ DEFAULT_SLA_MS = 387.0
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "llm", help="benchmark LLM serving: agent vs a bare runtime loop, with a bandwidth roofline",
+        "llm",
+        help="benchmark LLM serving: agent vs a bare runtime loop, with a bandwidth roofline",
         description="Run synthetic requests through the agent's scheduler and through a bare sequential "
-                    "runtime loop (alternating rounds), report TTFT/ITL/TPOT/E2E percentiles, tokens/s, "
-                    "goodput, overhead ratios and the memory-bandwidth roofline.")
-    p.add_argument("--model", default="demo-phi3-small",
-                   help="demo model name or model folder (default demo-phi3-small)")
+        "runtime loop (alternating rounds), report TTFT/ITL/TPOT/E2E percentiles, tokens/s, "
+        "goodput, overhead ratios and the memory-bandwidth roofline.",
+    )
+    p.add_argument(
+        "--model", default="demo-phi3-small", help="demo model name or model folder (default demo-phi3-small)"
+    )
     p.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "openvino"))
     p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2; always set explicitly)")
-    p.add_argument("--concurrency", type=int, default=1, metavar="C",
-                   help="closed-loop clients / max batch (default 1)")
+    p.add_argument(
+        "--concurrency", type=int, default=1, metavar="C", help="closed-loop clients / max batch (default 1)"
+    )
     p.add_argument("--requests", type=int, default=16, metavar="N", help="requests per round (default 16)")
-    p.add_argument("--rate", type=float, default=None, metavar="R",
-                   help="Poisson arrivals at R requests/s (seeded); default: closed loop with C clients")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        metavar="R",
+        help="Poisson arrivals at R requests/s (seeded); default: closed loop with C clients",
+    )
     p.add_argument("--prompt-tokens", type=int, default=128, metavar="P", help="synthetic prompt length (default 128)")
-    p.add_argument("--max-new-tokens", type=int, default=128, metavar="T",
-                   help="tokens per request, EOS ignored (default 128)")
-    p.add_argument("--sla-ms", type=float, default=DEFAULT_SLA_MS,
-                   help=f"goodput counts requests with ttft_ms <= this (default {DEFAULT_SLA_MS:g})")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="alternating agent/baseline rounds; medians reported (default 3)")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=128, metavar="T", help="tokens per request, EOS ignored (default 128)"
+    )
+    p.add_argument(
+        "--sla-ms",
+        type=float,
+        default=DEFAULT_SLA_MS,
+        help=f"goodput counts requests with ttft_ms <= this (default {DEFAULT_SLA_MS:g})",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=3, help="alternating agent/baseline rounds; medians reported (default 3)"
+    )
     p.add_argument("--json", dest="json_out", metavar="OUT", default=None, help="write the JSON report to OUT")
     p.add_argument("--plot", metavar="PNG", default=None, help="draw TTFT/ITL distributions and tokens/s to PNG")
     p.add_argument("--no-baseline", action="store_true", help="skip the bare-loop baseline")
-    p.add_argument("--genai", metavar="DIR", default=None,
-                   help="onnxruntime-genai folder of the same model to compare with (default: MODEL-genai next to "
-                        "the model if present; 'none' to skip)")
-    p.add_argument("--ramp-s", type=float, default=None, metavar="S",
-                   help="closed loop: client k starts at k·S/C (default: one measured request's e2e when C > 1, "
-                        "so clients do not arrive in lockstep; 0 = all at once)")
-    p.add_argument("--scaling", type=int, default=None, metavar="K",
-                   help="also run concurrency K in the same rounds and report K's tokens/s and TTFT P99 as ratios "
-                        "to C's (e.g. --concurrency 1 --scaling 4)")
+    p.add_argument(
+        "--genai",
+        metavar="DIR",
+        default=None,
+        help="onnxruntime-genai folder of the same model to compare with (default: MODEL-genai next to "
+        "the model if present; 'none' to skip)",
+    )
+    p.add_argument(
+        "--ramp-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="closed loop: client k starts at k·S/C (default: one measured request's e2e when C > 1, "
+        "so clients do not arrive in lockstep; 0 = all at once)",
+    )
+    p.add_argument(
+        "--scaling",
+        type=int,
+        default=None,
+        metavar="K",
+        help="also run concurrency K in the same rounds and report K's tokens/s and TTFT P99 as ratios "
+        "to C's (e.g. --concurrency 1 --scaling 4)",
+    )
     p.add_argument("--cache-dir", type=Path, default=None, help="model cache (default: the configured models cache)")
     p.add_argument("--config", metavar="FILE", default=None, help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -81,6 +111,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 # -- validation and inputs --------------------------------------------------------------------
+
 
 def _validate(args: argparse.Namespace) -> None:
     if args.requests < 1:
@@ -132,8 +163,17 @@ def poisson_offsets(n: int, rate: float, seed: int = SEED) -> list[float]:
 
 # -- one round of each side -------------------------------------------------------------------
 
-def run_agent(scheduler, prompts: Sequence[Sequence[int]], concurrency: int, rate: float | None,
-              max_new_tokens: int, sink: list, progress: Progress | None = None, ramp_s: float = 0.0) -> float:
+
+def run_agent(
+    scheduler,
+    prompts: Sequence[Sequence[int]],
+    concurrency: int,
+    rate: float | None,
+    max_new_tokens: int,
+    sink: list,
+    progress: Progress | None = None,
+    ramp_s: float = 0.0,
+) -> float:
     """Run every prompt through the scheduler; timings land in ``sink`` (via on_finished). Returns wall s."""
     from ..models.sampling import SamplingParams
 
@@ -191,8 +231,9 @@ def run_agent(scheduler, prompts: Sequence[Sequence[int]], concurrency: int, rat
     return wall
 
 
-def run_baseline(lm, prompts: Sequence[Sequence[int]], max_new_tokens: int, sink: list,
-                 progress: Progress | None = None) -> float:
+def run_baseline(
+    lm, prompts: Sequence[Sequence[int]], max_new_tokens: int, sink: list, progress: Progress | None = None
+) -> float:
     """The bare loop (``DecoderLM.generate_greedy``: prefill, argmax, present→past), one request at a time."""
     start = time.perf_counter()
     for k, prompt in enumerate(prompts):
@@ -207,6 +248,7 @@ def run_baseline(lm, prompts: Sequence[Sequence[int]], max_new_tokens: int, sink
 
 # -- the command --------------------------------------------------------------------------------
 
+
 def _cache_dir(args: argparse.Namespace) -> Path:
     if getattr(args, "cache_dir", None):
         return Path(args.cache_dir)
@@ -220,8 +262,9 @@ def run(args: argparse.Namespace) -> int:
     quiet = getattr(args, "quiet", False)
     show = not quiet
     with Progress("demo weights", "MB", enabled=show) as weights_progress:
-        ref = resolve_model(args.model, _cache_dir(args),
-                            progress=lambda done, total: weights_progress.update(done / 1e6, total / 1e6))
+        ref = resolve_model(
+            args.model, _cache_dir(args), progress=lambda done, total: weights_progress.update(done / 1e6, total / 1e6)
+        )
     lm = DecoderLM.open(ref, args.backend, SessionOptions(device="cpu", threads=args.threads))
     try:
         lm.check_prompt([0] * args.prompt_tokens, args.max_new_tokens)  # fits the model's context
@@ -245,8 +288,9 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
     k_rounds: list[dict] = []
     base_rounds: list[dict] = []
     genai_rounds: list[dict] = []
-    raw: dict[str, dict[str, list[float]]] = {side: {"ttft_ms": [], "itl_ms": []}
-                                              for side in ("agent", "baseline", "genai")}
+    raw: dict[str, dict[str, list[float]]] = {
+        side: {"ttft_ms": [], "itl_ms": []} for side in ("agent", "baseline", "genai")
+    }
     genai_folder, genai_reason = find_genai_folder(ref, args.genai)
     genai_runner = GenaiRunner(genai_folder, args.threads) if genai_folder else None
     genai_tokens: list[list[int]] = []
@@ -257,20 +301,35 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
         ramp_s = args.ramp_s if args.ramp_s is not None else (e2e_s if args.rate is None and C > 1 else 0.0)
         k_ramp_s = args.ramp_s if args.ramp_s is not None else (e2e_s if args.rate is None and (K or 0) > 1 else 0.0)
         if k_scheduler:
-            k_scheduler.submit(prompts[0][:8], SamplingParams(max_new_tokens=2, ignore_eos=True),
-                               tags=("warmup",)).result(600)
+            k_scheduler.submit(
+                prompts[0][:8], SamplingParams(max_new_tokens=2, ignore_eos=True), tags=("warmup",)
+            ).result(600)
         if not args.no_baseline:
             run_baseline(lm, [prompts[0][:8]], 2, [])
         if genai_runner:
             genai_runner.generate(prompts[0][:8], 2)
         sink.clear()
         for r in range(args.rounds):
-            agent_rounds.append(_agent_round(scheduler, sink, prompts, C, args, ramp_s, raw["agent"],
-                                             f"agent round {r + 1}/{args.rounds}", show))
+            agent_rounds.append(
+                _agent_round(
+                    scheduler, sink, prompts, C, args, ramp_s, raw["agent"], f"agent round {r + 1}/{args.rounds}", show
+                )
+            )
             if k_scheduler:
                 k_raw: dict[str, list[float]] = {"ttft_ms": [], "itl_ms": []}  # the C=K rounds keep no raw samples
-                k_rounds.append(_agent_round(k_scheduler, k_sink, prompts, K, args, k_ramp_s, k_raw,
-                                             f"agent C={K} round {r + 1}/{args.rounds}", show))
+                k_rounds.append(
+                    _agent_round(
+                        k_scheduler,
+                        k_sink,
+                        prompts,
+                        K,
+                        args,
+                        k_ramp_s,
+                        k_raw,
+                        f"agent C={K} round {r + 1}/{args.rounds}",
+                        show,
+                    )
+                )
             if not args.no_baseline:
                 base: list[RequestTiming] = []
                 with Progress(f"baseline round {r + 1}/{args.rounds}", "req", enabled=show) as prog:
@@ -303,29 +362,43 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
             overhead = _ratio(agent["ttft_ms"]["p50"], baseline["ttft_ms"]["p50"])
             decode_ratio = _ratio(agent["decode_tokens_per_s"], baseline["decode_tokens_per_s"])
             if args.rate is not None:
-                notes.append("open loop (Poisson): agent TTFT includes queueing behind earlier requests, "
-                             "so overhead_ratio mixes load with agent overhead")
+                notes.append(
+                    "open loop (Poisson): agent TTFT includes queueing behind earlier requests, "
+                    "so overhead_ratio mixes load with agent overhead"
+                )
         else:
-            notes.append("overhead_ratio and decode_ratio are defined at concurrency 1 only "
-                         "(the baseline runs one request at a time)")
+            notes.append(
+                "overhead_ratio and decode_ratio are defined at concurrency 1 only "
+                "(the baseline runs one request at a time)"
+            )
 
-    achieved = agent["decode_tokens_per_s"] if agent["decode_tokens_per_s"] else (
-        baseline["decode_tokens_per_s"] if baseline else None)
+    achieved = (
+        agent["decode_tokens_per_s"]
+        if agent["decode_tokens_per_s"]
+        else (baseline["decode_tokens_per_s"] if baseline else None)
+    )
     achieved_source = "agent" if agent["decode_tokens_per_s"] else ("baseline" if baseline else None)
     c = lm.contract
     itemsize = {"float16": 2, "bfloat16": 2}.get(str(lm.config.get("torch_dtype")), 4)
     read_weights = rl.weight_bytes(ref.path) - rl.embedding_gather_bytes(lm.config, itemsize)
-    roof = rl.roofline(rl.measure_read_bandwidth_gb_s(args.threads), read_weights,
-                       rl.kv_bytes_per_token_of_context(c.num_layers, c.num_kv_heads, c.head_dim, c.kv_dtype),
-                       args.prompt_tokens + (T - 1) / 2, achieved)
+    roof = rl.roofline(
+        rl.measure_read_bandwidth_gb_s(args.threads),
+        read_weights,
+        rl.kv_bytes_per_token_of_context(c.num_layers, c.num_kv_heads, c.head_dim, c.kv_dtype),
+        args.prompt_tokens + (T - 1) / 2,
+        achieved,
+    )
     roof["achieved_source"] = achieved_source
     scaling = None
     if k_rounds:
         at_k = _median_of(k_rounds)
-        scaling = {"concurrency": K, "agent": at_k,
-                   "tokens_per_s_ratio": _ratio(at_k["tokens_per_s"], agent["tokens_per_s"]),
-                   "ttft_p50_ratio": _ratio(at_k["ttft_ms"]["p50"], agent["ttft_ms"]["p50"]),
-                   "ttft_p99_ratio": _ratio(at_k["ttft_ms"]["p99"], agent["ttft_ms"]["p99"])}
+        scaling = {
+            "concurrency": K,
+            "agent": at_k,
+            "tokens_per_s_ratio": _ratio(at_k["tokens_per_s"], agent["tokens_per_s"]),
+            "ttft_p50_ratio": _ratio(at_k["ttft_ms"]["p50"], agent["ttft_ms"]["p50"]),
+            "ttft_p99_ratio": _ratio(at_k["ttft_ms"]["p99"], agent["ttft_ms"]["p99"]),
+        }
     genai = None
     if genai_rounds:
         genai = _median_of(genai_rounds)
@@ -342,17 +415,27 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
             notes.append("genai runs one request at a time (like the baseline): compare its ratios at C=1")
 
     report = {
-        "model": ref.name, "backend": args.backend, "threads": args.threads,
-        "concurrency": C, "requests": N, "rate": args.rate,
+        "model": ref.name,
+        "backend": args.backend,
+        "threads": args.threads,
+        "concurrency": C,
+        "requests": N,
+        "rate": args.rate,
         "arrivals": "poisson" if args.rate is not None else "closed-loop",
-        "prompt_tokens": args.prompt_tokens, "max_new_tokens": T, "sla_ms": args.sla_ms,
+        "prompt_tokens": args.prompt_tokens,
+        "max_new_tokens": T,
+        "sla_ms": args.sla_ms,
         "rounds": {"count": args.rounds, "aggregation": "median across rounds, agent, baseline and genai alternating"},
         "ramp_s": ramp_s,
         "limits": {"max_batch": limits.max_batch, "batch_timeout_ms": limits.batch_timeout_ms},
-        "agent": agent, "baseline": baseline,
-        "overhead_ratio": overhead, "decode_ratio": decode_ratio,
+        "agent": agent,
+        "baseline": baseline,
+        "overhead_ratio": overhead,
+        "decode_ratio": decode_ratio,
         "roofline": roof,
-        "genai": genai, "genai_reason": genai_reason, "scaling": scaling,
+        "genai": genai,
+        "genai_reason": genai_reason,
+        "scaling": scaling,
         "notes": notes,
     }
     print(format_table(report))
@@ -367,13 +450,18 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
 
 def _limits(concurrency: int, rate: float | None, requests: int) -> Limits:
     max_batch = max(concurrency, 1)
-    return Limits(max_batch=max_batch, batch_timeout_ms=0.0 if rate is None and concurrency == 1 else 80.0,
-                  preferred_batch_sizes=tuple(s for s in (2, 4) if s <= max_batch),
-                  max_queue=max(64, requests + 1), queue_timeout_ms=3_600_000.0)
+    return Limits(
+        max_batch=max_batch,
+        batch_timeout_ms=0.0 if rate is None and concurrency == 1 else 80.0,
+        preferred_batch_sizes=tuple(s for s in (2, 4) if s <= max_batch),
+        max_queue=max(64, requests + 1),
+        queue_timeout_ms=3_600_000.0,
+    )
 
 
-def _agent_round(scheduler, sink: list, prompts, concurrency: int, args, ramp_s: float, raw: dict,
-                 label: str, show: bool) -> dict:
+def _agent_round(
+    scheduler, sink: list, prompts, concurrency: int, args, ramp_s: float, raw: dict, label: str, show: bool
+) -> dict:
     sink.clear()
     with Progress(label, "req", enabled=show) as prog:
         wall = run_agent(scheduler, prompts, concurrency, args.rate, args.max_new_tokens, sink, prog, ramp_s)

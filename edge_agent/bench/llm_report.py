@@ -1,4 +1,5 @@
 """Summaries and the printed table of ``edge-agent bench llm`` (the runs themselves are in ``llm.py``)."""
+
 from __future__ import annotations
 
 import statistics
@@ -65,12 +66,14 @@ def _fmt(v: float | None, digits: int = 1) -> str:
 
 def format_table(report: dict) -> str:
     a, b, g = report["agent"], report["baseline"], report["genai"]
-    lines = [f"LLM bench: {report['model']} on {report['backend']} ({report['threads']} threads), "
-             f"C={report['concurrency']}, {report['requests']} requests × {report['rounds']['count']} rounds, "
-             f"{report['arrivals']}{_rate_text(report['rate'])}, "
-             f"P={report['prompt_tokens']} T={report['max_new_tokens']}",
-             f"{'metric':<22}{'agent':>12}{'baseline':>12}{'agent/base':>12}"
-             + (f"{'genai':>12}{'agent/genai':>12}" if g else "")]
+    lines = [
+        f"LLM bench: {report['model']} on {report['backend']} ({report['threads']} threads), "
+        f"C={report['concurrency']}, {report['requests']} requests × {report['rounds']['count']} rounds, "
+        f"{report['arrivals']}{_rate_text(report['rate'])}, "
+        f"P={report['prompt_tokens']} T={report['max_new_tokens']}",
+        f"{'metric':<22}{'agent':>12}{'baseline':>12}{'agent/base':>12}"
+        + (f"{'genai':>12}{'agent/genai':>12}" if g else ""),
+    ]
 
     def row(name: str, av, bv, gv) -> None:
         line = f"{name:<22}{_fmt(av):>12}{_fmt(bv):>12}{_fmt(_ratio(av, bv), 2):>12}"
@@ -83,23 +86,29 @@ def format_table(report: dict) -> str:
             row(f"{m} {p}", a[m][p], b[m][p] if b else None, g[m][p] if g else None)
     for k in ("tokens_per_s", "requests_per_s", "goodput", "decode_tokens_per_s"):
         row(k, a[k], b[k] if b else None, g[k] if g else None)
-    lines.append(f"overhead_ratio (TTFT p50, C=1): {_fmt(report['overhead_ratio'], 3)}   "
-                 f"decode_ratio: {_fmt(report['decode_ratio'], 3)}")
+    lines.append(
+        f"overhead_ratio (TTFT p50, C=1): {_fmt(report['overhead_ratio'], 3)}   "
+        f"decode_ratio: {_fmt(report['decode_ratio'], 3)}"
+    )
     r = report["roofline"]
-    lines.append(f"roofline: {r['bandwidth_gb_s']:.1f} GB/s read, {r['bytes_per_token'] / 1e6:.1f} MB/token → "
-                 f"bound {r['bound_tokens_per_s']:.0f} tok/s; achieved {_fmt(r['achieved_tokens_per_s'])} "
-                 f"({r['achieved_source']}) = {_fmt(r['fraction'], 2)} of the bound")
+    lines.append(
+        f"roofline: {r['bandwidth_gb_s']:.1f} GB/s read, {r['bytes_per_token'] / 1e6:.1f} MB/token → "
+        f"bound {r['bound_tokens_per_s']:.0f} tok/s; achieved {_fmt(r['achieved_tokens_per_s'])} "
+        f"({r['achieved_source']}) = {_fmt(r['fraction'], 2)} of the bound"
+    )
     if g is None:
         lines.append(f"genai: {report['genai_reason']}")
     else:
         lines.append(f"genai: {g['folder']}; greedy token agreement with the bare loop {g['token_agreement']:.2f}")
     sc = report.get("scaling")
     if sc:
-        lines.append(f"scaling C={report['concurrency']} → C={sc['concurrency']}: "
-                     f"tokens/s ×{_fmt(sc['tokens_per_s_ratio'], 2)}"
-                     f" ({_fmt(report['agent']['tokens_per_s'])} → {_fmt(sc['agent']['tokens_per_s'])}), TTFT p99 "
-                     f"×{_fmt(sc['ttft_p99_ratio'], 2)} ({_fmt(report['agent']['ttft_ms']['p99'])} → "
-                     f"{_fmt(sc['agent']['ttft_ms']['p99'])} ms), TTFT p50 ×{_fmt(sc['ttft_p50_ratio'], 2)}")
+        lines.append(
+            f"scaling C={report['concurrency']} → C={sc['concurrency']}: "
+            f"tokens/s ×{_fmt(sc['tokens_per_s_ratio'], 2)}"
+            f" ({_fmt(report['agent']['tokens_per_s'])} → {_fmt(sc['agent']['tokens_per_s'])}), TTFT p99 "
+            f"×{_fmt(sc['ttft_p99_ratio'], 2)} ({_fmt(report['agent']['ttft_ms']['p99'])} → "
+            f"{_fmt(sc['agent']['ttft_ms']['p99'])} ms), TTFT p50 ×{_fmt(sc['ttft_p50_ratio'], 2)}"
+        )
     if report["ramp_s"]:
         lines.append(f"closed-loop clients started {report['ramp_s'] / report['concurrency'] * 1e3:.0f} ms apart")
     for note in report["notes"]:

@@ -5,6 +5,7 @@ Used by ``edge-agent bench telemetry`` (a slow broker) and by the telemetry faul
     proxy = TcpProxy(target_port).start()   # clients connect to proxy.port
     proxy.cut() / proxy.blackhole() / proxy.delay(0.2) / proxy.heal() / proxy.stop()
 """
+
 from __future__ import annotations
 
 import select

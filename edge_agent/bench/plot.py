@@ -1,5 +1,6 @@
 """Plots of bench reports: the shared helpers (``pyplot``: matplotlib headless, or a one-line error; ``cdf``:
 one empirical CDF), and the LLM report (TTFT and ITL CDFs, agent vs baseline, and tokens/s bars)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -58,8 +59,10 @@ def plot_report(report: dict, raw: dict, path: Path) -> Path:
     axes[2].bar_label(bars, fmt="%.0f")
     axes[2].set_ylabel("tokens/s")
     axes[2].set_title(f"Throughput, C={report['concurrency']}")
-    fig.suptitle(f"{report['model']} · {report['backend']} · {report['threads']} threads · "
-                 f"P={report['prompt_tokens']} T={report['max_new_tokens']} · {report['arrivals']}")
+    fig.suptitle(
+        f"{report['model']} · {report['backend']} · {report['threads']} threads · "
+        f"P={report['prompt_tokens']} T={report['max_new_tokens']} · {report['arrivals']}"
+    )
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=100)

@@ -5,6 +5,7 @@ Decoding one token at batch 1 reads every weight once plus the KV cache at the c
 summing a large array from ``threads`` threads (numpy releases the GIL in reductions), best of a
 few passes: the read bandwidth the runtime's own intra-op threads can reach.
 """
+
 from __future__ import annotations
 
 import time
@@ -73,8 +74,13 @@ def kv_bytes_per_token_of_context(num_layers: int, num_kv_heads: int, head_dim: 
     return 2 * num_layers * num_kv_heads * head_dim * size
 
 
-def roofline(bandwidth_gb_s: float, weight_bytes_: int, kv_bytes_per_ctx: int, mean_context: float,
-             achieved_tokens_per_s: float | None) -> dict:
+def roofline(
+    bandwidth_gb_s: float,
+    weight_bytes_: int,
+    kv_bytes_per_ctx: int,
+    mean_context: float,
+    achieved_tokens_per_s: float | None,
+) -> dict:
     bytes_per_token = int(weight_bytes_ + kv_bytes_per_ctx * mean_context)
     bound = bandwidth_gb_s * 1e9 / bytes_per_token
     return {

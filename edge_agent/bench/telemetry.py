@@ -12,6 +12,7 @@ The scheduler's ``on_finished`` feeds the telemetry accumulator exactly as the a
 TTFT and E2E P50/P99 per condition (median over rounds) and the P99 ratio against **off**. Noise
 on shared cores is about ±10 %: ratios within that are "the same".
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,18 +34,24 @@ CONDITIONS = ("off", "up", "down", "slow")
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "telemetry", help="inference latency with telemetry off / broker up / down / slow",
+        "telemetry",
+        help="inference latency with telemetry off / broker up / down / slow",
         description="Run LLM requests through the scheduler while telemetry publishes at a fast interval "
-                    "with the MQTT broker up, down and slow (delay proxy); compare P50/P99 with telemetry off.")
-    p.add_argument("--model", default="demo-phi3-small",
-                   help="demo model name or model folder (default demo-phi3-small, 28.6 M parameters)")
+        "with the MQTT broker up, down and slow (delay proxy); compare P50/P99 with telemetry off.",
+    )
+    p.add_argument(
+        "--model",
+        default="demo-phi3-small",
+        help="demo model name or model folder (default demo-phi3-small, 28.6 M parameters)",
+    )
     p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
     p.add_argument("--requests", type=int, default=24, help="requests per condition per round (default 24)")
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3, help="rounds over all conditions; medians reported (default 3)")
-    p.add_argument("--interval-s", type=float, default=0.05,
-                   help="telemetry window interval (default 0.05: 20 windows/s)")
+    p.add_argument(
+        "--interval-s", type=float, default=0.05, help="telemetry window interval (default 0.05: 20 windows/s)"
+    )
     p.add_argument("--delay-ms", type=float, default=250.0, help="proxy delay for the slow broker (default 250)")
     p.add_argument("--broker", metavar="HOST:PORT", help="use this broker (default: start mosquitto on a free port)")
     p.add_argument("--mosquitto", default=None, help="mosquitto binary (default: from PATH or /usr/sbin)")
@@ -62,17 +69,21 @@ class _Mosquitto:
 
         exe = binary or shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         if not Path(exe).exists():
-            raise BackendUnavailable("mosquitto not found: install it (apt install mosquitto) "
-                                     "or pass --broker HOST:PORT")
+            raise BackendUnavailable(
+                "mosquitto not found: install it (apt install mosquitto) or pass --broker HOST:PORT"
+            )
         import os
         import pwd
+
         self.port = free_port()
         conf = workdir / "mosquitto.conf"
         user = [f"user {pwd.getpwuid(os.geteuid()).pw_name}"] if os.geteuid() == 0 else []
-        conf.write_text("\n".join([*user, f"listener {self.port} 127.0.0.1", "allow_anonymous true",
-                                   "persistence false"]) + "\n")
+        conf.write_text(
+            "\n".join([*user, f"listener {self.port} 127.0.0.1", "allow_anonymous true", "persistence false"]) + "\n"
+        )
         self.proc = subprocess.Popen([exe, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         import socket
+
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
@@ -105,8 +116,9 @@ def _prompts(lm: Any, n: int, length: int) -> list[list[int]]:
     return out
 
 
-def _run_condition(cond: str, lm: Any, prompts: list[list[int]], args: argparse.Namespace,
-                   host: str, port: int, workdir: Path) -> dict[str, Any]:
+def _run_condition(
+    cond: str, lm: Any, prompts: list[list[int]], args: argparse.Namespace, host: str, port: int, workdir: Path
+) -> dict[str, Any]:
     from ..config import MqttConfig, TelemetryConfig
     from ..metrics.timing import RequestTiming
     from ..models.sampling import SamplingParams
@@ -126,9 +138,10 @@ def _run_condition(cond: str, lm: Any, prompts: list[list[int]], args: argparse.
             proxy.delay(args.delay_ms / 1e3)
             target_port = proxy.port
         d = Path(tempfile.mkdtemp(prefix=f"{cond}-", dir=workdir))
-        tele = Telemetry(MqttConfig(host=host, port=target_port, device_id=f"bench-{cond}", reconnect_max_s=2),
-                         TelemetryConfig(interval_s=args.interval_s, spool_path=d / "spool.sqlite",
-                                         ledger_path=d / "ledger.sqlite")).start()
+        tele = Telemetry(
+            MqttConfig(host=host, port=target_port, device_id=f"bench-{cond}", reconnect_max_s=2),
+            TelemetryConfig(interval_s=args.interval_s, spool_path=d / "spool.sqlite", ledger_path=d / "ledger.sqlite"),
+        ).start()
         observe = tele.llm_observer("bench", lm.ref.name)
     else:
         observe = None
@@ -155,12 +168,18 @@ def _run_condition(cond: str, lm: Any, prompts: list[list[int]], args: argparse.
             proxy.stop()
     ttft = [t.ttft_ms for t in timings if t.ttft_ms is not None]
     e2e = [t.e2e_ms for t in timings]
-    return {"ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
-            "e2e_p50": percentile(e2e, 50), "e2e_p99": percentile(e2e, 99), "requests": len(timings),
-            "windows": stats["publisher"]["windows"] if stats else 0,
-            "published": (stats["publisher"]["published_live"] + stats["publisher"]["published_historical"])
-            if stats else 0,
-            "spooled_at_end": stats["spool"]["records"] if stats else 0}
+    return {
+        "ttft_p50": percentile(ttft, 50),
+        "ttft_p99": percentile(ttft, 99),
+        "e2e_p50": percentile(e2e, 50),
+        "e2e_p99": percentile(e2e, 99),
+        "requests": len(timings),
+        "windows": stats["publisher"]["windows"] if stats else 0,
+        "published": (stats["publisher"]["published_live"] + stats["publisher"]["published_historical"])
+        if stats
+        else 0,
+        "spooled_at_end": stats["spool"]["records"] if stats else 0,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -172,8 +191,9 @@ def run(args: argparse.Namespace) -> int:
     conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
     bad = [c for c in conditions if c not in CONDITIONS]
     if bad or "off" not in conditions:
-        raise InputError(f"--conditions must name some of {', '.join(CONDITIONS)} and include 'off'; "
-                         f"got {args.conditions!r}")
+        raise InputError(
+            f"--conditions must name some of {', '.join(CONDITIONS)} and include 'off'; got {args.conditions!r}"
+        )
     if args.requests < 2 or args.rounds < 1 or not args.interval_s > 0:
         raise InputError("--requests must be >= 2, --rounds >= 1 and --interval-s > 0")
     settings = load_settings(args.config)
@@ -192,14 +212,16 @@ def run(args: argparse.Namespace) -> int:
         _run_condition("off", lm, prompts[:2], args, host, port, workdir)  # warm-up, not reported
         rounds: dict[str, list[dict]] = {c: [] for c in conditions}
         for r in range(args.rounds):
-            order = conditions[r % len(conditions):] + conditions[: r % len(conditions)]
+            order = conditions[r % len(conditions) :] + conditions[: r % len(conditions)]
             for cond in order:
                 res = _run_condition(cond, lm, prompts, args, host, port, workdir)
                 rounds[cond].append(res)
                 if not args.quiet:
-                    print(f"round {r + 1} {cond:<5} TTFT p50 {res['ttft_p50']:.1f} p99 {res['ttft_p99']:.1f} ms · "
-                          f"E2E p50 {res['e2e_p50']:.1f} p99 {res['e2e_p99']:.1f} ms · windows {res['windows']}",
-                          file=sys.stderr)
+                    print(
+                        f"round {r + 1} {cond:<5} TTFT p50 {res['ttft_p50']:.1f} p99 {res['ttft_p99']:.1f} ms · "
+                        f"E2E p50 {res['e2e_p50']:.1f} p99 {res['e2e_p99']:.1f} ms · windows {res['windows']}",
+                        file=sys.stderr,
+                    )
     finally:
         if broker is not None:
             broker.stop()
@@ -213,26 +235,42 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report(rounds: dict[str, list[dict]], args: argparse.Namespace) -> dict[str, Any]:
-    med = {c: {k: statistics.median(r[k] for r in rs) for k in ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99",
-                                                                 "windows", "published")}
-           for c, rs in rounds.items()}
+    med = {
+        c: {
+            k: statistics.median(r[k] for r in rs)
+            for k in ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99", "windows", "published")
+        }
+        for c, rs in rounds.items()
+    }
     off = med["off"]
     for m in med.values():
         m["ttft_p99_ratio"] = round(m["ttft_p99"] / off["ttft_p99"], 3) if off["ttft_p99"] else None
         m["e2e_p99_ratio"] = round(m["e2e_p99"] / off["e2e_p99"], 3) if off["e2e_p99"] else None
         m["e2e_p50_ratio"] = round(m["e2e_p50"] / off["e2e_p50"], 3) if off["e2e_p50"] else None
-    return {"model": args.model, "threads": args.threads, "requests_per_condition": args.requests,
-            "rounds": args.rounds, "interval_s": args.interval_s, "delay_ms": args.delay_ms,
-            "prompt_tokens": args.prompt_tokens, "max_new_tokens": args.max_new_tokens,
-            "median": med, "per_round": rounds}
+    return {
+        "model": args.model,
+        "threads": args.threads,
+        "requests_per_condition": args.requests,
+        "rounds": args.rounds,
+        "interval_s": args.interval_s,
+        "delay_ms": args.delay_ms,
+        "prompt_tokens": args.prompt_tokens,
+        "max_new_tokens": args.max_new_tokens,
+        "median": med,
+        "per_round": rounds,
+    }
 
 
 def _table(report: dict[str, Any]) -> str:
-    lines = [f"telemetry every {report['interval_s']} s · {report['requests_per_condition']} requests × "
-             f"{report['rounds']} rounds · medians over rounds",
-             f"{'condition':<10} {'TTFT p50':>9} {'TTFT p99':>9} {'E2E p50':>9} {'E2E p99':>9} "
-             f"{'p99 vs off':>10} {'windows':>8}"]
+    lines = [
+        f"telemetry every {report['interval_s']} s · {report['requests_per_condition']} requests × "
+        f"{report['rounds']} rounds · medians over rounds",
+        f"{'condition':<10} {'TTFT p50':>9} {'TTFT p99':>9} {'E2E p50':>9} {'E2E p99':>9} "
+        f"{'p99 vs off':>10} {'windows':>8}",
+    ]
     for c, m in report["median"].items():
-        lines.append(f"{c:<10} {m['ttft_p50']:>9.1f} {m['ttft_p99']:>9.1f} {m['e2e_p50']:>9.1f} {m['e2e_p99']:>9.1f} "
-                     f"{m['e2e_p99_ratio']:>10.3f} {m['windows']:>8.0f}")
+        lines.append(
+            f"{c:<10} {m['ttft_p50']:>9.1f} {m['ttft_p99']:>9.1f} {m['e2e_p50']:>9.1f} {m['e2e_p99']:>9.1f} "
+            f"{m['e2e_p99_ratio']:>10.3f} {m['windows']:>8.0f}"
+        )
     return "\n".join(lines)

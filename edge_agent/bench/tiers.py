@@ -7,6 +7,7 @@ overloads the top tier but not the light one. Reported: a timeline (offered rate
 P95 per time bucket for both runs), every switch with its reason, failed requests (must be 0), shed
 requests, and the time spent over the SLA target, adaptive vs. fixed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,29 +29,60 @@ from ..serving.tier_control import TierController
 from ..serving.tier_policy import Policy
 from .ramp import arrivals, plot_tiers, rate_at, table_lines, timeline
 
-PROMPTS = ("Turn on the kitchen lights.", "What is the weather like tomorrow morning?",
-           "Summarize my meeting notes in two sentences.", "Set a timer for twelve minutes.",
-           "Translate 'good evening' into French.", "Which room is the warmest right now?")
+PROMPTS = (
+    "Turn on the kitchen lights.",
+    "What is the weather like tomorrow morning?",
+    "Summarize my meeting notes in two sentences.",
+    "Set a timer for twelve minutes.",
+    "Translate 'good evening' into French.",
+    "Which room is the warmest right now?",
+)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("tiers", help="rising/holding/falling load: tier controller vs a fixed top tier",
-                              description=__doc__.splitlines()[0])
-    p.add_argument("--workload", choices=("llm", "asr"), default="llm",
-                   help="llm: the LLM ladder on chat requests (default); asr: the ASR ladder on real-time "
-                   "spoken-command streams (bench/tiers_asr.py)")
-    p.add_argument("--tiers", default=None, help="model ladder, heaviest first (comma separated; default "
-                   "demo-phi3-small,demo-phi3 for llm, demo-whisper,demo-asr for asr)")
+    p = subparsers.add_parser(
+        "tiers",
+        help="rising/holding/falling load: tier controller vs a fixed top tier",
+        description=__doc__.splitlines()[0],
+    )
+    p.add_argument(
+        "--workload",
+        choices=("llm", "asr"),
+        default="llm",
+        help="llm: the LLM ladder on chat requests (default); asr: the ASR ladder on real-time "
+        "spoken-command streams (bench/tiers_asr.py)",
+    )
+    p.add_argument(
+        "--tiers",
+        default=None,
+        help="model ladder, heaviest first (comma separated; default "
+        "demo-phi3-small,demo-phi3 for llm, demo-whisper,demo-asr for asr)",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--duration-s", type=float, default=None, help="seconds per run (default 60 for llm, 35 for asr)")
-    p.add_argument("--base-rate", type=float, default=None, help="requests/s at the start and end (default: the top "
-                   "tier's single-request rate, 1 / its e2e alone; asr: 0.3 streams/s)")
-    p.add_argument("--peak-rate", type=float, default=None, help="requests/s at the peak (default: 5 × that rate, "
-                   "beyond what batching lets the top tier serve; asr: 1.5 streams/s)")
+    p.add_argument(
+        "--base-rate",
+        type=float,
+        default=None,
+        help="requests/s at the start and end (default: the top "
+        "tier's single-request rate, 1 / its e2e alone; asr: 0.3 streams/s)",
+    )
+    p.add_argument(
+        "--peak-rate",
+        type=float,
+        default=None,
+        help="requests/s at the peak (default: 5 × that rate, "
+        "beyond what batching lets the top tier serve; asr: 1.5 streams/s)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--max-batch", type=int, default=4)
-    p.add_argument("--target-ms", type=float, default=None, help="P95 target: TTFT for llm (default 387, the agent's "
-                   "SLA), first_partial_ms for asr (default [sla.asr] target_ms, 300)")
+    p.add_argument(
+        "--target-ms",
+        type=float,
+        default=None,
+        help="P95 target: TTFT for llm (default 387, the agent's "
+        "SLA), first_partial_ms for asr (default [sla.asr] target_ms, 300)",
+    )
     p.add_argument("--window-s", type=float, default=6.0)
     p.add_argument("--evaluate-every-s", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=7)
@@ -83,10 +115,18 @@ def _drive(served: TieredLLM, schedule: Sequence[float], max_new: int, label: st
             failed += 1
             errors.append(str(exc))
             continue
-        rows.append({"t_s": offset, "ttft_ms": done.timing.ttft_ms, "e2e_ms": done.timing.e2e_ms,
-                     "tier": handle.tier or "?"})
-    return {"requests": len(schedule), "completed": len(rows), "failed": failed, "shed": shed,
-            "errors": errors[:5], "rows": rows, "wall_s": time.monotonic() - start}
+        rows.append(
+            {"t_s": offset, "ttft_ms": done.timing.ttft_ms, "e2e_ms": done.timing.e2e_ms, "tier": handle.tier or "?"}
+        )
+    return {
+        "requests": len(schedule),
+        "completed": len(rows),
+        "failed": failed,
+        "shed": shed,
+        "errors": errors[:5],
+        "rows": rows,
+        "wall_s": time.monotonic() - start,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,8 +148,14 @@ def run(args: argparse.Namespace) -> int:
     show = not args.quiet
     refs = [resolve_model(n, cache) for n in names]
     options = SessionOptions(device="cpu", threads=args.threads)
-    limits = Limits(max_batch=args.max_batch, batch_timeout_ms=10.0, preferred_batch_sizes=(),
-                    max_queue=10_000, queue_timeout_ms=600_000.0)
+    limits = Limits(
+        max_batch=args.max_batch,
+        batch_timeout_ms=10.0,
+        preferred_batch_sizes=(),
+        max_queue=10_000,
+        queue_timeout_ms=600_000.0,
+    )
+
     def opener(ref: ModelRef) -> Callable[[], DecoderLM]:
         return lambda: DecoderLM.open(ref, "onnxruntime", options)
 
@@ -128,9 +174,18 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"need 0 < --base-rate ({base:g}) <= --peak-rate ({peak:g})")
     schedule = arrivals(args.duration_s, base, peak, args.seed)
 
-    policy = Policy(metric="ttft_ms", percentile=95, target_ms=args.target_ms, min_samples=6, downgrade_after=2,
-                    upgrade_after=3, upgrade_ratio=0.7, cooldown_s=4 * args.evaluate_every_s,
-                    min_dwell_s=2 * args.evaluate_every_s, max_batch=args.max_batch)
+    policy = Policy(
+        metric="ttft_ms",
+        percentile=95,
+        target_ms=args.target_ms,
+        min_samples=6,
+        downgrade_after=2,
+        upgrade_after=3,
+        upgrade_ratio=0.7,
+        cooldown_s=4 * args.evaluate_every_s,
+        min_dwell_s=2 * args.evaluate_every_s,
+        max_batch=args.max_batch,
+    )
     events: list[tuple[float, str, dict]] = []
     holder: dict = {}
     t0 = [time.monotonic()]
@@ -143,8 +198,12 @@ def run(args: argparse.Namespace) -> int:
     served = TieredLLM(ladder, observe=lambda obs: holder["c"].observe(obs), on_switched=switched)
     served.start()
     controller = holder["c"] = TierController(
-        served, policy, window_s=args.window_s, evaluate_every_s=args.evaluate_every_s,
-        on_event=lambda kind, payload: events.append((time.monotonic() - t0[0], kind, payload)))
+        served,
+        policy,
+        window_s=args.window_s,
+        evaluate_every_s=args.evaluate_every_s,
+        on_event=lambda kind, payload: events.append((time.monotonic() - t0[0], kind, payload)),
+    )
     t0[0] = time.monotonic()
     controller.start()
     try:
@@ -164,17 +223,43 @@ def run(args: argparse.Namespace) -> int:
     tl_f, over_f = timeline(fixed, args.duration_s, bucket_s, args.target_ms)
     switches = [{"t_s": round(t, 2), **p} for t, kind, p in events if kind == "tier_switch"]
     report = {
-        "tiers": names, "threads": args.threads, "duration_s": args.duration_s, "target_ms": args.target_ms,
-        "single_request_s": single_s, "base_rate": base, "peak_rate": peak, "requests": len(schedule),
-        "policy": {k: getattr(policy, k) for k in ("percentile", "min_samples", "downgrade_after", "upgrade_after",
-                                                   "upgrade_ratio", "cooldown_s", "min_dwell_s")},
-        "window_s": args.window_s, "evaluate_every_s": args.evaluate_every_s,
-        "adaptive": _summary(adaptive, over_a), "fixed": _summary(fixed, over_f),
+        "tiers": names,
+        "threads": args.threads,
+        "duration_s": args.duration_s,
+        "target_ms": args.target_ms,
+        "single_request_s": single_s,
+        "base_rate": base,
+        "peak_rate": peak,
+        "requests": len(schedule),
+        "policy": {
+            k: getattr(policy, k)
+            for k in (
+                "percentile",
+                "min_samples",
+                "downgrade_after",
+                "upgrade_after",
+                "upgrade_ratio",
+                "cooldown_s",
+                "min_dwell_s",
+            )
+        },
+        "window_s": args.window_s,
+        "evaluate_every_s": args.evaluate_every_s,
+        "adaptive": _summary(adaptive, over_a),
+        "fixed": _summary(fixed, over_f),
         "over_target_ratio": (over_a / over_f) if over_f else None,
-        "switches": switches, "events": [{"t_s": round(t, 2), "kind": k, **p} for t, k, p in events],
-        "timeline": [{"t_s": a["t_s"], "rate": rate_at(a["t_s"] + bucket_s / 2, args.duration_s, base, peak),
-                      "tier": a["tier"], "adaptive_ttft_p95_ms": a["ttft_p95_ms"],
-                      "fixed_ttft_p95_ms": f["ttft_p95_ms"]} for a, f in zip(tl_a, tl_f)],
+        "switches": switches,
+        "events": [{"t_s": round(t, 2), "kind": k, **p} for t, k, p in events],
+        "timeline": [
+            {
+                "t_s": a["t_s"],
+                "rate": rate_at(a["t_s"] + bucket_s / 2, args.duration_s, base, peak),
+                "tier": a["tier"],
+                "adaptive_ttft_p95_ms": a["ttft_p95_ms"],
+                "fixed_ttft_p95_ms": f["ttft_p95_ms"],
+            }
+            for a, f in zip(tl_a, tl_f)
+        ],
         "raw": {"adaptive": adaptive["rows"], "fixed": fixed["rows"]},
     }
     print(format_report(report))
@@ -190,14 +275,25 @@ def _summary(run: dict, over_s: float) -> dict:
     by_tier: dict[str, int] = {}
     for r in run["rows"]:
         by_tier[r["tier"]] = by_tier.get(r["tier"], 0) + 1
-    return {"requests": run["requests"], "completed": run["completed"], "failed": run["failed"], "shed": run["shed"],
-            "errors": run["errors"], "ttft_p50_ms": percentile(ttfts, 50), "ttft_p95_ms": percentile(ttfts, 95),
-            "ttft_p99_ms": percentile(ttfts, 99), "time_over_target_s": over_s, "served_by_tier": by_tier}
+    return {
+        "requests": run["requests"],
+        "completed": run["completed"],
+        "failed": run["failed"],
+        "shed": run["shed"],
+        "errors": run["errors"],
+        "ttft_p50_ms": percentile(ttfts, 50),
+        "ttft_p95_ms": percentile(ttfts, 95),
+        "ttft_p99_ms": percentile(ttfts, 99),
+        "time_over_target_s": over_s,
+        "served_by_tier": by_tier,
+    }
 
 
 def format_report(r: dict) -> str:
-    head = (f"tier bench: {' > '.join(r['tiers'])}, {r['duration_s']:g} s, Poisson {r['base_rate']:.2f} → "
-            f"{r['peak_rate']:.2f} → {r['base_rate']:.2f} req/s ({r['requests']} requests), "
-            f"target TTFT P95 ≤ {r['target_ms']:g} ms")
+    head = (
+        f"tier bench: {' > '.join(r['tiers'])}, {r['duration_s']:g} s, Poisson {r['base_rate']:.2f} → "
+        f"{r['peak_rate']:.2f} → {r['base_rate']:.2f} req/s ({r['requests']} requests), "
+        f"target TTFT P95 ≤ {r['target_ms']:g} ms"
+    )
     keys = ("completed", "failed", "shed", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "time_over_target_s")
     return "\n".join([head, *table_lines(r, "ttft_ms", "fixed top", keys)])

@@ -9,6 +9,7 @@ Reported: a timeline, every switch with its reason, streams started/finished/fai
 a stream that raises, gets an ``error`` event or no final counts as failed), shed streams, and the time
 over target, adaptive vs. fixed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,12 @@ def _settings(names: Sequence[str], threads: int):
 
     s = load_settings(None)
     tiers = [TierConfig(name=n, model=n) for n in names]
-    return s.model_copy(update={"models": s.models.model_copy(update={"asr": tiers}),
-                                "device": s.device.model_copy(update={"threads": threads})})
+    return s.model_copy(
+        update={
+            "models": s.models.model_copy(update={"asr": tiers}),
+            "device": s.device.model_copy(update={"threads": threads}),
+        }
+    )
 
 
 def _clips(workdir: Path) -> list[tuple[bytes, str]]:
@@ -66,7 +71,7 @@ def _feed(stream, pcm: bytes) -> None:
         delay = t0 + k * CHUNK_S - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-        stream.push(pcm[offset:offset + step])
+        stream.push(pcm[offset : offset + step])
     stream.close()
 
 
@@ -93,8 +98,16 @@ def _drive(speech, schedule: Sequence[float], clips: Sequence[tuple[bytes, str]]
             if error is not None:
                 errors.append(f"stream {k}: {error}")
             for e in finals:
-                rows.append({"t_s": offset, "stream": k, "tier": tier, "first_partial_ms": e.get("first_partial_ms"),
-                             "final_ms": e.get("final_ms"), "text": e.get("text", "")})
+                rows.append(
+                    {
+                        "t_s": offset,
+                        "stream": k,
+                        "tier": tier,
+                        "first_partial_ms": e.get("first_partial_ms"),
+                        "final_ms": e.get("final_ms"),
+                        "text": e.get("text", ""),
+                    }
+                )
 
     shed: list[float] = []
     start = time.monotonic()
@@ -120,10 +133,18 @@ def _drive(speech, schedule: Sequence[float], clips: Sequence[tuple[bytes, str]]
         errors.append(f"{hung} stream(s) did not finish within 180 s")
     streams.sort(key=lambda s: s["stream"])
     errored = sum(s["error"] is not None for s in streams)
-    return {"streams": len(schedule), "started": len(threads), "finished": len(streams) - errored,
-            "failed": errored + hung, "shed": len(shed), "errors": errors[:5],
-            "rows": sorted(rows, key=lambda r: r["t_s"]),
-            "stream_log": streams, "shed_at": shed, "wall_s": time.monotonic() - start}
+    return {
+        "streams": len(schedule),
+        "started": len(threads),
+        "finished": len(streams) - errored,
+        "failed": errored + hung,
+        "shed": len(shed),
+        "errors": errors[:5],
+        "rows": sorted(rows, key=lambda r: r["t_s"]),
+        "stream_log": streams,
+        "shed_at": shed,
+        "wall_s": time.monotonic() - start,
+    }
 
 
 def _summary(run: dict, over_s: float) -> dict:
@@ -132,9 +153,13 @@ def _summary(run: dict, over_s: float) -> dict:
     for r in run["rows"]:
         by_tier[r["tier"]] = by_tier.get(r["tier"], 0) + 1
     return {k: run[k] for k in ("streams", "started", "finished", "failed", "shed", "errors")} | {
-        "utterances": len(run["rows"]), "first_partial_p50_ms": percentile(fp, 50),
-        "first_partial_p95_ms": percentile(fp, 95), "first_partial_p99_ms": percentile(fp, 99),
-        "time_over_target_s": over_s, "served_by_tier": by_tier}
+        "utterances": len(run["rows"]),
+        "first_partial_p50_ms": percentile(fp, 50),
+        "first_partial_p95_ms": percentile(fp, 95),
+        "first_partial_p99_ms": percentile(fp, 99),
+        "time_over_target_s": over_s,
+        "served_by_tier": by_tier,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -158,8 +183,15 @@ def run(args: argparse.Namespace) -> int:
     schedule = arrivals(duration, base, peak, args.seed)
 
     ev = args.evaluate_every_s
-    policy = replace(policy_from_config(settings.sla.asr), target_ms=target, min_samples=4, downgrade_after=2,
-                     upgrade_after=3, cooldown_s=8 * ev, min_dwell_s=2 * ev)  # short, as the LLM bench
+    policy = replace(
+        policy_from_config(settings.sla.asr),
+        target_ms=target,
+        min_samples=4,
+        downgrade_after=2,
+        upgrade_after=3,
+        cooldown_s=8 * ev,
+        min_dwell_s=2 * ev,
+    )  # short, as the LLM bench
     events: list[tuple[float, str, dict]] = []
     holder: dict = {}
     t0 = [time.monotonic()]
@@ -177,8 +209,9 @@ def run(args: argparse.Namespace) -> int:
             holder["c"].switch_failed(old, new, err)
 
     speech = open_speech(settings, observe=utterance, on_switched=switched, drain_s=60.0)
-    controller = holder["c"] = TierController(speech, policy, window_s=args.window_s, evaluate_every_s=ev,
-                                              on_event=note, workload="asr")
+    controller = holder["c"] = TierController(
+        speech, policy, window_s=args.window_s, evaluate_every_s=ev, on_event=note, workload="asr"
+    )
     t0[0] = time.monotonic()
     controller.start()
     try:
@@ -196,20 +229,47 @@ def run(args: argparse.Namespace) -> int:
     tl_a, over_a = timeline(adaptive, duration, bucket_s, target, METRIC)
     tl_f, over_f = timeline(fixed, duration, bucket_s, target, METRIC)
     report = {
-        "workload": "asr", "metric": METRIC, "tiers": names, "threads": args.threads,
-        "duration_s": duration, "target_ms": target, "base_rate": base, "peak_rate": peak,
-        "streams": len(schedule), "arrivals": [round(t, 4) for t in schedule],
+        "workload": "asr",
+        "metric": METRIC,
+        "tiers": names,
+        "threads": args.threads,
+        "duration_s": duration,
+        "target_ms": target,
+        "base_rate": base,
+        "peak_rate": peak,
+        "streams": len(schedule),
+        "arrivals": [round(t, 4) for t in schedule],
         "clips": [{"text": text, "audio_s": len(pcm) / 2 / RATE} for pcm, text in clips],
-        "policy": {k: getattr(policy, k) for k in ("percentile", "min_samples", "downgrade_after", "upgrade_after",
-                                                   "upgrade_ratio", "cooldown_s", "min_dwell_s", "shed_after")},
-        "window_s": args.window_s, "evaluate_every_s": ev,
-        "adaptive": _summary(adaptive, over_a), "fixed": _summary(fixed, over_f),
+        "policy": {
+            k: getattr(policy, k)
+            for k in (
+                "percentile",
+                "min_samples",
+                "downgrade_after",
+                "upgrade_after",
+                "upgrade_ratio",
+                "cooldown_s",
+                "min_dwell_s",
+                "shed_after",
+            )
+        },
+        "window_s": args.window_s,
+        "evaluate_every_s": ev,
+        "adaptive": _summary(adaptive, over_a),
+        "fixed": _summary(fixed, over_f),
         "over_target_ratio": (over_a / over_f) if over_f else None,
         "switches": [{"t_s": round(t, 2), **p} for t, k, p in events if k == "tier_switch"],
         "events": [{"t_s": round(t, 2), "kind": k, **p} for t, k, p in events],
-        "timeline": [{"t_s": a["t_s"], "rate": rate_at(a["t_s"] + bucket_s / 2, duration, base, peak),
-                      "tier": a["tier"], "adaptive_first_partial_p95_ms": a["first_partial_p95_ms"],
-                      "fixed_first_partial_p95_ms": f["first_partial_p95_ms"]} for a, f in zip(tl_a, tl_f)],
+        "timeline": [
+            {
+                "t_s": a["t_s"],
+                "rate": rate_at(a["t_s"] + bucket_s / 2, duration, base, peak),
+                "tier": a["tier"],
+                "adaptive_first_partial_p95_ms": a["first_partial_p95_ms"],
+                "fixed_first_partial_p95_ms": f["first_partial_p95_ms"],
+            }
+            for a, f in zip(tl_a, tl_f)
+        ],
         "raw": {"adaptive": adaptive["rows"], "fixed": fixed["rows"]},
         "stream_log": {"adaptive": adaptive["stream_log"], "fixed": fixed["stream_log"]},
         "shed_at": {"adaptive": adaptive["shed_at"], "fixed": fixed["shed_at"]},
@@ -223,11 +283,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def format_report(r: dict) -> str:
-    head = (f"ASR tier bench: {' > '.join(r['tiers'])}, {r['duration_s']:g} s, Poisson {r['base_rate']:.2f} → "
-            f"{r['peak_rate']:.2f} → {r['base_rate']:.2f} streams/s ({r['streams']} streams, real-time paced), "
-            f"target first_partial P95 ≤ {r['target_ms']:g} ms")
-    keys = ("started", "finished", "failed", "shed", "first_partial_p50_ms", "first_partial_p95_ms",
-            "first_partial_p99_ms", "time_over_target_s")
+    head = (
+        f"ASR tier bench: {' > '.join(r['tiers'])}, {r['duration_s']:g} s, Poisson {r['base_rate']:.2f} → "
+        f"{r['peak_rate']:.2f} → {r['base_rate']:.2f} streams/s ({r['streams']} streams, real-time paced), "
+        f"target first_partial P95 ≤ {r['target_ms']:g} ms"
+    )
+    keys = (
+        "started",
+        "finished",
+        "failed",
+        "shed",
+        "first_partial_p50_ms",
+        "first_partial_p95_ms",
+        "first_partial_p99_ms",
+        "time_over_target_s",
+    )
     lines = [head, *table_lines(r, METRIC, "fixed heavy", keys)]
     for side in ("adaptive", "fixed"):
         lines.extend(f"{side} error: {e}" for e in r[side]["errors"])
@@ -235,5 +305,12 @@ def format_report(r: dict) -> str:
 
 
 def plot_tiers(r: dict, path: Path) -> Path:
-    return ramp.plot_tiers(r, path, metric=METRIC, label="first partial", unit="streams/s",
-                           title="ASR tier controller vs fixed heavy tier", count="streams")
+    return ramp.plot_tiers(
+        r,
+        path,
+        metric=METRIC,
+        label="first partial",
+        unit="streams/s",
+        title="ASR tier controller vs fixed heavy tier",
+        count="streams",
+    )

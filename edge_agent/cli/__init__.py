@@ -15,6 +15,7 @@ only with ``--debug``) and exits non-zero: 2 for bad usage or config, 1 for ever
 Command modules keep their heavy imports inside the handlers, so ``--help`` stays fast. Nothing in
 ``edge_agent`` imports this package: it sits on top of everything else.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,11 +37,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"edge-agent {__version__}")
     parser.add_argument("--debug", action="store_true", help="verbose logs and tracebacks")
-    parser.add_argument("--log-format", choices=["text", "json"], default=None,
-                        help="text, or one JSON object per line (time, level, logger, message) for journald/Loki; "
-                        "`run` defaults to logging.format")
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None,
-                        help="default: warning (`run`: logging.level, info)")
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=None,
+        help="text, or one JSON object per line (time, level, logger, message) for journald/Loki; "
+        "`run` defaults to logging.format",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default=None,
+        help="default: warning (`run`: logging.level, info)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     # The order is the order of `edge-agent --help`.
     doctor.add_commands(sub)

@@ -9,6 +9,7 @@ recognised before the next is fed, so partials appear at every chunk), in real t
 source ends (or Ctrl-C, ``--duration``, ``--max-utterances``); with ``--respond`` each final
 transcript goes to the LLM and ``turn_ms`` (end of speech → first LLM token) is reported.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,9 +37,15 @@ def add_commands(sub) -> None:
     p = sub.add_parser("listen", help="live recognition from a microphone, a file or stdin; --respond talks back")
     _common(p)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--mic", nargs="?", const="", action="append", metavar="DEVICE",
-                     help="capture from a microphone (name or index; default: audio.device or the system "
-                          "default); repeat for several microphones, one stream each")
+    src.add_argument(
+        "--mic",
+        nargs="?",
+        const="",
+        action="append",
+        metavar="DEVICE",
+        help="capture from a microphone (name or index; default: audio.device or the system "
+        "default); repeat for several microphones, one stream each",
+    )
     src.add_argument("--file", metavar="F", help="replay a WAV/FLAC file in real time")
     src.add_argument("--stdin", action="store_true", help="raw PCM on stdin (see --pcm-format, --pcm-rate)")
     p.add_argument("--pcm-format", default="s16le", choices=("s16le", "s32le", "f32le"))
@@ -57,8 +64,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--model", help="ASR demo model name or model folder (default: the top configured ASR tier)")
     p.add_argument("--backend", choices=("onnxruntime", "openvino"), help="default: the tier's backend")
-    p.add_argument("--decoder", choices=DECODERS, default="auto",
-                   help="CTC decoding: auto (default) = lexicon + LM when the model folder ships them, else greedy")
+    p.add_argument(
+        "--decoder",
+        choices=DECODERS,
+        default="auto",
+        help="CTC decoding: auto (default) = lexicon + LM when the model folder ships them, else greedy",
+    )
     p.add_argument("--beam-width", type=int, default=None, help="beam/lexicon/lm width (default 8, or lm_beam)")
     p.add_argument("--language", default="en", help="Whisper language code, or 'auto' (default en)")
 
@@ -66,8 +77,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 def open_engine(args: argparse.Namespace, settings) -> Any:
     from ..models.asr import open_configured
 
-    return open_configured(settings, args.model, args.backend, decoder=args.decoder, beam_width=args.beam_width,
-                           language=args.language)
+    return open_configured(
+        settings, args.model, args.backend, decoder=args.decoder, beam_width=args.beam_width, language=args.language
+    )
 
 
 def _r(v: float | None, digits: int = 1) -> float | None:
@@ -75,6 +87,7 @@ def _r(v: float | None, digits: int = 1) -> float | None:
 
 
 # -- transcribe -----------------------------------------------------------------------------------
+
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
     from ..audio.sources import FileSource
@@ -110,16 +123,29 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     metrics = [m for _, m in timed]
     compute_ms = sum(m.compute_ms for m in metrics)
     result = {
-        "file": str(args.file), "model": engine.name, "kind": engine.kind,
+        "file": str(args.file),
+        "model": engine.name,
+        "kind": engine.kind,
         "text": " ".join(e.text for e in finals if e.text).strip(),
         "first_partial_ms": _r(metrics[0].first_partial_ms) if metrics else None,
         "final_ms": _r(metrics[-1].final_ms) if metrics else None,
         "rtf": _r(compute_ms / 1e3 / max(source.duration_s, 1e-9), 4),
-        "audio_s": round(source.duration_s, 3), "wall_s": round(wall_s, 3), "paced": args.stream,
+        "audio_s": round(source.duration_s, 3),
+        "wall_s": round(wall_s, 3),
+        "paced": args.stream,
         "warnings": list(source.info.warnings),
-        "utterances": [{"text": e.text, "end_s": round(e.audio_s, 2), "first_partial_ms": _r(m.first_partial_ms),
-                        "final_ms": _r(m.final_ms), "rtf": _r(m.rtf, 4), "audio_s": round(m.audio_s, 2),
-                        "reason": m.reason} for e, m in timed],
+        "utterances": [
+            {
+                "text": e.text,
+                "end_s": round(e.audio_s, 2),
+                "first_partial_ms": _r(m.first_partial_ms),
+                "final_ms": _r(m.final_ms),
+                "rtf": _r(m.rtf, 4),
+                "audio_s": round(m.audio_s, 2),
+                "reason": m.reason,
+            }
+            for e, m in timed
+        ],
         "partials": [{"t_s": round(e.audio_s, 2), "text": e.text} for e in printer.events if e.kind == "partial"],
         "errors": errors,
     }
@@ -130,8 +156,11 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         for w in source.info.warnings:
             print(f"warning: {w}", file=sys.stderr)
         print(result["text"])
-        print(f"[{engine.name} · {engine.kind}] first partial {result['first_partial_ms']} ms · final "
-              f"{result['final_ms']} ms · RTF {result['rtf']} · {len(finals)} utterance(s)", file=sys.stderr)
+        print(
+            f"[{engine.name} · {engine.kind}] first partial {result['first_partial_ms']} ms · final "
+            f"{result['final_ms']} ms · RTF {result['rtf']} · {len(finals)} utterance(s)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -158,6 +187,7 @@ class _Printer:
 
 
 # -- listen ---------------------------------------------------------------------------------------
+
 
 def cmd_listen(args: argparse.Namespace) -> int:
     from ..config import load_settings
@@ -211,21 +241,31 @@ def cmd_listen(args: argparse.Namespace) -> int:
         if responder:
             responder.close()
     summary = {**service.summary(), "turn_ms": turns.snapshot()["turn_ms"].as_dict()}
-    report = {"model": engine.name, "utterances": records, "summary": summary,
-              "sources": [_source_report(src) for src in sources]}
+    report = {
+        "model": engine.name,
+        "utterances": records,
+        "summary": summary,
+        "sources": [_source_report(src) for src in sources],
+    }
     report["source"] = report["sources"][0]
     if args.json:
         json.dump(report, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
         s = summary
-        print(f"{len(records)} utterance(s) · first partial p50 {_r(s['first_partial_ms']['p50'])} ms · final p50 "
-              f"{_r(s['final_ms']['p50'])} ms · RTF p50 {_r(s['rtf']['p50'], 4)}"
-              + (f" · turn p50 {_r(s['turn_ms']['p50'])} ms" if args.respond else ""), file=sys.stderr)
+        print(
+            f"{len(records)} utterance(s) · first partial p50 {_r(s['first_partial_ms']['p50'])} ms · final p50 "
+            f"{_r(s['final_ms']['p50'])} ms · RTF p50 {_r(s['rtf']['p50'], 4)}"
+            + (f" · turn p50 {_r(s['turn_ms']['p50'])} ms" if args.respond else ""),
+            file=sys.stderr,
+        )
         for src in report["sources"]:
             if "overflows" in src:
-                print(f"{src['device']}: {src['overflows']} input overflow(s), {src['dropped_blocks']} dropped "
-                      f"block(s), {src['reconnects']} reconnect(s)", file=sys.stderr)
+                print(
+                    f"{src['device']}: {src['overflows']} input overflow(s), {src['dropped_blocks']} dropped "
+                    f"block(s), {src['reconnects']} reconnect(s)",
+                    file=sys.stderr,
+                )
     return 0
 
 
@@ -243,8 +283,13 @@ def _source_report(source) -> dict:
     out: dict[str, Any] = {"kind": type(source).__name__}
     stats = getattr(source, "stats", None)
     if stats is not None:
-        out.update(overflows=stats.overflows, dropped_blocks=stats.dropped_blocks, reconnects=stats.reconnects,
-                   device=stats.device_name, device_rate=stats.device_rate)
+        out.update(
+            overflows=stats.overflows,
+            dropped_blocks=stats.dropped_blocks,
+            reconnects=stats.reconnects,
+            device=stats.device_name,
+            device_rate=stats.device_rate,
+        )
     return out
 
 
@@ -254,8 +299,11 @@ def _open_sources(args, settings) -> list:
     if args.file:
         return [FileSource(args.file, settings.audio.block_ms, paced=True)]
     if args.stdin:
-        return [StdinSource(fmt=args.pcm_format, rate=args.pcm_rate, channels=args.pcm_channels,
-                            block_ms=settings.audio.block_ms)]
+        return [
+            StdinSource(
+                fmt=args.pcm_format, rate=args.pcm_rate, channels=args.pcm_channels, block_ms=settings.audio.block_ms
+            )
+        ]
     from ..audio.mic import MicSource
 
     sources = []
@@ -279,8 +327,14 @@ def _consume(finals, responder, records, turns, stop, args) -> None:
         if args.max_utterances and len(records) >= args.max_utterances:
             continue  # finals of utterances cut short by the stop: not part of the report
         m = event.metrics
-        record = {"stream": event.stream, "text": event.text, "first_partial_ms": _r(m.first_partial_ms),
-                  "final_ms": _r(m.final_ms), "rtf": _r(m.rtf, 4), "audio_s": round(m.audio_s, 2)}
+        record = {
+            "stream": event.stream,
+            "text": event.text,
+            "first_partial_ms": _r(m.first_partial_ms),
+            "final_ms": _r(m.final_ms),
+            "rtf": _r(m.rtf, 4),
+            "audio_s": round(m.audio_s, 2),
+        }
         if responder and event.text.strip():
             reply, turn_ms = responder.respond(event.text, event.speech_end_at_s, quiet=args.json)
             record.update(response=reply, turn_ms=_r(turn_ms))
@@ -303,8 +357,11 @@ class _Responder:
         tier = settings.models.llm[0]
         ref = resolve_model(args.llm_model or tier.model, settings.models.cache_dir)
         backend = tier.backend if not args.llm_model else "onnxruntime"
-        options = SessionOptions(device=tier.device if not args.llm_model else "cpu",
-                                 threads=settings.device.threads, cache_dir=settings.engines.cache_dir)
+        options = SessionOptions(
+            device=tier.device if not args.llm_model else "cpu",
+            threads=settings.device.threads,
+            cache_dir=settings.engines.cache_dir,
+        )
         self.lm = DecoderLM.open(ref, backend, options)
         self.scheduler = LLMScheduler(self.lm, Limits(max_batch=1, batch_timeout_ms=0)).start()
         self.max_new_tokens = args.max_new_tokens

@@ -1,5 +1,6 @@
 """``edge-agent bench``: benchmarks that print figures measured side by side (one module per workload
 in ``edge_agent/bench/``, each adding its own parser)."""
+
 from __future__ import annotations
 
 import argparse

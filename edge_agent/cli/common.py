@@ -1,4 +1,5 @@
 """What every command shares: ``--config``/``--json`` arguments and the JSON printer."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,6 @@
 """``edge-agent demo``: the daemon on the demo tiers under a mixed chat + speech load, live
 (the demo itself is ``edge_agent/demo.py``)."""
+
 from __future__ import annotations
 
 from ..demo import run

@@ -1,4 +1,5 @@
 """``edge-agent check-config``, ``doctor`` and ``models list``: what this machine and its config hold."""
+
 from __future__ import annotations
 
 import argparse
@@ -30,16 +31,23 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     source = resolve_config_path(args.config)
     problems = config_problems(args.config)
     if args.json:
-        emit_json({"ok": not problems, "source": str(source) if source else None,
-                    "problems": [{"path": p, "message": m} for p, m in problems]})
+        emit_json(
+            {
+                "ok": not problems,
+                "source": str(source) if source else None,
+                "problems": [{"path": p, "message": m} for p, m in problems],
+            }
+        )
     else:
         for path, msg in problems:
             print(f"{path}: {msg}")
         if not problems:
             print(f"configuration OK ({source or 'built-in defaults'} + EDGE_AGENT_* environment)")
         else:
-            print(f"{len(problems)} problem(s) in {source or 'built-in defaults'} + EDGE_AGENT_* environment",
-                  file=sys.stderr)
+            print(
+                f"{len(problems)} problem(s) in {source or 'built-in defaults'} + EDGE_AGENT_* environment",
+                file=sys.stderr,
+            )
     return 2 if problems else 0
 
 
@@ -60,8 +68,10 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 
     settings = load_settings(args.config)
     cache = settings.models.cache_dir
-    demos = [{"name": m.name, "kind": m.kind, "status": demo_status(m, cache), "description": m.description}
-             for m in DEMO_MODELS.values()]
+    demos = [
+        {"name": m.name, "kind": m.kind, "status": demo_status(m, cache), "description": m.description}
+        for m in DEMO_MODELS.values()
+    ]
     tiers = {w: [t.model_dump() for t in getattr(settings.models, w)] for w in ("llm", "asr")}
     if args.json:
         emit_json({"demo_models": demos, "tiers": tiers})

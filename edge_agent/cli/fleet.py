@@ -1,4 +1,5 @@
 """``edge-agent fleet``: watch devices' telemetry over MQTT (``watch``), sign commands (``keygen``, ``sign``)."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,9 +17,12 @@ from .fleet_export import add_commands as add_export_commands
 def add_commands(subparsers: Any) -> None:
     p = subparsers.add_parser("fleet", help="fleet tools: watch devices' telemetry over MQTT, sign commands")
     fsub = p.add_subparsers(dest="fleet_command", metavar="ACTION", required=True)
-    w = fsub.add_parser("watch", help="live table of every device's latency, merged across the fleet",
-                        description="Subscribe to <prefix>/+/# and show per-device and fleet-wide latency "
-                                    "from merged histograms, with seq gaps and duplicates.")
+    w = fsub.add_parser(
+        "watch",
+        help="live table of every device's latency, merged across the fleet",
+        description="Subscribe to <prefix>/+/# and show per-device and fleet-wide latency "
+        "from merged histograms, with seq gaps and duplicates.",
+    )
     w.add_argument("--broker", required=True, metavar="HOST:PORT")
     w.add_argument("--tls", action="store_true", help="use TLS (system CAs unless --ca-file)")
     w.add_argument("--ca-file", metavar="PEM")
@@ -32,13 +36,23 @@ def add_commands(subparsers: Any) -> None:
     w.add_argument("--window-s", type=float, default=60.0, help="merge windows received in the last S seconds")
     w.add_argument("--refresh-s", type=float, default=2.0)
     w.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
-    w.add_argument("--json", action="store_true",
-                   help="JSON instead of a table: one object at the end with --duration or --once, else one line "
-                        "per refresh")
-    w.add_argument("--once", action="store_true",
-                   help="print one snapshot after --settle-s (retained state and reported arrive at once), then exit")
-    w.add_argument("--settle-s", type=float, default=1.5, metavar="S",
-                   help="with --once: how long to collect messages before the snapshot (default 1.5)")
+    w.add_argument(
+        "--json",
+        action="store_true",
+        help="JSON instead of a table: one object at the end with --duration or --once, else one line per refresh",
+    )
+    w.add_argument(
+        "--once",
+        action="store_true",
+        help="print one snapshot after --settle-s (retained state and reported arrive at once), then exit",
+    )
+    w.add_argument(
+        "--settle-s",
+        type=float,
+        default=1.5,
+        metavar="S",
+        help="with --once: how long to collect messages before the snapshot (default 1.5)",
+    )
     w.set_defaults(func=cmd_watch)
     add_signing_commands(fsub)  # keygen and sign: signed commands and desired (docs/telemetry.md)
     add_export_commands(fsub)  # export (Prometheus, OTLP) and simulate
@@ -69,8 +83,13 @@ def cmd_watch(args: argparse.Namespace) -> int:
     if args.tls or args.ca_file or args.cert_file:
         if (args.cert_file is None) != (args.key_file is None):
             raise ConfigError([("--cert-file", "--cert-file and --key-file go together")])
-        client.tls_set(ca_certs=args.ca_file, certfile=args.cert_file, keyfile=args.key_file,
-                       cert_reqs=ssl.CERT_REQUIRED, tls_version=ssl.PROTOCOL_TLS_CLIENT)
+        client.tls_set(
+            ca_certs=args.ca_file,
+            certfile=args.cert_file,
+            keyfile=args.key_file,
+            cert_reqs=ssl.CERT_REQUIRED,
+            tls_version=ssl.PROTOCOL_TLS_CLIENT,
+        )
     topic = f"{args.prefix}/+/#"
     errors: list[str] = []
 

@@ -1,4 +1,5 @@
 """``edge-agent generate``: text from a prompt, streaming tokens as they come."""
+
 from __future__ import annotations
 
 import argparse
@@ -40,9 +41,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     settings = load_settings(args.config)
     params = SamplingParams(
-        max_new_tokens=args.max_new_tokens, temperature=0.0 if args.greedy else args.temperature,
-        top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
-        seed=args.seed, stop=tuple(args.stop),
+        max_new_tokens=args.max_new_tokens,
+        temperature=0.0 if args.greedy else args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        stop=tuple(args.stop),
     )
     if not args.prompt.strip():
         raise InputError("the prompt is empty")
@@ -51,8 +56,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     backend = args.backend or (tier.backend if not args.model else "onnxruntime")
     device = args.device or (tier.device if not args.model else "cpu")
     with Progress("preparing demo weights", unit="MB", enabled=not args.json) as bar:
-        ref = resolve_model(model, settings.models.cache_dir,
-                            progress=lambda done, total: bar.update(done / 1e6, total / 1e6))
+        ref = resolve_model(
+            model, settings.models.cache_dir, progress=lambda done, total: bar.update(done / 1e6, total / 1e6)
+        )
     t_load = time.perf_counter()
     options = SessionOptions(device=device, threads=settings.device.threads, cache_dir=settings.engines.cache_dir)
     lm = DecoderLM.open(ref, backend, options)
@@ -74,12 +80,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
     t = done.timing
     decode_tps = 1e3 / (sum(t.itl_ms) / len(t.itl_ms)) if t.itl_ms else None
     result = {
-        "model": ref.name, "backend": backend, "device": device, "text": done.text,
-        "token_ids": list(done.token_ids), "finish_reason": done.finish_reason,
-        "prompt_tokens": len(ids), "new_tokens": t.tokens_out,
-        "ttft_ms": _ms(t.ttft_ms), "e2e_ms": _ms(t.e2e_ms), "tpot_ms": _ms(t.tpot_ms),
-        "queue_ms": _ms(t.queue_ms), "prefill_ms": _ms(t.prefill_ms),
-        "decode_tokens_per_s": round(decode_tps, 1) if decode_tps else None, "load_ms": round(load_ms, 1),
+        "model": ref.name,
+        "backend": backend,
+        "device": device,
+        "text": done.text,
+        "token_ids": list(done.token_ids),
+        "finish_reason": done.finish_reason,
+        "prompt_tokens": len(ids),
+        "new_tokens": t.tokens_out,
+        "ttft_ms": _ms(t.ttft_ms),
+        "e2e_ms": _ms(t.e2e_ms),
+        "tpot_ms": _ms(t.tpot_ms),
+        "queue_ms": _ms(t.queue_ms),
+        "prefill_ms": _ms(t.prefill_ms),
+        "decode_tokens_per_s": round(decode_tps, 1) if decode_tps else None,
+        "load_ms": round(load_ms, 1),
     }
     if args.json:
         emit_json(result)

@@ -4,6 +4,7 @@ The state lock comes first; then the start with ``READY=1``, SIGHUP reloads fram
 ``RELOADING=1``/``READY=1`` (``_Reloads``), SIGTERM/SIGINT drain and stop (exit 0), and an exit
 without interpreter teardown when a build thread is still inside native code (``_exit_now``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,10 +25,18 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("run", help="run the daemon (as systemd does): serve, measure, report, switch tiers")
     p.add_argument("--config", metavar="FILE", help="TOML config (default /etc/edge-agent/agent.toml if present)")
     # Also accepted before the command (edge-agent --log-format json run); given here, they win.
-    p.add_argument("--log-format", choices=["text", "json"], default=argparse.SUPPRESS,
-                   help="text, or one JSON object per line for journald/Loki (default: logging.format)")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=argparse.SUPPRESS,
-                   help="default: logging.level (info)")
+    p.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=argparse.SUPPRESS,
+        help="text, or one JSON object per line for journald/Loki (default: logging.format)",
+    )
+    p.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default=argparse.SUPPRESS,
+        help="default: logging.level (info)",
+    )
     p.set_defaults(func=_run_cli)
 
 

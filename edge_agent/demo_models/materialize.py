@@ -73,8 +73,13 @@ def is_materialized(src_dir: Path, dst_dir: Path) -> bool:
     recipe = load_recipe(src_dir)
     dst_dir = Path(dst_dir)
     data, stamp = dst_dir / recipe["file"], dst_dir / _STAMP
-    return (data.is_file() and stamp.is_file() and data.stat().st_size == recipe["data_bytes"]
-            and stamp.read_text().strip() == recipe["data_sha256"] and (dst_dir / "model.onnx").is_file())
+    return (
+        data.is_file()
+        and stamp.is_file()
+        and data.stat().st_size == recipe["data_bytes"]
+        and stamp.read_text().strip() == recipe["data_sha256"]
+        and (dst_dir / "model.onnx").is_file()
+    )
 
 
 def materialize(src_dir: Path, dst_dir: Path, progress: Callable[[int, int], None] | None = None) -> Path:
@@ -104,7 +109,8 @@ def materialize(src_dir: Path, dst_dir: Path, progress: Callable[[int, int], Non
             raise ValueError(
                 f"{src_dir.name}: regenerated weights do not match weights.json ({done} bytes, sha256 "
                 f"{digest.hexdigest()}; expected {total} bytes, sha256 {expected}). The numpy random generator "
-                f"(numpy {np.__version__}) may draw differently from the one that made the recipe.")
+                f"(numpy {np.__version__}) may draw differently from the one that made the recipe."
+            )
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)

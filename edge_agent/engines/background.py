@@ -18,6 +18,7 @@ give up within one sample's native work (``engine_build`` ``cancelled``; the fin
 staged and resume next time, nothing half-built enters the cache); ``close`` then waits for the
 build thread, up to a bound, so the interpreter never exits under a thread inside ONNX Runtime.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -72,8 +73,14 @@ class TierEngines:
     """The engine side of the agent's LLM tiers: open what each resolves to, build in the background,
     announce an engine that became ready (``on_engine_ready``)."""
 
-    def __init__(self, engines: EnginesConfig, models_dir: Path, on_event: Event, notifier: Notifier,
-                 on_engine_ready: EngineReady | None = None) -> None:
+    def __init__(
+        self,
+        engines: EnginesConfig,
+        models_dir: Path,
+        on_event: Event,
+        notifier: Notifier,
+        on_engine_ready: EngineReady | None = None,
+    ) -> None:
         self.config, self.models_dir = engines, models_dir
         self.cache = EngineCache(engines.cache_dir, engines.max_bytes)
         self.on_event, self.notifier = on_event, notifier
@@ -103,8 +110,17 @@ class TierEngines:
         return self._recipes
 
     def recipe_for(self, tier: TierConfig) -> Recipe | None:
-        return next((r for r in self.all_recipes() if r.workload == "llm" and same_model(r, tier.model)
-                     and target_of(tier) in r.targets and tier.backend in TARGET_BACKENDS[target_of(tier)]), None)
+        return next(
+            (
+                r
+                for r in self.all_recipes()
+                if r.workload == "llm"
+                and same_model(r, tier.model)
+                and target_of(tier) in r.targets
+                and tier.backend in TARGET_BACKENDS[target_of(tier)]
+            ),
+            None,
+        )
 
     def recipes(self, tiers: list[TierConfig]) -> list[str]:
         return list(dict.fromkeys(r.name for t in tiers if (r := self.recipe_for(t)) is not None))
@@ -145,8 +161,10 @@ class TierEngines:
         self._recipes = None  # re-read: the field engineer may have edited the recipe since the start
         mine = [t for t in tiers if (r := self.recipe_for(t)) is not None and r.name == name]
         if not mine:
-            raise EdgeAgentError(f"no engine recipe {name!r} is configured for the LLM tiers on this device; "
-                                 f"configured: {', '.join(self.recipes(tiers)) or '(none)'}")
+            raise EdgeAgentError(
+                f"no engine recipe {name!r} is configured for the LLM tiers on this device; "
+                f"configured: {', '.join(self.recipes(tiers)) or '(none)'}"
+            )
         recipe = self.recipe_for(mine[0])
         assert recipe is not None
         return self.schedule(recipe, mine, True, "rebuild_engine command")
@@ -157,16 +175,30 @@ class TierEngines:
         and one log line say why, and the model folder keeps serving."""
         missing = [m for m in BUILD_MODULES if importlib.util.find_spec(m) is None]
         if missing:
-            why = (f"engine building is not installed ({', '.join(missing)} missing): "
-                   "pip install 'edge-agent[build]'; the model folder serves meanwhile")
+            why = (
+                f"engine building is not installed ({', '.join(missing)} missing): "
+                "pip install 'edge-agent[build]'; the model folder serves meanwhile"
+            )
             log.warning("engine build %s skipped: %s", recipe.name, why)
-            self.on_event("engine_build", {"workload": "llm", "recipe": recipe.name, "tiers": [t.name for t in tiers],
-                                           "state": "failed", "reason": reason, "error": why})
+            self.on_event(
+                "engine_build",
+                {
+                    "workload": "llm",
+                    "recipe": recipe.name,
+                    "tiers": [t.name for t in tiers],
+                    "state": "failed",
+                    "reason": reason,
+                    "error": why,
+                },
+            )
             return {"recipe": recipe.name, "state": f"skipped: {why}", "tiers": [t.name for t in tiers]}
         with self._lock:
             if self._cancel.is_set():
-                return {"recipe": recipe.name, "state": "refused: the agent is stopping",
-                        "tiers": [t.name for t in tiers]}
+                return {
+                    "recipe": recipe.name,
+                    "state": "refused: the agent is stopping",
+                    "tiers": [t.name for t in tiers],
+                }
             if recipe.name in self._pending:
                 return {"recipe": recipe.name, "state": "already queued or running", "tiers": [t.name for t in tiers]}
             self._pending.add(recipe.name)
@@ -175,16 +207,21 @@ class TierEngines:
                 self._worker.start()
             position = self._jobs.qsize()
         self._jobs.put(_Job(recipe, tiers, force, reason))
-        return {"recipe": recipe.name, "state": "started" if position == 0 else "queued",
-                "tiers": [t.name for t in tiers]}
+        return {
+            "recipe": recipe.name,
+            "state": "started" if position == 0 else "queued",
+            "tiers": [t.name for t in tiers],
+        }
 
     def build_now(self, tier: TierConfig) -> bool:
         """Build ``tier``'s engine in the foreground (the start waits for it), keeping systemd patient."""
         recipe = self.recipe_for(tier)
         if recipe is None:
             return False
-        return self._build(_Job(recipe, [tier], False, "no tier could load without an engine"),
-                           Heartbeat(enabled=False, notifier=self.notifier, cancel=self._cancel))
+        return self._build(
+            _Job(recipe, [tier], False, "no tier could load without an engine"),
+            Heartbeat(enabled=False, notifier=self.notifier, cancel=self._cancel),
+        )
 
     def wait_idle(self, timeout_s: float | None = None) -> bool:
         """Wait for queued builds to finish (tests, stop); False on timeout."""
@@ -227,8 +264,9 @@ class TierEngines:
                 if not job.force:  # a tier not loaded yet may already have its engine cached
                     job.tiers = [t for t in job.tiers if self._engine_for(t) is None]
                 if job.tiers:
-                    self._build(job, _StatusHeartbeat(self.notifier, f"building engine {job.recipe.name}",
-                                                      self._cancel))
+                    self._build(
+                        job, _StatusHeartbeat(self.notifier, f"building engine {job.recipe.name}", self._cancel)
+                    )
             except Exception:  # the build thread must survive anything a build throws
                 log.exception("engine build of %s crashed", job.recipe.name)
             finally:
@@ -241,12 +279,17 @@ class TierEngines:
         pipe = Pipeline(recipe, self.cache, self.models_dir, self.config.build_threads, heartbeat)
         requests = []
         for tier in job.tiers:
-            precisions = [p for p in recipe.precisions if p != "int4" or tier.backend == "openvino"] \
-                if tier.precision == "auto" else [tier.precision]
+            precisions = (
+                [p for p in recipe.precisions if p != "int4" or tier.backend == "openvino"]
+                if tier.precision == "auto"
+                else [tier.precision]
+            )
             requests += [BuildRequest(target_of(tier), p, tier.backend, force=job.force) for p in precisions]
         base = {"workload": "llm", "recipe": recipe.name, "tiers": [t.name for t in job.tiers]}
-        self.on_event("engine_build", {**base, "state": "started", "reason": job.reason,
-                                       "precisions": [r.precision for r in requests]})
+        self.on_event(
+            "engine_build",
+            {**base, "state": "started", "reason": job.reason, "precisions": [r.precision for r in requests]},
+        )
         t0 = time.perf_counter()
         built: list[dict] = []
         refused: list[str] = []
@@ -263,8 +306,11 @@ class TierEngines:
                 built.append({"key": report["key"], "precision": req.precision, "cache": report.get("cache")})
             except BuildCancelled:
                 cancelled = True
-                log.info("engine build %s %s cancelled: the agent is stopping (finished steps stay staged)",
-                         recipe.name, label)
+                log.info(
+                    "engine build %s %s cancelled: the agent is stopping (finished steps stay staged)",
+                    recipe.name,
+                    label,
+                )
                 break
             except GateRefused as exc:
                 refused.append(f"{req.precision}: {exc}")
@@ -276,8 +322,10 @@ class TierEngines:
                 failed.append(f"{req.precision}: {exc if isinstance(exc, EdgeAgentError) else repr(exc)}")
         seconds = round(time.perf_counter() - t0, 2)
         if cancelled:
-            self.on_event("engine_build", {**base, "state": "cancelled", "build_s": seconds, "built": built,
-                                           "reason": "the agent is stopping"})
+            self.on_event(
+                "engine_build",
+                {**base, "state": "cancelled", "build_s": seconds, "built": built, "reason": "the agent is stopping"},
+            )
             return False
         ready = {t.name: e.key for t in job.tiers if (e := self._engine_for(t)) is not None}
         state = "finished" if ready else ("refused" if refused and not failed else "failed")

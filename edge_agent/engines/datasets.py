@@ -11,6 +11,7 @@ nothing produces ranges of zero and an engine that outputs garbage.
 ``--data`` may also name a capture directory (``[calibration] capture_dir``, written by
 ``serving/capture.py``): its ``llm.jsonl`` or ``asr.jsonl`` is the manifest (``capture_manifest``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,8 +33,10 @@ def capture_manifest(path: Path, workload: str) -> Path:
     name = CAPTURE_LLM if workload == "llm" else CAPTURE_ASR
     manifest = path / name
     if not manifest.is_file():
-        raise InputError(f"{path}: a directory given as calibration data needs {name} inside (a capture directory, "
-                         f"[calibration] capture_dir); none is there yet")
+        raise InputError(
+            f"{path}: a directory given as calibration data needs {name} inside (a capture directory, "
+            f"[calibration] capture_dir); none is there yet"
+        )
     return manifest
 
 
@@ -78,8 +81,9 @@ def _lines(path: Path) -> list[tuple[int, dict]]:
             raise InputError(f"{path}:{number}: expected a JSON object, got {type(item).__name__}")
         records.append((number, item))
     if not records:
-        raise InputError(f"{path}: the manifest is empty; calibration needs representative samples "
-                         f"(see calibration/README.md)")
+        raise InputError(
+            f"{path}: the manifest is empty; calibration needs representative samples (see calibration/README.md)"
+        )
     return records
 
 
@@ -88,7 +92,7 @@ def read_text_manifest(path: Path, limit: int | None = None) -> list[TextSample]
     for number, item in _lines(path):
         if isinstance(item.get("prompt"), str):
             if not item["prompt"].strip():
-                raise InputError(f"{path}:{number}: \"prompt\" is empty")
+                raise InputError(f'{path}:{number}: "prompt" is empty')
             out.append(TextSample(number, item["prompt"], None))
         elif isinstance(item.get("messages"), list) and item["messages"]:
             msgs = []
@@ -98,8 +102,9 @@ def read_text_manifest(path: Path, limit: int | None = None) -> list[TextSample]
                 msgs.append((m["role"], m["content"]))
             out.append(TextSample(number, None, tuple(msgs)))
         else:
-            raise InputError(f'{path}:{number}: expected {{"prompt": "..."}} or {{"messages": [...]}}; '
-                             f"got keys {sorted(item)}")
+            raise InputError(
+                f'{path}:{number}: expected {{"prompt": "..."}} or {{"messages": [...]}}; got keys {sorted(item)}'
+            )
         if limit and len(out) >= limit:
             break
     return out

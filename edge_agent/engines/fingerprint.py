@@ -8,14 +8,30 @@
 Versions are read without importing heavy runtimes where a distribution's metadata suffices,
 and TensorRT is probed in a subprocess (its import can crash a machine without a working GPU).
 """
+
 from __future__ import annotations
 
 import importlib.metadata
 import platform
 from pathlib import Path
 
-_ISA_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx_vnni",
-              "amx_tile", "amx_int8", "amx_bf16", "asimd", "asimddp", "sve")
+_ISA_FLAGS = (
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+    "asimd",
+    "asimddp",
+    "sve",
+)
 _DISTRIBUTIONS = {
     "onnxruntime": ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino"),
     "openvino": ("openvino",),

@@ -10,6 +10,7 @@ relative to its paired FP32 measurement where there is one), except
 that INT8 (and INT4) win only when measured faster than every passing FP16/FP32 one: a quantized
 engine that is not faster only costs accuracy.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -66,23 +67,37 @@ def llm_metrics(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray]
         top1.extend(r.argmax(-1) == c.argmax(-1))
         p, q = _softmax64(r), _softmax64(c)
         kl.extend((p * (np.log(np.maximum(p, 1e-300)) - np.log(np.maximum(q, 1e-300)))).sum(-1))
-    return {"cosine": float(np.mean(cos)), "cosine_min": float(np.min(cos)), "top1": float(np.mean(top1)),
-            "kl": float(np.mean(kl)), "kl_max": float(np.max(kl)), "steps": float(len(cos))}
+    return {
+        "cosine": float(np.mean(cos)),
+        "cosine_min": float(np.min(cos)),
+        "top1": float(np.mean(top1)),
+        "kl": float(np.mean(kl)),
+        "kl_max": float(np.max(kl)),
+        "steps": float(len(cos)),
+    }
 
 
-def asr_metrics(references: Sequence[str], fp32_texts: Sequence[str],
-                candidate_texts: Sequence[str]) -> dict[str, float]:
+def asr_metrics(
+    references: Sequence[str], fp32_texts: Sequence[str], candidate_texts: Sequence[str]
+) -> dict[str, float]:
     from ..metrics.wer import error_rates
 
     words_ref, _ = error_rates(zip(references, fp32_texts))
     words_cand, chars_cand = error_rates(zip(references, candidate_texts))
     agree = float(np.mean([a == b for a, b in zip(fp32_texts, candidate_texts)])) if fp32_texts else 0.0
-    return {"wer_fp32": words_ref.rate, "wer": words_cand.rate, "wer_delta": words_cand.rate - words_ref.rate,
-            "cer": chars_cand.rate, "text_agreement": agree, "utterances": float(len(references))}
+    return {
+        "wer_fp32": words_ref.rate,
+        "wer": words_cand.rate,
+        "wer_delta": words_cand.rate - words_ref.rate,
+        "cer": chars_cand.rate,
+        "text_agreement": agree,
+        "utterances": float(len(references)),
+    }
 
 
-def judge(workload: str, metrics: dict[str, float], budget: AccuracyBudget, precision: str, backend: str,
-          flavour: str = "") -> Verdict:
+def judge(
+    workload: str, metrics: dict[str, float], budget: AccuracyBudget, precision: str, backend: str, flavour: str = ""
+) -> Verdict:
     reasons = []
     if workload == "llm":
         limits = {"min_cosine": budget.min_cosine, "min_top1": budget.min_top1, "max_kl": budget.max_kl}
@@ -95,8 +110,10 @@ def judge(workload: str, metrics: dict[str, float], budget: AccuracyBudget, prec
     else:
         limits = {"max_wer_delta": budget.max_wer_delta}
         if metrics["wer_delta"] > budget.max_wer_delta:
-            reasons.append(f"WER {metrics['wer']:.3f} is {metrics['wer_delta']:+.3f} over FP32's "
-                           f"{metrics['wer_fp32']:.3f} (budget +{budget.max_wer_delta})")
+            reasons.append(
+                f"WER {metrics['wer']:.3f} is {metrics['wer_delta']:+.3f} over FP32's "
+                f"{metrics['wer_fp32']:.3f} (budget +{budget.max_wer_delta})"
+            )
     return Verdict(precision, backend, metrics, limits, not reasons, reasons, flavour=flavour)
 
 
@@ -142,6 +159,7 @@ def render_table(verdicts: Sequence[Verdict], workload: str, chosen: Verdict | N
         if workload == "llm":
             lines.append(f"{name:<26} {m['cosine']:8.4f} {m['top1']:7.3f} {m['kl']:9.5f} {ms} {speed}  {verdict}")
         else:
-            lines.append(f"{name:<26} {m['wer']:7.3f} {m['wer_delta']:+7.3f} {m['text_agreement']:7.3f} {ms} {speed}  "
-                         f"{verdict}")
+            lines.append(
+                f"{name:<26} {m['wer']:7.3f} {m['wer_delta']:+7.3f} {m['text_agreement']:7.3f} {ms} {speed}  {verdict}"
+            )
     return "\n".join(lines)

@@ -3,6 +3,7 @@
 Every build step and every stage takes one ``Heartbeat``; ``beat`` at each sample is where a
 cancelled build stops (``BuildCancelled``) and where a long step keeps systemd from timing out.
 """
+
 from __future__ import annotations
 
 import threading
@@ -54,5 +55,5 @@ class Heartbeat:
         def update(done: int, total: int) -> None:
             self.beat()
             bar.update(done, total)
-        return update
 
+        return update

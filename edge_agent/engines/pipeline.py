@@ -17,6 +17,7 @@ progress tick (each held-out or calibration sample), so a build stops within one
 native work with ``BuildCancelled``; the staging folder keeps its finished steps and nothing is
 committed, so the cache never holds a half-written entry.
 """
+
 from __future__ import annotations
 
 import logging
@@ -73,8 +74,9 @@ class BuildRequest:
 class Pipeline:
     """The resumable build steps of one recipe (see the module doc), into the engine cache."""
 
-    def __init__(self, recipe: Recipe, cache: EngineCache, models_dir: Path, threads: int = 1,
-                 heartbeat: Heartbeat | None = None) -> None:
+    def __init__(
+        self, recipe: Recipe, cache: EngineCache, models_dir: Path, threads: int = 1, heartbeat: Heartbeat | None = None
+    ) -> None:
         self.recipe = recipe
         self.cache = cache
         self.models_dir = models_dir
@@ -121,8 +123,10 @@ class Pipeline:
         if version is None:
             from ..backends import BACKENDS
 
-            raise BackendUnavailable(f"building for {req.target} needs {backend}, which is not installed here: "
-                                     f"{BACKENDS[backend].install_hint}")
+            raise BackendUnavailable(
+                f"building for {req.target} needs {backend}, which is not installed here: "
+                f"{BACKENDS[backend].install_hint}"
+            )
         flavour = req.flavour or (INT8_FLAVOURS[backend][0] if req.precision == "int8" else "")
         if req.precision == "int8" and flavour not in INT8_FLAVOURS[backend]:
             raise InputError(f"{backend} INT8 is made as {INT8_FLAVOURS[backend]}, not {flavour!r}")
@@ -130,13 +134,23 @@ class Pipeline:
         if req.precision == "int8" and flavour not in ("dynamic", "weights"):
             spec = self.recipe.calibration
             path = self.calibration_path(req)
-            calib = {"data": manifest_digest(path, spec.samples if spec else None),
-                     "method": req.method or (spec.method if spec else "minmax")}
-        return {"model": self.model_hash, "recipe": self.recipe.fingerprint(), "target": req.target,
-                "precision": req.precision, "flavour": flavour, "backend": backend,
-                "profiles": [p.model_dump() for p in self.recipe.profiles_for(req.target)],
-                "calibration": calib, "runtime": backend, "runtime_version": version,
-                "device": device_fingerprint(req.target)}
+            calib = {
+                "data": manifest_digest(path, spec.samples if spec else None),
+                "method": req.method or (spec.method if spec else "minmax"),
+            }
+        return {
+            "model": self.model_hash,
+            "recipe": self.recipe.fingerprint(),
+            "target": req.target,
+            "precision": req.precision,
+            "flavour": flavour,
+            "backend": backend,
+            "profiles": [p.model_dump() for p in self.recipe.profiles_for(req.target)],
+            "calibration": calib,
+            "runtime": backend,
+            "runtime_version": version,
+            "device": device_fingerprint(req.target),
+        }
 
     # -- build -----------------------------------------------------------------------------------
 
@@ -157,20 +171,40 @@ class Pipeline:
             conversion = self._step(staged, "convert", lambda: convert(self.stage_context(), staged, parts, req))
             compiled = self._step(staged, "compile", lambda: compile_artifact(self.stage_context(), staged, parts, req))
             verdict = self._step(staged, "gate", lambda: self._gate(staged, parts, reference))
-            report = {"recipe": self.recipe.name, "model": self.ref.name, "key": key, **_public(parts),
-                      "conversion": conversion, "compile": compiled, "accuracy": verdict,
-                      "build_s": round(time.perf_counter() - t0, 2), "resumed_steps": resumed}
+            report = {
+                "recipe": self.recipe.name,
+                "model": self.ref.name,
+                "key": key,
+                **_public(parts),
+                "conversion": conversion,
+                "compile": compiled,
+                "accuracy": verdict,
+                "build_s": round(time.perf_counter() - t0, 2),
+                "resumed_steps": resumed,
+            }
             if not verdict["passed"]:
-                raise GateRefused(f"{parts['backend']}/{req.precision} engine for {self.recipe.name} refused by the "
-                                  f"accuracy gate: {'; '.join(verdict['reasons'])}", report)
+                raise GateRefused(
+                    f"{parts['backend']}/{req.precision} engine for {self.recipe.name} refused by the "
+                    f"accuracy gate: {'; '.join(verdict['reasons'])}",
+                    report,
+                )
             self.hb.check()  # a cancelled build commits nothing
             # Intermediates stay out of the entry: only the model folder is served.
             shutil.rmtree(staged / "work", ignore_errors=True)
             (staged / "reference.npz").unlink(missing_ok=True)
-            manifest = {"artifact": "model", "graph": f"model/{graph_name(parts['backend'])}",
-                        "recipe_name": self.recipe.name, "model_name": self.ref.name, "workload": self.recipe.workload,
-                        **_public(parts), "key_parts": parts, "conversion": conversion, "compile": compiled,
-                        "accuracy": verdict, "build_s": report["build_s"]}
+            manifest = {
+                "artifact": "model",
+                "graph": f"model/{graph_name(parts['backend'])}",
+                "recipe_name": self.recipe.name,
+                "model_name": self.ref.name,
+                "workload": self.recipe.workload,
+                **_public(parts),
+                "key_parts": parts,
+                "conversion": conversion,
+                "compile": compiled,
+                "accuracy": verdict,
+                "build_s": report["build_s"],
+            }
             entry = self.cache.commit(key, staged, manifest)
         report.update(cache="built", path=str(entry.path), load_ms=self._load_ms(entry))
         return report
@@ -186,10 +220,17 @@ class Pipeline:
 
     def _hit_report(self, entry: Entry) -> dict[str, Any]:
         m = entry.manifest
-        return {"recipe": self.recipe.name, "model": m.get("model_name"), "key": entry.key,
-                **{k: m.get(k) for k in ("target", "precision", "flavour", "backend", "runtime_version", "device")},
-                "accuracy": m.get("accuracy"), "build_s": m.get("build_s"), "cache": "hit", "path": str(entry.path),
-                "load_ms": self._load_ms(entry)}
+        return {
+            "recipe": self.recipe.name,
+            "model": m.get("model_name"),
+            "key": entry.key,
+            **{k: m.get(k) for k in ("target", "precision", "flavour", "backend", "runtime_version", "device")},
+            "accuracy": m.get("accuracy"),
+            "build_s": m.get("build_s"),
+            "cache": "hit",
+            "path": str(entry.path),
+            "load_ms": self._load_ms(entry),
+        }
 
     # -- steps -----------------------------------------------------------------------------------
 
@@ -202,8 +243,9 @@ class Pipeline:
             return read_text_manifest(path, spec.samples)
         return read_audio_manifest(path, spec.samples, need_text=True)
 
-    def _run_held_out(self, session_or_runner, label: str,
-                      samples=None) -> tuple[list[np.ndarray], list[float], list[str]]:
+    def _run_held_out(
+        self, session_or_runner, label: str, samples=None
+    ) -> tuple[list[np.ndarray], list[float], list[str]]:
         samples = self._heldout() if samples is None else samples
         with self.hb.bar(label, "samples") as bar:
             cb = self.hb.callback(bar)
@@ -245,20 +287,24 @@ class Pipeline:
             np.savez(staged / "reference.npz", *outs)
             refs = [s.text for s in self._heldout()] if self.recipe.workload == "asr" else []
             return {"backend": backend, "latency_ms": float(np.median(lat)), "texts": texts, "references": refs}
+
         return self._step(staged, "reference", run)
 
     def _open_reference(self, backend: str):
         graph = self.ref.path / self.recipe.onnx_file
-        options = SessionOptions(device="cpu" if backend == "onnxruntime" else "CPU", precision="fp32",
-                                 threads=self.threads)
+        options = SessionOptions(
+            device="cpu" if backend == "onnxruntime" else "CPU", precision="fp32", threads=self.threads
+        )
         if self.recipe.workload == "asr":
             return AsrProbe(self.ref).runner(graph, backend, options)
         return open_session(graph, backend, options, warmup=lambda s: None)
 
     def _gate(self, staged: Path, parts: dict, reference: dict) -> dict:
         if parts["backend"] == "tensorrt" and not _gpu_here():
-            raise BackendUnavailable("the accuracy gate of a TensorRT engine runs it, which needs the Jetson's GPU: "
-                                     "run edge-agent build on the device")
+            raise BackendUnavailable(
+                "the accuracy gate of a TensorRT engine runs it, which needs the Jetson's GPU: "
+                "run edge-agent build on the device"
+            )
         handle = open_candidate(self.stage_context(), staged / "model", parts)
         try:
             outs, _lat, texts = self._run_held_out(handle, f"gate {parts['backend']}/{parts['precision']}")
@@ -270,8 +316,9 @@ class Pipeline:
             metrics = gates.llm_metrics(ref_outs, outs)
         else:
             metrics = gates.asr_metrics(reference["references"], reference["texts"], texts)
-        verdict = gates.judge(self.recipe.workload, metrics, self.recipe.accuracy, parts["precision"], parts["backend"],
-                              parts["flavour"])
+        verdict = gates.judge(
+            self.recipe.workload, metrics, self.recipe.accuracy, parts["precision"], parts["backend"], parts["flavour"]
+        )
         verdict.reference_latency_ms, verdict.latency_ms = self._speed(staged, parts)
         return verdict.to_dict()
 
@@ -298,7 +345,15 @@ def _gpu_here() -> bool:
 
 def verdict_from(report: dict) -> gates.Verdict:
     a = report["accuracy"]
-    v = gates.Verdict(a["precision"], a["backend"], a["metrics"], a["budget"], a["passed"], a["reasons"],
-                      a.get("latency_ms"), a.get("reference_latency_ms"), a.get("flavour", ""))
+    v = gates.Verdict(
+        a["precision"],
+        a["backend"],
+        a["metrics"],
+        a["budget"],
+        a["passed"],
+        a["reasons"],
+        a.get("latency_ms"),
+        a.get("reference_latency_ms"),
+        a.get("flavour", ""),
+    )
     return v
-

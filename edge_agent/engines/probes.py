@@ -7,6 +7,7 @@
   GRU state carried, exactly as served; calibration records the real chunk inputs (features and
   states), and the gate decodes text greedily and scores WER.
 """
+
 from __future__ import annotations
 
 import re
@@ -75,8 +76,9 @@ class LlmProbe:
                 heads, head_dim = self._kv_dims(spec.shape)
                 feeds[spec.name] = np.zeros((1, heads, 0, head_dim), dtype=spec.dtype)
             else:
-                raise ModelError(f"{self.ref.name}: unexpected LLM input {spec.name!r} "
-                                 "(not a standard KV-cache export)")
+                raise ModelError(
+                    f"{self.ref.name}: unexpected LLM input {spec.name!r} (not a standard KV-cache export)"
+                )
         return feeds
 
     def _kv_dims(self, shape: tuple) -> tuple[int, int]:
@@ -126,8 +128,10 @@ class AsrProbe:
 
     def __init__(self, ref: ModelRef) -> None:
         if ref.model_type != "streaming-ctc":
-            raise ModelError(f"{ref.name}: the ASR build path takes streaming CTC models (model_type "
-                             f"'streaming-ctc', like demo-asr); this one is {ref.model_type!r}")
+            raise ModelError(
+                f"{ref.name}: the ASR build path takes streaming CTC models (model_type "
+                f"'streaming-ctc', like demo-asr); this one is {ref.model_type!r}"
+            )
         self.ref = ref
 
     def runner(self, graph: Path, backend: str = "onnxruntime", options: SessionOptions | None = None):
@@ -175,4 +179,3 @@ class AsrProbe:
             if progress:
                 progress(i + 1, len(samples))
         return Timed(outs, lat), texts
-

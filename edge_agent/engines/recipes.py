@@ -42,6 +42,7 @@ folder keeps finding ``../calibration/...`` in the shipped data, unless the user
 
 Every problem is reported as ``dotted.path: message`` through ``ConfigError``.
 """
+
 from __future__ import annotations
 
 import json
@@ -89,8 +90,9 @@ class CalibrationSpec(DataRef):
 
     method: Method = "minmax"
     max_tokens: int = Field(64, ge=2, le=8192, description="LLM prompts are cut to this many tokens")
-    ignored_types: list[str] = Field(default_factory=list,
-                                     description="op types kept in float (ORT: not quantized; NNCF: ignored scope)")
+    ignored_types: list[str] = Field(
+        default_factory=list, description="op types kept in float (ORT: not quantized; NNCF: ignored scope)"
+    )
 
 
 class AccuracyBudget(_Strict):
@@ -152,13 +154,17 @@ class Recipe(_Strict):
         if len(set(names)) != len(names):
             raise ValueError(f"profile names must be unique: {names}")
         if "intel-npu" in self.targets and not any(p.is_fixed and p.applies_to("intel-npu") for p in self.profiles):
-            raise ValueError("target intel-npu compiles static shapes only: add a profile with min = max for every "
-                             "dim (targets = [\"intel-npu\"])")
+            raise ValueError(
+                "target intel-npu compiles static shapes only: add a profile with min = max for every "
+                'dim (targets = ["intel-npu"])'
+            )
         if self.workload == "llm" and "jetson" in self.targets:
             jetson = {p.name for p in self.profiles if p.applies_to("jetson")}
             if not {"prefill", "decode"} <= jetson:
-                raise ValueError("an LLM for jetson needs a 'prefill' and a 'decode' profile (TensorRT builds one "
-                                 "optimization profile each)")
+                raise ValueError(
+                    "an LLM for jetson needs a 'prefill' and a 'decode' profile (TensorRT builds one "
+                    "optimization profile each)"
+                )
         return self
 
     # -- derived -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ one, or the plain model folder, is served: a bad cache never stops a start.
 ``open_resolved`` opens what was resolved the way the build's gate opened it (same precision hint,
 same compiled blob).
 """
+
 from __future__ import annotations
 
 import logging
@@ -85,18 +86,30 @@ class EngineResolver:
             return Resolved(tier.name, source, model_hash, why_plain=f"no engines for {tier.backend}/{tier.precision}")
         version, device = runtime_version(tier.backend), device_fingerprint(target_of(tier))
         precision = None if tier.precision == "auto" else tier.precision
-        candidates = {e.key: e for e in self.cache.entries() if e.manifest.get("model_name") == source.name
-                      and e.manifest.get("backend") == tier.backend and e.manifest.get("device") == device
-                      and e.manifest.get("runtime_version") == version
-                      and (e.manifest.get("key_parts") or {}).get("model") == model_hash
-                      and (precision is None or e.manifest.get("precision") == precision)}
+        candidates = {
+            e.key: e
+            for e in self.cache.entries()
+            if e.manifest.get("model_name") == source.name
+            and e.manifest.get("backend") == tier.backend
+            and e.manifest.get("device") == device
+            and e.manifest.get("runtime_version") == version
+            and (e.manifest.get("key_parts") or {}).get("model") == model_hash
+            and (precision is None or e.manifest.get("precision") == precision)
+        }
         while candidates:  # the gate's choice; a corrupt one is quarantined and the next best tried
             verdicts = {}
             for key, e in candidates.items():
                 acc = e.manifest.get("accuracy") or {}
-                verdicts[key] = Verdict(str(e.manifest.get("precision")), tier.backend, acc.get("metrics", {}), {},
-                                        bool(acc.get("passed", True)), [], acc.get("latency_ms"),
-                                        acc.get("reference_latency_ms"))
+                verdicts[key] = Verdict(
+                    str(e.manifest.get("precision")),
+                    tier.backend,
+                    acc.get("metrics", {}),
+                    {},
+                    bool(acc.get("passed", True)),
+                    [],
+                    acc.get("latency_ms"),
+                    acc.get("reference_latency_ms"),
+                )
             best = choose(list(verdicts.values()))
             if best is None:
                 break
@@ -106,23 +119,29 @@ class EngineResolver:
                 return Resolved(tier.name, source, model_hash, entry)
             del candidates[key]
             reason = self._quarantine_reason(key)
-            self.on_event("engine_quarantined", {"workload": "llm", "tier": tier.name, "key": key,
-                                                 "reason": reason})
+            self.on_event("engine_quarantined", {"workload": "llm", "tier": tier.name, "key": key, "reason": reason})
         why = "no engine in the cache for this runtime, device and model" + (f" ({precision})" if precision else "")
         return Resolved(tier.name, source, model_hash, why_plain=why)
 
     def open(self, resolved: Resolved, tier: TierConfig, device_threads: int = 0) -> DecoderLM:
         """Open what ``resolve`` chose for ``tier``: the cached engine, else the model folder."""
         if resolved.engine is None:
-            options = SessionOptions(device=tier.device, threads=device_threads, precision=tier.precision,
-                                     cache_dir=self.cache.root)
+            options = SessionOptions(
+                device=tier.device, threads=device_threads, precision=tier.precision, cache_dir=self.cache.root
+            )
             lm = DecoderLM.open(resolved.source, tier.backend, options)
             log.info("tier %r serves its model folder %s (%s)", tier.name, resolved.source.path, resolved.why_plain)
             return lm
         lm = open_resolved(resolved, tier, device_threads)
         m = resolved.engine.manifest
-        log.info("tier %r serves engine %s (%s/%s%s)", tier.name, resolved.engine.key[:12], m.get("backend"),
-                 m.get("precision"), f" {m['flavour']}" if m.get("flavour") else "")
+        log.info(
+            "tier %r serves engine %s (%s/%s%s)",
+            tier.name,
+            resolved.engine.key[:12],
+            m.get("backend"),
+            m.get("precision"),
+            f" {m['flavour']}" if m.get("flavour") else "",
+        )
         return lm
 
     def _quarantine_reason(self, key: str) -> str:
@@ -144,8 +163,9 @@ def open_resolved(resolved: Resolved, tier: TierConfig, threads: int) -> Decoder
         options = SessionOptions(device=tier.device, precision=hint, threads=threads, cache_dir=entry.artifact)
         return DecoderLM.open(ref, "openvino", options)
     if parts["backend"] == "tensorrt":  # a plan, not model.onnx: open the session and wrap it ourselves
-        session = open_session(entry.path / entry.manifest["graph"], "tensorrt", SessionOptions(device=tier.device),
-                               warmup=lambda _s: None)
+        session = open_session(
+            entry.path / entry.manifest["graph"], "tensorrt", SessionOptions(device=tier.device), warmup=lambda _s: None
+        )
         try:
             lm = DecoderLM(ref, session)
             lm.warmup()

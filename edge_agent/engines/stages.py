@@ -5,6 +5,7 @@ and vocabulary files plus the converted graph (``model.onnx`` for ONNX Runtime,
 ``openvino_model.xml``/``.bin`` + compiled blob for OpenVINO, ``model.plan`` for TensorRT), so a
 cached engine opens like any model folder.
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,6 +44,7 @@ def calibration_path(recipe: Recipe, req: Any) -> Path:
     if recipe.calibration is None:
         raise InputError(f"recipe {recipe.name} has no [calibration] data; pass --data MANIFEST")
     return recipe.resolve(recipe.calibration.data)
+
 
 _GRAPHS = {"onnxruntime": "model.onnx", "openvino": "openvino_model.xml", "tensorrt": "model.plan"}
 
@@ -89,14 +91,20 @@ def calibration_feeds(ctx: StageContext, req: Any) -> list[dict]:
                 cb(i + 1, len(samples))
             if same_shapes:
                 stream = [t for ids in sequences for t in ids]
-                sequences = [stream[i:i + max_tokens] for i in range(0, len(stream) - max_tokens + 1, max_tokens)]
+                sequences = [stream[i : i + max_tokens] for i in range(0, len(stream) - max_tokens + 1, max_tokens)]
                 if not sequences:
-                    raise InputError(f"{path}: {len(stream)} tokens in all, fewer than one window of max_tokens = "
-                                     f"{max_tokens}; add samples or lower max_tokens")
+                    raise InputError(
+                        f"{path}: {len(stream)} tokens in all, fewer than one window of max_tokens = "
+                        f"{max_tokens}; add samples or lower max_tokens"
+                    )
             else:
                 sequences = [ids[:max_tokens] for ids in sequences]
-            session = open_session(ctx.ref.path / recipe.onnx_file, "onnxruntime", SessionOptions(threads=ctx.threads),
-                                   warmup=lambda s: None)
+            session = open_session(
+                ctx.ref.path / recipe.onnx_file,
+                "onnxruntime",
+                SessionOptions(threads=ctx.threads),
+                warmup=lambda s: None,
+            )
             try:
                 return [probe.feeds(session, ids) for ids in sequences]
             finally:
@@ -135,11 +143,12 @@ def convert(ctx: StageContext, staged: Path, parts: dict, req: Any) -> dict:
         elif precision == "int8":
             feeds = calibration_feeds(ctx, req)
             with ctx.hb.bar(f"calibrating ({method})", "batches") as bar:
-                out = quantize_ort.quantize_qdq(src, dst, feeds, method, _op_types(ctx),
-                                                progress=ctx.hb.callback(bar))
+                out = quantize_ort.quantize_qdq(src, dst, feeds, method, _op_types(ctx), progress=ctx.hb.callback(bar))
         else:
-            raise InputError(f"{backend} has no {precision} path here; INT4 weight compression is built with "
-                             f"--backend openvino (NNCF)")
+            raise InputError(
+                f"{backend} has no {precision} path here; INT4 weight compression is built with "
+                f"--backend openvino (NNCF)"
+            )
     elif backend == "openvino":
         from . import quantize_openvino as qov
 
@@ -151,8 +160,9 @@ def convert(ctx: StageContext, staged: Path, parts: dict, req: Any) -> dict:
         else:
             feeds = calibration_feeds(ctx, req)
             with ctx.hb.bar("NNCF quantize", "samples") as bar:
-                out = qov.quantize_int8(src, xml, feeds, ctx.recipe.workload, _ignored(ctx),
-                                         progress=ctx.hb.callback(bar))
+                out = qov.quantize_int8(
+                    src, xml, feeds, ctx.recipe.workload, _ignored(ctx), progress=ctx.hb.callback(bar)
+                )
     else:
         raise InputError(f"unknown backend {backend!r}")
     out["seconds"] = round(time.perf_counter() - t0, 2)
@@ -177,8 +187,9 @@ def compile_artifact(ctx: StageContext, staged: Path, parts: dict, req: Any) -> 
         from .quantize_openvino import compile_blob
 
         device = "NPU" if parts["target"] == "intel-npu" else "CPU"
-        out = compile_blob(model_dir / graph_name(backend), model_dir, device, ov_hint(parts), ctx.threads,
-                           static_shapes(ctx, parts))
+        out = compile_blob(
+            model_dir / graph_name(backend), model_dir, device, ov_hint(parts), ctx.threads, static_shapes(ctx, parts)
+        )
     else:
         from .tensorrt_build import BuildSpec, build_plan, load_tensorrt
 
@@ -189,12 +200,18 @@ def compile_artifact(ctx: StageContext, staged: Path, parts: dict, req: Any) -> 
             from ..backends.cuda import select_cuda
             from .tensorrt_build import entropy_calibrator
 
-            calibrator = entropy_calibrator(trt, select_cuda(None, 0), calibration_feeds(ctx, req),
-                                            staged / "work" / "calibration.cache")
-        spec = BuildSpec(onnx=onnx_path, plan=model_dir / "model.plan", precision=precision,
-                         profiles=profile_shapes(ctx.recipe, parts["target"], onnx_path),
-                         timing_cache=ctx.timing_dir / f"trt-{parts['runtime_version']}-"
-                         f"{parts['device'].replace(':', '_').replace(' ', '_')}.cache", calibrator=calibrator)
+            calibrator = entropy_calibrator(
+                trt, select_cuda(None, 0), calibration_feeds(ctx, req), staged / "work" / "calibration.cache"
+            )
+        spec = BuildSpec(
+            onnx=onnx_path,
+            plan=model_dir / "model.plan",
+            precision=precision,
+            profiles=profile_shapes(ctx.recipe, parts["target"], onnx_path),
+            timing_cache=ctx.timing_dir / f"trt-{parts['runtime_version']}-"
+            f"{parts['device'].replace(':', '_').replace(' ', '_')}.cache",
+            calibrator=calibrator,
+        )
         # TensorRT calls this from C++: keep systemd patient, never raise here (a cancel waits for the plan).
         out = build_plan(trt, spec, progress=lambda *_: ctx.hb.pulse())
     out["seconds"] = round(time.perf_counter() - t0, 2)
@@ -246,8 +263,13 @@ def open_candidate(ctx: StageContext, folder: Path, parts: dict):
     if backend == "onnxruntime":
         options = SessionOptions(device="cpu", threads=ctx.threads)
     elif backend == "openvino":
-        options = SessionOptions(device="NPU" if parts["target"] == "intel-npu" else "CPU", precision=ov_hint(parts),
-                                 threads=ctx.threads, cache_dir=folder, static_shapes=static_shapes(ctx, parts))
+        options = SessionOptions(
+            device="NPU" if parts["target"] == "intel-npu" else "CPU",
+            precision=ov_hint(parts),
+            threads=ctx.threads,
+            cache_dir=folder,
+            static_shapes=static_shapes(ctx, parts),
+        )
     else:
         options = SessionOptions(device="cuda:0")
     graph = folder / graph_name(backend)

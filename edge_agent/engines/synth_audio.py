@@ -7,6 +7,7 @@ build needs them and they are missing, they are synthesised here with the same c
 manifest when it is the user's or a checkout's, else (the package's own, read-only under systemd)
 into ``<cache>/calibration/`` beside a copy of the manifest.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -50,8 +51,13 @@ def materialise(manifest: Path, records: list[tuple[int, dict]]) -> Path:
     """The manifest to read ``records`` (its parsed lines) from so that every audio file exists:
     ``manifest`` itself, or its synthesised home. Records without a ``synth`` recipe are left alone
     (the caller reports their missing files)."""
-    todo = [(n, item) for n, item in records if isinstance(item.get("synth"), dict)
-            and isinstance(item.get("audio"), str) and not (manifest.parent / item["audio"]).is_file()]
+    todo = [
+        (n, item)
+        for n, item in records
+        if isinstance(item.get("synth"), dict)
+        and isinstance(item.get("audio"), str)
+        and not (manifest.parent / item["audio"]).is_file()
+    ]
     if not todo:
         return manifest
     home = home_for(manifest)
@@ -66,12 +72,18 @@ def materialise(manifest: Path, records: list[tuple[int, dict]]) -> Path:
             return home
     missing = missing_tools()
     if missing:
-        raise InputError(f"{manifest}: {len(todo)} audio files are synthesised from the manifest's espeak-ng "
-                         f"recipes, which needs {' and '.join(missing)} (not found on PATH): "
-                         f"apt install espeak-ng sox, or put recorded WAVs at the manifest's paths")
+        raise InputError(
+            f"{manifest}: {len(todo)} audio files are synthesised from the manifest's espeak-ng "
+            f"recipes, which needs {' and '.join(missing)} (not found on PATH): "
+            f"apt install espeak-ng sox, or put recorded WAVs at the manifest's paths"
+        )
     synth = _synth_module()
-    print(f"synthesising {len(todo)} WAVs of {manifest.name} with espeak-ng into {home.parent} "
-          f"(once; about {max(1, len(todo) // 25)} s)", file=sys.stderr, flush=True)
+    print(
+        f"synthesising {len(todo)} WAVs of {manifest.name} with espeak-ng into {home.parent} "
+        f"(once; about {max(1, len(todo) // 25)} s)",
+        file=sys.stderr,
+        flush=True,
+    )
     with Progress(f"synthesising {manifest.name}", "WAVs") as bar:
         for done, (number, item) in enumerate(todo, 1):
             try:
@@ -104,4 +116,3 @@ def _synth_module() -> ModuleType:
         del sys.modules[name]
         raise
     return module
-

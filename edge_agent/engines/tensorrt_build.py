@@ -16,6 +16,7 @@ Only documented Python API calls are used (``Builder``, ``create_network``, ``On
 ``create_builder_config``, ``set_memory_pool_limit``, ``create_optimization_profile``/``set_shape``,
 ``create_timing_cache``/``set_timing_cache``/``get_timing_cache``, ``build_serialized_network``).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -51,8 +52,10 @@ def load_tensorrt() -> Any:
     try:
         return importlib.import_module("tensorrt")
     except ImportError as exc:
-        raise BackendUnavailable("building TensorRT plans needs TensorRT from JetPack (apt install "
-                                 f"python3-libnvinfer python3-libnvinfer-dev): {exc}") from exc
+        raise BackendUnavailable(
+            "building TensorRT plans needs TensorRT from JetPack (apt install "
+            f"python3-libnvinfer python3-libnvinfer-dev): {exc}"
+        ) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +111,10 @@ def build_plan(trt: Any, spec: BuildSpec, progress: Callable[[str, int, int], No
     if spec.precision not in ("fp32", "fp16", "int8"):
         raise InputError(f"TensorRT builds fp32, fp16 or int8 plans, not {spec.precision}")
     if spec.calibrator is not None and strongly_typed_only:
-        raise InputError(f"TensorRT {version} removed the implicit INT8 calibrator; build INT8 from the "
-                         "symmetric Q/DQ ONNX (edge-agent calibrate makes it)")
+        raise InputError(
+            f"TensorRT {version} removed the implicit INT8 calibrator; build INT8 from the "
+            "symmetric Q/DQ ONNX (edge-agent calibrate makes it)"
+        )
     if not spec.profiles:
         raise InputError("a TensorRT build needs at least one shape profile")
 
@@ -145,8 +150,10 @@ def build_plan(trt: Any, spec: BuildSpec, progress: Callable[[str, int, int], No
         unknown = sorted(set(shapes) - set(inputs))
         missing = sorted(n for n, s in inputs.items() if any(d < 0 for d in s) and n not in shapes)
         if unknown or missing:
-            raise InputError(f"profile {name!r} does not match {spec.onnx.name}: unknown inputs {unknown}, "
-                             f"dynamic inputs without shapes {missing}")
+            raise InputError(
+                f"profile {name!r} does not match {spec.onnx.name}: unknown inputs {unknown}, "
+                f"dynamic inputs without shapes {missing}"
+            )
         profile = builder.create_optimization_profile()
         for tensor, (lo, opt, hi) in shapes.items():
             profile.set_shape(tensor, lo, opt, hi)
@@ -164,16 +171,23 @@ def build_plan(trt: Any, spec: BuildSpec, progress: Callable[[str, int, int], No
 
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
-        raise BackendError(f"TensorRT {version} failed to build {spec.onnx.name} ({spec.precision}): "
-                           f"{logger.drain() or 'no message'}")
+        raise BackendError(
+            f"TensorRT {version} failed to build {spec.onnx.name} ({spec.precision}): {logger.drain() or 'no message'}"
+        )
     spec.plan.parent.mkdir(parents=True, exist_ok=True)
     spec.plan.write_bytes(bytes(serialized))
     if spec.timing_cache is not None:
         _write_atomic(spec.timing_cache, bytes(config.get_timing_cache().serialize()))
-    return {"tensorrt": version, "strongly_typed": strongly_typed, "builder_flags": set_flags,
-            "profiles": [name for name, _ in spec.profiles], "timing_cache": str(spec.timing_cache),
-            "timing_cache_reused": bool(cache_bytes), "plan_bytes": spec.plan.stat().st_size,
-            "calibrator": type(spec.calibrator).__name__ if spec.calibrator is not None else None}
+    return {
+        "tensorrt": version,
+        "strongly_typed": strongly_typed,
+        "builder_flags": set_flags,
+        "profiles": [name for name, _ in spec.profiles],
+        "timing_cache": str(spec.timing_cache),
+        "timing_cache_reused": bool(cache_bytes),
+        "plan_bytes": spec.plan.stat().st_size,
+        "calibrator": type(spec.calibrator).__name__ if spec.calibrator is not None else None,
+    }
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

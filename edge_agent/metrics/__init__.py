@@ -2,6 +2,7 @@
 
 See docs/metrics.md for the vocabulary and why percentiles are merged as histograms, never averaged.
 """
+
 from __future__ import annotations
 
 from .histogram import ExponentialHistogram, bucket_index, relative_error
@@ -17,8 +18,18 @@ from .window import (
 )
 
 __all__ = [
-    "ExponentialHistogram", "bucket_index", "relative_error",
-    "LATENCY_METRICS", "LatencyStats", "RequestTiming", "TimingRecorder",
-    "FIRST_AFTER_LOAD", "SLA_EXCLUDED_TAGS", "WARMUP", "MetricSnapshot", "RollingWindow",
-    "WindowSnapshot", "nearest_rank",
+    "ExponentialHistogram",
+    "bucket_index",
+    "relative_error",
+    "LATENCY_METRICS",
+    "LatencyStats",
+    "RequestTiming",
+    "TimingRecorder",
+    "FIRST_AFTER_LOAD",
+    "SLA_EXCLUDED_TAGS",
+    "WARMUP",
+    "MetricSnapshot",
+    "RollingWindow",
+    "WindowSnapshot",
+    "nearest_rank",
 ]

@@ -21,6 +21,7 @@ would give ``sqrt(base) - 1``, slightly worse.
 Only non-negative values exist here (latencies in ms), so there are no negative buckets. The wire
 form is validated in ``otlp.py``.
 """
+
 from __future__ import annotations
 
 import math
@@ -110,7 +111,7 @@ def _inverse_base(scale: int) -> float:
     # 1/base rather than base: base overflows at scale -10, its inverse merely underflows to 0.
     if scale <= 0:
         return math.ldexp(1.0, -(1 << -scale))
-    return 2.0 ** -(2.0 ** -scale)
+    return 2.0 ** -(2.0**-scale)
 
 
 def _rank(count: int, q: float) -> int:
@@ -121,12 +122,25 @@ def _rank(count: int, q: float) -> int:
 class ExponentialHistogram:
     """OTel exponential histogram of non-negative values (milliseconds). Not thread-safe."""
 
-    __slots__ = ("max_size", "max_scale", "zero_threshold", "scale", "zero_count", "count",
-                 "sum", "_min", "_max", "_bounds_known", "_offset", "_counts")
+    __slots__ = (
+        "max_size",
+        "max_scale",
+        "zero_threshold",
+        "scale",
+        "zero_count",
+        "count",
+        "sum",
+        "_min",
+        "_max",
+        "_bounds_known",
+        "_offset",
+        "_counts",
+    )
     __hash__ = None  # type: ignore[assignment]  # mutable: unhashable as the data model spells it; typeshed wants a method
 
-    def __init__(self, max_size: int = DEFAULT_MAX_SIZE, max_scale: int = MAX_SCALE,
-                 zero_threshold: float = 0.0) -> None:
+    def __init__(
+        self, max_size: int = DEFAULT_MAX_SIZE, max_scale: int = MAX_SCALE, zero_threshold: float = 0.0
+    ) -> None:
         if not isinstance(max_size, int) or max_size < MIN_MAX_SIZE:
             raise ValueError(f"max_size must be an integer >= {MIN_MAX_SIZE}, got {max_size!r}")
         if not isinstance(max_scale, int) or not MIN_SCALE <= max_scale <= MAX_SCALE:
@@ -220,8 +234,10 @@ class ExponentialHistogram:
             return
         if self.scale - change < MIN_SCALE:
             # Only reachable from wire data with absurd offsets or a tiny max_size in from_dict.
-            raise ValueError(f"histogram range needs scale {self.scale - change}, below {MIN_SCALE}: "
-                             f"raise max_size ({self.max_size})")
+            raise ValueError(
+                f"histogram range needs scale {self.scale - change}, below {MIN_SCALE}: "
+                f"raise max_size ({self.max_size})"
+            )
         if self._counts:
             new_offset = self._offset >> change
             last = (self._offset + len(self._counts) - 1) >> change
@@ -234,8 +250,10 @@ class ExponentialHistogram:
     def merge(self, other: ExponentialHistogram) -> None:
         """Add ``other`` into this histogram exactly, at the finer scale both can represent."""
         if other.zero_threshold != self.zero_threshold:
-            raise ValueError(f"cannot merge histograms with different zero_threshold: "
-                             f"{self.zero_threshold!r} vs {other.zero_threshold!r}")
+            raise ValueError(
+                f"cannot merge histograms with different zero_threshold: "
+                f"{self.zero_threshold!r} vs {other.zero_threshold!r}"
+            )
         if other.count == 0:
             return
         offset, counts, scale = other._offset, list(other._counts), other.scale  # safe if other is self
@@ -330,8 +348,9 @@ class ExponentialHistogram:
             counts.pop()
         start = next((k for k, c in enumerate(counts) if c), len(counts))
         offset, counts = offset + start, counts[start:]
-        hist = cls(max(DEFAULT_MAX_SIZE, len(counts)) if max_size is None else max_size,
-                   MAX_SCALE, point.zero_threshold)
+        hist = cls(
+            max(DEFAULT_MAX_SIZE, len(counts)) if max_size is None else max_size, MAX_SCALE, point.zero_threshold
+        )
         hist.scale, hist._offset, hist._counts = scale, offset, counts
         hist._downscale(_change_to_fit(offset, offset + len(counts) - 1, hist.max_size) if counts else 0)
         hist.zero_count, hist.count, hist.sum = point.zero_count, point.count, point.sum
@@ -348,8 +367,10 @@ class ExponentialHistogram:
         return self.to_dict() == other.to_dict()
 
     def __repr__(self) -> str:
-        return (f"ExponentialHistogram(count={self.count}, scale={self.scale}, "
-                f"zero_count={self.zero_count}, offset={self._offset}, buckets={len(self._counts)})")
+        return (
+            f"ExponentialHistogram(count={self.count}, scale={self.scale}, "
+            f"zero_count={self.zero_count}, offset={self._offset}, buckets={len(self._counts)})"
+        )
 
 
 def _change_to_fit(lo: int, hi: int, max_size: int) -> int:

@@ -5,6 +5,7 @@ malformed raises ValueError whose message starts with ``histogram field 'NAME'``
 ``histogram:`` for a non-object). Following the proto3 JSON mapping, 64-bit integers may arrive as
 decimal strings and fields at their default value (0, empty) may be absent.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,11 +38,11 @@ def parse_data_point(data: Any) -> DataPoint:
     zero_count, count = _wire_int(data, "zeroCount", 0), _wire_int(data, "count", 0)
     offset, counts = _wire_buckets(data.get("positive"), "positive")
     if data.get("negative") is not None and any(_wire_buckets(data["negative"], "negative")[1]):
-        raise ValueError("histogram field 'negative': latencies are never negative, "
-                         "expected no negative bucket counts")
+        raise ValueError("histogram field 'negative': latencies are never negative, expected no negative bucket counts")
     if count != zero_count + sum(counts):
-        raise ValueError(f"histogram field 'count': {count} != zeroCount + "
-                         f"sum(positive.bucketCounts) = {zero_count + sum(counts)}")
+        raise ValueError(
+            f"histogram field 'count': {count} != zeroCount + sum(positive.bucketCounts) = {zero_count + sum(counts)}"
+        )
     total = _wire_float(data, "sum")
     if count and total is None:
         # OTLP makes sum optional for histograms with negative values; ours has none.
@@ -49,8 +50,9 @@ def parse_data_point(data: Any) -> DataPoint:
     lo, hi = _wire_float(data, "min"), _wire_float(data, "max")
     if lo is not None and hi is not None and lo > hi:
         raise ValueError(f"histogram field 'min': {lo!r} is greater than max {hi!r}")
-    return DataPoint(scale, zero_count, _wire_float(data, "zeroThreshold") or 0.0, offset,
-                     tuple(counts), count, total or 0.0, lo, hi)
+    return DataPoint(
+        scale, zero_count, _wire_float(data, "zeroThreshold") or 0.0, offset, tuple(counts), count, total or 0.0, lo, hi
+    )
 
 
 def _as_int(value: Any, name: str, minimum: int | None = None) -> int:
@@ -99,8 +101,9 @@ def _wire_buckets(value: Any, name: str) -> tuple[int, list[int]]:
     if not isinstance(raw, (list, tuple)):
         raise ValueError(f"histogram field '{name}.bucketCounts': expected a list, got {type(raw).__name__}")
     if len(raw) > MAX_WIRE_BUCKETS:
-        raise ValueError(f"histogram field '{name}.bucketCounts': {len(raw)} buckets, "
-                         f"more than the {MAX_WIRE_BUCKETS} accepted")
+        raise ValueError(
+            f"histogram field '{name}.bucketCounts': {len(raw)} buckets, more than the {MAX_WIRE_BUCKETS} accepted"
+        )
     counts = [_as_int(c, f"{name}.bucketCounts[{k}]", 0) for k, c in enumerate(raw)]
     if counts and not -(1 << 31) <= offset <= (1 << 31) - len(counts):
         raise ValueError(f"histogram field '{name}.offset': {offset} puts bucket indexes outside int32")

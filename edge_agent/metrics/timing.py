@@ -12,6 +12,7 @@ in milliseconds. ``TimingRecorder`` is what the serving loop touches per token; 
 ``RequestTiming`` when the request ends, and ``LatencyStats`` turns those into SLA windows and
 mergeable histograms.
 """
+
 from __future__ import annotations
 
 import threading
@@ -51,8 +52,7 @@ class RequestTiming:
         points.append(("finished", self.finished_s))
         for (name_a, a), (name_b, b) in pairwise(points):
             if b < a:
-                raise ValueError(f"request timeline goes backwards: {name_b} at {b!r} s "
-                                 f"is before {name_a} at {a!r} s")
+                raise ValueError(f"request timeline goes backwards: {name_b} at {b!r} s is before {name_a} at {a!r} s")
 
     @property
     def tokens_out(self) -> int:
@@ -90,8 +90,13 @@ class RequestTiming:
 
     def samples(self) -> dict[str, tuple[float, ...]]:
         """Every metric of ``LATENCY_METRICS`` as its samples (none, one, or one per gap for ITL)."""
-        single = {"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms, "e2e_ms": self.e2e_ms,
-                  "queue_ms": self.queue_ms, "prefill_ms": self.prefill_ms}
+        single = {
+            "ttft_ms": self.ttft_ms,
+            "tpot_ms": self.tpot_ms,
+            "e2e_ms": self.e2e_ms,
+            "queue_ms": self.queue_ms,
+            "prefill_ms": self.prefill_ms,
+        }
         out: dict[str, tuple[float, ...]] = {name: () if value is None else (value,) for name, value in single.items()}
         out["itl_ms"] = self.itl_ms
         return out
@@ -102,8 +107,14 @@ class TimingRecorder:
 
     __slots__ = ("_clock", "_admitted", "_scheduled", "_tokens", "_tokens_in", "_tags", "_result")
 
-    def __init__(self, tokens_in: int = 0, tags: Iterable[str] = (), *,
-                 clock: Callable[[], float] = time.monotonic, admitted_s: float | None = None) -> None:
+    def __init__(
+        self,
+        tokens_in: int = 0,
+        tags: Iterable[str] = (),
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        admitted_s: float | None = None,
+    ) -> None:
         self._clock = clock
         self._admitted = clock() if admitted_s is None else admitted_s
         self._scheduled: float | None = None
@@ -135,8 +146,14 @@ class TimingRecorder:
     def finish(self) -> RequestTiming:
         """Freeze the timeline; calling again returns the same record."""
         if self._result is None:
-            self._result = RequestTiming(self._admitted, self._scheduled, tuple(self._tokens),
-                                         self._clock(), self._tokens_in, frozenset(self._tags))
+            self._result = RequestTiming(
+                self._admitted,
+                self._scheduled,
+                tuple(self._tokens),
+                self._clock(),
+                self._tokens_in,
+                frozenset(self._tags),
+            )
         return self._result
 
 
@@ -148,9 +165,15 @@ class LatencyStats:
     Thread-safe: the serving thread ``add``s while the telemetry thread reads.
     """
 
-    def __init__(self, window_s: float = 60.0, max_samples: int = 10_000, *,
-                 clock: Callable[[], float] = time.monotonic, max_buckets: int = DEFAULT_MAX_SIZE,
-                 exclude_tags: Collection[str] = SLA_EXCLUDED_TAGS) -> None:
+    def __init__(
+        self,
+        window_s: float = 60.0,
+        max_samples: int = 10_000,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_buckets: int = DEFAULT_MAX_SIZE,
+        exclude_tags: Collection[str] = SLA_EXCLUDED_TAGS,
+    ) -> None:
         self.window = RollingWindow(window_s, max_samples, clock=clock, exclude_tags=exclude_tags)
         self._exclude_tags = frozenset(exclude_tags)
         self._max_buckets = max_buckets
@@ -181,9 +204,16 @@ class LatencyStats:
     def summary(self, now: float | None = None) -> dict[str, dict[str, float | int | None]]:
         """``{metric: {p50, p95, p99, mean, count}}`` over the window, every metric present."""
         snap = self.window.snapshot(now)
-        return {name: {"p50": snap[name].p50, "p95": snap[name].p95, "p99": snap[name].p99,
-                       "mean": snap[name].mean, "count": snap[name].count}
-                for name in LATENCY_METRICS}
+        return {
+            name: {
+                "p50": snap[name].p50,
+                "p95": snap[name].p95,
+                "p99": snap[name].p99,
+                "mean": snap[name].mean,
+                "count": snap[name].count,
+            }
+            for name in LATENCY_METRICS
+        }
 
     def histograms(self, *, reset: bool = False) -> dict[str, ExponentialHistogram]:
         """Copies of the cumulative histograms; ``reset`` starts new ones (OTLP delta temporality)."""

@@ -10,17 +10,45 @@ totals over totals, never a mean of per-utterance rates.
 way the demo corpus speaks them ("40%" → "forty percent", "7:05" → "seven oh five",
 "3rd" → "third", "1,250" → "one thousand two hundred fifty").
 """
+
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-_ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
-         "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
+_ONES = [
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+]
 _TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
-_ORD = {"one": "first", "two": "second", "three": "third", "five": "fifth", "eight": "eighth", "nine": "ninth",
-        "twelve": "twelfth"}
+_ORD = {
+    "one": "first",
+    "two": "second",
+    "three": "third",
+    "five": "fifth",
+    "eight": "eighth",
+    "nine": "ninth",
+    "twelve": "twelfth",
+}
 
 
 def number_words(n: int) -> str:
@@ -103,12 +131,22 @@ class ErrorCounts:
         return self.errors / self.ref_len
 
     def __add__(self, other: ErrorCounts) -> ErrorCounts:
-        return ErrorCounts(self.ref_len + other.ref_len, self.substitutions + other.substitutions,
-                           self.deletions + other.deletions, self.insertions + other.insertions)
+        return ErrorCounts(
+            self.ref_len + other.ref_len,
+            self.substitutions + other.substitutions,
+            self.deletions + other.deletions,
+            self.insertions + other.insertions,
+        )
 
     def to_dict(self) -> dict[str, float | int]:
-        return {"rate": self.rate, "errors": self.errors, "ref_len": self.ref_len, "substitutions": self.substitutions,
-                "deletions": self.deletions, "insertions": self.insertions}
+        return {
+            "rate": self.rate,
+            "errors": self.errors,
+            "ref_len": self.ref_len,
+            "substitutions": self.substitutions,
+            "deletions": self.deletions,
+            "insertions": self.insertions,
+        }
 
 
 @dataclass(frozen=True, slots=True)

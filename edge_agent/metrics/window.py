@@ -12,6 +12,7 @@ at ``record``: they measure compilation and cache warming, not the service a use
 Threading: one lock guards the deques; the device thread records while the telemetry thread
 snapshots. Sorting happens outside the lock so a snapshot never stalls the device thread.
 """
+
 from __future__ import annotations
 
 import math
@@ -63,8 +64,15 @@ class MetricSnapshot:
         ordered = sorted(values)
         if not ordered:
             return cls(0)
-        return cls(len(ordered), nearest_rank(ordered, 50), nearest_rank(ordered, 95),
-                   nearest_rank(ordered, 99), math.fsum(ordered) / len(ordered), ordered[0], ordered[-1])
+        return cls(
+            len(ordered),
+            nearest_rank(ordered, 50),
+            nearest_rank(ordered, 95),
+            nearest_rank(ordered, 99),
+            math.fsum(ordered) / len(ordered),
+            ordered[0],
+            ordered[-1],
+        )
 
     def as_dict(self) -> dict[str, float | int | None]:
         return asdict(self)
@@ -89,9 +97,14 @@ class WindowSnapshot:
 class RollingWindow:
     """Per-metric samples over the last ``window_s`` seconds, at most ``max_samples`` each."""
 
-    def __init__(self, window_s: float = 60.0, max_samples: int = 10_000, *,
-                 clock: Callable[[], float] = time.monotonic,
-                 exclude_tags: Collection[str] = SLA_EXCLUDED_TAGS) -> None:
+    def __init__(
+        self,
+        window_s: float = 60.0,
+        max_samples: int = 10_000,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        exclude_tags: Collection[str] = SLA_EXCLUDED_TAGS,
+    ) -> None:
         if not window_s > 0 or math.isinf(window_s):
             raise ValueError(f"window_s must be a finite number > 0, got {window_s!r}")
         if not isinstance(max_samples, int) or max_samples < 1:

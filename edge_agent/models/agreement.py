@@ -7,6 +7,7 @@ the next decode is forced to start with them, so every later hypothesis extends 
 
 Pure and small: tokens are any hashable values (token ids here).
 """
+
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
@@ -39,24 +40,24 @@ class LocalAgreement:
             # keeps the committed part and is judged on what follows it.
             keep = common_prefix(hyp, self.committed)
             hyp = self.committed + hyp[keep:]
-        self._recent = [*self._recent, hyp][-self.n:]
+        self._recent = [*self._recent, hyp][-self.n :]
         if len(self._recent) < self.n:
             return []
         agreed = min(common_prefix(self._recent[0], h) for h in self._recent[1:]) if self.n > 1 else len(hyp)
-        new = self._recent[-1][len(self.committed):agreed]
+        new = self._recent[-1][len(self.committed) : agreed]
         self.committed.extend(new)
         return new
 
     @property
     def unstable(self) -> list:
         """The latest hypothesis beyond what is committed."""
-        return self._recent[-1][len(self.committed):] if self._recent else []
+        return self._recent[-1][len(self.committed) :] if self._recent else []
 
     def finish(self, hypothesis: Sequence[Hashable] | None = None) -> list:
         """End of the utterance: the last hypothesis is committed whole. Returns the newly committed."""
         last = list(hypothesis) if hypothesis is not None else (self._recent[-1] if self._recent else self.committed)
         keep = common_prefix(last, self.committed)
-        new = last[keep:] if keep == len(self.committed) else last[len(self.committed):]
+        new = last[keep:] if keep == len(self.committed) else last[len(self.committed) :]
         self.committed.extend(new)
         self._recent = [list(self.committed)]
         return new

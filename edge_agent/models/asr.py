@@ -3,6 +3,7 @@
 The base module (``recognizer.py``) defines what every recogniser offers; this module picks and
 opens the right one for a model folder, so the types never import their own base's factory.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
@@ -16,8 +17,9 @@ if TYPE_CHECKING:
     from ..config import Settings
 
 
-def open_recognizer(ref: ModelRef, backend: str = "onnxruntime", options: SessionOptions | None = None,
-                    **kwargs) -> Recognizer:
+def open_recognizer(
+    ref: ModelRef, backend: str = "onnxruntime", options: SessionOptions | None = None, **kwargs
+) -> Recognizer:
     """The engine for an ASR model folder: Whisper, stateless CTC or stateful streaming CTC.
 
     Each engine's ``step`` takes its own stream type (it is only fed the streams it made), which
@@ -33,8 +35,14 @@ def open_recognizer(ref: ModelRef, backend: str = "onnxruntime", options: Sessio
     raise ModelError(f"{ref.name} is a {ref.kind} model, not a speech recogniser (give a Whisper or CTC folder)")
 
 
-def open_configured(settings: Settings, model: str | None = None, backend: str | None = None,
-                    decoder: str = "auto", beam_width: int | None = None, language: str = "en") -> Recognizer:
+def open_configured(
+    settings: Settings,
+    model: str | None = None,
+    backend: str | None = None,
+    decoder: str = "auto",
+    beam_width: int | None = None,
+    language: str = "en",
+) -> Recognizer:
     """The top configured ASR tier's recogniser, or ``model`` (a demo name or folder) on ONNX Runtime's
     CPU (OpenVINO's with ``backend="openvino"``) when given."""
     tier = settings.models.asr[0]

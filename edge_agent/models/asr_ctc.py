@@ -14,6 +14,7 @@ Two model kinds (docs/asr-models.md):
   and ``flush_frames`` of ``padding_value``. Chunks of all streams batch exactly: same shape,
   states stacked on the batch axis.
 """
+
 from __future__ import annotations
 
 import logging
@@ -74,8 +75,10 @@ class CtcRecognizer:
             self._init_stateful(pre)
         else:
             if "input_values" not in names:
-                raise ModelError(f"{ref.name}: a CTC model takes input_values (wav2vec2) or features "
-                                 f"(streaming-ctc); this one takes {sorted(names)}")
+                raise ModelError(
+                    f"{ref.name}: a CTC model takes input_values (wav2vec2) or features "
+                    f"(streaming-ctc); this one takes {sorted(names)}"
+                )
             self.do_normalize = bool(pre.get("do_normalize", True))
             self.min_samples = _receptive_field(ref.config)
             self.max_utterance_s = 30.0
@@ -92,23 +95,32 @@ class CtcRecognizer:
         self.chunk_frames = int(cfg.get("chunk_frames", 32))
         self.flush_frames = int(cfg.get("flush_frames", 0))
         if self.chunk_frames % self.subsampling:
-            raise ModelError(f"{self.ref.name}: chunk_frames {self.chunk_frames} is not a multiple of "
-                             f"subsampling {self.subsampling}")
+            raise ModelError(
+                f"{self.ref.name}: chunk_frames {self.chunk_frames} is not a multiple of subsampling {self.subsampling}"
+            )
         shapes = cfg.get("state_shapes") or {}
         self.state_shapes: dict[str, tuple[int, ...]] = {}
         for spec in self.session.inputs:
             if spec.name.startswith("state_in."):
                 shape = shapes.get(spec.name) or [d for d in spec.shape[1:]]
                 if not all(isinstance(d, int) for d in shape):
-                    raise ModelError(f"{self.ref.name}: {spec.name} has dynamic dims {spec.shape} and "
-                                     "config.json state_shapes does not give them")
+                    raise ModelError(
+                        f"{self.ref.name}: {spec.name} has dynamic dims {spec.shape} and "
+                        "config.json state_shapes does not give them"
+                    )
                 self.state_shapes[spec.name] = tuple(int(d) for d in shape)
         self.max_utterance_s = float("inf")  # state carries context; no window to outgrow
 
-
     @classmethod
-    def open(cls, ref: ModelRef, backend: str = "onnxruntime", options: SessionOptions | None = None,
-             decoder: str = "auto", beam_width: int | None = None, **_: object) -> CtcRecognizer:
+    def open(
+        cls,
+        ref: ModelRef,
+        backend: str = "onnxruntime",
+        options: SessionOptions | None = None,
+        decoder: str = "auto",
+        beam_width: int | None = None,
+        **_: object,
+    ) -> CtcRecognizer:
         path = Path(ref.path) / "model.onnx"
         if not path.is_file():
             raise ModelError(f"{ref.path}: missing model.onnx")
@@ -195,7 +207,7 @@ class CtcRecognizer:
         out = self.session.run(feeds)
         for j, s in enumerate(streams):
             for name in self.state_shapes:
-                s.state[name] = out[name.replace("state_in.", "state_out.", 1)][j:j + 1]
+                s.state[name] = out[name.replace("state_in.", "state_out.", 1)][j : j + 1]
             s.decoder.advance(out["log_probs"][j])
 
     def _tail(self, s: CtcStream) -> np.ndarray:

@@ -12,6 +12,7 @@ Decoders:
 - ``lm``: the same search scored by the folder's n-gram language model ``lm.arpa``
   (``lm_weight``, ``lm_word_bonus`` and ``lm_beam`` from ``config.json``).
 """
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,10 @@ class StreamingCtcSpec:
             try:
                 return json.loads(path.read_text())
             except FileNotFoundError:
-                raise ModelError(f"{folder}: missing {name} (a streaming CTC folder has config.json, vocab.json, "
-                                 f"preprocessor_config.json and model.onnx)") from None
+                raise ModelError(
+                    f"{folder}: missing {name} (a streaming CTC folder has config.json, vocab.json, "
+                    f"preprocessor_config.json and model.onnx)"
+                ) from None
             except json.JSONDecodeError as exc:
                 raise ModelError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from exc
 
@@ -71,11 +74,18 @@ class StreamingCtcSpec:
             for token, i in vocab.items():
                 tokens[int(i)] = token
             spec = cls(
-                folder=folder, tokens=tuple(tokens), blank_id=int(config["blank_id"]),
-                word_delimiter=str(config.get("word_delimiter", "|")), subsampling=int(config["subsampling"]),
-                chunk_frames=int(config["chunk_frames"]), flush_frames=int(config["flush_frames"]),
+                folder=folder,
+                tokens=tuple(tokens),
+                blank_id=int(config["blank_id"]),
+                word_delimiter=str(config.get("word_delimiter", "|")),
+                subsampling=int(config["subsampling"]),
+                chunk_frames=int(config["chunk_frames"]),
+                flush_frames=int(config["flush_frames"]),
                 state_shapes={k: tuple(int(d) for d in v) for k, v in config["state_shapes"].items()},
-                features=features, lexicon=lexicon, lm=lm, beam=beam,
+                features=features,
+                lexicon=lexicon,
+                lm=lm,
+                beam=beam,
             )
         except (KeyError, ValueError, IndexError, TypeError) as exc:
             raise ModelError(f"{folder}: incomplete streaming CTC config: {exc!r}") from exc
@@ -105,8 +115,9 @@ class StreamingCtcRunner:
         self.session: Session = open_session(self.spec.folder / "model.onnx", backend, options, warmup=self._warmup)
 
     def _warmup(self, session: Session) -> None:
-        frames = np.full((1, self.spec.chunk_frames, self.spec.features.num_mel_bins), self.spec.features.padding_value,
-                         np.float32)
+        frames = np.full(
+            (1, self.spec.chunk_frames, self.spec.features.num_mel_bins), self.spec.features.padding_value, np.float32
+        )
         session.run({"features": frames, **self._zero_state()})
 
     def _zero_state(self) -> dict[str, np.ndarray]:
@@ -161,7 +172,7 @@ class StreamingCtcRunner:
         """The whole utterance fed as audio chunks (100 ms by default), as a microphone would."""
         s = self.start()
         for i in range(0, len(samples), chunk_samples):
-            self.push(s, samples[i:i + chunk_samples])
+            self.push(s, samples[i : i + chunk_samples])
         return self.finish(s), s
 
     def full(self, samples: np.ndarray) -> np.ndarray:
@@ -171,8 +182,9 @@ class StreamingCtcRunner:
 
     # -- decoding ----------------------------------------------------------------------------
 
-    def decode(self, log_probs: np.ndarray, decoder: Decoder = "greedy", beam: int | None = None,
-               lm: NgramLM | None = None) -> str:
+    def decode(
+        self, log_probs: np.ndarray, decoder: Decoder = "greedy", beam: int | None = None, lm: NgramLM | None = None
+    ) -> str:
         """Text of an utterance's log-probs; ``lm`` overrides the folder's (weights being tuned)."""
         if decoder == "greedy":
             return self._text(list(greedy_ids(log_probs, self.spec.blank_id)))
@@ -184,8 +196,9 @@ class StreamingCtcRunner:
                 raise ModelError(f"{self.spec.folder}: no lm.arpa, so no language-model decoding")
         else:
             lm = None
-        search = LexiconBeamDecoder(self.spec.tokens, self.spec.blank_id, self._delimiter_id, self.spec.lexicon,
-                                    beam or self.spec.beam, lm=lm)
+        search = LexiconBeamDecoder(
+            self.spec.tokens, self.spec.blank_id, self._delimiter_id, self.spec.lexicon, beam or self.spec.beam, lm=lm
+        )
         return self._text(list(decode_all(search, log_probs)))
 
     def _text(self, ids: list[int]) -> str:

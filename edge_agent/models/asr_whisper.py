@@ -18,6 +18,7 @@ last two hypotheses share. Rows of a batch decode in lockstep: each takes its ow
 while it has one, then its own argmax, so row r of a batch sees exactly what it would see alone.
 The encoder batches any streams (its input is always 30 s).
 """
+
 from __future__ import annotations
 
 import logging
@@ -52,9 +53,19 @@ class WhisperRecognizer:
 
     kind = "whisper"
 
-    def __init__(self, ref: ModelRef, encoder: Session, decoder: Session, decoder_past: Session, *,
-                 language: str = "en", task: str = "transcribe", suppress: bool = True,
-                 min_step_s: float = 0.5, max_tokens_per_s: float = 8.0) -> None:
+    def __init__(
+        self,
+        ref: ModelRef,
+        encoder: Session,
+        decoder: Session,
+        decoder_past: Session,
+        *,
+        language: str = "en",
+        task: str = "transcribe",
+        suppress: bool = True,
+        min_step_s: float = 0.5,
+        max_tokens_per_s: float = 8.0,
+    ) -> None:
         from tokenizers import Tokenizer
 
         self.ref, self.name = ref, ref.name
@@ -80,16 +91,18 @@ class WhisperRecognizer:
         self.suppress, self.min_step_s, self.max_tokens_per_s = suppress, min_step_s, max_tokens_per_s
         self._suppress_mask = np.zeros(self.vocab_size, bool)
         self._suppress_mask[[t for t in gen.get("suppress_tokens") or [] if t < self.vocab_size]] = True
-        self._suppress_mask[self.eot + 1:] = True  # specials and timestamps
+        self._suppress_mask[self.eot + 1 :] = True  # specials and timestamps
         self._begin_mask = self._suppress_mask.copy()
         self._begin_mask[[t for t in gen.get("begin_suppress_tokens") or [] if t < self.vocab_size]] = True
         self._prompt_len = 2 + bool(self.lang_to_id) + bool(self.task_to_id)
 
     @classmethod
-    def open(cls, ref: ModelRef, backend: str = "onnxruntime", options: SessionOptions | None = None,
-             **kwargs) -> WhisperRecognizer:
-        kwargs = {k: v for k, v in kwargs.items() if k in ("language", "task", "suppress", "min_step_s",
-                                                             "max_tokens_per_s")}
+    def open(
+        cls, ref: ModelRef, backend: str = "onnxruntime", options: SessionOptions | None = None, **kwargs
+    ) -> WhisperRecognizer:
+        kwargs = {
+            k: v for k, v in kwargs.items() if k in ("language", "task", "suppress", "min_step_s", "max_tokens_per_s")
+        }
         files = [ref.path / n for n in ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx")]
         missing = [p.name for p in files if not p.is_file()]
         if missing:
@@ -119,13 +132,22 @@ class WhisperRecognizer:
         return out["last_hidden_state"]
 
     def detect_language(self, hidden: np.ndarray) -> list[str]:
-        logits = self.decoder.run({"input_ids": np.full((hidden.shape[0], 1), self.sot, np.int64),
-                                   "encoder_hidden_states": hidden}, ["logits"])["logits"][:, -1]
+        logits = self.decoder.run(
+            {"input_ids": np.full((hidden.shape[0], 1), self.sot, np.int64), "encoder_hidden_states": hidden},
+            ["logits"],
+        )["logits"][:, -1]
         names, ids = list(self.lang_to_id), np.array(list(self.lang_to_id.values()))
         return [names[int(np.argmax(row[ids]))] for row in logits]
 
-    def decode(self, hidden: np.ndarray, prompts: Sequence[Sequence[int]], forced: Sequence[Sequence[int]],
-               max_new: Sequence[int], suppress: bool = True, stop_at_eot: bool = True) -> list[list[int]]:
+    def decode(
+        self,
+        hidden: np.ndarray,
+        prompts: Sequence[Sequence[int]],
+        forced: Sequence[Sequence[int]],
+        max_new: Sequence[int],
+        suppress: bool = True,
+        stop_at_eot: bool = True,
+    ) -> list[list[int]]:
         """Greedy, batched in lockstep. Returns per row the generated ids (forced ones included, no EOT)."""
         rows = list(range(hidden.shape[0]))
         if len({len(p) for p in prompts}) != 1:
@@ -199,19 +221,27 @@ class WhisperRecognizer:
                 todo.append(i)
         if not todo:
             return results
-        run = [i for i in todo if not (streams[i].ended and streams[i].audio.size == streams[i].decoded_at
-                                       and streams[i].last_ids)]
+        run = [
+            i
+            for i in todo
+            if not (streams[i].ended and streams[i].audio.size == streams[i].decoded_at and streams[i].last_ids)
+        ]
         if run:
             hidden = self.encode([streams[i].audio for i in run])
             unknown = [j for j, i in enumerate(run) if streams[i].language is None]
             if unknown:
                 for j, lang in zip(unknown, self.detect_language(hidden[unknown])):
                     streams[run[j]].language = lang
-            ids = self.decode(hidden, [self.prompt(streams[i].language) for i in run],
-                              [streams[i].agreement.committed for i in run],
-                              [self._budget(streams[i].audio.size / self.sample_rate,
-                                            len(streams[i].agreement.committed)) for i in run],
-                              suppress=self.suppress)
+            ids = self.decode(
+                hidden,
+                [self.prompt(streams[i].language) for i in run],
+                [streams[i].agreement.committed for i in run],
+                [
+                    self._budget(streams[i].audio.size / self.sample_rate, len(streams[i].agreement.committed))
+                    for i in run
+                ],
+                suppress=self.suppress,
+            )
             for i, hyp in zip(run, ids):
                 streams[i].last_ids, streams[i].decoded_at = hyp, streams[i].audio.size
         for i in todo:
@@ -222,16 +252,18 @@ class WhisperRecognizer:
             else:
                 s.agreement.insert(s.last_ids)
             stable = self.text(s.agreement.committed)
-            results[i] = Hypothesis(self.text(s.last_ids), tuple(s.last_ids), s.finished, stable,
-                                    s.audio.size / self.sample_rate)
+            results[i] = Hypothesis(
+                self.text(s.last_ids), tuple(s.last_ids), s.finished, stable, s.audio.size / self.sample_rate
+            )
         return results
 
     def transcribe(self, samples: np.ndarray) -> Hypothesis:
         x = np.asarray(samples, np.float32).reshape(-1)[: self.features.n_samples]
         hidden = self.encode([x])
         lang = self.language if self.language != "auto" else self.detect_language(hidden)[0]
-        ids = self.decode(hidden, [self.prompt(lang)], [[]], [self._budget(x.size / self.sample_rate, 0)],
-                          suppress=self.suppress)[0]
+        ids = self.decode(
+            hidden, [self.prompt(lang)], [[]], [self._budget(x.size / self.sample_rate, 0)], suppress=self.suppress
+        )[0]
         text = self.text(ids)
         return Hypothesis(text, tuple(ids), True, text, x.size / self.sample_rate)
 

@@ -15,6 +15,7 @@ the files real exporters write:
 ``demo-phi3-small`` is too big to commit (115 MB): its graph and a weight recipe ship with the
 package and the weights are generated with numpy on first use, into the model cache.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,17 +43,28 @@ class DemoModel:
     materialized: bool = False  # weights generated into the cache on first use
 
 
-DEMO_MODELS: dict[str, DemoModel] = {m.name: m for m in (
-    DemoModel("demo-phi3", "llm", "Phi-3-mini architecture, tiny, random weights"),
-    DemoModel("demo-gemma", "llm", "Gemma architecture (multi-query attention), tiny, random weights"),
-    DemoModel("demo-gemma2", "llm", "Gemma-2 architecture (GQA, soft-capping, sliding window), tiny, random weights"),
-    DemoModel("demo-phi3-small", "llm", "Phi-3 architecture, 28.6 M parameters, random weights (benchmarks)", True),
-    DemoModel("demo-whisper", "asr-whisper",
-              "Whisper architecture (encoder + decoder with KV cache), tiny, random weights"),
-    DemoModel("demo-ctc", "asr-ctc", "wav2vec2-CTC architecture, tiny, random weights"),
-    DemoModel("demo-asr", "asr-ctc-streaming", "streaming CTC (conv + GRU), 1.8 M parameters, trained on espeak-ng "
-              "voice-assistant speech"),
-)}
+DEMO_MODELS: dict[str, DemoModel] = {
+    m.name: m
+    for m in (
+        DemoModel("demo-phi3", "llm", "Phi-3-mini architecture, tiny, random weights"),
+        DemoModel("demo-gemma", "llm", "Gemma architecture (multi-query attention), tiny, random weights"),
+        DemoModel(
+            "demo-gemma2", "llm", "Gemma-2 architecture (GQA, soft-capping, sliding window), tiny, random weights"
+        ),
+        DemoModel("demo-phi3-small", "llm", "Phi-3 architecture, 28.6 M parameters, random weights (benchmarks)", True),
+        DemoModel(
+            "demo-whisper",
+            "asr-whisper",
+            "Whisper architecture (encoder + decoder with KV cache), tiny, random weights",
+        ),
+        DemoModel("demo-ctc", "asr-ctc", "wav2vec2-CTC architecture, tiny, random weights"),
+        DemoModel(
+            "demo-asr",
+            "asr-ctc-streaming",
+            "streaming CTC (conv + GRU), 1.8 M parameters, trained on espeak-ng voice-assistant speech",
+        ),
+    )
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,9 +107,7 @@ def resolve_model(
         return inspect_folder(path)
     if path.is_file():
         raise ModelError(f"{path} is a file; give the model folder that contains it (with config.json)")
-    raise ModelNotFound(
-        f"no model {text!r}: not a demo model ({', '.join(DEMO_MODELS)}) and no such folder"
-    )
+    raise ModelNotFound(f"no model {text!r}: not a demo model ({', '.join(DEMO_MODELS)}) and no such folder")
 
 
 def _materialize(src: Path, dst: Path, progress: Callable[[int, int], None] | None) -> Path:

@@ -11,6 +11,7 @@ as a whole-utterance decode.
                   and "aa" stay distinct; ``beam_width`` prefixes survive each frame, and only
                   tokens within ``prune_db`` … of the frame's best are expanded.
 """
+
 from __future__ import annotations
 
 import json

@@ -13,6 +13,7 @@ frames, ``ids`` is the best label sequence so far (a partial), ``stable_ids`` th
 surviving hypothesis shares (it can no longer change). Feeding an utterance in chunks or at once
 gives the same result.
 """
+
 from __future__ import annotations
 
 import math
@@ -83,7 +84,7 @@ class NgramLM:
                 continue
             if line.startswith("\\") and line.endswith("-grams:"):
                 try:
-                    order = int(line[1:line.index("-")])
+                    order = int(line[1 : line.index("-")])
                 except ValueError:
                     raise ModelError(f"{path}:{number}: not an ARPA section header: {raw!r}") from None
                 top = max(top, order)
@@ -93,7 +94,7 @@ class NgramLM:
                 if order < 1 or len(parts) not in (order + 1, order + 2):
                     raise ValueError
                 bow = float(parts[order + 1]) if len(parts) == order + 2 else 0.0
-                entries[tuple(parts[1:order + 1])] = (float(parts[0]), bow)
+                entries[tuple(parts[1 : order + 1])] = (float(parts[0]), bow)
             except ValueError:
                 raise ModelError(f"{path}:{number}: not an ARPA {order}-gram line: {raw!r}") from None
         if not any(len(k) == 1 for k in entries):
@@ -103,7 +104,7 @@ class NgramLM:
     def log10p(self, history: tuple[str, ...], word: str) -> float:
         """Back-off: the longest listed n-gram ending in ``word``, plus the back-off weights of the
         histories skipped on the way; an unknown word gets the ``<unk>`` unigram (or -7)."""
-        history = history[-(self.order - 1):] if self.order > 1 else ()
+        history = history[-(self.order - 1) :] if self.order > 1 else ()
         backoff = 0.0
         for start in range(len(history) + 1):
             h = history[start:]
@@ -116,7 +117,7 @@ class NgramLM:
 
     def score(self, history: tuple[str, ...], word: str) -> float:
         """``weight · ln P(word | history) + word_bonus`` (memoised; histories start with ``<s>``)."""
-        key = (history[-(self.order - 1):] if self.order > 1 else (), word)
+        key = (history[-(self.order - 1) :] if self.order > 1 else (), word)
         s = self._memo.get(key)
         if s is None:
             bonus = 0.0 if word == "</s>" else self.word_bonus
@@ -127,12 +128,21 @@ class NgramLM:
 class LexiconBeamDecoder:
     """Incremental lexicon-constrained CTC prefix beam search, with an optional n-gram LM."""
 
-    def __init__(self, tokens: Sequence[str], blank_id: int, delimiter_id: int, lexicon: Lexicon,
-                 beam: int = 12, prune: float = 12.0, lm: NgramLM | None = None) -> None:
+    def __init__(
+        self,
+        tokens: Sequence[str],
+        blank_id: int,
+        delimiter_id: int,
+        lexicon: Lexicon,
+        beam: int = 12,
+        prune: float = 12.0,
+        lm: NgramLM | None = None,
+    ) -> None:
         self.tokens, self.blank_id, self.delimiter_id = tuple(tokens), blank_id, delimiter_id
         self.lexicon, self.beam, self.prune, self.lm = lexicon, beam, prune, lm
-        self._usable = np.array([i for i, t in enumerate(self.tokens)
-                                 if i != blank_id and (i == delimiter_id or not t.startswith("<"))])
+        self._usable = np.array(
+            [i for i, t in enumerate(self.tokens) if i != blank_id and (i == delimiter_id or not t.startswith("<"))]
+        )
         # key (label ids) → [log P ending in blank, log P ending in a label, LM score, current word, words]
         self._beams: dict[tuple[int, ...], list] = {(): [0.0, NEG_INF, 0.0, "", ("<s>",)]}
         self._greedy = GreedyDecoder(blank_id)  # the fallback when no hypothesis ends on a word
@@ -234,8 +244,9 @@ def resolve_decoder(kind: str, folder: Path) -> str:
     return kind
 
 
-def decoder_factory(kind: str, vocab: CtcVocab, folder: Path, config: dict,
-                    beam_width: int | None = None) -> tuple[str, Callable[[], object]]:
+def decoder_factory(
+    kind: str, vocab: CtcVocab, folder: Path, config: dict, beam_width: int | None = None
+) -> tuple[str, Callable[[], object]]:
     """(the resolved kind, a function making a fresh decoder per utterance). Files are read once."""
     kind = resolve_decoder(kind, folder)
     if kind == "greedy":
@@ -258,8 +269,9 @@ def read_language(folder: Path, config: dict) -> tuple[Lexicon | None, NgramLM |
     ``config.json``) and beam width (``lm_beam``); None for a file the folder does not ship."""
     lm = None
     if (folder / "lm.arpa").is_file():
-        lm = NgramLM.from_arpa(folder / "lm.arpa", float(config.get("lm_weight", 0.5)),
-                               float(config.get("lm_word_bonus", 1.0)))
+        lm = NgramLM.from_arpa(
+            folder / "lm.arpa", float(config.get("lm_weight", 0.5)), float(config.get("lm_word_bonus", 1.0))
+        )
     return Lexicon.read(folder / "lexicon.txt"), lm, int(config.get("lm_beam", 12))
 
 

@@ -8,6 +8,7 @@ boundaries; columns that only hold pads for every row are trimmed when rows leav
 
     past[name]  [B, H_kv, P, D]     mask  [B, P]      (B rows, P cache columns)
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -24,8 +25,8 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndar
     ids = np.full((len(prompts), width), pad_id, dtype=np.int64)
     mask = np.zeros((len(prompts), width), dtype=np.int64)
     for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = prompt
-        mask[row, width - len(prompt):] = 1
+        ids[row, width - len(prompt) :] = prompt
+        mask[row, width - len(prompt) :] = 1
     return ids, mask
 
 
@@ -59,12 +60,18 @@ class DecodeBatch(Generic[Row]):
             return
         width = max(self.width, mask.shape[1])
         self.past = {
-            name: np.concatenate([_pad_columns(self.past[name], 2, width - self.width),
-                                  _pad_columns(past[name], 2, width - mask.shape[1])], axis=0)
+            name: np.concatenate(
+                [
+                    _pad_columns(self.past[name], 2, width - self.width),
+                    _pad_columns(past[name], 2, width - mask.shape[1]),
+                ],
+                axis=0,
+            )
             for name in self.past
         }
-        self.mask = np.concatenate([_pad_columns(self.mask, 1, width - self.width),
-                                    _pad_columns(mask, 1, width - mask.shape[1])], axis=0)
+        self.mask = np.concatenate(
+            [_pad_columns(self.mask, 1, width - self.width), _pad_columns(mask, 1, width - mask.shape[1])], axis=0
+        )
         self.rows.extend(rows)
 
     def step_mask(self) -> np.ndarray:

@@ -10,6 +10,7 @@ at step boundaries; leaving compacts the rows so the active ones stay a contiguo
     buffers[name]  [max_rows, H_kv, capacity, D]   (allocated once; zeros pages are only touched as used)
     lengths        tokens held per active row
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -25,8 +26,9 @@ Row = TypeVar("Row")
 class SlotCache(Generic[Row]):
     """Per-row KV slots in buffers allocated once; rows join and leave at step boundaries (see the module doc)."""
 
-    def __init__(self, names: Sequence[str], max_rows: int, kv_heads: int, capacity: int, head_dim: int,
-                 dtype: str = "float32") -> None:
+    def __init__(
+        self, names: Sequence[str], max_rows: int, kv_heads: int, capacity: int, head_dim: int, dtype: str = "float32"
+    ) -> None:
         self.capacity = capacity
         self.max_rows = max_rows
         # np.zeros maps fresh pages lazily: a 4096-token capacity costs memory only as far as it is used.
@@ -49,7 +51,7 @@ class SlotCache(Generic[Row]):
 
     def views(self, first: int, count: int) -> dict[str, np.ndarray]:
         """Contiguous [count, H, capacity, D] views of rows ``first…first+count-1`` (past = present)."""
-        return {n: b[first:first + count] for n, b in self.buffers.items()}
+        return {n: b[first : first + count] for n, b in self.buffers.items()}
 
     def step_mask(self) -> np.ndarray:
         """Right-padded mask for one new token per row: row i has ``lengths[i] + 1`` ones."""

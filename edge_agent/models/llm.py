@@ -14,6 +14,7 @@ onnxruntime-genai folders (``genai_config.json``: GroupQueryAttention, ``past_pr
 use the same tensor names, but past and present are one preallocated buffer that the runtime appends
 to in place (``kv_slots.SlotCache``, through ONNX Runtime IO binding); no position_ids, right padding.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,12 +56,16 @@ def read_contract(session: Session, config: dict, generation_config: dict) -> Ll
             raise ModelError(f"not a decoder export with a KV cache: no {required!r} input (inputs: {sorted(names)})")
     layers = sorted({int(m.group(1)) for n in names if (m := _PAST.match(n))})
     if not layers and "beam_idx" in names:
-        raise ModelError("a stateful OpenVINO IR (KV cache kept inside the model, beam_idx input) is served by "
-                         "openvino_genai; for this adapter export it stateless (optimum-cli export openvino "
-                         "--disable-stateful) or use the ONNX export")
+        raise ModelError(
+            "a stateful OpenVINO IR (KV cache kept inside the model, beam_idx input) is served by "
+            "openvino_genai; for this adapter export it stateless (optimum-cli export openvino "
+            "--disable-stateful) or use the ONNX export"
+        )
     if not layers or layers != list(range(len(layers))):
-        raise ModelError("the export has no past_key_values.N.key/value inputs: export it with its KV cache "
-                         "(optimum-cli export onnx --task text-generation-with-past)")
+        raise ModelError(
+            "the export has no past_key_values.N.key/value inputs: export it with its KV cache "
+            "(optimum-cli export onnx --task text-generation-with-past)"
+        )
     spec = names["past_key_values.0.key"]
     heads, head_dim = spec.shape[1], spec.shape[3]
     if not isinstance(heads, int) or not isinstance(head_dim, int):
@@ -86,11 +91,17 @@ def genai_config_as_hf(genai: dict) -> tuple[dict, str]:
     try:
         model = genai["model"]
         dec = model["decoder"]
-        config = {"num_key_value_heads": dec["num_key_value_heads"], "num_attention_heads": dec["num_attention_heads"],
-                  "head_dim": dec["head_size"], "hidden_size": dec["hidden_size"],
-                  "max_position_embeddings": model["context_length"], "eos_token_id": model["eos_token_id"],
-                  "bos_token_id": model.get("bos_token_id"), "model_type": model["type"],
-                  "vocab_size": model.get("vocab_size")}
+        config = {
+            "num_key_value_heads": dec["num_key_value_heads"],
+            "num_attention_heads": dec["num_attention_heads"],
+            "head_dim": dec["head_size"],
+            "hidden_size": dec["hidden_size"],
+            "max_position_embeddings": model["context_length"],
+            "eos_token_id": model["eos_token_id"],
+            "bos_token_id": model.get("bos_token_id"),
+            "model_type": model["type"],
+            "vocab_size": model.get("vocab_size"),
+        }
         return config, dec.get("filename", "model.onnx")
     except (KeyError, TypeError) as exc:
         raise ModelError(f"genai_config.json lacks {exc} (is it an onnxruntime-genai decoder config?)") from exc
@@ -121,15 +132,18 @@ class DecoderLM:
         self._vocab = vocab if isinstance(vocab, int) else int(config.get("vocab_size", 0) or 0)
 
     @classmethod
-    def open(cls, ref: ModelRef, backend: str = "onnxruntime", options: SessionOptions | None = None,
-             kv_capacity: int = 4096) -> DecoderLM:
+    def open(
+        cls, ref: ModelRef, backend: str = "onnxruntime", options: SessionOptions | None = None, kv_capacity: int = 4096
+    ) -> DecoderLM:
         if ref.kind != "llm":
             raise ModelError(f"{ref.name} is a {ref.kind} model, not an LLM")
         filename = "model.onnx"
         if ref.model_type == "genai":
             if backend != "onnxruntime":
-                raise ModelError(f"{ref.name} is an onnxruntime-genai folder (GroupQueryAttention, a contrib op): "
-                                 f"it runs on --backend onnxruntime, not {backend}")
+                raise ModelError(
+                    f"{ref.name} is an onnxruntime-genai folder (GroupQueryAttention, a contrib op): "
+                    f"it runs on --backend onnxruntime, not {backend}"
+                )
             _, filename = genai_config_as_hf(ref.config)
         elif ref.model_type == "openvino-ir":
             filename = "openvino_model.xml"
@@ -174,8 +188,11 @@ class DecoderLM:
                 # batching them would save little, and GroupQueryAttention wants right padding.
                 slot = batch.claim(row, len(prompt))
                 ids = np.asarray([prompt], dtype=np.int64)
-                out.append(self._run_slots(batch, slot, 1, ids, np.ones_like(ids),
-                                           np.arange(len(prompt), dtype=np.int64)[None])[:, -1])
+                out.append(
+                    self._run_slots(
+                        batch, slot, 1, ids, np.ones_like(ids), np.arange(len(prompt), dtype=np.int64)[None]
+                    )[:, -1]
+                )
         except BaseException:
             batch.remove(range(first, len(batch)))
             raise
@@ -194,8 +211,9 @@ class DecoderLM:
         batch.advance(present, mask)
         return logits[:, -1]
 
-    def _run_slots(self, cache: SlotCache, first: int, count: int, ids: np.ndarray, mask: np.ndarray,
-                   positions: np.ndarray) -> np.ndarray:
+    def _run_slots(
+        self, cache: SlotCache, first: int, count: int, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray
+    ) -> np.ndarray:
         """Run rows ``first…`` with past = present = their slot buffers (written in place)."""
         views = cache.views(first, count)
         feeds = {"input_ids": ids, "attention_mask": mask}
@@ -220,11 +238,12 @@ class DecoderLM:
         feeds = {"input_ids": ids, "attention_mask": mask, **past}
         if self.contract.has_position_ids:
             # Left padding: positions count real tokens only.
-            positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -ids.shape[1]:]
+            positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -ids.shape[1] :]
             feeds["position_ids"] = positions.astype(np.int64)
         out = self.session.run(feeds)
-        new_past = {name.replace("present.", "past_key_values.", 1): v
-                    for name, v in out.items() if name.startswith("present.")}
+        new_past = {
+            name.replace("present.", "past_key_values.", 1): v for name, v in out.items() if name.startswith("present.")
+        }
         return out["logits"], new_past
 
     def prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
@@ -245,8 +264,9 @@ class DecoderLM:
                 f"model's context of {self.contract.max_context} tokens"
             )
 
-    def generate_greedy(self, prompt_ids: Sequence[int], max_new_tokens: int,
-                        stop_at_eos: bool = True) -> Iterator[int]:
+    def generate_greedy(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, stop_at_eos: bool = True
+    ) -> Iterator[int]:
         """Greedy decoding with the KV cache, yielding each new token id as soon as it exists."""
         self.check_prompt(prompt_ids, max_new_tokens)
         ids = np.asarray([prompt_ids], dtype=np.int64)

@@ -9,6 +9,7 @@
 ``Hypothesis`` (the partial so far, or the final once the stream was ended) or None when there is
 nothing new to say. ``transcribe`` is the one-pass, non-streaming decode of a whole utterance.
 """
+
 from __future__ import annotations
 
 import threading

@@ -4,6 +4,7 @@ Pure numpy over one row of logits; the order follows the HF/vLLM convention: rep
 temperature, top-k, top-p, then a draw. A request with a seed draws the same tokens every time,
 whatever else shares its batch, because each request owns its generator.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -5,6 +5,7 @@ rendered with the model's own template (``chat_template`` in ``tokenizer_config.
 ``chat_template.jinja``), as transformers does; the built-in Phi-3 and Gemma templates are only a
 fallback for exports that carry none.
 """
+
 from __future__ import annotations
 
 import json
@@ -109,8 +110,9 @@ class Tokenizer:
             if not isinstance(m.content, str):
                 raise InputError(f"messages[{i}].content: must be text")
         if not self.chat_template:
-            raise ModelError("this model has no chat template (tokenizer_config.json chat_template); "
-                             "send a plain prompt")
+            raise ModelError(
+                "this model has no chat template (tokenizer_config.json chat_template); send a plain prompt"
+            )
         import jinja2
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -148,7 +150,7 @@ class StreamDecoder:
         text = self._text = self._tok.decode(self._ids)
         if text.endswith("\ufffd"):  # a multi-byte character split across tokens: wait for the rest
             return ""
-        piece = text[len(self._emitted):] if text.startswith(self._emitted) else ""
+        piece = text[len(self._emitted) :] if text.startswith(self._emitted) else ""
         self._emitted = text
         return piece
 

@@ -8,6 +8,7 @@ Computed in float64 like the reference extractor, returned as float32 ``[n_mels,
 Parameters come from the model's ``preprocessor_config.json``, so a Whisper with 128 mel bins
 (large-v3) works the same way.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,10 @@ class WhisperFeatureConfig:
         data = json.loads(path.read_text())
         rate = int(data.get("sampling_rate", 16000))
         return cls(
-            feature_size=int(data.get("feature_size", 80)), sampling_rate=rate,
-            n_fft=int(data.get("n_fft", 400)), hop_length=int(data.get("hop_length", 160)),
+            feature_size=int(data.get("feature_size", 80)),
+            sampling_rate=rate,
+            n_fft=int(data.get("n_fft", 400)),
+            hop_length=int(data.get("hop_length", 160)),
             n_samples=int(data.get("n_samples", int(data.get("chunk_length", 30)) * rate)),
             padding_value=float(data.get("padding_value", 0.0)),
         )

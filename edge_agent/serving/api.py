@@ -21,6 +21,7 @@ tokenized, on the executor; a prompt that cannot fit the context is refused befo
 its request cancelled (its batch slot is freed), logged on one line. The loop ticks ``ticks`` so the
 watchdog can tell it is alive.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -62,9 +63,16 @@ class ApiServer:
     unix_socket)``, ``draining`` (new requests get 503 while the rest finish), ``stop``. The LLM
     routes are here; the speech routes are ``api_speech``'s, errors are shaped by ``api_errors``."""
 
-    def __init__(self, llm: TieredLLM | None, metrics: PrometheusMetrics | None = None, token: str | None = None,
-                 asr: SpeechService | None = None, health: Callable[[], dict] | None = None,
-                 header_timeout_s: float = HEADER_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        llm: TieredLLM | None,
+        metrics: PrometheusMetrics | None = None,
+        token: str | None = None,
+        asr: SpeechService | None = None,
+        health: Callable[[], dict] | None = None,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+    ) -> None:
         if token is not None and not token.strip():
             raise EdgeAgentError("the API token is empty: give a secret, or None to serve without one")
         self.llm, self.asr, self.token = llm, asr, token
@@ -135,8 +143,12 @@ class ApiServer:
             return _error(503, "no LLM tier is configured", "server_error", "unavailable")
         known = {"edge-agent", *(t.name for t in self.llm.tiers)}
         if requested and requested not in known:
-            return _error(404, f"model {requested!r} is not served here; GET /v1/models lists {sorted(known)}",
-                          code="model_not_found", param="model")
+            return _error(
+                404,
+                f"model {requested!r} is not served here; GET /v1/models lists {sorted(known)}",
+                code="model_not_found",
+                param="model",
+            )
         if self.draining:
             return _error(503, "the agent is shutting down", "server_error", "unavailable", retry_after_s=5)
         return None
@@ -186,13 +198,27 @@ class ApiServer:
                 return _from_exception(exc)
         finally:
             watcher.cancel()
-        usage = {"prompt_tokens": done.timing.tokens_in, "completion_tokens": len(done.token_ids),
-                 "total_tokens": done.timing.tokens_in + len(done.token_ids)}
-        choice = ({"index": 0, "message": {"role": "assistant", "content": done.text}} if chat else
-                  {"index": 0, "text": done.text, "logprobs": None})
+        usage = {
+            "prompt_tokens": done.timing.tokens_in,
+            "completion_tokens": len(done.token_ids),
+            "total_tokens": done.timing.tokens_in + len(done.token_ids),
+        }
+        choice = (
+            {"index": 0, "message": {"role": "assistant", "content": done.text}}
+            if chat
+            else {"index": 0, "text": done.text, "logprobs": None}
+        )
         choice["finish_reason"] = FINISH.get(done.finish_reason, "stop")
-        return web.json_response({"id": ident, "object": "chat.completion" if chat else "text_completion",
-                                  "created": int(time.time()), "model": model, "choices": [choice], "usage": usage})
+        return web.json_response(
+            {
+                "id": ident,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
 
     async def _stream(self, request, handle, events, ident, model, chat, include_usage) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -200,8 +226,13 @@ class ApiServer:
         kind = "chat.completion.chunk" if chat else "text_completion"
 
         async def send(choice: dict, usage: dict | None = None) -> None:
-            chunk = {"id": ident, "object": kind, "created": created, "model": model,
-                     "choices": [choice] if choice else []}
+            chunk = {
+                "id": ident,
+                "object": kind,
+                "created": created,
+                "model": model,
+                "choices": [choice] if choice else [],
+            }
             if usage is not None:
                 chunk["usage"] = usage
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -212,16 +243,28 @@ class ApiServer:
                 await send({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
             async for event in events:
                 if event.text:
-                    await send({"index": 0, "delta": {"content": event.text}, "finish_reason": None} if chat else
-                               {"index": 0, "text": event.text, "finish_reason": None, "logprobs": None})
+                    await send(
+                        {"index": 0, "delta": {"content": event.text}, "finish_reason": None}
+                        if chat
+                        else {"index": 0, "text": event.text, "finish_reason": None, "logprobs": None}
+                    )
             done = handle.result(5)  # the events ended: it is finished
             reason = FINISH.get(done.finish_reason, "stop")
-            await send({"index": 0, "delta": {}, "finish_reason": reason} if chat else
-                       {"index": 0, "text": "", "finish_reason": reason, "logprobs": None})
+            await send(
+                {"index": 0, "delta": {}, "finish_reason": reason}
+                if chat
+                else {"index": 0, "text": "", "finish_reason": reason, "logprobs": None}
+            )
             if include_usage:
                 n = len(done.token_ids)
-                await send({}, {"prompt_tokens": done.timing.tokens_in, "completion_tokens": n,
-                                "total_tokens": done.timing.tokens_in + n})
+                await send(
+                    {},
+                    {
+                        "prompt_tokens": done.timing.tokens_in,
+                        "completion_tokens": n,
+                        "total_tokens": done.timing.tokens_in + n,
+                    },
+                )
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except DISCONNECTS:  # the client went away: free its batch slot, say so once, no traceback
@@ -233,8 +276,9 @@ class ApiServer:
             raise
         except EdgeAgentError as exc:  # a failure after the headers went out: report it in-band
             try:
-                await resp.write(f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error'}})}\n\n"
-                                 .encode())
+                await resp.write(
+                    f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error'}})}\n\n".encode()
+                )
                 await resp.write(b"data: [DONE]\n\n")
                 await resp.write_eof()
             except DISCONNECTS:
@@ -244,8 +288,16 @@ class ApiServer:
     async def _models(self, request: web.Request) -> web.Response:
         data = [{"id": "edge-agent", "object": "model", "created": 0, "owned_by": "edge-agent"}]
         if self.llm is not None:
-            data += [{"id": t.name, "object": "model", "created": 0, "owned_by": "edge-agent",
-                      "active": i == self.llm.active} for i, t in enumerate(self.llm.tiers)]
+            data += [
+                {
+                    "id": t.name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "edge-agent",
+                    "active": i == self.llm.active,
+                }
+                for i, t in enumerate(self.llm.tiers)
+            ]
         return web.json_response({"object": "list", "data": data})
 
     async def _transcriptions(self, request: web.Request) -> web.Response:
@@ -258,8 +310,12 @@ class ApiServer:
         body = {"status": "draining" if self.draining else "ok", **self._health()}
         if self.llm is not None:
             waiting, running = self.llm.load
-            body["llm"] = {"tier": self.llm.tiers[self.llm.active].name, "model": self.llm.model_name,
-                           "waiting": waiting, "running": running}
+            body["llm"] = {
+                "tier": self.llm.tiers[self.llm.active].name,
+                "model": self.llm.model_name,
+                "waiting": waiting,
+                "running": running,
+            }
         return web.json_response(body, status=503 if self.draining else 200)
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -293,8 +349,9 @@ class ApiServer:
                     self._server = loop.run_until_complete(loop.create_unix_server(connection, unix_socket))
                     self.address = unix_socket
                 else:
-                    self._server = loop.run_until_complete(loop.create_server(connection, host, port,
-                                                                              reuse_address=True))
+                    self._server = loop.run_until_complete(
+                        loop.create_server(connection, host, port, reuse_address=True)
+                    )
                     name = self._server.sockets[0].getsockname()
                     self.address = f"http://{f'[{name[0]}]' if ':' in name[0] else name[0]}:{name[1]}"
             except BaseException as exc:  # e.g. the port is taken

@@ -3,6 +3,7 @@ API: what each error of the tree (``edge_agent.errors``) becomes, with ``Retry-A
 helps (503 shedding or draining, 429 queue full). A client's mistake is a 4xx with what and where,
 never a traceback; only an unexpected error is logged with one.
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,11 +18,18 @@ from .openai_schema import validation_message
 log = logging.getLogger(__name__)
 
 
-def error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
-           param: str | None = None, retry_after_s: float | None = None) -> web.Response:
+def error(
+    status: int,
+    message: str,
+    kind: str = "invalid_request_error",
+    code: str | None = None,
+    param: str | None = None,
+    retry_after_s: float | None = None,
+) -> web.Response:
     headers = {"Retry-After": str(int(retry_after_s))} if retry_after_s else None
-    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}},
-                             status=status, headers=headers)
+    return web.json_response(
+        {"error": {"message": message, "type": kind, "param": param, "code": code}}, status=status, headers=headers
+    )
 
 
 def from_exception(exc: BaseException) -> web.Response:

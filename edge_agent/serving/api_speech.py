@@ -6,6 +6,7 @@
 A live stream is opened before the WebSocket upgrade, so shedding or draining is a plain 503 with
 ``Retry-After``; back-pressure, the stall bound and the close codes are described in ``audio_stream``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -43,12 +44,14 @@ async def transcriptions(asr: SpeechService | None, request: web.Request) -> web
     data = upload.file.read()
     try:
         result = await asyncio.get_running_loop().run_in_executor(
-            None, asr.transcribe_bytes, data, upload.filename or "audio")
+            None, asr.transcribe_bytes, data, upload.filename or "audio"
+        )
     except Exception as exc:
         return _from_exception(exc)
     if form.get("response_format") == "text":
         return web.Response(text=result["text"] + "\n")
     return web.json_response(result if form.get("response_format") == "verbose_json" else {"text": result["text"]})
+
 
 async def audio_stream(asr: SpeechService | None, request: web.Request) -> web.StreamResponse:
     """``GET /v1/audio/stream``: one live stream on the active ASR tier, events back as JSON."""
@@ -105,8 +108,10 @@ async def audio_stream(asr: SpeechService | None, request: web.Request) -> web.S
                     break
                 await loop.run_in_executor(None, stream.push, msg.data)
                 if stream.over_backlog and not await until(lambda: not stream.over_backlog or gone(), stall_s):
-                    overloaded = (f"the recogniser is {stream.backlog_s:.1f} s of audio behind this stream and "
-                                  f"did not catch up within {stall_s:g} s; retry later or send in real time")
+                    overloaded = (
+                        f"the recogniser is {stream.backlog_s:.1f} s of audio behind this stream and "
+                        f"did not catch up within {stall_s:g} s; retry later or send in real time"
+                    )
                     break
             elif msg.type == WSMsgType.TEXT and msg.data.strip() in ('{"type": "end"}', '{"type":"end"}', "end"):
                 ended = True
@@ -122,8 +127,7 @@ async def audio_stream(asr: SpeechService | None, request: web.Request) -> web.S
             stream.abort(overloaded, "overloaded")
             log.warning("ASR stream closed: %s", overloaded)
             # queued like the stream's own events, so it comes after their utterance errors
-            loop.call_soon_threadsafe(outbox.put_nowait, {"type": "error", "code": "overloaded",
-                                                          "message": overloaded})
+            loop.call_soon_threadsafe(outbox.put_nowait, {"type": "error", "code": "overloaded", "message": overloaded})
         else:  # the client went away: drop its work rather than finish it for nobody
             stream.abort("the client closed the connection")
         loop.call_soon_threadsafe(outbox.put_nowait, None)  # after every event the stream emitted

@@ -5,6 +5,7 @@ to ``swap_onto_engine``, so the engines never hold the ladder that serves them. 
 and warms the engine aside and swaps it in between batches: no request fails. A tier that is not
 serving picks its engine up the next time it is loaded (a controller switch).
 """
+
 from __future__ import annotations
 
 import time
@@ -18,8 +19,9 @@ if TYPE_CHECKING:
 Event = Callable[[str, dict], None]
 
 
-def swap_onto_engine(ladder: TieredLLM | None, tier: str, serving: Callable[[str], Resolved | None],
-                     on_event: Event) -> None:
+def swap_onto_engine(
+    ladder: TieredLLM | None, tier: str, serving: Callable[[str], Resolved | None], on_event: Event
+) -> None:
     """Reload ``tier`` onto its new engine when it is the one serving; ``serving(tier)`` says what it
     serves afterwards (for the ``engine_swap`` event)."""
     if ladder is None or ladder.active_tier != tier or not reload_in_place(ladder, ladder.active):
@@ -27,8 +29,9 @@ def swap_onto_engine(ladder: TieredLLM | None, tier: str, serving: Callable[[str
     ladder.wait_switched()
     now = serving(tier)
     ok = ladder.active_tier == tier and now is not None and now.engine is not None
-    on_event("engine_swap", {"workload": "llm", "tier": tier, "ok": ok,
-                             "serving": now.identity if now is not None else None})
+    on_event(
+        "engine_swap", {"workload": "llm", "tier": tier, "ok": ok, "serving": now.identity if now is not None else None}
+    )
 
 
 def reload_in_place(served: TieredLLM, index: int, wait_s: float = 120.0) -> bool:

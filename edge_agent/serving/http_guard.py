@@ -10,6 +10,7 @@
 - ``claim_unix_socket`` refuses a socket path another process serves on, and removes a stale one.
 - ``release_memory`` hands freed heap back to the OS after a large body (glibc keeps it otherwise).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -98,8 +99,11 @@ class HeadDeadline(asyncio.Protocol):
         if self._busy or self.transport is None or self.transport.is_closing():
             return
         self.dropped = True
-        log.info("closed a connection from %s: no complete request head within %g s",
-                 self.transport.get_extra_info("peername") or "the unix socket", self.timeout_s)
+        log.info(
+            "closed a connection from %s: no complete request head within %g s",
+            self.transport.get_extra_info("peername") or "the unix socket",
+            self.timeout_s,
+        )
         self.transport.close()
 
 
@@ -122,8 +126,9 @@ async def read_body(request, max_bytes: int, timeout_s: float) -> bytes:
     try:
         await asyncio.wait_for(read(), timeout_s)
     except asyncio.TimeoutError:
-        raise BodyError(408, f"the request body did not arrive within {timeout_s:g} s ({size} bytes came)",
-                        "request_timeout") from None
+        raise BodyError(
+            408, f"the request body did not arrive within {timeout_s:g} s ({size} bytes came)", "request_timeout"
+        ) from None
     body_bytes.set(size)
     return b"".join(chunks)
 
@@ -151,12 +156,15 @@ def claim_unix_socket(path: str) -> None:
     except TimeoutError:
         pass  # a listener too busy to accept is still a listener
     except OSError as exc:
-        raise EdgeAgentError(f"api.unix_socket {path}: cannot check whether it is in use: "
-                             f"{exc.strerror or exc}") from exc
+        raise EdgeAgentError(
+            f"api.unix_socket {path}: cannot check whether it is in use: {exc.strerror or exc}"
+        ) from exc
     finally:
         probe.close()
-    raise EdgeAgentError(f"api.unix_socket {path}: another process is already serving on it (a second "
-                         "edge-agent?); stop that one or set another api.unix_socket")
+    raise EdgeAgentError(
+        f"api.unix_socket {path}: another process is already serving on it (a second "
+        "edge-agent?); stop that one or set another api.unix_socket"
+    )
 
 
 def exposure_warning(host: str, port: int, token: str | None, unix_socket: str | None) -> str | None:
@@ -165,9 +173,11 @@ def exposure_warning(host: str, port: int, token: str | None, unix_socket: str |
 
     if unix_socket or token or ApiConfig.is_loopback(host):
         return None
-    return (f"the API on {host or '*'}:{port} is reachable from other machines and has NO token "
-            "(api.allow_unauthenticated = true): anyone who can reach it can use the models; set api.token "
-            "or keep api.host on loopback")
+    return (
+        f"the API on {host or '*'}:{port} is reachable from other machines and has NO token "
+        "(api.allow_unauthenticated = true): anyone who can reach it can use the models; set api.token "
+        "or keep api.host on loopback"
+    )
 
 
 _libc: Any = None

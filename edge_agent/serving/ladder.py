@@ -9,6 +9,7 @@ retirement included, so at most two tiers are ever in memory. ``on_switched(old,
 error)`` is told when a switch completes or fails; a tier that cannot load leaves the current one
 serving.
 """
+
 from __future__ import annotations
 
 import logging
@@ -120,8 +121,12 @@ class Ladder(ABC):
             new = self._load(index)
         except Exception as exc:  # a tier that cannot load must not take serving down
             log.error("could not load %s %r: %s", self.kind, self.tiers[index].name, exc)
-            self._on_switched(old.index, index, (time.perf_counter() - start) * 1e3,
-                              str(exc) if isinstance(exc, EdgeAgentError) else f"{type(exc).__name__}: {exc}")
+            self._on_switched(
+                old.index,
+                index,
+                (time.perf_counter() - start) * 1e3,
+                str(exc) if isinstance(exc, EdgeAgentError) else f"{type(exc).__name__}: {exc}",
+            )
             return
         load_ms = (time.perf_counter() - start) * 1e3
         with self._lock:

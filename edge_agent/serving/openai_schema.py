@@ -5,6 +5,7 @@ may stand for a float). The body is parsed by pydantic's own JSON parser, which 
 ``json`` lets through: lone UTF-16 surrogates (``"\\ud800"``), NaN and Infinity, and nesting deeper
 than a request ever needs; each is a ``ValidationError`` the API answers with 400.
 """
+
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -36,9 +37,15 @@ class GenerateRequest(BaseModel):
 
     def params(self) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        return SamplingParams(max_new_tokens=self.max_completion_tokens or self.max_tokens or 256,
-                              temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              repetition_penalty=self.repetition_penalty, seed=self.seed, stop=stop)
+        return SamplingParams(
+            max_new_tokens=self.max_completion_tokens or self.max_tokens or 256,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            repetition_penalty=self.repetition_penalty,
+            seed=self.seed,
+            stop=stop,
+        )
 
     @property
     def include_usage(self) -> bool:

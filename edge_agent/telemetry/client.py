@@ -15,6 +15,7 @@ What the wrapper guarantees (each point is a paho pitfall it exists for):
 A PUBACK is not delivery (MQTT 5 acks with 0x10 "no matching subscribers"): anything below 0x80
 means the broker took responsibility, and that is all store-and-forward can know.
 """
+
 from __future__ import annotations
 
 import logging
@@ -66,9 +67,18 @@ def _reason_value(rc: object) -> int:
 class MqttLink:
     """One connection to the broker for one device. Thread-safe ``publish``."""
 
-    def __init__(self, cfg: MqttConfig, *, will: bytes, birth: Callable[[], Iterable[Outgoing]] = tuple,
-                 on_message: Callable[[Incoming], None] | None = None, subscriptions: Iterable[str] = (),
-                 max_inflight: int = 20, max_delay_s: float = 30.0, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        cfg: MqttConfig,
+        *,
+        will: bytes,
+        birth: Callable[[], Iterable[Outgoing]] = tuple,
+        on_message: Callable[[Incoming], None] | None = None,
+        subscriptions: Iterable[str] = (),
+        max_inflight: int = 20,
+        max_delay_s: float = 30.0,
+        rng: random.Random | None = None,
+    ) -> None:
         self.cfg = cfg
         self.prefix = f"{cfg.topic_prefix}/{cfg.device_id}"
         self._birth = birth
@@ -88,8 +98,9 @@ class MqttLink:
         self._started = False
         self.on_ack: Callable[[], None] | None = None  # wakes the thread that drains ``acks``
 
-        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cfg.device_id,
-                             protocol=mqtt.MQTTv5, reconnect_on_failure=True)
+        client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2, client_id=cfg.device_id, protocol=mqtt.MQTTv5, reconnect_on_failure=True
+        )
         client.suppress_exceptions = True  # second line of defence; ours are caught below
         # paho reports routine states ("not connected") at ERROR; our own logs carry what matters.
         paho_log = logging.getLogger("edge_agent.telemetry.paho")
@@ -100,10 +111,13 @@ class MqttLink:
         if cfg.username:
             client.username_pw_set(cfg.username, cfg.password.get_secret_value() if cfg.password else None)
         if cfg.tls is not None:
-            client.tls_set(ca_certs=str(cfg.tls.ca_file) if cfg.tls.ca_file else None,
-                           certfile=str(cfg.tls.cert_file) if cfg.tls.cert_file else None,
-                           keyfile=str(cfg.tls.key_file) if cfg.tls.key_file else None,
-                           cert_reqs=ssl.CERT_REQUIRED, tls_version=ssl.PROTOCOL_TLS_CLIENT)
+            client.tls_set(
+                ca_certs=str(cfg.tls.ca_file) if cfg.tls.ca_file else None,
+                certfile=str(cfg.tls.cert_file) if cfg.tls.cert_file else None,
+                keyfile=str(cfg.tls.key_file) if cfg.tls.key_file else None,
+                cert_reqs=ssl.CERT_REQUIRED,
+                tls_version=ssl.PROTOCOL_TLS_CLIENT,
+            )
         client.will_set(self.topic("state"), will, qos=1, retain=True)
         client.on_connect = self._guard(self._handle_connect)
         client.on_connect_fail = self._guard(self._handle_connect_fail)
@@ -146,8 +160,9 @@ class MqttLink:
 
     # -- publishing -----------------------------------------------------------------------------------
 
-    def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False,
-                properties: Properties | None = None) -> int | None:
+    def publish(
+        self, topic: str, payload: bytes, qos: int = 1, retain: bool = False, properties: Properties | None = None
+    ) -> int | None:
         """Hand one message to paho; the mid to match a PUBACK, or None when paho refused it."""
         try:
             info = self._client.publish(topic, payload, qos=qos, retain=retain, properties=properties)
@@ -175,6 +190,7 @@ class MqttLink:
             except Exception:  # never let it reach paho's thread
                 self.callback_errors += 1
                 log.exception("MQTT callback %s failed", fn.__name__)
+
         guarded.__name__ = fn.__name__
         return guarded
 
@@ -214,7 +230,8 @@ class MqttLink:
             self.disconnects += 1
             # Our own stop() clears _started first: a normal goodbye, not a problem.
             (log.warning if self._started else log.info)(
-                "disconnected from %s:%s: %s", self.cfg.host, self.cfg.port, rc)
+                "disconnected from %s:%s: %s", self.cfg.host, self.cfg.port, rc
+            )
         if self._started:
             self._schedule_retry()
 
@@ -237,9 +254,16 @@ class MqttLink:
         response_topic = getattr(props, "ResponseTopic", None) if props else None
         correlation = getattr(props, "CorrelationData", None) if props else None
         expiry = getattr(props, "MessageExpiryInterval", None) if props else None
-        self._on_message(Incoming(msg.topic, bytes(msg.payload), response_topic,
-                                  bytes(correlation) if correlation is not None else None,
-                                  int(expiry) if expiry is not None else None, bool(msg.retain)))
+        self._on_message(
+            Incoming(
+                msg.topic,
+                bytes(msg.payload),
+                response_topic,
+                bytes(correlation) if correlation is not None else None,
+                int(expiry) if expiry is not None else None,
+                bool(msg.retain),
+            )
+        )
 
 
 def response_properties(correlation_data: bytes | None, expiry_s: int | None = None) -> Properties:

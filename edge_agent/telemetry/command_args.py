@@ -3,6 +3,7 @@ commands with the shape of their arguments (``ALLOWED``, strict pydantic models:
 names and workloads by pattern), and how a refusal reads (``Rejected``, ``describe``). Used by
 ``remote_commands`` (one request at a time) and ``desired`` (the overlay applies the same calls).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -17,8 +18,8 @@ class CommandTarget(Protocol):
     """What the agent implements so the fleet can steer it. Methods return a JSON-able result dict
     and raise (preferably ``EdgeAgentError``) to fail the command with that message."""
 
-    def tiers(self) -> Mapping[str, Sequence[str]]: ...      # workload -> configured tier names
-    def recipes(self) -> Sequence[str]: ...                  # configured engine recipe names
+    def tiers(self) -> Mapping[str, Sequence[str]]: ...  # workload -> configured tier names
+    def recipes(self) -> Sequence[str]: ...  # configured engine recipe names
     def status(self) -> dict[str, Any]: ...
     # ``source`` says who asked, for ``reported.sources``: "command" or "desired@<version>".
     def set_sla(self, workload: str, sla: SlaSpec, source: str = "command") -> dict[str, Any]: ...
@@ -67,8 +68,13 @@ class RebuildArgs(CommandArgs):
 
 
 ALLOWED: dict[str, type[CommandArgs]] = {
-    "get_status": NoArgs, "set_sla": SetSlaArgs, "pin_tier": PinTierArgs, "unpin_tier": WorkloadArgs,
-    "rebuild_engine": RebuildArgs, "flush_telemetry": NoArgs, "reset_desired": NoArgs,
+    "get_status": NoArgs,
+    "set_sla": SetSlaArgs,
+    "pin_tier": PinTierArgs,
+    "unpin_tier": WorkloadArgs,
+    "rebuild_engine": RebuildArgs,
+    "flush_telemetry": NoArgs,
+    "reset_desired": NoArgs,
 }
 
 

@@ -13,6 +13,7 @@ Locking: ``_desired_lock`` (re-entrant) serialises the command worker, SIGHUP's 
 start's restore; a document that arrives before the agent can apply it is kept and retried by
 ``restore_desired``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -109,8 +110,11 @@ class DesiredOverlay:
         """Check, then apply every SLA and pin of ``desired``; sets ``desired_error`` / ``desired_in_force``."""
         tiers = self.target.tiers()
         problems = [f"sla.{w}: unknown workload" for w in desired.sla if w not in tiers]
-        problems += [f"pins.{w}: tier {t!r} is not configured" for w, t in desired.pins.items()
-                     if w not in tiers or (t is not None and t not in tiers[w])]
+        problems += [
+            f"pins.{w}: tier {t!r} is not configured"
+            for w, t in desired.pins.items()
+            if w not in tiers or (t is not None and t not in tiers[w])
+        ]
         if problems:
             self.desired_error = f"desired version {desired.version} not applied: {'; '.join(problems)}"
             log.error("%s", self.desired_error)
@@ -138,8 +142,11 @@ class DesiredOverlay:
             last = self.ledger.get(DESIRED_KEY)
             if last is not None:  # a ledger from before documents were kept: the version alone is useless
                 self.ledger.delete(DESIRED_KEY)
-                log.warning("desired version %s was applied before, but its document was not kept; the "
-                            "fleet's retained copy will be applied again", last)
+                log.warning(
+                    "desired version %s was applied before, but its document was not kept; the "
+                    "fleet's retained copy will be applied again",
+                    last,
+                )
             return None
         try:
             return Desired.model_validate_json(raw)

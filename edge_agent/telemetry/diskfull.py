@@ -5,6 +5,7 @@ A try that fails doubles the wait (``BACKOFF_MIN_S`` to ``BACKOFF_MAX_S``); the 
 succeeds ends the state. ``low_space`` tells a full disk from a damaged file when SQLite's own error
 is ambiguous (creating the ``-shm`` file on a full disk reads "disk I/O error").
 """
+
 from __future__ import annotations
 
 import logging
@@ -56,8 +57,12 @@ class DiskFull:
         if self.since is None:
             self.since, self.backoff, self.lost = now, BACKOFF_MIN_S, 0
             self.error = f"disk full writing spool {self.path}: {exc}"
-            log.error("%s; telemetry degraded: windows that cannot be stored are counted as lost, "
-                      "retrying every %.0f-%.0f s", self.error, BACKOFF_MIN_S, BACKOFF_MAX_S)
+            log.error(
+                "%s; telemetry degraded: windows that cannot be stored are counted as lost, retrying every %.0f-%.0f s",
+                self.error,
+                BACKOFF_MIN_S,
+                BACKOFF_MAX_S,
+            )
         elif now >= self.retry_at:  # a new try failed (not a second failure within the same try)
             self.backoff = min(BACKOFF_MAX_S, self.backoff * 2)
         else:
@@ -66,6 +71,10 @@ class DiskFull:
 
     def wrote(self) -> None:
         if self.since is not None:
-            log.warning("spool %s writable again after %.1f s; %d records lost meanwhile", self.path,
-                        self.clock() - self.since, self.lost)
+            log.warning(
+                "spool %s writable again after %.1f s; %d records lost meanwhile",
+                self.path,
+                self.clock() - self.since,
+                self.lost,
+            )
             self.since = None

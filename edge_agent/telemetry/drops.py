@@ -3,6 +3,7 @@
 A report leaves this ledger only once its event is stored (``Spool.report_drops`` puts it back
 otherwise), so a loss is never forgotten because the report of it could not be written either.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -32,8 +33,14 @@ class Loss:
         self.detail = self.detail or other.detail
 
     def report(self, reason: str) -> SpoolDrop:
-        return SpoolDrop(reason=reason, windows=self.windows, events=self.events, bytes=self.bytes,
-                         seq_ranges=ranges(self.seqs), detail=self.detail[:MAX_DETAIL] if self.detail else None)
+        return SpoolDrop(
+            reason=reason,
+            windows=self.windows,
+            events=self.events,
+            bytes=self.bytes,
+            seq_ranges=ranges(self.seqs),
+            detail=self.detail[:MAX_DETAIL] if self.detail else None,
+        )
 
     def split(self) -> list[Loss]:
         """Parts of at most ``MAX_RANGES`` seq ranges each: a report stays small and exact (folding
@@ -44,7 +51,7 @@ class Loss:
             return [self]
         parts = []
         for i in range(0, len(rs), MAX_RANGES):
-            seqs = [v for lo, hi in rs[i:i + MAX_RANGES] for v in range(lo, hi + 1)]
+            seqs = [v for lo, hi in rs[i : i + MAX_RANGES] for v in range(lo, hi + 1)]
             parts.append(Loss(windows=len(seqs), seqs=seqs, detail=self.detail))
         first = parts[0]
         first.windows += self.windows - len(set(self.seqs))

@@ -6,6 +6,7 @@ Bounded: at most ``max_entries`` commands, oldest pruned first. On open, command
 ``accepted`` / ``executing`` are marked ``failed`` ("interrupted"), because whether they took effect
 is unknown: a duplicate then gets that honest answer instead of a second execution.
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,7 +47,9 @@ class Ledger:
         with self._conn:
             n = self._conn.execute(
                 "UPDATE commands SET status = 'failed', response = NULL, updated_wall = ? "
-                "WHERE status NOT IN ('succeeded', 'failed', 'expired', 'rejected')", (self._wall(),)).rowcount
+                "WHERE status NOT IN ('succeeded', 'failed', 'expired', 'rejected')",
+                (self._wall(),),
+            ).rowcount
         if n:
             log.warning("%d commands were interrupted by the last shutdown; duplicates will be told so", n)
 
@@ -63,8 +66,12 @@ class Ledger:
         for suffix in ("", "-wal", "-shm"):
             if Path(str(self.path) + suffix).exists():
                 os.replace(str(self.path) + suffix, str(aside) + suffix)
-        log.error("command ledger %s was damaged (%s); moved to %s and started empty: a command "
-                  "retried now may run again", self.path, problem, aside)
+        log.error(
+            "command ledger %s was damaged (%s); moved to %s and started empty: a command retried now may run again",
+            self.path,
+            problem,
+            aside,
+        )
         return self._connect()
 
     def _connect(self) -> sqlite3.Connection:
@@ -77,8 +84,9 @@ class Ledger:
     def lookup(self, cmd_id: str) -> tuple[str, str, bytes | None] | None:
         """(command, status, last response) for a known ``cmd_id``."""
         with self._lock:
-            row = self._conn.execute("SELECT command, status, response FROM commands WHERE cmd_id = ?",
-                                     (cmd_id,)).fetchone()
+            row = self._conn.execute(
+                "SELECT command, status, response FROM commands WHERE cmd_id = ?", (cmd_id,)
+            ).fetchone()
         return None if row is None else (row[0], row[1], None if row[2] is None else bytes(row[2]))
 
     def record(self, cmd_id: str, command: str, status: str, response: bytes | None) -> None:
@@ -86,9 +94,10 @@ class Ledger:
             self._conn.execute(
                 "INSERT INTO commands(cmd_id, command, status, response, updated_wall) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT(cmd_id) DO UPDATE SET status = excluded.status, response = excluded.response, "
-                "updated_wall = excluded.updated_wall", (cmd_id, command, status, response, self._wall()))
-            self._conn.execute("DELETE FROM commands WHERE n <= (SELECT MAX(n) FROM commands) - ?",
-                               (self.max_entries,))
+                "updated_wall = excluded.updated_wall",
+                (cmd_id, command, status, response, self._wall()),
+            )
+            self._conn.execute("DELETE FROM commands WHERE n <= (SELECT MAX(n) FROM commands) - ?", (self.max_entries,))
 
     def get(self, key: str) -> str | None:
         with self._lock:
@@ -97,14 +106,18 @@ class Ledger:
 
     def put(self, key: str, value: str) -> None:
         with self._lock, self._conn:
-            self._conn.execute("INSERT INTO kv(key, value) VALUES (?, ?) "
-                               "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
+            self._conn.execute(
+                "INSERT INTO kv(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
 
     def put_many(self, values: dict[str, str]) -> None:
         """Several keys in one transaction: a crash keeps all of them or none."""
         with self._lock, self._conn:
-            self._conn.executemany("INSERT INTO kv(key, value) VALUES (?, ?) "
-                                   "ON CONFLICT(key) DO UPDATE SET value = excluded.value", list(values.items()))
+            self._conn.executemany(
+                "INSERT INTO kv(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                list(values.items()),
+            )
 
     def delete(self, *keys: str) -> None:
         with self._lock, self._conn:

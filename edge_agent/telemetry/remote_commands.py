@@ -28,6 +28,7 @@ the rest, so a slow ``rebuild_engine`` never stalls the network loop. A flood is
 once per ``LOG_EVERY_S`` per reason, and dropped messages are counted in a ``commands_dropped``
 event (``on_drops``) at most once per ``LOG_EVERY_S``.
 """
+
 from __future__ import annotations
 
 import json
@@ -92,13 +93,23 @@ class CommandProcessor(DesiredOverlay):
     """Fleet commands for one device (see the module doc): ``submit`` on paho's thread, the rest on
     the worker; the ``desired`` overlay comes from ``desired.DesiredOverlay``."""
 
-    def __init__(self, target: CommandTarget, ledger: Ledger, prefix: str, device_id: str,
-                 respond: Callable[[str, bytes, bytes | None], None],
-                 publish_reported: Callable[[dict[str, Any]], None] = lambda _r: None, *,
-                 max_bytes: int = 16 * 1024, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time, verifier: Verifier | None = None,
-                 allowed: Sequence[str] | None = None, reply_prefixes: Sequence[str] = (),
-                 on_drops: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(
+        self,
+        target: CommandTarget,
+        ledger: Ledger,
+        prefix: str,
+        device_id: str,
+        respond: Callable[[str, bytes, bytes | None], None],
+        publish_reported: Callable[[dict[str, Any]], None] = lambda _r: None,
+        *,
+        max_bytes: int = 16 * 1024,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        verifier: Verifier | None = None,
+        allowed: Sequence[str] | None = None,
+        reply_prefixes: Sequence[str] = (),
+        on_drops: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
         self.target, self.ledger, self.prefix, self.device_id = target, ledger, prefix, device_id
         self.respond, self.publish_reported = respond, publish_reported
         self.max_bytes, self.clock, self.wall = max_bytes, clock, wall
@@ -112,8 +123,18 @@ class CommandProcessor(DesiredOverlay):
         self._drops_reported_at: float | None = None
         self._queue: queue.Queue[tuple[Incoming, float] | None] = queue.Queue(MAX_QUEUE)
         self._thread: threading.Thread | None = None
-        self.stats = {"handled": 0, "rejected": 0, "duplicates": 0, "expired": 0, "failed": 0,
-                      "succeeded": 0, "overflow": 0, "dropped": 0, "unsigned": 0, "errors": 0}
+        self.stats = {
+            "handled": 0,
+            "rejected": 0,
+            "duplicates": 0,
+            "expired": 0,
+            "failed": 0,
+            "succeeded": 0,
+            "overflow": 0,
+            "dropped": 0,
+            "unsigned": 0,
+            "errors": 0,
+        }
         self._init_desired()
 
     # -- threads ------------------------------------------------------------------------------------
@@ -125,8 +146,9 @@ class CommandProcessor(DesiredOverlay):
         except queue.Full:
             self.stats["overflow"] += 1
             self._dropped("queue_full")
-            self.limited(logging.ERROR, "queue_full", "command queue full (%d); dropped a message on %s",
-                         MAX_QUEUE, msg.topic)
+            self.limited(
+                logging.ERROR, "queue_full", "command queue full (%d); dropped a message on %s", MAX_QUEUE, msg.topic
+            )
 
     def _dropped(self, reason: str) -> None:
         with self._drops_lock:
@@ -186,7 +208,7 @@ class CommandProcessor(DesiredOverlay):
         if msg.topic == f"{self.prefix}/desired":
             self._desired(msg)
             return
-        parts = msg.topic[len(self.prefix) + 1:].split("/") if msg.topic.startswith(self.prefix + "/") else []
+        parts = msg.topic[len(self.prefix) + 1 :].split("/") if msg.topic.startswith(self.prefix + "/") else []
         if len(parts) != 3 or parts[0] != "cmd" or parts[2] != "req":
             self._dropped("unexpected_topic")
             self.limited(logging.WARNING, "topic", "ignored message on unexpected topic %s", msg.topic)
@@ -195,8 +217,9 @@ class CommandProcessor(DesiredOverlay):
         self.stats["handled"] += 1
         own = f"{self.prefix}/cmd/{name}/res"
         bad_reply = msg.response_topic is not None and not self.reply_allowed(msg.response_topic)
-        send = self._sender(own if bad_reply or not msg.response_topic else msg.response_topic,
-                            msg.correlation_data, name)
+        send = self._sender(
+            own if bad_reply or not msg.response_topic else msg.response_topic, msg.correlation_data, name
+        )
         # An envelope carries the request in base64 (4/3) plus a signature; the request is checked below.
         if len(msg.payload) > 2 * self.max_bytes:
             send(None, "rejected", f"payload is {len(msg.payload)} bytes, over the {self.max_bytes}-byte limit")
@@ -207,9 +230,11 @@ class CommandProcessor(DesiredOverlay):
         except Unsigned as exc:
             unsigned, payload = str(exc), _unchecked(msg.payload)
         if bad_reply:
-            reason = (f"response topic {(msg.response_topic or '')[:200]!r} is not one of this device's reply topics "
-                      f"({self.prefix}/cmd/<name>/res[/...], {self.prefix}/res/...) nor under "
-                      f"telemetry.reply_prefixes ({', '.join(self.reply_prefixes) or 'none'}); not run")
+            reason = (
+                f"response topic {(msg.response_topic or '')[:200]!r} is not one of this device's reply topics "
+                f"({self.prefix}/cmd/<name>/res[/...], {self.prefix}/res/...) nor under "
+                f"telemetry.reply_prefixes ({', '.join(self.reply_prefixes) or 'none'}); not run"
+            )
             send(_peek_cmd_id(payload), "rejected", reason)
             self.limited(logging.WARNING, "reply_topic", "refused command %s: %s", msg.topic, reason)
             return
@@ -226,8 +251,14 @@ class CommandProcessor(DesiredOverlay):
         except ValidationError as exc:
             cmd_id = _peek_cmd_id(payload)
             send(cmd_id, "rejected", f"malformed request: {describe(exc)}")
-            self.limited(logging.WARNING, "malformed", "rejected malformed command %s (cmd_id %r): %s",
-                         msg.topic, cmd_id, describe(exc))
+            self.limited(
+                logging.WARNING,
+                "malformed",
+                "rejected malformed command %s (cmd_id %r): %s",
+                msg.topic,
+                cmd_id,
+                describe(exc),
+            )
             return
         seen = self.ledger.lookup(req.cmd_id)
         if seen is not None:
@@ -263,16 +294,30 @@ class CommandProcessor(DesiredOverlay):
         if not _publishable(topic):
             return False
         if topic.startswith(self.prefix + "/"):
-            rest = topic[len(self.prefix) + 1:].split("/")
+            rest = topic[len(self.prefix) + 1 :].split("/")
             return (len(rest) >= 3 and rest[0] == "cmd" and rest[2] == "res") or (len(rest) >= 2 and rest[0] == "res")
         return any(topic.startswith(p) for p in self.reply_prefixes)
 
     def _sender(self, topic: str, correlation: bytes | None, name: str):
-        def send(cmd_id: str | None, status: str, reason: str | None, *, result: dict | None = None,
-                 final: bool = False, duplicate: bool = False) -> bytes:
-            body = CommandResponse(device_id=self.device_id, cmd_id=cmd_id, command=name[:64], status=status,
-                                   reason=reason[:1024] if reason else None, result=result, duplicate=duplicate,
-                                   at_wall=self.wall()).to_json()
+        def send(
+            cmd_id: str | None,
+            status: str,
+            reason: str | None,
+            *,
+            result: dict | None = None,
+            final: bool = False,
+            duplicate: bool = False,
+        ) -> bytes:
+            body = CommandResponse(
+                device_id=self.device_id,
+                cmd_id=cmd_id,
+                command=name[:64],
+                status=status,
+                reason=reason[:1024] if reason else None,
+                result=result,
+                duplicate=duplicate,
+                at_wall=self.wall(),
+            ).to_json()
             # Rejections are not recorded: nothing ran, and a corrected retry may reuse the cmd_id.
             if cmd_id is not None and not duplicate and status != "rejected":
                 self.ledger.record(cmd_id, name, status, body if final else None)
@@ -280,6 +325,7 @@ class CommandProcessor(DesiredOverlay):
                 self.stats[status] += 1
             self.respond(topic, body, correlation)
             return body
+
         return send
 
     def _duplicate(self, cmd_id: str, name: str, seen: tuple[str, str, bytes | None], send) -> None:
@@ -292,8 +338,12 @@ class CommandProcessor(DesiredOverlay):
             doc = json.loads(stored)
             send(cmd_id, doc["status"], doc.get("reason"), result=doc.get("result"), duplicate=True)
         else:
-            send(cmd_id, status, "interrupted: the agent restarted while this command ran; "
-                 "whether it took effect is unknown", duplicate=True)
+            send(
+                cmd_id,
+                status,
+                "interrupted: the agent restarted while this command ran; whether it took effect is unknown",
+                duplicate=True,
+            )
 
     def _expired(self, req: CommandRequest, deadline: float | None) -> bool:
         if deadline is not None and self.clock() > deadline:
@@ -305,8 +355,10 @@ class CommandProcessor(DesiredOverlay):
         if model is None:
             raise Rejected(f"unknown command {name!r}; known: {', '.join(sorted(ALLOWED))}")
         if name not in self.allowed:
-            raise Rejected(f"command {name!r} is not allowed on this device (telemetry.commands_allowed: "
-                           f"{', '.join(sorted(self.allowed)) or 'none'})")
+            raise Rejected(
+                f"command {name!r} is not allowed on this device (telemetry.commands_allowed: "
+                f"{', '.join(sorted(self.allowed)) or 'none'})"
+            )
         try:
             args = model.model_validate(raw)
         except ValidationError as exc:
@@ -316,11 +368,14 @@ class CommandProcessor(DesiredOverlay):
         if workload is not None and workload not in tiers:
             raise Rejected(f"unknown workload {workload!r}; configured: {', '.join(sorted(tiers))}")
         if isinstance(args, PinTierArgs) and args.tier not in tiers[args.workload]:
-            raise Rejected(f"tier {args.tier!r} is not configured for {args.workload}; "
-                           f"configured: {', '.join(tiers[args.workload])}")
+            raise Rejected(
+                f"tier {args.tier!r} is not configured for {args.workload}; "
+                f"configured: {', '.join(tiers[args.workload])}"
+            )
         if isinstance(args, RebuildArgs) and args.recipe not in self.target.recipes():
-            raise Rejected(f"recipe {args.recipe!r} is not configured; configured: "
-                           f"{', '.join(self.target.recipes()) or '(none)'}")
+            raise Rejected(
+                f"recipe {args.recipe!r} is not configured; configured: {', '.join(self.target.recipes()) or '(none)'}"
+            )
         return args
 
     def _execute(self, name: str, args: CommandArgs) -> dict[str, Any]:
@@ -337,6 +392,7 @@ class CommandProcessor(DesiredOverlay):
             result = self.reset_desired()
             return result if isinstance(result, dict) else {"desired_version": None}
         return t.status() if name == "get_status" else t.flush_telemetry()
+
 
 def _publishable(topic: str | None) -> bool:
     return topic is not None and 0 < len(topic) <= 512 and not any(c in topic for c in "+#\0")

@@ -7,6 +7,7 @@ probes ids one by one: every leaf page still referenced by a readable interior p
 Only records whose CRC32 matches are kept; the ``seq`` of a window whose row is readable but whose
 CRC does not match is returned too, so that its loss can be announced exactly.
 """
+
 from __future__ import annotations
 
 import logging

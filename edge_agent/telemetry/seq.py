@@ -11,6 +11,7 @@ for duplicates). No margin is added: a record is published only after the sideca
 so a number the sidecar misses (a crash between commit and sidecar write) was never seen by anyone
 and may be handed out again; skipping numbers would show a receiver a loss that never happened.
 """
+
 from __future__ import annotations
 
 import json

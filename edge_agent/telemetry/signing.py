@@ -15,6 +15,7 @@ envelope rather than MQTT user properties: it survives MQTT 3.1.1 bridges and re
 
 ``cryptography`` is imported lazily: only devices and tools that use signing need the ``fleet`` extra.
 """
+
 from __future__ import annotations
 
 import base64
@@ -43,12 +44,18 @@ def signed_bytes(topic: str, expires: int, payload: bytes) -> bytes:
 
 # -- envelopes --------------------------------------------------------------------------------------
 
+
 def sign(private_key: Any, topic: str, payload: bytes, expires: int) -> bytes:
     """The envelope to publish on ``topic`` (as the MQTT payload)."""
     sig = private_key.sign(signed_bytes(topic, expires, payload))
-    return json.dumps({"schema": ENVELOPE, "expires": int(expires),
-                       "payload": base64.b64encode(payload).decode(),
-                       "sig": base64.b64encode(sig).decode()}).encode()
+    return json.dumps(
+        {
+            "schema": ENVELOPE,
+            "expires": int(expires),
+            "payload": base64.b64encode(payload).decode(),
+            "sig": base64.b64encode(sig).decode(),
+        }
+    ).encode()
 
 
 class Unsigned(Exception):
@@ -68,10 +75,17 @@ def unwrap(payload: bytes) -> tuple[bytes, int, bytes] | None:
         return None
     extra = sorted(set(doc) - {"schema", "expires", "payload", "sig"})
     expires, inner, sig = doc.get("expires"), doc.get("payload"), doc.get("sig")
-    if extra or not isinstance(expires, int) or isinstance(expires, bool) or not isinstance(inner, str) \
-            or not isinstance(sig, str):
-        raise Unsigned(f"malformed {ENVELOPE} envelope: needs integer 'expires' and base64 'payload' and "
-                       f"'sig'{'; unknown keys ' + ', '.join(extra) if extra else ''}")
+    if (
+        extra
+        or not isinstance(expires, int)
+        or isinstance(expires, bool)
+        or not isinstance(inner, str)
+        or not isinstance(sig, str)
+    ):
+        raise Unsigned(
+            f"malformed {ENVELOPE} envelope: needs integer 'expires' and base64 'payload' and "
+            f"'sig'{'; unknown keys ' + ', '.join(extra) if extra else ''}"
+        )
     raw, signature = b64_or_none(inner), b64_or_none(sig)
     if raw is None or signature is None:
         raise Unsigned(f"malformed {ENVELOPE} envelope: 'payload' and 'sig' must be base64")
@@ -93,8 +107,10 @@ class Verifier:
         env = unwrap(payload)
         if env is None:
             if self.required:
-                raise Unsigned("unsigned: this device accepts only messages signed with the fleet key "
-                               "(telemetry.fleet_public_key); see 'Signed commands' in docs/telemetry.md")
+                raise Unsigned(
+                    "unsigned: this device accepts only messages signed with the fleet key "
+                    "(telemetry.fleet_public_key); see 'Signed commands' in docs/telemetry.md"
+                )
             return payload
         inner, expires, signature = env
         now = self.wall()
@@ -112,6 +128,7 @@ class Verifier:
 
 # -- the open-channel warning -------------------------------------------------------------------------
 
+
 def command_channel_warnings(mqtt: MqttConfig, telemetry: TelemetryConfig) -> list[str]:
     """Why anyone on the broker could steer this device, or [] when that is not so."""
     if telemetry.fleet_public_key:
@@ -119,33 +136,54 @@ def command_channel_warnings(mqtt: MqttConfig, telemetry: TelemetryConfig) -> li
     anonymous = not mqtt.username and not (mqtt.tls and mqtt.tls.cert_file)
     if not (anonymous or mqtt.tls is None):
         return []
-    how = " and ".join(w for w, on in (("anonymously (no username, no client certificate)", anonymous),
-                                       ("without TLS", mqtt.tls is None)) if on)
-    what = (f"commands ({', '.join(telemetry.commands_allowed)}) and desired" if telemetry.commands_allowed
-            else "desired")
-    return [f"command channel open: {what} are accepted unsigned from any client of the broker "
-            f"{mqtt.host}:{mqtt.port}, reached {how}; set telemetry.fleet_public_key (signed commands), "
-            "use TLS and credentials with a broker ACL, or narrow telemetry.commands_allowed"]
+    how = " and ".join(
+        w
+        for w, on in (
+            ("anonymously (no username, no client certificate)", anonymous),
+            ("without TLS", mqtt.tls is None),
+        )
+        if on
+    )
+    what = (
+        f"commands ({', '.join(telemetry.commands_allowed)}) and desired" if telemetry.commands_allowed else "desired"
+    )
+    return [
+        f"command channel open: {what} are accepted unsigned from any client of the broker "
+        f"{mqtt.host}:{mqtt.port}, reached {how}; set telemetry.fleet_public_key (signed commands), "
+        "use TLS and credentials with a broker ACL, or narrow telemetry.commands_allowed"
+    ]
 
 
 # -- CLI (``edge-agent fleet keygen`` / ``fleet sign``; registered by fleet.py) ----------------------------
 
+
 def add_cli(fsub: Any) -> None:
-    k = fsub.add_parser("keygen", help="create the fleet's Ed25519 signing key (devices get the public half)",
-                        description="Write a private key (PEM, mode 0600) and <name>.pub.pem; print the public "
-                                    "key in base64. Either form is a device's telemetry.fleet_public_key.")
+    k = fsub.add_parser(
+        "keygen",
+        help="create the fleet's Ed25519 signing key (devices get the public half)",
+        description="Write a private key (PEM, mode 0600) and <name>.pub.pem; print the public "
+        "key in base64. Either form is a device's telemetry.fleet_public_key.",
+    )
     k.add_argument("--out", required=True, metavar="KEY.pem", help="private key file to create")
     k.set_defaults(func=cmd_keygen)
-    s = fsub.add_parser("sign", help="wrap a command or desired payload in a signed envelope (printed on stdout)",
-                        description="Print the signed envelope to publish on TOPIC, e.g. "
-                                    "edge-agent fleet sign --key fleet.pem --topic edge/v1/dev-17/cmd/get_status/req "
-                                    "--payload-file req.json | mosquitto_pub -V mqttv5 -t TOPIC -s")
+    s = fsub.add_parser(
+        "sign",
+        help="wrap a command or desired payload in a signed envelope (printed on stdout)",
+        description="Print the signed envelope to publish on TOPIC, e.g. "
+        "edge-agent fleet sign --key fleet.pem --topic edge/v1/dev-17/cmd/get_status/req "
+        "--payload-file req.json | mosquitto_pub -V mqttv5 -t TOPIC -s",
+    )
     s.add_argument("--key", required=True, metavar="KEY.pem", help="the fleet's private key (from fleet keygen)")
     s.add_argument("--topic", required=True, help="the exact topic it will be published on")
     s.add_argument("--payload-file", required=True, metavar="FILE", help="the request or desired JSON ('-' = stdin)")
-    s.add_argument("--ttl", type=int, default=300, metavar="S",
-                   help="seconds until the signature expires (default 300; sign a retained desired for as long "
-                        "as it should stay valid, e.g. 2592000 for 30 days)")
+    s.add_argument(
+        "--ttl",
+        type=int,
+        default=300,
+        metavar="S",
+        help="seconds until the signature expires (default 300; sign a retained desired for as long "
+        "as it should stay valid, e.g. 2592000 for 30 days)",
+    )
     s.set_defaults(func=cmd_sign)
 
 
@@ -153,7 +191,7 @@ def cmd_keygen(args: Any) -> int:
     pub, b64 = keygen(Path(args.out))
     print(f"private key: {args.out} (keep it with the fleet manager, mode 0600)")
     print(f"public key:  {pub}")
-    print(f"telemetry.fleet_public_key = \"{b64}\"   (or the path of {pub.name} on the device)")
+    print(f'telemetry.fleet_public_key = "{b64}"   (or the path of {pub.name} on the device)')
     return 0
 
 

@@ -26,6 +26,7 @@ be stored, so a loss is never forgotten because the report of it was lost too.
 
 Single writer: the telemetry thread. A lock guards the connection anyway.
 """
+
 from __future__ import annotations
 
 import logging
@@ -89,9 +90,16 @@ class Record:
 class Spool:
     """The store-and-forward spool (see the module doc): bounded, crash-safe, never raising on a full disk."""
 
-    def __init__(self, path: Path | str, max_bytes: int = 64 * 1024 * 1024, max_records: int = 100_000,
-                 max_attempts: int = 5, *, wall: Callable[[], float] = time.time,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        path: Path | str,
+        max_bytes: int = 64 * 1024 * 1024,
+        max_records: int = 100_000,
+        max_attempts: int = 5,
+        *,
+        wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if max_bytes < 4096 or max_records < 2:
             raise ValueError("spool bounds too small: max_bytes >= 4096 and max_records >= 2")
         self.path = Path(path)
@@ -197,9 +205,11 @@ class Spool:
                 os.replace(src, Path(str(aside) + suffix))
         self.recovered_from = aside
         floors = self._sidecar.recovery_floors(counters)
-        detail = (f"spool {self.path} was damaged ({problem}); moved to {aside}; "
-                  f"{len(salvaged)} readable records salvaged, {bad} corrupt; seq continues after "
-                  f"{floors.get('tele', 0)}")
+        detail = (
+            f"spool {self.path} was damaged ({problem}); moved to {aside}; "
+            f"{len(salvaged)} readable records salvaged, {bad} corrupt; seq continues after "
+            f"{floors.get('tele', 0)}"
+        )
         newest = max((row[2] for row in salvaged if row[0] == "window"), default=0)
         if floors.get("tele", 0) > newest:  # delivered before the damage, or lost with it: unknowable
             detail += f"; windows {newest + 1}-{floors['tele']} were not in it (acknowledged, or lost with the damage)"
@@ -208,8 +218,11 @@ class Spool:
         with conn:
             seqmod.raise_floor(conn, floors)
             for row in salvaged:
-                conn.execute("INSERT INTO records(kind, topic, seq, session, created_wall, attempts, crc, payload) "
-                             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+                conn.execute(
+                    "INSERT INTO records(kind, topic, seq, session, created_wall, attempts, crc, payload) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    row,
+                )
         self._drops.note("corrupt", detail)
         for seq in bad_windows:
             self._drops.add("corrupt", "window", seq, 0)
@@ -218,7 +231,8 @@ class Spool:
     def _totals(self) -> tuple[int, int]:
         with self._lock:
             n, size = self._conn.execute(
-                "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload) + LENGTH(topic)), 0) FROM records").fetchone()
+                "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload) + LENGTH(topic)), 0) FROM records"
+            ).fetchone()
         return int(n), int(size) + RECORD_OVERHEAD * int(n)
 
     def _mirror(self) -> None:
@@ -282,8 +296,9 @@ class Spool:
             except sqlite3.OperationalError as exc:
                 if not is_full(exc):
                     raise
-                if attempt == 2 or not self._evict(max(1, self.records // 10), reason="disk_full",
-                                                   detail=f"disk full writing {self.path}: {exc}"):
+                if attempt == 2 or not self._evict(
+                    max(1, self.records // 10), reason="disk_full", detail=f"disk full writing {self.path}: {exc}"
+                ):
                     self._full.failed(exc)
                     return None
         return None  # pragma: no cover (the loop returns)
@@ -294,8 +309,9 @@ class Spool:
         stream = STREAM_OF[kind]
         seq = 0
         if kind == "window":
-            (stored,) = self._conn.execute("SELECT COALESCE(MAX(value), 0) FROM meta WHERE key = ?",
-                                           (stream,)).fetchone()
+            (stored,) = self._conn.execute(
+                "SELECT COALESCE(MAX(value), 0) FROM meta WHERE key = ?", (stream,)
+            ).fetchone()
             seq = self._reserved[stream] = max(int(stored), self._reserved.get(stream, 0)) + 1
         try:
             size = len(build(seq)) + RECORD_OVERHEAD
@@ -315,7 +331,8 @@ class Spool:
             cur = self._conn.execute(
                 "INSERT INTO records(kind, topic, seq, session, created_wall, crc, payload)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (kind, topic, seq, self.session, wall, zlib.crc32(payload), payload))
+                (kind, topic, seq, self.session, wall, zlib.crc32(payload), payload),
+            )
         self._reserved = {}
         assert cur.lastrowid is not None  # an INSERT always sets it
         record = Record(cur.lastrowid, kind, topic, seq, self.session, wall, 0, payload)
@@ -330,9 +347,15 @@ class Spool:
 
     def _evict(self, n: int, reason: str, detail: str | None = None) -> int:
         """Delete the ``n`` oldest records, windows before events; returns how many went."""
-        rows = [r for r in self._conn.execute(
-            "SELECT id, kind, seq, LENGTH(payload) + LENGTH(topic) FROM records "
-            "ORDER BY kind = 'event', id LIMIT ?", (n + len(self._doomed),)).fetchall() if r[0] not in self._doomed]
+        rows = [
+            r
+            for r in self._conn.execute(
+                "SELECT id, kind, seq, LENGTH(payload) + LENGTH(topic) FROM records "
+                "ORDER BY kind = 'event', id LIMIT ?",
+                (n + len(self._doomed),),
+            ).fetchall()
+            if r[0] not in self._doomed
+        ]
         rows = rows[:n]
         if not rows or not self._delete([r[0] for r in rows], remember=False):
             return 0
@@ -340,14 +363,20 @@ class Spool:
             self.records -= 1
             self.bytes -= size + RECORD_OVERHEAD
             self._drops.add(reason, kind, seq, size + RECORD_OVERHEAD, detail)
-        log.log(logging.WARNING if reason == "full" else logging.INFO,
-                "spool %s %s: dropped %d oldest records", self.path, reason, len(rows))
+        log.log(
+            logging.WARNING if reason == "full" else logging.INFO,
+            "spool %s %s: dropped %d oldest records",
+            self.path,
+            reason,
+            len(rows),
+        )
         return len(rows)
 
     # -- reading and acknowledging --------------------------------------------------------------------
 
-    def pending(self, limit: int = 100, exclude: set[int] | frozenset[int] = frozenset(),
-                after_id: int = 0) -> list[Record]:
+    def pending(
+        self, limit: int = 100, exclude: set[int] | frozenset[int] = frozenset(), after_id: int = 0
+    ) -> list[Record]:
         """Up to ``limit`` stored records with id > ``after_id``, oldest first, skipping ``exclude``.
         Corrupt ones are deleted, counted and reported instead of returned."""
         out: list[Record] = []
@@ -356,7 +385,9 @@ class Spool:
             skip = set(exclude) | self._doomed
             cur = self._conn.execute(
                 "SELECT id, kind, topic, seq, session, created_wall, attempts, crc, payload FROM records "
-                "WHERE id > ? ORDER BY id LIMIT ?", (after_id, limit + len(skip)))
+                "WHERE id > ? ORDER BY id LIMIT ?",
+                (after_id, limit + len(skip)),
+            )
             for rid, kind, topic, seq, session, wall, attempts, crc, payload in cur.fetchall():
                 if rid in self._doomed:
                     continue
@@ -372,8 +403,13 @@ class Spool:
                     self.corrupt_records += 1
                     self.records -= 1
                     self.bytes -= size
-                    self._drops.add("corrupt", kind if kind in STREAM_OF else "event", seq, size,
-                                    f"record {rid} in {self.path} failed its checksum")
+                    self._drops.add(
+                        "corrupt",
+                        kind if kind in STREAM_OF else "event",
+                        seq,
+                        size,
+                        f"record {rid} in {self.path} failed its checksum",
+                    )
                 log.error("spool %s: %d corrupt records skipped and removed", self.path, len(bad))
         return out
 
@@ -383,9 +419,14 @@ class Spool:
         if not ids:
             return 0
         with self._lock:
-            rows = [r for r in self._conn.execute(
-                f"SELECT id, LENGTH(payload) + LENGTH(topic) FROM records WHERE id IN ({','.join('?' * len(ids))})",
-                ids).fetchall() if r[0] not in self._doomed]
+            rows = [
+                r
+                for r in self._conn.execute(
+                    f"SELECT id, LENGTH(payload) + LENGTH(topic) FROM records WHERE id IN ({','.join('?' * len(ids))})",
+                    ids,
+                ).fetchall()
+                if r[0] not in self._doomed
+            ]
             if not rows:
                 return 0
             if not self._full.may_write():
@@ -400,8 +441,9 @@ class Spool:
     def reject(self, rid: int, reason_code: int) -> bool:
         """The broker refused record ``rid``; True when it was dropped for good (attempts used up)."""
         with self._lock:
-            row = self._conn.execute("SELECT kind, seq, attempts, LENGTH(payload) + LENGTH(topic), topic "
-                                     "FROM records WHERE id = ?", (rid,)).fetchone()
+            row = self._conn.execute(
+                "SELECT kind, seq, attempts, LENGTH(payload) + LENGTH(topic), topic FROM records WHERE id = ?", (rid,)
+            ).fetchone()
             if row is None or rid in self._doomed:
                 return False
             kind, seq, attempts, size, topic = row
@@ -417,8 +459,13 @@ class Spool:
             self._delete([rid])
             self.records -= 1
             self.bytes -= size + RECORD_OVERHEAD
-            self._drops.add("rejected", kind, seq, size + RECORD_OVERHEAD,
-                            f"broker refused {topic} {self.max_attempts} times (reason code 0x{reason_code:02x})")
+            self._drops.add(
+                "rejected",
+                kind,
+                seq,
+                size + RECORD_OVERHEAD,
+                f"broker refused {topic} {self.max_attempts} times (reason code 0x{reason_code:02x})",
+            )
             return True
 
     def take_drops(self) -> list[SpoolDrop]:
@@ -433,10 +480,15 @@ class Spool:
             return self._drops.report(store)
 
     def stats(self) -> dict[str, int | str | None]:
-        return {"records": self.records, "bytes": self.bytes, "corrupt_records": self.corrupt_records,
-                "write_errors": self.write_errors, "session": self.session,
-                "recovered_from": str(self.recovered_from) if self.recovered_from else None,
-                "degraded": self.degraded}
+        return {
+            "records": self.records,
+            "bytes": self.bytes,
+            "corrupt_records": self.corrupt_records,
+            "write_errors": self.write_errors,
+            "session": self.session,
+            "recovered_from": str(self.recovered_from) if self.recovered_from else None,
+            "degraded": self.degraded,
+        }
 
     def close(self) -> None:
         with self._lock:

@@ -9,6 +9,7 @@ Per (workload, tier) series: request/error/token counts, an OTel exponential his
 local percentiles (a seeded reservoir beyond that: the local figures are then estimates, which is
 fine since they are marked not-for-aggregation and the histograms carry the truth).
 """
+
 from __future__ import annotations
 
 import random
@@ -42,22 +43,34 @@ class SeriesData:
         local = {}
         for m, values in self.samples.items():
             ordered = sorted(values)
-            local[m] = LocalQuantiles(count=self.seen.get(m, len(ordered)), p50=nearest_rank(ordered, 50),
-                                      p95=nearest_rank(ordered, 95), p99=nearest_rank(ordered, 99))
+            local[m] = LocalQuantiles(
+                count=self.seen.get(m, len(ordered)),
+                p50=nearest_rank(ordered, 50),
+                p95=nearest_rank(ordered, 95),
+                p99=nearest_rank(ordered, 99),
+            )
         per_s = 1.0 / duration_s if duration_s > 0 else 0.0
-        return Series(workload=self.workload, tier=self.tier, model=self.model, engine_hash=self.engine_hash,
-                      requests=self.requests, errors=self.errors, tokens_out=self.tokens_out,
-                      throughput=Throughput(requests_per_s=self.requests * per_s, tokens_per_s=self.tokens_out * per_s),
-                      histograms=hists,
-                      relative_error={m: h.relative_error for m, h in self.histograms.items() if h.count},
-                      local=local)
+        return Series(
+            workload=self.workload,
+            tier=self.tier,
+            model=self.model,
+            engine_hash=self.engine_hash,
+            requests=self.requests,
+            errors=self.errors,
+            tokens_out=self.tokens_out,
+            throughput=Throughput(requests_per_s=self.requests * per_s, tokens_per_s=self.tokens_out * per_s),
+            histograms=hists,
+            relative_error={m: h.relative_error for m, h in self.histograms.items() if h.count},
+            local=local,
+        )
 
 
 class WindowAccumulator:
     """Thread-safe; bounded by ``max_series`` × metrics × (``max_buckets`` + ``max_local_samples``)."""
 
-    def __init__(self, max_series: int = 32, max_local_samples: int = 2048,
-                 max_buckets: int = DEFAULT_MAX_SIZE, seed: int = 0) -> None:
+    def __init__(
+        self, max_series: int = 32, max_local_samples: int = 2048, max_buckets: int = DEFAULT_MAX_SIZE, seed: int = 0
+    ) -> None:
         self.max_series, self.max_local_samples, self.max_buckets = max_series, max_local_samples, max_buckets
         self._lock = threading.Lock()
         self._series: dict[tuple[str, str], SeriesData] = {}
@@ -65,9 +78,18 @@ class WindowAccumulator:
         self.overflow = 0  # observations dropped because max_series distinct series were already open
         self.rejected_samples = 0  # NaN / negative / unknown-metric samples ignored
 
-    def observe(self, workload: str, tier: str, model: str, samples: Mapping[str, Iterable[float]] = {},
-                *, tokens_out: int = 0, error: bool = False, engine_hash: str | None = None,
-                requests: int = 1) -> None:
+    def observe(
+        self,
+        workload: str,
+        tier: str,
+        model: str,
+        samples: Mapping[str, Iterable[float]] = {},
+        *,
+        tokens_out: int = 0,
+        error: bool = False,
+        engine_hash: str | None = None,
+        requests: int = 1,
+    ) -> None:
         with self._lock:
             key = (workload, tier)
             s = self._series.get(key)
@@ -104,14 +126,21 @@ class WindowAccumulator:
                         if j < self.max_local_samples:
                             kept[j] = float(v)
 
-    def observe_timing(self, workload: str, tier: str, model: str, timing: RequestTiming, *,
-                       error: bool = False, engine_hash: str | None = None) -> bool:
+    def observe_timing(
+        self,
+        workload: str,
+        tier: str,
+        model: str,
+        timing: RequestTiming,
+        *,
+        error: bool = False,
+        engine_hash: str | None = None,
+    ) -> bool:
         """One finished request; warm-up / first-after-load requests are left out (False)."""
         if not SLA_EXCLUDED_TAGS.isdisjoint(timing.tags):
             return False
         samples = {m: v for m, v in timing.samples().items() if v}
-        self.observe(workload, tier, model, samples, tokens_out=timing.tokens_out, error=error,
-                     engine_hash=engine_hash)
+        self.observe(workload, tier, model, samples, tokens_out=timing.tokens_out, error=error, engine_hash=engine_hash)
         return True
 
     def take(self) -> list[SeriesData]:

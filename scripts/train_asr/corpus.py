@@ -8,42 +8,207 @@ form ``edge_agent.metrics.wer.normalize`` turns digits into.
 Every sentence belongs to one split by a hash of its text: a held-out sentence never occurs in
 training, whatever the seed.
 """
+
 from __future__ import annotations
 
 import hashlib
 import random
 from collections.abc import Callable
 
-ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
-        "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
+ONES = [
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+]
 TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
-ORDINALS = ["zeroth", "first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth",
-            "eleventh", "twelfth", "thirteenth", "fourteenth", "fifteenth", "sixteenth", "seventeenth", "eighteenth",
-            "nineteenth", "twentieth"]
-ROOMS = ["kitchen", "bedroom", "living room", "bathroom", "office", "garage", "hallway", "dining room", "basement",
-         "garden", "kids room", "guest room", "porch", "attic", "laundry room"]
+ORDINALS = [
+    "zeroth",
+    "first",
+    "second",
+    "third",
+    "fourth",
+    "fifth",
+    "sixth",
+    "seventh",
+    "eighth",
+    "ninth",
+    "tenth",
+    "eleventh",
+    "twelfth",
+    "thirteenth",
+    "fourteenth",
+    "fifteenth",
+    "sixteenth",
+    "seventeenth",
+    "eighteenth",
+    "nineteenth",
+    "twentieth",
+]
+ROOMS = [
+    "kitchen",
+    "bedroom",
+    "living room",
+    "bathroom",
+    "office",
+    "garage",
+    "hallway",
+    "dining room",
+    "basement",
+    "garden",
+    "kids room",
+    "guest room",
+    "porch",
+    "attic",
+    "laundry room",
+]
 LIGHTS = ["light", "lights", "lamp", "ceiling light", "desk lamp", "floor lamp"]
 COLORS = ["red", "green", "blue", "yellow", "orange", "purple", "pink", "white", "warm white", "cool white"]
-APPLIANCES = ["fan", "heater", "air conditioner", "dishwasher", "washing machine", "dryer", "oven", "coffee maker",
-              "television", "radio", "vacuum cleaner", "kettle", "humidifier", "speaker", "sprinkler"]
+APPLIANCES = [
+    "fan",
+    "heater",
+    "air conditioner",
+    "dishwasher",
+    "washing machine",
+    "dryer",
+    "oven",
+    "coffee maker",
+    "television",
+    "radio",
+    "vacuum cleaner",
+    "kettle",
+    "humidifier",
+    "speaker",
+    "sprinkler",
+]
 DOORS = ["front door", "back door", "garage door", "side gate", "window", "blinds", "curtains"]
-CITIES = ["london", "paris", "berlin", "tokyo", "new york", "chicago", "boston", "madrid", "rome", "sydney", "toronto",
-          "dublin", "seattle", "denver", "miami", "vienna", "oslo", "cairo", "delhi", "lisbon"]
-NAMES = ["mom", "dad", "anna", "peter", "john", "mary", "david", "sarah", "michael", "emma", "james", "lucy", "robert",
-         "olivia", "thomas", "grandma", "grandpa", "the office", "doctor smith", "alex"]
+CITIES = [
+    "london",
+    "paris",
+    "berlin",
+    "tokyo",
+    "new york",
+    "chicago",
+    "boston",
+    "madrid",
+    "rome",
+    "sydney",
+    "toronto",
+    "dublin",
+    "seattle",
+    "denver",
+    "miami",
+    "vienna",
+    "oslo",
+    "cairo",
+    "delhi",
+    "lisbon",
+]
+NAMES = [
+    "mom",
+    "dad",
+    "anna",
+    "peter",
+    "john",
+    "mary",
+    "david",
+    "sarah",
+    "michael",
+    "emma",
+    "james",
+    "lucy",
+    "robert",
+    "olivia",
+    "thomas",
+    "grandma",
+    "grandpa",
+    "the office",
+    "doctor smith",
+    "alex",
+]
 WEEKDAYS = ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"]
-MONTHS = ["january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
-          "november", "december"]
+MONTHS = [
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+]
 DAYS = ["today", "tomorrow", "tonight", "this morning", "this afternoon", "this evening", "this weekend", "next week"]
 GENRES = ["jazz", "rock", "classical", "pop", "country", "relaxing", "dance", "piano", "blues", "folk"]
-ITEMS = ["milk", "bread", "eggs", "butter", "cheese", "apples", "bananas", "coffee", "tea", "rice", "pasta", "tomatoes",
-         "potatoes", "chicken", "orange juice", "soap", "paper towels", "batteries", "sugar", "yogurt"]
-TASKS = ["call the dentist", "take the medicine", "water the plants", "feed the cat", "walk the dog",
-         "pick up the kids", "buy a gift", "pay the bills", "check the mail", "take out the trash", "start dinner",
-         "charge the car", "book a table", "send the report"]
+ITEMS = [
+    "milk",
+    "bread",
+    "eggs",
+    "butter",
+    "cheese",
+    "apples",
+    "bananas",
+    "coffee",
+    "tea",
+    "rice",
+    "pasta",
+    "tomatoes",
+    "potatoes",
+    "chicken",
+    "orange juice",
+    "soap",
+    "paper towels",
+    "batteries",
+    "sugar",
+    "yogurt",
+]
+TASKS = [
+    "call the dentist",
+    "take the medicine",
+    "water the plants",
+    "feed the cat",
+    "walk the dog",
+    "pick up the kids",
+    "buy a gift",
+    "pay the bills",
+    "check the mail",
+    "take out the trash",
+    "start dinner",
+    "charge the car",
+    "book a table",
+    "send the report",
+]
 UNITS = ["minutes", "hours", "seconds", "days", "weeks"]
-CONVERT = [("cups", "liter"), ("ounces", "pound"), ("inches", "foot"), ("feet", "mile"), ("grams", "kilogram"),
-           ("minutes", "day"), ("seconds", "hour"), ("days", "year"), ("meters", "kilometer")]
+CONVERT = [
+    ("cups", "liter"),
+    ("ounces", "pound"),
+    ("inches", "foot"),
+    ("feet", "mile"),
+    ("grams", "kilogram"),
+    ("minutes", "day"),
+    ("seconds", "hour"),
+    ("days", "year"),
+    ("meters", "kilometer"),
+]
 OPS = ["plus", "minus", "times", "divided by"]
 POLITE = ["", "", "", "please ", "hey computer ", "okay ", "can you ", "could you please "]
 
@@ -135,8 +300,18 @@ _TEMPLATES: list[Callable[[random.Random], str]] = [
     lambda r: f"set the volume to {number_words(r.randint(0, 10))}",
     lambda r: f"set the volume to {_pct(r)} percent",
     lambda r: f"turn the volume {r.choice(['up', 'down'])}",
-    lambda r: r.choice(["pause the music", "skip this song", "play the next song", "stop the music",
-                        "play the previous song", "resume playback", "what song is this", "shuffle my playlist"]),
+    lambda r: r.choice(
+        [
+            "pause the music",
+            "skip this song",
+            "play the next song",
+            "stop the music",
+            "play the previous song",
+            "resume playback",
+            "what song is this",
+            "shuffle my playlist",
+        ]
+    ),
     lambda r: f"{r.choice(['lock', 'unlock', 'open', 'close'])} the {r.choice(DOORS)}",
     lambda r: f"is the {r.choice(DOORS)} {r.choice(['locked', 'open', 'closed'])}",
     lambda r: f"turn {r.choice(['on', 'off'])} the {r.choice(APPLIANCES)}",
@@ -153,19 +328,41 @@ _TEMPLATES: list[Callable[[random.Random], str]] = [
     lambda r: f"remove {r.choice(ITEMS)} from the shopping list",
     lambda r: f"what is {number_words(r.randint(0, 99))} {r.choice(OPS)} {number_words(r.randint(1, 99))}",
     lambda r: "how many {} are in a {}".format(*r.choice(CONVERT)),
-    lambda r: f"convert {number_words(r.randint(1, 100))} {r.choice(['miles', 'pounds', 'degrees', 'inches'])} "
-              f"to {r.choice(['kilometers', 'kilograms', 'celsius', 'centimeters'])}",
+    lambda r: (
+        f"convert {number_words(r.randint(1, 100))} {r.choice(['miles', 'pounds', 'degrees', 'inches'])} "
+        f"to {r.choice(['kilometers', 'kilograms', 'celsius', 'centimeters'])}"
+    ),
     lambda r: f"my code is {_digits(r, r.choice([4, 5, 6]))}",
     lambda r: f"the number is {number_words(r.randint(0, 9999))}",
     lambda r: f"it costs {number_words(r.randint(1, 999))} dollars",
     lambda r: f"the year {number_words(r.randint(1990, 2030))}",
     lambda r: f"how long does it take to get to {r.choice(CITIES)}",
     lambda r: f"how far is {r.choice(CITIES)} from {r.choice(CITIES)}",
-    lambda r: r.choice(["what can you do", "tell me a joke", "good morning", "good night", "thank you", "stop",
-                        "cancel that", "never mind", "what did you say", "repeat that please", "help",
-                        "turn everything off", "i am leaving now", "i am home", "start the morning routine",
-                        "start the night routine", "is anyone at the door", "where is my phone",
-                        "read my messages", "what is the news today", "show me the front camera"]),
+    lambda r: r.choice(
+        [
+            "what can you do",
+            "tell me a joke",
+            "good morning",
+            "good night",
+            "thank you",
+            "stop",
+            "cancel that",
+            "never mind",
+            "what did you say",
+            "repeat that please",
+            "help",
+            "turn everything off",
+            "i am leaving now",
+            "i am home",
+            "start the morning routine",
+            "start the night routine",
+            "is anyone at the door",
+            "where is my phone",
+            "read my messages",
+            "what is the news today",
+            "show me the front camera",
+        ]
+    ),
 ]
 
 

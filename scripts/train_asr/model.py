@@ -14,6 +14,7 @@ GRU frames, so a label can use 80 ms after its own frame, and the caller flushes
 State (batch first): ``state.0`` conv1 input cache [B, 3, mels], ``state.1`` conv2 input cache
 [B, 3, conv], ``state.2`` GRU hidden [B, layers, hidden], ``state.3`` head conv cache [B, 2, hidden].
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -49,7 +50,7 @@ class CausalConv(nn.Module):
         # x [B, T, C], cache [B, K - S, C]; T a multiple of the stride
         full = torch.cat([cache, x], dim=1)
         y = self.conv(full.transpose(1, 2)).transpose(1, 2)  # [B, T / S, Cout]
-        return y, full[:, full.shape[1] - self.cache_frames:, :]
+        return y, full[:, full.shape[1] - self.cache_frames :, :]
 
 
 class StreamingCTC(nn.Module):
@@ -71,8 +72,9 @@ class StreamingCTC(nn.Module):
     def initial_state(self, batch: int) -> list[torch.Tensor]:
         return [torch.zeros(batch, *s) for s in self.state_shapes()]
 
-    def forward(self, features: torch.Tensor, s0: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor,
-                s3: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(
+        self, features: torch.Tensor, s0: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor, s3: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         x, n0 = self.conv1(features, s0)
         x = self.act(x)
         x, n1 = self.conv2(x, s1)

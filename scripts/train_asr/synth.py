@@ -8,6 +8,7 @@ regenerate the evaluation audio too:
 Every utterance is described by a plain dict (``Recipe``), stored in the manifests under ``"synth"``:
 the same recipe gives the same samples on the same espeak-ng version (1.51 here).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,13 +30,16 @@ TRAIN_ACCENTS = ["en", "en-us", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan"
 UNSEEN_ACCENT = "en-029"
 # Variant FILE names (espeak-ng --voices=variant, File column): case matters, a wrong name silently
 # gives the base voice. Whispering variants are left out: they carry almost no voicing.
-VARIANTS = sorted("""adam Alex Alicia Andrea Andy Annie antonio aunty belinda benjamin boris caleb david Denis
+VARIANTS = sorted(
+    """adam Alex Alicia Andrea Andy Annie antonio aunty belinda benjamin boris caleb david Denis
 Diogo ed edward edward2 Gene Gene2 gustave announcer Henrique Hugo iven iven2 iven3 iven4 Jacky john kaukovalta
 Lee linda marcelo Marco Mario max Michael michel miguel Mike Mr Nguyen pablo paul pedro quincy RicishayMax
 RicishayMax2 RicishayMax3 rob robert robosoft robosoft2 robosoft3 robosoft4 robosoft5 robosoft6 robosoft7
 robosoft8 steph steph2 steph3 Storm Tweaky UniRobot zac anika anikaRobot AnxiousAndy fast f2 f3 f4 f5 grandpa
 klatt klatt2 klatt3 klatt4 klatt5 klatt6 m2 m3 m4 m5 m6 m7 norbert sandro shelby travis victor m8 f1 croak m1
-grandma""".split(), key=str.lower)
+grandma""".split(),
+    key=str.lower,
+)
 # One variant in eight never occurs in training: the held-out set speaks with these.
 HELDOUT_VARIANTS = VARIANTS[3::8]
 TRAIN_VARIANTS = [v for v in VARIANTS if v not in HELDOUT_VARIANTS]
@@ -82,10 +86,35 @@ def espeak(text: str, voice: str, speed_wpm: int, pitch: int) -> np.ndarray:
     ``-D``: sox dithers by default when it writes 16 bits after processing, with random noise, which
     would make the same recipe give different samples on every run.
     """
-    speak = subprocess.Popen(["espeak-ng", "-v", voice, "-s", str(speed_wpm), "-p", str(pitch), "--stdout", text],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    sox = subprocess.run(["sox", "-q", "-D", "-t", "wav", "-", "-t", "raw", "-r", str(SAMPLE_RATE), "-e", "signed",
-                          "-b", "16", "-c", "1", "-"], stdin=speak.stdout, capture_output=True, check=False)
+    speak = subprocess.Popen(
+        ["espeak-ng", "-v", voice, "-s", str(speed_wpm), "-p", str(pitch), "--stdout", text],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    sox = subprocess.run(
+        [
+            "sox",
+            "-q",
+            "-D",
+            "-t",
+            "wav",
+            "-",
+            "-t",
+            "raw",
+            "-r",
+            str(SAMPLE_RATE),
+            "-e",
+            "signed",
+            "-b",
+            "16",
+            "-c",
+            "1",
+            "-",
+        ],
+        stdin=speak.stdout,
+        capture_output=True,
+        check=False,
+    )
     speak.stdout.close()  # type: ignore[union-attr]
     if speak.wait() != 0 or sox.returncode != 0 or not sox.stdout:
         raise RuntimeError(f"espeak-ng/sox failed for voice {voice!r}: {sox.stderr.decode(errors='replace')[:200]}")
@@ -176,8 +205,12 @@ def make_manifest(path: Path, texts: list[str], split: str, seed: int, folder: s
     for i, text in enumerate(texts):
         recipe = random_recipe(r, split)
         if accent is not None:
-            recipe = Recipe(**{**asdict(recipe), "voice": accent + recipe.voice[recipe.voice.find("+"):]
-                               if "+" in recipe.voice else accent})
+            recipe = Recipe(
+                **{
+                    **asdict(recipe),
+                    "voice": accent + recipe.voice[recipe.voice.find("+") :] if "+" in recipe.voice else accent,
+                }
+            )
         lines.append(json.dumps({"audio": f"{folder}/{i:04d}.wav", "text": text, "synth": asdict(recipe)}))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")

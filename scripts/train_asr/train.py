@@ -10,6 +10,7 @@ Stages, each skipped when its output is already there (so an interrupted run res
    CTC loss; a checkpoint every ``--ckpt-every`` updates (``WORK/ckpt/last.pt``), resumed on restart.
 Progress with an ETA goes to stderr and ``WORK/train.log``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,8 +80,9 @@ def _features(job: tuple[str, dict]) -> np.ndarray:
     return log_mel(synth.render(text, synth.Recipe(**recipe)), _WORKER_CFG)
 
 
-def _synth_features(jobs: list[tuple[str, dict]], cfg: LogMelConfig, procs: int, work: Path,
-                    what: str) -> list[np.ndarray]:
+def _synth_features(
+    jobs: list[tuple[str, dict]], cfg: LogMelConfig, procs: int, work: Path, what: str
+) -> list[np.ndarray]:
     out: list[np.ndarray] = []
     start = time.time()
     with mp.get_context("fork").Pool(procs, initializer=_init_worker, initargs=(cfg,)) as pool:
@@ -104,16 +106,27 @@ def prepare(work: Path, utterances: int, seed: int, procs: int) -> None:
     raw = _synth_features(jobs[:STAT_UTTERANCES], LogMelConfig(num_mel_bins=NUM_MEL_BINS), procs, work, "statistics")
     frames = np.concatenate(raw).astype(np.float64)
     mean, std = frames.mean(axis=0), np.maximum(frames.std(axis=0), 1e-3)
-    cfg = LogMelConfig(num_mel_bins=NUM_MEL_BINS, mean=tuple(round(float(v), 6) for v in mean),
-                       std=tuple(round(float(v), 6) for v in std))
+    cfg = LogMelConfig(
+        num_mel_bins=NUM_MEL_BINS,
+        mean=tuple(round(float(v), 6) for v in mean),
+        std=tuple(round(float(v), 6) for v in std),
+    )
     (data / "preprocessor_config.json").write_text(json.dumps(cfg.to_preprocessor(), indent=2) + "\n")
     feats = _synth_features(jobs, cfg, procs, work, "synthesis")
     lengths = [int(f.shape[0]) for f in feats]
     np.save(data / "features.npy", np.concatenate(feats))
     hours = sum(lengths) * cfg.hop_length / cfg.sampling_rate / 3600
-    (data / "index.json").write_text(json.dumps({
-        "lengths": lengths, "texts": texts, "recipes": recipes, "hours": hours, "seed": seed,
-    }))
+    (data / "index.json").write_text(
+        json.dumps(
+            {
+                "lengths": lengths,
+                "texts": texts,
+                "recipes": recipes,
+                "hours": hours,
+                "seed": seed,
+            }
+        )
+    )
     _log(work, f"prepared {len(texts)} utterances, {hours:.2f} h of audio")
 
 
@@ -153,7 +166,7 @@ class Corpus:
         in_lens, targets, tgt_lens = [], [], []
         for b, i in enumerate(ids):
             n = int(self.lengths[i])
-            x[b, :n] = torch.from_numpy(np.array(self.feats[self.offsets[i]:self.offsets[i] + n]))
+            x[b, :n] = torch.from_numpy(np.array(self.feats[self.offsets[i] : self.offsets[i] + n]))
             if gen is not None:
                 _spec_augment(x[b, :n], gen)
             in_lens.append((math.ceil(n / SUBSAMPLING) * SUBSAMPLING + FLUSH_FRAMES) // SUBSAMPLING)
@@ -168,12 +181,12 @@ def _spec_augment(x: torch.Tensor, gen: torch.Generator) -> None:
     for _ in range(2):
         w = int(torch.randint(0, 9, (1,), generator=gen))
         f0 = int(torch.randint(0, bins - w + 1, (1,), generator=gen))
-        x[:, f0:f0 + w] = 0.0
+        x[:, f0 : f0 + w] = 0.0
     for _ in range(max(1, frames // 150)):
         w = int(torch.randint(0, 11, (1,), generator=gen))
         if frames > w:
             t0 = int(torch.randint(0, frames - w + 1, (1,), generator=gen))
-            x[t0:t0 + w] = 0.0
+            x[t0 : t0 + w] = 0.0
 
 
 def dev_set(work: Path, seed: int, procs: int, cfg: LogMelConfig, count: int = 120) -> list[tuple[np.ndarray, str]]:
@@ -206,7 +219,7 @@ def evaluate(model: StreamingCTC, dev: list[tuple[np.ndarray, str]], pad: float)
     for feats, text in dev:
         n = math.ceil(len(feats) / SUBSAMPLING) * SUBSAMPLING + FLUSH_FRAMES
         x = torch.full((1, n, feats.shape[1]), pad)
-        x[0, :len(feats)] = torch.from_numpy(feats)
+        x[0, : len(feats)] = torch.from_numpy(feats)
         lp = model(x, *model.initial_state(1))[0][0]
         errors += word_errors(text, decode_greedy(lp.argmax(-1).numpy()))
         words += len(text.split())
@@ -225,8 +238,9 @@ def train(work: Path, args: argparse.Namespace) -> None:
     if args.init_from is not None:  # a later phase starts from an earlier phase's weights
         model.load_state_dict(torch.load(args.init_from, weights_only=False)["model"])
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-2, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=args.steps, pct_start=args.warmup,
-                                                div_factor=20, final_div_factor=200)
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=args.lr, total_steps=args.steps, pct_start=args.warmup, div_factor=20, final_div_factor=200
+    )
     ckpt_dir = work / ("ckpt" if not args.run else f"ckpt-{args.run}")
     final = work / ("final.pt" if not args.run else f"final-{args.run}.pt")
     if final.is_file():
@@ -244,10 +258,13 @@ def train(work: Path, args: argparse.Namespace) -> None:
         elapsed_before = state.get("elapsed_s", 0.0)
         _log(work, f"resumed at update {step}")
     else:
-        _log(work, f"{args.run or 'phase 1'}: model: {count_parameters(model):,} parameters; "
-                   f"data: {len(data.lengths)} utterances, {data.hours:.2f} h; "
-                   f"{args.steps} updates of ≤ {args.max_frames} frames, peak LR {args.lr}"
-                   + (f", from {args.init_from.name}" if args.init_from else ""))
+        _log(
+            work,
+            f"{args.run or 'phase 1'}: model: {count_parameters(model):,} parameters; "
+            f"data: {len(data.lengths)} utterances, {data.hours:.2f} h; "
+            f"{args.steps} updates of ≤ {args.max_frames} frames, peak LR {args.lr}"
+            + (f", from {args.init_from.name}" if args.init_from else ""),
+        )
     dev = dev_set(work, args.seed, args.procs, data.cfg)
     pad = data.cfg.padding_value
     order_seed = args.seed + (1 if args.run else 0)
@@ -274,19 +291,42 @@ def train(work: Path, args: argparse.Namespace) -> None:
         if step % 50 == 0 or step == args.steps:
             el = time.time() - start
             eta = el / (step - start_step) * (args.steps - step)
-            _log(work, f"update {step}/{args.steps} epoch {epoch} loss {loss_avg:.3f} lr {sched.get_last_lr()[0]:.2e} "
-                       f"{el / (step - start_step):.2f} s/update ETA {eta / 60:.1f} min")
+            _log(
+                work,
+                f"update {step}/{args.steps} epoch {epoch} loss {loss_avg:.3f} lr {sched.get_last_lr()[0]:.2e} "
+                f"{el / (step - start_step):.2f} s/update ETA {eta / 60:.1f} min",
+            )
         if step % args.ckpt_every == 0 or step == stop:
             tmp = ckpt_dir / "last.tmp"
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-                        "step": step, "epoch": epoch, "pos": pos, "config": cfg.to_dict(),
-                        "elapsed_s": elapsed_before + time.time() - start}, tmp)
+            torch.save(
+                {
+                    "model": model.state_dict(),
+                    "opt": opt.state_dict(),
+                    "sched": sched.state_dict(),
+                    "step": step,
+                    "epoch": epoch,
+                    "pos": pos,
+                    "config": cfg.to_dict(),
+                    "elapsed_s": elapsed_before + time.time() - start,
+                },
+                tmp,
+            )
             tmp.replace(last)
         if step % args.eval_every == 0 or step == stop:
             _log(work, f"update {step}: dev greedy WER {100 * evaluate(model, dev, pad):.1f}%")
     minutes = round((elapsed_before + time.time() - start) / 60, 1)
-    torch.save({"model": model.state_dict(), "config": cfg.to_dict(), "steps": stop, "seed": args.seed,
-                "minutes": minutes, "max_frames": args.max_frames, "lr": args.lr}, final)
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "config": cfg.to_dict(),
+            "steps": stop,
+            "seed": args.seed,
+            "minutes": minutes,
+            "max_frames": args.max_frames,
+            "lr": args.lr,
+        },
+        final,
+    )
     _log(work, f"training done: {stop} updates in {minutes} min")
 
 

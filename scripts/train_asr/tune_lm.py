@@ -7,6 +7,7 @@ training-split sentences and training voices, so the held-out sets stay untouche
 best triple (lowest WER; ties to the narrower beam, then the smaller weight) is written into
 ``config.json`` (``lm_beam``, ``lm_weight``, ``lm_word_bonus``).
 """
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,9 @@ def main() -> int:
     config = json.loads(config_path.read_text())
     config.update({"lm_beam": beam, "lm_weight": w, "lm_word_bonus": b})
     config_path.write_text(json.dumps(config, indent=2) + "\n")
-    print(f"chose lm_beam {beam}, lm_weight {w}, lm_word_bonus {b} (calibration WER {100 * rate:.2f}%)",
-          file=sys.stderr)
+    print(
+        f"chose lm_beam {beam}, lm_weight {w}, lm_word_bonus {b} (calibration WER {100 * rate:.2f}%)", file=sys.stderr
+    )
     runner.close()
     return 0
 

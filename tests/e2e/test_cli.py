@@ -1,4 +1,5 @@
 """The command line as a user runs it: a subprocess, its exit code, stdout and stderr."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,14 @@ REPO = Path(__file__).resolve().parents[2]
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_AGENT_")}
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "edge_agent", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "edge_agent", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=REPO,
+    )
 
 
 def test_help_lists_the_commands():
@@ -34,8 +41,10 @@ def test_check_config_accepts_the_example(tmp_path):
 
 def test_check_config_prints_every_problem_and_exits_nonzero(tmp_path):
     cfg = tmp_path / "bad.toml"
-    cfg.write_text('[mqtt]\nport = 0\nhots = 1\n[[models.llm]]\nname = "x"\nmodel = "no-such-model"\n'
-                   '[[models.asr]]\nname = "y"\nmodel = "demo-phi3"\n')
+    cfg.write_text(
+        '[mqtt]\nport = 0\nhots = 1\n[[models.llm]]\nname = "x"\nmodel = "no-such-model"\n'
+        '[[models.asr]]\nname = "y"\nmodel = "demo-phi3"\n'
+    )
     out = run_cli("check-config", "--config", str(cfg))
     assert out.returncode == 2
     lines = out.stdout.splitlines()
@@ -44,8 +53,9 @@ def test_check_config_prints_every_problem_and_exits_nonzero(tmp_path):
     # One pass: the tiers' models are checked although the schema failed.
     assert any(line.startswith("models.llm[0].model: no model 'no-such-model'") for line in lines)
     assert "models.asr[0].model: 'demo-phi3' is a llm model, not asr" in lines
-    cfg.write_text('[[models.llm]]\nname = "x"\nmodel = "no-such-model"\n'
-                   '[[models.asr]]\nname = "y"\nmodel = "demo-phi3"\n')
+    cfg.write_text(
+        '[[models.llm]]\nname = "x"\nmodel = "no-such-model"\n[[models.asr]]\nname = "y"\nmodel = "demo-phi3"\n'
+    )
     out = run_cli("check-config", "--config", str(cfg), "--json")
     report = json.loads(out.stdout)
     assert out.returncode == 2 and report["ok"] is False
@@ -74,9 +84,12 @@ def test_models_list_json_names_every_demo_model():
     assert {"demo-phi3", "demo-gemma", "demo-gemma2", "demo-phi3-small", "demo-whisper", "demo-ctc"} <= names
 
 
-@pytest.mark.parametrize("model, message", [
-    ("no-such-model", "no model 'no-such-model'"),
-])
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ("no-such-model", "no model 'no-such-model'"),
+    ],
+)
 def test_generate_with_an_unknown_model_is_a_clear_error(model, message):
     out = run_cli("generate", "--model", model, "hello")
     assert out.returncode == 1
@@ -84,8 +97,10 @@ def test_generate_with_an_unknown_model_is_a_clear_error(model, message):
 
 
 def test_generate_json_fields_and_reproducible_seeded_sampling():
-    runs = [run_cli("generate", "--model", "demo-phi3", "--json", "--seed", "11", "--max-new-tokens", "12", "Hello")
-            for _ in range(2)]
+    runs = [
+        run_cli("generate", "--model", "demo-phi3", "--json", "--seed", "11", "--max-new-tokens", "12", "Hello")
+        for _ in range(2)
+    ]
     for out in runs:
         assert out.returncode == 0, out.stderr
     a, b = (json.loads(out.stdout) for out in runs)
@@ -101,11 +116,14 @@ def test_generate_streams_text_then_a_latency_line():
     assert "TTFT" in out.stderr and "demo-gemma" in out.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--top-p", "0"], "top_p must lie in (0, 1]"),
-    (["--max-new-tokens", "0"], "max_new_tokens"),
-    (["--max-new-tokens", "100000"], "exceeds the model's context"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--top-p", "0"], "top_p must lie in (0, 1]"),
+        (["--max-new-tokens", "0"], "max_new_tokens"),
+        (["--max-new-tokens", "100000"], "exceeds the model's context"),
+    ],
+)
 def test_generate_bad_parameters_are_one_line_errors(args, message):
     out = run_cli("generate", "--model", "demo-phi3", *args, "hello")
     assert out.returncode == 1

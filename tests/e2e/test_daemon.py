@@ -3,6 +3,7 @@
 READY=1 and watchdog pings; telemetry on the documented topics, valid against the checked-in JSON
 Schemas; the OpenAI client through the local API; SIGHUP with a broken config keeps serving; SIGTERM
 drains an in-flight streamed request; kill -9 and restart increments the session."""
+
 from __future__ import annotations
 
 import json
@@ -42,14 +43,18 @@ def test_daemon_lifecycle(tmp_path):
         assert notify.seen("STATUS", contains="serving")
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{api_port}/v1", api_key="unused", max_retries=0)
         for _ in range(3):
-            out = client.chat.completions.create(model="small", messages=[{"role": "user", "content": "Hi"}],
-                                                 max_tokens=8, temperature=0)
+            out = client.chat.completions.create(
+                model="small", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0
+            )
             assert out.choices[0].message.content is not None and out.usage.completion_tokens >= 1
         wait_for(lambda: notify.seen("WATCHDOG", "1"), 10, what="a watchdog ping")
 
         # Telemetry on the documented topics, valid against the checked-in schemas.
-        wait_for(lambda: any(w.get("counts") or w.get("series") for w in listener.of("tele/latency")), 30,
-                 what="a latency window")
+        wait_for(
+            lambda: any(w.get("counts") or w.get("series") for w in listener.of("tele/latency")),
+            30,
+            what="a latency window",
+        )
         state = listener.of("state")
         assert state and state[0]["state"] == "online"
         validate("state", state[0])
@@ -74,8 +79,13 @@ def test_daemon_lifecycle(tmp_path):
         finish: list[str] = []
 
         def stream() -> None:
-            for chunk in client.chat.completions.create(model="small", stream=True, max_tokens=48, temperature=0,
-                                                        messages=[{"role": "user", "content": "Tell a story"}]):
+            for chunk in client.chat.completions.create(
+                model="small",
+                stream=True,
+                max_tokens=48,
+                temperature=0,
+                messages=[{"role": "user", "content": "Tell a story"}],
+            ):
                 if chunk.choices:
                     pieces.append(chunk.choices[0].delta.content or "")
                     if chunk.choices[0].finish_reason:

@@ -2,6 +2,7 @@
 and a real mosquitto: READY comes at once on the model folder (EXTEND_TIMEOUT_USEC only before it), the
 build reports on STATUS= and evt/engine_build, the tier swaps onto the engine (evt/engine_swap) while the
 API keeps answering; a restart finds the engine in the cache and builds nothing."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -43,8 +44,10 @@ def test_daemon_serves_at_once_builds_in_the_background_and_swaps(tmp_path):
     (tmp_path / "recipes").mkdir()
     (tmp_path / "recipes" / "tiny-phi3.toml").write_text(RECIPE)
     cfg = tmp_path / "agent.toml"
-    cfg.write_text(config_text(tmp_path, broker.port, api_port)
-                   + f'\n[engines]\ncache_dir = "{tmp_path / "engines"}"\nrecipes_dir = "{tmp_path / "recipes"}"\n')
+    cfg.write_text(
+        config_text(tmp_path, broker.port, api_port)
+        + f'\n[engines]\ncache_dir = "{tmp_path / "engines"}"\nrecipes_dir = "{tmp_path / "recipes"}"\n'
+    )
     notify = Notify(tmp_path / "notify.sock")
     listener = Listener(broker.port)
     proc = start_agent(cfg, notify)
@@ -74,8 +77,11 @@ def test_daemon_serves_at_once_builds_in_the_background_and_swaps(tmp_path):
         assert proc.wait(60) == 0
         before = len(listener.of("evt/engine_build"))
         proc = start_agent(cfg, notify)
-        wait_for(lambda: sum(1 for m in notify.messages if m.get("READY") == "1") >= 2 or proc.poll() is not None,
-                 120, what="second READY")
+        wait_for(
+            lambda: sum(1 for m in notify.messages if m.get("READY") == "1") >= 2 or proc.poll() is not None,
+            120,
+            what="second READY",
+        )
         assert proc.poll() is None, stop(proc)
         assert client.completions.create(model="small", prompt="Again", max_tokens=3).usage.completion_tokens >= 1
         proc.terminate()

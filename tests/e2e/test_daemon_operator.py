@@ -2,6 +2,7 @@
 object per line, starting with a summary (version, config file, device id and where it came from,
 tiers, runtimes); SIGHUP is a ``Type=notify`` reload (``RELOADING=1`` + ``MONOTONIC_USEC``, then
 ``READY=1`` with the outcome, also when the new file is refused)."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,9 @@ def reload_once(daemon: Daemon) -> tuple[dict, dict]:
     start = len(daemon.notify.messages)
     sent_usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
     daemon.signal(signal.SIGHUP)
-    wait_for(lambda: any(m.get("READY") == "1" for m in daemon.notify.messages[start:]), 20,
-             what="READY=1 after reload")
+    wait_for(
+        lambda: any(m.get("READY") == "1" for m in daemon.notify.messages[start:]), 20, what="READY=1 after reload"
+    )
     after = daemon.notify.messages[start:]
     reloading = [i for i, m in enumerate(after) if m.get("RELOADING") == "1"]
     ready = [i for i, m in enumerate(after) if m.get("READY") == "1"]
@@ -73,8 +75,13 @@ def test_json_logs_startup_summary_and_notify_reload(tmp_path):
 def test_device_id_from_the_environment_is_named_as_such(tmp_path):
     broker = Broker(tmp_path / "broker").start()
     text = config_text(tmp_path / "agent", broker.port, 0).replace('device_id = "dev-e2e"\n', "")
-    daemon = Daemon(tmp_path / "agent", broker_port=broker.port, config=text, device="dev-env",
-                    env={"EDGE_AGENT_MQTT__DEVICE_ID": "dev-env", "EDGE_AGENT_API__PORT": "0"})
+    daemon = Daemon(
+        tmp_path / "agent",
+        broker_port=broker.port,
+        config=text,
+        device="dev-env",
+        env={"EDGE_AGENT_MQTT__DEVICE_ID": "dev-env", "EDGE_AGENT_API__PORT": "0"},
+    )
     try:
         daemon.start()
         daemon.signal(signal.SIGTERM)

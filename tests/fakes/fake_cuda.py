@@ -4,6 +4,7 @@
 outputs to the addresses given to ``set_tensor_address``, as a real engine does on the GPU.
 Everything runs synchronously; streams and events keep the real call shapes and checks.
 """
+
 from __future__ import annotations
 
 import time
@@ -36,7 +37,7 @@ class FakeHeap:
         """``nbytes`` at ``ptr``, which may point inside an allocation; out of bounds is an error."""
         for base, block in self.blocks.items():
             if base <= ptr and ptr + nbytes <= base + len(block):
-                return memoryview(block)[ptr - base: ptr - base + nbytes]
+                return memoryview(block)[ptr - base : ptr - base + nbytes]
         raise BackendError(f"illegal address: {nbytes} bytes at {ptr:#x} are not inside one allocation")
 
 

@@ -11,6 +11,7 @@ A "plan" here is JSON (see ``make_plan``). Each output is ``input * scale + bias
 computed by ``execute_async_v3`` from the bytes at the input's device address (``fake_cuda.HEAP``)
 and written to the output's address, so a session that copies or binds wrongly gets wrong numbers.
 """
+
 from __future__ import annotations
 
 import enum
@@ -67,7 +68,7 @@ class ILogger:
         self._initialised = True  # pybind11 refuses subclasses that skip ILogger.__init__
 
     def log(self, severity: ILogger.Severity, msg: str) -> None:
-        raise RuntimeError("Tried to call pure virtual function \"ILogger::log\"")
+        raise RuntimeError('Tried to call pure virtual function "ILogger::log"')
 
 
 class Logger(ILogger):
@@ -92,23 +93,40 @@ def volume(iterable) -> int:
 
 
 def nptype(trt_type: DataType) -> type:
-    mapping = {DataType.FLOAT: np.float32, DataType.HALF: np.float16, DataType.INT8: np.int8,
-               DataType.INT32: np.int32, DataType.INT64: np.int64, DataType.BOOL: np.bool_, DataType.UINT8: np.uint8}
+    mapping = {
+        DataType.FLOAT: np.float32,
+        DataType.HALF: np.float16,
+        DataType.INT8: np.int8,
+        DataType.INT32: np.int32,
+        DataType.INT64: np.int64,
+        DataType.BOOL: np.bool_,
+        DataType.UINT8: np.uint8,
+    }
     if trt_type in mapping:
         return mapping[trt_type]
     raise TypeError("Could not resolve TensorRT datatype to an equivalent numpy datatype.")
 
 
-_WIRE = {DataType.FLOAT: np.float32, DataType.HALF: np.float16, DataType.INT8: np.int8, DataType.INT32: np.int32,
-         DataType.INT64: np.int64, DataType.BOOL: np.bool_, DataType.UINT8: np.uint8, DataType.BF16: np.uint16}
+_WIRE = {
+    DataType.FLOAT: np.float32,
+    DataType.HALF: np.float16,
+    DataType.INT8: np.int8,
+    DataType.INT32: np.int32,
+    DataType.INT64: np.int64,
+    DataType.BOOL: np.bool_,
+    DataType.UINT8: np.uint8,
+    DataType.BF16: np.uint16,
+}
 
 
-def make_plan(tensors: list[dict], profiles: list[dict] | None = None, ops: dict | None = None,
-              version: str = __version__) -> bytes:
+def make_plan(
+    tensors: list[dict], profiles: list[dict] | None = None, ops: dict | None = None, version: str = __version__
+) -> bytes:
     """tensors: ``{"name", "mode": "INPUT"|"OUTPUT", "dtype": "FLOAT"..., "shape": [-1, 4]}``;
     profiles: ``[{input: [min, opt, max]}]``; ops: ``{output: {"input": name, "scale": 2, "bias": 1}}``."""
-    return json.dumps({"magic": _MAGIC, "version": version, "tensors": tensors,
-                       "profiles": profiles or [{}], "ops": ops or {}}).encode()
+    return json.dumps(
+        {"magic": _MAGIC, "version": version, "tensors": tensors, "profiles": profiles or [{}], "ops": ops or {}}
+    ).encode()
 
 
 class Runtime:
@@ -122,13 +140,19 @@ class Runtime:
             doc = json.loads(bytes(serialized_engine))
             assert doc["magic"] == _MAGIC
         except Exception:
-            self.logger.log(ILogger.Severity.ERROR, "IRuntime::deserializeCudaEngine: Error Code 1: Serialization "
-                            "(Serialization assertion magicTagRead == kMAGIC_TAG failed.Magic tag does not match)")
+            self.logger.log(
+                ILogger.Severity.ERROR,
+                "IRuntime::deserializeCudaEngine: Error Code 1: Serialization "
+                "(Serialization assertion magicTagRead == kMAGIC_TAG failed.Magic tag does not match)",
+            )
             return None
         if doc["version"] != __version__:
-            self.logger.log(ILogger.Severity.ERROR, "IRuntime::deserializeCudaEngine: Error Code 6: API Usage Error "
-                            f"(The engine plan file is not compatible with this version of TensorRT, expecting "
-                            f"library version {__version__} got {doc['version']}, please rebuild.)")
+            self.logger.log(
+                ILogger.Severity.ERROR,
+                "IRuntime::deserializeCudaEngine: Error Code 6: API Usage Error "
+                f"(The engine plan file is not compatible with this version of TensorRT, expecting "
+                f"library version {__version__} got {doc['version']}, please rebuild.)",
+            )
             return None
         return ICudaEngine(doc, self.logger)
 
@@ -215,9 +239,11 @@ class IExecutionContext:
         if any(d < 0 for d in declared):
             lo, _, hi = eng.get_tensor_profile_shape(name, self._profile)
             if not all(a <= s <= b for s, a, b in zip(shape, lo, hi)):
-                return self._error(f"IExecutionContext::setInputShape: Error Code 3: API Usage Error (Parameter "
-                                   f"check failed, condition: satisfyProfile. {name} {shape} is outside profile "
-                                   f"{self._profile} [{tuple(lo)}, {tuple(hi)}])")
+                return self._error(
+                    f"IExecutionContext::setInputShape: Error Code 3: API Usage Error (Parameter "
+                    f"check failed, condition: satisfyProfile. {name} {shape} is outside profile "
+                    f"{self._profile} [{tuple(lo)}, {tuple(hi)}])"
+                )
         self._shapes[name] = shape
         return True
 
@@ -243,11 +269,13 @@ class IExecutionContext:
             raise TypeError("execute_async_v3(): incompatible function arguments")
         for name in eng._order:
             if eng.get_tensor_mode(name) == TensorIOMode.INPUT and name not in self._shapes:
-                return self._error(f"IExecutionContext::enqueueV3: Error Code 3: API Usage Error (input shape of "
-                                   f"{name} not specified)")
+                return self._error(
+                    f"IExecutionContext::enqueueV3: Error Code 3: API Usage Error (input shape of {name} not specified)"
+                )
             if name not in self._addresses:
-                return self._error(f"IExecutionContext::enqueueV3: Error Code 3: API Usage Error (address of "
-                                   f"{name} not set)")
+                return self._error(
+                    f"IExecutionContext::enqueueV3: Error Code 3: API Usage Error (address of {name} not set)"
+                )
         for out, op in eng._ops.items():
             src = op["input"]
             x = self._read(src, self._shapes[src])
@@ -389,8 +417,16 @@ class ParserError:
         return f"In node {self._node} with name: : {self._desc}"
 
 
-_ONNX_TYPES = {1: DataType.FLOAT, 10: DataType.HALF, 3: DataType.INT8, 6: DataType.INT32, 7: DataType.INT64,
-               9: DataType.BOOL, 2: DataType.UINT8, 16: DataType.BF16}
+_ONNX_TYPES = {
+    1: DataType.FLOAT,
+    10: DataType.HALF,
+    3: DataType.INT8,
+    6: DataType.INT32,
+    7: DataType.INT64,
+    9: DataType.BOOL,
+    2: DataType.UINT8,
+    16: DataType.BF16,
+}
 
 
 class OnnxParser:
@@ -422,9 +458,13 @@ class OnnxParser:
             if node.op_type in ("QuantizeLinear", "DequantizeLinear") and len(node.input) > 2:
                 zp = inits.get(node.input[2])
                 if zp is not None and np.any(numpy_helper.to_array(zp) != 0):
-                    self._errors.append(ParserError(
-                        f"Assertion failed: shiftIsAllZeros(zeroPoint): TensorRT only supports symmetric "
-                        f"quantization. The zero point for the {node.op_type} operator must be all zeros.", i))
+                    self._errors.append(
+                        ParserError(
+                            f"Assertion failed: shiftIsAllZeros(zeroPoint): TensorRT only supports symmetric "
+                            f"quantization. The zero point for the {node.op_type} operator must be all zeros.",
+                            i,
+                        )
+                    )
             self.network.node_types.append(node.op_type)
         if self._errors:
             return False
@@ -447,8 +487,11 @@ class IOptimizationProfile:
     def set_shape(self, input: str, min, opt, max) -> None:
         lo, mid, hi = tuple(min), tuple(opt), tuple(max)
         if not (len(lo) == len(mid) == len(hi)) or not all(a <= b <= c for a, b, c in zip(lo, mid, hi)):
-            self.logger.log(ILogger.Severity.ERROR, f"IOptimizationProfile::setDimensions: Error Code 3: API Usage "
-                            f"Error (min <= opt <= max violated for {input}: {lo} {mid} {hi})")
+            self.logger.log(
+                ILogger.Severity.ERROR,
+                f"IOptimizationProfile::setDimensions: Error Code 3: API Usage "
+                f"Error (min <= opt <= max violated for {input}: {lo} {mid} {hi})",
+            )
             self.valid = False
             return
         self._shapes[input] = [Dims(lo), Dims(mid), Dims(hi)]
@@ -462,8 +505,9 @@ class ITimingCache:
         self.entries, self.version = entries, version
 
     def serialize(self) -> IHostMemory:
-        return IHostMemory(json.dumps({"magic": "fake-trt-timing", "version": self.version,
-                                       "entries": self.entries}).encode())
+        return IHostMemory(
+            json.dumps({"magic": "fake-trt-timing", "version": self.version, "entries": self.entries}).encode()
+        )
 
     def combine(self, input_cache: ITimingCache, ignore_mismatch: bool) -> bool:
         self.entries += input_cache.entries
@@ -498,9 +542,16 @@ class IInt8EntropyCalibrator2(IInt8Calibrator):
 
 
 class IBuilderConfig:
-    _ATTRS: ClassVar[set[str]] = {"int8_calibrator", "progress_monitor", "builder_optimization_level",
-                                  "profiling_verbosity", "default_device_type", "DLA_core", "avg_timing_iterations",
-                                  "engine_capability"}
+    _ATTRS: ClassVar[set[str]] = {
+        "int8_calibrator",
+        "progress_monitor",
+        "builder_optimization_level",
+        "profiling_verbosity",
+        "default_device_type",
+        "DLA_core",
+        "avg_timing_iterations",
+        "engine_capability",
+    }
 
     def __init__(self, builder: Builder) -> None:
         object.__setattr__(self, "_builder", builder)
@@ -559,8 +610,11 @@ class IBuilderConfig:
 
     def set_timing_cache(self, cache: ITimingCache, ignore_mismatch: bool) -> bool:
         if cache.version != self._builder._version and not ignore_mismatch:
-            self._builder.logger.log(ILogger.Severity.ERROR, "IBuilderConfig::setTimingCache: the timing cache was "
-                                     f"built by TensorRT {cache.version}, not {self._builder._version}")
+            self._builder.logger.log(
+                ILogger.Severity.ERROR,
+                "IBuilderConfig::setTimingCache: the timing cache was "
+                f"built by TensorRT {cache.version}, not {self._builder._version}",
+            )
             return False
         object.__setattr__(self, "_timing", cache)
         return True
@@ -600,8 +654,10 @@ class Builder:
     def build_serialized_network(self, network: INetworkDefinition, config: IBuilderConfig) -> IHostMemory | None:
         precision = sorted(config._flags & _PRECISION_FLAGS)
         if network.strongly_typed and precision:
-            self._error(f"IBuilder::buildSerializedNetwork: Error Code 3: API Usage Error (builder flags {precision} "
-                        f"are not allowed for a strongly typed network)")
+            self._error(
+                f"IBuilder::buildSerializedNetwork: Error Code 3: API Usage Error (builder flags {precision} "
+                f"are not allowed for a strongly typed network)"
+            )
             return None
         dynamic = [t for t in network._inputs if any(d < 0 for d in t.shape)]
         if dynamic and not config._profiles:
@@ -635,15 +691,22 @@ class Builder:
             monitor.phase_finish("Building engine")
         if config._timing is not None and "DISABLE_TIMING_CACHE" not in config._flags:
             config._timing.entries += network.num_layers
-        tensors = [{"name": t.name, "mode": mode, "dtype": t.dtype.name, "shape": list(t.shape)}
-                   for mode, group in (("INPUT", network._inputs), ("OUTPUT", network._outputs)) for t in group]
+        tensors = [
+            {"name": t.name, "mode": mode, "dtype": t.dtype.name, "shape": list(t.shape)}
+            for mode, group in (("INPUT", network._inputs), ("OUTPUT", network._outputs))
+            for t in group
+        ]
         profiles = [{t.name: [list(s) for s in prof.get_shape(t.name)] for t in dynamic} for prof in config._profiles]
         first = network._inputs[0].name if network._inputs else None
         ops = {t.name: {"input": first} for t in network._outputs} if first else {}
         doc = json.loads(make_plan(tensors, profiles or [{}], ops, version=self._version))
-        doc["build"] = {"flags": sorted(config._flags), "strongly_typed": network.strongly_typed,
-                        "calibration_batches": calibrated, "has_fp16_weights": getattr(network, "has_fp16", False),
-                        "workspace": config._pools.get(MemoryPoolType.WORKSPACE)}
+        doc["build"] = {
+            "flags": sorted(config._flags),
+            "strongly_typed": network.strongly_typed,
+            "calibration_batches": calibrated,
+            "has_fp16_weights": getattr(network, "has_fp16", False),
+            "workspace": config._pools.get(MemoryPoolType.WORKSPACE),
+        }
         self.builds += 1
         return IHostMemory(json.dumps(doc).encode())
 
@@ -658,10 +721,15 @@ def as_version(version: str):
     mod.__version__ = version
     if int(version.split(".")[0]) >= 11:
         mod.NetworkDefinitionCreationFlag = enum.IntEnum("NetworkDefinitionCreationFlag", {"STRONGLY_TYPED": 0})
-        mod.BuilderFlag = enum.IntEnum("BuilderFlag", {f.name: f.value for f in BuilderFlag
-                                                       if f.name not in _PRECISION_FLAGS | {
-                                                           "OBEY_PRECISION_CONSTRAINTS", "PREFER_PRECISION_CONSTRAINTS",
-                                                           "DIRECT_IO"}})
+        mod.BuilderFlag = enum.IntEnum(
+            "BuilderFlag",
+            {
+                f.name: f.value
+                for f in BuilderFlag
+                if f.name
+                not in _PRECISION_FLAGS | {"OBEY_PRECISION_CONSTRAINTS", "PREFER_PRECISION_CONSTRAINTS", "DIRECT_IO"}
+            },
+        )
         del mod.IInt8EntropyCalibrator2
         config_cls = type("IBuilderConfig", (IBuilderConfig,), {"_ATTRS": IBuilderConfig._ATTRS - {"int8_calibrator"}})
 

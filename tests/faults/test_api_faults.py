@@ -9,6 +9,7 @@
 - a second daemon on the same ``api.unix_socket`` is refused; a stale socket file is replaced;
 - ``check-config`` refuses an empty token and a non-loopback host without a token (unless opted in).
 """
+
 from __future__ import annotations
 
 import http.client
@@ -33,8 +34,10 @@ CHAT = "/v1/chat/completions"
 
 # -- small HTTP helpers ---------------------------------------------------------------------------
 
-def request(port: int, method: str, path: str, body: bytes | None = None, timeout_s: float = 30,
-            headers: dict | None = None) -> tuple[int, dict | str]:
+
+def request(
+    port: int, method: str, path: str, body: bytes | None = None, timeout_s: float = 30, headers: dict | None = None
+) -> tuple[int, dict | str]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
     try:
         hdrs = {"Content-Type": "application/json", **(headers or {})}
@@ -97,6 +100,7 @@ def daemon(tmp_path, broker):
 
 # -- fault 1: a big prompt must not freeze the process ---------------------------------------------
 
+
 def test_a_31_mb_prompt_is_refused_without_freezing_health_watchdog_or_memory(daemon):
     port = daemon.api_port
     status, out = request(port, "POST", CHAT, chat_body("Hello there", max_tokens=4))
@@ -131,8 +135,11 @@ def test_a_31_mb_prompt_is_refused_without_freezing_health_watchdog_or_memory(da
     time.sleep(1.5)  # a watchdog ping or two after the request, to close the window
 
     assert latencies and max(latencies) < 1.0, f"/health latencies during the request: {latencies}"
-    pings = [t for m, t in zip(daemon.notify.messages, daemon.notify.times)
-             if m.get("WATCHDOG") == "1" and started - 1 <= t <= ended + 1.5]
+    pings = [
+        t
+        for m, t in zip(daemon.notify.messages, daemon.notify.times)
+        if m.get("WATCHDOG") == "1" and started - 1 <= t <= ended + 1.5
+    ]
     edges = [started - 1, *pings, ended + 1.5]
     assert max(b - a for a, b in pairwise(edges)) < 2.5, f"watchdog pings at {pings} in [{started}, {ended}]"
     assert "error" not in result, result.get("error")
@@ -140,13 +147,17 @@ def test_a_31_mb_prompt_is_refused_without_freezing_health_watchdog_or_memory(da
     limit = int(re.search(r"at most ([\d,]+) characters", err["message"]).group(1).replace(",", ""))
     assert 4096 <= limit < 1_000_000, err["message"]  # a bound from the context length, stated in the message
     # Memory back near its baseline (the body alone is 31 MB; tokenizing it cost > 1 GB that stayed).
-    wait_for(lambda: rss_mb(daemon.proc.pid) < baseline + 64, 10,
-             what=f"RSS back under {baseline + 64:.0f} MB (now {rss_mb(daemon.proc.pid):.0f})")
+    wait_for(
+        lambda: rss_mb(daemon.proc.pid) < baseline + 64,
+        10,
+        what=f"RSS back under {baseline + 64:.0f} MB (now {rss_mb(daemon.proc.pid):.0f})",
+    )
     assert request(port, "POST", CHAT, chat_body("Hello again", max_tokens=4))[0] == 200
     assert "Traceback" not in daemon.output()
 
 
 # -- fault 7: wrong error codes ----------------------------------------------------------------------
+
 
 def test_oversized_and_malformed_bodies_get_openai_shaped_4xx_without_a_traceback(daemon):
     port = daemon.api_port
@@ -168,8 +179,7 @@ def test_oversized_and_malformed_bodies_get_openai_shaped_4xx_without_a_tracebac
         assert err["type"] == "invalid_request_error", (name, err)
         if param:
             assert err["param"] == param, (name, err)
-    status, payload = request(port, "POST", "/v1/completions",
-                              b'{"prompt": "\\udfff tail", "max_tokens": 2}')
+    status, payload = request(port, "POST", "/v1/completions", b'{"prompt": "\\udfff tail", "max_tokens": 2}')
     assert_openai_error(payload, 400, status)
     assert request(port, "POST", CHAT, chat_body("still fine", max_tokens=2))[0] == 200
     out = daemon.output()
@@ -178,17 +188,23 @@ def test_oversized_and_malformed_bodies_get_openai_shaped_4xx_without_a_tracebac
 
 # -- fault 9 and 12 (SSE): a client that goes away ----------------------------------------------------
 
+
 def slow_config(tmp: Path, broker_port: int, api_port: int) -> str:
     # The 28.6 M-parameter tier: long enough generations to see whether one is cut short.
-    return (config_text(tmp, broker_port, api_port)
-            .replace('model = "demo-phi3"', 'model = "demo-phi3-small"')
-            .replace("max_new_tokens = 48", "max_new_tokens = 3000"))
+    return (
+        config_text(tmp, broker_port, api_port)
+        .replace('model = "demo-phi3"', 'model = "demo-phi3-small"')
+        .replace("max_new_tokens = 48", "max_new_tokens = 3000")
+    )
 
 
 def send_and_leave(port: int, body: bytes, after_s: float, wait_first_event: bool = False) -> None:
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        s.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                  f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        s.sendall(
+            f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
         if wait_first_event:
             got = b""
             while b"data:" not in got:
@@ -207,8 +223,9 @@ def test_a_client_that_goes_away_has_its_generation_cancelled(tmp_path, broker):
         port = d.api_port
         # Reference: what this seed produces when nobody leaves (the same tokens, so the same length,
         # whatever max_tokens above it): a long generation.
-        status, out = request(port, "POST", CHAT, chat_body("Tell me a story", max_tokens=2900, seed=7,
-                                                             temperature=1.0), timeout_s=300)
+        status, out = request(
+            port, "POST", CHAT, chat_body("Tell me a story", max_tokens=2900, seed=7, temperature=1.0), timeout_s=300
+        )
         assert status == 200, out
         reference = out["usage"]["completion_tokens"]
         assert reference >= 200, out
@@ -216,8 +233,11 @@ def test_a_client_that_goes_away_has_its_generation_cancelled(tmp_path, broker):
 
         for streaming in (False, True):
             before = metric(port, "edge_agent:generation_tokens_total")
-            body = long_body if not streaming else chat_body("Tell me a story", max_tokens=2900, seed=7,
-                                                             temperature=1.0, stream=True)
+            body = (
+                long_body
+                if not streaming
+                else chat_body("Tell me a story", max_tokens=2900, seed=7, temperature=1.0, stream=True)
+            )
             send_and_leave(port, body, after_s=0.05, wait_first_event=streaming)
             left = time.monotonic()
             wait_for(lambda: idle(port), 120, interval_s=0.1, what="the agent idle again")
@@ -234,6 +254,7 @@ def test_a_client_that_goes_away_has_its_generation_cancelled(tmp_path, broker):
 
 
 # -- fault 12: slow headers, the unix socket, the auth configuration -----------------------------------
+
 
 @pytest.mark.slow
 def test_slow_header_sockets_are_dropped_within_the_header_timeout(daemon):
@@ -312,8 +333,11 @@ def test_a_second_daemon_on_the_same_unix_socket_is_refused_and_a_stale_one_repl
         first.start()
         assert unix_health(sock) == 200
         second.start(wait_ready=False)
-        wait_for(lambda: second.proc.poll() is not None or second.notify.seen("READY", "1"), 120,
-                 what="the second daemon to exit or get ready")
+        wait_for(
+            lambda: second.proc.poll() is not None or second.notify.seen("READY", "1"),
+            120,
+            what="the second daemon to exit or get ready",
+        )
         assert second.proc.poll() is not None and second.proc.returncode != 0, "the second daemon took the socket"
         second.wait(10)
         assert str(sock) in second.output() and "already" in second.output(), second.output()[-2000:]
@@ -327,8 +351,7 @@ def check_config(tmp_path: Path, api: str) -> tuple[int, str]:
     cfg = tmp_path / "check.toml"
     cfg.write_text("[api]\n" + api)
     exe = Path(sys.executable).with_name("edge-agent")
-    proc = subprocess.run([str(exe), "check-config", "--config", str(cfg)], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run([str(exe), "check-config", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
     return proc.returncode, proc.stdout + proc.stderr
 
 

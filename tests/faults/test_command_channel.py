@@ -12,6 +12,7 @@
 The signed envelope is built here from its documented definition (docs/telemetry.md), with
 ``cryptography`` directly, not with the agent's own signing code.
 """
+
 from __future__ import annotations
 
 import base64
@@ -42,15 +43,17 @@ def b64(data: bytes) -> str:
 def envelope(key, topic: str, payload: bytes, expires: int) -> bytes:
     """The documented envelope: Ed25519 over ``topic \\n expires \\n payload``."""
     signed = topic.encode() + b"\n" + str(expires).encode() + b"\n" + payload
-    return json.dumps({"schema": "edge-agent.signed/1", "expires": expires, "payload": b64(payload),
-                       "sig": b64(key.sign(signed))}).encode()
+    return json.dumps(
+        {"schema": "edge-agent.signed/1", "expires": expires, "payload": b64(payload), "sig": b64(key.sign(signed))}
+    ).encode()
 
 
 class Fleet:
     """A fleet-side MQTT 5 client that keeps every message it sees (optionally authenticated)."""
 
-    def __init__(self, port: int, client_id: str, topics=("edge/v1/#",), username: str | None = None,
-                 password: str | None = None) -> None:
+    def __init__(
+        self, port: int, client_id: str, topics=("edge/v1/#",), username: str | None = None, password: str | None = None
+    ) -> None:
         self.messages: list[tuple[str, bytes, object]] = []
         self.lock = threading.Lock()
         self.subscribed = threading.Event()
@@ -86,8 +89,16 @@ class Fleet:
         with self.lock:
             return {t for t, _p, _ in self.messages}
 
-    def publish(self, topic: str, payload: bytes, *, response_topic: str | None = None,
-                correlation: bytes | None = None, retain: bool = False, qos: int = 1):
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        response_topic: str | None = None,
+        correlation: bytes | None = None,
+        retain: bool = False,
+        qos: int = 1,
+    ):
         props = Properties(PacketTypes.PUBLISH)
         if response_topic:
             props.ResponseTopic = response_topic
@@ -146,10 +157,13 @@ def signed_daemon(broker, fleet, fleet_key, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("signed")
     pub = tmp / "fleet.pub.pem"
-    pub.write_bytes(fleet_key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                        serialization.PublicFormat.SubjectPublicKeyInfo))
-    keys = (f'fleet_public_key = "{pub}"\n'
-            'commands_allowed = ["get_status", "pin_tier", "unpin_tier", "set_sla", "reset_desired"]\n')
+    pub.write_bytes(
+        fleet_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    keys = (
+        f'fleet_public_key = "{pub}"\n'
+        'commands_allowed = ["get_status", "pin_tier", "unpin_tier", "set_sla", "reset_desired"]\n'
+    )
     d = start_daemon(tmp, broker.port, SIGNED, keys)
     wait_for(lambda: fleet.docs(f"edge/v1/{SIGNED}/meta"), 30, what="meta of the signed device")
     yield d
@@ -164,24 +178,33 @@ def answers(fleet: Fleet, topic: str, cmd_id: str) -> list[dict]:
 
 def final(fleet: Fleet, topic: str, cmd_id: str, timeout_s: float = 20) -> dict:
     done = ("rejected", "expired", "failed", "succeeded")
-    return wait_for(lambda: next((r for r in answers(fleet, topic, cmd_id) if r["status"] in done), None),
-                    timeout_s, what=f"final answer to {cmd_id} on {topic}")
+    return wait_for(
+        lambda: next((r for r in answers(fleet, topic, cmd_id) if r["status"] in done), None),
+        timeout_s,
+        what=f"final answer to {cmd_id} on {topic}",
+    )
 
 
 # -- fault 5: replies aimed at other devices --------------------------------------------------------
 
+
 def test_reply_aimed_at_another_devices_topic_is_refused_on_own_res_topic(open_daemon, fleet):
     own = f"edge/v1/{OPEN}/cmd/get_status/res"
-    fleet.publish(f"edge/v1/{OPEN}/cmd/get_status/req", req("aim-1"), response_topic="edge/v1/OTHER/state",
-                  correlation=b"corr-aim")
+    fleet.publish(
+        f"edge/v1/{OPEN}/cmd/get_status/req",
+        req("aim-1"),
+        response_topic="edge/v1/OTHER/state",
+        correlation=b"corr-aim",
+    )
     got = final(fleet, own, "aim-1")
     assert got["status"] == "rejected", got
     assert "edge/v1/OTHER/state" in got["reason"] and "response topic" in got["reason"], got["reason"]
     props = next(p for t, pl, p in fleet.messages if t == own and json.loads(pl).get("cmd_id") == "aim-1")
     assert props.CorrelationData == b"corr-aim"
     time.sleep(1.0)  # anything the device would still send there has arrived by now on loopback
-    assert not [t for t in fleet.topics() if t.startswith("edge/v1/OTHER")], \
+    assert not [t for t in fleet.topics() if t.startswith("edge/v1/OTHER")], (
         "the device published on another device's topic"
+    )
     # A reply topic under the device's own namespace still works.
     mine = f"edge/v1/{OPEN}/cmd/get_status/res/fleet-7"
     fleet.publish(f"edge/v1/{OPEN}/cmd/get_status/req", req("aim-2"), response_topic=mine, correlation=b"c2")
@@ -197,6 +220,7 @@ def test_open_command_channel_is_warned_in_meta_and_log(open_daemon, fleet):
 
 # -- fault 12 (part): a command flood ---------------------------------------------------------------
 
+
 def test_command_flood_logs_a_bounded_number_of_lines_and_counts_the_drops(open_daemon, fleet):
     sent = 3000
     for k in range(sent):  # QoS 0, as fast as paho goes: the device's 256-deep queue overflows
@@ -205,14 +229,20 @@ def test_command_flood_logs_a_bounded_number_of_lines_and_counts_the_drops(open_
     wait_for(events, 40, what="a commands_dropped event")
     time.sleep(12)  # one more summary period: every drop is reported by now
     dropped = sum(sum(e["data"]["counts"].values()) for e in events())
-    answered = len({r["cmd_id"] for r in fleet.docs(f"edge/v1/{OPEN}/cmd/get_status/res")
-                    if str(r.get("cmd_id")).startswith("flood-")})
+    answered = len(
+        {
+            r["cmd_id"]
+            for r in fleet.docs(f"edge/v1/{OPEN}/cmd/get_status/res")
+            if str(r.get("cmd_id")).startswith("flood-")
+        }
+    )
     assert 0 < dropped <= sent - answered, (dropped, answered)
     lines = [ln for ln in open_daemon.output().splitlines() if "dropped" in ln and "command" in ln]
     assert len(lines) <= 4, f"{len(lines)} log lines for {dropped} drops:\n" + "\n".join(lines[:10])
 
 
 # -- fault 6: anyone can command the device and lock the fleet out ----------------------------------
+
 
 def test_unsigned_expired_and_forged_commands_are_refused_signed_ones_run(signed_daemon, fleet, fleet_key):
     topic = f"edge/v1/{SIGNED}/cmd/get_status/req"
@@ -250,8 +280,11 @@ def test_forged_desired_is_not_applied_signed_desired_and_reset_are(signed_daemo
     reported = lambda: fleet.docs(f"edge/v1/{SIGNED}/reported")  # noqa: E731
     forged = json.dumps({"version": 999999, "sla": {"llm": {"target_ms": 1}}}).encode()
     fleet.publish(desired, forged, retain=True)
-    wait_for(lambda: any("signed" in (r.get("desired_error") or "") for r in reported()), 20,
-             what="desired_error about the unsigned desired")
+    wait_for(
+        lambda: any("signed" in (r.get("desired_error") or "") for r in reported()),
+        20,
+        what="desired_error about the unsigned desired",
+    )
     assert all(r.get("desired_version") != 999999 for r in reported())
     assert all(r.get("sla", {}).get("llm", {}).get("target_ms") != 1 for r in reported())
 
@@ -282,16 +315,32 @@ def test_forged_desired_is_not_applied_signed_desired_and_reset_are(signed_daemo
 
 # -- the mosquitto ACL example ----------------------------------------------------------------------
 
+
 def test_acl_example_confines_each_device_to_its_own_topics(tmp_path):
     acl = (ROOT / "systemd" / "mosquitto-acl.example").read_text()
     users = {"dev-a": "pa", "dev-b": "pb", "fleet": "pf"}
     with Broker(tmp_path / "acl-broker", passwords=users, acl=acl) as b:
         fl = Fleet(b.port, "fleet", topics=("edge/v1/#", "fleet/replies/#"), username="fleet", password="pf")
-        a = Fleet(b.port, "dev-a", topics=("edge/v1/dev-a/cmd/+/req", "edge/v1/dev-a/desired",
-                                           "edge/v1/dev-b/cmd/+/req", "edge/v1/dev-b/desired", "edge/v1/#"),
-                  username="dev-a", password="pa")
-        bb = Fleet(b.port, "dev-b", topics=("edge/v1/dev-b/cmd/+/req", "edge/v1/dev-b/desired"),
-                   username="dev-b", password="pb")
+        a = Fleet(
+            b.port,
+            "dev-a",
+            topics=(
+                "edge/v1/dev-a/cmd/+/req",
+                "edge/v1/dev-a/desired",
+                "edge/v1/dev-b/cmd/+/req",
+                "edge/v1/dev-b/desired",
+                "edge/v1/#",
+            ),
+            username="dev-a",
+            password="pa",
+        )
+        bb = Fleet(
+            b.port,
+            "dev-b",
+            topics=("edge/v1/dev-b/cmd/+/req", "edge/v1/dev-b/desired"),
+            username="dev-b",
+            password="pb",
+        )
         try:
             for c in (fl, a, bb):
                 assert c.subscribed.wait(15) and not c.refused
@@ -300,16 +349,25 @@ def test_acl_example_confines_each_device_to_its_own_topics(tmp_path):
             a.publish("edge/v1/dev-a/cmd/get_status/res", b'{"own": 2}')
             a.publish("fleet/replies/dev-a/1", b'{"own": 3}')
             # ... but not under dev-b's, nor another device's desired or commands.
-            for t in ("edge/v1/dev-b/state", "edge/v1/dev-b/cmd/pin_tier/req", "edge/v1/dev-b/desired",
-                      "edge/v1/dev-a/desired", "edge/v1/dev-a/cmd/pin_tier/req", "fleet/replies/dev-b/1",
-                      "fleet/replies/x"):
+            for t in (
+                "edge/v1/dev-b/state",
+                "edge/v1/dev-b/cmd/pin_tier/req",
+                "edge/v1/dev-b/desired",
+                "edge/v1/dev-a/desired",
+                "edge/v1/dev-a/cmd/pin_tier/req",
+                "fleet/replies/dev-b/1",
+                "fleet/replies/x",
+            ):
                 a.publish(t, b'{"forged": 1}')
             # The fleet commands both devices.
             fl.publish("edge/v1/dev-a/cmd/get_status/req", b'{"to": "a"}')
             fl.publish("edge/v1/dev-b/cmd/get_status/req", b'{"to": "b"}')
             fl.publish("edge/v1/dev-b/desired", b'{"to": "b-desired"}', retain=True)
-            wait_for(lambda: bb.docs("edge/v1/dev-b/desired") and bb.docs("edge/v1/dev-b/cmd/get_status/req"),
-                     10, what="dev-b receives its own command and desired")
+            wait_for(
+                lambda: bb.docs("edge/v1/dev-b/desired") and bb.docs("edge/v1/dev-b/cmd/get_status/req"),
+                10,
+                what="dev-b receives its own command and desired",
+            )
             wait_for(lambda: fl.docs("edge/v1/dev-a/cmd/get_status/res"), 10, what="fleet sees dev-a's reply")
             wait_for(lambda: a.docs("edge/v1/dev-a/cmd/get_status/req"), 10, what="dev-a receives its own command")
             time.sleep(1.0)
@@ -336,14 +394,22 @@ def test_the_agent_does_its_job_under_the_acl_example(tmp_path):
         fl = Fleet(b.port, "fleet", topics=("edge/v1/#", "fleet/replies/#"), username="fleet", password="pf")
         api_port = free_port()
         cfg = config_text(tmp_path, b.port, api_port, device="dev-c").replace(
-            'device_id = "dev-c"\n', 'device_id = "dev-c"\nusername = "dev-c"\npassword = "pc"\n')
+            'device_id = "dev-c"\n', 'device_id = "dev-c"\nusername = "dev-c"\npassword = "pc"\n'
+        )
         d = Daemon(tmp_path, broker_port=b.port, config=cfg, api_port=api_port, device="dev-c", listen=False)
         try:
             assert fl.subscribed.wait(15) and not fl.refused
             d.start()
-            wait_for(lambda: fl.docs("edge/v1/dev-c/state") and fl.docs("edge/v1/dev-c/meta")
-                     and fl.docs("edge/v1/dev-c/reported") and fl.docs("edge/v1/dev-c/tele/latency"), 30,
-                     what="birth messages and a telemetry window from the agent")
+            wait_for(
+                lambda: (
+                    fl.docs("edge/v1/dev-c/state")
+                    and fl.docs("edge/v1/dev-c/meta")
+                    and fl.docs("edge/v1/dev-c/reported")
+                    and fl.docs("edge/v1/dev-c/tele/latency")
+                ),
+                30,
+                what="birth messages and a telemetry window from the agent",
+            )
             assert fl.docs("edge/v1/dev-c/state")[-1]["state"] == "online"
             fl.publish("edge/v1/dev-c/cmd/get_status/req", req("acl-1"))
             assert final(fl, "edge/v1/dev-c/cmd/get_status/res", "acl-1")["status"] == "succeeded"

@@ -5,6 +5,7 @@
 - SIGTERM while a background engine build runs must exit 0 (no ``terminate called``, no core dump)
   and leave no half-written entry in the engine cache.
 """
+
 from __future__ import annotations
 
 import signal
@@ -68,14 +69,22 @@ def test_a_second_instance_on_the_same_state_exits_at_once_and_leaves_the_first_
     try:
         first.start()
         assert first.proc is not None
-        wait_for(lambda: any(s.get("state") == "online" for s in first.listener.of("state")), 20,
-                 what="the first instance online")
+        wait_for(
+            lambda: any(s.get("state") == "online" for s in first.listener.of("state")),
+            20,
+            what="the first instance online",
+        )
         spool = first.workdir / "spool.sqlite"
         session_before, offline_before = session_counter(spool), offline_states(first)
         # Same device id, spool and ledger (the first's config text), another API port.
         api_port = free_port()
-        second = Daemon(tmp_path / "second", broker_port=broker.port, api_port=api_port, listen=False,
-                        config=config_text(first.workdir, broker.port, api_port))
+        second = Daemon(
+            tmp_path / "second",
+            broker_port=broker.port,
+            api_port=api_port,
+            listen=False,
+            config=config_text(first.workdir, broker.port, api_port),
+        )
         t0 = time.monotonic()
         second.start(wait_ready=False)
         try:
@@ -87,8 +96,10 @@ def test_a_second_instance_on_the_same_state_exits_at_once_and_leaves_the_first_
         out = second.close()
         offline_added = offline_states(first) - offline_before
         session_added = session_counter(spool) - session_before
-        print(f"second instance: exit {code} after {exit_s:.2f} s; retained offline states +{offline_added}, "
-              f"session +{session_added}; said: {out.strip()[-300:]}")
+        print(
+            f"second instance: exit {code} after {exit_s:.2f} s; retained offline states +{offline_added}, "
+            f"session +{session_added}; said: {out.strip()[-300:]}"
+        )
         assert code is not None and code != 0, f"the second instance kept running ({exit_s:.0f} s):\n{out[-2000:]}"
         assert exit_s < 10, f"took {exit_s:.1f} s to give up"
         assert str(first.proc.pid) in out, out
@@ -122,8 +133,13 @@ def test_sigterm_during_a_background_engine_build_exits_0_and_leaves_no_partial_
     try:
         daemon.start()
         assert daemon.proc is not None
-        wait_for(lambda: daemon.notify.seen("STATUS", contains="building engine small-phi3")
-                 or daemon.proc.poll() is not None, 60, what="the background build to start")
+        wait_for(
+            lambda: (
+                daemon.notify.seen("STATUS", contains="building engine small-phi3") or daemon.proc.poll() is not None
+            ),
+            60,
+            what="the background build to start",
+        )
         time.sleep(delay_s)  # inside a build step (reference, convert, calibration, gate)
         assert daemon.proc.poll() is None, daemon.output()
         t0 = time.monotonic()
@@ -143,8 +159,19 @@ def test_sigterm_during_a_background_engine_build_exits_0_and_leaves_no_partial_
             assert (entry / "manifest.json").is_file(), f"partial entry {entry}"
         leftovers = [p for p in cache.rglob("*") if p.name.endswith(".tmp")]
         assert not leftovers, leftovers
-        verify = subprocess.run([str(Path(sys.executable).with_name("edge-agent")), "engines", "verify", "--json",
-                                 "--config", str(daemon.cfg)], capture_output=True, text=True, timeout=120)
+        verify = subprocess.run(
+            [
+                str(Path(sys.executable).with_name("edge-agent")),
+                "engines",
+                "verify",
+                "--json",
+                "--config",
+                str(daemon.cfg),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert verify.returncode == 0, verify.stdout + verify.stderr
     finally:
         daemon.close()

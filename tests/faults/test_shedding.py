@@ -6,6 +6,7 @@ with the impossible SLA still in force, and at once when the fleet restores a sa
 
 A real ``edge-agent run`` (one demo-phi3 tier), a real mosquitto, plain HTTP and MQTT clients.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,12 +49,27 @@ def command(broker: Broker, daemon: Daemon, name: str, cmd_id: str, args: dict) 
     import paho.mqtt.publish as publish
 
     topic = f"edge/v1/{daemon.device}/cmd/{name}"
-    publish.single(f"{topic}/req", json.dumps({"cmd_id": cmd_id, "args": args}), qos=1,
-                   hostname="127.0.0.1", port=broker.port, client_id=f"fleet-{cmd_id}")
+    publish.single(
+        f"{topic}/req",
+        json.dumps({"cmd_id": cmd_id, "args": args}),
+        qos=1,
+        hostname="127.0.0.1",
+        port=broker.port,
+        client_id=f"fleet-{cmd_id}",
+    )
     final = ("succeeded", "failed", "rejected", "expired")
-    return wait_for(lambda: next((m for m in daemon.listener.of(f"cmd/{name}/res")
-                                  if m.get("cmd_id") == cmd_id and m.get("status") in final), None),
-                    20, what=f"the final response to {name} {cmd_id}")
+    return wait_for(
+        lambda: next(
+            (
+                m
+                for m in daemon.listener.of(f"cmd/{name}/res")
+                if m.get("cmd_id") == cmd_id and m.get("status") in final
+            ),
+            None,
+        ),
+        20,
+        what=f"the final response to {name} {cmd_id}",
+    )
 
 
 def load_until_shed(daemon: Daemon, max_s: float = 60.0) -> int:

@@ -2,6 +2,7 @@
 clients that push PCM16 much faster than real time must still get a ``final`` or an ``error`` for
 every ``speech_start``, the session must end promptly after ``end``, and abandoned streams must not
 leave work behind that delays the next stream or upload."""
+
 from __future__ import annotations
 
 import asyncio
@@ -37,8 +38,13 @@ def daemon(tmp_path_factory):
     api_port = free_port()
     cfg = config_text(tmp, broker.port, api_port).replace("asr = []\n", "")
     cfg += '\n[[models.asr]]\nname = "ctc"\nmodel = "demo-asr"\n'
-    d = Daemon(tmp, broker_port=broker.port, config=cfg, api_port=api_port,
-               env={"CACHE_DIRECTORY": str(tmp / "cache"), "STATE_DIRECTORY": str(tmp / "state")})
+    d = Daemon(
+        tmp,
+        broker_port=broker.port,
+        config=cfg,
+        api_port=api_port,
+        env={"CACHE_DIRECTORY": str(tmp / "cache"), "STATE_DIRECTORY": str(tmp / "state")},
+    )
     try:
         d.start(timeout_s=240)
         yield d
@@ -72,7 +78,7 @@ async def _fast_client(session, url: str, pcm: bytes, push_s: float, graceful: b
         deadline = start + push_s
         sent, i = 0, 0
         while time.monotonic() < deadline and not reader.done():
-            chunk = pcm[i:i + 3200] or pcm[:3200]
+            chunk = pcm[i : i + 3200] or pcm[:3200]
             i = (i + 3200) % len(pcm)
             # a server applying back-pressure stops reading; a send may then wait, but boundedly
             await asyncio.wait_for(ws.send_bytes(chunk), 20.0)
@@ -117,7 +123,7 @@ async def _normal_stream(session, url: str, pcm: bytes) -> tuple[float, list[dic
     events: list[dict] = []
     async with session.ws_connect(url) as ws:
         for i in range(0, len(pcm), 3200):
-            await ws.send_bytes(pcm[i:i + 3200])
+            await ws.send_bytes(pcm[i : i + 3200])
             await asyncio.sleep(0.1)
         await ws.send_str("end")
         ended = time.monotonic()
@@ -127,6 +133,7 @@ async def _normal_stream(session, url: str, pcm: bytes) -> tuple[float, list[dic
                 events.append(json.loads(msg.data))
                 if events[-1].get("kind") == "final":
                     return
+
         try:
             await asyncio.wait_for(read(), 60)
         except asyncio.TimeoutError:
@@ -143,23 +150,29 @@ def test_fast_streams_keep_their_finals_and_abandoned_work_is_dropped(daemon, pa
 
     async def scenario() -> dict:
         async with aiohttp.ClientSession() as session:
-            graceful = await asyncio.gather(*(_fast_client(session, url, pcm, PUSH_S, True, pace)
-                                              for _ in range(CLIENTS)))
+            graceful = await asyncio.gather(
+                *(_fast_client(session, url, pcm, PUSH_S, True, pace) for _ in range(CLIENTS))
+            )
             abandoned = await asyncio.gather(*(_fast_client(session, url, pcm, 4.0, False) for _ in range(CLIENTS)))
-            normal, upload = await asyncio.gather(_normal_stream(session, url, one),
-                                                  _upload(session, daemon.url("/v1/audio/transcriptions"), wav))
+            normal, upload = await asyncio.gather(
+                _normal_stream(session, url, one), _upload(session, daemon.url("/v1/audio/transcriptions"), wav)
+            )
         return {"graceful": graceful, "abandoned": abandoned, "normal": normal, "upload": upload}
 
     got = asyncio.run(asyncio.wait_for(scenario(), 300))
     for n, c in enumerate(got["graceful"]):
         kinds = [e.get("kind") for e in c["events"]]
-        print(f"client {n}: pushed {c['pushed_s']:.0f} s of audio; speech_start {kinds.count('speech_start')}, "
-              f"final {kinds.count('final')}, error {kinds.count('error')}, session {c['session_s']} s, "
-              f"close {c['close_code']}")
+        print(
+            f"client {n}: pushed {c['pushed_s']:.0f} s of audio; speech_start {kinds.count('speech_start')}, "
+            f"final {kinds.count('final')}, error {kinds.count('error')}, session {c['session_s']} s, "
+            f"close {c['close_code']}"
+        )
     normal_s, normal_events = got["normal"]
     upload_s, upload_body = got["upload"]
-    print(f"after the abandoned streams: normal stream final {normal_s:.2f} s after end, upload {upload_s:.2f} s "
-          f"({upload_body})")
+    print(
+        f"after the abandoned streams: normal stream final {normal_s:.2f} s after end, upload {upload_s:.2f} s "
+        f"({upload_body})"
+    )
 
     for c in got["graceful"]:
         kinds = [e.get("kind") for e in c["events"]]

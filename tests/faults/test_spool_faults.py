@@ -7,6 +7,7 @@ mosquitto and an MQTT listener holding every message.
 - kill -9 during an outage, then a damaged spool file: the rebuilt spool continues ``seq`` right
   after the salvaged records (or announces the exact gap) and the session goes up by one.
 """
+
 from __future__ import annotations
 
 import os
@@ -76,8 +77,13 @@ def small_disk(tmp_path):
     mnt = tmp_path / "disk"
     mnt.mkdir()
     try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
-                              check=False, capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         pytest.skip(f"cannot mount a tmpfs: {exc}")
     if done.returncode != 0:
@@ -140,8 +146,11 @@ def test_full_disk_degrades_telemetry_and_it_recovers_without_restart(tmp_path, 
             filler.unlink()
             t1 = time.monotonic()
             try:
-                wait_for(lambda: _states(w)[-1:] == ["online"] and max(w.seqs()) > last_before + 5, 30,
-                         what="state online and new windows after space returned")
+                wait_for(
+                    lambda: _states(w)[-1:] == ["online"] and max(w.seqs()) > last_before + 5,
+                    30,
+                    what="state online and new windows after space returned",
+                )
                 recovered_s = time.monotonic() - t1
             except AssertionError:
                 recovered_s = None
@@ -155,17 +164,20 @@ def test_full_disk_degrades_telemetry_and_it_recovers_without_restart(tmp_path, 
         silent = _silent_losses(w, interval)
         states = _states(w)
         w.close()
-    print(f"\ndisk full {DISK_FULL_S:.0f} s: {lines_full} log lines ({lines_full / DISK_FULL_S:.1f}/s), "
-          f"states {states}, recovered in {recovered_s} s; windows lost: {len(missing)} as seq gaps "
-          f"+ {silent} without a seq; reported {counted} windows with {len(reported)} seqs")
+    print(
+        f"\ndisk full {DISK_FULL_S:.0f} s: {lines_full} log lines ({lines_full / DISK_FULL_S:.1f}/s), "
+        f"states {states}, recovered in {recovered_s} s; windows lost: {len(missing)} as seq gaps "
+        f"+ {silent} without a seq; reported {counted} windows with {len(reported)} seqs"
+    )
     assert alive_while_full, "the agent died on a full disk"
     assert lines_full < MAX_LOG_LINES, f"{lines_full} log lines in {DISK_FULL_S:.0f} s: {log.read_text()[-3000:]}"
     assert degraded, f"state never said degraded: {states}"
     assert recovered_s is not None, f"no recovery after the disk was freed: states {states}"
     assert silent == 0, f"{silent} windows vanished without a seq gap a receiver could see"
     assert missing, "a full disk for 20 s loses windows"
-    assert reported == missing and counted == len(missing), \
+    assert reported == missing and counted == len(missing), (
         f"missing {sorted(missing)[:10]}.. ({len(missing)}) but reported {sorted(reported)[:10]}.. ({counted})"
+    )
 
 
 def _windows(path: Path) -> list[int]:
@@ -206,8 +218,11 @@ def test_kill9_in_an_outage_then_a_damaged_spool_continues_seq_and_session(tmp_p
         second = _agent(proxy.port, work, log)
         try:
             session = _session(second)
-            wait_for(lambda: any(d["session"] == session and not d["historical"] for d in w.docs("tele/latency")),
-                     30, what="second run live")
+            wait_for(
+                lambda: any(d["session"] == session and not d["historical"] for d in w.docs("tele/latency")),
+                30,
+                what="second run live",
+            )
             wait_for(lambda: set(held) <= set(w.seqs()), 60, what="replay of the salvaged windows")
             wait_for(lambda: w.docs("evt/spool_drop"), 20, what="the corrupt-spool report")
             time.sleep(1.0)
@@ -221,8 +236,10 @@ def test_kill9_in_an_outage_then_a_damaged_spool_continues_seq_and_session(tmp_p
     assert list(work.glob("dev-1.spool.sqlite.corrupt-*")), "the damaged file is kept aside"
     first_new = min(d["seq"] for d in docs if d["session"] == session)
     missing = _missing_from(docs)
-    print(f"\nsalvaged {len(held)} windows (seq {held[0]}-{held[-1]}); second run session {session}, "
-          f"first seq {first_new}; missing {sorted(missing)}; reported {sorted(reported)}; drops {drops}")
+    print(
+        f"\nsalvaged {len(held)} windows (seq {held[0]}-{held[-1]}); second run session {session}, "
+        f"first seq {first_new}; missing {sorted(missing)}; reported {sorted(reported)}; drops {drops}"
+    )
     assert session == 2, "the session goes up by one across a crash and a rebuilt spool"
     assert missing == reported, "every seq gap is announced with its exact range, and only those"
     assert first_new == held[-1] + 1, "seq continues right after the last salvaged window"
@@ -260,8 +277,7 @@ def test_a_start_on_a_full_disk_keeps_the_spool_and_runs_degraded_until_space_re
             if started:
                 t0 = time.monotonic()
                 while time.monotonic() - t0 < 10.0 and second.poll() is None:
-                    degraded = degraded or any(d["state"] == "degraded" and d["session"] == 2
-                                               for d in w.docs("/state"))
+                    degraded = degraded or any(d["state"] == "degraded" and d["session"] == 2 for d in w.docs("/state"))
                     time.sleep(0.2)
             lines_full = _lines(log) - lines_before
             aside = list(small_disk.glob("dev-1.spool.sqlite.corrupt-*"))
@@ -275,8 +291,10 @@ def test_a_start_on_a_full_disk_keeps_the_spool_and_runs_degraded_until_space_re
         missing, (reported, counted) = _missing(w), _reported(w)
         silent = _silent_losses(w, 0.1)
         w.close()
-    print(f"\nstart on a full disk: {line!r}; {lines_full} log lines in 10 s; degraded {degraded}; "
-          f"moved aside {[p.name for p in aside]}; missing {len(missing)}, reported {counted}")
+    print(
+        f"\nstart on a full disk: {line!r}; {lines_full} log lines in 10 s; degraded {degraded}; "
+        f"moved aside {[p.name for p in aside]}; missing {len(missing)}, reported {counted}"
+    )
     assert started, f"the agent did not start on a full disk: {line!r} {log.read_text()[-2000:]}"
     assert line == "session 2"
     assert not aside, "an intact spool on a full disk is not damage"

@@ -5,6 +5,7 @@ Each build runs as the user runs it, in a child process: a TensorRT fault cannot
 The assertions are the CPU tests' ones: a gated engine per precision, two profiles for the LLM,
 a reused timing cache on the second build, and INT8 from the symmetric Q/DQ graph.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,11 +24,32 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def build(tmp_path: Path, precision: str) -> dict:
-    env = {**os.environ, "EDGE_AGENT_ENGINES__CACHE_DIR": str(tmp_path / "engines"),
-           "EDGE_AGENT_MODELS__CACHE_DIR": str(tmp_path / "models")}
-    done = subprocess.run([sys.executable, "-m", "edge_agent", "build", "--recipe", str(tmp_path / "tiny-phi3.toml"),
-                           "--target", "jetson", "--precision", precision, "--quiet", "--json"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    env = {
+        **os.environ,
+        "EDGE_AGENT_ENGINES__CACHE_DIR": str(tmp_path / "engines"),
+        "EDGE_AGENT_MODELS__CACHE_DIR": str(tmp_path / "models"),
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edge_agent",
+            "build",
+            "--recipe",
+            str(tmp_path / "tiny-phi3.toml"),
+            "--target",
+            "jetson",
+            "--precision",
+            precision,
+            "--quiet",
+            "--json",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)["engines"][0]
 

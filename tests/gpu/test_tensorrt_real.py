@@ -8,6 +8,7 @@ The tiny ONNX model (y = x * 2 + 1, x: float32 [batch, 4]) is encoded by hand, s
 needs neither the ``onnx`` package nor torch; ``test_tiny_onnx_model_runs_on_onnxruntime`` checks
 it (onnx.checker where onnx is installed, and ONNX Runtime on the CPU) on every machine.
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,6 +26,7 @@ PROFILES = (((1, 4), (4, 4), (8, 4)), ((16, 4), (24, 4), (32, 4)))
 
 
 # -- a minimal protobuf writer for ModelProto (field numbers from onnx/onnx.proto) ------------------
+
 
 def _varint(n: int) -> bytes:
     out = bytearray()
@@ -55,15 +57,23 @@ def _scalar(name: str, value: float) -> bytes:
 
 
 def tiny_onnx() -> bytes:
-    nodes = (_msg(1, "x") + _msg(1, "two") + _msg(2, "t") + _msg(4, "Mul"),
-             _msg(1, "t") + _msg(1, "one") + _msg(2, "y") + _msg(4, "Add"))
-    graph = (b"".join(_msg(1, n) for n in nodes) + _msg(2, "affine")
-             + _msg(5, _scalar("two", 2.0)) + _msg(5, _scalar("one", 1.0))
-             + _msg(11, _value_info("x", ("batch", 4))) + _msg(12, _value_info("y", ("batch", 4))))
+    nodes = (
+        _msg(1, "x") + _msg(1, "two") + _msg(2, "t") + _msg(4, "Mul"),
+        _msg(1, "t") + _msg(1, "one") + _msg(2, "y") + _msg(4, "Add"),
+    )
+    graph = (
+        b"".join(_msg(1, n) for n in nodes)
+        + _msg(2, "affine")
+        + _msg(5, _scalar("two", 2.0))
+        + _msg(5, _scalar("one", 1.0))
+        + _msg(11, _value_info("x", ("batch", 4)))
+        + _msg(12, _value_info("y", ("batch", 4)))
+    )
     return _int(1, 8) + _msg(2, "edge-agent-tests") + _msg(7, graph) + _msg(8, _msg(1, "") + _int(2, 13))
 
 
 # -- what this machine has, asked in children ------------------------------------------------------
+
 
 @functools.lru_cache(maxsize=1)
 def _cuda_devices() -> tuple[int, str]:
@@ -97,6 +107,7 @@ def _need_tensorrt() -> None:
 
 
 # -- tests -------------------------------------------------------------------------------------------
+
 
 def test_tiny_onnx_model_runs_on_onnxruntime() -> None:
     ort = pytest.importorskip("onnxruntime")
@@ -148,8 +159,14 @@ def test_cuda_python_round_trip_with_events() -> None:
 @pytest.mark.slow
 def test_tensorrt_engine_built_here_matches_numpy(tmp_path: Path) -> None:
     _need_tensorrt()
-    proc = subprocess.run([sys.executable, __file__, str(tmp_path)], capture_output=True, text=True,
-                          timeout=900, cwd=ROOT, env={"PYTHONPATH": str(ROOT), **_env()})
+    proc = subprocess.run(
+        [sys.executable, __file__, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), **_env()},
+    )
     assert proc.returncode == 0, f"scenario exited {proc.returncode}: {proc.stderr[-2000:]}"
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["max_abs_error"] <= 1e-5, result
@@ -212,8 +229,14 @@ def _scenario(workdir: Path) -> dict:
         outside = "accepted"
     except InputError:
         outside = "InputError"
-    result = {"max_abs_error": max(errors), "profiles_used": used, "out_of_profile": outside,
-              "mallocs_after_open": mallocs, "gpu_ms": session.last_gpu_ms, "tensorrt": trt.__version__}
+    result = {
+        "max_abs_error": max(errors),
+        "profiles_used": used,
+        "out_of_profile": outside,
+        "mallocs_after_open": mallocs,
+        "gpu_ms": session.last_gpu_ms,
+        "tensorrt": trt.__version__,
+    }
     session.close()
     session.close()
     return result

@@ -6,6 +6,7 @@ The wheel is built from the repository's files (``pip wheel --no-deps``) and ins
 network, seconds). That line cannot hide a missing dependency declaration, so the wheel's metadata
 is checked separately: what ``edge-agent run`` imports must be a core dependency.
 """
+
 from __future__ import annotations
 
 import email.parser
@@ -32,15 +33,33 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 # What `edge-agent run` imports on the embedded default: the API server, /metrics, MQTT, config, runtime.
-RUN_NEEDS = {"aiohttp", "prometheus-client", "paho-mqtt", "pydantic", "pydantic-settings", "onnxruntime", "numpy",
-             "tokenizers", "jinja2", "platformdirs"}
+RUN_NEEDS = {
+    "aiohttp",
+    "prometheus-client",
+    "paho-mqtt",
+    "pydantic",
+    "pydantic-settings",
+    "onnxruntime",
+    "numpy",
+    "tokenizers",
+    "jinja2",
+    "platformdirs",
+}
 
 
 def _sources(dest: Path) -> Path:
     """The repository's files (tracked, or new and not ignored): what a wheel is built from."""
     try:
-        names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                               capture_output=True, check=True).stdout.decode().split("\0")
+        names = (
+            subprocess.run(
+                ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                cwd=REPO,
+                capture_output=True,
+                check=True,
+            )
+            .stdout.decode()
+            .split("\0")
+        )
     except (OSError, subprocess.CalledProcessError):
         shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns(".git", ".venv*", "build", "*.wav", "__pycache__"))
         return dest
@@ -56,16 +75,41 @@ def _sources(dest: Path) -> Path:
 def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("wheel")
     src = _sources(tmp / "src")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "--disable-pip-version-check", str(src),
-                    "-w", str(tmp / "dist")], check=True, timeout=600, stdin=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "-q",
+            "--disable-pip-version-check",
+            str(src),
+            "-w",
+            str(tmp / "dist"),
+        ],
+        check=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
     [wheel] = (tmp / "dist").glob("edge_agent-*.whl")
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--disable-pip-version-check",
-                    str(wheel)], check=True, timeout=300, stdin=subprocess.DEVNULL)
-    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--disable-pip-version-check", str(wheel)],
+        check=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    site = Path(
+        subprocess.run(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     # The dependencies: this environment's site-packages, after the venv's own (where edge_agent is).
     (site / "zz-test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return {"tmp": tmp, "wheel": wheel, "venv": venv, "site": site, "exe": venv / "bin" / "edge-agent"}
@@ -82,13 +126,24 @@ def test_the_wheel_declares_the_daemons_dependencies_and_carries_the_shipped_dat
         names = set(whl.namelist())
         meta_name = next(n for n in names if n.endswith(".dist-info/METADATA"))
         meta = email.parser.Parser().parsestr(whl.read(meta_name).decode())
-    core = {r.split(";")[0].split("<")[0].split(">")[0].split("=")[0].split("[")[0].strip().lower().replace("_", "-")
-            for r in meta.get_all("Requires-Dist") or [] if "extra ==" not in r}
+    core = {
+        r.split(";")[0].split("<")[0].split(">")[0].split("=")[0].split("[")[0].strip().lower().replace("_", "-")
+        for r in meta.get_all("Requires-Dist") or []
+        if "extra ==" not in r
+    }
     assert core >= RUN_NEEDS, f"`pip install edge-agent` would lack {sorted(RUN_NEEDS - core)}"
     assert "build" in meta.get_all("Provides-Extra") and "api" in meta.get_all("Provides-Extra")
-    for data in ("engines/demo-asr.toml", "engines/demo-phi3-small.toml", "calibration/asr/calib.jsonl",
-                 "calibration/asr/heldout.jsonl", "calibration/llm/prompts.jsonl", "systemd/edge-agent.service",
-                 "systemd/agent.toml", "scripts/train_asr/synth.py", "scripts/install-service"):
+    for data in (
+        "engines/demo-asr.toml",
+        "engines/demo-phi3-small.toml",
+        "calibration/asr/calib.jsonl",
+        "calibration/asr/heldout.jsonl",
+        "calibration/llm/prompts.jsonl",
+        "systemd/edge-agent.service",
+        "systemd/agent.toml",
+        "scripts/train_asr/synth.py",
+        "scripts/install-service",
+    ):
         assert f"edge_agent/data/{data}" in names, data
     assert not [n for n in names if n.endswith(".wav")], "synthesised audio is made on first use, not shipped"
 
@@ -97,13 +152,36 @@ def test_build_by_recipe_name_from_outside_the_checkout(installed, tmp_path: Pat
     home = tmp_path / "home"
     env = _user_env(home)
     python = str(installed["venv"] / "bin" / "python")
-    where = subprocess.run([python, "-c", "import edge_agent; print(edge_agent.__file__)"],
-                           cwd="/", env=env, capture_output=True, text=True, check=True).stdout.strip()
+    where = subprocess.run(
+        [python, "-c", "import edge_agent; print(edge_agent.__file__)"],
+        cwd="/",
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert Path(where).is_relative_to(installed["site"]), where  # the wheel's copy, not the checkout
     needs_synth = not (shutil.which("espeak-ng") and shutil.which("sox"))
-    done = subprocess.run([str(installed["exe"]), "build", "--recipe", "demo-asr", "--target", "cpu",
-                           "--precision", "int8", "--json", "-"], cwd="/", env=env, capture_output=True, text=True,
-                          timeout=600, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        [
+            str(installed["exe"]),
+            "build",
+            "--recipe",
+            "demo-asr",
+            "--target",
+            "cpu",
+            "--precision",
+            "int8",
+            "--json",
+            "-",
+        ],
+        cwd="/",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
     if needs_synth:  # the calibration audio cannot be made: one clear line, no traceback
         assert done.returncode != 0 and "apt install espeak-ng sox" in done.stderr and "Traceback" not in done.stderr
         pytest.skip("espeak-ng/sox missing: checked the error only")
@@ -155,8 +233,16 @@ def test_the_daemon_from_root_under_the_units_environment(installed, tmp_path: P
     """As the unit starts it: cwd /, the shipped agent.toml, systemd's directory variables, no
     WorkingDirectory, no checkout. It must get READY, serve, start the shipped recipe's background
     build, and stop cleanly on SIGTERM."""
-    dirs = {name: tmp_path / name.lower() for name in ("STATE_DIRECTORY", "CACHE_DIRECTORY", "RUNTIME_DIRECTORY",
-                                                        "CONFIGURATION_DIRECTORY", "LOGS_DIRECTORY")}
+    dirs = {
+        name: tmp_path / name.lower()
+        for name in (
+            "STATE_DIRECTORY",
+            "CACHE_DIRECTORY",
+            "RUNTIME_DIRECTORY",
+            "CONFIGURATION_DIRECTORY",
+            "LOGS_DIRECTORY",
+        )
+    }
     for d in dirs.values():
         d.mkdir(mode=0o750)
     config = dirs["CONFIGURATION_DIRECTORY"] / "agent.toml"
@@ -164,16 +250,27 @@ def test_the_daemon_from_root_under_the_units_environment(installed, tmp_path: P
     sock = dirs["RUNTIME_DIRECTORY"] / "api.sock"
     broker = Broker(tmp_path / "broker").start() if shutil.which("mosquitto") else None
     notify = Notify(tmp_path / "notify.sock")
-    env = {**_user_env(dirs["STATE_DIRECTORY"]), **{k: str(v) for k, v in dirs.items()},
-           "INVOCATION_ID": secrets.token_hex(16), "NOTIFY_SOCKET": str(notify.path), "PYTHONUNBUFFERED": "1",
-           "EDGE_AGENT_API__UNIX_SOCKET": str(sock),
-           "EDGE_AGENT_MQTT__PORT": str(broker.port if broker else free_port()),
-           "EDGE_AGENT_DEVICE__THREADS": "1"}
+    env = {
+        **_user_env(dirs["STATE_DIRECTORY"]),
+        **{k: str(v) for k, v in dirs.items()},
+        "INVOCATION_ID": secrets.token_hex(16),
+        "NOTIFY_SOCKET": str(notify.path),
+        "PYTHONUNBUFFERED": "1",
+        "EDGE_AGENT_API__UNIX_SOCKET": str(sock),
+        "EDGE_AGENT_MQTT__PORT": str(broker.port if broker else free_port()),
+        "EDGE_AGENT_DEVICE__THREADS": "1",
+    }
     log = tmp_path / "daemon.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([str(installed["exe"]), "run", "--config", str(config)], cwd="/", env=env,
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [str(installed["exe"]), "run", "--config", str(config)],
+            cwd="/",
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
         _wait(lambda: notify.seen("READY", "1"), 240, "READY=1", proc, log)
         status, body = _get(sock, "/health")
@@ -181,8 +278,13 @@ def test_the_daemon_from_root_under_the_units_environment(installed, tmp_path: P
         status, metrics = _get(sock, "/metrics")
         assert status == 200 and "edge_agent:" in metrics
         # engines.recipes_dir under systemd is /etc/edge-agent/engines (absent here): the shipped recipe builds
-        _wait(lambda: notify.seen("STATUS", contains="building engine demo-phi3-small"), 120,
-              "a background build of the shipped demo-phi3-small recipe", proc, log)
+        _wait(
+            lambda: notify.seen("STATUS", contains="building engine demo-phi3-small"),
+            120,
+            "a background build of the shipped demo-phi3-small recipe",
+            proc,
+            log,
+        )
         proc.send_signal(signal.SIGTERM)
         try:
             code = proc.wait(90)

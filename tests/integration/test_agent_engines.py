@@ -4,6 +4,7 @@ quarantined; a gate refusal keeps the model folder; ``rebuild_engine`` builds ag
 
 Real ONNX Runtime builds of the tiny ``demo-phi3`` (a recipe in a temporary ``recipes_dir``), a real
 engine cache, the real ``Agent`` in-process (no broker: telemetry spools; events are recorded)."""
+
 from __future__ import annotations
 
 import threading
@@ -59,14 +60,21 @@ class RecordingAgent(Agent):
         return [p for k, p in self.events if k == kind]
 
 
-def settings(tmp: Path, precisions: str = '["fp32"]', min_cosine: float = 0.9, build_on_start: bool = True,
-             tiers: list[dict] | None = None) -> Settings:
+def settings(
+    tmp: Path,
+    precisions: str = '["fp32"]',
+    min_cosine: float = 0.9,
+    build_on_start: bool = True,
+    tiers: list[dict] | None = None,
+) -> Settings:
     recipes = tmp / "recipes"
     recipes.mkdir(exist_ok=True)
     (recipes / "tiny-phi3.toml").write_text(RECIPE.format(precisions=precisions, root=ROOT, min_cosine=min_cosine))
     return Settings(
-        models={"llm": tiers or [{"name": "tiny", "model": "demo-phi3", "max_new_tokens": 8, "max_batch": 2}],
-                "asr": []},
+        models={
+            "llm": tiers or [{"name": "tiny", "model": "demo-phi3", "max_new_tokens": 8, "max_batch": 2}],
+            "asr": [],
+        },
         mqtt={"host": "127.0.0.1", "port": free_port(), "device_id": "dev-engines"},
         telemetry={"spool_path": tmp / "spool.sqlite", "ledger_path": tmp / "ledger.sqlite"},
         api={"host": "127.0.0.1", "port": 0},
@@ -77,8 +85,13 @@ def settings(tmp: Path, precisions: str = '["fp32"]', min_cosine: float = 0.9, b
 
 def prebuild(s: Settings, precision: str = "fp32") -> dict:
     recipe = load_recipe(Path(s.engines.recipes_dir) / "tiny-phi3.toml")
-    pipe = Pipeline(recipe, EngineCache(s.engines.cache_dir, s.engines.max_bytes), s.models.cache_dir, 1,
-                    Heartbeat(enabled=False, notifier=Notifier({})))
+    pipe = Pipeline(
+        recipe,
+        EngineCache(s.engines.cache_dir, s.engines.max_bytes),
+        s.models.cache_dir,
+        1,
+        Heartbeat(enabled=False, notifier=Notifier({})),
+    )
     return pipe.build(BuildRequest("cpu", precision))
 
 
@@ -98,6 +111,7 @@ def started():
     def start(agent: Agent) -> Agent:
         agents.append(agent)
         return agent.start()
+
     yield start
     for agent in agents:
         agent._tier_engines().wait_idle(120)
@@ -180,14 +194,14 @@ def test_a_gate_refusal_keeps_the_model_folder_and_says_why(tmp_path: Path, star
     assert "entries" not in served_path(agent).parts and generate(agent)
 
 
-def test_without_the_build_tooling_one_event_says_why_and_the_folder_serves(tmp_path: Path, started, monkeypatch,
-                                                                          caplog) -> None:
+def test_without_the_build_tooling_one_event_says_why_and_the_folder_serves(
+    tmp_path: Path, started, monkeypatch, caplog
+) -> None:
     import importlib.util
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnx" else real(name, *a))
-    agent = started(RecordingAgent(settings(tmp_path, precisions='["fp32", "fp16"]'), notifier=Notifier({}),
-                                   drain_s=5))
+    agent = started(RecordingAgent(settings(tmp_path, precisions='["fp32", "fp16"]'), notifier=Notifier({}), drain_s=5))
     [event] = agent.of("engine_build")
     assert event["state"] == "failed" and "pip install 'edge-agent[build]'" in event["error"]
     assert "Traceback" not in caplog.text and "entries" not in served_path(agent).parts and generate(agent)
@@ -218,8 +232,13 @@ def test_rebuild_engine_command_builds_again_and_unknown_recipes_fail(tmp_path: 
 def test_a_lighter_tier_builds_in_the_background_for_a_tier_not_serving(tmp_path: Path, started) -> None:
     """The recipe's tier is the lighter one, not serving: the build lands in the cache and that tier
     loads its engine when the controller next switches to it."""
-    s = settings(tmp_path, tiers=[{"name": "gemma", "model": "demo-gemma", "max_new_tokens": 8},
-                                  {"name": "tiny", "model": "demo-phi3", "max_new_tokens": 8}])
+    s = settings(
+        tmp_path,
+        tiers=[
+            {"name": "gemma", "model": "demo-gemma", "max_new_tokens": 8},
+            {"name": "tiny", "model": "demo-phi3", "max_new_tokens": 8},
+        ],
+    )
     agent = started(RecordingAgent(s, notifier=Notifier({}), drain_s=5))
     assert agent.llm.active_tier == "gemma"
     assert agent._tier_engines().wait_idle(120)
@@ -231,7 +250,8 @@ def test_a_lighter_tier_builds_in_the_background_for_a_tier_not_serving(tmp_path
 
 
 def test_when_no_tier_loads_without_an_engine_the_start_builds_and_keeps_systemd_patient(
-        tmp_path: Path, started, monkeypatch) -> None:
+    tmp_path: Path, started, monkeypatch
+) -> None:
     """Like TensorRT tiers on a fresh Jetson (the model folder cannot run there): the start waits for
     the build, extending systemd's start timeout, then serves the engine."""
     import socket
@@ -245,6 +265,7 @@ def test_when_no_tier_loads_without_an_engine_the_start_builds_and_keeps_systemd
         if "entries" not in Path(ref.path).parts:
             raise ModelError(f"{ref.path}: this backend runs built engines only")
         return real_open(cls, ref, backend, options, kv_capacity)
+
     monkeypatch.setattr(DecoderLM, "open", classmethod(only_engines))
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(tmp_path / "notify.sock"))
@@ -271,12 +292,19 @@ def test_when_no_tier_loads_without_an_engine_the_start_builds_and_keeps_systemd
 
 def test_an_openvino_tier_serves_its_cached_ir_engine(tmp_path: Path, started) -> None:
     pytest.importorskip("openvino")
-    s = settings(tmp_path, build_on_start=False,
-                 tiers=[{"name": "ov", "model": "demo-phi3", "backend": "openvino", "device": "CPU",
-                         "max_new_tokens": 8}])
+    s = settings(
+        tmp_path,
+        build_on_start=False,
+        tiers=[{"name": "ov", "model": "demo-phi3", "backend": "openvino", "device": "CPU", "max_new_tokens": 8}],
+    )
     recipe = load_recipe(Path(s.engines.recipes_dir) / "tiny-phi3.toml")
-    built = Pipeline(recipe, EngineCache(s.engines.cache_dir, s.engines.max_bytes), s.models.cache_dir, 1,
-                     Heartbeat(enabled=False, notifier=Notifier({}))).build(BuildRequest("cpu", "fp32", "openvino"))
+    built = Pipeline(
+        recipe,
+        EngineCache(s.engines.cache_dir, s.engines.max_bytes),
+        s.models.cache_dir,
+        1,
+        Heartbeat(enabled=False, notifier=Notifier({})),
+    ).build(BuildRequest("cpu", "fp32", "openvino"))
     agent = started(RecordingAgent(s, notifier=Notifier({}), drain_s=5))
     assert served_path(agent) == Path(built["path"]) / "model"
     assert agent.llm._active.lm.session.backend == "openvino"

@@ -1,4 +1,5 @@
 """The local API with the official openai client and plain HTTP, on a real demo model (ONNX Runtime)."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,14 @@ TOKEN = "s3cret"
 def server(tmp_path_factory):
     cache = tmp_path_factory.mktemp("models")
     ref = resolve_model("demo-phi3", cache)
-    tiers = [Tier("small", lambda: DecoderLM.open(ref, "onnxruntime", SessionOptions(threads=1)),
-                  Limits(max_batch=2, batch_timeout_ms=0, max_queue=2), 64)]
+    tiers = [
+        Tier(
+            "small",
+            lambda: DecoderLM.open(ref, "onnxruntime", SessionOptions(threads=1)),
+            Limits(max_batch=2, batch_timeout_ms=0, max_queue=2),
+            64,
+        )
+    ]
     metrics = PrometheusMetrics()
     llm = TieredLLM(tiers, observe=metrics.observe).start()
     metrics.track_load("llm", lambda: llm.load)
@@ -50,8 +57,9 @@ def greedy_text(reference: DecoderLM, messages: list[Message] | None, prompt: st
 
 def test_chat_completion_matches_the_models_greedy_output(server, client):
     _, _, reference = server
-    out = client.chat.completions.create(model="small", messages=[{"role": "user", "content": "Hello there"}],
-                                         max_tokens=6, temperature=0)
+    out = client.chat.completions.create(
+        model="small", messages=[{"role": "user", "content": "Hello there"}], max_tokens=6, temperature=0
+    )
     want = greedy_text(reference, [Message("user", "Hello there")], None, 6)
     assert out.choices[0].message.content == want
     assert out.choices[0].message.role == "assistant"
@@ -60,11 +68,19 @@ def test_chat_completion_matches_the_models_greedy_output(server, client):
 
 
 def test_streamed_chat_adds_up_to_the_same_text(server, client):
-    full = client.chat.completions.create(messages=[{"role": "user", "content": "Count with me"}], model="edge-agent",
-                                          max_tokens=8, temperature=0)
-    chunks = list(client.chat.completions.create(messages=[{"role": "user", "content": "Count with me"}],
-                                                 model="edge-agent", max_tokens=8, temperature=0, stream=True,
-                                                 stream_options={"include_usage": True}))
+    full = client.chat.completions.create(
+        messages=[{"role": "user", "content": "Count with me"}], model="edge-agent", max_tokens=8, temperature=0
+    )
+    chunks = list(
+        client.chat.completions.create(
+            messages=[{"role": "user", "content": "Count with me"}],
+            model="edge-agent",
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
@@ -83,9 +99,12 @@ def test_models_lists_the_tiers(client):
 
 
 def _post(server, path: str, body: bytes, token: str | None = TOKEN) -> tuple[int, dict, dict]:
-    req = urllib.request.Request(server[0].address + path, data=body, method="POST",
-                                 headers={"Content-Type": "application/json",
-                                          **({"Authorization": f"Bearer {token}"} if token else {})})
+    req = urllib.request.Request(
+        server[0].address + path,
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})},
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, json.loads(resp.read()), dict(resp.headers)
@@ -93,18 +112,29 @@ def _post(server, path: str, body: bytes, token: str | None = TOKEN) -> tuple[in
         return err.code, json.loads(err.read()), dict(err.headers)
 
 
-@pytest.mark.parametrize("body, status, fragment, code", [
-    (b"{not json", 400, "not valid JSON", None),
-    (b"[1, 2]", 400, "JSON object", None),
-    (b'{"messages": []}', 400, "messages", None),
-    (b'{"messages": [{"role": "wizard", "content": "hi"}]}', 400, "role", None),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', 400, "n", None),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": -1}', 400, "temperature", None),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4o"}', 404, "not served here",
-     "model_not_found"),
-    (b'{"messages": [{"role": "user", "content": "' + b"word " * 5000 + b'"}], "max_tokens": 8}', 400, "context",
-     "context_length_exceeded"),
-])
+@pytest.mark.parametrize(
+    "body, status, fragment, code",
+    [
+        (b"{not json", 400, "not valid JSON", None),
+        (b"[1, 2]", 400, "JSON object", None),
+        (b'{"messages": []}', 400, "messages", None),
+        (b'{"messages": [{"role": "wizard", "content": "hi"}]}', 400, "role", None),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', 400, "n", None),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": -1}', 400, "temperature", None),
+        (
+            b'{"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4o"}',
+            404,
+            "not served here",
+            "model_not_found",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "' + b"word " * 5000 + b'"}], "max_tokens": 8}',
+            400,
+            "context",
+            "context_length_exceeded",
+        ),
+    ],
+)
 def test_bad_requests_get_openai_shaped_errors(server, body, status, fragment, code):
     got, payload, _ = _post(server, "/v1/chat/completions", body)
     assert got == status
@@ -124,8 +154,9 @@ def test_shedding_is_503_with_retry_after(server):
     _, llm, _ = server
     llm.shedding = True
     try:
-        got, payload, headers = _post(server, "/v1/chat/completions",
-                                      b'{"messages": [{"role": "user", "content": "hi"}]}')
+        got, payload, headers = _post(
+            server, "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}]}'
+        )
     finally:
         llm.shedding = False
     assert got == 503 and headers["Retry-After"] == "5" and "shedding" in payload["error"]["message"]
@@ -142,10 +173,16 @@ def test_metrics_are_prometheus_text_with_vllm_like_names(server, client):
     assert 'edge_agent:num_requests_waiting{workload="llm"} 0.0' in text
 
 
-@pytest.mark.parametrize("exc, status, retry", [
-    ("Overloaded", 429, "1"), ("Unavailable", 503, "5"), ("DeadlineExceeded", 503, "2"), ("InputError", 400, None),
-    ("BackendError", 500, None),
-])
+@pytest.mark.parametrize(
+    "exc, status, retry",
+    [
+        ("Overloaded", 429, "1"),
+        ("Unavailable", 503, "5"),
+        ("DeadlineExceeded", 503, "2"),
+        ("InputError", 400, None),
+        ("BackendError", 500, None),
+    ],
+)
 def test_errors_map_to_http_statuses(exc, status, retry):
     import edge_agent.errors as errors
     from edge_agent.serving.api_errors import from_exception as _from_exception
@@ -156,6 +193,7 @@ def test_errors_map_to_http_statuses(exc, status, retry):
 
 
 # -- hardening: sizes, timeouts, disconnects, auth -------------------------------------------------
+
 
 def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized(server, monkeypatch):
     from edge_agent.models.tokenizer import Tokenizer
@@ -202,8 +240,12 @@ def test_a_body_that_does_not_arrive_in_time_is_408(bare):
     import time
 
     t0 = time.monotonic()
-    out = _raw(bare.address, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                             b"Content-Length: 100\r\n\r\n{\"messages\"", timeout_s=15)
+    out = _raw(
+        bare.address,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100\r\n\r\n{"messages"',
+        timeout_s=15,
+    )
     assert out.startswith(b"HTTP/1.1 408") and b'"request_timeout"' in out, out[:300]
     assert time.monotonic() - t0 < 12  # 1 s to read, then aiohttp's lingering close at most
 
@@ -263,8 +305,9 @@ def test_a_client_that_leaves_mid_response_is_one_log_line_not_a_traceback(serve
     finally:
         api.stop()
     assert any("client went away during GET /probe/leave" in r.getMessage() for r in caplog.records)
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], \
-        [r.getMessage() for r in caplog.records]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], [
+        r.getMessage() for r in caplog.records
+    ]
 
 
 def test_the_token_is_compared_in_constant_time_and_odd_headers_are_401(server, monkeypatch):

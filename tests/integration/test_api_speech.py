@@ -1,5 +1,6 @@
 """Speech through the local API: an uploaded file and a live WebSocket stream of PCM16 give the same
 text as the service decoding the same audio directly (the trained demo-asr on ONNX Runtime)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,8 +24,9 @@ aiohttp = pytest.importorskip("aiohttp")
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     require_tools()
-    settings = Settings.model_validate({"models": {"asr": [{"name": "ctc", "model": "demo-asr"}],
-                                                   "cache_dir": str(tmp_path_factory.mktemp("m"))}})
+    settings = Settings.model_validate(
+        {"models": {"asr": [{"name": "ctc", "model": "demo-asr"}], "cache_dir": str(tmp_path_factory.mktemp("m"))}}
+    )
     observed = []
     speech = open_speech(settings, observe=observed.append)
     api = ApiServer(None, asr=speech).start("127.0.0.1", 0)
@@ -36,7 +38,7 @@ def served(tmp_path_factory):
 def direct_text(speech, samples: np.ndarray, block: int | None = None) -> str:
     stream = speech.service.open_stream()
     for i in range(0, len(samples), block or len(samples)):
-        stream.feed(samples[i:i + (block or len(samples))])
+        stream.feed(samples[i : i + (block or len(samples))])
     stream.close()
     assert stream.wait(60)
     return " ".join(e.text for e in stream.finals if e.text).strip()
@@ -46,12 +48,23 @@ def test_upload_transcribes_like_the_service(served):
     api, speech, observed = served
     wav = speech_wav("set the kitchen light to forty percent")
     boundary = "edgeagentboundary"
-    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n"
-            f"Content-Type: audio/wav\r\n\r\n").encode() + wav.read_bytes() + (
-            f"\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"response_format\"\r\n\r\n"
-            f"verbose_json\r\n--{boundary}--\r\n").encode()
-    req = urllib.request.Request(api.address + "/v1/audio/transcriptions", data=body, method="POST",
-                                 headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+            f"Content-Type: audio/wav\r\n\r\n"
+        ).encode()
+        + wav.read_bytes()
+        + (
+            f'\r\n--{boundary}\r\nContent-Disposition: form-data; name="response_format"\r\n\r\n'
+            f"verbose_json\r\n--{boundary}--\r\n"
+        ).encode()
+    )
+    req = urllib.request.Request(
+        api.address + "/v1/audio/transcriptions",
+        data=body,
+        method="POST",
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+    )
     with urllib.request.urlopen(req, timeout=60) as resp:
         out = json.loads(resp.read())
     assert out["text"] == direct_text(speech, speech_samples("set the kitchen light to forty percent"))
@@ -63,10 +76,15 @@ def test_upload_transcribes_like_the_service(served):
 def test_empty_upload_is_a_clear_400(served):
     api, _, _ = served
     boundary = "b"
-    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\n"
-            f"\r\n--{boundary}--\r\n").encode()
-    req = urllib.request.Request(api.address + "/v1/audio/transcriptions", data=body, method="POST",
-                                 headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    body = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n\r\n--{boundary}--\r\n'
+    ).encode()
+    req = urllib.request.Request(
+        api.address + "/v1/audio/transcriptions",
+        data=body,
+        method="POST",
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+    )
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(req, timeout=30)
     assert err.value.code == 400 and "empty" in json.loads(err.value.read())["error"]["message"]
@@ -83,7 +101,7 @@ def test_websocket_stream_gives_partials_and_the_same_final(served):
         ws_url = api.address.replace("http", "ws") + "/v1/audio/stream"
         async with aiohttp.ClientSession() as session, session.ws_connect(ws_url) as ws:
             for i in range(0, len(pcm), 3200):  # 100 ms messages, as a microphone client sends them
-                await ws.send_bytes(pcm[i:i + 3200])
+                await ws.send_bytes(pcm[i : i + 3200])
             await ws.send_str("end")
             async for msg in ws:
                 events.append(json.loads(msg.data))
@@ -129,6 +147,7 @@ def test_pcm_messages_split_inside_a_sample_lose_nothing():
         def open_stream(self, on_event):
             class Stream:
                 feed = staticmethod(fed.append)
+
             return Stream()
 
     class Owner:
@@ -140,12 +159,13 @@ def test_pcm_messages_split_inside_a_sample_lose_nothing():
     pcm = (np.arange(-500, 500, dtype=np.int16) * 37).astype("<i2").tobytes()
     stream = PcmStream(Owner(), lambda event: None)
     for i in range(0, len(pcm), 333):  # odd sizes: every other message ends inside a sample
-        stream.push(pcm[i:i + 333])
+        stream.push(pcm[i : i + 333])
     got = np.concatenate(fed)
     np.testing.assert_array_equal(got, np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0)
 
 
 # -- under load: back-pressure, bounded close, abandoned work dropped (fake engine, real service/API) --
+
 
 class PacedRecognizer:
     """A recogniser whose step costs ``rtf`` × the audio it takes (or blocks while ``gate`` is clear);
@@ -176,8 +196,11 @@ class PacedRecognizer:
             self.taken_s.append(x.size / self.sample_rate)
             time.sleep(self.rtf * x.size / self.sample_rate)
             s.heard += x.size
-            out.append(self._hyp(f"heard {s.heard}", (), ended, audio_s=s.heard / self.sample_rate)
-                       if ended or x.size else None)
+            out.append(
+                self._hyp(f"heard {s.heard}", (), ended, audio_s=s.heard / self.sample_rate)
+                if ended or x.size
+                else None
+            )
         return out
 
     def close(self) -> None:
@@ -190,9 +213,12 @@ def paced_speech(engine: PacedRecognizer, max_batch: int = 4):
     from edge_agent.serving.asr.service import AsrService
 
     # No VAD: each stream is one utterance, from its first sample to its end.
-    return Speech([SpeechTier("paced", lambda: engine)],
-                  lambda e: AsrService(e, limits=BatchLimits(max_batch=max_batch, batch_timeout_ms=0),
-                                       detector_factory=lambda: None)).start()
+    return Speech(
+        [SpeechTier("paced", lambda: engine)],
+        lambda e: AsrService(
+            e, limits=BatchLimits(max_batch=max_batch, batch_timeout_ms=0), detector_factory=lambda: None
+        ),
+    ).start()
 
 
 def tone(seconds: float) -> bytes:

@@ -1,4 +1,5 @@
 """``edge-agent bench asr``: streaming and one-pass figures side by side in one run, JSON and plot."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,26 @@ from tests.speech import speech_wav
 def test_bench_asr_reports_streaming_and_baseline(tmp_path, capsys):
     wav = speech_wav("turn on the lights", lead_s=0.3, tail_s=0.7)
     out, png = tmp_path / "asr.json", tmp_path / "asr.png"
-    code = main(["bench", "asr", "--streams", "2", "--model", "demo-ctc", "--rounds", "1", "--audio", str(wav),
-                 "--batch-timeout-ms", "20", "--json", str(out), "--plot", str(png)])
+    code = main(
+        [
+            "bench",
+            "asr",
+            "--streams",
+            "2",
+            "--model",
+            "demo-ctc",
+            "--rounds",
+            "1",
+            "--audio",
+            str(wav),
+            "--batch-timeout-ms",
+            "20",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+        ]
+    )
     table = capsys.readouterr().out
     assert code == 0
     report = json.loads(out.read_text())

@@ -1,4 +1,5 @@
 """``edge-agent transcribe`` end to end (in process): JSON, partials, and every kind of bad input."""
+
 from __future__ import annotations
 
 import json
@@ -50,22 +51,36 @@ def test_transcribe_stream_replays_in_real_time(capsys):
 
 def test_no_vad_and_beam_decoding(capsys):
     x = speech_samples("open the door")
-    code, out, _ = transcribe(capsys, speech_wav("open the door"), "--model", "demo-ctc", "--no-vad", "--json",
-                              "--decoder", "beam")
+    code, out, _ = transcribe(
+        capsys, speech_wav("open the door"), "--model", "demo-ctc", "--no-vad", "--json", "--decoder", "beam"
+    )
     r = json.loads(out)
     assert code == 0 and r["utterances"][0]["reason"] == "end_of_stream"
     assert r["utterances"][0]["audio_s"] == pytest.approx(len(x) / 16000, abs=0.02)
 
 
-@pytest.mark.parametrize("rate, channels, subtype", [
-    (44100, 1, "PCM_16"), (8000, 1, "PCM_16"), (48000, 2, "PCM_24"), (16000, 1, "PCM_U8"),
-    (16000, 1, "PCM_32"), (22050, 2, "FLOAT"), (16000, 1, "DOUBLE"),
-])
+@pytest.mark.parametrize(
+    "rate, channels, subtype",
+    [
+        (44100, 1, "PCM_16"),
+        (8000, 1, "PCM_16"),
+        (48000, 2, "PCM_24"),
+        (16000, 1, "PCM_U8"),
+        (16000, 1, "PCM_32"),
+        (22050, 2, "FLOAT"),
+        (16000, 1, "DOUBLE"),
+    ],
+)
 def test_any_rate_channels_and_sample_format_transcribe(capsys, tmp_path, rate, channels, subtype):
-    wav = speech_wav("play some music", rate=rate, channels=channels,
-                     bits={"PCM_16": 16, "PCM_24": 24, "PCM_U8": 8, "PCM_32": 32, "FLOAT": 32, "DOUBLE": 64}[subtype],
-                     encoding={"PCM_U8": "unsigned-integer", "FLOAT": "floating-point",
-                               "DOUBLE": "floating-point"}.get(subtype, "signed-integer"))
+    wav = speech_wav(
+        "play some music",
+        rate=rate,
+        channels=channels,
+        bits={"PCM_16": 16, "PCM_24": 24, "PCM_U8": 8, "PCM_32": 32, "FLOAT": 32, "DOUBLE": 64}[subtype],
+        encoding={"PCM_U8": "unsigned-integer", "FLOAT": "floating-point", "DOUBLE": "floating-point"}.get(
+            subtype, "signed-integer"
+        ),
+    )
     assert sf.info(str(wav)).subtype == subtype and sf.info(str(wav)).samplerate == rate
     code, out, err = transcribe(capsys, wav, "--model", "demo-ctc", "--json")
     assert code == 0, err
@@ -89,12 +104,15 @@ def test_clipped_audio_transcribes_with_a_warning(capsys, tmp_path):
     assert code == 0 and r["text"] and any("clipping" in w for w in r["warnings"])
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda p: p.write_bytes(b""), "empty"),
-    (lambda p: sf.write(p, np.zeros(0, np.float32), 16000), "no audio"),
-    (lambda p: p.write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt "), "not a readable audio file"),
-    (lambda p: p.write_text("hello"), "not a readable audio file"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p.write_bytes(b""), "empty"),
+        (lambda p: sf.write(p, np.zeros(0, np.float32), 16000), "no audio"),
+        (lambda p: p.write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt "), "not a readable audio file"),
+        (lambda p: p.write_text("hello"), "not a readable audio file"),
+    ],
+)
 def test_bad_files_exit_1_with_one_line(capsys, tmp_path, make, message):
     path = tmp_path / "bad.wav"
     make(path)
@@ -126,10 +144,28 @@ def test_listen_stdin_respond_reports_turn_latency(tmp_path):
     x = two_utterances("what is the capital of france", "and of spain")
     pcm = (x * 32767).astype("<i2").tobytes()
     proc = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "listen", "--stdin", "--model", "demo-ctc", "--respond",
-         "--llm-model", "demo-phi3", "--max-new-tokens", "8", "--max-utterances", "1", "--json"],
-        input=pcm, capture_output=True, timeout=240,
-        env={**__import__("os").environ, "CACHE_DIRECTORY": str(tmp_path / "cache")})
+        [
+            sys.executable,
+            "-m",
+            "edge_agent",
+            "listen",
+            "--stdin",
+            "--model",
+            "demo-ctc",
+            "--respond",
+            "--llm-model",
+            "demo-phi3",
+            "--max-new-tokens",
+            "8",
+            "--max-utterances",
+            "1",
+            "--json",
+        ],
+        input=pcm,
+        capture_output=True,
+        timeout=240,
+        env={**__import__("os").environ, "CACHE_DIRECTORY": str(tmp_path / "cache")},
+    )
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     report = json.loads(proc.stdout)
     (utt,) = report["utterances"]

@@ -2,6 +2,7 @@
 (batched with other streams) it gives the same text as its own full-utterance decode, and the same
 text as the evaluation runner's full decode (an independent implementation of the contract), with
 greedy decoding and with the folder's lexicon + language model (what the service uses by default)."""
+
 from __future__ import annotations
 
 import pytest
@@ -38,7 +39,7 @@ def test_demo_asr_streamed_and_batched_equals_full_utterance(engine):
     for i in range(0, max(map(len, xs)) + step, step):
         for s, x in zip(streams, xs):
             if not s.ended:
-                s.add_audio(x[i:i + step]) if i < len(x) else s.end()
+                s.add_audio(x[i : i + step]) if i < len(x) else s.end()
         for k, h in enumerate(engine.step(streams)):
             if h is not None and h.final:
                 finals[k] = h.text

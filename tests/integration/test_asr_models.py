@@ -1,4 +1,5 @@
 """The demo ASR models reproduce their PyTorch reference tokens on ONNX Runtime and OpenVINO."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,9 +10,12 @@ from edge_agent.models.asr import open_recognizer
 from edge_agent.models.catalog import resolve_model
 from edge_agent.models.ctc_decode import greedy_ids
 
-BACKENDS = [pytest.param("onnxruntime", id="ort"),
-            pytest.param("openvino", id="ov", marks=pytest.mark.skipif(not is_installed("openvino"),
-                                                                      reason="openvino not installed"))]
+BACKENDS = [
+    pytest.param("onnxruntime", id="ort"),
+    pytest.param(
+        "openvino", id="ov", marks=pytest.mark.skipif(not is_installed("openvino"), reason="openvino not installed")
+    ),
+]
 
 
 def options(backend: str) -> SessionOptions:
@@ -75,7 +79,7 @@ def test_whisper_forced_prefix_and_batched_lockstep_equal_single_rows(engines):
     windows = [w, w[: len(w) // 2], w[::-1].copy()]
     hidden = engine.encode(windows)
     prompts = [engine.prompt("en"), engine.prompt("de"), engine.prompt("en")]
-    single = [engine.decode(hidden[i:i + 1], [prompts[i]], [[]], [12])[0] for i in range(3)]
+    single = [engine.decode(hidden[i : i + 1], [prompts[i]], [[]], [12])[0] for i in range(3)]
     forced = [single[0][:3], [], single[2][:1]]
     batched = engine.decode(hidden, prompts, forced, [12, 5, 12])
     assert batched[0] == single[0] and batched[2] == single[2] and batched[1] == single[1][:5]

@@ -9,6 +9,7 @@ The model is a running sum, so streaming equivalence can be reasoned about exact
 Chunks with the state carried give the same ``log_probs`` as the whole utterance in one call,
 which is exactly the contract a real streaming model (conv caches, GRU state) promises.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,33 +44,67 @@ def build_running_sum_model(folder: Path, seed: int = 0) -> Path:
         helper.make_node("ReduceSum", ["features", "axis1"], ["total"], keepdims=0),
         helper.make_node("Add", ["state_in.0", "total"], ["state_out.0"]),
     ]
-    inits = [numpy_helper.from_array(w, "W"),
-             numpy_helper.from_array(np.array(1, np.int64), "axis_scalar"),  # CumSum takes a scalar axis
-             numpy_helper.from_array(np.array([1], np.int64), "axis1"),
-             numpy_helper.from_array(np.array([SUB - 1], np.int64), "start"),
-             numpy_helper.from_array(np.array([2**62], np.int64), "end"),
-             numpy_helper.from_array(np.array([SUB], np.int64), "step")]
+    inits = [
+        numpy_helper.from_array(w, "W"),
+        numpy_helper.from_array(np.array(1, np.int64), "axis_scalar"),  # CumSum takes a scalar axis
+        numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+        numpy_helper.from_array(np.array([SUB - 1], np.int64), "start"),
+        numpy_helper.from_array(np.array([2**62], np.int64), "end"),
+        numpy_helper.from_array(np.array([SUB], np.int64), "step"),
+    ]
     graph = helper.make_graph(
-        nodes, "running_sum_ctc",
-        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", "frames", MELS]),
-         helper.make_tensor_value_info("state_in.0", TensorProto.FLOAT, ["batch", MELS])],
-        [helper.make_tensor_value_info("log_probs", TensorProto.FLOAT, ["batch", "out_frames", VOCAB]),
-         helper.make_tensor_value_info("state_out.0", TensorProto.FLOAT, ["batch", MELS])],
-        inits)
+        nodes,
+        "running_sum_ctc",
+        [
+            helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", "frames", MELS]),
+            helper.make_tensor_value_info("state_in.0", TensorProto.FLOAT, ["batch", MELS]),
+        ],
+        [
+            helper.make_tensor_value_info("log_probs", TensorProto.FLOAT, ["batch", "out_frames", VOCAB]),
+            helper.make_tensor_value_info("state_out.0", TensorProto.FLOAT, ["batch", MELS]),
+        ],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 9
     onnx.checker.check_model(model)
     folder.mkdir(parents=True, exist_ok=True)
     onnx.save(model, folder / "model.onnx")
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "streaming-ctc", "vocab_size": VOCAB, "subsampling": SUB, "chunk_frames": CHUNK,
-        "flush_frames": FLUSH, "blank_id": 0, "word_delimiter": "|", "state_shapes": {"state_in.0": [MELS]}}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "streaming-ctc",
+                "vocab_size": VOCAB,
+                "subsampling": SUB,
+                "chunk_frames": CHUNK,
+                "flush_frames": FLUSH,
+                "blank_id": 0,
+                "word_delimiter": "|",
+                "state_shapes": {"state_in.0": [MELS]},
+            }
+        )
+    )
     (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(TOKENS)}))
     # Centred features (mean ~ a speech frame's), so the running sum wanders and tokens vary.
-    (folder / "preprocessor_config.json").write_text(json.dumps({
-        "feature_extractor_type": "LogMelFeatureExtractor", "sampling_rate": 16000, "n_fft": 400,
-        "win_length": 400, "hop_length": 160, "num_mel_bins": MELS, "feature_size": MELS, "mel_scale": "slaney",
-        "center": False, "log_floor": 1e-8, "mean": [-9.0] * MELS, "std": [3.0] * MELS, "padding_value": 0.0}))
+    (folder / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "feature_extractor_type": "LogMelFeatureExtractor",
+                "sampling_rate": 16000,
+                "n_fft": 400,
+                "win_length": 400,
+                "hop_length": 160,
+                "num_mel_bins": MELS,
+                "feature_size": MELS,
+                "mel_scale": "slaney",
+                "center": False,
+                "log_floor": 1e-8,
+                "mean": [-9.0] * MELS,
+                "std": [3.0] * MELS,
+                "padding_value": 0.0,
+            }
+        )
+    )
     return folder
 
 
@@ -104,7 +139,7 @@ def test_streaming_equals_whole_utterance_for_any_chunking(engine_factory, decod
     s = e.new_stream()
     partials = []
     for i in range(0, len(x), chunk):
-        s.add_audio(x[i:i + chunk])
+        s.add_audio(x[i : i + chunk])
         h = e.step([s])[0]
         if h is not None:
             partials.append(h)
@@ -115,7 +150,7 @@ def test_streaming_equals_whole_utterance_for_any_chunking(engine_factory, decod
     # partials only grow (CTC streams natively: nothing already emitted is revised, greedy)
     if decoder == "greedy":
         ids = [p.token_ids for p in partials] + [final.token_ids]
-        assert all(b[:len(a)] == a for a, b in pairwise(ids))
+        assert all(b[: len(a)] == a for a, b in pairwise(ids))
 
 
 def test_scores_stream_exactly_like_the_whole_pass(engine_factory):
@@ -127,7 +162,7 @@ def test_scores_stream_exactly_like_the_whole_pass(engine_factory):
     original = s.decoder.advance
     s.decoder.advance = lambda lp: (seen.append(np.array(lp)), original(lp))
     for i in range(0, len(x), 3000):
-        s.add_audio(x[i:i + 3000])
+        s.add_audio(x[i : i + 3000])
         e.step([s])
     s.end()
     e.step([s])
@@ -148,7 +183,7 @@ def test_batched_streams_equal_streams_alone(engine_factory):
             if s.ended:
                 continue
             if i < len(x):
-                s.add_audio(x[i:i + step])
+                s.add_audio(x[i : i + step])
             else:
                 s.end()
         for k, h in enumerate(e.step(streams)):

@@ -4,6 +4,7 @@ Random-weight demo models give meaningless text; what must hold is that the serv
 (chunked streaming, several streams batched on one engine, the service with endpointing) give
 exactly the tokens the plain single-stream path gives.
 """
+
 from __future__ import annotations
 
 from itertools import pairwise
@@ -46,7 +47,7 @@ def stream_alone(engine, x, chunk=CHUNK):
     s = engine.new_stream()
     partials = []
     for i in range(0, len(x), chunk):
-        s.add_audio(x[i:i + chunk])
+        s.add_audio(x[i : i + chunk])
         h = engine.step([s])[0]
         if h is not None:
             partials.append(h)
@@ -65,7 +66,7 @@ def stream_batched(engine, xs, chunk=CHUNK):
         for s, x in zip(streams, xs):
             if s.ended:
                 continue
-            piece = x[i:i + chunk]
+            piece = x[i : i + chunk]
             if piece.size:
                 s.add_audio(piece)
             else:
@@ -119,8 +120,10 @@ def test_service_with_concurrent_streams_equals_single_stream(engines, speech, n
             handles = [svc.open_stream() for _ in streams_audio]
             import threading
 
-            threads = [threading.Thread(target=feed_lockstep, args=(h, x, svc.chunk_samples)) for h, x in
-                       zip(handles, streams_audio)]
+            threads = [
+                threading.Thread(target=feed_lockstep, args=(h, x, svc.chunk_samples))
+                for h, x in zip(handles, streams_audio)
+            ]
             for t in threads:
                 t.start()
             for t in threads:

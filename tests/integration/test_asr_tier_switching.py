@@ -5,6 +5,7 @@ text, so a final says which model decoded the utterance and whether it heard all
 controller down and back up while streams are open: open streams finish on the tier they started
 on, new ones go to the new tier, the old engine closes once its streams end, and nothing fails.
 The last tests run the daemon's wiring (``Agent``) on the real demo models."""
+
 from __future__ import annotations
 
 import io
@@ -79,8 +80,10 @@ class Ladder:
         self.engines: list[FakeRecognizer] = []
         self.lock = threading.Lock()
         self.loaded = self.peak = 0
-        self.tiers = [SpeechTier("heavy", lambda: self._open("heavy")),
-                      SpeechTier("light", lambda: self._open("light"))]
+        self.tiers = [
+            SpeechTier("heavy", lambda: self._open("heavy")),
+            SpeechTier("light", lambda: self._open("light")),
+        ]
 
     def _open(self, name: str) -> FakeRecognizer:
         if name == "light" and self.light_fails:
@@ -101,9 +104,19 @@ def service_for(engine) -> AsrService:
     return AsrService(engine, limits=BatchLimits(max_batch=4, batch_timeout_ms=0), detector_factory=lambda: None)
 
 
-POLICY = Policy(metric="first_partial_ms", percentile=95, target_ms=150.0, min_samples=3, downgrade_after=1,
-                upgrade_after=1, upgrade_ratio=0.7, cooldown_s=0.0, min_dwell_s=0.0, min_token_cap_ratio=1.0,
-                shed_after=100)
+POLICY = Policy(
+    metric="first_partial_ms",
+    percentile=95,
+    target_ms=150.0,
+    min_samples=3,
+    downgrade_after=1,
+    upgrade_after=1,
+    upgrade_ratio=0.7,
+    cooldown_s=0.0,
+    min_dwell_s=0.0,
+    min_token_cap_ratio=1.0,
+    shed_after=100,
+)
 
 
 def build(ladder: Ladder, policy: Policy = POLICY, start: int = 0, drain_s: float = 30.0):
@@ -118,9 +131,15 @@ def build(ladder: Ladder, policy: Policy = POLICY, start: int = 0, drain_s: floa
             holder["c"].switch_failed(old, new, error)
 
     speech = Speech(ladder.tiers, service_for, on_utterance, on_switched, drain_s=drain_s).start(start)
-    holder["c"] = controller = TierController(speech, policy, window_s=60.0, evaluate_every_s=3600.0,
-                                              on_event=lambda kind, payload: events.append((kind, payload)),
-                                              clock=Clock(), workload="asr")
+    holder["c"] = controller = TierController(
+        speech,
+        policy,
+        window_s=60.0,
+        evaluate_every_s=3600.0,
+        on_event=lambda kind, payload: events.append((kind, payload)),
+        clock=Clock(),
+        workload="asr",
+    )
     return speech, controller, events, observed
 
 
@@ -178,7 +197,7 @@ def test_slow_heavy_tier_switches_down_and_back_up_without_cutting_an_utterance(
         clock.now = 1.0
         assert controller.evaluate().action == "downgrade"
         wait_active(speech, 1)
-        (kind, payload), = events
+        ((kind, payload),) = events
         assert (kind, payload["workload"], payload["from"], payload["to"]) == ("tier_switch", "asr", "heavy", "light")
         assert payload["snapshot"]["metric"] == "first_partial_ms" and payload["snapshot"]["value_ms"] > 150
 
@@ -328,8 +347,9 @@ def test_agent_switches_real_asr_tiers_while_a_stream_is_open(tmp_path):
     from tests.speech import speech_samples
 
     samples = speech_samples("turn on the kitchen lights")
-    blocks = [(np.clip(samples[i:i + 1600], -1, 1) * 32767).astype("<i2").tobytes()
-              for i in range(0, len(samples), 1600)]
+    blocks = [
+        (np.clip(samples[i : i + 1600], -1, 1) * 32767).astype("<i2").tobytes() for i in range(0, len(samples), 1600)
+    ]
     settings, path = _asr_settings(tmp_path, [("top", "demo-asr"), ("light", "demo-ctc")])
     agent = Agent(settings, str(path), drain_s=10)
     agent.asr = agent._start_asr()
@@ -348,7 +368,7 @@ def test_agent_switches_real_asr_tiers_while_a_stream_is_open(tmp_path):
 
         during: list[dict] = []
         stream = agent.asr.open_stream(during.append)
-        feed(stream, blocks[:len(blocks) // 2])
+        feed(stream, blocks[: len(blocks) // 2])
         assert agent.remote.pin_tier("asr", "light") == {"pinned": "light"}
         wait_active(agent.asr, 1, timeout_s=60)
         reported = agent.remote.reported()
@@ -360,7 +380,7 @@ def test_agent_switches_real_asr_tiers_while_a_stream_is_open(tmp_path):
         other.close()
         assert [e for e in light if e["kind"] == "final"] and not [e for e in light if e["kind"] == "error"]
 
-        feed(stream, blocks[len(blocks) // 2:])
+        feed(stream, blocks[len(blocks) // 2 :])
         stream.close()
         assert not [e for e in during if e["kind"] == "error"]
         assert " ".join(e["text"] for e in during if e["kind"] == "final" and e["text"]).strip() == ref_text

@@ -1,4 +1,5 @@
 """ONNX Runtime and OpenVINO sessions on a tiny real ONNX model, checked against numpy."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -46,13 +47,16 @@ def test_outputs_are_owned_by_the_caller(backend, model):
 
 
 @pytest.mark.parametrize("backend", LOCAL)
-@pytest.mark.parametrize("feeds, match", [
-    ({"x": np.ones((2, 8), np.float64)}, "dtype float64"),
-    ({"x": np.ones((2, 5), np.float32)}, "dim 1 is 5"),
-    ({"x": np.ones((8,), np.float32)}, "rank 1"),
-    ({"z": np.ones((2, 8), np.float32)}, "unknown input"),
-    ({}, "missing input"),
-])
+@pytest.mark.parametrize(
+    "feeds, match",
+    [
+        ({"x": np.ones((2, 8), np.float64)}, "dtype float64"),
+        ({"x": np.ones((2, 5), np.float32)}, "dim 1 is 5"),
+        ({"x": np.ones((8,), np.float32)}, "rank 1"),
+        ({"z": np.ones((2, 8), np.float32)}, "unknown input"),
+        ({}, "missing input"),
+    ],
+)
 def test_bad_feeds_are_input_errors_naming_the_input(backend, model, feeds, match):
     session = open_session(model[0], backend, SessionOptions(device="cpu"))
     with pytest.raises(InputError, match=match):
@@ -116,9 +120,11 @@ def test_openvino_precision_is_explicit():
 
 def test_fake_backend_latency_failures_and_spec(tmp_path):
     spec = tmp_path / "fake.json"
-    spec.write_text('{"inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", 2]}],'
-                    ' "outputs": [{"name": "y", "dtype": "float32", "shape": ["batch", 2]}],'
-                    ' "latency_ms": 1, "fail_every": 3}')
+    spec.write_text(
+        '{"inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", 2]}],'
+        ' "outputs": [{"name": "y", "dtype": "float32", "shape": ["batch", 2]}],'
+        ' "latency_ms": 1, "fail_every": 3}'
+    )
     session = open_session(spec, "fake", warmup={"x": np.zeros((1, 2), np.float32)})
     x = np.arange(4, dtype=np.float32).reshape(2, 2)
     np.testing.assert_array_equal(session.run({"x": x})["y"], x + 1)
@@ -152,11 +158,17 @@ def test_onnxruntime_tensorrt_provider_options_are_keyed_by_runtime_version(monk
 
     from edge_agent.backends.onnxruntime import providers_for
 
-    monkeypatch.setattr(ort, "get_available_providers",
-                        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(
+        ort,
+        "get_available_providers",
+        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+    )
     chosen = providers_for(SessionOptions(device="tensorrt", precision="fp16", cache_dir=tmp_path))
-    assert [name for name, _ in chosen] == ["TensorrtExecutionProvider", "CUDAExecutionProvider",
-                                            "CPUExecutionProvider"]
+    assert [name for name, _ in chosen] == [
+        "TensorrtExecutionProvider",
+        "CUDAExecutionProvider",
+        "CPUExecutionProvider",
+    ]
     trt = chosen[0][1]
     assert trt["trt_fp16_enable"] is True and trt["trt_int8_enable"] is False
     # The TRT EP never invalidates its cache on upgrade: the folder carries the runtime version.

@@ -1,4 +1,5 @@
 """`bench llm` end to end on the tiny demo-phi3: report structure, internal consistency, plot, bad input."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,21 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _base(tmp_path) -> list[str]:
-    return ["--model", "demo-phi3", "--requests", str(REQUESTS), "--prompt-tokens", str(PROMPT),
-            "--max-new-tokens", str(NEW), "--rounds", "2", "--cache-dir", str(tmp_path / "models"), "--quiet"]
+    return [
+        "--model",
+        "demo-phi3",
+        "--requests",
+        str(REQUESTS),
+        "--prompt-tokens",
+        str(PROMPT),
+        "--max-new-tokens",
+        str(NEW),
+        "--rounds",
+        "2",
+        "--cache-dir",
+        str(tmp_path / "models"),
+        "--quiet",
+    ]
 
 
 def _check_stats(side: dict) -> None:
@@ -117,16 +131,19 @@ def test_bench_llm_no_baseline(tmp_path):
     assert report["roofline"]["achieved_source"] == "agent"
 
 
-@pytest.mark.parametrize("flag,value,message", [
-    ("--requests", "0", "--requests"),
-    ("--concurrency", "0", "--concurrency"),
-    ("--rate", "0", "--rate"),
-    ("--rate", "-2", "--rate"),
-    ("--prompt-tokens", "0", "--prompt-tokens"),
-    ("--prompt-tokens", "100000", "context"),
-    ("--max-new-tokens", "0", "--max-new-tokens"),
-    ("--scaling", "0", "--scaling"),
-])
+@pytest.mark.parametrize(
+    "flag,value,message",
+    [
+        ("--requests", "0", "--requests"),
+        ("--concurrency", "0", "--concurrency"),
+        ("--rate", "0", "--rate"),
+        ("--rate", "-2", "--rate"),
+        ("--prompt-tokens", "0", "--prompt-tokens"),
+        ("--prompt-tokens", "100000", "context"),
+        ("--max-new-tokens", "0", "--max-new-tokens"),
+        ("--scaling", "0", "--scaling"),
+    ],
+)
 def test_bench_llm_bad_numbers(tmp_path, flag, value, message):
     args = _parse([*_base(tmp_path), flag, value])
     with pytest.raises(InputError, match=message):

@@ -1,4 +1,5 @@
 """`bench tiers` end to end on the real demo ladders (demo-phi3-small above demo-phi3; demo-whisper above demo-asr)."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,21 @@ def test_arrivals_follow_the_rise_hold_fall_profile():
 @pytest.mark.slow
 def test_bench_tiers_switches_down_under_the_peak_and_fails_no_request(tmp_path, capsys):
     out, png = tmp_path / "t.json", tmp_path / "t.png"
-    code = main(["bench", "tiers", "--duration-s", "14", "--max-new-tokens", "16", "--json", str(out),
-                 "--plot", str(png), "--quiet"])
+    code = main(
+        [
+            "bench",
+            "tiers",
+            "--duration-s",
+            "14",
+            "--max-new-tokens",
+            "16",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+            "--quiet",
+        ]
+    )
     report = json.loads(out.read_text())
     assert code == 0
     for side in ("adaptive", "fixed"):
@@ -41,12 +55,15 @@ def test_bench_tiers_switches_down_under_the_peak_and_fails_no_request(tmp_path,
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (shutil.which("espeak-ng") and shutil.which("sox")),
-                    reason="bench tiers --workload asr synthesises its streams with espeak-ng and sox")
+@pytest.mark.skipif(
+    not (shutil.which("espeak-ng") and shutil.which("sox")),
+    reason="bench tiers --workload asr synthesises its streams with espeak-ng and sox",
+)
 def test_bench_tiers_asr_replays_the_same_arrivals_on_both_arms_and_fails_no_stream(tmp_path, capsys):
     out, png = tmp_path / "a.json", tmp_path / "a.png"
-    code = main(["bench", "tiers", "--workload", "asr", "--duration-s", "10", "--json", str(out),
-                 "--plot", str(png), "--quiet"])
+    code = main(
+        ["bench", "tiers", "--workload", "asr", "--duration-s", "10", "--json", str(out), "--plot", str(png), "--quiet"]
+    )
     report = json.loads(out.read_text())
     assert code == 0
     assert report["workload"] == "asr" and report["tiers"] == ["demo-whisper", "demo-asr"]

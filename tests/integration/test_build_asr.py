@@ -1,4 +1,5 @@
 """The ASR build path on the streaming CTC demo model: calibration from streamed chunks, WER gate."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,8 +27,13 @@ def make_pipeline(tmp_path: Path, extra: str = "") -> Pipeline:
     text = text.replace("samples = 200", "samples = 4").replace("max_wer_delta = 0.02", "max_wer_delta = 0.5")
     path = tmp_path / "demo-asr.toml"
     path.write_text(text)
-    return Pipeline(load_recipe(path), EngineCache(tmp_path / "engines", 1 << 30), tmp_path / "models", threads=1,
-                    heartbeat=Heartbeat(enabled=False, notifier=Notifier({})))
+    return Pipeline(
+        load_recipe(path),
+        EngineCache(tmp_path / "engines", 1 << 30),
+        tmp_path / "models",
+        threads=1,
+        heartbeat=Heartbeat(enabled=False, notifier=Notifier({})),
+    )
 
 
 def test_calibration_feeds_are_the_streamed_chunks_with_state(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
 """Real builds with ONNX Runtime on the CPU: FP32/FP16/INT8 of the tiny demo LLM, the cache, resume."""
+
 from __future__ import annotations
 
 import json
@@ -55,15 +56,25 @@ total_sequence_length = [2, 33, 128]
 
 def make_recipe(tmp_path: Path, min_cosine: float = 0.9, calib: Path | None = None) -> Path:
     path = tmp_path / "tiny-phi3.toml"
-    path.write_text(RECIPE.format(calib=calib or ROOT / "calibration/llm/prompts.jsonl",
-                                  heldout=ROOT / "calibration/llm/heldout.jsonl", min_cosine=min_cosine))
+    path.write_text(
+        RECIPE.format(
+            calib=calib or ROOT / "calibration/llm/prompts.jsonl",
+            heldout=ROOT / "calibration/llm/heldout.jsonl",
+            min_cosine=min_cosine,
+        )
+    )
     return path
 
 
 def make_pipeline(tmp_path: Path, **kw) -> Pipeline:
     cache = EngineCache(tmp_path / "engines", 1 << 30)
-    return Pipeline(load_recipe(make_recipe(tmp_path, **kw)), cache, tmp_path / "models", threads=1,
-                    heartbeat=Heartbeat(enabled=False, notifier=Notifier({})))
+    return Pipeline(
+        load_recipe(make_recipe(tmp_path, **kw)),
+        cache,
+        tmp_path / "models",
+        threads=1,
+        heartbeat=Heartbeat(enabled=False, notifier=Notifier({})),
+    )
 
 
 def test_int8_qdq_is_symmetric_per_channel_and_gated(tmp_path: Path) -> None:
@@ -80,8 +91,10 @@ def test_int8_qdq_is_symmetric_per_channel_and_gated(tmp_path: Path) -> None:
     # The calibrated graph (before ORT fuses it) carries Q/DQ pairs with zero points of 0 only.
     staged_model = onnx.load(str(Path(report["path"]) / "model" / "model.onnx"))
     quantized = ("QuantizeLinear", "MatMulInteger", "DynamicQuantizeLinear")
-    assert any(n.op_type.startswith("QLinear") or n.op_type in quantized or n.domain == "com.microsoft"
-               for n in staged_model.graph.node)
+    assert any(
+        n.op_type.startswith("QLinear") or n.op_type in quantized or n.domain == "com.microsoft"
+        for n in staged_model.graph.node
+    )
     zero_points = [onnx.numpy_helper.to_array(i) for i in staged_model.graph.initializer if "zero_point" in i.name]
     assert zero_points and all(np.all(z == 0) for z in zero_points)
     assert report["conversion"]["per_channel"] and report["conversion"]["symmetric"]

@@ -1,4 +1,5 @@
 """Real OpenVINO builds on the CPU: NNCF INT8, INT4/INT8 weight compression, FP16 IR, compiled blob."""
+
 from __future__ import annotations
 
 from pathlib import Path

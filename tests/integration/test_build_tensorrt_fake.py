@@ -1,5 +1,6 @@
 """The jetson build path up to the plan, on real artifacts: the tiny demo LLM quantized to Q/DQ by
 ONNX Runtime, profiles mapped from the recipe, built by the fake ``tensorrt`` (10.3 and 11.4)."""
+
 from __future__ import annotations
 
 import json

@@ -3,6 +3,7 @@
 The references (``reference.npz``) were computed by PyTorch from the same weights when the demo
 models were generated (scripts/make_demo_models.py); this test needs neither torch nor the generator.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -127,8 +128,9 @@ def test_whisper_encoder_and_cached_decoder_match_pytorch(backend):
             break
         feeds = {"input_ids": np.asarray([[token]], np.int64), **{k: past[k] for k in wanted_past}}
         out = with_past.run(feeds)
-        past.update({k.replace("present.", "past_key_values.", 1): v
-                     for k, v in out.items() if k.startswith("present.")})
+        past.update(
+            {k.replace("present.", "past_key_values.", 1): v for k, v in out.items() if k.startswith("present.")}
+        )
     assert generated == ref["greedy_ids"].tolist()
 
 

@@ -3,6 +3,7 @@
 Real runtimes (ONNX Runtime; OpenVINO CPU where installed) and real speech synthesised at test time
 with espeak-ng + sox from the recipes in calibration/asr/heldout.jsonl (held-out sentences and voices).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -88,8 +89,10 @@ def test_folder_follows_the_streaming_ctc_contract() -> None:
     contract = json.loads((FOLDER / "io_contract.json").read_text())["model.onnx"]
     names = [i["name"] for i in contract["inputs"]], [o["name"] for o in contract["outputs"]]
     n = len(config["state_shapes"])
-    assert names == (["features"] + [f"state_in.{i}" for i in range(n)],
-                     ["log_probs"] + [f"state_out.{i}" for i in range(n)])
+    assert names == (
+        ["features"] + [f"state_in.{i}" for i in range(n)],
+        ["log_probs"] + [f"state_out.{i}" for i in range(n)],
+    )
     for spec in contract["inputs"][1:]:
         assert spec["shape"][1:] == config["state_shapes"][spec["name"]]
     assert (FOLDER / "model.onnx").stat().st_size < 8_500_000
@@ -116,8 +119,9 @@ def test_backend_reproduces_pytorch_reference(runner: StreamingCtcRunner, refere
     assert (out["log_probs"][0].argmax(-1) == reference["greedy_ids"]).mean() > 0.99
     batch = reference["batch_features"]
     zeros2 = {k: np.zeros((2, *s), np.float32) for k, s in spec.state_shapes.items()}
-    np.testing.assert_allclose(runner.session.run({"features": batch, **zeros2})["log_probs"],
-                               reference["batch_log_probs"], atol=2e-4)
+    np.testing.assert_allclose(
+        runner.session.run({"features": batch, **zeros2})["log_probs"], reference["batch_log_probs"], atol=2e-4
+    )
     assert runner.decode(out["log_probs"][0]) == runner.decode(reference["log_probs"])
 
 
@@ -156,8 +160,9 @@ def test_held_out_speech_is_recognised(spoken: Path) -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "edge_agent", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "edge_agent", *args], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
 
 
 def test_eval_cli_end_to_end(spoken: Path, tmp_path: Path) -> None:
@@ -169,8 +174,9 @@ def test_eval_cli_end_to_end(spoken: Path, tmp_path: Path) -> None:
     assert "stream/greedy" in done.stdout and "RTF" in done.stdout
     report = json.loads(out.read_text())
     assert report["utterances"] == 3 and report["model"] == "demo-asr"
-    assert set(report["results"]) == {f"{m}/{d}" for m in ("stream", "full", "service")
-                                      for d in ("greedy", "lexicon", "lm")}
+    assert set(report["results"]) == {
+        f"{m}/{d}" for m in ("stream", "full", "service") for d in ("greedy", "lexicon", "lm")
+    }
     for r in report["results"].values():
         assert r["wer"]["ref_len"] > 0 and 0 <= r["wer"]["rate"] <= 1 and 0 <= r["cer"]["rate"] <= 1
     assert report["latency"]["rtf"] > 0 and report["latency"]["count"] == 3
@@ -181,14 +187,17 @@ def test_eval_cli_end_to_end(spoken: Path, tmp_path: Path) -> None:
     assert set(json.loads(done.stdout)["results"]) == {"stream/greedy", "full/greedy", "service/greedy"}
 
 
-@pytest.mark.parametrize("lines, message", [
-    (['{"audio": "a.wav", "text": "x"}', "{not json"], "bad.jsonl:2: not valid JSON"),
-    (['{"text": "no audio"}'], 'bad.jsonl:1: expected {"audio"'),
-    (['{"audio": "missing.wav", "text": "x"}'], "bad.jsonl:1: audio file missing.wav not found"),
-    (['{"audio": "a.wav"}'], 'bad.jsonl:1: no reference "text"'),
-    (['{"audio": "corrupt.wav", "text": "x"}'], "bad.jsonl:1: "),
-    ([""], "bad.jsonl: the manifest has no utterances"),
-])
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (['{"audio": "a.wav", "text": "x"}', "{not json"], "bad.jsonl:2: not valid JSON"),
+        (['{"text": "no audio"}'], 'bad.jsonl:1: expected {"audio"'),
+        (['{"audio": "missing.wav", "text": "x"}'], "bad.jsonl:1: audio file missing.wav not found"),
+        (['{"audio": "a.wav"}'], 'bad.jsonl:1: no reference "text"'),
+        (['{"audio": "corrupt.wav", "text": "x"}'], "bad.jsonl:1: "),
+        ([""], "bad.jsonl: the manifest has no utterances"),
+    ],
+)
 def test_eval_cli_bad_manifests(tmp_path: Path, lines: list[str], message: str) -> None:
     _synth().write_wav(tmp_path / "a.wav", np.zeros(8000, np.float32))
     (tmp_path / "corrupt.wav").write_bytes(b"RIFF\x00\x00not a wave file")
@@ -207,5 +216,3 @@ def test_missing_manifest_and_wrong_model_kind(tmp_path: Path) -> None:
     (tmp_path / "m.jsonl").write_text('{"audio": "a.wav", "text": "x"}\n')
     done = _cli("eval", "asr", "--model", "demo-ctc", "--data", str(tmp_path / "m.jsonl"))
     assert done.returncode == 1 and "streaming-ctc" in done.stderr
-
-

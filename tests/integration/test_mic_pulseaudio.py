@@ -5,6 +5,7 @@ null sink's monitor the default source, and plays espeak-ng speech into the sink
 callback then delivers it at 16 kHz in 20 ms blocks, as a USB microphone would. Skipped, with the
 reason, when PulseAudio or PortAudio is missing.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,16 +29,30 @@ pytestmark = pytest.mark.slow
 class PulseServer:
     def __init__(self, runtime: Path) -> None:
         self.runtime = runtime
-        self.env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "PULSE_RUNTIME_PATH": str(runtime / "pulse"),
-                    "HOME": str(runtime)}
+        self.env = {
+            **os.environ,
+            "XDG_RUNTIME_DIR": str(runtime),
+            "PULSE_RUNTIME_PATH": str(runtime / "pulse"),
+            "HOME": str(runtime),
+        }
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            ["pulseaudio", "--daemonize=no", "--exit-idle-time=-1", "-n", "--disallow-exit",
-             "--load=module-native-protocol-unix", "--load=module-null-sink sink_name=edge rate=16000 channels=1",
-             "--load=module-always-sink"],
-            env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                "pulseaudio",
+                "--daemonize=no",
+                "--exit-idle-time=-1",
+                "-n",
+                "--disallow-exit",
+                "--load=module-native-protocol-unix",
+                "--load=module-null-sink sink_name=edge rate=16000 channels=1",
+                "--load=module-always-sink",
+            ],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -53,8 +68,9 @@ class PulseServer:
         return subprocess.run(["pactl", *args], env=self.env, capture_output=True, timeout=10)
 
     def play(self, wav: Path) -> subprocess.Popen:
-        return subprocess.Popen(["paplay", "--device=edge", str(wav)], env=self.env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return subprocess.Popen(
+            ["paplay", "--device=edge", str(wav)], env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -1,4 +1,5 @@
 """The continuous-batching scheduler on a real demo model (ONNX Runtime, CPU)."""
+
 from __future__ import annotations
 
 import threading
@@ -21,8 +22,9 @@ def reference(name: str) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
-    model = DecoderLM.open(resolve_model("demo-gemma2", tmp_path_factory.mktemp("m")), "onnxruntime",
-                           SessionOptions(threads=1))
+    model = DecoderLM.open(
+        resolve_model("demo-gemma2", tmp_path_factory.mktemp("m")), "onnxruntime", SessionOptions(threads=1)
+    )
     yield model
     model.close()
 
@@ -60,7 +62,7 @@ def test_streamed_pieces_add_up_to_the_text_and_stop_strings_cut_it(lm):
         pieces = [e.text for e in handle]
         full = handle.result().text
         assert "".join(pieces) == full
-        stop = full[len(full) // 2: len(full) // 2 + 3]
+        stop = full[len(full) // 2 : len(full) // 2 + 3]
         if not stop.strip():
             pytest.skip("random model text has no usable stop string here")
         cut = sched.submit(ref["prompt_ids"].tolist(), SamplingParams(max_new_tokens=12, ignore_eos=True, stop=(stop,)))
@@ -85,6 +87,7 @@ def test_bounded_queue_overloads_and_queue_timeout_rejects(lm):
     try:
         busy = sched.submit([5, 6, 7], greedy(2))
         import time
+
         time.sleep(0.05)  # the device thread has taken `busy` and is blocked in its prefill
         waiting = [sched.submit([5, 6], greedy(2)) for _ in range(2)]
         with pytest.raises(Overloaded, match="queue full"):

@@ -9,10 +9,36 @@ from tests.conftest import REPO
 
 def test_bench_telemetry_runs_every_condition_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "edge_agent", "bench", "telemetry", "--model", "demo-phi3",
-                           "--requests", "4", "--rounds", "1", "--max-new-tokens", "4", "--prompt-tokens", "8",
-                           "--interval-s", "0.05", "--delay-ms", "50", "--quiet", "--json", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edge_agent",
+            "bench",
+            "telemetry",
+            "--model",
+            "demo-phi3",
+            "--requests",
+            "4",
+            "--rounds",
+            "1",
+            "--max-new-tokens",
+            "4",
+            "--prompt-tokens",
+            "8",
+            "--interval-s",
+            "0.05",
+            "--delay-ms",
+            "50",
+            "--quiet",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())
     assert set(report["median"]) == {"off", "up", "down", "slow"}
@@ -23,6 +49,11 @@ def test_bench_telemetry_runs_every_condition_and_writes_json(tmp_path):
 
 
 def test_bench_telemetry_refuses_bad_arguments():
-    proc = subprocess.run([sys.executable, "-m", "edge_agent", "bench", "telemetry", "--conditions", "up"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "edge_agent", "bench", "telemetry", "--conditions", "up"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1 and "include 'off'" in proc.stderr and "Traceback" not in proc.stderr

@@ -6,6 +6,7 @@ should be: a persistent session on a persistent broker; where a broker dies with
 (SIGKILL), a proxy keeps the agent away until the watcher has resubscribed, so the test measures the
 agent's guarantee, not the broker's.
 """
+
 from __future__ import annotations
 
 import gc
@@ -106,8 +107,9 @@ def test_network_cut_and_heal_loses_nothing(tmp_path):
 def test_blackholed_link_is_detected_by_keepalive_and_nothing_is_lost(tmp_path):
     with Broker(tmp_path / "b") as broker, TcpProxy(broker.port) as proxy:
         w = Watcher(broker.port)
-        tele = make_telemetry(tmp_path, proxy.port, interval_s=0.2, live_age_s=0.5,
-                              mqtt_extra={"keepalive_s": 5}).start()
+        tele = make_telemetry(
+            tmp_path, proxy.port, interval_s=0.2, live_age_s=0.5, mqtt_extra={"keepalive_s": 5}
+        ).start()
         with Load(tele):
             wait_for(lambda: len(w.seqs()) >= 3, 20, what="first windows")
             proxy.blackhole()  # packets vanish; no RST, no FIN
@@ -150,8 +152,11 @@ def test_agent_kill9_during_outage_keeps_the_spool_and_the_next_run_replays_it(t
         second = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
         try:
             assert second.stdout.readline().strip() == "session 2"
-            wait_for(lambda: any(d["session"] == 2 and not d["historical"] for d in w.docs("tele/latency")), 30,
-                     what="second run live")
+            wait_for(
+                lambda: any(d["session"] == 2 and not d["historical"] for d in w.docs("tele/latency")),
+                30,
+                what="second run live",
+            )
             wait_for(lambda: _spool_rows(spool) <= 3, 60, what="replay of the first run's spool")
         finally:
             second.send_signal(signal.SIGKILL)
@@ -190,8 +195,24 @@ def test_link_flapping_for_60_s_keeps_memory_and_threads_bounded(tmp_path):
     rng = random.Random(3)
     with Broker(tmp_path / "b") as broker, TcpProxy(broker.port) as proxy:
         out = (tmp_path / "sub.jsonl").open("w")
-        sub = subprocess.Popen(["mosquitto_sub", "-V", "mqttv5", "-q", "1", "-h", "127.0.0.1", "-p", str(broker.port),
-                                "-t", "edge/v1/+/tele/latency", "-F", "%p"], stdout=out)
+        sub = subprocess.Popen(
+            [
+                "mosquitto_sub",
+                "-V",
+                "mqttv5",
+                "-q",
+                "1",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(broker.port),
+                "-t",
+                "edge/v1/+/tele/latency",
+                "-F",
+                "%p",
+            ],
+            stdout=out,
+        )
         try:
             time.sleep(0.5)
             tele = make_telemetry(tmp_path, proxy.port, interval_s=0.1, live_age_s=0.5).start()
@@ -211,7 +232,8 @@ def test_link_flapping_for_60_s_keeps_memory_and_threads_bounded(tmp_path):
                     time.sleep(rng.uniform(0.5, 2.5))
                     flaps += 1
                     threads_mid = threading.active_count() - sum(
-                        t.name.startswith("proxy") for t in threading.enumerate())
+                        t.name.startswith("proxy") for t in threading.enumerate()
+                    )
                     assert threads_mid <= threads_before + 1, [t.name for t in threading.enumerate()]
                 wait_for(tele.link.connected.is_set, 30, what="final reconnect")
                 drained(tele, 90)

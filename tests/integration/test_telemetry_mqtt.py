@@ -1,4 +1,5 @@
 """Telemetry against a real mosquitto on 127.0.0.1 and a free port: birth, will, spool, TLS, auth, ACL, commands."""
+
 from __future__ import annotations
 
 import json
@@ -83,8 +84,13 @@ def test_missing_broker_at_boot_spools_then_delivers_everything(tmp_path, broker
 def test_mutual_tls_with_generated_certificates(tmp_path):
     certs = Certs.generate(tmp_path / "pki", client_cn="dev-tls")
     with Broker(tmp_path / "b", tls=certs, require_client_cert=True) as broker:
-        w = Watcher(broker.port, client_id="fleet", ca_certs=str(certs.ca), certfile=str(certs.client_cert),
-                    keyfile=str(certs.client_key))
+        w = Watcher(
+            broker.port,
+            client_id="fleet",
+            ca_certs=str(certs.ca),
+            certfile=str(certs.client_cert),
+            keyfile=str(certs.client_key),
+        )
         tls = {"ca_file": certs.ca, "cert_file": certs.client_cert, "key_file": certs.client_key}
         tele = make_telemetry(tmp_path, broker.port, device_id="dev-tls", mqtt_extra={"tls": tls}).start()
         wait_for(lambda: len(w.seqs("dev-tls")) >= 3, 30, what="windows over TLS")
@@ -96,8 +102,7 @@ def test_mutual_tls_with_generated_certificates(tmp_path):
 def test_tls_with_an_untrusted_ca_is_refused_and_the_agent_keeps_spooling(tmp_path):
     good, other = Certs.generate(tmp_path / "pki"), Certs.generate(tmp_path / "other")
     with Broker(tmp_path / "b", tls=good) as broker:
-        tele = make_telemetry(tmp_path, broker.port, interval_s=0.1,
-                              mqtt_extra={"tls": {"ca_file": other.ca}}).start()
+        tele = make_telemetry(tmp_path, broker.port, interval_s=0.1, mqtt_extra={"tls": {"ca_file": other.ca}}).start()
         wait_for(lambda: tele.spool.records >= 5, 20, what="spooling while TLS fails")
         assert not tele.link.connected.is_set() and tele.link.callback_errors == 0
         tele.stop(timeout_s=1)
@@ -105,22 +110,26 @@ def test_tls_with_an_untrusted_ca_is_refused_and_the_agent_keeps_spooling(tmp_pa
 
 def test_username_password_good_and_bad(tmp_path):
     with Broker(tmp_path / "b", passwords={"dev-1": "s3cret", "fleet": "f"}) as broker:
-        bad = make_telemetry(tmp_path / "bad", broker.port, interval_s=0.1,
-                             mqtt_extra={"username": "dev-1", "password": "wrong"}).start()
+        bad = make_telemetry(
+            tmp_path / "bad", broker.port, interval_s=0.1, mqtt_extra={"username": "dev-1", "password": "wrong"}
+        ).start()
         wait_for(lambda: bad.link.last_error and "refused" in bad.link.last_error, 20, what="refusal")
         wait_for(lambda: bad.spool.records >= 3, 20, what="windows spooled meanwhile")
         assert not bad.link.connected.is_set() and bad.link.callback_errors == 0
         bad.stop(timeout_s=1)
-        good = make_telemetry(tmp_path / "good", broker.port,
-                              mqtt_extra={"username": "dev-1", "password": "s3cret"}).start()
+        good = make_telemetry(
+            tmp_path / "good", broker.port, mqtt_extra={"username": "dev-1", "password": "s3cret"}
+        ).start()
         wait_for(lambda: good.link.connected.is_set(), 20, what="authenticated connect")
         drained(good)
         good.stop()
 
 
 def test_publish_denied_by_acl_is_retried_dropped_and_reported(tmp_path):
-    acl = ("topic write edge/v1/dev-1/state\ntopic write edge/v1/dev-1/meta\n"
-           "topic write edge/v1/dev-1/evt/#\ntopic read edge/v1/#\n")
+    acl = (
+        "topic write edge/v1/dev-1/state\ntopic write edge/v1/dev-1/meta\n"
+        "topic write edge/v1/dev-1/evt/#\ntopic read edge/v1/#\n"
+    )
     with Broker(tmp_path / "b", acl=acl) as broker:
         w = Watcher(broker.port)
         tele = make_telemetry(tmp_path, broker.port, interval_s=0.5)
@@ -154,10 +163,14 @@ def test_commands_over_mqtt5_response_topic_correlation_duplicates_and_bad_input
     assert replies()[-1][0]["duplicate"] is True and replies()[-1][0]["status"] == "succeeded"
     assert agent.calls.count(("pin_tier", ("llm", "tiny"))) == 1
     watcher.request("edge/v1/dev-1/cmd/get_status/req", b"\xff\xfe not json", response_topic="fleet/replies/7")
-    watcher.request("edge/v1/dev-1/cmd/get_status/req", {"cmd_id": "big", "pad": "x" * 5000},
-                    response_topic="fleet/replies/7")
-    watcher.request("edge/v1/dev-1/cmd/flush_telemetry/req", {"cmd_id": "old", "expires_at_wall": 1.0},
-                    response_topic="fleet/replies/7")
+    watcher.request(
+        "edge/v1/dev-1/cmd/get_status/req", {"cmd_id": "big", "pad": "x" * 5000}, response_topic="fleet/replies/7"
+    )
+    watcher.request(
+        "edge/v1/dev-1/cmd/flush_telemetry/req",
+        {"cmd_id": "old", "expires_at_wall": 1.0},
+        response_topic="fleet/replies/7",
+    )
     wait_for(lambda: len(replies()) == 7, 20, what="three more answers")
     tail = [r for r, _p in replies()[-3:]]
     assert [r["status"] for r in tail] == ["rejected", "rejected", "expired"]
@@ -168,13 +181,19 @@ def test_commands_over_mqtt5_response_topic_correlation_duplicates_and_bad_input
 
 
 def test_retained_desired_is_applied_on_connect_and_echoed(tmp_path, broker, watcher):
-    desired = {"version": 7, "sla": {"llm": {"metric": "ttft_ms", "percentile": 95, "target_ms": 220}},
-               "pins": {"llm": "tiny"}}
+    desired = {
+        "version": 7,
+        "sla": {"llm": {"metric": "ttft_ms", "percentile": 95, "target_ms": 220}},
+        "pins": {"llm": "tiny"},
+    }
     watcher.client.publish("edge/v1/dev-1/desired", json.dumps(desired), qos=1, retain=True).wait_for_publish(10)
     agent = TinyAgent()
     tele = make_telemetry(tmp_path, broker.port, target=agent).start()
-    wait_for(lambda: any(d.get("desired_version") == 7 for d in watcher.docs("dev-1/reported")), 20,
-             what="reported desired_version 7")
+    wait_for(
+        lambda: any(d.get("desired_version") == 7 for d in watcher.docs("dev-1/reported")),
+        20,
+        what="reported desired_version 7",
+    )
     rep = [d for d in watcher.docs("dev-1/reported") if d.get("desired_version") == 7][-1]
     assert rep["pins"] == {"llm": "tiny"} and rep["sla"]["llm"]["target_ms"] == 220
     assert agent.pins == {"llm": "tiny"}
@@ -192,9 +211,24 @@ def test_fleet_watch_cli_merges_devices_and_prints_json(tmp_path, broker):
     teles = [make_telemetry(tmp_path, broker.port, device_id=f"dev-{k}", interval_s=0.2).start() for k in range(2)]
     loads = [Load(t, per_s=100).__enter__() for t in teles]
     try:
-        proc = subprocess.run([sys.executable, "-m", "edge_agent", "fleet", "watch", "--broker",
-                               f"127.0.0.1:{broker.port}", "--json", "--duration", "3"],
-                              cwd=REPO, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "edge_agent",
+                "fleet",
+                "watch",
+                "--broker",
+                f"127.0.0.1:{broker.port}",
+                "--json",
+                "--duration",
+                "3",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     finally:
         for ld in loads:
             ld.__exit__(None, None, None)
@@ -207,12 +241,33 @@ def test_fleet_watch_cli_merges_devices_and_prints_json(tmp_path, broker):
     fleet = snap["fleet"]
     assert fleet["online"] == 2 and fleet["count"] == sum(d["count"] for d in snap["devices"])
     assert 20 <= fleet["p95_ms"] <= fleet["p99_ms"] <= 70 * 1.02
-    table = subprocess.run([sys.executable, "-m", "edge_agent", "fleet", "watch", "--broker",
-                            f"127.0.0.1:{broker.port}", "--duration", "1", "--refresh-s", "0.5"],
-                           cwd=REPO, capture_output=True, text=True, timeout=60)
+    table = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edge_agent",
+            "fleet",
+            "watch",
+            "--broker",
+            f"127.0.0.1:{broker.port}",
+            "--duration",
+            "1",
+            "--refresh-s",
+            "0.5",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert table.returncode == 0 and "FLEET (0/2 online)" in table.stdout, table.stdout + table.stderr
-    bad = subprocess.run([sys.executable, "-m", "edge_agent", "fleet", "watch", "--broker", "nohost"],
-                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "edge_agent", "fleet", "watch", "--broker", "nohost"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "HOST:PORT" in bad.stderr and "Traceback" not in bad.stderr
 
 

@@ -2,6 +2,7 @@
 
 The controller sees a slow top tier, moves down while a client keeps sending requests, and no request
 fails; a pin overrides it; a tier that cannot load leaves serving where it was."""
+
 from __future__ import annotations
 
 import threading
@@ -49,8 +50,10 @@ class Ladder:
         self.lock = threading.Lock()
         self.sessions: dict[str, SlowSession] = {}
         limits = Limits(max_batch=2, batch_timeout_ms=0)
-        self.tiers = [Tier("heavy", lambda: self._open(cache, "heavy", heavy_ms), limits, 8),
-                      Tier("light", lambda: self._open(cache, "light", light_ms, light_fails), limits, 8)]
+        self.tiers = [
+            Tier("heavy", lambda: self._open(cache, "heavy", heavy_ms), limits, 8),
+            Tier("light", lambda: self._open(cache, "light", light_ms, light_fails), limits, 8),
+        ]
 
     def _open(self, cache, name, extra_ms, fail=False):
         if fail:
@@ -71,18 +74,35 @@ class Ladder:
         return lm
 
 
-POLICY = Policy(metric="ttft_ms", percentile=95, target_ms=40.0, min_samples=4, downgrade_after=2,
-                upgrade_after=2, upgrade_ratio=0.7, cooldown_s=0.0, min_dwell_s=0.0)
+POLICY = Policy(
+    metric="ttft_ms",
+    percentile=95,
+    target_ms=40.0,
+    min_samples=4,
+    downgrade_after=2,
+    upgrade_after=2,
+    upgrade_ratio=0.7,
+    cooldown_s=0.0,
+    min_dwell_s=0.0,
+)
 
 
 def build(ladder, policy=POLICY):
     events = []
     holder = {}
-    served = TieredLLM(ladder.tiers, observe=lambda obs: holder["c"].observe(obs),
-                       on_switched=lambda old, new, ms, err: err and holder["c"].switch_failed(old, new, err))
+    served = TieredLLM(
+        ladder.tiers,
+        observe=lambda obs: holder["c"].observe(obs),
+        on_switched=lambda old, new, ms, err: err and holder["c"].switch_failed(old, new, err),
+    )
     served.start()
-    controller = holder["c"] = TierController(served, policy, window_s=30.0, evaluate_every_s=3600,
-                                              on_event=lambda kind, payload: events.append((kind, payload)))
+    controller = holder["c"] = TierController(
+        served,
+        policy,
+        window_s=30.0,
+        evaluate_every_s=3600,
+        on_event=lambda kind, payload: events.append((kind, payload)),
+    )
     return served, controller, events
 
 

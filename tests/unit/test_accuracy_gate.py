@@ -1,4 +1,5 @@
 """Accuracy gate metrics, verdicts and the engine choice, as table tests."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,12 +38,15 @@ def test_asr_metrics_score_both_against_the_references() -> None:
     assert m["text_agreement"] == 0.5
 
 
-@pytest.mark.parametrize("metrics, passed, reason", [
-    ({"cosine": 0.999, "top1": 0.95, "kl": 0.01}, True, None),
-    ({"cosine": 0.98, "top1": 0.95, "kl": 0.01}, False, "cosine 0.9800 < 0.99"),
-    ({"cosine": 0.999, "top1": 0.80, "kl": 0.01}, False, "top-1 agreement 0.800 < 0.9"),
-    ({"cosine": 0.999, "top1": 0.95, "kl": 0.2}, False, "KL per step 0.2000 > 0.05"),
-])
+@pytest.mark.parametrize(
+    "metrics, passed, reason",
+    [
+        ({"cosine": 0.999, "top1": 0.95, "kl": 0.01}, True, None),
+        ({"cosine": 0.98, "top1": 0.95, "kl": 0.01}, False, "cosine 0.9800 < 0.99"),
+        ({"cosine": 0.999, "top1": 0.80, "kl": 0.01}, False, "top-1 agreement 0.800 < 0.9"),
+        ({"cosine": 0.999, "top1": 0.95, "kl": 0.2}, False, "KL per step 0.2000 > 0.05"),
+    ],
+)
 def test_llm_verdicts(metrics: dict, passed: bool, reason: str | None) -> None:
     v = judge("llm", metrics, AccuracyBudget(), "int8", "onnxruntime")
     assert v.passed is passed
@@ -59,16 +63,19 @@ def v(precision: str, ms: float | None, passed: bool = True) -> Verdict:
     return Verdict(precision, "onnxruntime", {}, {}, passed, [], ms, 10.0)
 
 
-@pytest.mark.parametrize("candidates, expected", [
-    ([v("fp32", 10), v("int8", 5)], "int8"),  # faster and passing: INT8
-    ([v("fp32", 10), v("int8", 12)], "fp32"),  # INT8 slower than FP32: not chosen
-    ([v("fp32", 10), v("fp16", 6), v("int8", 8)], "fp16"),  # INT8 must beat FP16 too
-    ([v("fp32", 10), v("int8", 5, passed=False)], "fp32"),  # refused candidates never win
-    ([v("fp32", 10), v("int8", 6), v("int4", 4)], "int4"),
-    ([v("int8", 6)], "int8"),
-    ([v("int8", 6, passed=False)], None),
-    ([v("fp32", None)], None),  # unmeasured
-])
+@pytest.mark.parametrize(
+    "candidates, expected",
+    [
+        ([v("fp32", 10), v("int8", 5)], "int8"),  # faster and passing: INT8
+        ([v("fp32", 10), v("int8", 12)], "fp32"),  # INT8 slower than FP32: not chosen
+        ([v("fp32", 10), v("fp16", 6), v("int8", 8)], "fp16"),  # INT8 must beat FP16 too
+        ([v("fp32", 10), v("int8", 5, passed=False)], "fp32"),  # refused candidates never win
+        ([v("fp32", 10), v("int8", 6), v("int4", 4)], "int4"),
+        ([v("int8", 6)], "int8"),
+        ([v("int8", 6, passed=False)], None),
+        ([v("fp32", None)], None),  # unmeasured
+    ],
+)
 def test_choose(candidates: list[Verdict], expected: str | None) -> None:
     chosen = choose(candidates)
     assert (chosen.precision if chosen else None) == expected

@@ -2,6 +2,7 @@
 force, ``reported`` is republished with each value's source, a reload that changes nothing in force
 leaves the controller alone, and ``reset_desired`` goes back to the file. A real Agent, controller,
 command processor and ledger; a recording ladder instead of engines, a fake clock."""
+
 from __future__ import annotations
 
 import json
@@ -56,11 +57,11 @@ def rig(tmp_path):
     agent = Agent(settings, str(path), notifier=Notifier({}))
     clock = SimpleNamespace(now=0.0)
     ladder = Ladder()
-    agent.controller = TierController(ladder, policy_from_config(settings.sla, 4), window_s=10,
-                                      clock=lambda: clock.now)
+    agent.controller = TierController(ladder, policy_from_config(settings.sla, 4), window_s=10, clock=lambda: clock.now)
     reported: list[dict] = []
-    commands = CommandProcessor(agent.remote, Ledger(tmp_path / "ledger.sqlite"), "edge/v1/dev-1", "dev-1",
-                                lambda *_: None, reported.append)
+    commands = CommandProcessor(
+        agent.remote, Ledger(tmp_path / "ledger.sqlite"), "edge/v1/dev-1", "dev-1", lambda *_: None, reported.append
+    )
     agent.telemetry = SimpleNamespace(commands=commands)
     yield agent, path, commands, ladder, reported
     commands.ledger.close()

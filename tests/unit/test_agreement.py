@@ -1,4 +1,5 @@
 """LocalAgreement-2: what two consecutive hypotheses share is committed, and never changes."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,20 +7,24 @@ import pytest
 from edge_agent.models.agreement import LocalAgreement, common_prefix
 
 
-@pytest.mark.parametrize("a, b, n", [([], [], 0), ([1, 2], [1, 2, 3], 2), ([1, 2], [2, 1], 0),
-                                     ([1, 2, 3], [1, 2, 4], 2)])
+@pytest.mark.parametrize(
+    "a, b, n", [([], [], 0), ([1, 2], [1, 2, 3], 2), ([1, 2], [2, 1], 0), ([1, 2, 3], [1, 2, 4], 2)]
+)
 def test_common_prefix(a, b, n):
     assert common_prefix(a, b) == n
 
 
-@pytest.mark.parametrize("hypotheses, commits", [
-    # the first hypothesis alone commits nothing; the second commits the shared prefix
-    ([["the", "cat"], ["the", "cat", "sat"], ["the", "cat", "sat", "on"]], [[], ["the", "cat"], ["sat"]]),
-    # a changed guess is not committed until it is repeated
-    ([["a", "bat"], ["a", "cat"], ["a", "cat", "sat"]], [[], ["a"], ["cat"]]),
-    # hypotheses that shrink commit nothing more
-    ([["x", "y", "z"], ["x", "y", "z"], ["x"]], [[], ["x", "y", "z"], []]),
-])
+@pytest.mark.parametrize(
+    "hypotheses, commits",
+    [
+        # the first hypothesis alone commits nothing; the second commits the shared prefix
+        ([["the", "cat"], ["the", "cat", "sat"], ["the", "cat", "sat", "on"]], [[], ["the", "cat"], ["sat"]]),
+        # a changed guess is not committed until it is repeated
+        ([["a", "bat"], ["a", "cat"], ["a", "cat", "sat"]], [[], ["a"], ["cat"]]),
+        # hypotheses that shrink commit nothing more
+        ([["x", "y", "z"], ["x", "y", "z"], ["x"]], [[], ["x", "y", "z"], []]),
+    ],
+)
 def test_insert_commits_the_prefix_of_the_last_two(hypotheses, commits):
     la = LocalAgreement(2)
     assert [la.insert(h) for h in hypotheses] == commits

@@ -1,4 +1,5 @@
 """Dynamic batching: the pure plan table-tested with a fake clock, then the device thread."""
+
 from __future__ import annotations
 
 import threading
@@ -17,22 +18,25 @@ def w(*since, urgent=()):
     return [Waiting(s, i in urgent) for i, s in enumerate(since)]
 
 
-@pytest.mark.parametrize("pending, now, limits, plan", [
-    (w(), 0.0, L, BatchPlan(0)),  # nothing queued
-    (w(0.0), 0.0, L, BatchPlan(0, 0.08)),  # alone: wait for company until the timeout
-    (w(0.0), 0.079, L, BatchPlan(0, 0.08)),
-    (w(0.0), 0.08, L, BatchPlan(1)),  # timeout reached: go with what there is
-    (w(0.0, 0.05), 0.081, L, BatchPlan(2)),  # the oldest one's timeout counts
-    (w(0.0, 0.01, 0.02, 0.03), 0.03, L, BatchPlan(4)),  # full batch: at once
-    (w(0.0, 0.01, 0.02, 0.03, 0.04, 0.05), 0.05, L, BatchPlan(4)),  # never more than max_batch
-    (w(0.0, urgent=(0,)), 0.0, L, BatchPlan(1)),  # an end of speech does not wait
-    (w(0.0, 0.01, urgent=(1,)), 0.01, L, BatchPlan(2)),  # and takes the others along
-    (w(0.0, 0.01), 0.01, P, BatchPlan(2)),  # a preferred size is reached: at once
-    (w(0.0, 0.01, 0.02), 0.02, P, BatchPlan(2)),  # the largest preferred size the queue fills
-    (w(0.0), 0.0, P, BatchPlan(0, 0.08)),
-    (w(0.0), 0.0, BatchLimits(max_batch=4, batch_timeout_ms=0), BatchPlan(1)),  # no timeout: never wait
-    (w(5.0, 5.0, 5.0), 5.0, BatchLimits(max_batch=1), BatchPlan(1)),
-])
+@pytest.mark.parametrize(
+    "pending, now, limits, plan",
+    [
+        (w(), 0.0, L, BatchPlan(0)),  # nothing queued
+        (w(0.0), 0.0, L, BatchPlan(0, 0.08)),  # alone: wait for company until the timeout
+        (w(0.0), 0.079, L, BatchPlan(0, 0.08)),
+        (w(0.0), 0.08, L, BatchPlan(1)),  # timeout reached: go with what there is
+        (w(0.0, 0.05), 0.081, L, BatchPlan(2)),  # the oldest one's timeout counts
+        (w(0.0, 0.01, 0.02, 0.03), 0.03, L, BatchPlan(4)),  # full batch: at once
+        (w(0.0, 0.01, 0.02, 0.03, 0.04, 0.05), 0.05, L, BatchPlan(4)),  # never more than max_batch
+        (w(0.0, urgent=(0,)), 0.0, L, BatchPlan(1)),  # an end of speech does not wait
+        (w(0.0, 0.01, urgent=(1,)), 0.01, L, BatchPlan(2)),  # and takes the others along
+        (w(0.0, 0.01), 0.01, P, BatchPlan(2)),  # a preferred size is reached: at once
+        (w(0.0, 0.01, 0.02), 0.02, P, BatchPlan(2)),  # the largest preferred size the queue fills
+        (w(0.0), 0.0, P, BatchPlan(0, 0.08)),
+        (w(0.0), 0.0, BatchLimits(max_batch=4, batch_timeout_ms=0), BatchPlan(1)),  # no timeout: never wait
+        (w(5.0, 5.0, 5.0), 5.0, BatchLimits(max_batch=1), BatchPlan(1)),
+    ],
+)
 def test_take_batch(pending, now, limits, plan):
     assert take_batch(pending, now, limits) == plan
 
@@ -144,8 +148,9 @@ def test_dropped_requests_leave_the_queue_unrun_and_free_their_slots():
 
 def test_a_future_its_caller_cancelled_is_not_run():
     gate, ran = threading.Event(), []
-    b = Batcher(lambda items: (gate.wait(5), ran.extend(items), items)[2],
-                BatchLimits(max_batch=2, batch_timeout_ms=0)).start()
+    b = Batcher(
+        lambda items: (gate.wait(5), ran.extend(items), items)[2], BatchLimits(max_batch=2, batch_timeout_ms=0)
+    ).start()
     try:
         first = b.submit(1)
         deadline = time.monotonic() + 5

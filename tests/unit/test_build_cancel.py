@@ -1,6 +1,7 @@
 """A cancelled build (the agent stopping) stops at its next step or sample, commits nothing, keeps
 only finished steps staged, and the next build resumes from them. Real ONNX Runtime builds of the
 tiny ``demo-phi3`` into a temporary engine cache."""
+
 from __future__ import annotations
 
 import threading

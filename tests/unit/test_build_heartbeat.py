@@ -1,4 +1,5 @@
 """Long builds keep systemd patient: EXTEND_TIMEOUT_USEC on a socket the test owns, rate-limited by a fake clock."""
+
 from __future__ import annotations
 
 import io
@@ -21,8 +22,9 @@ def test_beats_extend_the_timeout_at_most_every_quarter_period(tmp_path) -> None
     sock.bind(str(tmp_path / "notify.sock"))
     sock.settimeout(0.2)
     clock = Clock()
-    hb = Heartbeat(enabled=False, notifier=Notifier({"NOTIFY_SOCKET": str(tmp_path / "notify.sock")}),
-                   extend_s=120.0, clock=clock)
+    hb = Heartbeat(
+        enabled=False, notifier=Notifier({"NOTIFY_SOCKET": str(tmp_path / "notify.sock")}), extend_s=120.0, clock=clock
+    )
     hb.beat()
     hb.beat()  # same instant: no second message
     clock.now = 31.0

@@ -29,11 +29,14 @@ def test_unknown_name_and_file_paths(tmp_path):
     assert resolve_model(folder, tmp_path).path == folder.resolve()
 
 
-@pytest.mark.parametrize("missing, message", [
-    ("config.json", "no config.json"),
-    ("model.onnx", "missing model.onnx"),
-    ("tokenizer.json", "missing tokenizer.json"),
-])
+@pytest.mark.parametrize(
+    "missing, message",
+    [
+        ("config.json", "no config.json"),
+        ("model.onnx", "missing model.onnx"),
+        ("tokenizer.json", "missing tokenizer.json"),
+    ],
+)
 def test_incomplete_export_names_the_missing_file(tmp_path, missing, message):
     folder = copy_demo(tmp_path)
     (folder / missing).unlink()

@@ -55,13 +55,15 @@ def test_missing_explicit_file_is_an_error(tmp_path):
 
 
 def test_default_file_is_read_when_present(tmp_path, monkeypatch):
-    default = write(tmp_path, '[api]\nport = 9090\n')
+    default = write(tmp_path, "[api]\nport = 9090\n")
     monkeypatch.setattr("edge_agent.config.DEFAULT_CONFIG", default)
     assert load_settings(None).api.port == 9090
 
 
 def test_every_problem_is_reported_with_its_dotted_path(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
 [mqtt]
 hots = "typo"
 port = 99999
@@ -73,7 +75,8 @@ preferred_batch_sizes = [2, 4]
 name = "x"
 model = "demo-phi3"
 backend = "tensorflow"
-""")
+""",
+    )
     with pytest.raises(ConfigError) as err:
         load_settings(path)
     problems = dict(err.value.problems)
@@ -89,7 +92,7 @@ def test_toml_syntax_error_names_file_and_line(tmp_path):
     path = write(tmp_path, "[mqtt]\nport = = 3\n")
     with pytest.raises(ConfigError) as err:
         load_settings(path)
-    (where, msg), = err.value.problems
+    ((where, msg),) = err.value.problems
     assert where == str(path) and "line 2" in msg
 
 
@@ -101,8 +104,9 @@ def test_sla_preset_fills_unset_fields_but_explicit_values_win(tmp_path):
 
 
 def test_duplicate_tier_names_are_rejected(tmp_path):
-    path = write(tmp_path, '[[models.llm]]\nname = "a"\nmodel = "demo-phi3"\n'
-                           '[[models.llm]]\nname = "a"\nmodel = "demo-gemma"\n')
+    path = write(
+        tmp_path, '[[models.llm]]\nname = "a"\nmodel = "demo-phi3"\n[[models.llm]]\nname = "a"\nmodel = "demo-gemma"\n'
+    )
     with pytest.raises(ConfigError, match=r"models\.llm: tier names must be unique"):
         load_settings(path)
 
@@ -152,8 +156,13 @@ def test_sla_asr_is_its_own_policy_and_flat_sla_keys_stay_the_llm_policy(tmp_pat
     a = s.sla.asr
     assert (a.metric, a.percentile, a.target_ms) == ("first_partial_ms", 95, 300.0)  # customer-service ASR
     assert (a.window_s, a.min_samples, a.downgrade_after, a.upgrade_after, a.upgrade_ratio) == (30, 20, 3, 6, 0.7)
-    s = load_settings(write(tmp_path, '[sla]\npreset = "customer-service"\ndowngrade_after = 5\n'
-                                      '[sla.asr]\ntarget_ms = 250\nmetric = "final_ms"\ncooldown_s = 5\n'))
+    s = load_settings(
+        write(
+            tmp_path,
+            '[sla]\npreset = "customer-service"\ndowngrade_after = 5\n'
+            '[sla.asr]\ntarget_ms = 250\nmetric = "final_ms"\ncooldown_s = 5\n',
+        )
+    )
     assert (s.sla.metric, s.sla.target_ms, s.sla.downgrade_after) == ("ttft_ms", 220.0, 5)
     assert (s.sla.asr.metric, s.sla.asr.target_ms, s.sla.asr.cooldown_s) == ("final_ms", 250.0, 5.0)
     assert s.sla.asr.downgrade_after == 3  # the LLM's knobs do not leak into the ASR policy
@@ -170,14 +179,16 @@ def test_sla_asr_preset_unknown_keys_and_llm_metrics_are_rejected(tmp_path, monk
     assert "first_partial_ms" in problems["sla.asr.metric"]
     with pytest.raises(ConfigError) as err:
         load_settings(write(tmp_path, '[sla.asr]\npreset = "chit-chat"\n'))
-    (where, message), = err.value.problems
+    ((where, message),) = err.value.problems
     assert where == "sla.asr" and "asr-customer-service" in message
     monkeypatch.setenv("EDGE_AGENT_SLA__ASR__TARGET_MS", "200")
     assert load_settings(write(tmp_path, "[sla]\ntarget_ms = 400\n")).sla.asr.target_ms == 200.0
 
 
 def test_unknown_keys_get_the_closest_key_of_their_own_section(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
 [tlemetry]
 interval_s = 5
 [[models.llm]]
@@ -187,7 +198,8 @@ modle = "demo-phi3"
 ca_fiel = "/etc/ca.pem"
 [api]
 zzzz = 1
-""")
+""",
+    )
     with pytest.raises(ConfigError) as err:
         load_settings(path)
     problems = dict(err.value.problems)
@@ -229,14 +241,16 @@ def test_logging_section_defaults_and_choices(tmp_path, monkeypatch):
 def test_check_config_reports_schema_and_model_problems_in_one_pass(tmp_path):
     from edge_agent.preflight import config_problems
 
-    path = write(tmp_path, f"""
+    path = write(
+        tmp_path,
+        f"""
 [mqtt]
 hots = "typo"
 [mqtt.tls]
-ca_file = "{tmp_path / 'no-ca.pem'}"
+ca_file = "{tmp_path / "no-ca.pem"}"
 [[models.llm]]
 name = "big"
-model = "{tmp_path / 'no-such-export'}"
+model = "{tmp_path / "no-such-export"}"
 [[models.llm]]
 name = "small"
 model = "demo-phi3"
@@ -244,7 +258,8 @@ max_batch = 0
 [[models.asr]]
 name = "ctc"
 model = "demo-phi3"
-""")
+""",
+    )
     problems = dict(config_problems(path))
     assert problems["mqtt.hots"].startswith("unknown key")
     assert "greater than or equal to 1" in problems["models.llm[1].max_batch"]
@@ -257,8 +272,9 @@ model = "demo-phi3"
 def test_check_config_cli_prints_every_problem_and_exits_2(tmp_path, capsys):
     from edge_agent.cli import main
 
-    path = write(tmp_path, f'[mqtt]\nhots = "x"\n[[models.llm]]\nname = "a"\nmodel = "{tmp_path / "gone"}"\n'
-                           'backend = "fake2"\n')
+    path = write(
+        tmp_path, f'[mqtt]\nhots = "x"\n[[models.llm]]\nname = "a"\nmodel = "{tmp_path / "gone"}"\nbackend = "fake2"\n'
+    )
     assert main(["check-config", "--config", str(path)]) == 2
     out, err = capsys.readouterr()
     lines = out.strip().splitlines()

@@ -1,4 +1,5 @@
 """CTC greedy and prefix beam decoding, including chunked = whole."""
+
 from __future__ import annotations
 
 import json
@@ -17,12 +18,15 @@ def onehot_frames(ids, vocab=5, p=0.9):
     return lp
 
 
-@pytest.mark.parametrize("frames, expected", [
-    ([B, 1, 1, B, 1, 2, 2, B], (1, 1, 2)),  # repeats merge, a blank separates
-    ([1, 1, 1], (1,)),
-    ([B, B, B], ()),
-    ([2, B, 2, 3, B, 3, 3], (2, 2, 3, 3)),
-])
+@pytest.mark.parametrize(
+    "frames, expected",
+    [
+        ([B, 1, 1, B, 1, 2, 2, B], (1, 1, 2)),  # repeats merge, a blank separates
+        ([1, 1, 1], (1,)),
+        ([B, B, B], ()),
+        ([2, B, 2, 3, B, 3, 3], (2, 2, 3, 3)),
+    ],
+)
 def test_greedy_collapse(frames, expected):
     assert greedy_ids(onehot_frames(frames), B) == expected
     beam = PrefixBeamDecoder(B, beam_width=4)
@@ -50,7 +54,7 @@ def test_chunked_equals_whole(decoder):
     whole.advance(lp)
     chunked = decoder()
     for i in range(0, 97, 13):
-        chunked.advance(lp[i:i + 13])
+        chunked.advance(lp[i : i + 13])
     assert chunked.ids == whole.ids and len(whole.ids) > 5
 
 

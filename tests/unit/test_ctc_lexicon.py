@@ -3,6 +3,7 @@
 References are computed by hand here (back-off arithmetic) or by exhaustive enumeration of every
 CTC alignment (numpy), never by the decoder itself.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -79,11 +80,14 @@ def test_ngram_back_off_matches_hand_arithmetic(tmp_path: Path) -> None:
     assert bonus.score(("go",), "</s>") == pytest.approx(0.5 * -0.3 * math.log(10))  # no bonus for the end
 
 
-@pytest.mark.parametrize("text, where", [
-    ("\\data\\\n\\1-grams:\n-1.0\n", "lm.arpa:3"),
-    ("\\data\\\n\\2-grams:\n-1.0\ta b\n", "no unigrams"),
-    ("\\data\\\n\\x-grams:\n", "lm.arpa:2"),
-])
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ("\\data\\\n\\1-grams:\n-1.0\n", "lm.arpa:3"),
+        ("\\data\\\n\\2-grams:\n-1.0\ta b\n", "no unigrams"),
+        ("\\data\\\n\\x-grams:\n", "lm.arpa:2"),
+    ],
+)
 def test_bad_arpa_files_say_where(tmp_path: Path, text: str, where: str) -> None:
     arpa = tmp_path / "lm.arpa"
     arpa.write_text(text)
@@ -93,8 +97,17 @@ def test_bad_arpa_files_say_where(tmp_path: Path, text: str, where: str) -> None
 
 def test_lexicon_search_snaps_to_known_words() -> None:
     # greedy reads "of|tha"; "on|the" is only slightly less likely per frame and is all lexicon words
-    lp = _lp([{ID["o"]: 0.9, 0: 0.1}, {ID["f"]: 0.55, ID["n"]: 0.45}, {ID["|"]: 0.9, 0: 0.1},
-              {ID["t"]: 0.9, 0: 0.1}, {ID["h"]: 0.9, 0: 0.1}, {ID["a"]: 0.6, ID["e"]: 0.4}, {0: 1.0}])
+    lp = _lp(
+        [
+            {ID["o"]: 0.9, 0: 0.1},
+            {ID["f"]: 0.55, ID["n"]: 0.45},
+            {ID["|"]: 0.9, 0: 0.1},
+            {ID["t"]: 0.9, 0: 0.1},
+            {ID["h"]: 0.9, 0: 0.1},
+            {ID["a"]: 0.6, ID["e"]: 0.4},
+            {0: 1.0},
+        ]
+    )
     assert _text(greedy_ids(lp, 0)) == "of tha"
     assert _search(lp, {"on", "the", "off"}) == "on the"
 
@@ -111,14 +124,25 @@ def test_the_language_model_picks_the_likelier_sentence(tmp_path: Path) -> None:
     arpa.write_text(TRIGRAM)
     lm = NgramLM.from_arpa(arpa, weight=1.0, word_bonus=0.0)
     # acoustics slightly prefer "too go"; "to go" wins once the LM counts
-    lp = _lp([{ID["t"]: 1.0}, {ID["o"]: 1.0}, {0: 1.0}, {ID["o"]: 0.7, 0: 0.3},
-              {ID["|"]: 1.0}, {ID["g"]: 1.0}, {ID["o"]: 1.0}, {0: 1.0}])
+    lp = _lp(
+        [
+            {ID["t"]: 1.0},
+            {ID["o"]: 1.0},
+            {0: 1.0},
+            {ID["o"]: 0.7, 0: 0.3},
+            {ID["|"]: 1.0},
+            {ID["g"]: 1.0},
+            {ID["o"]: 1.0},
+            {0: 1.0},
+        ]
+    )
     assert _search(lp, {"to", "too", "go"}) == "too go"
     assert _search(lp, {"to", "too", "go"}, lm=lm) == "to go"
 
 
 def _exhaustive_best(lp: np.ndarray, words: set[str], max_words: int = 2) -> str:
     """The most probable lexicon sentence by summing every CTC alignment (forward algorithm)."""
+
     def ctc_logp(labels: list[int]) -> float:
         ext = [0]
         for label in labels:
@@ -173,14 +197,14 @@ def test_incremental_equals_whole_and_stable_prefix_never_changes() -> None:
     d = LexiconBeamDecoder(TOKENS, 0, ID["|"], Lexicon.of(words))
     stable_seen: tuple[int, ...] = ()
     for i in range(0, len(lp), 3):
-        d.advance(lp[i:i + 3])
+        d.advance(lp[i : i + 3])
         stable = d.stable_ids
-        assert stable[:len(stable_seen)] == stable_seen, "a stable prefix changed"
-        assert d.ids[:len(stable)] == stable
+        assert stable[: len(stable_seen)] == stable_seen, "a stable prefix changed"
+        assert d.ids[: len(stable)] == stable
         stable_seen = stable
     d.finish()
     assert _text(d.ids) == whole == "set the light to forty percent"
-    assert d.ids[:len(stable_seen)] == stable_seen
+    assert d.ids[: len(stable_seen)] == stable_seen
 
 
 def test_no_lexicon_path_falls_back_to_greedy() -> None:

@@ -1,4 +1,5 @@
 """The CUDA layer's selection and error mapping, with no GPU: real cuda-python, stand-ins for the rest."""
+
 from __future__ import annotations
 
 import json

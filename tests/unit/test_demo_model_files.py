@@ -21,14 +21,27 @@ from edge_agent.demo_models import materialize as mat  # noqa: E402  (after the 
 ROOT = Path(__file__).resolve().parents[2] / "edge_agent" / "demo_models"
 LLMS = ("demo-phi3", "demo-gemma", "demo-gemma2")
 COMMON = {"config.json", "io_contract.json", "generator.json"}
-LLM_FILES = COMMON | {"model.onnx", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                      "special_tokens_map.json"}
+LLM_FILES = COMMON | {
+    "model.onnx",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+}
 EXPECTED = {
     **{name: LLM_FILES | {"reference.npz"} for name in LLMS},
     "demo-phi3-small": LLM_FILES | {"weights.json"},
-    "demo-whisper": COMMON | {"encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx",
-                              "generation_config.json", "preprocessor_config.json", "tokenizer.json",
-                              "tokenizer_config.json", "reference.npz"},
+    "demo-whisper": COMMON
+    | {
+        "encoder_model.onnx",
+        "decoder_model.onnx",
+        "decoder_with_past_model.onnx",
+        "generation_config.json",
+        "preprocessor_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "reference.npz",
+    },
     "demo-ctc": COMMON | {"model.onnx", "vocab.json", "preprocessor_config.json", "reference.npz"},
 }
 ORT_TYPES = {"tensor(float)": "float32", "tensor(int64)": "int64"}
@@ -57,8 +70,9 @@ def check_contract(folder: Path, contract: dict) -> None:
     for file, io in contract.items():
         sess = session(folder / file)
         for want, got in ((io["inputs"], sess.get_inputs()), (io["outputs"], sess.get_outputs())):
-            assert [(a.name, ORT_TYPES[a.type], list(a.shape)) for a in got] == \
-                   [(w["name"], w["dtype"], w["shape"]) for w in want], f"{folder.name}/{file}"
+            assert [(a.name, ORT_TYPES[a.type], list(a.shape)) for a in got] == [
+                (w["name"], w["dtype"], w["shape"]) for w in want
+            ], f"{folder.name}/{file}"
 
 
 def tokenizer_vocab(folder: Path) -> dict[str, int]:
@@ -104,11 +118,14 @@ def llm_greedy(sess, config: dict, prompts: list[list[int]], n_new: int, pad: in
     width = max(map(len, prompts))
     ids = np.array([[pad] * (width - len(p)) + p for p in prompts], np.int64)
     mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in prompts], np.int64)
-    feeds = {f"past_key_values.{i}.{kv}": np.zeros((len(prompts), kv_heads, 0, head_dim), np.float32)
-             for i in range(layers) for kv in ("key", "value")}
+    feeds = {
+        f"past_key_values.{i}.{kv}": np.zeros((len(prompts), kv_heads, 0, head_dim), np.float32)
+        for i in range(layers)
+        for kv in ("key", "value")
+    }
     new = []
     for _ in range(n_new):
-        positions = np.clip(np.cumsum(mask, 1) - 1, 0, None)[:, -ids.shape[1]:]
+        positions = np.clip(np.cumsum(mask, 1) - 1, 0, None)[:, -ids.shape[1] :]
         out = run(sess, {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **feeds})
         ids = out["logits"][:, -1].argmax(-1)[:, None].astype(np.int64)
         new.append(ids[:, 0])
@@ -126,11 +143,19 @@ def test_llm_matches_torch_reference(name: str) -> None:
     first = llm_greedy(sess, config, [prompt], 1, pad)  # also checks that an empty past works
     assert first[0, 0] == ref["greedy_ids"][0]
     n = len(prompt)
-    feeds = {"input_ids": ref["prompt_ids"][None], "attention_mask": np.ones((1, n), np.int64),
-             "position_ids": np.arange(n, dtype=np.int64)[None]}
+    feeds = {
+        "input_ids": ref["prompt_ids"][None],
+        "attention_mask": np.ones((1, n), np.int64),
+        "position_ids": np.arange(n, dtype=np.int64)[None],
+    }
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    feeds.update({i.name: np.zeros((1, config["num_key_value_heads"], 0, head_dim), np.float32)
-                  for i in sess.get_inputs() if i.name.startswith("past_key_values")})
+    feeds.update(
+        {
+            i.name: np.zeros((1, config["num_key_value_heads"], 0, head_dim), np.float32)
+            for i in sess.get_inputs()
+            if i.name.startswith("past_key_values")
+        }
+    )
     assert_close(run(sess, feeds)["logits"][0], ref["prompt_logits"])
     n_new = len(ref["greedy_ids"])
     assert (llm_greedy(sess, config, [prompt], n_new, pad)[0] == ref["greedy_ids"]).all()
@@ -151,8 +176,10 @@ def test_whisper_matches_torch_reference() -> None:
 
     enc = run(session(folder / "encoder_model.onnx"), {"input_features": ref["input_features"][None]})
     assert_close(enc["last_hidden_state"][0], ref["encoder_hidden_states"])
-    out = run(session(folder / "decoder_model.onnx"),
-              {"input_ids": ref["decoder_prompt_ids"][None], "encoder_hidden_states": enc["last_hidden_state"]})
+    out = run(
+        session(folder / "decoder_model.onnx"),
+        {"input_ids": ref["decoder_prompt_ids"][None], "encoder_hidden_states": enc["last_hidden_state"]},
+    )
     tokens = [int(out["logits"][0, -1].argmax())]
     past = {k.replace("present", "past_key_values"): v for k, v in out.items() if k != "logits"}
     step = session(folder / "decoder_with_past_model.onnx")
@@ -165,8 +192,11 @@ def test_whisper_matches_torch_reference() -> None:
 
 def test_ctc_matches_torch_reference() -> None:
     folder = ROOT / "demo-ctc"
-    ref, config, vocab = (np.load(folder / "reference.npz"), load_json(folder / "config.json"),
-                          load_json(folder / "vocab.json"))
+    ref, config, vocab = (
+        np.load(folder / "reference.npz"),
+        load_json(folder / "config.json"),
+        load_json(folder / "vocab.json"),
+    )
     assert config["vocab_size"] == len(vocab) and vocab["<pad>"] == config["pad_token_id"] == 0 and "|" in vocab
     wave = ref["waveform"]
     assert_close(ref["input_values"], (wave - wave.mean()) / np.sqrt(wave.var() + 1e-7), 1e-5)
@@ -199,9 +229,19 @@ def test_phi3_small_materializes_and_runs(tmp_path: Path) -> None:
 def test_materialize_rejects_a_wrong_recipe(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
-    tensors = [{"name": "a", "offset": 0, "length": 24, "dtype": "float32", "shape": [2, 3], "init": "normal",
-                "std": 0.02, "seed": 7},
-               {"name": "b", "offset": 64, "length": 16, "dtype": "float32", "shape": [4], "init": "ones"}]
+    tensors = [
+        {
+            "name": "a",
+            "offset": 0,
+            "length": 24,
+            "dtype": "float32",
+            "shape": [2, 3],
+            "init": "normal",
+            "std": 0.02,
+            "seed": 7,
+        },
+        {"name": "b", "offset": 64, "length": 16, "dtype": "float32", "shape": [4], "init": "ones"},
+    ]
     recipe = {"format": 1, "file": "model.onnx.data", "data_bytes": 80, "data_sha256": None, "tensors": tensors}
     recipe["data_sha256"] = mat.recipe_sha256(recipe)
     (src / "weights.json").write_text(json.dumps(recipe))

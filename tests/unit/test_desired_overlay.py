@@ -2,6 +2,7 @@
 the applied document, ``restore_desired`` puts it back before serving, the broker's retained copy of
 the same version is a no-op, ``reset_desired`` forgets it, and ``reported`` says where each value
 comes from."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,9 @@ V7 = json.dumps({"version": 7, "sla": {"llm": {"target_ms": 220}}, "pins": {"llm
 def processor(tmp_path, agent=None):
     agent = agent or TinyAgent()
     reported: list[dict] = []
-    proc = CommandProcessor(agent, Ledger(tmp_path / "ledger.sqlite"), PREFIX, "dev-1",
-                            lambda topic, body, corr: None, reported.append)
+    proc = CommandProcessor(
+        agent, Ledger(tmp_path / "ledger.sqlite"), PREFIX, "dev-1", lambda topic, body, corr: None, reported.append
+    )
     return proc, agent, reported
 
 

@@ -1,4 +1,5 @@
 """Doctor on this machine, and its crash safety: probes that segfault, hang or fail never take it down."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -101,8 +102,10 @@ def test_tensorrt_absent_here_is_absent(report: dict) -> None:
 
 
 def test_render_table_mentions_every_section_and_warning() -> None:
-    report = {name: {"status": "ok", "version": "1.0", "detail": f"{name} detail", "data": {}, "warnings": []}
-              for name in doctor.SECTIONS}
+    report = {
+        name: {"status": "ok", "version": "1.0", "detail": f"{name} detail", "data": {}, "warnings": []}
+        for name in doctor.SECTIONS
+    }
     report["onnxruntime"]["warnings"] = ["onnxruntime and onnxruntime-gpu are all installed"]
     table = doctor.render_table(report)
     for name in doctor.SECTIONS:

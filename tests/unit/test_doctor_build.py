@@ -1,4 +1,5 @@
 """`edge-agent doctor`'s build line: engine building available, or why not."""
+
 from __future__ import annotations
 
 from pathlib import Path

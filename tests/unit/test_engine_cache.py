@@ -1,4 +1,5 @@
 """The content-addressed engine cache: atomic commit, verification + quarantine, LRU, staleness, resume."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,15 @@ class Clock:
 
 
 def manifest(**extra) -> dict:
-    return {"artifact": "model", "runtime": "onnxruntime", "runtime_version": "1.32.0", "target": "cpu",
-            "device": "cpu:x86_64:test", "recipe_name": "r", **extra}
+    return {
+        "artifact": "model",
+        "runtime": "onnxruntime",
+        "runtime_version": "1.32.0",
+        "target": "cpu",
+        "device": "cpu:x86_64:test",
+        "recipe_name": "r",
+        **extra,
+    }
 
 
 def build(cache: EngineCache, key: str, size: int = 1000, **extra):
@@ -42,11 +50,23 @@ def cache(tmp_path: Path, clock: Clock) -> EngineCache:
 
 
 def test_key_changes_with_every_part() -> None:
-    base = {"model": "m", "recipe": {"a": 1}, "precision": "int8", "profiles": [1], "runtime_version": "1",
-            "device": "d"}
+    base = {
+        "model": "m",
+        "recipe": {"a": 1},
+        "precision": "int8",
+        "profiles": [1],
+        "runtime_version": "1",
+        "device": "d",
+    }
     keys = {cache_key(base)}
-    for part, value in [("model", "m2"), ("recipe", {"a": 2}), ("precision", "fp16"), ("profiles", [2]),
-                        ("runtime_version", "2"), ("device", "e")]:
+    for part, value in [
+        ("model", "m2"),
+        ("recipe", {"a": 2}),
+        ("precision", "fp16"),
+        ("profiles", [2]),
+        ("runtime_version", "2"),
+        ("device", "e"),
+    ]:
         keys.add(cache_key({**base, part: value}))
     assert len(keys) == 7
     assert cache_key(dict(reversed(list(base.items())))) == cache_key(base)  # order-free
@@ -183,8 +203,15 @@ def test_rebuilding_an_existing_key_replaces_it(cache: EngineCache) -> None:
 
 def test_find_picks_the_engine_a_tier_should_load(cache: EngineCache) -> None:
     def engine(key: str, precision: str, ms: float, passed: bool = True, **extra) -> None:
-        build(cache, key, model_name="demo-asr", backend="onnxruntime", precision=precision,
-              accuracy={"passed": passed, "latency_ms": ms, "metrics": {}}, **extra)
+        build(
+            cache,
+            key,
+            model_name="demo-asr",
+            backend="onnxruntime",
+            precision=precision,
+            accuracy={"passed": passed, "latency_ms": ms, "metrics": {}},
+            **extra,
+        )
 
     engine("fp32", "fp32", 10.0)
     engine("int8-slow", "int8", 12.0)

@@ -1,4 +1,5 @@
 """Which recipe and build target a serving tier maps to; a background build's heartbeat (STATUS only)."""
+
 from __future__ import annotations
 
 import socket
@@ -29,13 +30,16 @@ def write(folder: Path, name: str, model: str, workload: str = "llm", targets: s
     return path
 
 
-@pytest.mark.parametrize("backend, device, target", [
-    ("onnxruntime", "cpu", "cpu"),
-    ("openvino", "CPU", "cpu"),
-    ("openvino", "NPU", "intel-npu"),
-    ("openvino", "npu.0", "intel-npu"),
-    ("tensorrt", "cuda:0", "jetson"),
-])
+@pytest.mark.parametrize(
+    "backend, device, target",
+    [
+        ("onnxruntime", "cpu", "cpu"),
+        ("openvino", "CPU", "cpu"),
+        ("openvino", "NPU", "intel-npu"),
+        ("openvino", "npu.0", "intel-npu"),
+        ("tensorrt", "cuda:0", "jetson"),
+    ],
+)
 def test_target_of_a_tier(backend: str, device: str, target: str) -> None:
     assert target_of(TierConfig(name="t", model="demo-phi3", backend=backend, device=device)) == target
 
@@ -57,11 +61,18 @@ def test_recipes_of_configured_tiers_only_llm_matching_target_and_broken_ones_sk
     write(recipes, "asr", "demo-asr", workload="asr")
     write(recipes, "gemma2-cpu", "demo-gemma2", targets='["cpu"]')
     (recipes / "broken.toml").write_text("name = [")
-    engines = TierEngines(EnginesConfig(cache_dir=tmp_path / "c", recipes_dir=recipes), tmp_path / "m",
-                          on_event=lambda k, p: None, notifier=Notifier({}))
-    tiers = [TierConfig(name="a", model="demo-phi3"), TierConfig(name="b", model="demo-asr"),
-             TierConfig(name="c", model="demo-gemma2", backend="tensorrt", device="cuda:0"),
-             TierConfig(name="d", model="demo-phi3", backend="openvino", device="CPU")]
+    engines = TierEngines(
+        EnginesConfig(cache_dir=tmp_path / "c", recipes_dir=recipes),
+        tmp_path / "m",
+        on_event=lambda k, p: None,
+        notifier=Notifier({}),
+    )
+    tiers = [
+        TierConfig(name="a", model="demo-phi3"),
+        TierConfig(name="b", model="demo-asr"),
+        TierConfig(name="c", model="demo-gemma2", backend="tensorrt", device="cuda:0"),
+        TierConfig(name="d", model="demo-phi3", backend="openvino", device="CPU"),
+    ]
     shipped = sorted(p.stem for p in engines_dir().glob("*.toml"))
     # the user's folder first, then the shipped recipes (none of those is hidden here: no name is shared)
     assert [r.name for r in engines.all_recipes()] == ["asr", "gemma2-cpu", "phi", *shipped]
@@ -87,5 +98,7 @@ def test_a_background_build_sends_status_lines_and_never_extends_the_timeout(tmp
     with pytest.raises(TimeoutError):
         sock.recv(4096)
     sock.close()
-    assert got == ["STATUS=building engine x fp32 (1/1): gate onnxruntime/fp32",
-                   "STATUS=building engine x fp32 (1/1): speed fp32 (round 1/3)"]
+    assert got == [
+        "STATUS=building engine x fp32 (1/1): gate onnxruntime/fp32",
+        "STATUS=building engine x fp32 (1/1): speed fp32 (round 1/3)",
+    ]

@@ -1,4 +1,5 @@
 """Log-mel features: the whole-signal and incremental paths agree, and match an independent reference."""
+
 from __future__ import annotations
 
 import json
@@ -58,7 +59,7 @@ def test_stream_equals_whole_signal(chunks: list[int]) -> None:
     stream, parts, i, k = FeatureStream(cfg), [], 0, 0
     while i < len(x):
         n = chunks[k % len(chunks)]
-        parts.append(stream.push(x[i:i + n]))
+        parts.append(stream.push(x[i : i + n]))
         i, k = i + n, k + 1
     got = np.concatenate(parts)
     assert got.dtype == np.float32 and got.shape == whole.shape == (num_frames(len(x), cfg), 64)
@@ -92,13 +93,16 @@ def test_preprocessor_round_trip(tmp_path: Path) -> None:
     assert LogMelConfig.from_preprocessor(cfg.to_preprocessor()) == cfg
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"feature_extractor_type": "WhisperFeatureExtractor"}, "feature_extractor_type"),
-    ({"mel_scale": "htk"}, "mel_scale"),
-    ({"center": True}, "center"),
-    ({"mean": [0.0, 1.0]}, "mean has 2 values"),
-    ({"std": [0.0] * 64}, "positive"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"feature_extractor_type": "WhisperFeatureExtractor"}, "feature_extractor_type"),
+        ({"mel_scale": "htk"}, "mel_scale"),
+        ({"center": True}, "center"),
+        ({"mean": [0.0, 1.0]}, "mean has 2 values"),
+        ({"std": [0.0] * 64}, "positive"),
+    ],
+)
 def test_preprocessor_rejects_what_it_cannot_compute(change: dict, words: str) -> None:
     data = {**LogMelConfig().to_preprocessor(), **change}
     with pytest.raises(ValueError, match=words):

@@ -49,16 +49,35 @@ def lognormal(seed: int, median_ms: float, sigma: float, n: int) -> list[float]:
     return list(median_ms * np.exp(sigma * rng.standard_normal(n)))
 
 
-@pytest.mark.parametrize("value, scale, expected", [
-    # Powers of two are upper-inclusive boundaries: 2**k ends bucket k*2**s - 1.
-    (1.0, 0, -1), (2.0, 0, 0), (4.0, 0, 1), (0.5, 0, -2), (3.0, 0, 1),
-    (1.0, 3, -1), (2.0, 3, 7), (2.0, 1, 1), (1024.0, 4, 159), (2.0 ** -20, 2, -81),
-    # Negative scales: base 4 at -1, base 16 at -2.
-    (4.0, -1, 0), (1.0, -1, -1), (2.0, -1, 0), (5.0, -1, 1), (16.0, -2, 0), (17.0, -2, 1),
-    # sqrt(2) is the boundary between buckets 0 and 1 at scale 1; the float is just above it.
-    (math.sqrt(2), 1, 1), (math.nextafter(math.sqrt(2), 0), 1, 0),
-    (5e-324, 0, -1075), (1.7976931348623157e308, 0, 1023), (1.7976931348623157e308, -10, 0),
-])
+@pytest.mark.parametrize(
+    "value, scale, expected",
+    [
+        # Powers of two are upper-inclusive boundaries: 2**k ends bucket k*2**s - 1.
+        (1.0, 0, -1),
+        (2.0, 0, 0),
+        (4.0, 0, 1),
+        (0.5, 0, -2),
+        (3.0, 0, 1),
+        (1.0, 3, -1),
+        (2.0, 3, 7),
+        (2.0, 1, 1),
+        (1024.0, 4, 159),
+        (2.0**-20, 2, -81),
+        # Negative scales: base 4 at -1, base 16 at -2.
+        (4.0, -1, 0),
+        (1.0, -1, -1),
+        (2.0, -1, 0),
+        (5.0, -1, 1),
+        (16.0, -2, 0),
+        (17.0, -2, 1),
+        # sqrt(2) is the boundary between buckets 0 and 1 at scale 1; the float is just above it.
+        (math.sqrt(2), 1, 1),
+        (math.nextafter(math.sqrt(2), 0), 1, 0),
+        (5e-324, 0, -1075),
+        (1.7976931348623157e308, 0, 1023),
+        (1.7976931348623157e308, -10, 0),
+    ],
+)
 def test_bucket_index_at_boundaries(value, scale, expected):
     assert bucket_index(value, scale) == expected == exact_index(value, scale)
 
@@ -69,7 +88,7 @@ def test_bucket_index_matches_exact_arithmetic_near_every_boundary():
     for scale in range(-4, 7):
         for i in range(-40, 40, 3):
             # the float nearest each bucket boundary and its neighbours: where log() goes off by one
-            b = 2.0 ** (i / 2.0 ** scale)
+            b = 2.0 ** (i / 2.0**scale)
             values += [math.nextafter(b, 0), b, math.nextafter(b, math.inf)]
         for v in values:
             assert bucket_index(v, scale) == exact_index(v, scale), (v, scale)
@@ -80,7 +99,7 @@ def test_bucket_index_at_high_scales_matches_high_precision_logarithms(scale):
     rnd = random.Random(scale)
     for _ in range(300):
         i = rnd.randint(-(30 << scale), 30 << scale)
-        b = 2.0 ** (i / 2.0 ** scale)
+        b = 2.0 ** (i / 2.0**scale)
         for v in (math.nextafter(b, 0), b, math.nextafter(b, math.inf), b * (1 + rnd.random() * 1e-6)):
             assert bucket_index(v, scale) == decimal_index(v, scale), (v, scale)
 
@@ -89,7 +108,7 @@ def test_bucket_index_at_high_scales_matches_high_precision_logarithms(scale):
 def test_relative_error_is_base_minus_one_over_base_plus_one(scale, expected):
     assert relative_error(scale) == pytest.approx(expected, rel=1e-3)
     # (base - 1) / (base + 1) == tanh(ln(base) / 2)
-    assert relative_error(scale) == pytest.approx(math.tanh(math.log(2) * 2.0 ** -scale / 2), rel=1e-12)
+    assert relative_error(scale) == pytest.approx(math.tanh(math.log(2) * 2.0**-scale / 2), rel=1e-12)
 
 
 def bimodal(seed: int, n: int) -> list[float]:
@@ -97,13 +116,16 @@ def bimodal(seed: int, n: int) -> list[float]:
     return fast + slow
 
 
-@pytest.mark.parametrize("name, values", [
-    ("lognormal", lognormal(1, 180.0, 0.5, 5000)),
-    ("heavy-tail", lognormal(2, 60.0, 1.3, 5000)),
-    ("bimodal", bimodal(3, 5000)),
-    ("with zeros", [0.0] * 300 + lognormal(4, 20.0, 0.8, 3000)),
-    ("few", [12.0, 13.5, 700.0]),
-])
+@pytest.mark.parametrize(
+    "name, values",
+    [
+        ("lognormal", lognormal(1, 180.0, 0.5, 5000)),
+        ("heavy-tail", lognormal(2, 60.0, 1.3, 5000)),
+        ("bimodal", bimodal(3, 5000)),
+        ("with zeros", [0.0] * 300 + lognormal(4, 20.0, 0.8, 3000)),
+        ("few", [12.0, 13.5, 700.0]),
+    ],
+)
 @pytest.mark.parametrize("max_size", [160, 40])
 def test_quantiles_within_documented_error_of_numpy(name, values, max_size):
     hist = ExponentialHistogram(max_size)
@@ -149,17 +171,23 @@ def test_fleet_p99_from_merged_histograms_vs_mean_of_device_p99s():
     for hist in reversed(hists):
         backwards.merge(hist)
     for merged in (fleet, backwards):
-        assert (merged.scale, merged.offset, merged.bucket_counts) == \
-            (direct.scale, direct.offset, direct.bucket_counts)
+        assert (merged.scale, merged.offset, merged.bucket_counts) == (
+            direct.scale,
+            direct.offset,
+            direct.bucket_counts,
+        )
 
 
-@pytest.mark.parametrize("a, b, max_size", [
-    (lognormal(1, 10.0, 0.05, 500), lognormal(2, 1000.0, 0.05, 500), 160),  # far apart: downscale more
-    (lognormal(3, 50.0, 0.01, 500), lognormal(4, 50.0, 1.0, 500), 160),  # scale 20-ish vs scale 3-ish
-    (lognormal(5, 5.0, 0.5, 300), lognormal(6, 5.0, 0.5, 300), 8),
-    ([0.0, 0.0], lognormal(7, 3.0, 0.2, 50), 160),  # zeros only: no buckets, keeps the other's scale
-    ([], lognormal(8, 3.0, 0.2, 50), 160),
-])
+@pytest.mark.parametrize(
+    "a, b, max_size",
+    [
+        (lognormal(1, 10.0, 0.05, 500), lognormal(2, 1000.0, 0.05, 500), 160),  # far apart: downscale more
+        (lognormal(3, 50.0, 0.01, 500), lognormal(4, 50.0, 1.0, 500), 160),  # scale 20-ish vs scale 3-ish
+        (lognormal(5, 5.0, 0.5, 300), lognormal(6, 5.0, 0.5, 300), 8),
+        ([0.0, 0.0], lognormal(7, 3.0, 0.2, 50), 160),  # zeros only: no buckets, keeps the other's scale
+        ([], lognormal(8, 3.0, 0.2, 50), 160),
+    ],
+)
 def test_merge_at_different_scales_is_exact(a, b, max_size):
     ha, hb = ExponentialHistogram(max_size), ExponentialHistogram(max_size)
     ha.record_many(a)
@@ -220,13 +248,16 @@ def filled(values, **kwargs) -> ExponentialHistogram:
     return hist
 
 
-@pytest.mark.parametrize("hist", [
-    ExponentialHistogram(),
-    filled([0.0, 0.0]),
-    filled(lognormal(1, 100.0, 0.7, 2000)),
-    filled(lognormal(2, 100.0, 0.7, 2000), max_size=10),
-    filled([0.0, 0.1, 0.3, 5.0], zero_threshold=0.2),
-])
+@pytest.mark.parametrize(
+    "hist",
+    [
+        ExponentialHistogram(),
+        filled([0.0, 0.0]),
+        filled(lognormal(1, 100.0, 0.7, 2000)),
+        filled(lognormal(2, 100.0, 0.7, 2000), max_size=10),
+        filled([0.0, 0.1, 0.3, 5.0], zero_threshold=0.2),
+    ],
+)
 def test_to_dict_from_dict_round_trip(hist):
     wire = json.loads(json.dumps(hist.to_dict()))
     assert set(wire) >= {"scale", "zeroCount", "zeroThreshold", "positive", "count", "sum"}
@@ -237,9 +268,18 @@ def test_to_dict_from_dict_round_trip(hist):
 
 def test_from_dict_reads_proto3_json_forms():
     # 64-bit integers as strings, default fields omitted, unknown OTLP fields present
-    hist = ExponentialHistogram.from_dict({
-        "count": "3", "sum": 7.5, "scale": 1, "positive": {"offset": 2, "bucketCounts": ["0", "2", "1", "0"]},
-        "startTimeUnixNano": "1", "attributes": [], "min": 2.1, "max": 3.0})
+    hist = ExponentialHistogram.from_dict(
+        {
+            "count": "3",
+            "sum": 7.5,
+            "scale": 1,
+            "positive": {"offset": 2, "bucketCounts": ["0", "2", "1", "0"]},
+            "startTimeUnixNano": "1",
+            "attributes": [],
+            "min": 2.1,
+            "max": 3.0,
+        }
+    )
     assert (hist.count, hist.zero_count, hist.offset, hist.bucket_counts) == (3, 0, 3, (2, 1))
     assert ExponentialHistogram.from_dict({}).count == 0
     no_bounds = ExponentialHistogram.from_dict({"count": 2, "sum": 3.0, "positive": {"bucketCounts": [2]}})
@@ -263,38 +303,42 @@ def edit(**changes):
             else:
                 data[key] = value
         return data
+
     return make
 
 
-@pytest.mark.parametrize("make, field", [
-    (lambda: [1, 2], "histogram:"),
-    (lambda: "scale", "histogram:"),
-    (edit(scale="x"), "'scale'"),
-    (edit(scale=21), "'scale'"),
-    (edit(scale=True), "'scale'"),
-    (edit(scale=1.5), "'scale'"),
-    (edit(zeroCount=-1), "'zeroCount'"),
-    (edit(zeroCount=[1]), "'zeroCount'"),
-    (edit(count=99), "'count'"),
-    (edit(count="3x"), "'count'"),
-    (edit(positive=[1, 2]), "'positive'"),
-    (edit(positive_bucketCounts="1,2"), "'positive.bucketCounts'"),
-    (edit(positive_bucketCounts=[1, -2]), "'positive.bucketCounts[1]'"),
-    (edit(positive_bucketCounts=[1, 1.5]), "'positive.bucketCounts[1]'"),
-    (edit(positive_bucketCounts=[1] * 70000), "'positive.bucketCounts'"),
-    (edit(positive_offset="a"), "'positive.offset'"),
-    (edit(positive_offset=2 ** 40), "'positive.offset'"),
-    (edit(sum=math.nan), "'sum'"),
-    (edit(sum="Infinity"), "'sum'"),
-    (edit(sum=-1.0), "'sum'"),
-    (edit(sum=10 ** 400), "'sum'"),
-    (edit(sum=...), "'sum'"),
-    (edit(min=50.0), "'min'"),
-    (edit(max=-1), "'max'"),
-    (edit(max={}), "'max'"),
-    (edit(zeroThreshold=math.inf), "'zeroThreshold'"),
-    (edit(negative={"offset": 0, "bucketCounts": [1]}), "'negative'"),
-])
+@pytest.mark.parametrize(
+    "make, field",
+    [
+        (lambda: [1, 2], "histogram:"),
+        (lambda: "scale", "histogram:"),
+        (edit(scale="x"), "'scale'"),
+        (edit(scale=21), "'scale'"),
+        (edit(scale=True), "'scale'"),
+        (edit(scale=1.5), "'scale'"),
+        (edit(zeroCount=-1), "'zeroCount'"),
+        (edit(zeroCount=[1]), "'zeroCount'"),
+        (edit(count=99), "'count'"),
+        (edit(count="3x"), "'count'"),
+        (edit(positive=[1, 2]), "'positive'"),
+        (edit(positive_bucketCounts="1,2"), "'positive.bucketCounts'"),
+        (edit(positive_bucketCounts=[1, -2]), "'positive.bucketCounts[1]'"),
+        (edit(positive_bucketCounts=[1, 1.5]), "'positive.bucketCounts[1]'"),
+        (edit(positive_bucketCounts=[1] * 70000), "'positive.bucketCounts'"),
+        (edit(positive_offset="a"), "'positive.offset'"),
+        (edit(positive_offset=2**40), "'positive.offset'"),
+        (edit(sum=math.nan), "'sum'"),
+        (edit(sum="Infinity"), "'sum'"),
+        (edit(sum=-1.0), "'sum'"),
+        (edit(sum=10**400), "'sum'"),
+        (edit(sum=...), "'sum'"),
+        (edit(min=50.0), "'min'"),
+        (edit(max=-1), "'max'"),
+        (edit(max={}), "'max'"),
+        (edit(zeroThreshold=math.inf), "'zeroThreshold'"),
+        (edit(negative={"offset": 0, "bucketCounts": [1]}), "'negative'"),
+    ],
+)
 def test_from_dict_rejects_malformed_input_naming_the_field(make, field):
     with pytest.raises(ValueError) as err:
         ExponentialHistogram.from_dict(make())

@@ -1,4 +1,5 @@
 """scripts/import_cycles.py: it finds a cycle where there is one, and edge_agent/ has none."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -26,23 +27,29 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
 
 def test_a_deferred_relative_import_closing_a_loop_is_a_cycle(tmp_path: Path) -> None:
     ic = _script()
-    pkg = _package(tmp_path, {
-        "__init__.py": "from . import a\n",
-        "a.py": "from .sub.b import f\n",
-        "sub/__init__.py": "",
-        "sub/b.py": "def f():\n    from ..a import g  # deferred: still a cycle\n",
-        "c.py": "from . import a\n",  # depends on the loop, is not in it
-    })
+    pkg = _package(
+        tmp_path,
+        {
+            "__init__.py": "from . import a\n",
+            "a.py": "from .sub.b import f\n",
+            "sub/__init__.py": "",
+            "sub/b.py": "def f():\n    from ..a import g  # deferred: still a cycle\n",
+            "c.py": "from . import a\n",  # depends on the loop, is not in it
+        },
+    )
     assert ic.package_cycles(pkg) == [["pkg.a", "pkg.sub.b"]]
 
 
 def test_type_checking_imports_count_only_when_asked(tmp_path: Path) -> None:
     ic = _script()
-    pkg = _package(tmp_path, {
-        "__init__.py": "",
-        "a.py": "from .b import B\n",
-        "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\nclass B: ...\n",
-    })
+    pkg = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "from .b import B\n",
+            "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\nclass B: ...\n",
+        },
+    )
     assert ic.package_cycles(pkg) == []
     assert ic.package_cycles(pkg, type_checking=True) == [["pkg.a", "pkg.b"]]
 

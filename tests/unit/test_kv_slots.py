@@ -1,4 +1,5 @@
 """SlotCache bookkeeping: right-padded step masks, capacity checks, compaction on leave."""
+
 from __future__ import annotations
 
 import numpy as np

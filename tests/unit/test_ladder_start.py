@@ -1,5 +1,6 @@
 """The ladder base: a start serves the top tier, or else the first lighter one that loads (the same
 code for the LLM and the ASR ladders), and one policy builder for both workloads."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace

@@ -1,4 +1,5 @@
 """Log output: text for people, one JSON object per line (time, level, logger, message) for journald/Loki."""
+
 from __future__ import annotations
 
 import io
@@ -76,8 +77,11 @@ def test_run_takes_the_log_flags_before_or_after_the_command(monkeypatch):
     from edge_agent.cli import run as run_command
 
     calls = []
-    monkeypatch.setattr(run_command, "run", lambda config, log_format=None, log_level=None: calls.append(
-        (config, log_format, log_level)) or 0)
+    monkeypatch.setattr(
+        run_command,
+        "run",
+        lambda config, log_format=None, log_level=None: calls.append((config, log_format, log_level)) or 0,
+    )
     assert main(["run", "--config", "a.toml", "--log-format", "json"]) == 0
     assert main(["--log-format", "json", "--log-level", "error", "run"]) == 0
     assert main(["--debug", "run", "--log-level", "warning"]) == 0  # --debug means debug

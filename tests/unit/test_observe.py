@@ -1,5 +1,6 @@
 """The observation record and its fan-out: what each consumer (Prometheus, the tier controller, the
 telemetry window) receives from one LLM request or ASR utterance."""
+
 from __future__ import annotations
 
 import logging
@@ -67,8 +68,13 @@ def test_prometheus_labels_by_the_observations_tier():
 
 
 def test_the_controller_keeps_its_workloads_active_tier_and_leaves_first_after_load_out_of_the_window():
-    ladder = SimpleNamespace(tiers=[SimpleNamespace(name="heavy"), SimpleNamespace(name="light")], active=0,
-                             switching=False, shedding=False, token_cap_ratio=1.0)
+    ladder = SimpleNamespace(
+        tiers=[SimpleNamespace(name="heavy"), SimpleNamespace(name="light")],
+        active=0,
+        switching=False,
+        shedding=False,
+        token_cap_ratio=1.0,
+    )
     now = [0.0]
     controller = TierController(ladder, Policy(metric="ttft_ms"), window_s=60.0, clock=lambda: now[0])
     controller.observe(Observation.of_request(timing(), "heavy", "m"))

@@ -1,4 +1,5 @@
 """Recipe validation and calibration-manifest reading: every error names the key or the line."""
+
 from __future__ import annotations
 
 import json
@@ -65,19 +66,23 @@ def test_a_bare_name_is_found_in_the_recipes_dir(tmp_path: Path) -> None:
         load_recipe("nope", search=tmp_path)
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda t: t.replace('workload = "llm"', 'workload = "llm"\nbogus = 1'), "bogus: unknown key"),
-    (lambda t: t.replace('precisions = ["fp32", "int8"]', 'precisions = ["fp64"]'), "precisions[0]"),
-    (lambda t: t.split("[calibration]")[0] + "[heldout]\ndata = 'p.jsonl'",
-     "int8 needs a [calibration] section"),
-    (lambda t: t.replace("[1, 16, 64]", "[8, 4, 64]"), "need 0 <= min <= opt <= max"),
-    (lambda t: t.replace('targets = ["cpu"]', 'targets = ["cpu", "intel-npu"]'), "static shapes only"),
-    (lambda t: t.replace('targets = ["cpu"]', 'targets = ["jetson"]'), "'prefill' and a 'decode' profile"),
-    (lambda t: t.replace('workload = "llm"', 'workload = "asr"').replace('"int8"]', '"int8", "int4"]'),
-     "int4 is weight-only"),
-    (lambda t: t + "\n[[profiles]]\nname = 'prefill'\ndims = { batch_size = [1, 1, 1] }\n", "unique"),
-    (lambda t: t.replace('name = "tiny"', 'name = [1'), "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda t: t.replace('workload = "llm"', 'workload = "llm"\nbogus = 1'), "bogus: unknown key"),
+        (lambda t: t.replace('precisions = ["fp32", "int8"]', 'precisions = ["fp64"]'), "precisions[0]"),
+        (lambda t: t.split("[calibration]")[0] + "[heldout]\ndata = 'p.jsonl'", "int8 needs a [calibration] section"),
+        (lambda t: t.replace("[1, 16, 64]", "[8, 4, 64]"), "need 0 <= min <= opt <= max"),
+        (lambda t: t.replace('targets = ["cpu"]', 'targets = ["cpu", "intel-npu"]'), "static shapes only"),
+        (lambda t: t.replace('targets = ["cpu"]', 'targets = ["jetson"]'), "'prefill' and a 'decode' profile"),
+        (
+            lambda t: t.replace('workload = "llm"', 'workload = "asr"').replace('"int8"]', '"int8", "int4"]'),
+            "int4 is weight-only",
+        ),
+        (lambda t: t + "\n[[profiles]]\nname = 'prefill'\ndims = { batch_size = [1, 1, 1] }\n", "unique"),
+        (lambda t: t.replace('name = "tiny"', "name = [1"), "not valid TOML"),
+    ],
+)
 def test_invalid_recipes_are_refused_with_the_key(tmp_path: Path, edit, message: str) -> None:
     assert message in problems(tmp_path, edit(BASE))
 
@@ -99,6 +104,7 @@ def test_input_shapes_maps_named_dims_and_reports_mismatches() -> None:
 
 # -- calibration manifests -------------------------------------------------------------------
 
+
 def test_text_manifest_reads_prompts_and_messages(tmp_path: Path) -> None:
     path = tmp_path / "p.jsonl"
     path.write_text('{"prompt": "hello"}\n\n{"messages": [{"role": "user", "content": "hi"}]}\n')
@@ -108,15 +114,18 @@ def test_text_manifest_reads_prompts_and_messages(tmp_path: Path) -> None:
     assert len(read_text_manifest(path, limit=1)) == 1
 
 
-@pytest.mark.parametrize("content, message", [
-    ("", "the manifest is empty"),
-    ("\n\n", "the manifest is empty"),
-    ('{"prompt": "ok"}\n{"prompt": \n', "p.jsonl:2: not valid JSON"),
-    ('{"text": "x"}\n', "p.jsonl:1: expected {\"prompt\""),
-    ('{"prompt": "  "}\n', "p.jsonl:1: \"prompt\" is empty"),
-    ('{"messages": [{"role": "user"}]}\n', "p.jsonl:1: each message needs"),
-    ("[1, 2]\n", "p.jsonl:1: expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("", "the manifest is empty"),
+        ("\n\n", "the manifest is empty"),
+        ('{"prompt": "ok"}\n{"prompt": \n', "p.jsonl:2: not valid JSON"),
+        ('{"text": "x"}\n', 'p.jsonl:1: expected {"prompt"'),
+        ('{"prompt": "  "}\n', 'p.jsonl:1: "prompt" is empty'),
+        ('{"messages": [{"role": "user"}]}\n', "p.jsonl:1: each message needs"),
+        ("[1, 2]\n", "p.jsonl:1: expected a JSON object"),
+    ],
+)
 def test_broken_text_manifests_name_the_line(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / "p.jsonl"
     path.write_text(content)

@@ -1,6 +1,7 @@
 """How ``edge-agent run`` leaves after SIGTERM: normally when every thread finished, else with
 ``os._exit`` (no interpreter teardown under a thread inside native code, which aborts the process
 with ``terminate called…``), exit 0 both ways. Real processes, real signals."""
+
 from __future__ import annotations
 
 import subprocess

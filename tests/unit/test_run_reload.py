@@ -1,5 +1,6 @@
 """SIGHUP handling of ``edge-agent run`` (``cli.run._Reloads``): RELOADING=1 + MONOTONIC_USEC, the reload,
 then READY=1 with its outcome; one during the start waits for serving; one while stopping is ignored."""
+
 from __future__ import annotations
 
 import socket

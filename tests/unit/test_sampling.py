@@ -12,15 +12,18 @@ def softmax(x):
     return e / e.sum()
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"max_new_tokens": 0}, "max_new_tokens"),
-    ({"temperature": -1}, "temperature"),
-    ({"top_k": -2}, "top_k"),
-    ({"top_p": 0}, "top_p"),
-    ({"top_p": 1.5}, "top_p"),
-    ({"repetition_penalty": 0}, "repetition_penalty"),
-    ({"stop": ("",)}, "stop strings"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"temperature": -1}, "temperature"),
+        ({"top_k": -2}, "top_k"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"stop": ("",)}, "stop strings"),
+    ],
+)
 def test_invalid_parameters_are_input_errors(kwargs, match):
     with pytest.raises(InputError, match=match):
         SamplingParams(**kwargs)

@@ -1,5 +1,6 @@
 """Shipped recipes and calibration data found by name from anywhere; synthesised calibration audio
 made on first use."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,18 @@ from edge_agent.errors import ConfigError, InputError
 from edge_agent.shipped import default_recipes_dir, engines_dir
 
 REPO = Path(__file__).resolve().parents[2]
-SYNTH = {"voice": "en-us", "speed_wpm": 170, "pitch": 50, "gain_db": -6.0, "lead_s": 0.25, "tail_s": 0.1,
-         "noise": "", "snr_db": 30.0, "rt60_s": 0.0, "seed": 7}
+SYNTH = {
+    "voice": "en-us",
+    "speed_wpm": 170,
+    "pitch": 50,
+    "gain_db": -6.0,
+    "lead_s": 0.25,
+    "tail_s": 0.1,
+    "noise": "",
+    "snr_db": 30.0,
+    "rt60_s": 0.0,
+    "seed": 7,
+}
 needs_espeak = pytest.mark.skipif(bool(synth_audio.missing_tools()), reason="espeak-ng and sox are not installed")
 
 
@@ -76,8 +87,12 @@ def test_the_recipes_dir_is_etc_under_systemd_and_the_users_config_otherwise(tmp
 def _manifest(folder: Path, lines: int = 2) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "set.jsonl"
-    path.write_text("".join(json.dumps({"audio": f"clips/{i}.wav", "text": "turn on the lights",
-                                        "synth": {**SYNTH, "seed": i}}) + "\n" for i in range(lines)))
+    path.write_text(
+        "".join(
+            json.dumps({"audio": f"clips/{i}.wav", "text": "turn on the lights", "synth": {**SYNTH, "seed": i}}) + "\n"
+            for i in range(lines)
+        )
+    )
     return path
 
 

@@ -1,5 +1,6 @@
 """Signed fleet messages: the envelope (checked against ``cryptography`` directly), keys, config, the
 open-channel warning and the ``fleet keygen`` / ``fleet sign`` CLI."""
+
 from __future__ import annotations
 
 import base64
@@ -26,8 +27,14 @@ BODY = b'{"cmd_id": "a1", "args": {}}'
 def reference_envelope(key, topic: str, payload: bytes, expires: int) -> bytes:
     """The documented format, written out independently of the code under test."""
     sig = key.sign(topic.encode() + b"\n" + str(expires).encode() + b"\n" + payload)
-    return json.dumps({"schema": "edge-agent.signed/1", "expires": expires,
-                       "payload": base64.b64encode(payload).decode(), "sig": base64.b64encode(sig).decode()}).encode()
+    return json.dumps(
+        {
+            "schema": "edge-agent.signed/1",
+            "expires": expires,
+            "payload": base64.b64encode(payload).decode(),
+            "sig": base64.b64encode(sig).decode(),
+        }
+    ).encode()
 
 
 def pub_pem(key) -> bytes:
@@ -35,8 +42,9 @@ def pub_pem(key) -> bytes:
 
 
 def pub_b64(key) -> str:
-    return base64.b64encode(key.public_key().public_bytes(serialization.Encoding.Raw,
-                                                          serialization.PublicFormat.Raw)).decode()
+    return base64.b64encode(
+        key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    ).decode()
 
 
 @pytest.fixture
@@ -93,11 +101,15 @@ def test_public_key_from_pem_file_or_base64(tmp_path, key):
 def test_a_bad_key_is_a_config_error_naming_the_key(tmp_path):
     rsa = pytest.importorskip("cryptography.hazmat.primitives.asymmetric.rsa")
     other = rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key()
-    (tmp_path / "rsa.pem").write_bytes(other.public_bytes(serialization.Encoding.PEM,
-                                                          serialization.PublicFormat.SubjectPublicKeyInfo))
+    (tmp_path / "rsa.pem").write_bytes(
+        other.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     (tmp_path / "junk.pem").write_text("not a key")
-    for value, why in ((str(tmp_path / "missing.pem"), "No such file"), (str(tmp_path / "junk.pem"), "not a PEM"),
-                       (str(tmp_path / "rsa.pem"), "not an Ed25519")):
+    for value, why in (
+        (str(tmp_path / "missing.pem"), "No such file"),
+        (str(tmp_path / "junk.pem"), "not a PEM"),
+        (str(tmp_path / "rsa.pem"), "not an Ed25519"),
+    ):
         cfg = tmp_path / "agent.toml"
         cfg.write_text(f'[telemetry]\nfleet_public_key = "{value}"\n')
         with pytest.raises(ConfigError, match=f"telemetry.fleet_public_key: .*{why}"):
@@ -113,14 +125,17 @@ def test_config_keys_validate(tmp_path):
     assert {"telemetry.commands_allowed[1]", "telemetry.reply_prefixes"} <= paths, err.value.problems
 
 
-@pytest.mark.parametrize("mqtt, tele, open_", [
-    ({}, {}, True),                                                            # anonymous, plain TCP
-    ({"username": "dev-1", "password": "x"}, {}, True),                        # credentials, but no TLS
-    ({"tls": {"ca_file": "/ca.pem"}}, {}, True),                               # TLS, but anonymous
-    ({"username": "dev-1", "tls": {"ca_file": "/ca.pem"}}, {}, False),         # TLS + credentials
-    ({"tls": {"cert_file": "/c.pem", "key_file": "/k.pem"}}, {}, False),       # mutual TLS
-    ({}, {"fleet_public_key": "KEY"}, False),                                  # signed
-])
+@pytest.mark.parametrize(
+    "mqtt, tele, open_",
+    [
+        ({}, {}, True),  # anonymous, plain TCP
+        ({"username": "dev-1", "password": "x"}, {}, True),  # credentials, but no TLS
+        ({"tls": {"ca_file": "/ca.pem"}}, {}, True),  # TLS, but anonymous
+        ({"username": "dev-1", "tls": {"ca_file": "/ca.pem"}}, {}, False),  # TLS + credentials
+        ({"tls": {"cert_file": "/c.pem", "key_file": "/k.pem"}}, {}, False),  # mutual TLS
+        ({}, {"fleet_public_key": "KEY"}, False),  # signed
+    ],
+)
 def test_open_command_channel_warning(key, mqtt, tele, open_):
     tele = {k: (pub_b64(key) if v == "KEY" else v) for k, v in tele.items()}
     warnings = command_channel_warnings(MqttConfig(device_id="d", **mqtt), TelemetryConfig(**tele))
@@ -141,8 +156,13 @@ def test_doctor_warns_about_an_open_command_channel(tmp_path, key):
 
 def test_cli_keygen_then_sign_produces_an_envelope_the_public_key_verifies(tmp_path):
     def cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "edge_agent", "fleet", *args], cwd=REPO, input=stdin,
-                              capture_output=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "edge_agent", "fleet", *args],
+            cwd=REPO,
+            input=stdin,
+            capture_output=True,
+            timeout=120,
+        )
 
     out = cli("keygen", "--out", str(tmp_path / "fleet.pem"))
     assert out.returncode == 0, out.stderr
@@ -151,8 +171,17 @@ def test_cli_keygen_then_sign_produces_an_envelope_the_public_key_verifies(tmp_p
     assert cli("keygen", "--out", str(tmp_path / "fleet.pem")).returncode != 0  # never overwrites a key
     (tmp_path / "req.json").write_bytes(BODY)
     t0 = int(time.time())
-    out = cli("sign", "--key", str(tmp_path / "fleet.pem"), "--topic", TOPIC, "--payload-file",
-              str(tmp_path / "req.json"), "--ttl", "120")
+    out = cli(
+        "sign",
+        "--key",
+        str(tmp_path / "fleet.pem"),
+        "--topic",
+        TOPIC,
+        "--payload-file",
+        str(tmp_path / "req.json"),
+        "--ttl",
+        "120",
+    )
     assert out.returncode == 0, out.stderr
     env = json.loads(out.stdout)
     assert base64.b64decode(env["payload"]) == BODY and t0 + 120 <= env["expires"] <= int(time.time()) + 120

@@ -1,5 +1,6 @@
 """The state lock: one holder per state folder, its PID in the file, a second locker refused with that
 PID and path, released on exit (kill -9 included: the kernel drops flock locks with the process)."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """sd_notify on a datagram socket the test owns (path and abstract), and the heartbeat-gated watchdog."""
+
 from __future__ import annotations
 
 import os

@@ -13,7 +13,7 @@ def test_reconnect_delay_doubles_with_jitter_and_is_capped():
         link._schedule_retry()
         delays.append(link._client._reconnect_min_delay)
     for k, d in enumerate(delays):
-        nominal = min(30.0, 2.0 ** k)
+        nominal = min(30.0, 2.0**k)
         assert max(0.2, 0.5 * nominal) <= d <= nominal
     assert len({round(d, 6) for d in delays[5:]}) > 1  # jittered, not lock-step
 

@@ -27,9 +27,18 @@ def rig(tmp_path):
     sent: list[tuple[str, dict, bytes | None]] = []
     reported: list[dict] = []
     clock, wall = Clock(), Clock(1.7e9)
-    proc = CommandProcessor(agent, Ledger(tmp_path / "ledger.sqlite"), PREFIX, "dev-1",
-                            lambda topic, body, corr: sent.append((topic, json.loads(body), corr)),
-                            reported.append, max_bytes=1024, clock=clock, wall=wall, reply_prefixes=("fleet/res/",))
+    proc = CommandProcessor(
+        agent,
+        Ledger(tmp_path / "ledger.sqlite"),
+        PREFIX,
+        "dev-1",
+        lambda topic, body, corr: sent.append((topic, json.loads(body), corr)),
+        reported.append,
+        max_bytes=1024,
+        clock=clock,
+        wall=wall,
+        reply_prefixes=("fleet/res/",),
+    )
     return proc, agent, sent, reported, clock, wall
 
 
@@ -68,8 +77,14 @@ def test_duplicate_runs_once_even_after_restart(rig, tmp_path):
     dup = sent[-1][1]
     assert dup["duplicate"] is True and dup["status"] == "succeeded" and dup["result"]["engine_hash"] == "sha256:abc"
     proc.ledger.close()
-    again = CommandProcessor(agent, Ledger(tmp_path / "ledger.sqlite"), PREFIX, "dev-1",
-                             lambda t, b, c: sent.append((t, json.loads(b), c)), reply_prefixes=("fleet/res/",))
+    again = CommandProcessor(
+        agent,
+        Ledger(tmp_path / "ledger.sqlite"),
+        PREFIX,
+        "dev-1",
+        lambda t, b, c: sent.append((t, json.loads(b), c)),
+        reply_prefixes=("fleet/res/",),
+    )
     again.handle(msg("rebuild_engine", request))
     assert len([c for c in agent.calls if c[0] == "rebuild_engine"]) == 1
     assert sent[-1][1]["duplicate"] is True
@@ -80,27 +95,40 @@ def test_interrupted_command_is_reported_not_rerun(tmp_path):
     ledger.record("x1", "rebuild_engine", "executing", None)
     ledger.close()
     agent, sent = TinyAgent(), []
-    proc = CommandProcessor(agent, Ledger(tmp_path / "l.sqlite"), PREFIX, "dev-1",
-                            lambda t, b, c: sent.append(json.loads(b)), reply_prefixes=("fleet/res/",))
+    proc = CommandProcessor(
+        agent,
+        Ledger(tmp_path / "l.sqlite"),
+        PREFIX,
+        "dev-1",
+        lambda t, b, c: sent.append(json.loads(b)),
+        reply_prefixes=("fleet/res/",),
+    )
     proc.handle(msg("rebuild_engine", {"cmd_id": "x1", "args": {"recipe": "phi3-int8"}}))
     assert agent.calls == []
     assert sent[-1]["status"] == "failed" and "interrupted" in sent[-1]["reason"] and sent[-1]["duplicate"]
 
 
-@pytest.mark.parametrize("name, body, reason", [
-    ("format_disk", {"cmd_id": "u1"}, "unknown command 'format_disk'"),
-    ("pin_tier", {"cmd_id": "u2", "args": {"workload": "llm", "tier": "huge"}}, "tier 'huge' is not configured"),
-    ("pin_tier", {"cmd_id": "u3", "args": {"workload": "video", "tier": "small"}}, "unknown workload 'video'"),
-    ("pin_tier", {"cmd_id": "u4", "args": {"workload": "llm"}}, "args... tier"),
-    ("rebuild_engine", {"cmd_id": "u5", "args": {"recipe": "/etc/passwd"}}, "recipe"),
-    ("rebuild_engine", {"cmd_id": "u6", "args": {"recipe": "other"}}, "recipe 'other' is not configured"),
-    ("set_sla", {"cmd_id": "u7", "args": {"workload": "llm", "sla": {"target_ms": -5}}}, "target_ms"),
-    ("get_status", {"cmd_id": "u8", "args": {"verbose": True}}, "verbose"),
-    ("get_status", b"{not json", "malformed request"),
-    ("get_status", {"args": {}}, "cmd_id"),
-    ("get_status", {"cmd_id": "u9", "extra": 1}, "extra"),
-    ("get_status", json.dumps({"cmd_id": "big", "args": {}, "pad": "x" * 2000}).encode(), "over the 1024-byte limit"),
-])
+@pytest.mark.parametrize(
+    "name, body, reason",
+    [
+        ("format_disk", {"cmd_id": "u1"}, "unknown command 'format_disk'"),
+        ("pin_tier", {"cmd_id": "u2", "args": {"workload": "llm", "tier": "huge"}}, "tier 'huge' is not configured"),
+        ("pin_tier", {"cmd_id": "u3", "args": {"workload": "video", "tier": "small"}}, "unknown workload 'video'"),
+        ("pin_tier", {"cmd_id": "u4", "args": {"workload": "llm"}}, "args... tier"),
+        ("rebuild_engine", {"cmd_id": "u5", "args": {"recipe": "/etc/passwd"}}, "recipe"),
+        ("rebuild_engine", {"cmd_id": "u6", "args": {"recipe": "other"}}, "recipe 'other' is not configured"),
+        ("set_sla", {"cmd_id": "u7", "args": {"workload": "llm", "sla": {"target_ms": -5}}}, "target_ms"),
+        ("get_status", {"cmd_id": "u8", "args": {"verbose": True}}, "verbose"),
+        ("get_status", b"{not json", "malformed request"),
+        ("get_status", {"args": {}}, "cmd_id"),
+        ("get_status", {"cmd_id": "u9", "extra": 1}, "extra"),
+        (
+            "get_status",
+            json.dumps({"cmd_id": "big", "args": {}, "pad": "x" * 2000}).encode(),
+            "over the 1024-byte limit",
+        ),
+    ],
+)
 def test_bad_requests_are_rejected_with_the_reason(rig, name, body, reason):
     proc, agent, sent, *_ = rig
     proc.handle(msg(name, body))
@@ -155,19 +183,23 @@ def test_desired_applies_newer_versions_all_or_nothing(rig):
 
 # -- trust: reply topics, the command allow-list, signatures, floods ----------------------------------
 
-@pytest.mark.parametrize("topic, allowed", [
-    ("edge/v1/OTHER/state", False),
-    ("edge/v1/dev-1/state", False),                 # its own retained state: not a reply topic
-    ("edge/v1/dev-1/cmd/pin_tier/req", False),       # would come back to it as a command
-    ("edge/v1/dev-1/tele/latency", False),
-    ("edge/v1/dev-10/cmd/get_status/res", False),    # a prefix of the name is not the device
-    ("fleet/resX/1", False),
-    ("fleet/res/+", False),
-    ("edge/v1/dev-1/cmd/get_status/res", True),
-    ("edge/v1/dev-1/cmd/get_status/res/fleet-7", True),
-    ("edge/v1/dev-1/res/42", True),
-    ("fleet/res/1", True),
-])
+
+@pytest.mark.parametrize(
+    "topic, allowed",
+    [
+        ("edge/v1/OTHER/state", False),
+        ("edge/v1/dev-1/state", False),  # its own retained state: not a reply topic
+        ("edge/v1/dev-1/cmd/pin_tier/req", False),  # would come back to it as a command
+        ("edge/v1/dev-1/tele/latency", False),
+        ("edge/v1/dev-10/cmd/get_status/res", False),  # a prefix of the name is not the device
+        ("fleet/resX/1", False),
+        ("fleet/res/+", False),
+        ("edge/v1/dev-1/cmd/get_status/res", True),
+        ("edge/v1/dev-1/cmd/get_status/res/fleet-7", True),
+        ("edge/v1/dev-1/res/42", True),
+        ("fleet/res/1", True),
+    ],
+)
 def test_reply_topic_allow_list(rig, topic, allowed):
     proc, agent, sent, *_ = rig
     proc.handle(msg("get_status", {"cmd_id": "t1"}, response_topic=topic, corr=b"k"))
@@ -183,8 +215,14 @@ def test_reply_topic_allow_list(rig, topic, allowed):
 
 def test_command_outside_commands_allowed_is_rejected(tmp_path):
     agent, sent = TinyAgent(), []
-    proc = CommandProcessor(agent, Ledger(tmp_path / "l.sqlite"), PREFIX, "dev-1",
-                            lambda t, b, c: sent.append(json.loads(b)), allowed=["get_status"])
+    proc = CommandProcessor(
+        agent,
+        Ledger(tmp_path / "l.sqlite"),
+        PREFIX,
+        "dev-1",
+        lambda t, b, c: sent.append(json.loads(b)),
+        allowed=["get_status"],
+    )
     proc.handle(msg("pin_tier", {"cmd_id": "p1", "args": {"workload": "llm", "tier": "tiny"}}, response_topic=None))
     assert [m["status"] for m in sent] == ["rejected"] and "commands_allowed" in sent[0]["reason"]
     assert agent.pins == {}
@@ -205,9 +243,16 @@ def test_signed_commands_and_desired_with_a_fleet_key(tmp_path):
 
     key = ed25519.Ed25519PrivateKey.generate()
     agent, sent, reported, wall = TinyAgent(), [], [], Clock(1.7e9)
-    proc = CommandProcessor(agent, Ledger(tmp_path / "l.sqlite"), PREFIX, "dev-1",
-                            lambda t, b, c: sent.append(json.loads(b)), reported.append, wall=wall,
-                            verifier=Verifier(key.public_key(), wall))
+    proc = CommandProcessor(
+        agent,
+        Ledger(tmp_path / "l.sqlite"),
+        PREFIX,
+        "dev-1",
+        lambda t, b, c: sent.append(json.loads(b)),
+        reported.append,
+        wall=wall,
+        verifier=Verifier(key.public_key(), wall),
+    )
     topic = f"{PREFIX}/cmd/pin_tier/req"
     body = json.dumps({"cmd_id": "s1", "args": {"workload": "llm", "tier": "tiny"}}).encode()
     proc.handle(Incoming(topic, body, None, None, None, False))
@@ -231,8 +276,14 @@ def test_signed_commands_and_desired_with_a_fleet_key(tmp_path):
 
 def test_reset_desired_lets_a_lower_version_apply(tmp_path):
     agent, sent, reported = TinyAgent(), [], []
-    proc = CommandProcessor(agent, Ledger(tmp_path / "l.sqlite"), PREFIX, "dev-1",
-                            lambda t, b, c: sent.append(json.loads(b)), reported.append)
+    proc = CommandProcessor(
+        agent,
+        Ledger(tmp_path / "l.sqlite"),
+        PREFIX,
+        "dev-1",
+        lambda t, b, c: sent.append(json.loads(b)),
+        reported.append,
+    )
     assert proc.apply_desired(json.dumps({"version": 999999, "pins": {"llm": "tiny"}}).encode())
     assert not proc.apply_desired(json.dumps({"version": 5, "pins": {"llm": "small"}}).encode())
     proc.handle(msg("reset_desired", {"cmd_id": "r1"}, response_topic=None))

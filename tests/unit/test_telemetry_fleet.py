@@ -14,10 +14,17 @@ def window_payload(device: str, seq: int, samples: list[float], historical: bool
     for v in samples:
         acc.observe("llm", "small", "demo-phi3", {"ttft_ms": [v]}, tokens_out=10)
     series = [s.to_series(10.0) for s in acc.take()]
-    return LatencyWindow(device_id=device, session=1, boot_id="b", seq=seq, historical=historical,
-                         clock_synced=True, version="t", series=series,
-                         window=WindowTimes(start_wall=0, end_wall=10, start_mono=0, end_mono=10,
-                                            duration_s=10)).to_json()
+    return LatencyWindow(
+        device_id=device,
+        session=1,
+        boot_id="b",
+        seq=seq,
+        historical=historical,
+        clock_synced=True,
+        version="t",
+        series=series,
+        window=WindowTimes(start_wall=0, end_wall=10, start_mono=0, end_mono=10, duration_s=10),
+    ).to_json()
 
 
 def test_merged_fleet_p99_is_within_the_sketch_error_of_pooled_raw_samples():

@@ -48,23 +48,36 @@ def rig(tmp_path, **kw):
     link = LoopbackLink()
     spool = Spool(tmp_path / "s.sqlite", wall=wall)
     acc = WindowAccumulator()
-    pub = Publisher(link, spool, acc, Identity("dev-1", "t", "boot"), interval_s=10, clock=clock, wall=wall,
-                    clock_synced=lambda: True, **kw)
+    pub = Publisher(
+        link,
+        spool,
+        acc,
+        Identity("dev-1", "t", "boot"),
+        interval_s=10,
+        clock=clock,
+        wall=wall,
+        clock_synced=lambda: True,
+        **kw,
+    )
     return pub, link, spool, acc, clock, wall
 
 
 def test_window_carries_histograms_local_quantiles_throughput_and_timestamps(tmp_path):
     pub, link, spool, acc, clock, wall = rig(tmp_path)
     for k in range(20):
-        acc.observe_timing("llm", "small", "demo-phi3",
-                           RequestTiming(0.0, 0.01, (0.05 + k * 0.001, 0.06 + k * 0.001), 0.07 + k * 0.001))
+        acc.observe_timing(
+            "llm",
+            "small",
+            "demo-phi3",
+            RequestTiming(0.0, 0.01, (0.05 + k * 0.001, 0.06 + k * 0.001), 0.07 + k * 0.001),
+        )
     acc.observe_timing("llm", "small", "demo-phi3", RequestTiming(0, 0, (5.0,), 5.0, tags={"warmup"}))
     acc.observe("asr", "ctc", "demo-ctc", {"first_partial_ms": [120.0], "final_ms": [80.0]}, error=True)
     clock.t += 10
     wall.t += 10
     pub.seal_window()
     pub.pump()
-    (mid, topic, doc), = link.sent
+    ((mid, topic, doc),) = link.sent
     assert topic == "edge/v1/dev-1/tele/latency" and doc["seq"] == 1 and doc["historical"] is False
     assert doc["window"]["duration_s"] == 10 and doc["clock_synced"] is True and "clock_jump_s" not in doc
     asr, llm = doc["series"]
@@ -171,8 +184,9 @@ def test_hot_path_never_waits_for_a_stalled_network_or_disk(tmp_path):
     link = StalledLink()
     spool = Spool(tmp_path / "s.sqlite")
     acc = WindowAccumulator()
-    pub = Publisher(link, spool, acc, Identity("dev-1", "t", "boot"), interval_s=0.05,
-                    clock_synced=lambda: True).start()
+    pub = Publisher(
+        link, spool, acc, Identity("dev-1", "t", "boot"), interval_s=0.05, clock_synced=lambda: True
+    ).start()
     try:
         worst = 0.0
         end = time.monotonic() + 2.5

@@ -31,11 +31,26 @@ def test_every_payload_carries_its_schema_version():
 def _window(**over):
     h = ExponentialHistogram()
     h.record_many([12.0, 15.0, 40.0])
-    doc = dict(device_id="dev-1", session=3, boot_id="b", seq=2**64 - 1, clock_synced=True, version="0.1.0",
-               window={"start_wall": 1.0, "end_wall": 11.0, "start_mono": 5.0, "end_mono": 15.0, "duration_s": 10.0},
-               series=[{"workload": "llm", "tier": "small", "model": "demo-phi3", "requests": 3,
-                        "throughput": {"requests_per_s": 0.3}, "histograms": {"ttft_ms": h.to_dict()},
-                        "local": {"ttft_ms": {"count": 3, "p50": 15.0, "p95": 40.0, "p99": 40.0}}}])
+    doc = dict(
+        device_id="dev-1",
+        session=3,
+        boot_id="b",
+        seq=2**64 - 1,
+        clock_synced=True,
+        version="0.1.0",
+        window={"start_wall": 1.0, "end_wall": 11.0, "start_mono": 5.0, "end_mono": 15.0, "duration_s": 10.0},
+        series=[
+            {
+                "workload": "llm",
+                "tier": "small",
+                "model": "demo-phi3",
+                "requests": 3,
+                "throughput": {"requests_per_s": 0.3},
+                "histograms": {"ttft_ms": h.to_dict()},
+                "local": {"ttft_ms": {"count": 3, "p50": 15.0, "p95": 40.0, "p99": 40.0}},
+            }
+        ],
+    )
     doc.update(over)
     return doc
 
@@ -49,13 +64,16 @@ def test_latency_window_round_trips_with_64_bit_seq_and_histogram():
     assert back.series[0].histograms["ttft_ms"].to_histogram().count == 3
 
 
-@pytest.mark.parametrize("change, where", [
-    ({"seq": 2**64}, "seq"),
-    ({"seq": -1}, "seq"),
-    ({"schema": "edge-agent.tele.latency/2"}, "schema"),
-    ({"device_id": "a/b"}, "device_id"),
-    ({"surprise": 1}, "surprise"),
-])
+@pytest.mark.parametrize(
+    "change, where",
+    [
+        ({"seq": 2**64}, "seq"),
+        ({"seq": -1}, "seq"),
+        ({"schema": "edge-agent.tele.latency/2"}, "schema"),
+        ({"device_id": "a/b"}, "device_id"),
+        ({"surprise": 1}, "surprise"),
+    ],
+)
 def test_bad_windows_are_refused_naming_the_field(change, where):
     with pytest.raises(ValidationError) as info:
         s.LatencyWindow.model_validate(_window(**change))
@@ -87,10 +105,18 @@ def test_real_payloads_validate_against_the_checked_in_files():
     samples = {
         "tele_latency": s.LatencyWindow.model_validate(_window()),
         "state": s.State(device_id="d", state="offline", session=1, boot_id="b", version="v", reason="last will"),
-        "event": s.Event(device_id="d", type="spool_drop", session=1, seq=3, at_wall=1.0, at_mono=2.0,
-                         data=s.SpoolDrop(reason="full", windows=2, seq_ranges=[(1, 2)]).model_dump()),
-        "cmd_response": s.CommandResponse(device_id="d", cmd_id=None, command="x", status="rejected",
-                                          reason="malformed", at_wall=1.0),
+        "event": s.Event(
+            device_id="d",
+            type="spool_drop",
+            session=1,
+            seq=3,
+            at_wall=1.0,
+            at_mono=2.0,
+            data=s.SpoolDrop(reason="full", windows=2, seq_ranges=[(1, 2)]).model_dump(),
+        ),
+        "cmd_response": s.CommandResponse(
+            device_id="d", cmd_id=None, command="x", status="rejected", reason="malformed", at_wall=1.0
+        ),
         "desired": s.Desired(version=2, pins={"llm": None}),
     }
     for name, model in samples.items():

@@ -134,6 +134,7 @@ def test_disk_full_drops_oldest_windows_then_reports_loss(tmp_path):
 
 # -- a full disk: degraded, never raising, every lost window numbered and reported ---------------------
 
+
 class FullDisk:
     """The spool's connection with a switchable full disk: while ``full``, every statement that
     writes fails as SQLite fails on ENOSPC (reads still work, as on a real full disk)."""
@@ -327,8 +328,9 @@ def test_the_telemetry_loop_backs_off_when_the_spool_keeps_failing(tmp_path, cap
                 raise sqlite3.OperationalError("disk I/O error")
 
     sp._conn = Broken(real)
-    pub = Publisher(None, sp, WindowAccumulator(), Identity("dev-1", "t", "boot"), interval_s=0.01,
-                    clock_synced=lambda: True)
+    pub = Publisher(
+        None, sp, WindowAccumulator(), Identity("dev-1", "t", "boot"), interval_s=0.01, clock_synced=lambda: True
+    )
     caplog.set_level("INFO", logger="edge_agent.telemetry")
     pub.start()
     time.sleep(2.0)

@@ -1,4 +1,5 @@
 """The TensorRT session against a fake ``tensorrt`` module and a fake CUDA layer (no GPU needed)."""
+
 from __future__ import annotations
 
 import sys
@@ -38,8 +39,9 @@ def load(tmp_path: Path, plan: bytes, cuda: FakeCuda, name: str = "model.plan") 
 
 
 def affine_plan(profiles: list[dict] | None = None) -> bytes:
-    return fake_tensorrt.make_plan([io("x", "INPUT", [-1, 4]), io("y", "OUTPUT", [-1, 4])],
-                                   profiles or [{"x": [[1, 4], [4, 4], [8, 4]]}], AFFINE)
+    return fake_tensorrt.make_plan(
+        [io("x", "INPUT", [-1, 4]), io("y", "OUTPUT", [-1, 4])], profiles or [{"x": [[1, 4], [4, 4], [8, 4]]}], AFFINE
+    )
 
 
 def assert_nothing_left(cuda: FakeCuda) -> None:
@@ -57,8 +59,9 @@ def test_corrupt_plan_is_an_engine_error_naming_the_file(tmp_path: Path, cuda: F
 
 
 def test_plan_from_another_tensorrt_version_is_an_engine_error(tmp_path: Path, cuda: FakeCuda) -> None:
-    plan = fake_tensorrt.make_plan([io("x", "INPUT", [1, 4]), io("y", "OUTPUT", [1, 4])], ops=AFFINE,
-                                   version="10.16.0.72")
+    plan = fake_tensorrt.make_plan(
+        [io("x", "INPUT", [1, 4]), io("y", "OUTPUT", [1, 4])], ops=AFFINE, version="10.16.0.72"
+    )
     with pytest.raises(EngineError, match="not compatible with this version of TensorRT"):
         load(tmp_path, plan, cuda)
 
@@ -84,13 +87,19 @@ def test_no_gpu_fails_before_any_deserialize(tmp_path: Path, monkeypatch: pytest
 
 def test_io_specs_come_from_the_engine(tmp_path: Path, cuda: FakeCuda) -> None:
     plan = fake_tensorrt.make_plan(
-        [io("input_ids", "INPUT", [1, -1], "INT64"), io("mask", "INPUT", [1, -1], "BOOL"),
-         io("logits", "OUTPUT", [1, -1], "HALF")],
+        [
+            io("input_ids", "INPUT", [1, -1], "INT64"),
+            io("mask", "INPUT", [1, -1], "BOOL"),
+            io("logits", "OUTPUT", [1, -1], "HALF"),
+        ],
         [{"input_ids": [[1, 1], [1, 16], [1, 64]], "mask": [[1, 1], [1, 16], [1, 64]]}],
-        {"logits": {"input": "input_ids", "scale": 0.5}})
+        {"logits": {"input": "input_ids", "scale": 0.5}},
+    )
     session = load(tmp_path, plan, cuda)
     assert [(s.name, s.dtype, s.shape) for s in session.inputs] == [
-        ("input_ids", "int64", (1, None)), ("mask", "bool", (1, None))]
+        ("input_ids", "int64", (1, None)),
+        ("mask", "bool", (1, None)),
+    ]
     assert [(s.name, s.dtype, s.shape) for s in session.outputs] == [("logits", "float16", (1, None))]
     assert session.profiles == ({"input_ids": ((1, 1), (1, 16), (1, 64)), "mask": ((1, 1), (1, 16), (1, 64))},)
     assert session.backend == "tensorrt"
@@ -114,18 +123,33 @@ def test_buffers_are_sized_for_the_profile_max_and_never_reallocated(tmp_path: P
 
 def test_outputs_match_numpy_for_each_io_type(tmp_path: Path, cuda: FakeCuda) -> None:
     plan = fake_tensorrt.make_plan(
-        [io("x", "INPUT", [2, 3]), io("ids", "INPUT", [-1], "INT64"), io("h", "INPUT", [2], "HALF"),
-         io("b", "INPUT", [4], "BF16"),
-         io("y", "OUTPUT", [2, 3]), io("ids_next", "OUTPUT", [-1], "INT64"), io("h2", "OUTPUT", [2], "HALF"),
-         io("b2", "OUTPUT", [4], "BF16")],
+        [
+            io("x", "INPUT", [2, 3]),
+            io("ids", "INPUT", [-1], "INT64"),
+            io("h", "INPUT", [2], "HALF"),
+            io("b", "INPUT", [4], "BF16"),
+            io("y", "OUTPUT", [2, 3]),
+            io("ids_next", "OUTPUT", [-1], "INT64"),
+            io("h2", "OUTPUT", [2], "HALF"),
+            io("b2", "OUTPUT", [4], "BF16"),
+        ],
         [{"ids": [[1], [4], [16]]}],
-        {"y": {"input": "x", "scale": 2, "bias": 1}, "ids_next": {"input": "ids", "bias": 3},
-         "h2": {"input": "h", "scale": -1}, "b2": {"input": "b", "scale": 2, "bias": 1}})
+        {
+            "y": {"input": "x", "scale": 2, "bias": 1},
+            "ids_next": {"input": "ids", "bias": 3},
+            "h2": {"input": "h", "scale": -1},
+            "b2": {"input": "b", "scale": 2, "bias": 1},
+        },
+    )
     session = load(tmp_path, plan, cuda)
     # bf16 IO is float32 at the API: numpy has no bfloat16.
     assert {s.name: s.dtype for s in session.inputs}["b"] == "float32"
-    feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3), "ids": np.array([5, 7, 9], dtype=np.int64),
-             "h": np.array([0.5, -2.0], dtype=np.float16), "b": np.array([1.0, -3.0, 0.25, 96.0], dtype=np.float32)}
+    feeds = {
+        "x": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "ids": np.array([5, 7, 9], dtype=np.int64),
+        "h": np.array([0.5, -2.0], dtype=np.float16),
+        "b": np.array([1.0, -3.0, 0.25, 96.0], dtype=np.float32),
+    }
     out = session.run(feeds)
     np.testing.assert_array_equal(out["y"], feeds["x"] * 2 + 1)
     np.testing.assert_array_equal(out["ids_next"], feeds["ids"] + 3)
@@ -148,8 +172,7 @@ def test_bf16_inputs_round_to_nearest_even() -> None:
 def test_first_profile_that_holds_the_shapes_is_chosen(tmp_path: Path, cuda: FakeCuda) -> None:
     prefill = {"x": [[1, 2], [1, 32], [1, 64]]}
     decode = {"x": [[1, 1], [4, 1], [8, 1]]}
-    plan = fake_tensorrt.make_plan([io("x", "INPUT", [-1, -1]), io("y", "OUTPUT", [-1, -1])], [prefill, decode],
-                                   AFFINE)
+    plan = fake_tensorrt.make_plan([io("x", "INPUT", [-1, -1]), io("y", "OUTPUT", [-1, -1])], [prefill, decode], AFFINE)
     session = load(tmp_path, plan, cuda)
     assert sorted(cuda.live.values()) == [64 * 4, 64 * 4]  # the larger of the two profile maxima
     context = session._context
@@ -170,12 +193,15 @@ def test_shape_outside_every_profile_is_an_input_error_listing_them(tmp_path: Pa
     session.close()
 
 
-@pytest.mark.parametrize("feeds, match", [
-    ({"x": np.zeros((2, 4), dtype=np.float64)}, "dtype float64"),
-    ({"x": np.zeros((2, 5), dtype=np.float32)}, "dim 1 is 5"),
-    ({"x": np.zeros((2, 4), dtype=np.float32), "z": np.zeros(1)}, "unknown input"),
-    ({}, "missing input"),
-])
+@pytest.mark.parametrize(
+    "feeds, match",
+    [
+        ({"x": np.zeros((2, 4), dtype=np.float64)}, "dtype float64"),
+        ({"x": np.zeros((2, 5), dtype=np.float32)}, "dim 1 is 5"),
+        ({"x": np.zeros((2, 4), dtype=np.float32), "z": np.zeros(1)}, "unknown input"),
+        ({}, "missing input"),
+    ],
+)
 def test_malformed_feeds_are_input_errors(tmp_path: Path, cuda: FakeCuda, feeds: dict, match: str) -> None:
     session = load(tmp_path, affine_plan(), cuda)
     with pytest.raises(InputError, match=match):
@@ -190,11 +216,15 @@ def test_fp8_io_is_refused_at_open(tmp_path: Path, cuda: FakeCuda) -> None:
     assert_nothing_left(cuda)
 
 
-def test_failed_execution_carries_tensorrt_message(tmp_path: Path, cuda: FakeCuda,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_execution_carries_tensorrt_message(
+    tmp_path: Path, cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
     session = load(tmp_path, affine_plan(), cuda)
-    monkeypatch.setattr(fake_tensorrt.IExecutionContext, "execute_async_v3",
-                        lambda self, handle: self._error("Error Code 1: Cuda Runtime (an illegal memory access)"))
+    monkeypatch.setattr(
+        fake_tensorrt.IExecutionContext,
+        "execute_async_v3",
+        lambda self, handle: self._error("Error Code 1: Cuda Runtime (an illegal memory access)"),
+    )
     with pytest.raises(BackendError, match="illegal memory access"):
         session.run({"x": np.zeros((1, 4), dtype=np.float32)})
     session.close()
@@ -222,8 +252,9 @@ def test_open_session_registry_path_with_generic_warmup(tmp_path: Path, cuda: Fa
         session.close()
 
 
-def test_tensorrt_logger_goes_to_python_logging(tmp_path: Path, cuda: FakeCuda,
-                                                caplog: pytest.LogCaptureFixture) -> None:
+def test_tensorrt_logger_goes_to_python_logging(
+    tmp_path: Path, cuda: FakeCuda, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level("ERROR", logger="edge_agent.backends.tensorrt.trt"), pytest.raises(EngineError):
         load(tmp_path, b"junk", cuda)
     assert any("Magic tag does not match" in r.getMessage() for r in caplog.records)

@@ -1,4 +1,5 @@
 """The TensorRT plan builder against the fake ``tensorrt`` (10.3 and 11.4 surfaces), no GPU needed."""
+
 from __future__ import annotations
 
 import json
@@ -23,18 +24,27 @@ def model(path: Path, zero_point: int = 0, qdq: bool = False, fp16: bool = False
     nodes, inits = [], [numpy_helper.from_array(w.astype(np.float16) if fp16 else w, "W")]
     src = "x"
     if qdq:
-        inits += [numpy_helper.from_array(np.array(0.05, np.float32), "s"),
-                  numpy_helper.from_array(np.array(zero_point, np.int8), "zp")]
-        nodes += [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["xq"]),
-                  helper.make_node("DequantizeLinear", ["xq", "s", "zp"], ["xdq"])]
+        inits += [
+            numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+            numpy_helper.from_array(np.array(zero_point, np.int8), "zp"),
+        ]
+        nodes += [
+            helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["xq"]),
+            helper.make_node("DequantizeLinear", ["xq", "s", "zp"], ["xdq"]),
+        ]
         src = "xdq"
     if fp16:
         nodes.append(helper.make_node("Cast", [src], ["xh"], to=TensorProto.FLOAT16))
         nodes += [helper.make_node("MatMul", ["xh", "W"], ["yh"]), helper.make_node("Cast", ["yh"], ["y"], to=1)]
     else:
         nodes.append(helper.make_node("MatMul", [src, "W"], ["y"]))
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+        inits,
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
     return path
 
@@ -103,8 +113,9 @@ def test_legacy_entropy_calibrator_only_before_11(tmp_path: Path, trt) -> None:
         return
     calib = entropy_calibrator(trt, FakeCuda(), feeds, tmp_path / "calib.cache")
     assert isinstance(calib, trt.IInt8EntropyCalibrator2)
-    out = build_plan(trt, BuildSpec(model(tmp_path / "m.onnx"), tmp_path / "m.plan", "int8", PROFILES,
-                                    calibrator=calib))
+    out = build_plan(
+        trt, BuildSpec(model(tmp_path / "m.onnx"), tmp_path / "m.plan", "int8", PROFILES, calibrator=calib)
+    )
     assert out["builder_flags"] == ["INT8", "FP16"] and not out["strongly_typed"]
     assert plan_doc(tmp_path / "m.plan")["build"]["calibration_batches"] == 3
     assert json.loads((tmp_path / "calib.cache").read_bytes()) == {"batches": 3}
@@ -131,8 +142,11 @@ def test_unparseable_onnx_names_the_file(tmp_path: Path, trt) -> None:
 
 def test_progress_monitor_reports_phases(tmp_path: Path, trt) -> None:
     seen = []
-    build_plan(trt, BuildSpec(model(tmp_path / "m.onnx"), tmp_path / "m.plan", "fp32", PROFILES),
-               progress=lambda phase, done, total: seen.append((phase, done, total)))
+    build_plan(
+        trt,
+        BuildSpec(model(tmp_path / "m.onnx"), tmp_path / "m.plan", "fp32", PROFILES),
+        progress=lambda phase, done, total: seen.append((phase, done, total)),
+    )
     assert seen[0] == ("Building engine", 0, 2) and seen[-1] == ("Building engine", 2, 2)
 
 

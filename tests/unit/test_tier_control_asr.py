@@ -1,6 +1,7 @@
 """The tier controller on the ASR workload: utterance samples in, switches and shedding out.
 
 A fake clock and a ladder that records what it is told; no threads, no sleeps, no engines."""
+
 from __future__ import annotations
 
 import pytest
@@ -37,21 +38,31 @@ class Ladder:
         return True
 
 
-POLICY = policy_from_config(AsrSlaConfig(target_ms=300, min_samples=3, downgrade_after=2, upgrade_after=2,
-                                         cooldown_s=10, min_dwell_s=0, shed_after=2))
+POLICY = policy_from_config(
+    AsrSlaConfig(
+        target_ms=300, min_samples=3, downgrade_after=2, upgrade_after=2, cooldown_s=10, min_dwell_s=0, shed_after=2
+    )
+)
 
 
 def build(active: int = 0, window_s: float = 30.0):
     clock, ladder, events = Clock(), Ladder(active), []
-    controller = TierController(ladder, POLICY, window_s=window_s, clock=clock, workload="asr",
-                                on_event=lambda kind, payload: events.append((kind, payload)))
+    controller = TierController(
+        ladder,
+        POLICY,
+        window_s=window_s,
+        clock=clock,
+        workload="asr",
+        on_event=lambda kind, payload: events.append((kind, payload)),
+    )
     return clock, ladder, controller, events
 
 
 def utterances(controller, tier: str, first_partial_ms: float, n: int = 5) -> None:
     for _ in range(n):
-        controller.observe(Observation("asr", tier, "m", {"first_partial_ms": (first_partial_ms,), "final_ms": (40.0,),
-                                                          "rtf": (0.1,)}))
+        controller.observe(
+            Observation("asr", tier, "m", {"first_partial_ms": (first_partial_ms,), "final_ms": (40.0,), "rtf": (0.1,)})
+        )
 
 
 def test_policy_from_sla_asr_has_no_token_cap_and_no_adaptive_batch():
@@ -68,7 +79,7 @@ def test_slow_first_partials_switch_down_with_the_snapshot_in_the_event():
     clock.now = 2.0
     decision = controller.evaluate()
     assert decision.action == "downgrade" and ladder.switches == [1]
-    (kind, payload), = events
+    ((kind, payload),) = events
     assert kind == "tier_switch" and payload["workload"] == "asr"
     assert (payload["from"], payload["to"], payload["action"]) == ("heavy", "light", "downgrade")
     snap = payload["snapshot"]
@@ -169,8 +180,12 @@ def test_a_tier_that_fails_to_load_leaves_the_controller_on_the_old_one():
     controller.switch_failed(0, 1, "light: model.onnx is truncated")
     assert controller.state.tier == 0
     kind, payload = events[-1]
-    assert kind == "tier_switch_failed" and payload == {"workload": "asr", "from": "heavy", "to": "light",
-                                                         "error": "light: model.onnx is truncated"}
+    assert kind == "tier_switch_failed" and payload == {
+        "workload": "asr",
+        "from": "heavy",
+        "to": "light",
+        "error": "light: model.onnx is truncated",
+    }
     utterances(controller, "heavy", 450.0)  # heavy's utterances count again
     clock.now = 3.0
     assert controller.evaluate().state.over == 1

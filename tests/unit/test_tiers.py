@@ -1,5 +1,6 @@
 """Table tests of tier_policy.decide with a fake clock: hysteresis, cooldown, dwell, min samples, pinning,
 truncation and shedding, AIMD batch, and no flapping under a noisy but steady load."""
+
 from __future__ import annotations
 
 import random
@@ -9,8 +10,15 @@ import pytest
 
 from edge_agent.serving.tier_policy import Decision, Policy, Snapshot, TierState, decide
 
-POLICY = Policy(target_ms=100.0, min_samples=20, downgrade_after=3, upgrade_after=4, upgrade_ratio=0.7,
-                cooldown_s=30.0, min_dwell_s=10.0)
+POLICY = Policy(
+    target_ms=100.0,
+    min_samples=20,
+    downgrade_after=3,
+    upgrade_after=4,
+    upgrade_ratio=0.7,
+    cooldown_s=30.0,
+    min_dwell_s=10.0,
+)
 
 
 def run(values, state=None, policy=POLICY, start=100.0, step_s=5.0, count=50) -> list[Decision]:
@@ -28,12 +36,15 @@ def tiers(decisions) -> list[int]:
     return [d.state.tier for d in decisions]
 
 
-@pytest.mark.parametrize("values, expected", [
-    ([150, 150, 150], [0, 0, 1]),                  # N=3 consecutive windows over target
-    ([150, 150, 90, 150, 150], [0, 0, 0, 0, 0]),   # a good window resets the streak
-    ([150] * 7, [0, 0, 1, 1, 1, 2, 2]),            # again N more windows in the new tier; then the lightest
-    ([150] * 12, [0, 0, 1, 1, 1, 2] + [2] * 6),    # never beyond the lightest tier
-])
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        ([150, 150, 150], [0, 0, 1]),  # N=3 consecutive windows over target
+        ([150, 150, 90, 150, 150], [0, 0, 0, 0, 0]),  # a good window resets the streak
+        ([150] * 7, [0, 0, 1, 1, 1, 2, 2]),  # again N more windows in the new tier; then the lightest
+        ([150] * 12, [0, 0, 1, 1, 1, 2] + [2] * 6),  # never beyond the lightest tier
+    ],
+)
 def test_downgrade_after_n_windows_over_target(values, expected):
     assert tiers(run(values)) == expected
 
@@ -102,18 +113,32 @@ def test_no_truncation_while_a_lighter_tier_is_still_available():
     assert all(x.state.token_cap_ratio == 1.0 and not x.state.shedding for x in d)
 
 
-@pytest.mark.parametrize("value, batch, expected", [
-    (115, 8, 4), (115, 1, 1), (105, 8, 8), (85, 8, 16), (85, 32, 32), (95, 8, 8),
-])
+@pytest.mark.parametrize(
+    "value, batch, expected",
+    [
+        (115, 8, 4),
+        (115, 1, 1),
+        (105, 8, 8),
+        (85, 8, 16),
+        (85, 32, 32),
+        (95, 8, 8),
+    ],
+)
 def test_aimd_batch_within_bounds(value, batch, expected):
     policy = replace(POLICY, adaptive_batch=True, min_batch=1, max_batch=32)
     d = decide(Snapshot(value, 50), TierState(tiers=1, entered_s=0.0, batch=batch), policy, 100.0)
     assert d.state.batch == expected
 
 
-@pytest.mark.parametrize("metric, mode, adaptive", [
-    ("ttft_ms", "auto", False), ("itl_ms", "auto", True), ("tpot_ms", "off", False), ("ttft_ms", "on", True),
-])
+@pytest.mark.parametrize(
+    "metric, mode, adaptive",
+    [
+        ("ttft_ms", "auto", False),
+        ("itl_ms", "auto", True),
+        ("tpot_ms", "off", False),
+        ("ttft_ms", "on", True),
+    ],
+)
 def test_policy_from_the_sla_section(metric, mode, adaptive):
     from edge_agent.config import SlaConfig
     from edge_agent.serving.tier_policy import policy_from_config
@@ -157,12 +182,15 @@ def shedding_state(policy=SHED, start=100.0) -> tuple[TierState, float]:
     return decisions[-1].state, began
 
 
-@pytest.mark.parametrize("count, after_s, action, shedding, cap", [
-    (0, 29.0, "insufficient", True, 0.25),   # no samples, inside the cooldown: keep shedding
-    (0, 30.0, "probe", False, 1.0),          # the cooldown since shedding began: lift it all
-    (19, 31.0, "probe", False, 1.0),         # a trickle under min_samples is no evidence either
-    (0, 3600.0, "probe", False, 1.0),
-])
+@pytest.mark.parametrize(
+    "count, after_s, action, shedding, cap",
+    [
+        (0, 29.0, "insufficient", True, 0.25),  # no samples, inside the cooldown: keep shedding
+        (0, 30.0, "probe", False, 1.0),  # the cooldown since shedding began: lift it all
+        (19, 31.0, "probe", False, 1.0),  # a trickle under min_samples is no evidence either
+        (0, 3600.0, "probe", False, 1.0),
+    ],
+)
 def test_shedding_without_samples_ends_after_the_cooldown(count, after_s, action, shedding, cap):
     state, began = shedding_state()
     d = decide(Snapshot(None if count == 0 else 300.0, count), state, SHED, began + after_s)
@@ -229,4 +257,5 @@ def test_unpinned_with_samples_leaves_it_to_the_usual_rules():
 def test_an_idle_device_without_relief_or_release_holds():
     state = TierState(tiers=3, tier=1, entered_s=0.0)
     assert decide(Snapshot(None, 0), state, POLICY, 10_000.0) == Decision(
-        state, "insufficient", "0 ttft_ms samples in the window, fewer than min_samples 20")
+        state, "insufficient", "0 ttft_ms samples in the window, fewer than min_samples 20"
+    )

@@ -20,25 +20,45 @@ class Clock:
 
 def timing(admitted, scheduled, tokens, finished, **kwargs) -> RequestTiming:
     """A timeline given in milliseconds, stored as monotonic seconds like the real clock."""
-    return RequestTiming(admitted * MS, None if scheduled is None else scheduled * MS,
-                         tuple(t * MS for t in tokens), finished * MS, **kwargs)
+    return RequestTiming(
+        admitted * MS,
+        None if scheduled is None else scheduled * MS,
+        tuple(t * MS for t in tokens),
+        finished * MS,
+        **kwargs,
+    )
 
 
-@pytest.mark.parametrize("timeline, expected", [
-    ((0, 5, [30, 40, 55], 55),
-     dict(queue_ms=5, prefill_ms=25, ttft_ms=30, itl_ms=(10, 15), tpot_ms=12.5, e2e_ms=55, tokens_out=3)),
-    # finishing after the last token (detokenizer flush, stop check) counts in e2e and tpot
-    ((0, 5, [30, 40, 55], 65),
-     dict(queue_ms=5, prefill_ms=25, ttft_ms=30, itl_ms=(10, 15), tpot_ms=17.5, e2e_ms=65, tokens_out=3)),
-    ((100, 100, [120], 121),
-     dict(queue_ms=0, prefill_ms=20, ttft_ms=20, itl_ms=(), tpot_ms=None, e2e_ms=21, tokens_out=1)),
-    ((0, 10, [], 12),  # failed in prefill: no first token
-     dict(queue_ms=10, prefill_ms=None, ttft_ms=None, itl_ms=(), tpot_ms=None, e2e_ms=12, tokens_out=0)),
-    ((0, None, [], 300),  # shed from the queue
-     dict(queue_ms=None, prefill_ms=None, ttft_ms=None, itl_ms=(), tpot_ms=None, e2e_ms=300, tokens_out=0)),
-    ((0, 2, [10, 10, 20, 20], 20),  # two tokens per step
-     dict(queue_ms=2, prefill_ms=8, ttft_ms=10, itl_ms=(0, 10, 0), tpot_ms=10 / 3, e2e_ms=20, tokens_out=4)),
-])
+@pytest.mark.parametrize(
+    "timeline, expected",
+    [
+        (
+            (0, 5, [30, 40, 55], 55),
+            dict(queue_ms=5, prefill_ms=25, ttft_ms=30, itl_ms=(10, 15), tpot_ms=12.5, e2e_ms=55, tokens_out=3),
+        ),
+        # finishing after the last token (detokenizer flush, stop check) counts in e2e and tpot
+        (
+            (0, 5, [30, 40, 55], 65),
+            dict(queue_ms=5, prefill_ms=25, ttft_ms=30, itl_ms=(10, 15), tpot_ms=17.5, e2e_ms=65, tokens_out=3),
+        ),
+        (
+            (100, 100, [120], 121),
+            dict(queue_ms=0, prefill_ms=20, ttft_ms=20, itl_ms=(), tpot_ms=None, e2e_ms=21, tokens_out=1),
+        ),
+        (
+            (0, 10, [], 12),  # failed in prefill: no first token
+            dict(queue_ms=10, prefill_ms=None, ttft_ms=None, itl_ms=(), tpot_ms=None, e2e_ms=12, tokens_out=0),
+        ),
+        (
+            (0, None, [], 300),  # shed from the queue
+            dict(queue_ms=None, prefill_ms=None, ttft_ms=None, itl_ms=(), tpot_ms=None, e2e_ms=300, tokens_out=0),
+        ),
+        (
+            (0, 2, [10, 10, 20, 20], 20),  # two tokens per step
+            dict(queue_ms=2, prefill_ms=8, ttft_ms=10, itl_ms=(0, 10, 0), tpot_ms=10 / 3, e2e_ms=20, tokens_out=4),
+        ),
+    ],
+)
 def test_request_timing_math_on_fabricated_timelines(timeline, expected):
     record = timing(*timeline, tokens_in=7)
     for name, value in expected.items():
@@ -55,12 +75,15 @@ def test_request_timing_math_on_fabricated_timelines(timeline, expected):
     assert samples["itl_ms"] == record.itl_ms and samples["e2e_ms"] == (record.e2e_ms,)
 
 
-@pytest.mark.parametrize("timeline, culprit", [
-    ((10, 5, [30], 40), "scheduled"),
-    ((0, 5, [30, 20], 40), "token 2"),
-    ((0, 5, [30], 25), "finished"),
-    ((0, 40, [30], 50), "token 1"),
-])
+@pytest.mark.parametrize(
+    "timeline, culprit",
+    [
+        ((10, 5, [30], 40), "scheduled"),
+        ((0, 5, [30, 20], 40), "token 2"),
+        ((0, 5, [30], 25), "finished"),
+        ((0, 40, [30], 50), "token 1"),
+    ],
+)
 def test_backwards_timeline_is_rejected_naming_the_step(timeline, culprit):
     with pytest.raises(ValueError, match=f"{culprit} at"):
         timing(*timeline)
@@ -87,8 +110,9 @@ def test_recorder_builds_the_record_from_the_injected_clock():
         rec.mark_token()
     rec.tag("first_after_load")
     record = rec.finish()
-    assert record == RequestTiming(0.0, 0.005, (0.030, 0.040, 0.055), 0.055, 12,
-                                   frozenset({WARMUP, "first_after_load"}))
+    assert record == RequestTiming(
+        0.0, 0.005, (0.030, 0.040, 0.055), 0.055, 12, frozenset({WARMUP, "first_after_load"})
+    )
     assert record.ttft_ms == pytest.approx(30) and record.tpot_ms == pytest.approx(12.5)
     clock.now = 1.0
     assert rec.finish() is record  # idempotent: the serving loop may finish on error paths twice

@@ -12,12 +12,15 @@ from edge_agent.models.tokenizer import FALLBACK_TEMPLATES, Message, StreamDecod
 CHAT = [Message("system", "Be brief."), Message("user", "Hi"), Message("assistant", "Hello!"), Message("user", "Time?")]
 
 
-@pytest.mark.parametrize("name, model_type, expected", [
-    # The prompt formats published with Phi-3-mini and Gemma.
-    ("demo-phi3", "phi3", "<|user|>\nHello<|end|>\n<|assistant|>\n"),
-    ("demo-gemma", "gemma", "<bos><start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\n"),
-    ("demo-gemma2", "gemma2", "<bos><start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\n"),
-])
+@pytest.mark.parametrize(
+    "name, model_type, expected",
+    [
+        # The prompt formats published with Phi-3-mini and Gemma.
+        ("demo-phi3", "phi3", "<|user|>\nHello<|end|>\n<|assistant|>\n"),
+        ("demo-gemma", "gemma", "<bos><start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\n"),
+        ("demo-gemma2", "gemma2", "<bos><start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\n"),
+    ],
+)
 def test_models_own_chat_template_renders_the_published_format(name, model_type, expected):
     tok = Tokenizer(DEMO_DIR / name, model_type)
     assert tok.render_chat([Message("user", "Hello")]) == expected

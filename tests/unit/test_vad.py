@@ -1,4 +1,5 @@
 """Energy VAD and the endpointing state machine, on synthetic signals with known timings."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,7 +34,7 @@ def signal(*parts: tuple[str, float], noise: float = 0.0, seed: int = 0) -> np.n
 def run(endpointer: Endpointer, x: np.ndarray, block: int = 320) -> list:
     events = []
     for i in range(0, x.size, block):
-        events += endpointer.push(x[i:i + block])
+        events += endpointer.push(x[i : i + block])
     return events + endpointer.flush()
 
 
@@ -48,24 +49,34 @@ def test_energy_vad_voiced_vs_silence_and_adapts_to_steady_noise():
     assert not vad.is_speech(np.zeros(frame, np.float32))
     vad.reset()
     noise = signal(("quiet", 10.0), noise=0.01)  # -40 dBFS hiss, above the absolute floor
-    voiced = [vad.is_speech(noise[i:i + frame]) for i in range(0, noise.size - frame, frame)]
+    voiced = [vad.is_speech(noise[i : i + frame]) for i in range(0, noise.size - frame, frame)]
     assert sum(voiced[-100:]) == 0, "steady noise must stop counting as speech"
     assert vad.is_speech(signal(("tone", 0.02), noise=0.01)[:frame])
 
 
-@pytest.mark.parametrize("parts, expected_starts, expected_ends", [
-    # one utterance: onset at 0.5 s, ends after 0.5 s of trailing silence
-    ((("quiet", 0.5), ("tone", 1.0), ("quiet", 1.0)), [0.5], [(2.0, 1.5, "silence")]),
-    # a 40 ms click is shorter than min_speech_ms: no utterance
-    ((("quiet", 0.5), ("tone", 0.04), ("quiet", 1.0)), [], []),
-    # a pause shorter than trailing_silence_ms does not split the utterance
-    ((("quiet", 0.3), ("tone", 0.5), ("quiet", 0.3), ("tone", 0.5), ("quiet", 1.0)), [0.3], [(2.1, 1.6, "silence")]),
-    # two utterances
-    ((("tone", 0.5), ("quiet", 0.8), ("tone", 0.5), ("quiet", 0.6)), [0.0, 1.3],
-     [(1.0, 0.5, "silence"), (2.3, 1.8, "silence")]),
-    # speech running into the end of the stream
-    ((("quiet", 0.2), ("tone", 0.6)), [0.2], [(0.8, 0.8, "end_of_stream")]),
-])
+@pytest.mark.parametrize(
+    "parts, expected_starts, expected_ends",
+    [
+        # one utterance: onset at 0.5 s, ends after 0.5 s of trailing silence
+        ((("quiet", 0.5), ("tone", 1.0), ("quiet", 1.0)), [0.5], [(2.0, 1.5, "silence")]),
+        # a 40 ms click is shorter than min_speech_ms: no utterance
+        ((("quiet", 0.5), ("tone", 0.04), ("quiet", 1.0)), [], []),
+        # a pause shorter than trailing_silence_ms does not split the utterance
+        (
+            (("quiet", 0.3), ("tone", 0.5), ("quiet", 0.3), ("tone", 0.5), ("quiet", 1.0)),
+            [0.3],
+            [(2.1, 1.6, "silence")],
+        ),
+        # two utterances
+        (
+            (("tone", 0.5), ("quiet", 0.8), ("tone", 0.5), ("quiet", 0.6)),
+            [0.0, 1.3],
+            [(1.0, 0.5, "silence"), (2.3, 1.8, "silence")],
+        ),
+        # speech running into the end of the stream
+        ((("quiet", 0.2), ("tone", 0.6)), [0.2], [(0.8, 0.8, "end_of_stream")]),
+    ],
+)
 def test_endpointer_timings(parts, expected_starts, expected_ends):
     ep = Endpointer(EnergyVAD(), EndpointConfig(min_speech_ms=100, trailing_silence_ms=500, pre_roll_ms=200))
     events = run(ep, signal(*parts))
@@ -73,7 +84,8 @@ def test_endpointer_timings(parts, expected_starts, expected_ends):
     ends = [(e.at_s, e.speech_end_s, e.reason) for e in events if isinstance(e, SpeechEnd)]
     assert starts == pytest.approx(expected_starts, abs=0.021)
     assert [(round(a, 2), round(b, 2), r) for a, b, r in ends] == [
-        (pytest.approx(a, abs=0.021), pytest.approx(b, abs=0.021), r) for a, b, r in expected_ends]
+        (pytest.approx(a, abs=0.021), pytest.approx(b, abs=0.021), r) for a, b, r in expected_ends
+    ]
 
 
 def test_utterance_audio_is_pre_roll_plus_everything_until_the_end():
@@ -85,7 +97,7 @@ def test_utterance_audio_is_pre_roll_plus_everything_until_the_end():
     # 200 ms pre-roll + 100 ms confirming onset, then 0.9 s tone + 0.5 s trailing silence
     assert audio.size == int((0.2 + 1.0 + 0.5) * RATE)
     onset = int(1.0 * RATE) - int(0.2 * RATE)
-    np.testing.assert_array_equal(audio, x[onset:onset + audio.size])
+    np.testing.assert_array_equal(audio, x[onset : onset + audio.size])
 
 
 def test_max_length_splits_a_long_utterance():
@@ -115,8 +127,9 @@ def test_no_detector_means_the_whole_stream_is_one_utterance():
 def test_endpointer_is_independent_of_block_size():
     x = signal(("quiet", 0.4), ("tone", 0.7), ("quiet", 0.7), ("tone", 0.3), ("quiet", 0.7), noise=0.002)
     runs = [run(Endpointer(EnergyVAD()), x, block) for block in (160, 320, 1234, 16000)]
-    summaries = [[(type(e).__name__, round(getattr(e, "at_s", 0), 3)) for e in r if not isinstance(e, SpeechAudio)]
-                 for r in runs]
+    summaries = [
+        [(type(e).__name__, round(getattr(e, "at_s", 0), 3)) for e in r if not isinstance(e, SpeechAudio)] for r in runs
+    ]
     assert all(s == summaries[0] for s in summaries) and len(summaries[0]) == 4
 
 
@@ -140,21 +153,32 @@ def _silero_contract_model(path):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    nodes = [helper.make_node("Mul", ["input", "input"], ["sq"]),
-             helper.make_node("ReduceMean", ["sq"], ["ms"], keepdims=1),
-             helper.make_node("Mul", ["ms", "gain"], ["z0"]), helper.make_node("Sub", ["z0", "bias"], ["z"]),
-             helper.make_node("Sigmoid", ["z"], ["output"]),
-             helper.make_node("Add", ["state", "one"], ["stateN"])]
+    nodes = [
+        helper.make_node("Mul", ["input", "input"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["ms"], keepdims=1),
+        helper.make_node("Mul", ["ms", "gain"], ["z0"]),
+        helper.make_node("Sub", ["z0", "bias"], ["z"]),
+        helper.make_node("Sigmoid", ["z"], ["output"]),
+        helper.make_node("Add", ["state", "one"], ["stateN"]),
+    ]
     graph = helper.make_graph(
-        nodes, "silero_contract",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 576]),
-         helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, 1, 128]),
-         helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 1]),
-         helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, 1, 128])],
-        [numpy_helper.from_array(np.array(2000.0, np.float32), "gain"),
-         numpy_helper.from_array(np.array(4.0, np.float32), "bias"),
-         numpy_helper.from_array(np.array(1.0, np.float32), "one")])
+        nodes,
+        "silero_contract",
+        [
+            helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 576]),
+            helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, 1, 128]),
+            helper.make_tensor_value_info("sr", TensorProto.INT64, []),
+        ],
+        [
+            helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 1]),
+            helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, 1, 128]),
+        ],
+        [
+            numpy_helper.from_array(np.array(2000.0, np.float32), "gain"),
+            numpy_helper.from_array(np.array(4.0, np.float32), "bias"),
+            numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 9
     onnx.save(model, path)

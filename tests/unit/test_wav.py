@@ -1,4 +1,5 @@
 """Audio files: every sample format and layout is read as 16 kHz mono; bad files are clear errors."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -44,7 +45,7 @@ def test_other_rates_are_resampled_to_16k(tmp_path, rate):
     assert info.sample_rate == rate
     assert abs(samples.size - RATE) <= 1
     want = tone(1.0)
-    np.testing.assert_allclose(samples[400:-400], want[400:samples.size - 400], atol=5e-3)
+    np.testing.assert_allclose(samples[400:-400], want[400 : samples.size - 400], atol=5e-3)
 
 
 def test_stereo_is_averaged_and_reported(tmp_path):
@@ -75,11 +76,14 @@ def test_nan_and_out_of_range_floats_are_sanitised(tmp_path):
     assert np.isfinite(samples).all() and np.abs(samples).max() <= 1.0
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda p: p.write_bytes(b""), "empty"),
-    (lambda p: p.write_text("this is not audio at all\n" * 20), "not a readable audio file"),
-    (lambda p: sf.write(p, np.zeros((0,), np.float32), RATE), "no audio"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p.write_bytes(b""), "empty"),
+        (lambda p: p.write_text("this is not audio at all\n" * 20), "not a readable audio file"),
+        (lambda p: sf.write(p, np.zeros((0,), np.float32), RATE), "no audio"),
+    ],
+)
 def test_unusable_files_are_clear_errors(tmp_path, make, message):
     path = tmp_path / "bad.wav"
     make(path)
@@ -119,7 +123,7 @@ def test_streaming_resampler_equals_one_shot_for_any_blocks(rate_in, rate_out):
     for size in np.random.default_rng(1).integers(1, 2500, size=1000):
         if i >= x.size:
             break
-        parts.append(r.push(x[i:i + size]))
+        parts.append(r.push(x[i : i + size]))
         i += size
     parts.append(r.flush())
     np.testing.assert_array_equal(np.concatenate(parts), whole)
@@ -149,8 +153,9 @@ def test_file_source_paces_with_an_injected_clock(tmp_path):
     assert sum(b.size for b in fast.blocks()) == RATE
 
 
-@pytest.mark.parametrize("fmt, dtype, scale", [("s16le", "<i2", 32767), ("s32le", "<i4", 2**31 - 1),
-                                               ("f32le", "<f4", 1.0)])
+@pytest.mark.parametrize(
+    "fmt, dtype, scale", [("s16le", "<i2", 32767), ("s32le", "<i4", 2**31 - 1), ("f32le", "<f4", 1.0)]
+)
 def test_stdin_pcm_any_format_rate_and_channels(fmt, dtype, scale):
     import io
 
@@ -160,7 +165,7 @@ def test_stdin_pcm_any_format_rate_and_channels(fmt, dtype, scale):
     src = StdinSource(io.BytesIO(raw), fmt=fmt, rate=48000, channels=2)
     out = np.concatenate(list(src.blocks()))
     assert abs(out.size - 8000) <= 1 and src.dropped_bytes == 1
-    np.testing.assert_allclose(out[300:-300], tone(0.5)[300:out.size - 300], atol=5e-3)
+    np.testing.assert_allclose(out[300:-300], tone(0.5)[300 : out.size - 300], atol=5e-3)
 
 
 def test_truncated_flac_is_a_clear_error(tmp_path):

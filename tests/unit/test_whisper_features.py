@@ -1,4 +1,5 @@
 """Whisper log-mel in numpy against WhisperFeatureExtractor's output stored with demo-whisper."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -68,14 +68,17 @@ def test_samples_expire_by_count_newest_kept_per_metric():
     assert window.count("ttft_ms") == 1
 
 
-@pytest.mark.parametrize("tags, exclude, kept", [
-    ((WARMUP,), None, False),
-    ((FIRST_AFTER_LOAD, "x"), None, False),
-    (("x",), None, True),
-    ((), None, True),
-    ((WARMUP,), (), True),  # a diagnostic window may keep everything
-    (("canary",), ("canary",), False),
-])
+@pytest.mark.parametrize(
+    "tags, exclude, kept",
+    [
+        ((WARMUP,), None, False),
+        ((FIRST_AFTER_LOAD, "x"), None, False),
+        (("x",), None, True),
+        ((), None, True),
+        ((WARMUP,), (), True),  # a diagnostic window may keep everything
+        (("canary",), ("canary",), False),
+    ],
+)
 def test_tagged_samples_are_excluded(tags, exclude, kept):
     kwargs = {} if exclude is None else {"exclude_tags": exclude}
     window = RollingWindow(60.0, clock=Clock(), **kwargs)
@@ -115,8 +118,7 @@ def test_non_finite_samples_are_rejected(bad):
     assert window.count("ttft_ms") == 0
 
 
-@pytest.mark.parametrize("kwargs", [{"window_s": 0}, {"window_s": math.inf}, {"max_samples": 0},
-                                    {"max_samples": 2.5}])
+@pytest.mark.parametrize("kwargs", [{"window_s": 0}, {"window_s": math.inf}, {"max_samples": 0}, {"max_samples": 2.5}])
 def test_constructor_validation(kwargs):
     with pytest.raises(ValueError):
         RollingWindow(**kwargs)

@@ -16,6 +16,7 @@ bounded (``Overloaded`` at submit). Work nobody waits for any more leaves the qu
 ``drop(match)`` removes a caller's queued requests (their futures are cancelled), and a future
 cancelled by its caller is skipped when its batch is formed. A batch already running finishes.
 """
+
 from __future__ import annotations
 
 import logging
@@ -86,8 +87,14 @@ class _Request(Generic[T]):
 class Batcher(Generic[T, R]):
     """The device thread: gathers requests into batches and runs them one batch at a time."""
 
-    def __init__(self, run_batch: Callable[[list[T]], Sequence[R]], limits: BatchLimits = BatchLimits(), *,
-                 clock: Callable[[], float] = time.monotonic, name: str = "batcher") -> None:
+    def __init__(
+        self,
+        run_batch: Callable[[list[T]], Sequence[R]],
+        limits: BatchLimits = BatchLimits(),
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        name: str = "batcher",
+    ) -> None:
         self.run_batch, self.limits, self.clock = run_batch, limits, clock
         self._queue: deque[_Request[T]] = deque()
         self._cond = threading.Condition()
@@ -114,8 +121,9 @@ class Batcher(Generic[T, R]):
             if self._stopping:
                 raise Overloaded("the batcher is stopping; no new requests")
             if len(self._queue) >= self.limits.max_queue:
-                raise Overloaded(f"{len(self._queue)} requests already queued (max_queue "
-                                 f"{self.limits.max_queue}); try again later")
+                raise Overloaded(
+                    f"{len(self._queue)} requests already queued (max_queue {self.limits.max_queue}); try again later"
+                )
             req = _Request(item, Waiting(self.clock(), urgent))
             self._queue.append(req)
             self._cond.notify_all()

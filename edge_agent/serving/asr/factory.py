@@ -4,6 +4,7 @@
 an ``AsrService`` (batch limits, endpointing, the voice-activity detector); the daemon's ASR ladder,
 ``edge-agent transcribe``/``listen``, ``eval-asr`` and ``bench asr`` all build theirs here.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -20,21 +21,29 @@ def make_service(engine: Recognizer, audio: AudioConfig, batching: BatchingConfi
     from .batcher import BatchLimits
     from .service import AsrService
 
-    limits = BatchLimits(max_batch=batching.max_batch,
-                         # one stream has nobody to wait for: never hold its steps back
-                         batch_timeout_ms=batching.batch_timeout_ms if streams > 1 else 0.0,
-                         preferred_batch_sizes=tuple(batching.preferred_batch_sizes) if streams > 1 else (),
-                         max_queue=batching.max_queue)
+    limits = BatchLimits(
+        max_batch=batching.max_batch,
+        # one stream has nobody to wait for: never hold its steps back
+        batch_timeout_ms=batching.batch_timeout_ms if streams > 1 else 0.0,
+        preferred_batch_sizes=tuple(batching.preferred_batch_sizes) if streams > 1 else (),
+        max_queue=batching.max_queue,
+    )
     endpoint = EndpointConfig(audio.min_speech_ms, audio.trailing_silence_ms, audio.pre_roll_ms, audio.max_utterance_s)
     make_detector(audio.vad, model=audio.vad_model, threshold_db=audio.energy_threshold_db)  # fail early
-    return AsrService(engine, limits=limits, endpoint=endpoint, chunk_ms=audio.chunk_ms,
-                      detector_factory=lambda: make_detector(audio.vad, model=audio.vad_model,
-                                                             threshold_db=audio.energy_threshold_db))
+    return AsrService(
+        engine,
+        limits=limits,
+        endpoint=endpoint,
+        chunk_ms=audio.chunk_ms,
+        detector_factory=lambda: make_detector(
+            audio.vad, model=audio.vad_model, threshold_db=audio.energy_threshold_db
+        ),
+    )
 
 
 def feed_lockstep(stream, samples, chunk: int, timeout_s: float = 120.0) -> None:
     """Unpaced replay: feed a chunk, let its step finish, feed the next (partials at every chunk)."""
     for offset in range(0, len(samples), chunk):
-        stream.feed(samples[offset:offset + chunk])
+        stream.feed(samples[offset : offset + chunk])
         stream.wait_steps(timeout_s)
     stream.close()

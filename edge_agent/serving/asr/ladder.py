@@ -21,6 +21,7 @@ unprocessed audio is bounded (``backlog_s``, ``max_backlog_s``: the caller stops
 while it is over); ``close(timeout_s)`` returns within its timeout, cutting what is still open with
 an ``error``; ``abort`` drops a stream whose client went away, its queued work unrun.
 """
+
 from __future__ import annotations
 
 import functools
@@ -53,8 +54,13 @@ UPLOAD_TIMEOUT_S = 300.0
 
 def event_dict(event: AsrEvent) -> dict:
     """An event as the API sends it (see the module doc)."""
-    out: dict[str, Any] = {"kind": event.kind, "utterance": event.utterance, "text": event.text,
-                           "stable_text": event.stable_text, "audio_s": round(event.audio_s, 3)}
+    out: dict[str, Any] = {
+        "kind": event.kind,
+        "utterance": event.utterance,
+        "text": event.text,
+        "stable_text": event.stable_text,
+        "audio_s": round(event.audio_s, 3),
+    }
     if event.metrics is not None:
         m = event.metrics
         out.update(first_partial_ms=m.first_partial_ms, final_ms=round(m.final_ms, 2), rtf=round(m.rtf, 4))
@@ -76,8 +82,9 @@ class SpeechTier:
 class _Loaded:
     """One tier in memory: its engine, its service, and how many streams it still serves."""
 
-    def __init__(self, index: int, tier: SpeechTier, engine: Recognizer, service: AsrService,
-                 observe: Observer) -> None:
+    def __init__(
+        self, index: int, tier: SpeechTier, engine: Recognizer, service: AsrService, observe: Observer
+    ) -> None:
         self.index, self.tier, self.engine, self.service = index, tier, engine, service
         self.model = engine.name
         # What this tier opened, asked once now that it is open: every observation carries it.
@@ -110,12 +117,19 @@ class PcmStream:
     Back-pressure is the caller's loop: after each ``push``, stop reading the client while
     ``backlog_s > max_backlog_s`` (``wait_backlog`` does it for a thread)."""
 
-    def __init__(self, owner: _Loaded, on_event: Callable[[dict], None],
-                 on_close: Callable[[], None] | None = None, *, max_backlog_s: float = MAX_BACKLOG_S,
-                 close_timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        owner: _Loaded,
+        on_event: Callable[[dict], None],
+        on_close: Callable[[], None] | None = None,
+        *,
+        max_backlog_s: float = MAX_BACKLOG_S,
+        close_timeout_s: float = CLOSE_TIMEOUT_S,
+    ) -> None:
         self.owner = owner
         self.max_backlog_s, self.close_timeout_s = max_backlog_s, close_timeout_s
         self._on_close = on_close
+
         def deliver(event: AsrEvent) -> None:
             owner._observe(event)
             on_event(event_dict(event))
@@ -184,9 +198,14 @@ class Speech(Ladder):
     kind = "ASR tier"
     workload = "asr"
 
-    def __init__(self, tiers: Sequence[SpeechTier], make_service: Callable[[Recognizer], AsrService],
-                 observe: Observer | None = None, on_switched: Switched | None = None,
-                 drain_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        tiers: Sequence[SpeechTier],
+        make_service: Callable[[Recognizer], AsrService],
+        observe: Observer | None = None,
+        on_switched: Switched | None = None,
+        drain_s: float = 120.0,
+    ) -> None:
         """``make_service(engine)`` builds a tier's (unstarted) service; ``on_switched(old, new, load_ms,
         error)`` is told when a switch completes or fails."""
         super().__init__(tiers, on_switched)
@@ -243,8 +262,10 @@ class Speech(Ladder):
             if loaded is None:
                 raise Unavailable("speech recognition is stopped")
             if self.shedding:
-                raise Unavailable(f"shedding load: ASR tier {loaded.tier.name!r} is over its latency target and no "
-                                  "lighter tier is left; retry in a few seconds")
+                raise Unavailable(
+                    f"shedding load: ASR tier {loaded.tier.name!r} is over its latency target and no "
+                    "lighter tier is left; retry in a few seconds"
+                )
             loaded.streams += 1
             return loaded
 
@@ -275,8 +296,12 @@ class Speech(Ladder):
         finally:
             self._release(loaded)
         finals = [event_dict(e) for e in stream.finals]
-        return {"text": " ".join(f["text"] for f in finals if f["text"]).strip(), "duration": info.duration_s,
-                "segments": finals, "model": loaded.model}
+        return {
+            "text": " ".join(f["text"] for f in finals if f["text"]).strip(),
+            "duration": info.duration_s,
+            "segments": finals,
+            "model": loaded.model,
+        }
 
     def open_stream(self, on_event: Callable[[dict], None]) -> PcmStream:
         """A live stream on the active tier; it finishes there even if the tier switches meanwhile."""
@@ -302,8 +327,9 @@ class Speech(Ladder):
             drained = self._changed.wait_for(lambda: loaded.streams == 0, drain_s)
             left = loaded.streams
         if not drained:
-            log.warning("ASR tier %r: %d stream(s) still open after %.0f s; closing it anyway",
-                        loaded.tier.name, left, drain_s)
+            log.warning(
+                "ASR tier %r: %d stream(s) still open after %.0f s; closing it anyway", loaded.tier.name, left, drain_s
+            )
         loaded.close()
 
     def stop(self, drain_s: float | None = None) -> None:
@@ -323,7 +349,7 @@ def _feed_bounded(stream, samples: np.ndarray, rate: int, filename: str) -> None
         if not stream.wait_backlog(MAX_BACKLOG_S, max(0.0, deadline - time.monotonic())):
             stream.abort("the transcription timed out", "timeout")
             raise DeadlineExceeded(f"{filename}: transcription did not finish within {UPLOAD_TIMEOUT_S:g} s")
-        stream.feed(samples[offset:offset + rate])
+        stream.feed(samples[offset : offset + rate])
 
 
 def speech_tiers(settings: Settings) -> list[SpeechTier]:
@@ -345,21 +371,34 @@ def _opener(tier: TierConfig, settings: Settings, opened: dict[str, str]) -> Cal
         ref = resolve_model(tier.model, settings.models.cache_dir)
         # The folder's content hash, as LLM tiers report theirs (memoised beside the engine cache).
         opened["identity"] = "model:" + hash_model(ref.path, settings.engines.cache_dir / "model-hashes.json")
-        options = SessionOptions(device=tier.device, threads=settings.device.threads, precision=tier.precision,
-                                 cache_dir=settings.engines.cache_dir)
+        options = SessionOptions(
+            device=tier.device,
+            threads=settings.device.threads,
+            precision=tier.precision,
+            cache_dir=settings.engines.cache_dir,
+        )
         return open_recognizer(ref, tier.backend, options)
+
     return open_tier
 
 
-def open_speech(settings: Settings, observe: Observer | None = None, on_switched: Switched | None = None,
-                on_load_failed: Callable[[str, EdgeAgentError], None] | None = None,
-                drain_s: float = 120.0) -> Speech:
+def open_speech(
+    settings: Settings,
+    observe: Observer | None = None,
+    on_switched: Switched | None = None,
+    on_load_failed: Callable[[str, EdgeAgentError], None] | None = None,
+    drain_s: float = 120.0,
+) -> Speech:
     """The ASR ladder serving from its top tier, or the first lighter one that loads."""
     from .factory import make_service
 
-    speech = Speech(speech_tiers(settings),
-                    lambda engine: make_service(engine, settings.audio, settings.batching, streams=4),
-                    observe, on_switched, drain_s)
+    speech = Speech(
+        speech_tiers(settings),
+        lambda engine: make_service(engine, settings.audio, settings.batching, streams=4),
+        observe,
+        on_switched,
+        drain_s,
+    )
     errors = speech.start_first(on_load_failed)
     if speech.active_tier is None:
         raise ModelError("no ASR tier could be loaded: " + "; ".join(errors))

@@ -18,6 +18,7 @@ Every ``speech_start`` ends in a ``final`` or an ``error`` event. ``backlog_s`` 
 no step has taken yet (what a caller bounds to apply back-pressure); ``abort`` ends a stream nobody
 waits for: its open utterances get an ``error`` and its queued steps leave the batcher unrun.
 """
+
 from __future__ import annotations
 
 import functools
@@ -96,14 +97,22 @@ class AsrService:
     """One loaded recogniser serving many endpointed streams (``open_stream``), their decode steps
     batched on one device thread (``batcher.Batcher``); ``start``/``stop`` around it."""
 
-    def __init__(self, engine: Recognizer, *, limits: BatchLimits = _DEFAULT_LIMITS,
-                 endpoint: EndpointConfig = _DEFAULT_ENDPOINT,
-                 detector_factory: Callable[[], Detector | None] | None = None,
-                 chunk_ms: int = 320, window_s: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        engine: Recognizer,
+        *,
+        limits: BatchLimits = _DEFAULT_LIMITS,
+        endpoint: EndpointConfig = _DEFAULT_ENDPOINT,
+        detector_factory: Callable[[], Detector | None] | None = None,
+        chunk_ms: int = 320,
+        window_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.engine, self.clock = engine, clock
         max_s = min(endpoint.max_utterance_s, getattr(engine, "max_utterance_s", float("inf")) - 1.0)
-        self.endpoint = EndpointConfig(endpoint.min_speech_ms, endpoint.trailing_silence_ms,
-                                       endpoint.pre_roll_ms, max_s)
+        self.endpoint = EndpointConfig(
+            endpoint.min_speech_ms, endpoint.trailing_silence_ms, endpoint.pre_roll_ms, max_s
+        )
         if detector_factory is None:
             from ...audio.vad import EnergyVAD
 
@@ -111,7 +120,8 @@ class AsrService:
         self.detector_factory = detector_factory
         self.chunk_samples = max(1, engine.sample_rate * chunk_ms // 1000)
         self.batcher: Batcher[_Utterance, Hypothesis | None] = Batcher(
-            self._run_batch, limits, clock=clock, name=f"asr-{engine.name}")
+            self._run_batch, limits, clock=clock, name=f"asr-{engine.name}"
+        )
         self.window = RollingWindow(window_s, clock=clock)
         # Cumulative, mergeable across devices (fleet telemetry); rtf is a ratio, not ms, same encoding.
         self._histograms = {m: ExponentialHistogram() for m in ASR_METRICS}
@@ -202,8 +212,9 @@ class AsrService:
 class AsrStream:
     """One audio stream (a microphone, a file, an API client): feed it blocks, read its events."""
 
-    def __init__(self, service: AsrService, stream_id: int, endpointer: Endpointer,
-                 on_event: Callable[[AsrEvent], None] | None) -> None:
+    def __init__(
+        self, service: AsrService, stream_id: int, endpointer: Endpointer, on_event: Callable[[AsrEvent], None] | None
+    ) -> None:
         self.service, self.id, self.endpointer = service, stream_id, endpointer
         self.on_event = on_event
         self._events: queue.SimpleQueue = queue.SimpleQueue()
@@ -347,8 +358,9 @@ class AsrStream:
                 if u.first_partial_ms is None:
                     u.first_partial_ms = (now - u.voiced_at) * 1e3
                 u.last_text = hyp.text
-                self._emit(AsrEvent("partial", self.id, u.index, hyp.text, hyp.stable_text,
-                                    u.onset_s + hyp.audio_s, now))
+                self._emit(
+                    AsrEvent("partial", self.id, u.index, hyp.text, hyp.stable_text, u.onset_s + hyp.audio_s, now)
+                )
             if hyp is not None and hyp.final:
                 self._finish(u, hyp, now)
             elif u.rstream.ended:
@@ -360,8 +372,9 @@ class AsrStream:
         u.done = True
         audio_s = max(hyp.audio_s, 1e-9)
         end_at = u.end_at if u.end_at is not None else now
-        m = UtteranceMetrics(u.first_partial_ms, (now - end_at) * 1e3, u.compute_s / audio_s, hyp.audio_s,
-                             u.compute_s * 1e3, u.reason)
+        m = UtteranceMetrics(
+            u.first_partial_ms, (now - end_at) * 1e3, u.compute_s / audio_s, hyp.audio_s, u.compute_s * 1e3, u.reason
+        )
         self.service._record(m)
         event = AsrEvent("final", self.id, u.index, hyp.text, hyp.text, u.onset_s + hyp.audio_s, now, m, end_at)
         self.finals.append(event)
@@ -381,8 +394,14 @@ class AsrStream:
         if code is None:
             code = "overloaded" if isinstance(exc, Overloaded) else "failed"
         # a client that left is routine; anything else is worth a warning
-        log.log(logging.INFO if code == "cancelled" else logging.WARNING, "stream %d utterance %d: %s (%s)",
-                self.id, u.index, exc, code)
+        log.log(
+            logging.INFO if code == "cancelled" else logging.WARNING,
+            "stream %d utterance %d: %s (%s)",
+            self.id,
+            u.index,
+            exc,
+            code,
+        )
         if self._current is u:
             self._current = None
         self._emit(AsrEvent("error", self.id, u.index, at_s=self.service.clock(), error=str(exc), code=code))

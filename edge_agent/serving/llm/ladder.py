@@ -17,6 +17,7 @@ megabytes of text takes minutes and gigabytes for an answer known in advance. 32
 token is generous: text averages 3–5 characters per token in the tokenizers served here, and only
 long runs of one repeated character come near 16; every message renders to at least one token.
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,6 +43,7 @@ class ContextLengthExceeded(InputError):
 
     code = "context_length_exceeded"
 
+
 @dataclass(frozen=True, slots=True)
 class Tier:
     """One rung of the LLM ladder: how to open it, its batching limits, its token cap."""
@@ -55,15 +57,17 @@ class Tier:
 
 
 class _Loaded:
-    def __init__(self, index: int, tier: Tier, lm: DecoderLM, observe: Observer,
-                 clock: Callable[[], float]) -> None:
+    def __init__(self, index: int, tier: Tier, lm: DecoderLM, observe: Observer, clock: Callable[[], float]) -> None:
         self.index, self.tier, self.lm = index, tier, lm
         # The tier is known here, where the scheduler is made: each observation says so, typed, with
         # the engine it opened (asked once, now that it is open: a later build does not rename this one).
         engine = tier.engine() if tier.engine is not None else None
-        self.scheduler = LLMScheduler(lm, tier.limits, clock=clock,
-                                      on_finished=lambda timing: observe(Observation.of_request(
-                                          timing, tier.name, tier.model, engine))).start()
+        self.scheduler = LLMScheduler(
+            lm,
+            tier.limits,
+            clock=clock,
+            on_finished=lambda timing: observe(Observation.of_request(timing, tier.name, tier.model, engine)),
+        ).start()
         self.first = True  # the next request is the first after a load: excluded from SLA windows
 
     def close(self, drain_s: float) -> None:
@@ -75,9 +79,14 @@ class TieredLLM(Ladder):
     """The LLM workload: a ladder of ``Tier``s, one ``LLMScheduler`` serving the active one (see the
     module doc). Each finished request reaches ``observe`` as an ``observe.Observation``."""
 
-    def __init__(self, tiers: Sequence[Tier], observe: Observer | None = None,
-                 on_switched: Callable[[int, int, float, str | None], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, drain_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        tiers: Sequence[Tier],
+        observe: Observer | None = None,
+        on_switched: Callable[[int, int, float, str | None], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        drain_s: float = 120.0,
+    ) -> None:
         """``on_switched(old, new, load_ms, error)`` is told when a switch completes or fails."""
         super().__init__(tiers, on_switched)
         self._observe = observe or (lambda obs: None)
@@ -111,14 +120,21 @@ class TieredLLM(Ladder):
         loaded = self._active
         return loaded.lm.ref.name if loaded is not None else ""
 
-    def submit(self, prompt: str | Sequence[Message], params: SamplingParams = DEFAULT_PARAMS,
-               deadline_ms: float | None = None, raw: bool = False) -> RequestHandle:
+    def submit(
+        self,
+        prompt: str | Sequence[Message],
+        params: SamplingParams = DEFAULT_PARAMS,
+        deadline_ms: float | None = None,
+        raw: bool = False,
+    ) -> RequestHandle:
         with self._lock:
             loaded = self._active
             assert loaded is not None, "start() first"
             if self.shedding:
-                raise Unavailable(f"shedding load: tier {loaded.tier.name!r} is over its latency target and no "
-                                 "lighter tier is left; retry in a few seconds")
+                raise Unavailable(
+                    f"shedding load: tier {loaded.tier.name!r} is over its latency target and no "
+                    "lighter tier is left; retry in a few seconds"
+                )
             tags = [FIRST_AFTER_LOAD] if loaded.first else []
             loaded.first = False
         cap = max(1, int(loaded.tier.max_new_tokens * self.token_cap_ratio))
@@ -133,7 +149,8 @@ class TieredLLM(Ladder):
         if len(ids) + params.max_new_tokens > context:
             raise ContextLengthExceeded(
                 f"the prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = "
-                f"{len(ids) + params.max_new_tokens} exceeds tier {loaded.tier.name!r}'s context of {context} tokens")
+                f"{len(ids) + params.max_new_tokens} exceeds tier {loaded.tier.name!r}'s context of {context} tokens"
+            )
         handle = loaded.scheduler.submit(ids, params, deadline_ms=deadline_ms, tags=tags)
         handle.tier = loaded.tier.name
         if self.capture is not None:
@@ -165,10 +182,13 @@ def _check_size(prompt: str | Sequence[Message], context: int, tier: str) -> Non
         chars, what = len(prompt), "the prompt"
     else:
         if len(prompt) > context:
-            raise ContextLengthExceeded(f"{len(prompt):,} messages cannot fit tier {tier!r}'s context of {context:,} "
-                                        f"tokens: send at most {context:,}")
+            raise ContextLengthExceeded(
+                f"{len(prompt):,} messages cannot fit tier {tier!r}'s context of {context:,} "
+                f"tokens: send at most {context:,}"
+            )
         chars, what = sum(len(m.content) for m in prompt), "the messages"
     if chars > limit:
         raise ContextLengthExceeded(
             f"{what} hold {chars:,} characters; tier {tier!r} takes at most {limit:,} characters (its context "
-            f"of {context:,} tokens × {MAX_CHARS_PER_TOKEN} characters per token): shorten the prompt")
+            f"of {context:,} tokens × {MAX_CHARS_PER_TOKEN} characters per token): shorten the prompt"
+        )

@@ -13,6 +13,7 @@ A failing engine call fails only the requests in that call; the loop keeps servi
 bounded (``Overloaded`` at submit), waiting is bounded (``DeadlineExceeded``), and a handle can be
 cancelled at any time. Handles are thread-safe: any thread may submit, read and cancel.
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,8 +49,9 @@ class Limits:
     queue_timeout_ms: float = 30_000.0
 
 
-def plan_admission(waiting_since: Sequence[float], running: int, now: float,
-                   limits: Limits) -> tuple[int, float | None]:
+def plan_admission(
+    waiting_since: Sequence[float], running: int, now: float, limits: Limits
+) -> tuple[int, float | None]:
     """How many of the oldest waiting requests to prefill now, and, if none, when to look again.
 
     ``waiting_since``: admission times of the queued requests, oldest first.
@@ -134,9 +136,17 @@ class RequestHandle:
 class _Sequence:
     """Per-request state while it waits or decodes."""
 
-    def __init__(self, handle: RequestHandle, prompt: list[int], params: SamplingParams,
-                 admitted_s: float, deadline_s: float | None, decoder: StreamDecoder, tags: Sequence[str],
-                 clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        handle: RequestHandle,
+        prompt: list[int],
+        params: SamplingParams,
+        admitted_s: float,
+        deadline_s: float | None,
+        decoder: StreamDecoder,
+        tags: Sequence[str],
+        clock: Callable[[], float],
+    ) -> None:
         self.handle, self.prompt, self.params = handle, prompt, params
         self.admitted_s = admitted_s
         self.recorder = TimingRecorder(len(prompt), tags, clock=clock, admitted_s=admitted_s)
@@ -188,8 +198,13 @@ class LLMScheduler:
         """(waiting, running)"""
         return len(self._waiting), len(self._batch)
 
-    def submit(self, prompt_ids: Sequence[int], params: SamplingParams = DEFAULT_PARAMS,
-               deadline_ms: float | None = None, tags: Sequence[str] = ()) -> RequestHandle:
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams = DEFAULT_PARAMS,
+        deadline_ms: float | None = None,
+        tags: Sequence[str] = (),
+    ) -> RequestHandle:
         self.lm.check_prompt(prompt_ids, params.max_new_tokens)
         now = self.clock()
         with self._cond:
@@ -201,8 +216,11 @@ class LLMScheduler:
             handle = RequestHandle(self._next_id)
             handle._on_cancel = self._wake
             deadline = now + deadline_ms / 1e3 if deadline_ms is not None else None
-            self._waiting.append(_Sequence(handle, list(prompt_ids), params, now, deadline,
-                                           StreamDecoder(self.lm.tokenizer), tags, self.clock))
+            self._waiting.append(
+                _Sequence(
+                    handle, list(prompt_ids), params, now, deadline, StreamDecoder(self.lm.tokenizer), tags, self.clock
+                )
+            )
             self._cond.notify_all()
         return handle
 
@@ -227,8 +245,10 @@ class LLMScheduler:
             except Exception as exc:  # a bug here must fail requests, never the device thread
                 log.exception("serving loop error")
                 rows = self._batch.remove(range(len(self._batch)))
-                self._fail([s for s in rows + admitted if not s.handle._done.is_set()],
-                           EdgeAgentError(f"internal serving error: {exc}"))
+                self._fail(
+                    [s for s in rows + admitted if not s.handle._done.is_set()],
+                    EdgeAgentError(f"internal serving error: {exc}"),
+                )
 
     def _take_admitted(self) -> list[_Sequence] | None:
         """Under the lock: drop expired/cancelled waiters, then admit or sleep. None = exit."""
@@ -255,9 +275,13 @@ class LLMScheduler:
             self._complete(seq, "cancelled")
             return
         timing = seq.recorder.finish()
-        seq.handle._finish(None, DeadlineExceeded(
-            f"request {seq.handle.id} waited {(now - timing.admitted_s) * 1e3:.0f} ms in the queue and was "
-            f"not started (queue timeout {self.limits.queue_timeout_ms:.0f} ms or its own deadline)"))
+        seq.handle._finish(
+            None,
+            DeadlineExceeded(
+                f"request {seq.handle.id} waited {(now - timing.admitted_s) * 1e3:.0f} ms in the queue and was "
+                f"not started (queue timeout {self.limits.queue_timeout_ms:.0f} ms or its own deadline)"
+            ),
+        )
         self._report(timing)
 
     def _prefill(self, seqs: list[_Sequence]) -> None:
@@ -335,7 +359,7 @@ class LLMScheduler:
         safe = max(seq.emitted, len(text) - hold)
         if text.endswith("\ufffd") and not final:
             safe = min(safe, len(text) - 1)
-        piece = text[seq.emitted:safe]
+        piece = text[seq.emitted : safe]
         seq.emitted = max(seq.emitted, safe)
         seq.handle._push(TokenEvent(token, piece, self.clock()))
         if final and stops:
