@@ -1,0 +1,92 @@
+"""``[sla]`` and ``[sla.asr]``: the latency targets each workload's tier ladder keeps, and the scenario presets."""
+
+from __future__ import annotations
+
+import typing
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from .base import Section
+
+# Scenario SLAs (P95 unless noted): the abandonment cliff is the default.
+SlaPreset = Literal[
+    "default",
+    "chit-chat",
+    "customer-service",
+    "medical-consultation",
+    "live-risk-control",
+    "video-conferencing",
+    "asr-customer-service",
+]
+SLA_PRESETS: dict[SlaPreset, dict[str, Any]] = {
+    "default": {"metric": "ttft_ms", "percentile": 95, "target_ms": 387.0},
+    "chit-chat": {"metric": "ttft_ms", "percentile": 95, "target_ms": 350.0},
+    "customer-service": {"metric": "ttft_ms", "percentile": 95, "target_ms": 220.0},
+    "medical-consultation": {"metric": "ttft_ms", "percentile": 95, "target_ms": 150.0},
+    "live-risk-control": {"metric": "ttft_ms", "percentile": 99, "target_ms": 85.0},
+    "video-conferencing": {"metric": "ttft_ms", "percentile": 99, "target_ms": 150.0},
+    "asr-customer-service": {"metric": "first_partial_ms", "percentile": 95, "target_ms": 300.0},
+}
+
+
+AsrSlaMetric = Literal["first_partial_ms", "final_ms"]
+ASR_SLA_METRICS: tuple[str, ...] = typing.get_args(AsrSlaMetric)
+
+
+class _SlaPolicy(Section):
+    """What every workload's SLA policy has: the metric's percentile against a target over a rolling
+    window, and the tier controller's hysteresis, cooldown, dwell and shedding
+    (``serving.tier_policy.decide``)."""
+
+    preset: SlaPreset | None = None
+    percentile: float = Field(95, gt=0, le=100)
+    window_s: float = Field(30.0, gt=0)
+    min_samples: int = Field(20, ge=1)
+    evaluate_every_s: float = Field(10.0, gt=0)
+    downgrade_after: int = Field(3, ge=1, description="consecutive evaluations over target before a downgrade")
+    upgrade_after: int = Field(6, ge=1, description="consecutive evaluations under upgrade_ratio × target")
+    upgrade_ratio: float = Field(0.7, gt=0, lt=1)
+    cooldown_s: float = Field(60.0, ge=0, description="since the last switch, before an upgrade")
+    min_dwell_s: float = Field(30.0, ge=0, description="in a tier before any switch")
+    shed_after: int = Field(3, ge=1)
+
+    @model_validator(mode="after")
+    def _apply_preset(self) -> _SlaPolicy:
+        if self.preset:
+            for key, value in SLA_PRESETS[self.preset].items():
+                if key not in self.model_fields_set:
+                    object.__setattr__(self, key, value)
+        return self
+
+
+class AsrSlaConfig(_SlaPolicy):
+    """``[sla.asr]``: the ASR tier ladder's policy (AI customer-service ASR: first partial ≤ 300 ms, P95).
+    No token cap and no adaptive batch here: at the lightest tier, over target goes straight to the
+    shedding count."""
+
+    metric: AsrSlaMetric = "first_partial_ms"
+    target_ms: float = Field(300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _asr_metric(self) -> AsrSlaConfig:
+        # A preset's metric bypasses field validation: an LLM preset here would watch a metric ASR never has.
+        if self.metric not in ASR_SLA_METRICS:
+            asr = [n for n, p in SLA_PRESETS.items() if p["metric"] in ASR_SLA_METRICS]
+            raise ValueError(
+                f"preset {self.preset!r} sets metric {self.metric!r}, not an ASR metric "
+                f"({', '.join(ASR_SLA_METRICS)}); ASR presets: {', '.join(asr)}"
+            )
+        return self
+
+
+class SlaConfig(_SlaPolicy):
+    """``[sla]``: the LLM policy (flat keys, as before), and ``[sla.asr]`` for the ASR ladder."""
+
+    metric: Literal["ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "first_partial_ms", "final_ms", "turn_ms"] = "ttft_ms"
+    target_ms: float = Field(387.0, gt=0)
+    adaptive_batch: Literal["auto", "on", "off"] = "auto"
+    min_batch: int = Field(1, ge=1)
+    min_token_cap_ratio: float = Field(0.25, gt=0, le=1)
+    max_temp_c: float | None = Field(None, gt=0, le=150, description="opt-in: a lighter tier at this temperature")
+    asr: AsrSlaConfig = Field(default_factory=AsrSlaConfig)

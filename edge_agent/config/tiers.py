@@ -1,0 +1,63 @@
+"""``[models]`` and ``[batching]``: what runs where, tier by tier, and how requests are batched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+
+from .base import Backend, Precision, Section, default_cache_dir
+
+
+class TierConfig(Section):
+    """One tier of ``[[models.llm]]`` or ``[[models.asr]]``: the model, backend, device and precision it runs with."""
+
+    name: str = Field(min_length=1)
+    model: str = Field(min_length=1, description="demo model name or a model folder")
+    backend: Backend = "onnxruntime"
+    device: str = "cpu"
+    precision: Precision = "auto"
+    max_new_tokens: int = Field(256, ge=1, le=32768)
+    max_batch: int = Field(4, ge=1, le=128)
+
+
+def _default_llm_tiers() -> list[TierConfig]:
+    return [TierConfig(name="small", model="demo-phi3-small"), TierConfig(name="tiny", model="demo-phi3")]
+
+
+def _default_asr_tiers() -> list[TierConfig]:
+    return [TierConfig(name="ctc", model="demo-asr")]
+
+
+class ModelsConfig(Section):
+    """``[models]``: the LLM and ASR tiers, heaviest first, and the cache of generated demo weights."""
+
+    llm: list[TierConfig] = Field(default_factory=_default_llm_tiers, description="heaviest tier first")
+    asr: list[TierConfig] = Field(default_factory=_default_asr_tiers, description="heaviest tier first")
+    cache_dir: Path = Field(default_factory=lambda: default_cache_dir() / "models")
+
+    @field_validator("llm", "asr")
+    @classmethod
+    def _unique_names(cls, tiers: list[TierConfig]) -> list[TierConfig]:
+        names = [t.name for t in tiers]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"tier names must be unique; repeated: {dupes}")
+        return tiers
+
+
+class BatchingConfig(Section):
+    """``[batching]``: dynamic batching and the admission queue's bounds."""
+
+    max_batch: int = Field(4, ge=1, le=128)
+    batch_timeout_ms: float = Field(80.0, ge=0, le=10_000)
+    preferred_batch_sizes: list[int] = Field(default_factory=lambda: [2, 4])
+    max_queue: int = Field(64, ge=1)
+    queue_timeout_ms: float = Field(30_000.0, gt=0)
+
+    @model_validator(mode="after")
+    def _preferred_within_max(self) -> BatchingConfig:
+        bad = [b for b in self.preferred_batch_sizes if not 1 <= b <= self.max_batch]
+        if bad:
+            raise ValueError(f"preferred_batch_sizes {bad} must lie within 1..max_batch ({self.max_batch})")
+        return self
