@@ -26,25 +26,26 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .config import ASR_SLA_METRICS, Settings, TierConfig, load_settings
-from .errors import ConfigError, EdgeAgentError
+from .config import Settings, TierConfig
+from .errors import EdgeAgentError
+from .inventory_feed import InventoryFeed
 from .metrics.prometheus import PrometheusMetrics
 from .models.llm import DecoderLM
 from .observe import Observers
+from .reload import reload as reload_config
 from .remote import RemoteTarget
 from .serving.api import ApiServer
 from .serving.capture import Capture
 from .serving.llm.ladder import Tier, TieredLLM
 from .serving.llm.scheduler import Limits
 from .serving.tier_control import TierController
-from .serving.tier_policy import overlay, policy_from_config
+from .serving.tier_policy import policy_from_config
 from .systemd import LoopHeartbeat, Notifier, Watchdog
 from .telemetry.health import HealthReader
-from .telemetry.inventory import InventoryBook, config_digest, from_doctor
+from .telemetry.inventory import InventoryBook, config_digest
 
 if TYPE_CHECKING:
     from .engines.background import TierEngines
-    from .telemetry.schema import SlaSpec
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class Agent:
         self.observers.register(self.metrics.observe)
         self.started_wall = time.time()
         self.remote = RemoteTarget(self)
+        self.inventory = InventoryFeed(self)
 
     # -- start / stop ---------------------------------------------------------------------------
 
@@ -120,10 +122,10 @@ class Agent:
         self.notifier.ready(f"{status}; api {self.api.address}")
         log.info("%s; api %s", status, self.api.address)
         engines.starting, engines.serving_status = False, f"{status}; api {self.api.address}"
-        self._inventory_changed()
+        self.inventory.changed()
         # Accelerator probes load drivers in child processes (seconds; a TensorRT probe can crash its
         # child): after READY, on a thread, then meta is republished with what they found.
-        threading.Thread(target=self._probe_inventory, name="inventory", daemon=True).start()
+        threading.Thread(target=self.inventory.probe, name="inventory", daemon=True).start()
         if s.engines.build_on_start and not self._stop_requested:  # serving: missing engines build in the background
             for job in engines.start_builds(s.models.llm):
                 log.info("engine build %s %s for tier(s) %s", job["recipe"], job["state"], ", ".join(job["tiers"]))
@@ -185,65 +187,7 @@ class Agent:
         """SIGHUP: validate the file first; keep the running config when it is wrong, and say why. The
         file's SLA applies, then the fleet's stored ``desired`` on top of it (it overlays the file);
         a ``set_sla`` command's SLA gives way to them. ``reported`` is republished either way."""
-        try:
-            new = load_settings(self.config_path)
-        except ConfigError as exc:
-            message = f"reload refused, keeping the running config: {exc}"
-            log.error("%s", message)
-            self.notifier.status(message[:200])
-            return message
-        applied, restart = ["sla"], []
-        for section in ("models", "mqtt", "api", "telemetry", "engines", "audio", "device", "batching"):
-            if getattr(new, section) != getattr(self.settings, section):
-                restart.append(section)
-        self.settings = self.settings.model_copy(update={"sla": new.sla})
-        s = self.settings
-        commands = self.telemetry.commands if self.telemetry is not None else None
-        # The stored desired is folded in before anything is set, so that a reload that changes nothing
-        # in force leaves the controllers' windows, truncation and shedding alone.
-        stored = commands.stored_desired() if commands is not None else None
-        fleet_sla: dict[str, SlaSpec] = stored.sla if stored is not None else {}
-        for workload, controller, policy, window_s, every_s in (
-            (
-                "llm",
-                self.controller,
-                lambda: policy_from_config(s.sla, max(t.max_batch for t in s.models.llm)),
-                s.sla.window_s,
-                s.sla.evaluate_every_s,
-            ),
-            (
-                "asr",
-                self.asr_controller,
-                lambda: policy_from_config(s.sla.asr),
-                s.sla.asr.window_s,
-                s.sla.asr.evaluate_every_s,
-            ),
-        ):
-            if controller is None:
-                continue
-            base, sla = policy(), fleet_sla.get(workload)
-            if sla is not None and (workload != "asr" or sla.metric in ASR_SLA_METRICS):
-                base, window_s = overlay(base, sla), sla.window_s
-            controller.set_policy(base, window_s, source="file")
-            controller.evaluate_every_s = every_s
-        if commands is not None:
-            if commands.reapply_desired():
-                applied.append(f"the fleet's desired version {commands.desired_in_force} on top")
-            for controller in (self.controller, self.asr_controller):
-                # A pin from a desired that is no longer stored (reset_desired) goes with it.
-                if (
-                    controller is not None
-                    and commands.desired_in_force is None
-                    and controller.pin_source.startswith("desired@")
-                ):
-                    controller.unpin(source="file")
-        self.remote.publish_reported()
-        message = f"reloaded: applied {', '.join(applied)}" + (
-            f"; changes to {', '.join(restart)} take effect after a restart" if restart else ""
-        )
-        log.info("%s", message)
-        self.notifier.status(message[:200])
-        return message
+        return reload_config(self)
 
     # -- parts ----------------------------------------------------------------------------------
 
@@ -291,7 +235,7 @@ class Agent:
                 self._limits(t),
                 t.max_new_tokens,
                 t.model,
-                engine=functools.partial(self._engine_identity, t.name),
+                engine=functools.partial(self.inventory.engine_identity, t.name),
             )
             for t in s.models.llm
         ]
@@ -379,7 +323,7 @@ class Agent:
 
             def engine_ready(tier: str, _key: str) -> None:  # a passing background build: serve its engine
                 swap_onto_engine(self.llm, tier, made.served.get, self._event)
-                self._inventory_changed()
+                self.inventory.changed()
 
             made = self._engines = TierEngines(
                 self.settings.engines,
@@ -397,93 +341,14 @@ class Agent:
             self.asr_controller.switch_failed(old, new, error)
         else:
             self.remote.publish_reported()
-            self._inventory_changed()
+            self.inventory.changed()
 
     def _llm_switched(self, old: int, new: int, load_ms: float, error: str | None) -> None:
         if error and self.controller is not None:
             self.controller.switch_failed(old, new, error)
         else:
             self.remote.publish_reported()
-            self._inventory_changed()
-
-    # -- inventory (meta) --------------------------------------------------------------------------
-
-    def _engine_identity(self, tier: str) -> str | None:
-        resolved = self._engines.served.get(tier) if self._engines is not None else None
-        return resolved.identity if resolved is not None else None
-
-    def _serving(self) -> list[dict[str, Any]]:
-        """Per configured tier that has loaded: the engine (or model folder) it serves and how it was built."""
-        out: list[dict[str, Any]] = []
-        served = self._engines.served if self._engines is not None else {}
-        active = self.llm.active_tier if self.llm is not None else None
-        for t in self.settings.models.llm:
-            resolved = served.get(t.name)
-            if resolved is None:
-                continue
-            doc: dict[str, Any] = {
-                "workload": "llm",
-                "tier": t.name,
-                "model": t.model,
-                "identity": resolved.identity,
-                "backend": t.backend,
-                "device": t.device,
-                "precision": t.precision,
-                "loaded": t.name == active,
-            }
-            if resolved.engine is not None:
-                m = resolved.engine.manifest
-                gate = m.get("accuracy") or {}
-                doc.update(
-                    key=resolved.engine.key,
-                    backend=m.get("backend", t.backend),
-                    device=m.get("device", t.device),
-                    precision=m.get("precision", t.precision),
-                    built_at_wall=m.get("committed_at"),
-                    build_s=m.get("build_s"),
-                    gate={k: gate[k] for k in ("passed", "metrics", "reasons") if k in gate} or None,
-                )
-            out.append(doc)
-        asr_active = self.asr.active_tier if self.asr is not None else None
-        asr_tiers: dict[str, Any] = {t.name: t for t in self.asr.tiers} if self.asr is not None else {}
-        for t in self.settings.models.asr:
-            speech_tier = asr_tiers.get(t.name)
-            if t.name == asr_active and speech_tier is not None:
-                identity = speech_tier.engine() if speech_tier.engine is not None else None
-                out.append(
-                    {
-                        "workload": "asr",
-                        "tier": t.name,
-                        "model": t.model,
-                        "identity": identity,
-                        "backend": t.backend,
-                        "device": t.device,
-                        "precision": t.precision,
-                        "loaded": True,
-                    }
-                )
-        return out
-
-    def _inventory_changed(self) -> None:
-        if self.telemetry is not None:
-            try:
-                self.telemetry.update_inventory(serving=self._serving())
-            except Exception:  # the inventory describes serving; it must never disturb it
-                log.warning("the inventory could not be updated", exc_info=True)
-
-    def _probe_inventory(self) -> None:
-        from .doctor import collect
-
-        try:
-            report = collect(timeout_s=30)
-        except Exception:
-            log.warning("the accelerator probes failed; meta keeps the host inventory only", exc_info=True)
-            return
-        if self.telemetry is not None and not self._stop_requested:
-            try:
-                self.telemetry.update_inventory(probes=from_doctor(report), serving=self._serving())
-            except Exception:  # the inventory describes the device; it must never disturb it
-                log.warning("the accelerator probes' findings could not be published", exc_info=True)
+            self.inventory.changed()
 
     def _event(self, kind: str, payload: dict) -> None:
         log.info("event %s: %s", kind, payload)
