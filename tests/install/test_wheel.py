@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -168,10 +169,6 @@ def test_build_by_recipe_name_from_outside_the_checkout(installed, tmp_path: Pat
             "build",
             "--recipe",
             "demo-asr",
-            "--target",
-            "cpu",
-            "--precision",
-            "int8",
             "--json",
             "-",
         ],
@@ -233,6 +230,84 @@ def test_the_daemon_from_root_under_the_units_environment(installed, tmp_path: P
     """As the unit starts it: cwd /, the shipped agent.toml, systemd's directory variables, no
     WorkingDirectory, no checkout. It must get READY, serve, start the shipped recipe's background
     build, and stop cleanly on SIGTERM."""
+    _run_like_the_unit(installed["exe"], installed["site"], tmp_path)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to run as another user")
+def test_the_daemon_as_its_own_user_like_the_unit(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """As root, the unit runs the agent as its own unprivileged user (``User=edge-agent``): nothing it
+    needs may require root. Here the user is ``nobody``, the venv is made by the system Python (this
+    environment's interpreter may live where other users cannot read), and every folder the daemon
+    gets is owned by that user, as systemd's ``StateDirectory=`` & co. make them."""
+    system_python = Path("/usr/bin/python3")
+    site_deps = Path(sysconfig.get_paths()["purelib"])
+    probe = subprocess.run(
+        [str(system_python), "-c", "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode != 0 or probe.stdout.strip() != f"{sys.version_info[0]}.{sys.version_info[1]}":
+        pytest.skip("no system Python of this minor version to make the unprivileged venv with")
+    root = Path(tempfile.mkdtemp(prefix="edge-agent-user-"))
+    try:
+        root.chmod(0o755)
+        venv = root / "venv"
+        made = subprocess.run([str(system_python), "-m", "venv", str(venv)], capture_output=True, timeout=120)
+        if made.returncode != 0:
+            pytest.skip(f"the system Python cannot make a venv: {made.stderr.decode()[-200:]}")
+        wheel = next((tmp_path_factory.getbasetemp() / "wheel0" / "dist").glob("edge_agent-*.whl"), None)
+        if wheel is None:  # the module's wheel fixture has not run: build one
+            wheel_dir = root / "dist"
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "wheel",
+                    "--no-deps",
+                    "-q",
+                    str(_sources(root / "src")),
+                    "-w",
+                    str(wheel_dir),
+                ],
+                check=True,
+                timeout=600,
+                stdin=subprocess.DEVNULL,
+            )
+            [wheel] = wheel_dir.glob("edge_agent-*.whl")
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+            check=True,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+        )
+        site = Path(
+            subprocess.run(
+                [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+        )
+        (site / "zz-test-dependencies.pth").write_text(f"{site_deps}\n")
+        user = "nobody"
+        readable = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", "import numpy, onnxruntime, aiohttp, edge_agent"],
+            cwd="/",
+            user=user,
+            capture_output=True,
+            text=True,
+        )
+        if readable.returncode != 0:
+            pytest.skip(f"this environment's packages are not readable by {user}: {readable.stderr[-200:]}")
+        work = root / "run"
+        work.mkdir(mode=0o755)
+        _run_like_the_unit(venv / "bin" / "edge-agent", site, work, user=user)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run_like_the_unit(exe: Path, site: Path, tmp_path: Path, user: str | None = None) -> None:
     dirs = {
         name: tmp_path / name.lower()
         for name in (
@@ -245,11 +320,15 @@ def test_the_daemon_from_root_under_the_units_environment(installed, tmp_path: P
     }
     for d in dirs.values():
         d.mkdir(mode=0o750)
+        if user is not None:  # systemd makes them owned by the unit's user
+            shutil.chown(d, user)
     config = dirs["CONFIGURATION_DIRECTORY"] / "agent.toml"
-    shutil.copy(installed["site"] / "edge_agent" / "data" / "systemd" / "agent.toml", config)
+    shutil.copy(site / "edge_agent" / "data" / "systemd" / "agent.toml", config)
     sock = dirs["RUNTIME_DIRECTORY"] / "api.sock"
     broker = Broker(tmp_path / "broker").start() if shutil.which("mosquitto") else None
     notify = Notify(tmp_path / "notify.sock")
+    if user is not None:  # systemd's notify socket accepts any local sender
+        notify.path.chmod(0o777)
     env = {
         **_user_env(dirs["STATE_DIRECTORY"]),
         **{k: str(v) for k, v in dirs.items()},
@@ -263,7 +342,8 @@ def test_the_daemon_from_root_under_the_units_environment(installed, tmp_path: P
     log = tmp_path / "daemon.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [str(installed["exe"]), "run", "--config", str(config)],
+            [str(exe), "run", "--config", str(config)],
+            user=user,
             cwd="/",
             env=env,
             stdout=out,
