@@ -157,8 +157,12 @@ class CtcRecognizer:
     def _step_stateless(self, streams: Sequence[CtcStream]) -> list[Hypothesis | None]:
         results: list[Hypothesis | None] = [None] * len(streams)
         groups: dict[int, list[int]] = defaultdict(list)
+        # whether each stream had ended when its audio was taken: audio and end() may arrive while
+        # this step runs, and a final must not leave out audio it never took
+        ended_at: dict[int, bool] = {}
         for i, s in enumerate(streams):
             new, ended = s.take()
+            ended_at[i] = ended
             if new.size:
                 s.audio.append(new)
                 s.total += new.size
@@ -189,7 +193,7 @@ class CtcRecognizer:
                 decoder = self._new_decoder()
                 decoder.advance(log_softmax(logits[j]))
                 s.decoded_at, s.last_decoder = length, decoder
-                final = s.ended
+                final = ended_at[i]
                 s.finished = final
                 if final:
                     decoder.finish()
@@ -219,8 +223,11 @@ class CtcRecognizer:
     def _step_stateful(self, streams: Sequence[CtcStream]) -> list[Hypothesis | None]:
         results: list[Hypothesis | None] = [None] * len(streams)
         active = []
+        ended_at: set[int] = set()  # ended when its audio was taken (not later, mid-step: see below)
         for i, s in enumerate(streams):
-            new, _ = s.take()
+            new, ended = s.take()
+            if ended:
+                ended_at.add(i)
             if s.finished:
                 continue
             if new.size and s.features is not None:  # a stateful engine's streams all have features
@@ -238,7 +245,9 @@ class CtcRecognizer:
                 streams[i].feat_buf = streams[i].feat_buf[n:]
             self._run_chunks([streams[i] for i in ready], chunks)
             advanced.update(ready)
-        ending = [i for i in active if streams[i].ended]
+        # Only a stream that had ended when its audio was taken ends now: one that end()ed while this
+        # step ran may have audio added after the take, which its next step (the final) must decode.
+        ending = [i for i in active if i in ended_at]
         groups: dict[int, list[int]] = defaultdict(list)
         tails = {i: self._tail(streams[i]) for i in ending}
         for i, tail in tails.items():

@@ -206,8 +206,12 @@ class WhisperRecognizer:
         results: list[Hypothesis | None] = [None] * len(streams)
         todo = []
         min_new = int(self.min_step_s * self.sample_rate)
+        # ended when its audio was taken: end() during this step may follow audio this step never took
+        ended_at: set[int] = set()
         for i, s in enumerate(streams):
             new, ended = s.take()
+            if ended:
+                ended_at.add(i)
             if new.size:
                 s.audio = np.concatenate([s.audio, new])[: self.features.n_samples]
             if s.finished:
@@ -224,7 +228,7 @@ class WhisperRecognizer:
         run = [
             i
             for i in todo
-            if not (streams[i].ended and streams[i].audio.size == streams[i].decoded_at and streams[i].last_ids)
+            if not (i in ended_at and streams[i].audio.size == streams[i].decoded_at and streams[i].last_ids)
         ]
         if run:
             hidden = self.encode([streams[i].audio for i in run])
@@ -246,7 +250,7 @@ class WhisperRecognizer:
                 streams[i].last_ids, streams[i].decoded_at = hyp, streams[i].audio.size
         for i in todo:
             s = streams[i]
-            if s.ended:
+            if i in ended_at:
                 s.agreement.finish(s.last_ids)
                 s.finished = True
             else:
