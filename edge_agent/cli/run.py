@@ -85,7 +85,10 @@ def _serve(agent: Agent) -> int:
             _exit_now(1)
         raise
     reloads.serving()
-    stop.wait()
+    # A bounded wait, looped: the kernel may deliver SIGTERM to any thread, and Python runs the handler
+    # only when the main thread runs bytecode, which a lock wait without a timeout never does again.
+    while not stop.wait(0.5):
+        pass
     log.info("stopping: draining")
     reloads.stopping()
     if not agent.stop():
