@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-_ONES = [
+ONES = [
     "zero",
     "one",
     "two",
@@ -39,7 +39,7 @@ _ONES = [
     "eighteen",
     "nineteen",
 ]
-_TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
 _ORD = {
     "one": "first",
     "two": "second",
@@ -56,9 +56,9 @@ def number_words(n: int) -> str:
     if n < 0:
         return "minus " + number_words(-n)
     if n < 20:
-        return _ONES[n]
+        return ONES[n]
     if n < 100:
-        return _TENS[n // 10] + ("" if n % 10 == 0 else " " + _ONES[n % 10])
+        return TENS[n // 10] + ("" if n % 10 == 0 else " " + ONES[n % 10])
     for size, name in ((10**9, "billion"), (10**6, "million"), (1000, "thousand"), (100, "hundred")):
         if n >= size:
             rest = n % size

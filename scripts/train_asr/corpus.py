@@ -15,29 +15,8 @@ import hashlib
 import random
 from collections.abc import Callable
 
-ONES = [
-    "zero",
-    "one",
-    "two",
-    "three",
-    "four",
-    "five",
-    "six",
-    "seven",
-    "eight",
-    "nine",
-    "ten",
-    "eleven",
-    "twelve",
-    "thirteen",
-    "fourteen",
-    "fifteen",
-    "sixteen",
-    "seventeen",
-    "eighteen",
-    "nineteen",
-]
-TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+from edge_agent.metrics.wer import ONES, TENS, number_words  # the scorer normalises numbers the same way
+
 ORDINALS = [
     "zeroth",
     "first",
@@ -211,21 +190,6 @@ CONVERT = [
 ]
 OPS = ["plus", "minus", "times", "divided by"]
 POLITE = ["", "", "", "please ", "hey computer ", "okay ", "can you ", "could you please "]
-
-
-def number_words(n: int) -> str:
-    """0 <= n < 10000 as English words: 42 -> "forty two", 1905 -> "one thousand nine hundred five"."""
-    if n < 0 or n >= 10000:
-        raise ValueError(f"number out of range: {n}")
-    if n < 20:
-        return ONES[n]
-    if n < 100:
-        return TENS[n // 10] + ("" if n % 10 == 0 else " " + ONES[n % 10])
-    if n < 1000:
-        rest = n % 100
-        return ONES[n // 100] + " hundred" + ("" if rest == 0 else " " + number_words(rest))
-    rest = n % 1000
-    return number_words(n // 1000) + " thousand" + ("" if rest == 0 else " " + number_words(rest))
 
 
 def ordinal_words(n: int) -> str:
