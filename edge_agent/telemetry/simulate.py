@@ -153,9 +153,10 @@ class Simulator:
                 self._publish(k, f"{self.prefix}/{dev.device_id}/{suffix}", payload, retain=True)
         return self
 
-    def _publish(self, k: int, topic: str, payload: bytes, retain: bool = False) -> None:
-        self.clients[k // self.per_conn].publish(topic, payload, qos=self.qos, retain=retain)
+    def _publish(self, k: int, topic: str, payload: bytes, retain: bool = False) -> Any:
+        info = self.clients[k // self.per_conn].publish(topic, payload, qos=self.qos, retain=retain)
         self.published += 1
+        return info
 
     def run(self, duration_s: float | None, clock: Callable[[], float] = time.monotonic) -> None:
         """Publish rounds until ``duration_s`` has passed (or ``stop``); each round spread over the interval."""
@@ -174,10 +175,22 @@ class Simulator:
     def stop(self) -> None:
         self._stop.set()
 
-    def close(self, offline: bool = True) -> None:
+    def close(self, offline: bool = True, timeout_s: float = 5.0) -> None:
+        """Retain ``offline`` for every device, wait until those are out, then disconnect.
+
+        A ``disconnect`` + ``loop_stop`` straight after ``publish`` can stop the network thread before the
+        last queued packets are written, so each offline state is awaited (bounded) first."""
+        pending = []
         for k, dev in enumerate(self.devices):
             if offline:
-                self._publish(k, f"{self.prefix}/{dev.device_id}/state", dev.retained("offline")[0][1], retain=True)
+                topic = f"{self.prefix}/{dev.device_id}/state"
+                pending.append(self._publish(k, topic, dev.retained("offline")[0][1], retain=True))
+        deadline = time.monotonic() + timeout_s
+        for info in pending:
+            try:
+                info.wait_for_publish(max(0.0, deadline - time.monotonic()))
+            except (RuntimeError, ValueError):  # not queued (no connection) or timed out: nothing more to do
+                pass
         for client in self.clients:
             client.disconnect()
             client.loop_stop()
