@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..bench import asr, fleet, llm, telemetry, tiers
+from ..bench import asr, fleet, llm, serve, telemetry, tiers
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -16,3 +16,4 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     asr.add_parser(bsub)
     telemetry.add_parser(bsub)
     fleet.add_parser(bsub)
+    serve.add_parser(bsub)
