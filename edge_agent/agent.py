@@ -50,6 +50,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def llm_limits(settings: Settings, tier: TierConfig) -> Limits:
+    """The batching and admission limits the daemon gives ``tier``'s scheduler (``bench llm`` uses them too)."""
+    b = settings.batching
+    max_batch = min(tier.max_batch, b.max_batch)
+    return Limits(
+        max_batch=max_batch,
+        batch_timeout_ms=b.batch_timeout_ms,
+        preferred_batch_sizes=tuple(x for x in b.preferred_batch_sizes if x <= max_batch),
+        max_queue=b.max_queue,
+        queue_timeout_ms=b.queue_timeout_ms,
+    )
+
+
 class Agent:
     """Everything one device runs, composed from ``Settings``: ``start``, ``stop`` (drain), ``reload``.
     The fleet steers it through ``remote`` (``remote.RemoteTarget``, the telemetry ``CommandTarget``)."""
@@ -269,15 +282,7 @@ class Agent:
         return open_tier
 
     def _limits(self, tier: TierConfig) -> Limits:
-        b = self.settings.batching
-        max_batch = min(tier.max_batch, b.max_batch)
-        return Limits(
-            max_batch=max_batch,
-            batch_timeout_ms=b.batch_timeout_ms,
-            preferred_batch_sizes=tuple(x for x in b.preferred_batch_sizes if x <= max_batch),
-            max_queue=b.max_queue,
-            queue_timeout_ms=b.queue_timeout_ms,
-        )
+        return llm_limits(self.settings, tier)
 
     def _start_asr(self):
         """The ASR ladder from its top tier (or the first lighter one that loads), and its controller
