@@ -61,7 +61,11 @@ class EngineError(BackendError):
 
 
 class InputError(EdgeAgentError):
-    """Inputs to a model or request are malformed."""
+    """Inputs to a model or request are malformed; ``param`` names the request field when there is one."""
+
+    def __init__(self, message: str = "", param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class Overloaded(EdgeAgentError):

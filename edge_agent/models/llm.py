@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,6 +29,7 @@ import numpy as np
 from ..backends import BindingSession, Session, SessionOptions, open_session
 from ..errors import InputError, ModelError
 from .catalog import ModelRef
+from .grammar import TokenVocab
 from .kv_batch import DecodeBatch, left_pad
 from .kv_slots import SlotCache
 from .tokenizer import Tokenizer
@@ -130,6 +132,18 @@ class DecoderLM:
         out = {s.name: s for s in session.outputs}
         vocab = out["logits"].shape[-1] if "logits" in out else None
         self._vocab = vocab if isinstance(vocab, int) else int(config.get("vocab_size", 0) or 0)
+        self._token_vocab: TokenVocab | None = None
+        self._vocab_lock = threading.Lock()
+
+    @property
+    def token_vocab(self) -> TokenVocab:
+        """The vocabulary for output constraints and logprob bytes (built on first use, then kept)."""
+        with self._vocab_lock:
+            if self._token_vocab is None:
+                n_logits = self._vocab or self.tokenizer.vocab_size
+                tok = self.tokenizer
+                self._token_vocab = TokenVocab(tok.to_json(), n_logits, self.contract.eos_ids, tok.vocab_size)
+            return self._token_vocab
 
     @classmethod
     def open(

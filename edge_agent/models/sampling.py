@@ -1,8 +1,11 @@
 """Token selection: greedy, or temperature / top-k / top-p sampling with a per-request seed.
 
-Pure numpy over one row of logits; the order follows the HF/vLLM convention: repetition penalty,
-temperature, top-k, top-p, then a draw. A request with a seed draws the same tokens every time,
-whatever else shares its batch, because each request owns its generator.
+Pure numpy over one row of logits; the order follows the HF/vLLM convention: logit bias, repetition
+penalty, frequency/presence penalties (OpenAI's: over the generated tokens), temperature, top-k,
+top-p, then a draw. A request with a seed draws the same tokens every time, whatever else shares its
+batch, because each request owns its generator. ``logprobs`` are taken from the processed logits
+(bias, penalties and the output-format mask applied, before temperature): the distribution the
+token was drawn from at temperature 1.
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    frequency_penalty: float = 0.0  # OpenAI's: minus penalty × count of each generated token
+    presence_penalty: float = 0.0  # OpenAI's: minus penalty for each token generated at least once
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    logprobs: int | None = None  # None = off; else how many most likely alternatives to report (0-20)
+    grammar: str | None = None  # an llguidance grammar the output must follow (models.grammar)
 
     def __post_init__(self) -> None:
         problems = []
@@ -45,6 +53,13 @@ class SamplingParams:
             problems.append(f"max_repeats must be an integer ≥ 0, got {self.max_repeats!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             problems.append("stop strings must be non-empty text")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                problems.append(f"{name} must lie in [-2, 2], got {getattr(self, name)!r}")
+        if any(not -100.0 <= b <= 100.0 for _t, b in self.logit_bias):
+            problems.append("logit_bias values must lie in [-100, 100]")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            problems.append(f"top_logprobs must lie in [0, 20], got {self.logprobs!r}")
         if problems:
             raise InputError("invalid sampling parameters: " + "; ".join(problems))
 
@@ -60,15 +75,51 @@ class Sampler:
         self.params = params
         self._rng = np.random.default_rng(params.seed)
 
-    def choose(self, logits: np.ndarray, history: Sequence[int]) -> int:
-        """The next token for one row of ``logits`` [V], given the ids so far (prompt + generated)."""
+    def process(
+        self,
+        logits: np.ndarray,
+        history: Sequence[int],
+        generated: Sequence[int] = (),
+        allowed: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """``logits`` [V] with the bias, the penalties and the ``allowed`` mask applied (a copy when changed)."""
         p = self.params
+        changed = False
+        if p.logit_bias:
+            logits, changed = logits.astype(np.float32, copy=True), True
+            for token, bias in p.logit_bias:
+                if 0 <= token < logits.shape[-1]:
+                    logits[token] += bias
         if p.repetition_penalty != 1.0 and history:
-            logits = logits.astype(np.float32, copy=True)
+            if not changed:
+                logits, changed = logits.astype(np.float32, copy=True), True
             seen = np.unique(np.asarray(history, dtype=np.int64))
             seen = seen[seen < logits.shape[-1]]
             vals = logits[seen]
             logits[seen] = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        if (p.frequency_penalty or p.presence_penalty) and generated:
+            if not changed:
+                logits, changed = logits.astype(np.float32, copy=True), True
+            ids, counts = np.unique(np.asarray(generated, dtype=np.int64), return_counts=True)
+            keep = ids < logits.shape[-1]
+            logits[ids[keep]] -= counts[keep] * p.frequency_penalty + p.presence_penalty
+        if allowed is not None:
+            logits = np.where(allowed[: logits.shape[-1]], logits, -np.inf).astype(np.float32, copy=False)
+        return logits
+
+    def choose(
+        self,
+        logits: np.ndarray,
+        history: Sequence[int],
+        generated: Sequence[int] = (),
+        allowed: np.ndarray | None = None,
+    ) -> int:
+        """The next token for one row of ``logits`` [V], given the ids so far (prompt + generated)."""
+        return self.pick(self.process(logits, history, generated, allowed))
+
+    def pick(self, logits: np.ndarray) -> int:
+        """Draw from already processed logits (greedy, or temperature / top-k / top-p)."""
+        p = self.params
         if p.greedy:
             return int(np.argmax(logits))
         scaled = logits.astype(np.float64) / p.temperature
@@ -101,3 +152,20 @@ def find_stop(text: str, stops: Sequence[str], searched_upto: int = 0) -> int | 
         if i != -1 and (best is None or i < best):
             best = i
     return best
+
+
+def logprobs_of(logits: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    """The log-probability of ``token`` under ``logits`` [V] (softmax at temperature 1) and the ``top``
+    most likely tokens with theirs, most likely first."""
+    row = logits.astype(np.float64)
+    finite = np.isfinite(row)
+    peak = row[finite].max() if finite.any() else 0.0
+    logz = peak + np.log(np.exp(row[finite] - peak).sum())
+    lp = row - logz
+    best: list[tuple[int, float]] = []
+    if top > 0:
+        k = min(top, lp.shape[-1])
+        idx = np.argpartition(-lp, k - 1)[:k]
+        idx = idx[np.argsort(-lp[idx], kind="stable")]
+        best = [(int(i), float(lp[i])) for i in idx if np.isfinite(lp[i])]
+    return float(lp[token]), best

@@ -85,6 +85,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    def to_json(self) -> str:
+        """The tokenizer as ``tokenizer.json`` text (what llguidance builds its vocabulary from)."""
+        return self._tok.to_str()
+
     def token_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 

@@ -25,27 +25,22 @@ watchdog can tell it is alive.
 from __future__ import annotations
 
 import asyncio
-import functools
 import hmac
-import json
 import logging
 import threading
-import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
-from ..errors import DeadlineExceeded, EdgeAgentError, Overloaded
+from ..errors import EdgeAgentError
 from ..metrics.prometheus import CONTENT_TYPE_LATEST, PrometheusMetrics
-from ..models.tokenizer import Message
-from . import api_speech, http_guard
+from . import api_llm, api_speech, http_guard
 from .api_errors import error as _error
 from .api_errors import from_exception as _from_exception
 from .api_speech import SpeechService
 from .llm.ladder import TieredLLM
-from .openai_schema import ChatRequest, CompletionRequest, GenerateRequest, parse
+from .openai_schema import ChatRequest, CompletionRequest
 
 log = logging.getLogger(__name__)
 MAX_BODY = 32 * 1024 * 1024  # audio uploads included
@@ -132,12 +127,6 @@ class ApiServer:
         got = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
         return hmac.compare_digest(got, self._expected)  # constant time: no timing hints about the token
 
-    async def _json(self, request: web.Request, model: type[GenerateRequest]) -> GenerateRequest:
-        """Read the body (bounded in size and time), then parse it on the executor: a large body
-        must not hold the loop."""
-        raw = await http_guard.read_body(request, MAX_BODY, self.body_timeout_s)
-        return await asyncio.get_running_loop().run_in_executor(None, parse, raw, model)
-
     def _check_model(self, requested: str | None) -> web.Response | None:
         if self.llm is None:
             return _error(503, "no LLM tier is configured", "server_error", "unavailable")
@@ -160,130 +149,17 @@ class ApiServer:
         return await self._generate(request, chat=False)
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        loop = asyncio.get_running_loop()
-        llm = self.llm
         try:
-            body = await self._json(request, ChatRequest if chat else CompletionRequest)
-            refused = self._check_model(body.model)
-            if refused is not None:
-                return refused
-            assert llm is not None  # _check_model refused otherwise
-            params, stream, include_usage = body.params(), body.stream, body.include_usage
-            prompt: str | list[Message]
-            if isinstance(body, ChatRequest):
-                prompt = [Message(m.role, m.text()) for m in body.messages]
-            else:
-                assert isinstance(body, CompletionRequest)
-                prompt = body.prompt
-            del body  # it may hold megabytes: only the prompt goes on
-            # Measuring and tokenizing the prompt happen on the executor, never on this loop.
-            handle = await loop.run_in_executor(None, functools.partial(llm.submit, prompt, params, raw=not chat))
-            del prompt
-        except Exception as exc:
-            if isinstance(exc, (Overloaded, DeadlineExceeded)):
-                self.metrics.failed("llm", type(exc).__name__)
-            return _from_exception(exc)
-        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        model = llm.model_name
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, handle, ident))
-        try:
-            events = _bridge(handle, loop)
-            if stream:
-                return await self._stream(request, handle, events, ident, model, chat, include_usage)
-            try:
-                async for _ in events:
-                    pass
-                done = await loop.run_in_executor(None, handle.result)
-            except Exception as exc:
-                return _from_exception(exc)
-        finally:
-            watcher.cancel()
-        usage = {
-            "prompt_tokens": done.timing.tokens_in,
-            "completion_tokens": len(done.token_ids),
-            "total_tokens": done.timing.tokens_in + len(done.token_ids),
-        }
-        choice = (
-            {"index": 0, "message": {"role": "assistant", "content": done.text}}
-            if chat
-            else {"index": 0, "text": done.text, "logprobs": None}
-        )
-        choice["finish_reason"] = FINISH.get(done.finish_reason, "stop")
-        return web.json_response(
-            {
-                "id": ident,
-                "object": "chat.completion" if chat else "text_completion",
-                "created": int(time.time()),
-                "model": model,
-                "choices": [choice],
-                "usage": usage,
-            }
-        )
-
-    async def _stream(self, request, handle, events, ident, model, chat, include_usage) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        created = int(time.time())
-        kind = "chat.completion.chunk" if chat else "text_completion"
-
-        async def send(choice: dict, usage: dict | None = None) -> None:
-            chunk = {
-                "id": ident,
-                "object": kind,
-                "created": created,
-                "model": model,
-                "choices": [choice] if choice else [],
-            }
-            if usage is not None:
-                chunk["usage"] = usage
-            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-
-        try:
-            await resp.prepare(request)
-            if chat:
-                await send({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
-            async for event in events:
-                if event.text:
-                    await send(
-                        {"index": 0, "delta": {"content": event.text}, "finish_reason": None}
-                        if chat
-                        else {"index": 0, "text": event.text, "finish_reason": None, "logprobs": None}
-                    )
-            done = handle.result(5)  # the events ended: it is finished
-            reason = FINISH.get(done.finish_reason, "stop")
-            await send(
-                {"index": 0, "delta": {}, "finish_reason": reason}
-                if chat
-                else {"index": 0, "text": "", "finish_reason": reason, "logprobs": None}
+            body = await api_llm.read_request(
+                request, ChatRequest if chat else CompletionRequest, MAX_BODY, self.body_timeout_s
             )
-            if include_usage:
-                n = len(done.token_ids)
-                await send(
-                    {},
-                    {
-                        "prompt_tokens": done.timing.tokens_in,
-                        "completion_tokens": n,
-                        "total_tokens": done.timing.tokens_in + n,
-                    },
-                )
-            await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
-        except DISCONNECTS:  # the client went away: free its batch slot, say so once, no traceback
-            if not handle.cancelled:
-                handle.cancel()
-                log.info("client went away: %s cancelled", ident)
-        except asyncio.CancelledError:
-            handle.cancel()
-            raise
-        except EdgeAgentError as exc:  # a failure after the headers went out: report it in-band
-            try:
-                await resp.write(
-                    f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error'}})}\n\n".encode()
-                )
-                await resp.write(b"data: [DONE]\n\n")
-                await resp.write_eof()
-            except DISCONNECTS:
-                pass
-        return resp
+        except Exception as exc:
+            return _from_exception(exc)
+        refused = self._check_model(body.model)
+        if refused is not None:
+            return refused
+        assert self.llm is not None  # _check_model refused otherwise
+        return await api_llm.generate(self.llm, self.metrics, request, body)
 
     async def _models(self, request: web.Request) -> web.Response:
         data = [{"id": "edge-agent", "object": "model", "created": 0, "owned_by": "edge-agent"}]
@@ -382,42 +258,3 @@ class ApiServer:
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:
             self._thread.join(10)
-
-
-async def _cancel_on_disconnect(request: web.Request, handle, ident: str) -> None:
-    """Cancel ``handle`` as soon as the client's connection is gone (aiohttp does not cancel a
-    handler by itself, and a non-streaming one writes nothing that could fail until the end)."""
-    while True:
-        await asyncio.sleep(DISCONNECT_POLL_S)
-        transport = request.transport
-        if transport is None or transport.is_closing():
-            if not handle.cancelled:
-                handle.cancel()
-                log.info("client went away: %s cancelled", ident)
-            return
-
-
-def _bridge(handle, loop: asyncio.AbstractEventLoop):
-    """An async iterator over a request handle's token events, fed from a thread."""
-    queue: asyncio.Queue = asyncio.Queue()
-
-    def pump() -> None:
-        try:
-            for event in handle:
-                loop.call_soon_threadsafe(queue.put_nowait, event)
-        except BaseException as exc:  # delivered to the reader, raised there
-            loop.call_soon_threadsafe(queue.put_nowait, exc)
-        loop.call_soon_threadsafe(queue.put_nowait, None)
-
-    threading.Thread(target=pump, name=f"api-stream-{handle.id}", daemon=True).start()
-
-    async def events():
-        while True:
-            item = await queue.get()
-            if item is None:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    return events()

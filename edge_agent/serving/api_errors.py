@@ -47,7 +47,7 @@ def from_exception(exc: BaseException) -> web.Response:
     if isinstance(exc, DeadlineExceeded):
         return error(503, str(exc), "server_error", "timeout", retry_after_s=2)
     if isinstance(exc, (InputError, ValueError)):
-        return error(400, str(exc), code=getattr(exc, "code", None))
+        return error(400, str(exc), code=getattr(exc, "code", None), param=getattr(exc, "param", None))
     if isinstance(exc, EdgeAgentError):
         return error(500, str(exc), "server_error")
     log.exception("unexpected API error", exc_info=exc)

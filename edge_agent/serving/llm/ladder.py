@@ -61,7 +61,7 @@ class _Loaded:
         self.index, self.tier, self.lm = index, tier, lm
         # The tier is known here, where the scheduler is made: each observation says so, typed, with
         # the engine it opened (asked once, now that it is open: a later build does not rename this one).
-        engine = tier.engine() if tier.engine is not None else None
+        engine = self.engine = tier.engine() if tier.engine is not None else None
         self.scheduler = LLMScheduler(
             lm,
             tier.limits,
@@ -152,7 +152,8 @@ class TieredLLM(Ladder):
                 f"{len(ids) + params.max_new_tokens} exceeds tier {loaded.tier.name!r}'s context of {context} tokens"
             )
         handle = loaded.scheduler.submit(ids, params, deadline_ms=deadline_ms, tags=tags)
-        handle.tier = loaded.tier.name
+        handle.tier, handle.model, handle.engine = loaded.tier.name, loaded.lm.ref.name, loaded.engine
+        handle.max_new_tokens = params.max_new_tokens
         if self.capture is not None:
             try:
                 self.capture(prompt)

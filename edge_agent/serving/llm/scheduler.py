@@ -9,6 +9,10 @@ Each loop turn is plan → run → absorb:
   sequence;
 - each sequence absorbs its token: sampling, detokenization, stop checks, delivery to its handle.
 
+A request with an output format (``SamplingParams.grammar``) owns a ``grammar.Constraint``: its mask
+of allowed tokens for the next step is computed on a helper thread while the engine runs the step
+(llguidance and the runtime both release the GIL), then applied to its row before the pick.
+
 A failing engine call fails only the requests in that call; the loop keeps serving. The queue is
 bounded (``Overloaded`` at submit), waiting is bounded (``DeadlineExceeded``), and a handle can be
 cancelled at any time. Handles are thread-safe: any thread may submit, read and cancel.
@@ -17,20 +21,24 @@ cancelled at any time. Handles are thread-safe: any thread may submit, read and 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+
+import numpy as np
 
 from ...errors import DeadlineExceeded, EdgeAgentError, Overloaded, Unavailable
 from ...metrics.timing import RequestTiming, TimingRecorder
+from ...models.grammar import Constraint
 from ...models.kv_batch import DecodeBatch
 from ...models.kv_slots import SlotCache
 from ...models.llm import DecoderLM
-from ...models.sampling import Sampler, SamplingParams, find_stop, repeated_too_often
+from ...models.sampling import Sampler, SamplingParams, find_stop, logprobs_of, repeated_too_often
 from ...models.tokenizer import StreamDecoder
+from .handle import Completion, RequestHandle, TokenEvent, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -66,73 +74,6 @@ def plan_admission(
     return (n, None) if now >= due else (0, due)
 
 
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
-    """One streamed token and the text it completed."""
-
-    token_id: int
-    text: str  # new text this token completed (may be empty while a character or stop string is pending)
-    time_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """A finished request: its text, tokens, why it ended and its timeline."""
-
-    text: str
-    token_ids: tuple[int, ...]
-    finish_reason: str  # stop | length | deadline | cancelled | repetition
-    timing: RequestTiming
-
-
-class RequestHandle:
-    """The caller's side of one request: stream tokens, wait for the result, or cancel."""
-
-    def __init__(self, request_id: int) -> None:
-        self.id = request_id
-        self._events: queue.SimpleQueue = queue.SimpleQueue()
-        self._done = threading.Event()
-        self._completion: Completion | None = None
-        self._error: BaseException | None = None
-        self.cancelled = False
-        self.tier: str | None = None  # the ladder tier serving it (``TieredLLM.submit`` sets it)
-        self._on_cancel: Callable[[], None] | None = None  # set by the scheduler: wakes its loop
-
-    def cancel(self) -> None:
-        """Stop the request: a waiting one is dropped, a running one ends at its next token (its
-        batch slot is freed then). Safe from any thread, and more than once."""
-        first, self.cancelled = not self.cancelled, True
-        if first and not self._done.is_set() and self._on_cancel is not None:
-            self._on_cancel()
-
-    def __iter__(self) -> Iterator[TokenEvent]:
-        while True:
-            item = self._events.get()
-            if isinstance(item, TokenEvent):
-                yield item
-            elif item is None:
-                if self._error is not None:
-                    raise self._error
-                return
-
-    def result(self, timeout_s: float | None = None) -> Completion:
-        if not self._done.wait(timeout_s):
-            raise TimeoutError(f"request {self.id} still running after {timeout_s} s")
-        if self._error is not None:
-            raise self._error
-        assert self._completion is not None
-        return self._completion
-
-    # called by the scheduler thread
-    def _push(self, event: TokenEvent) -> None:
-        self._events.put(event)
-
-    def _finish(self, completion: Completion | None, error: BaseException | None = None) -> None:
-        self._completion, self._error = completion, error
-        self._done.set()
-        self._events.put(None)
-
-
 class _Sequence:
     """Per-request state while it waits or decodes."""
 
@@ -146,8 +87,11 @@ class _Sequence:
         decoder: StreamDecoder,
         tags: Sequence[str],
         clock: Callable[[], float],
+        constraint: Constraint | None = None,
     ) -> None:
         self.handle, self.prompt, self.params = handle, prompt, params
+        self.constraint = constraint
+        self.logprobs: list[TokenLogprob] = []
         self.admitted_s = admitted_s
         self.recorder = TimingRecorder(len(prompt), tags, clock=clock, admitted_s=admitted_s)
         self.deadline_s = deadline_s
@@ -180,6 +124,7 @@ class LLMScheduler:
         self._stopping = False
         self._next_id = 0
         self._thread = threading.Thread(target=self._loop, name=f"llm-{lm.ref.name}", daemon=True)
+        self._masker: ThreadPoolExecutor | None = None  # output-format masks, made while the engine runs
         self.steps = 0  # decode steps run (progress, for the watchdog)
 
     def start(self) -> LLMScheduler:
@@ -192,6 +137,8 @@ class LLMScheduler:
             self._stopping = True
             self._cond.notify_all()
         self._thread.join(timeout_s)
+        if self._masker is not None:
+            self._masker.shutdown(wait=False)
 
     @property
     def load(self) -> tuple[int, int]:
@@ -206,6 +153,8 @@ class LLMScheduler:
         tags: Sequence[str] = (),
     ) -> RequestHandle:
         self.lm.check_prompt(prompt_ids, params.max_new_tokens)
+        # Compiling the output format happens here, on the caller's thread, never on the device thread.
+        constraint = self.lm.token_vocab.constraint(params.grammar) if params.grammar else None
         now = self.clock()
         with self._cond:
             if self._stopping:
@@ -218,7 +167,15 @@ class LLMScheduler:
             deadline = now + deadline_ms / 1e3 if deadline_ms is not None else None
             self._waiting.append(
                 _Sequence(
-                    handle, list(prompt_ids), params, now, deadline, StreamDecoder(self.lm.tokenizer), tags, self.clock
+                    handle,
+                    list(prompt_ids),
+                    params,
+                    now,
+                    deadline,
+                    StreamDecoder(self.lm.tokenizer),
+                    tags,
+                    self.clock,
+                    constraint,
                 )
             )
             self._cond.notify_all()
@@ -288,6 +245,7 @@ class LLMScheduler:
         for seq in seqs:
             seq.recorder.mark_scheduled()
         first = len(self._batch)
+        masks = self._start_masks(seqs)
         try:
             logits = self.lm.join(self._batch, seqs, [s.prompt for s in seqs])
         except EdgeAgentError as exc:
@@ -297,10 +255,11 @@ class LLMScheduler:
             log.exception("prefill failed")
             self._fail(seqs, EdgeAgentError(f"prefill failed: {exc}"))
             return
-        self._absorb(first, logits)
+        self._absorb(first, logits, masks)
 
     def _decode(self) -> None:
         rows = list(self._batch.rows)
+        masks = self._start_masks(rows)
         try:
             logits = self.lm.decode(self._batch, [s.generated[-1] for s in rows])
         except Exception as exc:
@@ -311,19 +270,41 @@ class LLMScheduler:
             self._fail(rows, exc)
             return
         self.steps += 1
-        self._absorb(0, logits)
+        self._absorb(0, logits, masks)
 
-    def _absorb(self, first: int, logits) -> None:
+    def _start_masks(self, seqs: Sequence[_Sequence]) -> list[Future | None]:
+        """Start computing each constrained row's mask of allowed tokens (None for free rows)."""
+        if not any(s.constraint is not None for s in seqs):
+            return [None] * len(seqs)
+        if self._masker is None:
+            self._masker = ThreadPoolExecutor(1, thread_name_prefix=f"llm-mask-{self.lm.ref.name}")
+        return [self._masker.submit(s.constraint.allowed) if s.constraint is not None else None for s in seqs]
+
+    def _absorb(self, first: int, logits, masks: Sequence[Future | None] = ()) -> None:
         """Batch rows ``first…`` take their next token from ``logits`` [n, V]; finished rows leave."""
         now = self.clock()
         finished = []
         for i, seq in enumerate(self._batch.rows[first:], start=first):
-            token = seq.sampler.choose(logits[i - first], seq.history)
+            mask = masks[i - first] if masks else None
+            allowed: np.ndarray | None = mask.result() if mask is not None else None
+            row = seq.sampler.process(logits[i - first], seq.history, seq.generated, allowed)
+            token = seq.sampler.pick(row)
+            logprob = None
+            if seq.params.logprobs is not None:
+                lp, top = logprobs_of(row, token, seq.params.logprobs)
+                vocab = self.lm.token_vocab
+                alternatives = tuple((t, vocab.token_bytes(t), v) for t, v in top)
+                logprob = TokenLogprob(token, vocab.token_bytes(token), lp, alternatives)
+                seq.logprobs.append(logprob)
             seq.generated.append(token)
             seq.history.append(token)
             seq.recorder.mark_token()
             reason = self._finish_reason(seq, token, now)
-            self._deliver(seq, token, final=reason is not None)
+            if seq.constraint is not None and reason is None:
+                seq.constraint.consume(token)  # the mask allowed it: this cannot fail
+                if seq.constraint.stopped:
+                    reason = "stop"  # the format is complete: nothing may follow
+            self._deliver(seq, token, final=reason is not None, logprob=logprob)
             reason = seq.finish_reason or reason  # delivery may have found a stop string
             if reason:
                 seq.finish_reason = reason
@@ -345,7 +326,7 @@ class LLMScheduler:
             return "deadline"
         return None
 
-    def _deliver(self, seq: _Sequence, token: int, final: bool) -> None:
+    def _deliver(self, seq: _Sequence, token: int, final: bool, logprob: TokenLogprob | None = None) -> None:
         seq.decoder.push(token)
         text = seq.decoder.text
         stops = seq.params.stop
@@ -361,14 +342,14 @@ class LLMScheduler:
             safe = min(safe, len(text) - 1)
         piece = text[seq.emitted : safe]
         seq.emitted = max(seq.emitted, safe)
-        seq.handle._push(TokenEvent(token, piece, self.clock()))
+        seq.handle._push(TokenEvent(token, piece, self.clock(), logprob))
         if final and stops:
             seq.final_text = text
 
     def _complete(self, seq: _Sequence, reason: str) -> None:
         timing = seq.recorder.finish()
         text = seq.final_text if seq.final_text is not None else seq.decoder.text
-        seq.handle._finish(Completion(text, tuple(seq.generated), reason, timing))
+        seq.handle._finish(Completion(text, tuple(seq.generated), reason, timing, tuple(seq.logprobs)))
         self._report(timing)
 
     def _fail(self, seqs: list[_Sequence], exc: BaseException) -> None:

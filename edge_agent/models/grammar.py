@@ -1,0 +1,167 @@
+"""Constrained decoding: a per-request token mask from a JSON schema or a grammar (llguidance).
+
+A request that asks for structured output (OpenAI ``response_format``, ``tools``) carries a grammar
+in llguidance's JSON form (``json_object_grammar``, ``json_schema_grammar``, ``tool_call_grammar``:
+tokenizer-independent text, so the API layer builds it without knowing which tier will answer).
+The tier that admits the request binds it to its own tokenizer (``TokenVocab.constraint``); the
+scheduler then asks the ``Constraint`` for the allowed tokens before each pick and tells it the
+token picked. Whatever the weights say, the output follows the grammar: a random model still
+writes valid JSON.
+
+Why llguidance: it builds the mask for a 32k vocabulary in tens of microseconds (a token trie walked
+by an Earley parser, compiled lazily, no per-schema precomputation over the vocabulary), has no
+dependencies, releases the GIL while it works, and is what several serving stacks use. The
+comparison with outlines-core and xgrammar is ``python -m edge_agent.bench.grammar``.
+
+The JSON it accepts is written compactly and in a fixed shape (``", "`` between items, ``": "``
+after keys, properties in schema order), so a tool call always reads ``{"name": "…", "arguments":
+{…}}`` and can be streamed as it is generated.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+
+# Compact, fixed separators: predictable text (streamable tool calls) and fewer tokens.
+JSON_FORMAT: Any = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def _json_grammar(schema: dict[str, Any], what: str) -> str:
+    import llguidance
+
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_FORMAT)
+        problem = llguidance.LLMatcher.validate_grammar(grammar)
+    except Exception as exc:  # llguidance says what it cannot take, e.g. an unsupported keyword
+        problem = str(exc)
+    if problem:
+        raise InputError(f"{what}: the schema is not usable: {problem}", param=what)
+    return grammar
+
+
+def json_object_grammar() -> str:
+    """Any JSON object (OpenAI's ``response_format: {"type": "json_object"}``)."""
+    return _json_grammar({"type": "object"}, "response_format")
+
+
+def json_schema_grammar(schema: dict[str, Any], param: str = "response_format.json_schema.schema") -> str:
+    """JSON valid against ``schema`` (``response_format: {"type": "json_schema", ...}``)."""
+    if not isinstance(schema, dict):
+        raise InputError(f"{param}: must be a JSON Schema object", param=param)
+    return _json_grammar(schema, param)
+
+
+def tool_call_schema(tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON Schema of one call to any of ``tools`` (OpenAI function tools):
+    ``{"name": <declared name>, "arguments": <that tool's parameters>}``."""
+    calls = []
+    for tool in tools:
+        fn = tool["function"]
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": fn["name"]}, "arguments": params},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    return calls[0] if len(calls) == 1 else {"anyOf": calls}
+
+
+def tool_call_grammar(tools: Sequence[dict[str, Any]]) -> str:
+    """A grammar whose every sentence is one valid call of one of ``tools``."""
+    return _json_grammar(tool_call_schema(tools), "tools")
+
+
+def tool_or_text_grammar(tools: Sequence[dict[str, Any]]) -> str:
+    """``tool_choice: "auto"``: either a valid tool call, or plain text that does not start with ``{``."""
+    import llguidance
+
+    call = json.loads(tool_call_grammar(tools))["grammars"][0]
+    text = {"name": "text", "lark_grammar": r'start: /[^{\s][\s\S]*/ | ""'}
+    root = {"name": "choice", "lark_grammar": "start: @call | @text"}
+    call["name"] = "call"
+    grammar = json.dumps({"grammars": [root, call, text]})
+    problem = llguidance.LLMatcher.validate_grammar(grammar)
+    if problem:  # a bug in how the grammar is put together, not the caller's fault
+        raise RuntimeError(f"tool-or-text grammar refused by llguidance: {problem}")
+    return grammar
+
+
+class Constraint:
+    """One request's grammar state on one tier's vocabulary (not thread-safe: one owner at a time)."""
+
+    def __init__(self, vocab: TokenVocab, matcher: Any) -> None:
+        self.vocab, self._m = vocab, matcher
+        self._words = np.zeros(vocab.mask_words, dtype=np.int32)
+
+    def allowed(self) -> np.ndarray:
+        """Boolean [n_logits]: the tokens the grammar allows next (EOS once it may end)."""
+        import llguidance.numpy as lln
+
+        lln.fill_next_token_bitmask(self._m, self._words[None, :], 0)
+        return self.vocab.unpack(self._words)
+
+    def consume(self, token: int) -> None:
+        if not self._m.consume_token(token):
+            raise InputError(f"token {token} breaks the requested output format: {self._m.get_error()}")
+
+    @property
+    def stopped(self) -> bool:
+        """The grammar is complete and nothing may follow (the request ends here)."""
+        return bool(self._m.is_stopped())
+
+    @property
+    def accepting(self) -> bool:
+        return bool(self._m.is_accepting())
+
+
+class TokenVocab:
+    """One tokenizer's vocabulary as llguidance sees it (built once per loaded model, ~10-1000 ms),
+    plus exact bytes per token for logprobs."""
+
+    def __init__(
+        self, tokenizer_json: str, n_logits: int, eos_ids: Iterable[int], known_ids: int | None = None
+    ) -> None:
+        """``known_ids``: how many ids the tokenizer itself defines (the model may have more logits)."""
+        import llguidance
+
+        eos = sorted(eos_ids)
+        self.n_logits = n_logits
+        self.known_ids = n_logits if known_ids is None else min(known_ids, n_logits)
+        self._tok = llguidance.LLTokenizer(tokenizer_json, n_vocab=n_logits, eos_token=eos[0] if eos else None)
+        self.mask_words = (self._tok.vocab_size + 31) // 32
+        self._lock = threading.Lock()
+        self._bytes: dict[int, bytes] = {}
+
+    def constraint(self, grammar: str) -> Constraint:
+        """A fresh matcher for ``grammar`` (an ``InputError`` naming what is wrong if it cannot be built)."""
+        import llguidance
+
+        matcher = llguidance.LLMatcher(self._tok, grammar)
+        if matcher.is_error():
+            raise InputError(f"the requested output format cannot be used: {matcher.get_error()}")
+        return Constraint(self, matcher)
+
+    def unpack(self, words: np.ndarray) -> np.ndarray:
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool)
+        if bits.shape[0] >= self.n_logits:
+            return bits[: self.n_logits]
+        return np.concatenate([bits, np.zeros(self.n_logits - bits.shape[0], dtype=bool)])
+
+    def token_bytes(self, token: int) -> bytes:
+        """The exact bytes ``token`` stands for (a byte-fallback token is its one byte)."""
+        with self._lock:
+            got = self._bytes.get(token)
+            if got is None:
+                known = 0 <= token < self.known_ids
+                got = self._bytes[token] = bytes(self._tok.decode_bytes([token])) if known else b""
+            return got

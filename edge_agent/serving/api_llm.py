@@ -1,0 +1,259 @@
+"""The local API's generation routes, on the API's loop (``api.ApiServer`` routes them here):
+
+    POST /v1/chat/completions     chat, streaming (SSE) or not; response_format, tools, logprobs
+    POST /v1/completions          raw prompt, streaming or not; logprobs, echo
+
+The body is parsed, the prompt measured and tokenized and the output format compiled on the
+executor, never on the loop. The response's ``model`` is the tier that answered (``GET /v1/models``
+lists it) and ``system_fingerprint`` the engine it ran; ``timings`` (the same figures the daemon's
+metrics record for the request) come in the body, or in the last chunk when streaming, with a
+``Server-Timing`` header on non-streamed responses. A ``max_tokens`` above the tier's cap is
+clamped and the response says so (``warnings``, ``timings.max_tokens``).
+
+Token events reach the loop through a sink (``call_soon_threadsafe`` from the scheduler thread),
+with no thread per request. A client that goes away has its request cancelled (its batch slot is
+freed), logged on one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from ..errors import DeadlineExceeded, EdgeAgentError, Overloaded
+from ..metrics.prometheus import PrometheusMetrics
+from . import http_guard, openai_output
+from .api_errors import from_exception as _from_exception
+from .llm.handle import Completion, RequestHandle
+from .llm.ladder import TieredLLM
+from .openai_schema import ChatRequest, CompletionRequest, GenerateRequest, parse
+
+log = logging.getLogger(__name__)
+DISCONNECT_POLL_S = 0.05
+DISCONNECTS = (ConnectionResetError, BrokenPipeError)  # aiohttp's ClientConnectionResetError included
+FINISH = {"stop": "stop", "length": "length", "deadline": "length", "cancelled": "stop", "repetition": "stop"}
+
+
+async def read_request(request: web.Request, model: type[GenerateRequest], max_body: int, timeout_s: float):
+    """Read the body (bounded in size and time), then parse it on the executor: a large body must not
+    hold the loop."""
+    raw = await http_guard.read_body(request, max_body, timeout_s)
+    return await asyncio.get_running_loop().run_in_executor(None, parse, raw, model)
+
+
+def _prepare(llm: TieredLLM, body: GenerateRequest) -> tuple[RequestHandle, openai_output.Plan]:
+    """On the executor: the output format compiled, the prompt measured, tokenized and admitted."""
+    plan = openai_output.plan(body)
+    return llm.submit(plan.prompt, plan.params, raw=not isinstance(body, ChatRequest)), plan
+
+
+async def generate(
+    llm: TieredLLM, metrics: PrometheusMetrics, request: web.Request, body: GenerateRequest
+) -> web.StreamResponse:
+    """Answer one parsed chat or completion request (see the module doc)."""
+    loop = asyncio.get_running_loop()
+    chat = isinstance(body, ChatRequest)
+    try:
+        handle, plan = await loop.run_in_executor(None, functools.partial(_prepare, llm, body))
+    except Exception as exc:
+        if isinstance(exc, (Overloaded, DeadlineExceeded)):
+            metrics.failed("llm", type(exc).__name__)
+        return _from_exception(exc)
+    reply = _Reply(handle, plan, body, chat)
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, handle, reply.ident))
+    try:
+        events = _events(handle, loop)
+        if body.stream:
+            return await reply.stream(request, events)
+        try:
+            async for _ in events:
+                pass
+            done = handle.result(5)  # the events ended: it is finished
+        except Exception as exc:
+            return _from_exception(exc)
+        return reply.whole(done)
+    finally:
+        watcher.cancel()
+
+
+class _Reply:
+    """One response in OpenAI's shape, whole or as SSE chunks."""
+
+    def __init__(self, handle: RequestHandle, plan: openai_output.Plan, body: GenerateRequest, chat: bool) -> None:
+        self.handle, self.plan, self.chat = handle, plan, chat
+        self.ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.requested = body.requested_max_tokens
+        self.want_timings = body.timings
+        self.include_usage = body.include_usage
+        self.echo = body.prompt if isinstance(body, CompletionRequest) and body.echo else ""
+
+    def _envelope(self, kind: str) -> dict[str, Any]:
+        h = self.handle
+        return {
+            "id": self.ident,
+            "object": kind,
+            "created": self.created,
+            "model": h.tier or "edge-agent",
+            "system_fingerprint": h.engine,
+        }
+
+    def _extras(self, done: Completion) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.want_timings:
+            out["timings"] = openai_output.timings(self.handle, done.timing, self.requested)
+        warning = openai_output.clamp_warning(self.handle, self.requested)
+        if warning:
+            out["warnings"] = [warning]
+        return out
+
+    @staticmethod
+    def _usage(done: Completion) -> dict[str, int]:
+        n = len(done.token_ids)
+        return {
+            "prompt_tokens": done.timing.tokens_in,
+            "completion_tokens": n,
+            "total_tokens": done.timing.tokens_in + n,
+        }
+
+    def whole(self, done: Completion) -> web.Response:
+        reason = FINISH.get(done.finish_reason, "stop")
+        logprobs = self.plan.params.logprobs is not None
+        choice: dict[str, Any]
+        if self.chat:
+            message: dict[str, Any] = {"role": "assistant", "content": done.text, "refusal": None}
+            call = openai_output.tool_call(done.text) if self.plan.tools else None
+            if call is not None:
+                message.update(content=None, tool_calls=[call])
+                reason = "tool_calls"
+            choice = {"index": 0, "message": message}
+            choice["logprobs"] = openai_output.chat_logprobs(done.logprobs) if logprobs else None
+        else:
+            lp = openai_output.completion_logprobs(done.logprobs, len(self.echo)) if logprobs else None
+            choice = {"index": 0, "text": self.echo + done.text, "logprobs": lp}
+        choice["finish_reason"] = reason
+        body = {
+            **self._envelope("chat.completion" if self.chat else "text_completion"),
+            "choices": [choice],
+            "usage": self._usage(done),
+            **self._extras(done),
+        }
+        headers = {}
+        if "timings" in body:
+            headers["Server-Timing"] = openai_output.server_timing(body["timings"])
+        return web.json_response(body, headers=headers)
+
+    async def stream(self, request: web.Request, events) -> web.StreamResponse:
+        handle = self.handle
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        envelope = self._envelope("chat.completion.chunk" if self.chat else "text_completion")
+        logprobs = self.plan.params.logprobs is not None
+        calls = openai_output.ToolCallStream() if self.plan.tools else None
+
+        async def send(choice: dict | None, **extra: Any) -> None:
+            chunk = {**envelope, "choices": [choice] if choice else [], **extra}
+            await resp.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
+
+        def choice(delta: dict | None = None, text: str = "", lp=None, reason: str | None = None) -> dict:
+            if self.chat:
+                return {"index": 0, "delta": delta or {}, "logprobs": lp, "finish_reason": reason}
+            return {"index": 0, "text": text, "logprobs": lp, "finish_reason": reason}
+
+        try:
+            await resp.prepare(request)
+            if self.chat:
+                await send(choice({"role": "assistant", "content": ""}))
+            elif self.echo:
+                await send(choice(text=self.echo))
+            offset = len(self.echo)
+            async for event in events:
+                lp = None
+                if logprobs and event.logprob is not None:
+                    lp = (
+                        openai_output.chat_logprobs([event.logprob])
+                        if self.chat
+                        else openai_output.completion_logprobs([event.logprob], offset)
+                    )
+                if calls is not None:
+                    for delta in calls.push(event.text):
+                        await send(choice(delta, lp=lp))
+                        lp = None
+                    if lp is not None:
+                        await send(choice({}, lp=lp))
+                elif event.text or lp is not None:
+                    await send(choice({"content": event.text}, event.text, lp))
+                offset += len(event.text)
+            done = handle.result(5)  # the events ended: it is finished
+            reason = FINISH.get(done.finish_reason, "stop")
+            if calls is not None:
+                for delta in calls.finish():
+                    await send(choice(delta))
+                if calls.kind == "call" and openai_output.tool_call(calls.text) is not None:
+                    reason = "tool_calls"
+            await send(choice(reason=reason), **self._extras(done))
+            if self.include_usage:
+                await send(None, usage=self._usage(done))
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except DISCONNECTS:  # the client went away: free its batch slot, say so once, no traceback
+            if not handle.cancelled:
+                handle.cancel()
+                log.info("client went away: %s cancelled", self.ident)
+        except asyncio.CancelledError:
+            handle.cancel()
+            raise
+        except EdgeAgentError as exc:  # a failure after the headers went out: report it in-band
+            try:
+                await resp.write(
+                    f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error'}})}\n\n".encode()
+                )
+                await resp.write(b"data: [DONE]\n\n")
+                await resp.write_eof()
+            except DISCONNECTS:
+                pass
+        return resp
+
+
+async def _cancel_on_disconnect(request: web.Request, handle: RequestHandle, ident: str) -> None:
+    """Cancel ``handle`` as soon as the client's connection is gone (aiohttp does not cancel a
+    handler by itself, and a non-streaming one writes nothing that could fail until the end)."""
+    while True:
+        await asyncio.sleep(DISCONNECT_POLL_S)
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            if not handle.cancelled:
+                handle.cancel()
+                log.info("client went away: %s cancelled", ident)
+            return
+
+
+def _events(handle: RequestHandle, loop: asyncio.AbstractEventLoop):
+    """An async iterator over a request handle's token events: the scheduler thread hands each one
+    to this loop (``RequestHandle.set_sink``), no thread in between."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    def sink(item) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the API's loop is closed (the agent is stopping): nobody is reading
+            pass
+
+    handle.set_sink(sink)
+
+    async def events():
+        while True:
+            item = await queue.get()
+            if item is None:
+                if handle._error is not None:
+                    raise handle._error
+                return
+            yield item
+
+    return events()

@@ -1,0 +1,278 @@
+"""From an OpenAI request to what the scheduler runs, and from its tokens back to OpenAI's shapes.
+
+- ``plan``: the sampling parameters (with the output-format grammar for ``response_format`` and
+  ``tools``) and the chat messages, the tools described to the model in words it can follow.
+- ``ToolCallStream``: a tool call is generated as ``{"name": "…", "arguments": {…}}`` (the grammar
+  fixes that shape); it is turned into OpenAI's ``tool_calls`` deltas while it is written, the
+  name as soon as it is complete, then the arguments piece by piece.
+- ``chat_logprobs`` / ``completion_logprobs``, ``timings`` and ``server_timing``: the per-token and
+  per-request figures in OpenAI's and llama.cpp's shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..metrics.timing import RequestTiming
+from ..models import grammar
+from ..models.sampling import SamplingParams
+from ..models.tokenizer import Message
+from .llm.handle import RequestHandle, TokenLogprob
+from .openai_schema import ChatRequest, CompletionRequest, GenerateRequest, NamedToolChoice
+
+DEFAULT_MAX_TOKENS = 256
+_CALL_HEAD = '{"name": "'
+_ARGS_HEAD = '", "arguments": '
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What to run for one request: sampling (grammar included), the prompt, and whether the output is
+    a tool call (``"required"``), may be one (``"auto"``), or is plain text (``None``)."""
+
+    params: SamplingParams
+    prompt: str | list[Message]
+    tools: str | None = None
+
+
+def plan(body: GenerateRequest) -> Plan:
+    """The sampling parameters and prompt for ``body`` (an ``InputError`` naming the field if unusable)."""
+    fmt: str | None = None
+    tools_mode: str | None = None
+    prompt: str | list[Message]
+    if isinstance(body, ChatRequest):
+        declared = [t.model_dump(exclude_none=True) for t in body.tools or ()]
+        choice = body.tool_choice
+        if isinstance(choice, NamedToolChoice):
+            declared = [t for t in declared if t["function"]["name"] == choice.function["name"]]
+            choice = "required"
+        if declared and choice != "none":
+            tools_mode = choice or "auto"
+            fmt = (
+                grammar.tool_call_grammar(declared)
+                if tools_mode == "required"
+                else grammar.tool_or_text_grammar(declared)
+            )
+        elif body.response_format is not None and body.response_format.type == "json_object":
+            fmt = grammar.json_object_grammar()
+        elif body.response_format is not None and body.response_format.type == "json_schema":
+            assert body.response_format.json_schema is not None  # the schema checked it
+            fmt = grammar.json_schema_grammar(body.response_format.json_schema.schema_)
+        prompt = messages(body, declared if tools_mode else [], tools_mode)
+    else:
+        assert isinstance(body, CompletionRequest)
+        prompt = body.prompt
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    params = SamplingParams(
+        max_new_tokens=body.requested_max_tokens or DEFAULT_MAX_TOKENS,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        repetition_penalty=body.repetition_penalty,
+        frequency_penalty=body.frequency_penalty,
+        presence_penalty=body.presence_penalty,
+        logit_bias=body.bias(),
+        seed=body.seed,
+        stop=stop,
+        ignore_eos=body.ignore_eos,
+        logprobs=body.top_n if isinstance(body, (ChatRequest, CompletionRequest)) else None,
+        grammar=fmt,
+    )
+    return Plan(params, prompt, tools_mode)
+
+
+def messages(body: ChatRequest, tools: Sequence[dict], mode: str | None) -> list[Message]:
+    """The chat as the model's template takes it: ``developer`` is ``system``, a tool result is a user
+    turn that says whose result it is, an assistant's earlier calls are the JSON it wrote, and the
+    tools are described at the end of the last user turn (every chat template has user turns)."""
+    out: list[Message] = []
+    names = {}
+    for m in body.messages:
+        for call in m.tool_calls or ():
+            fn = call.get("function") or {}
+            names[call.get("id")] = fn.get("name")
+        if m.role == "tool":
+            who = names.get(m.tool_call_id) or m.name or "the tool"
+            out.append(Message("user", f"Result of {who}: {m.text()}"))
+        elif m.role == "assistant" and m.tool_calls:
+            calls = [
+                _call_text((c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments"))
+                for c in m.tool_calls
+            ]
+            out.append(Message("assistant", (m.text() + "\n" if m.text() else "") + "\n".join(calls)))
+        else:
+            out.append(Message("system" if m.role == "developer" else m.role, m.text()))
+    if tools:
+        lines = [
+            "You can call these tools:",
+            *(
+                json.dumps({k: t["function"][k] for k in ("name", "description", "parameters") if k in t["function"]})
+                for t in tools
+            ),
+            'To call one, reply with only {"name": <tool name>, "arguments": <its arguments>}'
+            + ("." if mode == "required" else "; otherwise answer in words."),
+        ]
+        last = max((i for i, m in enumerate(out) if m.role == "user"), default=None)
+        if last is None:
+            out.append(Message("user", "\n".join(lines)))
+        else:
+            out[last] = Message("user", out[last].content + "\n\n" + "\n".join(lines))
+    return out
+
+
+def _call_text(name: Any, arguments: Any) -> str:
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
+    return f'{{"name": {json.dumps(name)}, "arguments": {args}}}'
+
+
+def tool_call(text: str, call_id: str | None = None) -> dict | None:
+    """OpenAI's ``tool_calls`` entry for a complete generated call, or None if ``text`` is not one."""
+    if not text.startswith(_CALL_HEAD):
+        return None
+    try:
+        call = json.loads(text)
+    except json.JSONDecodeError:
+        return None  # cut short (max_tokens): no call was made
+    return {
+        "id": call_id or new_call_id(),
+        "type": "function",
+        "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)},
+    }
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+class ToolCallStream:
+    """Streams one generated tool call as OpenAI ``delta.tool_calls`` entries (or plain text when
+    ``tool_choice`` is ``auto`` and the model answered in words)."""
+
+    def __init__(self) -> None:
+        self.id = new_call_id()
+        self.text = ""
+        self.kind: str | None = None  # "call" | "text", once the first characters tell
+        self._sent = 0  # characters of the arguments already sent
+        self._named = False
+
+    def push(self, piece: str) -> list[dict]:
+        """Deltas for ``piece``: [{"content": …}] for text, [{"tool_calls": […]}] for a call."""
+        self.text += piece
+        if self.kind is None:
+            if not self.text:
+                return []
+            if _CALL_HEAD.startswith(self.text[: len(_CALL_HEAD)]) and len(self.text) < len(_CALL_HEAD):
+                return []  # could still become a call
+            self.kind = "call" if self.text.startswith(_CALL_HEAD) else "text"
+            if self.kind == "text":
+                return [{"content": self.text}]
+        if self.kind == "text":
+            return [{"content": piece}] if piece else []
+        return self._call_deltas(final=False)
+
+    def finish(self) -> list[dict]:
+        """What is left once the generation ended (the arguments' last characters)."""
+        if self.kind is None and self.text:
+            self.kind = "text"
+            return [{"content": self.text}]
+        return self._call_deltas(final=True) if self.kind == "call" else []
+
+    def _call_deltas(self, final: bool) -> list[dict]:
+        out = []
+        body = self.text[len(_CALL_HEAD) :]
+        if not self._named:
+            end = body.find(_ARGS_HEAD)
+            if end < 0:
+                return []
+            self._named = True
+            name = json.loads('"' + body[:end] + '"')
+            out.append({"index": 0, "id": self.id, "type": "function", "function": {"name": name, "arguments": ""}})
+        args = body[body.find(_ARGS_HEAD) + len(_ARGS_HEAD) :]
+        usable = len(args) - 1 if final and args.endswith("}") else len(args) - (0 if final else 1)
+        piece = args[self._sent : max(self._sent, usable)]
+        self._sent = max(self._sent, usable)
+        if piece:
+            out.append({"index": 0, "function": {"arguments": piece}})
+        return [{"tool_calls": [d]} for d in out]
+
+
+def _token_entry(token_bytes: bytes, logprob: float) -> dict:
+    return {
+        "token": token_bytes.decode("utf-8", errors="backslashreplace"),
+        "logprob": logprob,
+        "bytes": list(token_bytes),
+    }
+
+
+def chat_logprobs(items: Sequence[TokenLogprob]) -> dict:
+    """``choices[].logprobs`` of a chat completion: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+    return {
+        "content": [
+            {**_token_entry(i.token_bytes, i.logprob), "top_logprobs": [_token_entry(b, lp) for _t, b, lp in i.top]}
+            for i in items
+        ],
+        "refusal": None,
+    }
+
+
+def completion_logprobs(items: Sequence[TokenLogprob], offset: int = 0) -> dict:
+    """``choices[].logprobs`` of a (legacy) completion: parallel lists and text offsets."""
+    tokens, offsets, at = [], [], offset
+    for i in items:
+        text = i.token_bytes.decode("utf-8", errors="backslashreplace")
+        tokens.append(text)
+        offsets.append(at)
+        at += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [i.logprob for i in items],
+        "top_logprobs": [{b.decode("utf-8", errors="backslashreplace"): lp for _t, b, lp in i.top} for i in items],
+        "text_offset": offsets,
+    }
+
+
+def timings(handle: RequestHandle, timing: RequestTiming, requested_max_tokens: int | None) -> dict:
+    """Per-request figures, the same the daemon's metrics record for this request (milliseconds)."""
+    decode_s = (timing.token_times_s[-1] - timing.token_times_s[0]) if len(timing.token_times_s) > 1 else 0.0
+    out: dict[str, Any] = {
+        "queue_ms": _ms(timing.queue_ms),
+        "prefill_ms": _ms(timing.prefill_ms),
+        "ttft_ms": _ms(timing.ttft_ms),
+        "e2e_ms": _ms(timing.e2e_ms),
+        "prompt_tokens": timing.tokens_in,
+        "completion_tokens": timing.tokens_out,
+        "decode_tokens_per_s": round((timing.tokens_out - 1) / decode_s, 2) if decode_s > 0 else None,
+        "tier": handle.tier,
+        "model": handle.model,
+        "engine": handle.engine,
+    }
+    if requested_max_tokens and handle.max_new_tokens is not None and handle.max_new_tokens < requested_max_tokens:
+        out["max_tokens"] = {"requested": requested_max_tokens, "granted": handle.max_new_tokens}
+    return out
+
+
+def clamp_warning(handle: RequestHandle, requested_max_tokens: int | None) -> str | None:
+    if requested_max_tokens and handle.max_new_tokens is not None and handle.max_new_tokens < requested_max_tokens:
+        return (
+            f"max_tokens {requested_max_tokens} is above tier {handle.tier!r}'s cap: "
+            f"at most {handle.max_new_tokens} tokens are generated"
+        )
+    return None
+
+
+def server_timing(t: dict) -> str:
+    """The ``Server-Timing`` header for ``timings(...)``."""
+    parts = [
+        f"{name};dur={t[f'{name}_ms']}"
+        for name in ("queue", "prefill", "ttft", "e2e")
+        if t.get(f"{name}_ms") is not None
+    ]
+    return ", ".join(parts)
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
