@@ -183,14 +183,26 @@ class ApiServer:
         return await api_speech.audio_stream(self.asr, request)
 
     async def _health_route(self, request: web.Request) -> web.Response:
+        """Liveness and, per workload, what is serving: tier, model, load, shedding, switching."""
         body = {"status": "draining" if self.draining else "ok", **self._health()}
         if self.llm is not None:
             waiting, running = self.llm.load
             body["llm"] = {
-                "tier": self.llm.tiers[self.llm.active].name,
+                "tier": self.llm.active_tier,
                 "model": self.llm.model_name,
                 "waiting": waiting,
                 "running": running,
+                "shedding": self.llm.shedding,
+                "switching": self.llm.switching,
+            }
+        if self.asr is not None:
+            asr: Any = self.asr  # the speech ladder (serving/asr/ladder.py); the protocol names only the routes' needs
+            body["asr"] = {
+                "tier": getattr(asr, "active_tier", None),
+                "model": getattr(asr, "model", ""),
+                "open_streams": sum(getattr(asr, "open_streams", {}).values()),
+                "shedding": bool(getattr(asr, "shedding", False)),
+                "switching": bool(getattr(asr, "switching", False)),
             }
         return web.json_response(body, status=503 if self.draining else 200)
 

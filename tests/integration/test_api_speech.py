@@ -292,9 +292,9 @@ def test_a_stream_the_engine_cannot_serve_gets_overloaded_and_close_1013():
         api.stop()
         speech.stop(1)
     assert code == 1013 and took < 20, (code, took)
-    assert [e["kind"] for e in events if "kind" in e] == ["speech_start", "error"]
-    assert events[-2]["code"] == "overloaded"  # the utterance's own end
-    assert events[-1]["type"] == "error" and events[-1]["code"] == "overloaded" and "behind" in events[-1]["message"]
+    assert [e["kind"] for e in events] == ["speech_start", "error", "error"]  # every event has a kind
+    assert events[-2]["code"] == "overloaded" and "utterance" in events[-2]  # the utterance's own end
+    assert events[-1]["code"] == "overloaded" and "behind" in events[-1]["message"]  # then the stream's
 
 
 @pytest.mark.slow
@@ -360,3 +360,13 @@ def test_an_abandoned_websocket_drops_its_work_and_frees_its_slot():
         engine.gate.set()
         api.stop()
         speech.stop(1)
+
+
+def test_health_covers_the_speech_workload(served):
+    api, speech, _ = served
+    with urllib.request.urlopen(api.address + "/health", timeout=10) as resp:
+        health = json.loads(resp.read())
+    assert health["status"] == "ok" and "llm" not in health  # no LLM configured here
+    assert health["asr"]["tier"] == speech.active_tier == "ctc"
+    assert health["asr"]["model"] == speech.model and health["asr"]["shedding"] is False
+    assert health["asr"]["open_streams"] == sum(speech.open_streams.values())
