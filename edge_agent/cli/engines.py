@@ -17,7 +17,7 @@ from ..errors import InputError
 from .engine_cache_cmds import cmd_engines_list, cmd_engines_prune, cmd_engines_verify
 from .engine_io import default_target, emit, open_cache
 
-PRECISIONS = ("fp32", "fp16", "int8", "int4")
+PRECISIONS = ("fp32", "fp16", "int8", "int8w", "int4")
 EXIT_ALL_REFUSED = 3  # `build`/`calibrate`: every candidate refused by the accuracy gate (distinct from 1, an error)
 EXIT_INTERRUPTED = 130  # Ctrl-C: what finished stays staged; the same command resumes
 EXIT_CODES = (
@@ -190,20 +190,16 @@ class _Interrupted(Exception):
 
 def cmd_build(args: argparse.Namespace) -> int:
     from ..engines.pipeline import BuildRequest
+    from ..engines.stages import weight_only_unsupported
 
     _, _, pipe = _setup(args)
     precisions = [p for p in pipe.recipe.precisions] if args.precision == "all" else [args.precision]
     requests, skipped = [], []
     for precision in precisions:
         backend = args.backend or pipe.backend_for(BuildRequest(args.target, precision))
-        if precision == "int4" and backend != "openvino" and args.precision == "all":
-            skipped.append(
-                {
-                    "candidate": f"{backend}/int4",
-                    "why": f"INT4 is NNCF weight compression, made for "
-                    f"OpenVINO only; {backend} has no INT4 path here (build --backend openvino)",
-                }
-            )
+        why = weight_only_unsupported(backend, precision)
+        if why and args.precision == "all":
+            skipped.append({"candidate": f"{backend}/{precision}", "why": why})
             continue
         requests.append(
             BuildRequest(

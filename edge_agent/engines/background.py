@@ -41,6 +41,7 @@ from .pipeline import BuildRequest, GateRefused, Pipeline
 from .recipes import TARGET_BACKENDS, Recipe, load_recipe, recipe_files
 from .resolve import EngineResolver, Resolved, same_model, target_of
 from .serving_mark import record_serving
+from .stages import weight_only_unsupported
 
 if TYPE_CHECKING:
     from ..config import EnginesConfig, TierConfig
@@ -280,7 +281,7 @@ class TierEngines:
         requests = []
         for tier in job.tiers:
             precisions = (
-                [p for p in recipe.precisions if p != "int4" or tier.backend == "openvino"]
+                [p for p in recipe.precisions if not weight_only_unsupported(tier.backend, p)]
                 if tier.precision == "auto"
                 else [tier.precision]
             )

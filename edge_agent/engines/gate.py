@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .recipes import AccuracyBudget
+from .recipes import WEIGHT_ONLY, AccuracyBudget
 
 
 @dataclass(slots=True)
@@ -117,7 +117,7 @@ def judge(
     return Verdict(precision, backend, metrics, limits, not reasons, reasons, flavour=flavour)
 
 
-_QUANTIZED = ("int8", "int4")
+_QUANTIZED = ("int8", *WEIGHT_ONLY)  # int8, int8w, int4
 
 
 def _cost(v: Verdict, paired: bool) -> float:

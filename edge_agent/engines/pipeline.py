@@ -39,7 +39,7 @@ from .datasets import manifest_digest, read_audio_manifest, read_text_manifest
 from .fingerprint import device_fingerprint, runtime_version
 from .heartbeat import BuildCancelled, Heartbeat
 from .probes import AsrProbe, LlmProbe
-from .recipes import TARGET_BACKENDS, Recipe
+from .recipes import TARGET_BACKENDS, WEIGHT_ONLY, Recipe
 from .stages import StageContext, calibration_path, compile_artifact, convert, graph_name, open_candidate
 
 __all__ = ["INT8_FLAVOURS", "BuildCancelled", "BuildRequest", "GateRefused", "Heartbeat", "Pipeline", "verdict_from"]
@@ -138,7 +138,7 @@ class Pipeline:
                 "data": manifest_digest(path, spec.samples if spec else None),
                 "method": req.method or (spec.method if spec else "minmax"),
             }
-        return {
+        parts = {
             "model": self.model_hash,
             "recipe": self.recipe.fingerprint(),
             "target": req.target,
@@ -151,6 +151,9 @@ class Pipeline:
             "runtime_version": version,
             "device": device_fingerprint(req.target),
         }
+        if req.precision in WEIGHT_ONLY:  # only weight-only keys carry it: other keys stay as they were
+            parts["weight_only"] = self.recipe.weight_spec.model_dump()
+        return parts
 
     # -- build -----------------------------------------------------------------------------------
 
@@ -256,23 +259,49 @@ class Pipeline:
             timed, texts = AsrProbe(self.ref).run(session_or_runner, samples, cb)
             return timed.outputs, timed.latency_ms, texts
 
-    def _speed(self, staged: Path, parts: dict, rounds: int = 3, count: int = 8) -> tuple[float, float]:
-        """Median latency (ms) of the FP32 source and the candidate, measured interleaved in rounds on
-        the same samples, so background load on the device hits both alike."""
+    def _speed(self, staged: Path, parts: dict, rounds: int = 3, count: int = 8) -> dict[str, Any]:
+        """Speed of the candidate beside the FP32 source, measured interleaved in rounds on the same
+        samples, so background load on the device hits both alike: median latency per held-out sample
+        (the prefill, for LLMs), and for LLMs batch-1 decode with the KV cache (``decode_timing``)."""
         samples = self._heldout()[:count]
         backend = "onnxruntime" if parts["backend"] == "tensorrt" else parts["backend"]
         reference = self._open_reference(backend)
         candidate = open_candidate(self.stage_context(), staged / "model", parts)
         ref_ms: list[float] = []
         cand_ms: list[float] = []
+        out: dict[str, Any] = {}
         try:
             for r in range(rounds):
                 for handle, acc, name in ((reference, ref_ms, "fp32"), (candidate, cand_ms, parts["precision"])):
                     acc.extend(self._run_held_out(handle, f"speed {name} (round {r + 1}/{rounds})", samples)[1])
+            if self.recipe.workload == "llm":
+                out = self._decode_speed(reference, candidate, samples, staged / "model", parts)
         finally:
             reference.close()
             candidate.close()
-        return float(np.median(ref_ms)), float(np.median(cand_ms))
+        out.update(prefill_ms=float(np.median(cand_ms)), reference_prefill_ms=float(np.median(ref_ms)))
+        return out
+
+    def _decode_speed(self, reference, candidate, samples, folder: Path, parts: dict) -> dict[str, Any]:
+        from . import decode_timing as dt
+        from .weight_bytes import weight_bytes
+
+        probe = LlmProbe(self.ref, self.recipe.calibration.max_tokens if self.recipe.calibration else 64)
+        prompts = [probe.token_ids(s) for s in samples[: dt.DECODE_PROMPTS]]
+        engines = {"fp32": dt.adapter(self.ref, reference), "candidate": dt.adapter(self.ref, candidate)}
+        with self.hb.bar(f"decode speed {parts['backend']}/{parts['precision']} vs fp32", "runs") as bar:
+            per = dt.interleaved(engines, prompts, tick=self.hb.callback(bar))
+        ref_ms, cand_ms = dt.median(per["fp32"]), dt.median(per["candidate"])
+        return {
+            "timing": "decode",
+            "decode_ms": cand_ms,
+            "reference_decode_ms": ref_ms,
+            "decode_tok_s": 1e3 / cand_ms if cand_ms else None,
+            "reference_decode_tok_s": 1e3 / ref_ms if ref_ms else None,
+            "decode_tokens": dt.DECODE_TOKENS,
+            "weight_bytes": weight_bytes(folder / graph_name(parts["backend"])),
+            "reference_weight_bytes": weight_bytes(self.ref.path / self.recipe.onnx_file),
+        }
 
     def _step_reference(self, staged: Path, parts: dict) -> dict:
         def run() -> dict:
@@ -319,8 +348,11 @@ class Pipeline:
         verdict = gates.judge(
             self.recipe.workload, metrics, self.recipe.accuracy, parts["precision"], parts["backend"], parts["flavour"]
         )
-        verdict.reference_latency_ms, verdict.latency_ms = self._speed(staged, parts)
-        return verdict.to_dict()
+        speed = self._speed(staged, parts)
+        # An LLM's speed is its decode (ms per token, batch 1, KV cache); the prefill stays in the report.
+        kind = "decode" if "decode_ms" in speed else "prefill"
+        verdict.reference_latency_ms, verdict.latency_ms = speed[f"reference_{kind}_ms"], speed[f"{kind}_ms"]
+        return {**verdict.to_dict(), **speed, "timing": kind if self.recipe.workload == "llm" else "sample"}
 
     def _load_ms(self, entry: Entry) -> float | None:
         """Time to open the cached engine ready to run (what a cache hit costs at start-up)."""

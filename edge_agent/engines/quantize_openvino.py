@@ -3,8 +3,8 @@
 - ``to_ir``: the ONNX model as OpenVINO IR (``model.xml`` + ``model.bin``), weights f32 or f16.
 - ``quantize_int8``: NNCF post-training quantization (``nncf.quantize``) with the calibration feeds;
   ``model_type=TRANSFORMER`` for LLMs (keeps softmax/layer-norm paths in float), symmetric preset.
-- ``compress_weights``: NNCF weight-only INT8 / symmetric INT4 (group-wise) for LLMs: what the NPU
-  and memory-bound CPU decode want; no calibration data needed.
+- ``compress_weights``: NNCF weight-only INT8 / INT4 (group-wise), symmetric or asymmetric, for LLMs:
+  what the NPU and memory-bound CPU decode want; no calibration data needed.
 - ``compile_blob``: compile once with ``CACHE_DIR`` inside the artifact so a later load imports the
   compiled blob instead of compiling (minutes on the NPU).
 """
@@ -99,14 +99,17 @@ def quantize_int8(
     }
 
 
-def compress_weights(src: Path, dst_xml: Path, bits: int, group_size: int = 64) -> dict:
+def compress_weights(src: Path, dst_xml: Path, bits: int, group_size: int = 64, symmetric: bool = True) -> dict:
+    """NNCF weight-only compression: INT8 per channel, or INT4 in groups of ``group_size`` along K;
+    ``symmetric`` picks the *_SYM mode (no zero points), else *_ASYM."""
     ov, nncf = _ov(), _nncf()
     model = ov.Core().read_model(str(src))
+    kind = "SYM" if symmetric else "ASYM"
     if bits == 8:
-        mode, kwargs = nncf.CompressWeightsMode.INT8_SYM, {}
+        mode, kwargs = getattr(nncf.CompressWeightsMode, f"INT8_{kind}"), {}
     elif bits == 4:
         # ratio 1.0: every eligible matmul in INT4; NNCF keeps embeddings and the head in INT8.
-        mode, kwargs = nncf.CompressWeightsMode.INT4_SYM, {"group_size": group_size, "ratio": 1.0}
+        mode, kwargs = getattr(nncf.CompressWeightsMode, f"INT4_{kind}"), {"group_size": group_size, "ratio": 1.0}
     else:
         raise InputError(f"weight compression takes 4 or 8 bits, not {bits}")
     with folded("nncf"):

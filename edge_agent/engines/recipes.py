@@ -7,7 +7,13 @@ shape profiles, which calibration and held-out data, and how much accuracy an en
     model = "demo-phi3-small"          # demo name or model folder (relative to the recipe file)
     workload = "llm"                   # llm | asr
     targets = ["cpu", "jetson", "intel-npu"]
-    precisions = ["fp32", "fp16", "int8", "int4"]
+    precisions = ["fp32", "fp16", "int8", "int8w", "int4"]   # int8w, int4: weight-only (LLMs)
+
+    [weight_only]                      # how int8w / int4 weights are made (no calibration data needed)
+    block_size = 32                    # weights per scale along K (ORT MatMulNBits block, NNCF group size)
+    symmetric = true                   # no zero points (ORT: is_symmetric; NNCF: INT4_SYM / INT8_SYM, else *_ASYM)
+    algorithm = "rtn"                  # ORT: rtn (round to nearest) | hqq (needs onnx-ir and torch)
+    accuracy_level = 4                 # ORT MatMulNBits compute: 0 = float activations, 4 = int8 activations
 
     [calibration]                      # INT8 activation ranges come from here
     data = "../calibration/llm/prompts.jsonl"
@@ -62,7 +68,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 Target = Literal["cpu", "jetson", "intel-npu"]
-BuildPrecision = Literal["fp32", "fp16", "int8", "int4"]
+BuildPrecision = Literal["fp32", "fp16", "int8", "int8w", "int4"]
+# Weight-only precisions: only the weights are quantized (int8w: 8 bits, int4: 4 bits, per block); LLMs only.
+WEIGHT_ONLY: dict[str, int] = {"int8w": 8, "int4": 4}
 Method = Literal["minmax", "entropy", "percentile"]
 Workload = Literal["llm", "asr"]
 
@@ -104,6 +112,24 @@ class AccuracyBudget(_Strict):
     max_wer_delta: float = Field(0.02, ge=0.0, le=1.0, description="ASR: WER increase allowed over FP32")
 
 
+class WeightOnlySpec(_Strict):
+    """How the weight-only precisions (int8w, int4) quantize MatMul weights, per backend's tool."""
+
+    block_size: int = Field(32, ge=16, le=4096, description="weights per scale along K (ORT block, NNCF group)")
+    symmetric: bool = Field(True, description="no zero points (NNCF *_SYM modes), else asymmetric (*_ASYM)")
+    algorithm: Literal["rtn", "hqq"] = Field("rtn", description="ONNX Runtime: rtn, or hqq (onnx-ir + torch)")
+    accuracy_level: Literal[0, 1, 2, 3, 4] = Field(
+        4, description="ONNX Runtime MatMulNBits compute type: 0 as the input (fp32), 4 int8 activations"
+    )
+
+    @field_validator("block_size")
+    @classmethod
+    def _power_of_two(cls, size: int) -> int:
+        if size & (size - 1):
+            raise ValueError(f"block_size {size} must be a power of two (16, 32, 64, 128, ...)")
+        return size
+
+
 class Profile(_Strict):
     """A shape profile: [min, opt, max] per dynamic dimension, optionally for some targets only."""
 
@@ -141,6 +167,7 @@ class Recipe(_Strict):
     calibration: CalibrationSpec | None = None
     heldout: DataRef | None = None
     accuracy: AccuracyBudget = Field(default_factory=AccuracyBudget)
+    weight_only: WeightOnlySpec | None = Field(None, description="int8w / int4 settings (defaults when absent)")
     profiles: list[Profile] = Field(default_factory=list)
     source: Path | None = Field(None, description="the recipe file (set by load_recipe)")
 
@@ -148,8 +175,11 @@ class Recipe(_Strict):
     def _consistent(self) -> Recipe:
         if ("int8" in self.precisions) and self.calibration is None:
             raise ValueError("precision int8 needs a [calibration] section (data = the calibration manifest)")
-        if "int4" in self.precisions and self.workload != "llm":
-            raise ValueError("int4 is weight-only compression for LLMs; remove it from an ASR recipe")
+        for p in WEIGHT_ONLY:
+            if p in self.precisions and self.workload != "llm":
+                raise ValueError(f"{p} is weight-only compression for LLMs; remove it from an ASR recipe")
+        if self.weight_only is not None and not set(WEIGHT_ONLY) & set(self.precisions):
+            raise ValueError("[weight_only] configures int8w / int4, which precisions does not list")
         names = [p.name for p in self.profiles]
         if len(set(names)) != len(names):
             raise ValueError(f"profile names must be unique: {names}")
@@ -196,9 +226,16 @@ class Recipe(_Strict):
         if problems:
             raise ConfigError(problems, str(self.source or self.name))
 
+    @property
+    def weight_spec(self) -> WeightOnlySpec:
+        """The ``[weight_only]`` settings, the defaults when the recipe has none."""
+        return self.weight_only or WeightOnlySpec()
+
     def fingerprint(self) -> dict:
-        """What about the recipe changes an engine (the cache key part): everything but its file path."""
-        return json.loads(self.model_dump_json(exclude={"source"}))
+        """What about the recipe changes an engine (the cache key part): everything but its file path.
+        An absent ``[weight_only]`` is left out, so recipes without one keep the keys they had."""
+        exclude = {"source"} | ({"weight_only"} if self.weight_only is None else set())
+        return json.loads(self.model_dump_json(exclude=exclude))
 
 
 def recipe_dirs(user_dir: Path | str | None = None) -> list[Path]:

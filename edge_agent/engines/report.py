@@ -14,8 +14,9 @@ from typing import Any
 
 from . import gate as gates
 from .gate import Verdict
+from .recipes import WEIGHT_ONLY
 
-_QUANTIZED = ("int8", "int4")
+_QUANTIZED = ("int8", *WEIGHT_ONLY)
 
 LEGEND = {
     "llm": "cosine: mean logits cosine with FP32; top-1: share of steps whose next token agrees with FP32's; "
@@ -26,6 +27,12 @@ LEGEND = {
 TIMING = (
     "ms: median latency per held-out sample; fp32 ms: the FP32 source timed interleaved with that "
     "candidate (same samples, same rounds); speed = fp32 ms / ms"
+)
+TIMING_LLM = (
+    "tok/s: batch-1 greedy decode with the KV cache (median ms/token over interleaved rounds of held-out "
+    "prompts); fp32 tok/s: the FP32 source decoding in the same rounds; speed = tok/s / fp32 tok/s (the gate "
+    "chooses by it); prefill: the prompts' forward pass, paired the same way, fp32 ms / ms; bytes/tok: weight "
+    "bytes read per decoded token (the engine's weights as stored, embedding gathers excluded)"
 )
 
 
@@ -49,6 +56,40 @@ def source_verdicts(verdicts: Sequence[Verdict], workload: str) -> list[Verdict]
             metrics = {"wer": wer, "wer_fp32": wer, "wer_delta": 0.0, "text_agreement": 1.0}
         out.append(Verdict("fp32", backend, metrics, dict(mine[0].budget), True, [], lat, lat, "source"))
     return out
+
+
+def _median(values: list[float]) -> float | None:
+    values = sorted(v for v in values if v)
+    return values[len(values) // 2] if values else None
+
+
+def source_extras(rows: Sequence[dict], backend: str) -> dict[str, Any]:
+    """The FP32 source's own decode rate, prefill and weight bytes, from the pairings its candidates measured."""
+    mine = [r["accuracy"] for r in rows if r.get("accuracy") and r["accuracy"].get("backend") == backend]
+    tok_s = _median([a.get("reference_decode_tok_s") or 0.0 for a in mine])
+    prefill = _median([a.get("reference_prefill_ms") or 0.0 for a in mine])
+    return {
+        "timing": next((a.get("timing") for a in mine if a.get("timing")), None),
+        "decode_tok_s": tok_s,
+        "reference_decode_tok_s": tok_s,
+        "prefill_ms": prefill,
+        "reference_prefill_ms": prefill,
+        "weight_bytes": _median([a.get("reference_weight_bytes") or 0 for a in mine]),
+        "reference_weight_bytes": _median([a.get("reference_weight_bytes") or 0 for a in mine]),
+    }
+
+
+def speed_facts(acc: dict[str, Any]) -> dict[str, Any]:
+    """Decode rate, prefill speed and bytes per token of a row (None where not measured: ASR, old entries)."""
+    prefill, ref_prefill = acc.get("prefill_ms"), acc.get("reference_prefill_ms")
+    return {
+        "timing": acc.get("timing"),
+        "decode_tok_s": acc.get("decode_tok_s"),
+        "reference_decode_tok_s": acc.get("reference_decode_tok_s"),
+        "prefill_speedup": ref_prefill / prefill if prefill and ref_prefill else None,
+        "bytes_per_token": acc.get("weight_bytes"),
+        "reference_bytes_per_token": acc.get("reference_weight_bytes"),
+    }
 
 
 def checks(v: Verdict, workload: str) -> dict[str, str]:
@@ -171,6 +212,7 @@ def decide(
                 "chosen": v is chosen,
                 "why_not_chosen": "" if v is chosen else _why_not(v, chosen, cpu_word),
                 "cache": (rep or {}).get("cache"),
+                **speed_facts(rep["accuracy"] if rep else source_extras(measured, v.backend)),
                 **_times(rep),
             }
         )
@@ -179,7 +221,7 @@ def decide(
         "chosen": chosen.to_dict() if chosen else None,
         "rows": rows,
         "skipped": list(skipped),
-        "legend": [LEGEND[workload], TIMING],
+        "legend": [LEGEND[workload], TIMING_LLM if any(r["timing"] == "decode" for r in rows) else TIMING],
         "engines": list(reports),
         "table": [v.to_dict() for v, _ in by_verdict],
     }
@@ -189,24 +231,50 @@ def _cell(x: float | None, fmt: str) -> str:
     return format(x, fmt) if x is not None else ""
 
 
+def _bytes(n: float | None) -> str:
+    if not n:
+        return ""
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
+
+
+def _speed_cells(r: dict, decode: bool) -> str:
+    speed = f"{r['speedup']:.2f}x" if r["speedup"] else ""
+    if not decode:
+        return f" {_cell(r['latency_ms'], '.2f'):>8} {_cell(r['reference_latency_ms'], '.2f'):>8} {speed:>6}"
+    if r.get("timing") != "decode":  # an entry cached before decode was timed: only its prefill is known
+        speed, prefill = "", f"{r['speedup']:.2f}x" if r["speedup"] else ""
+    else:
+        prefill = f"{r['prefill_speedup']:.2f}x" if r.get("prefill_speedup") else ""
+    return (
+        f" {_cell(r.get('decode_tok_s'), '.1f'):>8} {_cell(r.get('reference_decode_tok_s'), '.1f'):>10}"
+        f" {speed:>6} {prefill:>7} {_bytes(r.get('bytes_per_token')):>9}"
+    )
+
+
 def render(report: dict[str, Any], workload: str) -> str:
     """The text of ``decide``'s JSON: verdict line, table, legend, skipped precisions."""
     cols = ["cosine", "top-1", "KL"] if workload == "llm" else ["WER", "ΔWER", "agree"]
     widths = [16, 13, 15] if workload == "llm" else [7, 14, 7]
+    decode = any(r.get("timing") == "decode" for r in report["rows"])
+    timing_head = (
+        f" {'tok/s':>8} {'fp32 tok/s':>10} {'speed':>6} {'prefill':>7} {'bytes/tok':>9}"
+        if decode
+        else f" {'ms':>8} {'fp32 ms':>8} {'speed':>6}"
+    )
     head = (
         f"{'candidate':<26} "
         + " ".join(f"{c:<{w}}" for c, w in zip(cols, widths))
-        + f" {'ms':>8} {'fp32 ms':>8} {'speed':>6} {'build s':>8} {'calib s':>8} {'load ms':>8}  verdict"
+        + timing_head
+        + f" {'build s':>8} {'calib s':>8} {'load ms':>8}  verdict"
     )
     lines = [report["verdict"], "", head, "-" * len(head)]
     for r in report["rows"]:
         verdict = "← chosen" if r["chosen"] else ("PASS, not chosen: " if r["passed"] else "") + r["why_not_chosen"]
-        speed = f"{r['speedup']:.2f}x" if r["speedup"] else ""
         lines.append(
             f"{r['candidate']:<26} "
             + " ".join(f"{r['checks'][c]:<{w}}" for c, w in zip(cols, widths))
-            + f" {_cell(r['latency_ms'], '.2f'):>8} {_cell(r['reference_latency_ms'], '.2f'):>8}"
-            f" {speed:>6} {_cell(r['build_s'], '.1f'):>8} {_cell(r['calibration_s'], '.1f'):>8}"
+            + _speed_cells(r, decode)
+            + f" {_cell(r['build_s'], '.1f'):>8} {_cell(r['calibration_s'], '.1f'):>8}"
             f" {_cell(r['load_ms'], '.0f'):>8}  {verdict}"
         )
     for s in report["skipped"]:

@@ -20,7 +20,7 @@ from ..models.catalog import ModelRef
 from . import quantize_ort
 from .datasets import capture_manifest
 from .heartbeat import Heartbeat
-from .recipes import Recipe, input_shapes
+from .recipes import WEIGHT_ONLY, Recipe, input_shapes
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,13 @@ def convert(ctx: StageContext, staged: Path, parts: dict, req: Any) -> dict:
                 out = {"tool": "none: TensorRT < 11 converts with BuilderFlag.FP16", "source": str(src)}
             else:
                 out = quantize_ort.to_fp16(src, dst)
+        elif precision in WEIGHT_ONLY and backend == "onnxruntime":
+            from .quantize_weight_only import quantize_matmul_nbits
+
+            spec = ctx.recipe.weight_spec
+            out = quantize_matmul_nbits(
+                src, dst, WEIGHT_ONLY[precision], spec.block_size, spec.symmetric, spec.accuracy_level, spec.algorithm
+            )
         elif precision == "int8" and flavour == "calibrator":
             out = {"tool": "TensorRT IInt8EntropyCalibrator2 at compile time (TensorRT < 11)", "method": "entropy"}
         elif precision == "int8" and flavour == "dynamic":
@@ -145,18 +152,18 @@ def convert(ctx: StageContext, staged: Path, parts: dict, req: Any) -> dict:
             with ctx.hb.bar(f"calibrating ({method})", "batches") as bar:
                 out = quantize_ort.quantize_qdq(src, dst, feeds, method, _op_types(ctx), progress=ctx.hb.callback(bar))
         else:
-            raise InputError(
-                f"{backend} has no {precision} path here; INT4 weight compression is built with "
-                f"--backend openvino (NNCF)"
-            )
+            raise InputError(f"{backend} has no {precision} path here: {weight_only_unsupported(backend, precision)}")
     elif backend == "openvino":
         from . import quantize_openvino as qov
 
         xml = model_dir / graph_name("openvino")
         if precision in ("fp32", "fp16"):
             out = qov.to_ir(src, xml, fp16=precision == "fp16")
-        elif precision == "int4" or (precision == "int8" and flavour == "weights"):
-            out = qov.compress_weights(src, xml, 4 if precision == "int4" else 8)
+        elif precision in WEIGHT_ONLY:
+            spec = ctx.recipe.weight_spec
+            out = qov.compress_weights(src, xml, WEIGHT_ONLY[precision], spec.block_size, spec.symmetric)
+        elif precision == "int8" and flavour == "weights":
+            out = qov.compress_weights(src, xml, 8)
         else:
             feeds = calibration_feeds(ctx, req)
             with ctx.hb.bar("NNCF quantize", "samples") as bar:
@@ -167,6 +174,16 @@ def convert(ctx: StageContext, staged: Path, parts: dict, req: Any) -> dict:
         raise InputError(f"unknown backend {backend!r}")
     out["seconds"] = round(time.perf_counter() - t0, 2)
     return out
+
+
+def weight_only_unsupported(backend: str, precision: str) -> str | None:
+    """Why ``backend`` cannot build the weight-only ``precision`` (None when it can)."""
+    if precision not in WEIGHT_ONLY or backend in ("onnxruntime", "openvino"):
+        return None
+    return (
+        f"{precision} is weight-only quantization (ONNX Runtime MatMulNBits, OpenVINO NNCF compress_weights); "
+        f"{backend} has no weight-only path here"
+    )
 
 
 def _trt_strongly_typed(parts: dict) -> bool:

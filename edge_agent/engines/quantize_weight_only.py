@@ -1,0 +1,228 @@
+"""Weight-only INT4 / INT8 for ONNX Runtime: every MatMul with a constant weight becomes ``MatMulNBits``.
+
+``MatMulNBits`` (ONNX Runtime's ``com.microsoft`` contrib op) keeps the weight as ``bits``-bit
+integers in blocks of ``block_size`` along K, one float scale (and, asymmetric, one zero point) per
+block, and dequantizes inside the matmul; activations stay float (``accuracy_level`` 0) or are
+quantized to int8 per block at run time (``accuracy_level`` 4, ONNX Runtime's integer kernels).
+Decode on a CPU is memory bound, so reading 4 or 8 bits per weight instead of 32 is the speed-up.
+
+What is quantized: every MatMul whose B input is a 2-D initializer, the LM head included (for a
+tied head, a ``Transpose`` of the embedding table, the transposed table becomes the head's own
+initializer first, so the head reads 4-bit weights while the ``Gather`` keeps the float table).
+Embedding ``Gather``s, norms and attention stay float. Both export layouts work: plain optimum
+exports (``past_key_values.N.key/value`` with ``Concat``) and onnxruntime-genai folders
+(``GroupQueryAttention`` with the KV buffer shared in place): only weight initializers change.
+
+Tools: ONNX Runtime's own ``MatMulNBitsQuantizer`` (RTN = its default blockwise quantizer, or
+HQQ); that module needs the ``onnx-ir`` package (HQQ also ``torch``). Without ``onnx-ir``, RTN runs
+the same ONNX Runtime packing kernels (``quantize_matmul_4bits`` / ``_8bits``) through the rewrite
+below, which writes the same nodes and initializers.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendUnavailable, InputError, ModelError
+from .quantize_ort import _onnx, _quiet_tools, _save_external
+from .quiet import folded
+
+log = logging.getLogger(__name__)
+
+ALGORITHMS = ("rtn", "hqq")
+
+
+def ort_quantizer_available() -> bool:
+    """True when onnxruntime's ``MatMulNBitsQuantizer`` imports (it needs the ``onnx-ir`` package)."""
+    try:
+        import onnxruntime.quantization.matmul_nbits_quantizer  # noqa: F401  (import probe only)
+    except ImportError:
+        return False
+    return True
+
+
+def untie_transposed_weights(model: Any) -> int:
+    """A MatMul whose B is ``Transpose(initializer)`` (a head tied to the embedding table) gets the
+    transposed table as its own initializer, so it can be quantized; returns how many were untied."""
+    onnx = _onnx()
+    from onnx import numpy_helper
+
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    producers = {out: n for n in graph.node for out in n.output}
+    untied = 0
+    for node in graph.node:
+        if node.op_type != "MatMul" or node.input[1] in inits:
+            continue
+        t = producers.get(node.input[1])
+        if t is None or t.op_type != "Transpose" or t.input[0] not in inits:
+            continue
+        perm = next((list(a.ints) for a in t.attribute if a.name == "perm"), [1, 0])
+        weight = numpy_helper.to_array(inits[t.input[0]])
+        if weight.ndim != 2 or perm != [1, 0]:
+            continue
+        name = f"{t.input[0]}.transposed_for_{node.name or untied}"
+        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(weight.T), name))
+        node.input[1] = name
+        untied += 1
+    if untied:
+        # A Transpose nobody reads any more is dropped (onnx.checker would accept it; the runtime would run it).
+        used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+        keep = [n for n in graph.node if n.op_type != "Transpose" or any(o in used for o in n.output)]
+        del graph.node[:]
+        graph.node.extend(keep)
+        onnx.checker.check_model(model, full_check=False)
+    return untied
+
+
+def _pack(weight: np.ndarray, bits: int, block_size: int, symmetric: bool):
+    """ONNX Runtime's blockwise packing of a [K, N] weight: (packed [N, blocks, blob], scales, zero points)."""
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
+
+    rows, cols = weight.shape
+    per_byte = 8 // bits
+    blocks = (rows + block_size - 1) // block_size
+    padded = np.pad(weight, ((0, blocks * block_size - rows), (0, 0))) if blocks * block_size != rows else weight
+    padded = np.ascontiguousarray(padded, dtype=np.float32)
+    packed = np.zeros((cols, blocks, (block_size + per_byte - 1) // per_byte), dtype=np.uint8)
+    zero_points = np.zeros((cols, (blocks + per_byte - 1) // per_byte), dtype=np.uint8)
+    scales = np.zeros((cols, blocks), dtype=np.float32)
+    kernel = quantize_matmul_8bits if bits == 8 else quantize_matmul_4bits
+    kernel(packed, padded, scales, zero_points, block_size, cols, rows, symmetric)
+    return packed, scales, zero_points
+
+
+def _rewrite(model: Any, bits: int, block_size: int, symmetric: bool, accuracy_level: int) -> None:
+    """MatMul(A, const B) -> MatMulNBits, written the way MatMulNBitsQuantizer's QOperator path writes it."""
+    onnx = _onnx()
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    nodes = []
+    replaced: set[str] = set()
+    for node in graph.node:
+        b = inits.get(node.input[1]) if node.op_type == "MatMul" else None
+        if b is None:
+            nodes.append(node)
+            continue
+        weight = numpy_helper.to_array(b)
+        if weight.ndim != 2 or weight.dtype != np.float32:
+            nodes.append(node)
+            continue
+        packed, scales, zero_points = _pack(weight, bits, block_size, symmetric)
+        q = numpy_helper.from_array(packed, f"{b.name}_Q{bits}")
+        s = numpy_helper.from_array(scales, f"{b.name}_scales")
+        graph.initializer.extend([q, s])
+        names = [node.input[0], q.name, s.name]
+        if not symmetric:
+            zp = numpy_helper.from_array(zero_points, f"{b.name}_zero_points")
+            graph.initializer.append(zp)
+            names.append(zp.name)
+        attrs: dict[str, Any] = {"K": weight.shape[0], "N": weight.shape[1], "bits": bits, "block_size": block_size}
+        if accuracy_level:
+            attrs["accuracy_level"] = accuracy_level
+        nodes.append(
+            helper.make_node(
+                "MatMulNBits",
+                names,
+                list(node.output),
+                name=f"{node.name}_Q{bits}" if node.name else "",
+                domain="com.microsoft",
+                **attrs,
+            )
+        )
+        replaced.add(b.name)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    still_used = {i for n in graph.node for i in n.input}
+    keep = [i for i in graph.initializer if i.name not in replaced or i.name in still_used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+
+
+def quantize_matmul_nbits(
+    src: Path,
+    dst: Path,
+    bits: int,
+    block_size: int = 32,
+    symmetric: bool = True,
+    accuracy_level: int = 0,
+    algorithm: str = "rtn",
+    use_ort_quantizer: bool | None = None,
+) -> dict:
+    """Weight-only ``bits``-bit (4 or 8) MatMulNBits model of ``src`` at ``dst``; returns what was done.
+
+    ``use_ort_quantizer``: None = onnxruntime's MatMulNBitsQuantizer when it imports, else the
+    rewrite over the same kernels; True / False force one (tests compare the two)."""
+    if bits not in (4, 8):
+        raise InputError(f"weight-only quantization takes 4 or 8 bits, not {bits}")
+    if algorithm not in ALGORITHMS:
+        raise InputError(f"weight_only.algorithm {algorithm!r}: choose {' or '.join(ALGORITHMS)}")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise InputError(f"weight_only.block_size {block_size}: MatMulNBits takes a power of two >= 16")
+    onnx = _onnx()
+    model = onnx.load(str(src))  # external data pulled in from src's folder
+    untied = untie_transposed_weights(model)
+    ort_tool = ort_quantizer_available() if use_ort_quantizer is None else use_ort_quantizer
+    if algorithm == "hqq" and not ort_tool:
+        raise BackendUnavailable(
+            "weight_only.algorithm = 'hqq' runs onnxruntime's MatMulNBitsQuantizer, which needs the "
+            "onnx-ir package (pip install onnx-ir) and torch; use algorithm = 'rtn' without them"
+        )
+    if ort_tool:
+        from onnxruntime.quantization.matmul_nbits_quantizer import (
+            DefaultWeightOnlyQuantConfig,
+            HQQWeightOnlyQuantConfig,
+            MatMulNBitsQuantizer,
+        )
+
+        config = (
+            HQQWeightOnlyQuantConfig(block_size=block_size, bits=bits, op_types_to_quantize=("MatMul",))
+            if algorithm == "hqq"
+            else DefaultWeightOnlyQuantConfig(
+                block_size=block_size,
+                is_symmetric=symmetric,
+                accuracy_level=accuracy_level or None,
+                op_types_to_quantize=("MatMul",),
+                bits=bits,
+            )
+        )
+        quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, algo_config=config)
+        try:
+            with _quiet_tools(), folded("onnxruntime.quantization"):
+                quantizer.process()
+        except ImportError as exc:  # HQQ imports torch inside
+            raise BackendUnavailable(f"weight_only.algorithm = 'hqq' needs {exc.name}: pip install {exc.name}") from exc
+        model = quantizer.model.model
+        if algorithm == "hqq" and accuracy_level:
+            for node in model.graph.node:
+                if node.op_type == "MatMulNBits":
+                    node.attribute.append(onnx.helper.make_attribute("accuracy_level", accuracy_level))
+        tool = "onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer"
+    else:
+        _rewrite(model, bits, block_size, symmetric, accuracy_level)
+        tool = "onnxruntime quantize_matmul_nbits kernels (MatMulNBitsQuantizer's packing; onnx-ir not installed)"
+    quantized = sum(1 for n in model.graph.node if n.op_type == "MatMulNBits")
+    left = sum(1 for n in model.graph.node if n.op_type == "MatMul")
+    if not quantized:
+        raise ModelError(f"{src}: no MatMul with a constant 2-D weight to quantize (is it an LLM export?)")
+    _save_external(model, dst)
+    return {
+        "tool": tool,
+        "op": "com.microsoft.MatMulNBits",
+        "bits": bits,
+        "block_size": block_size,
+        "symmetric": symmetric if algorithm == "rtn" else False,
+        "algorithm": algorithm,
+        "accuracy_level": accuracy_level,
+        "matmuls_quantized": quantized,
+        "matmuls_float": left,  # activation x activation (attention) MatMuls
+        "tied_heads_untied": untied,
+    }
