@@ -49,7 +49,7 @@ def test_device_thread_batches_concurrent_requests_and_resolves_each():
         seen.append(list(items))
         return [x * 10 for x in items]
 
-    b = Batcher(run, BatchLimits(max_batch=3, batch_timeout_ms=10_000)).start()
+    b = Batcher(run, BatchLimits(max_batch=3, batch_timeout_ms=10_000, adaptive=False)).start()
     try:
         futures = [b.submit(i) for i in range(7)]
         gate.set()

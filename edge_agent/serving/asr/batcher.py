@@ -1,15 +1,18 @@
-"""Dynamic batching for one engine on one device thread, with a bounded wait.
+"""Dynamic batching for one engine on one device thread, with a bounded, adaptive wait.
 
 Plan, run, absorb: ``take_batch`` (pure) decides from the queue and the clock how many of the
 oldest requests form the next batch, or when to look again; the device thread runs the batch
 with ``run_batch(items) -> results`` and resolves each request's future. The rule (Triton's
-dynamic batcher):
+dynamic batcher, with an adaptive wait):
 
 - a full batch (``max_batch``) goes at once; so does the largest ``preferred_batch_sizes`` entry
   that the queue can fill;
-- otherwise the batch waits until its oldest request has waited ``batch_timeout_ms``, then goes
-  with what there is;
-- an urgent request (an end of speech, whose ``final_ms`` the user is waiting on) goes at once.
+- an urgent request (an end of speech, whose ``final_ms`` the user is waiting on) goes at once;
+- otherwise, with ``adaptive`` (the default), a batch that finds the device idle goes at once unless
+  a batch-mate is expected within the slack the SLA leaves (``serving/batch_wait.AdaptiveWait``:
+  arrival-rate estimate, AIMD on the latencies the caller reports with ``on_latency``), never
+  longer than ``batch_timeout_ms``; without it (the fixed rule) the batch waits until its oldest
+  request has waited ``batch_timeout_ms``, then goes with what there is.
 
 A failing ``run_batch`` fails only that batch's requests; the thread keeps serving. The queue is
 bounded (``Overloaded`` at submit). Work nobody waits for any more leaves the queue without running:
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from ...errors import EdgeAgentError, Overloaded
+from ..batch_wait import AdaptiveWait
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,7 @@ class BatchLimits:
     batch_timeout_ms: float = 80.0
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue: int = 64
+    adaptive: bool = True  # wait only for an expected batch-mate (AdaptiveWait); False: the fixed timeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +67,11 @@ class BatchPlan:
     wake_at_s: float | None = None  # when to plan again if nothing arrives (None: on arrival only)
 
 
-def take_batch(pending: Sequence[Waiting], now: float, limits: BatchLimits) -> BatchPlan:
-    """How many of the oldest ``pending`` requests to run now, or when to look again."""
+def take_batch(
+    pending: Sequence[Waiting], now: float, limits: BatchLimits, wait: AdaptiveWait | None = None
+) -> BatchPlan:
+    """How many of the oldest ``pending`` requests to run now, or when to look again. ``wait``: the
+    adaptive rule (it replaces the fixed ``batch_timeout_ms`` wait, which stays its upper bound)."""
     if not pending:
         return BatchPlan(0)
     n = min(len(pending), limits.max_batch)
@@ -73,7 +81,12 @@ def take_batch(pending: Sequence[Waiting], now: float, limits: BatchLimits) -> B
     if preferred:
         return BatchPlan(max(preferred))
     due = pending[0].since_s + limits.batch_timeout_ms / 1e3
-    return BatchPlan(n) if now >= due else BatchPlan(0, due)
+    if now >= due:
+        return BatchPlan(n)
+    if wait is not None:
+        hold = wait.wait_s(now, pending[0].since_s, limits.max_batch - n)
+        return BatchPlan(n) if hold <= 0 else BatchPlan(0, min(due, now + hold))
+    return BatchPlan(0, due)
 
 
 class _Request(Generic[T]):
@@ -104,6 +117,10 @@ class Batcher(Generic[T, R]):
         self.batch_sizes: dict[int, int] = {}  # size → how many batches had it
         self.busy_s = 0.0  # time spent inside run_batch
         self.dropped = 0  # requests removed from the queue by drop()
+        # the adaptive wait's upper bound is the configured timeout; nothing to adapt without one
+        self.wait = (
+            AdaptiveWait(limits.batch_timeout_ms / 1e3) if limits.adaptive and limits.batch_timeout_ms > 0 else None
+        )
 
     def start(self) -> Batcher[T, R]:
         self._thread.start()
@@ -125,6 +142,8 @@ class Batcher(Generic[T, R]):
                     f"{len(self._queue)} requests already queued (max_queue {self.limits.max_queue}); try again later"
                 )
             req = _Request(item, Waiting(self.clock(), urgent))
+            if self.wait is not None:
+                self.wait.observe_arrival(req.waiting.since_s)
             self._queue.append(req)
             self._cond.notify_all()
         return req.future
@@ -132,6 +151,13 @@ class Batcher(Generic[T, R]):
     @property
     def queued(self) -> int:
         return len(self._queue)
+
+    def on_latency(self, ms: float, sla_ms: float) -> None:
+        """A latency the caller's SLA governs (any thread): the adaptive wait grows while it is met
+        and is cut on a breach. No effect with the fixed rule."""
+        if self.wait is not None:
+            with self._cond:
+                self.wait.on_latency(ms, sla_ms)
 
     def drop(self, match: Callable[[T], bool]) -> int:
         """Remove the queued (not yet running) requests whose item ``match``es; their futures are
@@ -150,7 +176,7 @@ class Batcher(Generic[T, R]):
         with self._cond:
             while True:
                 now = self.clock()
-                plan = take_batch([r.waiting for r in self._queue], now, self.limits)
+                plan = take_batch([r.waiting for r in self._queue], now, self.limits, self.wait)
                 take = plan.take
                 if not take and self._stopping:  # draining: nothing waits for company any more
                     if not self._queue:
