@@ -1,6 +1,7 @@
 """The local API's speech routes, on the API's loop (``api.ApiServer`` routes them here):
 
-    POST /v1/audio/transcriptions multipart file → text (OpenAI's shape), decoded on the executor
+    POST /v1/audio/transcriptions multipart file → json / text / srt / vtt / verbose_json (OpenAI's shapes),
+                                  decoded on the executor
     GET  /v1/audio/stream         WebSocket: binary 16 kHz mono PCM16 in, partial/final JSON out
 
 A live stream is opened before the WebSocket upgrade, so shedding or draining is a plain 503 with
@@ -10,6 +11,7 @@ A live stream is opened before the WebSocket upgrade, so shedding or draining is
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 from collections.abc import Callable
@@ -17,21 +19,30 @@ from typing import Any, Protocol
 
 from aiohttp import WSMsgType, web
 
+from ..errors import InputError
 from .api_errors import error as _error
 from .api_errors import from_exception as _from_exception
+from .transcript_formats import render
+from .transcription_request import parse_options
 
 log = logging.getLogger(__name__)
+# what ends a stream's input: the text "end", or as JSON keyed like the events ("kind") or as before ("type")
+_END = ("end", '{"kind": "end"}', '{"kind":"end"}', '{"type": "end"}', '{"type":"end"}')
 
 
 class SpeechService(Protocol):
     """What the API needs from the ASR side (``serving/asr/ladder.py``, ``Speech``, implements it)."""
 
-    def transcribe_bytes(self, data: bytes, filename: str) -> dict: ...
+    def transcribe_bytes(
+        self, data: bytes, filename: str, *, model: str | None = None, language: str | None = None
+    ) -> dict: ...
     def open_stream(self, on_event: Callable[[dict], None]) -> Any: ...  # .push(pcm16: bytes), .close()
 
 
 async def transcriptions(asr: SpeechService | None, request: web.Request) -> web.Response:
-    """``POST /v1/audio/transcriptions``: the whole upload through the active ASR tier."""
+    """``POST /v1/audio/transcriptions``: the whole upload through the active ASR tier, answered in the
+    ``response_format`` asked for (``transcript_formats``); the form's fields are checked before any
+    audio is decoded (``transcription_request``)."""
     if asr is None:
         return _error(503, "no ASR tier is configured", "server_error", "unavailable")
     try:
@@ -41,16 +52,24 @@ async def transcriptions(asr: SpeechService | None, request: web.Request) -> web
     upload = form.get("file")
     if not isinstance(upload, web.FileField):
         return _error(400, "missing the 'file' field (multipart/form-data)", param="file")
-    data = upload.file.read()
     try:
-        result = await asyncio.get_running_loop().run_in_executor(
-            None, asr.transcribe_bytes, data, upload.filename or "audio"
-        )
+        options = parse_options(form)
+    except InputError as exc:
+        return _error(400, str(exc), param=getattr(exc, "param", None))
+    data = upload.file.read()
+    transcribe = functools.partial(
+        asr.transcribe_bytes, data, upload.filename or "audio", model=options.model, language=options.language
+    )
+    try:
+        result = await asyncio.get_running_loop().run_in_executor(None, transcribe)
+    except InputError as exc:
+        return _error(400, str(exc), param=getattr(exc, "param", None))
     except Exception as exc:
         return _from_exception(exc)
-    if form.get("response_format") == "text":
-        return web.Response(text=result["text"] + "\n")
-    return web.json_response(result if form.get("response_format") == "verbose_json" else {"text": result["text"]})
+    body, content_type = render(result, options.response_format)
+    if isinstance(body, str):
+        return web.Response(text=body, content_type=content_type, charset="utf-8")
+    return web.json_response(body)
 
 
 async def audio_stream(asr: SpeechService | None, request: web.Request) -> web.StreamResponse:
@@ -113,11 +132,11 @@ async def audio_stream(asr: SpeechService | None, request: web.Request) -> web.S
                         f"did not catch up within {stall_s:g} s; retry later or send in real time"
                     )
                     break
-            elif msg.type == WSMsgType.TEXT and msg.data.strip() in ('{"type": "end"}', '{"type":"end"}', "end"):
+            elif msg.type == WSMsgType.TEXT and msg.data.strip() in _END:
                 ended = True
                 break
             elif msg.type == WSMsgType.TEXT:
-                await ws.send_json({"type": "error", "message": 'send binary PCM16 frames, then "end"'})
+                await ws.send_json(_stream_error("bad_message", 'send binary PCM16 frames, then "end"'))
     finally:
         if ended:  # the finals, within the stream's close timeout; past it, errors for what is open
             stream.end()
@@ -127,7 +146,7 @@ async def audio_stream(asr: SpeechService | None, request: web.Request) -> web.S
             stream.abort(overloaded, "overloaded")
             log.warning("ASR stream closed: %s", overloaded)
             # queued like the stream's own events, so it comes after their utterance errors
-            loop.call_soon_threadsafe(outbox.put_nowait, {"type": "error", "code": "overloaded", "message": overloaded})
+            loop.call_soon_threadsafe(outbox.put_nowait, _stream_error("overloaded", overloaded))
         else:  # the client went away: drop its work rather than finish it for nobody
             stream.abort("the client closed the connection")
         loop.call_soon_threadsafe(outbox.put_nowait, None)  # after every event the stream emitted
@@ -137,6 +156,12 @@ async def audio_stream(asr: SpeechService | None, request: web.Request) -> web.S
         else:
             await ws.close()
     return ws
+
+
+def _stream_error(code: str, message: str) -> dict:
+    """An error about the whole stream (not one utterance), keyed like every other event: ``kind``
+    ``error``, its ``code``, and the text as both ``message`` and ``error`` (an utterance's field)."""
+    return {"kind": "error", "code": code, "message": message, "error": message}
 
 
 def _post(loop: asyncio.AbstractEventLoop, outbox: asyncio.Queue, event: dict | None) -> None:

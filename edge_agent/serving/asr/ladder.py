@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from ...config import Settings, TierConfig
-from ...errors import DeadlineExceeded, EdgeAgentError, InputError, ModelError, Unavailable
+from ...errors import DeadlineExceeded, EdgeAgentError, ModelError, Unavailable
 from ...models.recognizer import Recognizer
 from ...observe import Observation, Observer
 from ..ladder import Ladder, Switched
@@ -274,20 +272,26 @@ class Speech(Ladder):
             loaded.streams -= 1
             self._changed.notify_all()
 
-    def transcribe_bytes(self, data: bytes, filename: str) -> dict:
-        """A whole uploaded file (any format soundfile reads), through the same streaming service."""
-        from ...audio.wav import read_audio
+    def transcribe_bytes(
+        self, data: bytes, filename: str, *, model: str | None = None, language: str | None = None
+    ) -> dict:
+        """A whole uploaded file (any format soundfile reads) through the same streaming service: ``text``,
+        ``duration`` (s), ``language``, ``segments``, ``model``, ``tier`` (see ``upload``). ``model`` (the
+        generic id or a tier name: the active tier serves) and ``language`` are checked first; a refusal
+        is a ``FieldError`` naming the field. A failed utterance fails the upload (no hole in the text)."""
+        from . import upload
 
+        upload.check_model(model, ["edge-agent", *(t.name for t in self.tiers)])
         if not data:
-            raise InputError(f"{filename}: the upload is empty")
+            raise upload.FieldError(f"{filename}: the upload is empty", "file")
         loaded = self._acquire()
         try:
-            suffix = os.path.splitext(filename)[1] or ".wav"
-            with tempfile.NamedTemporaryFile(suffix=suffix) as tmp:
-                tmp.write(data)
-                tmp.flush()
-                samples, info = read_audio(tmp.name, loaded.engine.sample_rate)
-            stream = loaded.service.open_stream(loaded._observe)
+            lang = upload.model_language(loaded.engine)
+            upload.check_language(language, lang, loaded.tier.name)
+            samples, info = upload.read_upload(data, filename, loaded.engine.sample_rate)
+            failures = upload.Failures(loaded._observe)
+            stream = loaded.service.open_stream(failures)
+            timed = upload.time_stream(stream)
             _feed_bounded(stream, samples, loaded.engine.sample_rate, filename)
             stream.close()
             if not stream.wait(UPLOAD_TIMEOUT_S):
@@ -295,13 +299,17 @@ class Speech(Ladder):
                 raise DeadlineExceeded(f"{filename}: transcription did not finish within {UPLOAD_TIMEOUT_S:g} s")
         finally:
             self._release(loaded)
-        finals = [event_dict(e) for e in stream.finals]
-        return {
-            "text": " ".join(f["text"] for f in finals if f["text"]).strip(),
-            "duration": info.duration_s,
-            "segments": finals,
-            "model": loaded.model,
-        }
+        failures.raise_any(timed.spans, filename)
+        segments = upload.segments(stream.finals, timed.spans, info.duration_s)
+        text = " ".join(s["text"] for s in segments)
+        return dict(
+            text=text,
+            duration=info.duration_s,
+            language=lang,
+            segments=segments,
+            model=loaded.model,
+            tier=loaded.tier.name,
+        )
 
     def open_stream(self, on_event: Callable[[dict], None]) -> PcmStream:
         """A live stream on the active tier; it finishes there even if the tier switches meanwhile."""
