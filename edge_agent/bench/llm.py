@@ -1,5 +1,11 @@
 """``edge-agent bench llm``: the agent's LLM serving path against a bare runtime loop, same run.
 
+It measures a tier as the daemon serves it: the engine the daemon would load for that tier (a verified
+cached engine, else the model folder: ``engines/resolve.py``), its backend, device and threads, and the
+scheduler limits the daemon gives it (``agent.llm_limits``: ``[batching]`` max batch, batching timeout,
+preferred sizes), all from the config (``--config``, else the installed one, else the embedded
+default). The header line says which.
+
 Each round runs the same synthetic prompts twice, alternating:
 - **agent**: through ``LLMScheduler`` (continuous batching, sampling objects, detokenization,
   per-request timing), driven by ``C`` closed-loop clients or by Poisson arrivals (``--rate``);
@@ -16,16 +22,18 @@ requests whose TTFT is within ``--sla-ms`` (default 387 ms, the agent's default 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import logging
+import os
 import sys
-import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
-from ..backends import SessionOptions
+from ..agent import llm_limits
+from ..config import TierConfig, load_settings, resolve_config_path
+from ..engines.cache import EngineCache
+from ..engines.resolve import EngineResolver, Resolved
 from ..errors import InputError
 from ..metrics.timing import RequestTiming
 from ..models.catalog import resolve_model
@@ -35,9 +43,9 @@ from ..serving.llm.scheduler import Limits, LLMScheduler
 from . import roofline as rl
 from .genai import GenaiRunner, agreement, find_genai_folder
 from .llm_report import _median_of, _ratio, format_table, summarize
+from .llm_runners import agent_round, collect, run_baseline, synthetic_prompts
 
-SEED = 1234
-DEFAULT_SLA_MS = 387.0
+log = logging.getLogger(__name__)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -49,12 +57,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "goodput, overhead ratios and the memory-bandwidth roofline.",
     )
     p.add_argument(
-        "--model", default="demo-phi3-small", help="demo model name or model folder (default demo-phi3-small)"
+        "--config", metavar="FILE", default=None, help="the daemon's config (default: installed, else embedded)"
     )
-    p.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "openvino"))
-    p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2; always set explicitly)")
+    p.add_argument("--tier", default=None, help="the configured LLM tier to measure (default: the top one)")
+    p.add_argument("--model", default=None, help="another model (demo name or folder) on that tier's settings")
+    p.add_argument("--backend", default=None, choices=("onnxruntime", "openvino"), help="default: the tier's")
+    p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: device.threads, as served)")
     p.add_argument(
-        "--concurrency", type=int, default=1, metavar="C", help="closed-loop clients / max batch (default 1)"
+        "--concurrency",
+        type=int,
+        default=1,
+        metavar="C",
+        help="closed-loop clients (default 1); batch limits: the daemon's",
     )
     p.add_argument("--requests", type=int, default=16, metavar="N", help="requests per round (default 16)")
     p.add_argument(
@@ -71,8 +85,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--sla-ms",
         type=float,
-        default=DEFAULT_SLA_MS,
-        help=f"goodput counts requests with ttft_ms <= this (default {DEFAULT_SLA_MS:g})",
+        default=None,
+        help="goodput counts requests with ttft_ms <= this (default: the config's sla.target_ms, 387)",
     )
     p.add_argument(
         "--rounds", type=int, default=3, help="alternating agent/baseline rounds; medians reported (default 3)"
@@ -104,13 +118,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "to C's (e.g. --concurrency 1 --scaling 4)",
     )
     p.add_argument("--cache-dir", type=Path, default=None, help="model cache (default: the configured models cache)")
-    p.add_argument("--config", metavar="FILE", default=None, help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=run)
     return p
-
-
-# -- validation and inputs --------------------------------------------------------------------
 
 
 def _validate(args: argparse.Namespace) -> None:
@@ -124,175 +134,108 @@ def _validate(args: argparse.Namespace) -> None:
         raise InputError(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
     if args.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    if args.threads < 1:
-        raise InputError(f"--threads must be at least 1, got {args.threads}")
+    if args.threads is not None and args.threads < 0:
+        raise InputError(f"--threads must be >= 0 (0: the runtime's default), got {args.threads}")
     if args.scaling is not None and args.scaling < 1:
         raise InputError(f"--scaling must be at least 1, got {args.scaling}")
     if args.rounds < 1:
         raise InputError(f"--rounds must be at least 1, got {args.rounds}")
-    if not args.sla_ms > 0:
+    if args.sla_ms is not None and not args.sla_ms > 0:
         raise InputError(f"--sla-ms must be > 0, got {args.sla_ms}")
-
-
-def synthetic_prompts(lm, n: int, length: int, seed: int = SEED) -> list[list[int]]:
-    """``n`` prompts of exactly ``length`` ids from the tokenizer's normal (non-added, non-special) vocab."""
-    tok = lm.tokenizer
-    inner = getattr(tok, "_tok", None)
-    high = inner.get_vocab_size(with_added_tokens=False) if inner is not None else tok.vocab_size
-    high = min(high, int(lm.config.get("vocab_size") or high))
-    special = set(lm.contract.eos_ids) | ({lm.contract.bos_id} if lm.contract.bos_id is not None else set())
-    low = 3 if high > 3 else 0  # skip <unk>/<s>/</s>-style ids at the bottom of BPE vocabularies
-    rng = np.random.default_rng(seed)
-    prompts = []
-    for _ in range(n):
-        ids = rng.integers(low, high, size=length)
-        for j, v in enumerate(ids):
-            while int(v) in special:
-                v = rng.integers(low, high)
-            ids[j] = v
-        prompts.append([int(v) for v in ids])
-    return prompts
-
-
-def poisson_offsets(n: int, rate: float, seed: int = SEED) -> list[float]:
-    """Arrival times (s from the start) of ``n`` Poisson arrivals at ``rate``/s; the first at 0."""
-    gaps = np.random.default_rng(seed + 1).exponential(1.0 / rate, size=n)
-    gaps[0] = 0.0
-    return list(np.cumsum(gaps))
-
-
-# -- one round of each side -------------------------------------------------------------------
-
-
-def run_agent(
-    scheduler,
-    prompts: Sequence[Sequence[int]],
-    concurrency: int,
-    rate: float | None,
-    max_new_tokens: int,
-    sink: list,
-    progress: Progress | None = None,
-    ramp_s: float = 0.0,
-) -> float:
-    """Run every prompt through the scheduler; timings land in ``sink`` (via on_finished). Returns wall s."""
-    from ..models.sampling import SamplingParams
-
-    params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
-    done = [0]
-    lock = threading.Lock()
-    errors: list[BaseException] = []
-
-    def finished_one() -> None:
-        with lock:
-            done[0] += 1
-            if progress is not None:
-                progress.update(done[0], len(prompts))
-
-    start = time.perf_counter()
-    if rate is None:
-        next_index = [0]
-
-        def client(k: int) -> None:
-            time.sleep(k * ramp_s / concurrency)
-            while True:
-                with lock:
-                    i = next_index[0]
-                    next_index[0] += 1
-                if i >= len(prompts):
-                    return
-                try:
-                    scheduler.submit(prompts[i], params).result(600)
-                except BaseException as exc:  # surfaced after the join
-                    errors.append(exc)
-                    return
-                finished_one()
-
-        workers = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(concurrency)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-    else:
-        handles = []
-        for offset, prompt in zip(poisson_offsets(len(prompts), rate), prompts):
-            delay = start + offset - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            handles.append(scheduler.submit(prompt, params))
-        for h in handles:
-            try:
-                h.result(600)
-            except BaseException as exc:
-                errors.append(exc)
-            finished_one()
-    wall = time.perf_counter() - start
-    if errors:
-        raise errors[0]
-    return wall
-
-
-def run_baseline(
-    lm, prompts: Sequence[Sequence[int]], max_new_tokens: int, sink: list, progress: Progress | None = None
-) -> float:
-    """The bare loop (``DecoderLM.generate_greedy``: prefill, argmax, present→past), one request at a time."""
-    start = time.perf_counter()
-    for k, prompt in enumerate(prompts):
-        t0 = time.perf_counter()
-        # generate_greedy yields each token as soon as its argmax exists: the plain runtime loop.
-        times = [time.perf_counter() for _ in lm.generate_greedy(prompt, max_new_tokens, stop_at_eos=False)]
-        sink.append(RequestTiming(t0, t0, tuple(times), times[-1], len(prompt)))
-        if progress is not None:
-            progress.update(k + 1, len(prompts))
-    return time.perf_counter() - start
 
 
 # -- the command --------------------------------------------------------------------------------
 
 
-def _cache_dir(args: argparse.Namespace) -> Path:
-    if getattr(args, "cache_dir", None):
-        return Path(args.cache_dir)
-    from ..config import load_settings
+@dataclasses.dataclass
+class Served:
+    """What the daemon would serve for the measured tier: the tier (with any override), what its engine
+    resolved to, the scheduler limits and threads, and where the settings came from."""
 
-    return load_settings(getattr(args, "config", None)).models.cache_dir
+    tier: TierConfig
+    resolved: Resolved
+    limits: Limits
+    threads: int
+    config: str
+    resolver: EngineResolver
+
+    def open(self) -> DecoderLM:
+        return self.resolver.open(self.resolved, self.tier, self.threads)
+
+    def header(self) -> str:
+        r, t, lim = self.resolved, self.tier, self.limits
+        what = (
+            f"engine {r.engine.key[:12]} ({r.engine.manifest.get('backend')}/{r.engine.manifest.get('precision')})"
+            if r.engine
+            else f"model folder {r.source.path} ({r.why_plain})"
+        )
+        return (
+            f"bench llm: tier {t.name!r} as the daemon serves it: {what}; {t.backend} on {t.device}, "
+            f"threads {self.threads or 'runtime default'}; batching from {self.config}: max_batch {lim.max_batch}, "
+            f"batch_timeout_ms {lim.batch_timeout_ms:g}, preferred_batch_sizes {list(lim.preferred_batch_sizes)}"
+        )
+
+
+def _served(args: argparse.Namespace, show: bool) -> Served:
+    """The tier, engine, limits and threads ``edge-agent run`` would use with the same config."""
+    settings = load_settings(args.config)
+    path = resolve_config_path(args.config)
+    tiers = settings.models.llm
+    if not tiers:
+        raise InputError("the config has no [[models.llm]] tier to measure")
+    tier = tiers[0] if args.tier is None else next((t for t in tiers if t.name == args.tier), None)
+    if tier is None:
+        raise InputError(f"--tier {args.tier!r}: no such LLM tier; configured: {[t.name for t in tiers]}")
+    update = {k: v for k, v in (("model", args.model), ("backend", args.backend)) if v is not None}
+    tier = tier.model_copy(update=update)
+    models_dir = Path(args.cache_dir) if args.cache_dir else settings.models.cache_dir
+    with Progress("demo weights", "MB", enabled=show) as weights:
+        resolve_model(tier.model, models_dir, progress=lambda done, total: weights.update(done / 1e6, total / 1e6))
+    cache = EngineCache(settings.engines.cache_dir, settings.engines.max_bytes)
+    resolver = EngineResolver(cache, models_dir, lambda kind, doc: log.warning("%s: %s", kind, doc))
+    limits = llm_limits(settings, tier)
+    # The admission bounds only refuse requests (the daemon answers 429/504): a benchmark must lose none.
+    limits = dataclasses.replace(
+        limits, max_queue=max(limits.max_queue, args.requests + 1), queue_timeout_ms=max(limits.queue_timeout_ms, 3.6e6)
+    )
+    if args.sla_ms is None:
+        args.sla_ms = settings.sla.target_ms
+    threads = settings.device.threads if args.threads is None else args.threads
+    config = str(path) if path else "the embedded default"
+    return Served(tier, resolver.resolve(tier), limits, threads, config, resolver)
 
 
 def run(args: argparse.Namespace) -> int:
     _validate(args)
-    quiet = getattr(args, "quiet", False)
-    show = not quiet
-    with Progress("demo weights", "MB", enabled=show) as weights_progress:
-        ref = resolve_model(
-            args.model, _cache_dir(args), progress=lambda done, total: weights_progress.update(done / 1e6, total / 1e6)
-        )
-    lm = DecoderLM.open(ref, args.backend, SessionOptions(device="cpu", threads=args.threads))
+    show = not getattr(args, "quiet", False)
+    served = _served(args, show)
+    lm = served.open()
     try:
         lm.check_prompt([0] * args.prompt_tokens, args.max_new_tokens)  # fits the model's context
-        return _run_loaded(args, ref, lm, show)
+        return _run_loaded(args, served, lm, show)
     finally:
         lm.close()
 
 
-def _run_loaded(args, ref, lm, show: bool) -> int:
+def _run_loaded(args, served: Served, lm, show: bool) -> int:
     from ..models.sampling import SamplingParams
 
     C, N, T = args.concurrency, args.requests, args.max_new_tokens
-    limits = _limits(C, args.rate, N)
+    ref, limits, threads = served.resolved.ref, served.limits, served.threads
     prompts = synthetic_prompts(lm, N, args.prompt_tokens)
     sink: list[RequestTiming] = []
+    # One scheduler with the daemon's limits serves every concurrency: the load changes, the daemon does not.
     scheduler = LLMScheduler(lm, limits, on_finished=sink.append).start()
     agent_rounds: list[dict] = []
     K = args.scaling
-    k_sink: list[RequestTiming] = []
-    k_scheduler = LLMScheduler(lm, _limits(K, args.rate, N), on_finished=k_sink.append).start() if K else None
     k_rounds: list[dict] = []
     base_rounds: list[dict] = []
     genai_rounds: list[dict] = []
     raw: dict[str, dict[str, list[float]]] = {
         side: {"ttft_ms": [], "itl_ms": []} for side in ("agent", "baseline", "genai")
     }
-    genai_folder, genai_reason = find_genai_folder(ref, args.genai)
-    genai_runner = GenaiRunner(genai_folder, args.threads) if genai_folder else None
+    genai_folder, genai_reason = find_genai_folder(served.resolved.source, args.genai)
+    genai_runner = GenaiRunner(genai_folder, threads or 2) if genai_folder else None
     genai_tokens: list[list[int]] = []
     try:
         # 1. warm-up: one request each way, excluded; the agent's full-length one sizes the ramp.
@@ -300,52 +243,31 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
         e2e_s = (warm.result(600).timing.e2e_ms or 0.0) / 1e3
         ramp_s = args.ramp_s if args.ramp_s is not None else (e2e_s if args.rate is None and C > 1 else 0.0)
         k_ramp_s = args.ramp_s if args.ramp_s is not None else (e2e_s if args.rate is None and (K or 0) > 1 else 0.0)
-        if k_scheduler:
-            k_scheduler.submit(
-                prompts[0][:8], SamplingParams(max_new_tokens=2, ignore_eos=True), tags=("warmup",)
-            ).result(600)
         if not args.no_baseline:
             run_baseline(lm, [prompts[0][:8]], 2, [])
         if genai_runner:
             genai_runner.generate(prompts[0][:8], 2)
-        sink.clear()
         for r in range(args.rounds):
-            agent_rounds.append(
-                _agent_round(
-                    scheduler, sink, prompts, C, args, ramp_s, raw["agent"], f"agent round {r + 1}/{args.rounds}", show
-                )
-            )
-            if k_scheduler:
+            label = f"agent round {r + 1}/{args.rounds}"
+            agent_rounds.append(agent_round(scheduler, sink, prompts, C, args, ramp_s, raw["agent"], label, show))
+            if K:
                 k_raw: dict[str, list[float]] = {"ttft_ms": [], "itl_ms": []}  # the C=K rounds keep no raw samples
-                k_rounds.append(
-                    _agent_round(
-                        k_scheduler,
-                        k_sink,
-                        prompts,
-                        K,
-                        args,
-                        k_ramp_s,
-                        k_raw,
-                        f"agent C={K} round {r + 1}/{args.rounds}",
-                        show,
-                    )
-                )
+                label = f"agent C={K} round {r + 1}/{args.rounds}"
+                k_rounds.append(agent_round(scheduler, sink, prompts, K, args, k_ramp_s, k_raw, label, show))
             if not args.no_baseline:
                 base: list[RequestTiming] = []
                 with Progress(f"baseline round {r + 1}/{args.rounds}", "req", enabled=show) as prog:
                     wall = run_baseline(lm, prompts, T, base, prog)
-                _collect(raw["baseline"], base)
+                collect(raw["baseline"], base)
                 base_rounds.append(summarize(base, wall, args.sla_ms, batch1=True))
             if genai_runner:
                 gen: list[RequestTiming] = []
                 with Progress(f"onnxruntime-genai round {r + 1}/{args.rounds}", "req", enabled=show) as prog:
                     wall, genai_tokens = genai_runner.run(prompts, T, gen, prog)
-                _collect(raw["genai"], gen)
+                collect(raw["genai"], gen)
                 genai_rounds.append(summarize(gen, wall, args.sla_ms, batch1=True))
     finally:
         scheduler.stop()
-        if k_scheduler:
-            k_scheduler.stop()
 
     agent = _median_of(agent_rounds)
     agent["per_round_tokens_per_s"] = [r["tokens_per_s"] for r in agent_rounds]
@@ -382,7 +304,7 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
     itemsize = {"float16": 2, "bfloat16": 2}.get(str(lm.config.get("torch_dtype")), 4)
     read_weights = rl.weight_bytes(ref.path) - rl.embedding_gather_bytes(lm.config, itemsize)
     roof = rl.roofline(
-        rl.measure_read_bandwidth_gb_s(args.threads),
+        rl.measure_read_bandwidth_gb_s(threads or os.cpu_count() or 1),
         read_weights,
         rl.kv_bytes_per_token_of_context(c.num_layers, c.num_kv_heads, c.head_dim, c.kv_dtype),
         args.prompt_tokens + (T - 1) / 2,
@@ -413,11 +335,23 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
         }
         if C > 1:
             notes.append("genai runs one request at a time (like the baseline): compare its ratios at C=1")
+    if limits.max_batch > 1 and limits.batch_timeout_ms > 0 and 1 not in limits.preferred_batch_sizes:
+        notes.append(
+            f"a request that finds the device idle waits up to batch_timeout_ms ({limits.batch_timeout_ms:g}) for "
+            "batch-mates, as in the daemon: agent TTFT (and overhead_ratio) include that wait"
+        )
+    if served.tier.max_new_tokens < T:
+        notes.append(f"the daemon caps this tier at max_new_tokens {served.tier.max_new_tokens}; this run made {T}")
 
     report = {
+        "header": served.header(),
+        "tier": served.tier.name,
+        "config": served.config,
+        "engine": served.resolved.identity,
         "model": ref.name,
-        "backend": args.backend,
-        "threads": args.threads,
+        "backend": served.tier.backend,
+        "device": served.tier.device,
+        "threads": threads,
         "concurrency": C,
         "requests": N,
         "rate": args.rate,
@@ -427,7 +361,7 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
         "sla_ms": args.sla_ms,
         "rounds": {"count": args.rounds, "aggregation": "median across rounds, agent, baseline and genai alternating"},
         "ramp_s": ramp_s,
-        "limits": {"max_batch": limits.max_batch, "batch_timeout_ms": limits.batch_timeout_ms},
+        "limits": dataclasses.asdict(limits),
         "agent": agent,
         "baseline": baseline,
         "overhead_ratio": overhead,
@@ -438,6 +372,7 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
         "scaling": scaling,
         "notes": notes,
     }
+    print(report["header"])
     print(format_table(report))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
@@ -446,38 +381,6 @@ def _run_loaded(args, ref, lm, show: bool) -> int:
 
         plot_report(report, raw, Path(args.plot))
     return 0
-
-
-def _limits(concurrency: int, rate: float | None, requests: int) -> Limits:
-    max_batch = max(concurrency, 1)
-    return Limits(
-        max_batch=max_batch,
-        batch_timeout_ms=0.0 if rate is None and concurrency == 1 else 80.0,
-        preferred_batch_sizes=tuple(s for s in (2, 4) if s <= max_batch),
-        max_queue=max(64, requests + 1),
-        queue_timeout_ms=3_600_000.0,
-    )
-
-
-def _agent_round(
-    scheduler, sink: list, prompts, concurrency: int, args, ramp_s: float, raw: dict, label: str, show: bool
-) -> dict:
-    sink.clear()
-    with Progress(label, "req", enabled=show) as prog:
-        wall = run_agent(scheduler, prompts, concurrency, args.rate, args.max_new_tokens, sink, prog, ramp_s)
-    deadline = time.monotonic() + 5
-    while len(sink) < len(prompts) and time.monotonic() < deadline:  # on_finished runs after the handle resolves
-        time.sleep(0.001)
-    timings = [t for t in sink if "warmup" not in t.tags]
-    _collect(raw, timings)
-    return summarize(timings, wall, args.sla_ms, batch1=concurrency == 1)
-
-
-def _collect(into: dict, timings: Sequence[RequestTiming]) -> None:
-    for t in timings:
-        if t.ttft_ms is not None:
-            into["ttft_ms"].append(t.ttft_ms)
-        into["itl_ms"].extend(t.itl_ms)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
