@@ -71,6 +71,7 @@ def test_segments_follow_utterance_order_and_skip_empty_finals():
     got = segments(finals, spans, duration_s=6.0)
     assert [(s["id"], s["utterance"], s["text"]) for s in got] == [(0, 0, "first"), (1, 2, "third")]
     assert [(s["start"], s["end"]) for s in got] == [(0.52, 1.3), (4.2, 4.9)]
+    assert all(s["kind"] == "final" for s in got)
     assert got[0]["final_ms"] == 34.57 and got[0]["rtf"] == 0.0123 and got[0]["first_partial_ms"] == 12.0
 
 

@@ -72,7 +72,8 @@ def read_upload(data: bytes, filename: str, rate: int) -> tuple[np.ndarray, Audi
 
 def segments(finals: list[AsrEvent], spans: list[tuple[float, float | None]], duration_s: float) -> list[dict]:
     """OpenAI-shaped segments (``id``, ``start``, ``end``, ``text``) for the finals that have text, in
-    utterance order, with the agent's ``utterance``, ``first_partial_ms``, ``final_ms`` and ``rtf``."""
+    utterance order, with the agent's ``kind`` (``final``), ``utterance``, ``first_partial_ms``,
+    ``final_ms`` and ``rtf``."""
     out: list[dict] = []
     for e in sorted(finals, key=lambda f: f.utterance):
         if not e.text.strip():
@@ -86,6 +87,7 @@ def segments(finals: list[AsrEvent], spans: list[tuple[float, float | None]], du
             "start": start,
             "end": round(min(max(end_s, start), duration_s), 3),
             "text": e.text.strip(),
+            "kind": "final",  # the stream event it came from, as the WebSocket sends it
             "utterance": e.utterance,
         }
         if e.metrics is not None:
