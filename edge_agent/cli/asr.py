@@ -1,13 +1,15 @@
 """``edge-agent transcribe`` and ``edge-agent listen``: speech in, partial and final text out.
 
     edge-agent transcribe FILE [--model NAME|DIR] [--stream] [--json]
-    edge-agent listen (--mic [DEVICE] | --file F | --stdin) [--respond] [--json]
+    edge-agent listen (--mic [DEVICE] | --file F | --stdin) [--respond [--tools FILE]] [--json]
 
 ``transcribe`` replays a file through the streaming service: unpaced by default (each chunk is
 recognised before the next is fed, so partials appear at every chunk), in real time with
 ``--stream`` (latencies then mean what they would on a microphone). ``listen`` runs until the
 source ends (or Ctrl-C, ``--duration``, ``--max-utterances``); with ``--respond`` each final
-transcript goes to the LLM and ``turn_ms`` (end of speech → first LLM token) is reported.
+transcript goes to the LLM and ``turn_ms`` (end of speech → first LLM token) is reported; with
+``--tools FILE`` (OpenAI function tools) each command becomes one tool call whose arguments follow
+the tool's schema, and ``turn_ms`` runs from the end of speech to the complete call.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ import threading
 import time
 from typing import Any
 
+from ..errors import InputError
 from ..models.ctc_lexicon import DECODERS
+from ..serving.openai_output import load_tools
+from .respond import Responder
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +58,18 @@ def add_commands(sub) -> None:
     p.add_argument("--pcm-channels", type=int, default=1)
     p.add_argument("--respond", action="store_true", help="send each final transcript to the LLM, stream the reply")
     p.add_argument("--llm-model", help="LLM for --respond (default: the top configured LLM tier)")
-    p.add_argument("--max-new-tokens", type=int, default=48, help="reply length for --respond (default 48)")
+    p.add_argument("--max-new-tokens", type=int, help="reply length for --respond (default 48, or 160 for a tool call)")
+    p.add_argument(
+        "--tools",
+        metavar="FILE",
+        help='with --respond: OpenAI function tools (JSON list or {"tools": [...]}); each command becomes a call',
+    )
+    p.add_argument(
+        "--tool-choice",
+        choices=("required", "auto"),
+        default="required",
+        help="with --tools: always call a tool (default), or let the model answer in words",
+    )
     p.add_argument("--duration", type=float, help="stop after this many seconds")
     p.add_argument("--max-utterances", type=int, help="stop after this many final transcripts")
     p.set_defaults(func=cmd_listen)
@@ -195,9 +211,12 @@ def cmd_listen(args: argparse.Namespace) -> int:
     from ..serving.asr.factory import make_service
 
     settings = load_settings(args.config)
+    if args.tools and not args.respond:
+        raise InputError("--tools needs --respond (the tools are what the LLM answers a command with)")
+    tools = load_tools(args.tools) if args.tools else None  # a bad file is refused before any audio opens
     sources = _open_sources(args, settings)
     engine = open_engine(args, settings)
-    responder = _Responder(args, settings) if args.respond else None
+    responder = Responder(args, settings, tools) if args.respond else None
     finals: queue.SimpleQueue = queue.SimpleQueue()
     printer = _Printer(enabled=not args.json, tag_streams=len(sources) > 1)
 
@@ -338,54 +357,10 @@ def _consume(finals, responder, records, turns, stop, args) -> None:
         if responder and event.text.strip():
             reply, turn_ms = responder.respond(event.text, event.speech_end_at_s, quiet=args.json)
             record.update(response=reply, turn_ms=_r(turn_ms))
+            if responder.tools is not None:
+                record["tool_call"] = responder.call_of(reply)
             if turn_ms is not None:
                 turns.record("turn_ms", turn_ms)
         records.append(record)
         if args.max_utterances and len(records) >= args.max_utterances:
             stop.set()
-
-
-class _Responder:
-    """The voice turn: a final transcript → the LLM through the serving scheduler."""
-
-    def __init__(self, args, settings) -> None:
-        from ..backends import SessionOptions
-        from ..models.catalog import resolve_model
-        from ..models.llm import DecoderLM
-        from ..serving.llm.scheduler import Limits, LLMScheduler
-
-        tier = settings.models.llm[0]
-        ref = resolve_model(args.llm_model or tier.model, settings.models.cache_dir)
-        backend = tier.backend if not args.llm_model else "onnxruntime"
-        options = SessionOptions(
-            device=tier.device if not args.llm_model else "cpu",
-            threads=settings.device.threads,
-            cache_dir=settings.engines.cache_dir,
-        )
-        self.lm = DecoderLM.open(ref, backend, options)
-        self.scheduler = LLMScheduler(self.lm, Limits(max_batch=1, batch_timeout_ms=0)).start()
-        self.max_new_tokens = args.max_new_tokens
-
-    def respond(self, text: str, speech_end_at_s: float | None, quiet: bool) -> tuple[str, float | None]:
-        from ..models.sampling import SamplingParams
-        from ..models.tokenizer import Message
-
-        tok = self.lm.tokenizer
-        ids = tok.encode_chat([Message("user", text)]) if tok.chat_template else tok.encode(text)
-        handle = self.scheduler.submit(ids, SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0))
-        turn_ms = None
-        for event in handle:
-            if turn_ms is None and speech_end_at_s is not None:
-                # The scheduler's clock is time.monotonic, like the ASR service's.
-                turn_ms = (event.time_s - speech_end_at_s) * 1e3
-            if event.text and not quiet:
-                sys.stderr.write(event.text)
-                sys.stderr.flush()
-        done = handle.result(120.0)
-        if not quiet:
-            sys.stderr.write(f"\n[turn {turn_ms:.0f} ms]\n" if turn_ms is not None else "\n")
-        return done.text, turn_ms
-
-    def close(self) -> None:
-        self.scheduler.stop()
-        self.lm.close()

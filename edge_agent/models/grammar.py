@@ -141,6 +141,7 @@ class TokenVocab:
         self.mask_words = (self._tok.vocab_size + 31) // 32
         self._lock = threading.Lock()
         self._bytes: dict[int, bytes] = {}
+        self._closers: np.ndarray | None = None
 
     def constraint(self, grammar: str) -> Constraint:
         """A fresh matcher for ``grammar`` (an ``InputError`` naming what is wrong if it cannot be built)."""
@@ -156,6 +157,18 @@ class TokenVocab:
         if bits.shape[0] >= self.n_logits:
             return bits[: self.n_logits]
         return np.concatenate([bits, np.zeros(self.n_logits - bits.shape[0], dtype=bool)])
+
+    @property
+    def closers(self) -> np.ndarray:
+        """Boolean [n_logits]: tokens that hold a character ending a JSON value or string (``"`` ``,``
+        ``}`` ``]``). Preferring them, where the grammar allows them, brings an output to its end."""
+        with self._lock:
+            if self._closers is None:
+                marks = set(b'"},]')
+                self._closers = np.zeros(self.n_logits, dtype=bool)
+                for token in range(self.known_ids):
+                    self._closers[token] = not marks.isdisjoint(bytes(self._tok.decode_bytes([token])))
+            return self._closers
 
     def token_bytes(self, token: int) -> bytes:
         """The exact bytes ``token`` stands for (a byte-fallback token is its one byte)."""

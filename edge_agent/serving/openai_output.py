@@ -15,14 +15,16 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from ..errors import InputError
 from ..metrics.timing import RequestTiming
 from ..models import grammar
 from ..models.sampling import SamplingParams
 from ..models.tokenizer import Message
 from .llm.handle import RequestHandle, TokenLogprob
-from .openai_schema import ChatRequest, CompletionRequest, GenerateRequest, NamedToolChoice
+from .openai_schema import ChatRequest, CompletionRequest, GenerateRequest, NamedToolChoice, Tool
 
 DEFAULT_MAX_TOKENS = 256
 _CALL_HEAD = '{"name": "'
@@ -106,22 +108,57 @@ def messages(body: ChatRequest, tools: Sequence[dict], mode: str | None) -> list
             out.append(Message("assistant", (m.text() + "\n" if m.text() else "") + "\n".join(calls)))
         else:
             out.append(Message("system" if m.role == "developer" else m.role, m.text()))
-    if tools:
-        lines = [
-            "You can call these tools:",
-            *(
-                json.dumps({k: t["function"][k] for k in ("name", "description", "parameters") if k in t["function"]})
-                for t in tools
-            ),
-            'To call one, reply with only {"name": <tool name>, "arguments": <its arguments>}'
-            + ("." if mode == "required" else "; otherwise answer in words."),
-        ]
-        last = max((i for i, m in enumerate(out) if m.role == "user"), default=None)
-        if last is None:
-            out.append(Message("user", "\n".join(lines)))
-        else:
-            out[last] = Message("user", out[last].content + "\n\n" + "\n".join(lines))
+    return with_tools(out, tools, mode) if tools else out
+
+
+def with_tools(chat: list[Message], tools: Sequence[dict], mode: str | None = "required") -> list[Message]:
+    """``chat`` with ``tools`` described at the end of its last user turn (every chat template has
+    user turns; not all take a system turn)."""
+    lines = [
+        "You can call these tools:",
+        *(
+            json.dumps(
+                {k: t["function"][k] for k in ("name", "description", "parameters") if k in t["function"]},
+                separators=(",", ":"),
+            )
+            for t in tools
+        ),
+        'To call one, reply with only {"name": <tool name>, "arguments": <its arguments>}'
+        + ("." if mode == "required" else "; otherwise answer in words."),
+    ]
+    out = list(chat)
+    last = max((i for i, m in enumerate(out) if m.role == "user"), default=None)
+    if last is None:
+        out.append(Message("user", "\n".join(lines)))
+    else:
+        out[last] = Message("user", out[last].content + "\n\n" + "\n".join(lines))
     return out
+
+
+def load_tools(path: str | Path) -> list[dict]:
+    """OpenAI function tools from a JSON file (a list, or ``{"tools": [...]}``), checked like the API's."""
+    from pydantic import ValidationError
+
+    where = str(path)
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise InputError(f"{where}: cannot read the tools file ({exc.strerror})") from exc
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{where}: not JSON (line {exc.lineno}: {exc.msg})") from exc
+    items = data.get("tools") if isinstance(data, dict) else data
+    if not isinstance(items, list) or not items:
+        raise InputError(f'{where}: expected a list of tools, or {{"tools": [...]}}')
+    tools = []
+    for i, item in enumerate(items):
+        try:
+            tools.append(Tool.model_validate(item, strict=False).model_dump(exclude_none=True))
+        except ValidationError as exc:
+            first = exc.errors(include_url=False, include_input=False)[0]
+            at = ".".join(str(x) for x in first["loc"])
+            raise InputError(f"{where}: tools[{i}].{at}: {first['msg']}") from exc
+    grammar.tool_call_grammar(tools)  # a parameters schema the grammar engine cannot use is refused here
+    return tools
 
 
 def _call_text(name: Any, arguments: Any) -> str:

@@ -172,3 +172,53 @@ def test_listen_stdin_respond_reports_turn_latency(tmp_path):
     assert utt["text"] and utt["turn_ms"] is not None and utt["turn_ms"] > 0
     assert isinstance(utt["response"], str)
     assert report["summary"]["turn_ms"]["count"] == 1 and report["summary"]["final_ms"]["count"] >= 1
+
+
+def _listen_tools(tmp_path, tools_file, *extra: str) -> subprocess.CompletedProcess:
+    x = two_utterances("turn on the kitchen lights", "set a timer for ten minutes")
+    pcm = (x * 32767).astype("<i2").tobytes()
+    return subprocess.run(
+        [sys.executable, "-m", "edge_agent", "listen", "--stdin", "--model", "demo-asr", "--respond"]
+        + ["--llm-model", "demo-phi3-small", "--tools", str(tools_file), "--json", *extra],
+        input=pcm,
+        capture_output=True,
+        timeout=300,
+        env={**__import__("os").environ, "CACHE_DIRECTORY": str(tmp_path / "cache")},
+    )
+
+
+def test_listen_with_tools_turns_each_spoken_command_into_a_schema_valid_call(tmp_path):
+    """Speech → transcript → one tool call whose arguments follow the declared schema (random LLM
+    weights: only the format is guaranteed), turn_ms from the end of speech to the complete call."""
+    import jsonschema
+
+    from edge_agent.demo_models import __file__ as demo_init
+
+    tools_file = __import__("pathlib").Path(demo_init).parent / "home-tools.json"
+    declared = {t["function"]["name"]: t["function"]["parameters"] for t in json.loads(tools_file.read_text())["tools"]}
+    proc = _listen_tools(tmp_path, tools_file)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    report = json.loads(proc.stdout)
+    assert len(report["utterances"]) >= 1
+    for utt in report["utterances"]:
+        call = utt["tool_call"]
+        assert call["name"] in declared
+        jsonschema.validate(call["arguments"], declared[call["name"]])
+        assert utt["turn_ms"] is not None and utt["turn_ms"] > 0
+    assert report["summary"]["turn_ms"]["count"] == len(report["utterances"])
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[1, 2", "not JSON"),
+        ('{"tools": []}', "expected a list of tools"),
+        ('[{"type": "function", "function": {"name": "bad name!"}}]', "tools[0].function.name"),
+    ],
+)
+def test_a_bad_tools_file_is_refused_before_listening(tmp_path, content, message):
+    bad = tmp_path / "tools.json"
+    bad.write_text(content)
+    proc = _listen_tools(tmp_path, bad)
+    err = proc.stderr.decode()
+    assert proc.returncode != 0 and message in err and str(bad) in err and "Traceback" not in err

@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 
 
 DEFAULT_PARAMS = SamplingParams()  # frozen: one shared default
+CLOSING_MARGIN = 24  # constrained output: prefer closing tokens once this few tokens are left
+CLOSING_REPEATS = 6  # or once one token came this many times in a row
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +104,15 @@ class _Sequence:
         self.emitted = 0  # characters of decoder text already delivered
         self.finish_reason: str | None = None
         self.final_text: str | None = None  # the text cut at a stop string
+
+
+def _closing(seq: _Sequence) -> bool:
+    """Whether a constrained row should now bring its output to an end: its token budget is nearly
+    spent, or it repeats one token (a digit or a letter forever: what a confused model does inside a
+    number or a string). Its next picks then prefer tokens that close a value, where the grammar
+    allows one, so the output still completes and parses."""
+    left = seq.params.max_new_tokens - len(seq.generated)
+    return left <= CLOSING_MARGIN or repeated_too_often(seq.generated, CLOSING_REPEATS)
 
 
 class LLMScheduler:
@@ -287,6 +298,9 @@ class LLMScheduler:
         for i, seq in enumerate(self._batch.rows[first:], start=first):
             mask = masks[i - first] if masks else None
             allowed: np.ndarray | None = mask.result() if mask is not None else None
+            if allowed is not None and _closing(seq):
+                narrowed = allowed & self.lm.token_vocab.closers
+                allowed = narrowed if narrowed.any() else allowed
             row = seq.sampler.process(logits[i - first], seq.history, seq.generated, allowed)
             token = seq.sampler.pick(row)
             logprob = None
