@@ -178,8 +178,10 @@ def _listen_tools(tmp_path, tools_file, *extra: str) -> subprocess.CompletedProc
     x = two_utterances("turn on the kitchen lights", "set a timer for ten minutes")
     pcm = (x * 32767).astype("<i2").tobytes()
     return subprocess.run(
-        [sys.executable, "-m", "edge_agent", "listen", "--stdin", "--model", "demo-asr", "--respond"]
-        + ["--llm-model", "demo-phi3-small", "--tools", str(tools_file), "--json", *extra],
+        [
+            *(sys.executable, "-m", "edge_agent", "listen", "--stdin", "--model", "demo-asr", "--respond"),
+            *("--llm-model", "demo-phi3-small", "--tools", str(tools_file), "--json", *extra),
+        ],
         input=pcm,
         capture_output=True,
         timeout=300,
