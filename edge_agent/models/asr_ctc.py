@@ -9,10 +9,13 @@ Two model kinds (docs/asr-models.md):
   the export has no attention mask, and zero padding would change every frame.
 - **stateful streaming CTC** (``model_type`` ``streaming-ctc``, ``demo-asr``): log-mel ``features``
   [B, frames, F] plus carried ``state_in.*`` → ``log_probs`` + ``state_out.*``. A stream computes
-  its features incrementally, runs each ``chunk_frames`` chunk once with its state, and decodes
-  incrementally; at the end it feeds its last frames (padded to a multiple of ``subsampling``)
-  and ``flush_frames`` of ``padding_value``. Chunks of all streams batch exactly: same shape,
-  states stacked on the batch axis.
+  its features incrementally, runs each ``chunk_frames`` chunk once with its state, then what is
+  left over in whole multiples of ``subsampling`` (at least ``min_chunk_frames``), so a step never
+  sits on audio it could already decode (the first partial does not wait for a whole chunk), and
+  decodes incrementally; at the end it feeds its last frames (padded to a multiple of
+  ``subsampling``) and ``flush_frames`` of ``padding_value``. The model's contract makes the
+  outputs independent of how frames are split into calls (docs/asr-models.md). Chunks of all
+  streams batch exactly: same shape, states stacked on the batch axis.
 """
 
 from __future__ import annotations
@@ -94,6 +97,9 @@ class CtcRecognizer:
         self.subsampling = int(cfg.get("subsampling", 1))
         self.chunk_frames = int(cfg.get("chunk_frames", 32))
         self.flush_frames = int(cfg.get("flush_frames", 0))
+        # the smallest call a step makes with the frames left after its whole chunks (chunk_frames:
+        # wait for whole chunks only, the behaviour before steps ran partial chunks)
+        self.min_chunk_frames = self.subsampling
         if self.chunk_frames % self.subsampling:
             raise ModelError(
                 f"{self.ref.name}: chunk_frames {self.chunk_frames} is not a multiple of subsampling {self.subsampling}"
@@ -245,6 +251,19 @@ class CtcRecognizer:
                 streams[i].feat_buf = streams[i].feat_buf[n:]
             self._run_chunks([streams[i] for i in ready], chunks)
             advanced.update(ready)
+        # What is left (less than a chunk) runs now too, in whole subsampling groups, batched by length;
+        # an ending stream's rest goes with its tail below, in one call.
+        rest: dict[int, list[int]] = defaultdict(list)
+        for i in active:
+            left = streams[i].feat_buf.shape[0] // self.subsampling * self.subsampling
+            if i not in ended_at and left and left >= self.min_chunk_frames:
+                rest[left].append(i)
+        for left, rows in rest.items():
+            chunks = [streams[i].feat_buf[:left] for i in rows]
+            for i in rows:
+                streams[i].feat_buf = streams[i].feat_buf[left:]
+            self._run_chunks([streams[i] for i in rows], chunks)
+            advanced.update(rows)
         # Only a stream that had ended when its audio was taken ends now: one that end()ed while this
         # step ran may have audio added after the take, which its next step (the final) must decode.
         ending = [i for i in active if i in ended_at]

@@ -4,9 +4,13 @@
                                                                                  └─▶ partial / final events
 
 One engine (shared, on the batcher's device thread) serves every stream; each utterance owns its
-recogniser state. An utterance asks for a step when it has ``chunk_ms`` of new audio and no step
-in flight (so one slow step never queues a backlog of them); its end of speech asks at once and
-goes to the front of the batching rule (``urgent``).
+recogniser state. An utterance asks for its first step once it has ``first_chunk_ms`` of audio (0,
+the default: at the speech start, with the pre-roll and the audio that confirmed the onset), then
+whenever it has ``chunk_ms`` of new audio and no step in flight (so one slow step never queues a
+backlog of them); its end of speech asks at once and goes to the front of the batching rule
+(``urgent``). Each utterance's ``first_partial_ms`` is told to the batcher against ``sla_ms`` (the
+``[sla.asr]`` target): its adaptive wait for batch-mates grows while the SLA holds and is cut on a
+breach.
 
 Metrics per utterance (the vocabulary of docs/metrics.md), also kept in a rolling window:
 - ``first_partial_ms``: arrival of the first voiced audio (the block holding the onset) → first
@@ -82,6 +86,7 @@ class _Utterance:
         self.reason = ""
         self.unsent = 0
         self.taken = 0  # samples the engine has taken (counted when their step starts)
+        self.steps = 0  # steps asked for
         self.in_flight = False
         self.done = False
         self.compute_s = 0.0
@@ -105,6 +110,8 @@ class AsrService:
         endpoint: EndpointConfig = _DEFAULT_ENDPOINT,
         detector_factory: Callable[[], Detector | None] | None = None,
         chunk_ms: int = 320,
+        first_chunk_ms: int | None = 0,
+        sla_ms: float = 300.0,
         window_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -119,6 +126,10 @@ class AsrService:
             detector_factory = EnergyVAD
         self.detector_factory = detector_factory
         self.chunk_samples = max(1, engine.sample_rate * chunk_ms // 1000)
+        # None: the first step waits for a whole chunk_ms like the others
+        first = chunk_ms if first_chunk_ms is None else first_chunk_ms
+        self.first_chunk_samples = max(1, engine.sample_rate * first // 1000)
+        self.sla_ms = sla_ms
         self.batcher: Batcher[_Utterance, Hypothesis | None] = Batcher(
             self._run_batch, limits, clock=clock, name=f"asr-{engine.name}"
         )
@@ -191,6 +202,7 @@ class AsrService:
         if u.in_flight or u.done:
             return
         u.in_flight, u.unsent = True, 0
+        u.steps += 1
         try:
             future = self.batcher.submit(u, urgent=urgent)
         except Exception as exc:
@@ -198,6 +210,10 @@ class AsrService:
             u.handle._fail(u, exc)
             return
         future.add_done_callback(functools.partial(u.handle._absorb, u))
+
+    def _step_samples(self, u: _Utterance) -> int:
+        """New audio that makes ``u`` ask for a step: its first, or every later one."""
+        return self.first_chunk_samples if u.steps == 0 else self.chunk_samples
 
     def _record(self, m: UtteranceMetrics) -> None:
         self.utterances.append(m)
@@ -338,7 +354,7 @@ class AsrStream:
         u.unsent += audio.size
         if u.pcm is not None:
             u.pcm.append(audio.copy())  # the endpointer may reuse its buffer
-        if u.unsent >= self.service.chunk_samples:
+        if u.unsent >= self.service._step_samples(u):
             self.service._submit(u, urgent=False)
 
     def _absorb(self, u: _Utterance, future) -> None:
@@ -357,6 +373,7 @@ class AsrStream:
             if hyp is not None and not hyp.final and hyp.text and hyp.text != u.last_text:
                 if u.first_partial_ms is None:
                     u.first_partial_ms = (now - u.voiced_at) * 1e3
+                    self.service.batcher.on_latency(u.first_partial_ms, self.service.sla_ms)
                 u.last_text = hyp.text
                 self._emit(
                     AsrEvent("partial", self.id, u.index, hyp.text, hyp.stable_text, u.onset_s + hyp.audio_s, now)
@@ -365,7 +382,7 @@ class AsrStream:
                 self._finish(u, hyp, now)
             elif u.rstream.ended:
                 self.service._submit(u, urgent=True)
-            elif u.unsent >= self.service.chunk_samples:
+            elif u.unsent >= self.service._step_samples(u):
                 self.service._submit(u, urgent=False)
 
     def _finish(self, u: _Utterance, hyp: Hypothesis, now: float) -> None:
