@@ -220,7 +220,7 @@ def load(name: str, spec: TokenizerSpec, threads: int | None) -> Loaded | str:
         engine,
         _version(_PACKAGES[name].replace("_", "-")),
         import_ms=(t1 - t0) * 1e3,
-        rss_mb=_rss_mb() - rss0,
+        rss_mb=max(0.0, _rss_mb() - rss0),  # a collection during the import can make it negative
         vocab_ms=(t2 - t1) * 1e3,
         notes=notes,
     )
