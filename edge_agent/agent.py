@@ -60,6 +60,8 @@ def llm_limits(settings: Settings, tier: TierConfig) -> Limits:
         preferred_batch_sizes=tuple(x for x in b.preferred_batch_sizes if x <= max_batch),
         max_queue=b.max_queue,
         queue_timeout_ms=b.queue_timeout_ms,
+        adaptive=b.adaptive_wait,
+        sla_ms=settings.sla.target_ms,
     )
 
 

@@ -51,6 +51,11 @@ class BatchingConfig(Section):
 
     max_batch: int = Field(4, ge=1, le=128)
     batch_timeout_ms: float = Field(80.0, ge=0, le=10_000)
+    adaptive_wait: bool = Field(
+        True,
+        description="wait for batch-mates only when one is expected within the SLA's slack (the timeout "
+        "bounds it); false: an incomplete batch on an idle device always waits batch_timeout_ms",
+    )
     preferred_batch_sizes: list[int] = Field(default_factory=lambda: [2, 4])
     max_queue: int = Field(64, ge=1)
     queue_timeout_ms: float = Field(30_000.0, gt=0)

@@ -167,7 +167,8 @@ def test_genai_folder_with_in_place_kv_serves_joining_requests_with_reference_to
 
 def test_cancelling_a_waiting_request_frees_it_at_once_even_while_the_batch_fills(lm):
     # A lone request waits up to batch_timeout_ms for companions; cancelling it must not wait that out.
-    sched = LLMScheduler(lm, Limits(max_batch=4, batch_timeout_ms=20_000, preferred_batch_sizes=(4,))).start()
+    fixed = Limits(max_batch=4, batch_timeout_ms=20_000, preferred_batch_sizes=(4,), adaptive=False)
+    sched = LLMScheduler(lm, fixed).start()
     try:
         handle = sched.submit([5, 6, 7], greedy(8))
         threading.Event().wait(0.2)

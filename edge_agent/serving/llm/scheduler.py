@@ -2,8 +2,10 @@
 
 Each loop turn is plan → run → absorb:
 - ``plan_admission`` (pure) decides how many waiting requests to prefill now. With sequences
-  already decoding, newcomers join at the next step boundary; on an idle engine the first request
-  waits at most ``batch_timeout_ms`` for the batch to reach a preferred size.
+  already decoding, newcomers join at the next step boundary; on an idle engine a request waits
+  for a batch-mate only when one is expected soon enough (``batch_wait.AdaptiveWait``: the arrival
+  rate, and a wait that grows while TTFT meets ``Limits.sla_ms`` and halves on a breach), never
+  longer than ``batch_timeout_ms``. A lone request on an idle device starts at once.
 - the engine prefills the admitted prompts into the batch (``DecoderLM.join``: one left-padded
   batch, or one slot each for in-place KV buffers), then runs one decode step for every running
   sequence;
@@ -38,6 +40,7 @@ from ...models.kv_slots import SlotCache
 from ...models.llm import DecoderLM
 from ...models.sampling import Sampler, SamplingParams, find_stop, logprobs_of, repeated_too_often
 from ...models.tokenizer import StreamDecoder
+from ..batch_wait import AdaptiveWait
 from .handle import Completion, RequestHandle, TokenEvent, TokenLogprob
 
 log = logging.getLogger(__name__)
@@ -57,14 +60,18 @@ class Limits:
     preferred_batch_sizes: tuple[int, ...] = (2, 4)
     max_queue: int = 64
     queue_timeout_ms: float = 30_000.0
+    adaptive: bool = True  # wait only for an expected batch-mate (AdaptiveWait); False: the fixed timeout
+    sla_ms: float = 387.0  # the TTFT the adaptive wait must leave room for (the LLM SLA's target)
 
 
 def plan_admission(
-    waiting_since: Sequence[float], running: int, now: float, limits: Limits
+    waiting_since: Sequence[float], running: int, now: float, limits: Limits, wait: AdaptiveWait | None = None
 ) -> tuple[int, float | None]:
     """How many of the oldest waiting requests to prefill now, and, if none, when to look again.
 
-    ``waiting_since``: admission times of the queued requests, oldest first.
+    ``waiting_since``: admission times of the queued requests, oldest first. Without ``wait`` an
+    incomplete batch on an idle engine waits ``batch_timeout_ms``; with it, only as long as
+    ``wait.wait_s`` says a batch-mate is worth waiting for (still bounded by the timeout).
     """
     free = limits.max_batch - running
     if not waiting_since or free <= 0:
@@ -73,6 +80,9 @@ def plan_admission(
     if running > 0 or n == free or n in limits.preferred_batch_sizes:
         return n, None
     due = waiting_since[0] + limits.batch_timeout_ms / 1e3
+    if wait is not None:
+        hold = wait.wait_s(now, waiting_since[0], free - n)
+        due = min(due, now + hold) if hold > 0 else now
     return (n, None) if now >= due else (0, due)
 
 
@@ -136,6 +146,8 @@ class LLMScheduler:
         self._next_id = 0
         self._thread = threading.Thread(target=self._loop, name=f"llm-{lm.ref.name}", daemon=True)
         self._masker: ThreadPoolExecutor | None = None  # output-format masks, made while the engine runs
+        timeout_s = limits.batch_timeout_ms / 1e3
+        self._wait = AdaptiveWait(timeout_s) if limits.adaptive and timeout_s > 0 else None
         self.steps = 0  # decode steps run (progress, for the watchdog)
 
     def start(self) -> LLMScheduler:
@@ -173,6 +185,8 @@ class LLMScheduler:
             if len(self._waiting) >= self.limits.max_queue:
                 raise Overloaded(f"queue full ({self.limits.max_queue} waiting); retry later")
             self._next_id += 1
+            if self._wait is not None:
+                self._wait.observe_arrival(now)
             handle = RequestHandle(self._next_id)
             handle._on_cancel = self._wake
             deadline = now + deadline_ms / 1e3 if deadline_ms is not None else None
@@ -226,7 +240,7 @@ class LLMScheduler:
                 self._waiting.remove(seq)
                 self._reject(seq, now)
             running = len(self._batch)
-            n, wake_at = plan_admission([s.admitted_s for s in self._waiting], running, now, self.limits)
+            n, wake_at = plan_admission([s.admitted_s for s in self._waiting], running, now, self.limits, self._wait)
             if n or running:
                 return [self._waiting.popleft() for _ in range(n)]
             if self._stopping and not self._waiting:
@@ -362,6 +376,9 @@ class LLMScheduler:
 
     def _complete(self, seq: _Sequence, reason: str) -> None:
         timing = seq.recorder.finish()
+        if self._wait is not None and timing.ttft_ms is not None:
+            with self._cond:
+                self._wait.on_latency(timing.ttft_ms, self.limits.sla_ms)
         text = seq.final_text if seq.final_text is not None else seq.decoder.text
         seq.handle._finish(Completion(text, tuple(seq.generated), reason, timing, tuple(seq.logprobs)))
         self._report(timing)
