@@ -4,7 +4,10 @@ app sees them, and the three ways of sending them (closed loop, Poisson arrivals
 A request's times come from ``time.perf_counter`` as the SSE lines are read: ``ttft_ms`` from sending
 the request to the first chunk whose ``delta.content`` is not empty (the role-only chunk does not
 count), ``itl_ms`` the gaps between content chunks, ``e2e_ms`` to ``[DONE]``; ``tokens_out`` is the
-final usage chunk's ``completion_tokens`` (``stream_options.include_usage``).
+final usage chunk's ``completion_tokens`` (``stream_options.include_usage``). ``ttfb_ms`` is the
+response head (the API sends it once the request is admitted). A token whose text is still pending
+(part of a character, or a special token) sends no chunk, so content chunks can be fewer than tokens:
+``tpot_ms`` ((e2e - ttft) / (tokens - 1)) is the per-token figure to compare with the daemon's.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class RequestResult:
 
     ok: bool
     status: str
+    ttfb_ms: float | None = None
     ttft_ms: float | None = None
     itl_ms: list[float] = field(default_factory=list)
     e2e_ms: float | None = None
@@ -77,7 +81,7 @@ async def chat_stream(session: aiohttp.ClientSession, target: Target, body: dict
             if resp.status != 200:
                 text = (await resp.text())[:300]
                 return RequestResult(False, str(resp.status), error=text)
-            result = RequestResult(True, "200")
+            result = RequestResult(True, "200", ttfb_ms=(time.perf_counter() - t0) * 1e3)
             last: float | None = None
             async for raw in resp.content:
                 now = time.perf_counter()

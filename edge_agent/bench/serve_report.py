@@ -1,7 +1,8 @@
 """Figures, the printed table and the plot of ``edge-agent bench serve`` (the load is sent by
 ``serve_client.py``, the daemon's side is read by ``serve_daemon.py``).
 
-Client percentiles are nearest-rank over the level's successful requests; ``goodput`` is the
+Client percentiles are nearest-rank over the level's successful requests (``itl_ms``: between content
+chunks; ``tpot_ms``: per token, from the usage count); ``goodput`` is the
 successful requests whose TTFT is within the SLA, per second of the level's wall time;
 ``tokens_per_s`` is the usage chunks' ``completion_tokens`` over that wall time.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 from ..metrics.window import percentile
 from .serve_client import RequestResult
 
-METRICS = ("ttft_ms", "itl_ms", "e2e_ms")
+METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 QUANTILES = (50, 95, 99)
 
 
@@ -32,6 +33,11 @@ def client_figures(results: Sequence[RequestResult], wall_s: float, sla_ms: floa
     ttft = [r.ttft_ms for r in ok if r.ttft_ms is not None]
     itl = [gap for r in ok for gap in r.itl_ms]
     e2e = [r.e2e_ms for r in ok if r.e2e_ms is not None]
+    tpot = [
+        (r.e2e_ms - r.ttft_ms) / (r.tokens_out - 1)
+        for r in ok
+        if r.e2e_ms is not None and r.ttft_ms is not None and r.tokens_out and r.tokens_out > 1
+    ]
     tokens = sum(r.tokens_out or 0 for r in ok)
     tokens_in = [r.tokens_in for r in ok if r.tokens_in is not None]
     good = sum(1 for r in ok if r.ttft_ms is not None and r.ttft_ms <= sla_ms)
@@ -42,9 +48,12 @@ def client_figures(results: Sequence[RequestResult], wall_s: float, sla_ms: floa
         "error_examples": sorted({f"{r.status}: {r.error}" for r in results if not r.ok})[:3],
         "no_content": sum(1 for r in ok if r.ttft_ms is None),
         "wall_s": wall_s,
+        "ttfb_ms": _stats([r.ttfb_ms for r in ok if r.ttfb_ms is not None]),
         "ttft_ms": _stats(ttft),
         "itl_ms": _stats(itl),
+        "tpot_ms": _stats(tpot),
         "e2e_ms": _stats(e2e),
+        "content_chunks": len(itl) + len(ttft),
         "ttft_values_ms": sorted(ttft),
         "tokens_out": tokens,
         "prompt_tokens_mean": sum(tokens_in) / len(tokens_in) if tokens_in else None,
@@ -88,9 +97,18 @@ def format_level(level: dict) -> str:
     ]
     for m in METRICS:
         lines.append(f"{m:<9} {_triple(c[m]):>26} {_triple(d[m]):>26} {_triple(r[m], 2):>22}")
+    means = ", ".join(
+        f"{m.removesuffix('_ms')} {_num(c[m]['mean'])}/{_num(d[m]['mean'])} ({_num(r[m]['mean'], 2)})" for m in METRICS
+    )
+    lines.append(f"{'mean':<9} client/daemon ms (ratio), exact: {means}")
+    lines.append(f"{'ttfb_ms':<9} {_triple(c['ttfb_ms']):>26} {'(response head)':>26}")
     lines.append(
         f"{'requests':<9} {str(c['ok']) + ' ok, errors ' + errors:>26} "
         f"{str(d['requests']) + ' done, failed ' + failures:>26}"
+    )
+    lines.append(
+        f"{'tokens':<9} {str(c['tokens_out']) + ' in ' + str(c['content_chunks']) + ' content chunks':>26} "
+        f"{str(d['tokens_out']) + ' generated':>26}"
     )
     mq = level.get("mqtt")
     if mq:
