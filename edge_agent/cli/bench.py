@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..bench import asr, fleet, llm, serve, telemetry, tiers
+from ..bench import asr, fleet, grammar, llm, serve, telemetry, tiers
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -17,3 +17,4 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     telemetry.add_parser(bsub)
     fleet.add_parser(bsub)
     serve.add_parser(bsub)
+    grammar.add_parser(bsub)
