@@ -302,3 +302,26 @@ def test_a_schema_llguidance_cannot_use_is_a_400_naming_response_format(server):
         urllib.request.urlopen(req, timeout=30)
     assert err.value.code == 400
     assert "response_format" in json.loads(err.value.read())["error"]["message"]
+
+
+def test_completion_echo_returns_the_prompt_then_the_same_completion(client):
+    plain = client.completions.create(model="small", prompt="Once upon", max_tokens=4, temperature=0)
+    echoed = client.completions.create(model="small", prompt="Once upon", max_tokens=4, temperature=0, echo=True)
+    assert echoed.choices[0].text == "Once upon" + plain.choices[0].text
+    streamed = client.completions.create(
+        model="small", prompt="Once upon", max_tokens=4, temperature=0, echo=True, stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == echoed.choices[0].text
+
+
+def test_streamed_logprobs_match_the_whole_response(client):
+    whole = client.chat.completions.create(
+        model="small", messages=ASK, max_tokens=5, temperature=0, logprobs=True, top_logprobs=2
+    )
+    chunks = client.chat.completions.create(
+        model="small", messages=ASK, max_tokens=5, temperature=0, logprobs=True, top_logprobs=2, stream=True
+    )
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    want = whole.choices[0].logprobs.content
+    assert [e.token for e in streamed] == [e.token for e in want]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in want], abs=1e-5)
