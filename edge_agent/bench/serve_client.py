@@ -6,8 +6,8 @@ the request to the first chunk whose ``delta.content`` is not empty (the role-on
 count), ``itl_ms`` the gaps between content chunks, ``e2e_ms`` to ``[DONE]``; ``tokens_out`` is the
 final usage chunk's ``completion_tokens`` (``stream_options.include_usage``). ``ttfb_ms`` is the
 response head (the API sends it once the request is admitted). A token whose text is still pending
-(part of a character, or a special token) sends no chunk, so content chunks can be fewer than tokens:
-``tpot_ms`` ((e2e - ttft) / (tokens - 1)) is the per-token figure to compare with the daemon's.
+(part of a character, or a special token) sends no chunk, so content chunks can be fewer than tokens,
+and the first content can come some tokens after the daemon's first token.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 ``serve_client.py``, the daemon's side is read by ``serve_daemon.py``).
 
 Client percentiles are nearest-rank over the level's successful requests (``itl_ms``: between content
-chunks; ``tpot_ms``: per token, from the usage count); ``goodput`` is the
+chunks, which can each carry several tokens: the ``tokens`` line gives both counts); ``goodput`` is the
 successful requests whose TTFT is within the SLA, per second of the level's wall time;
 ``tokens_per_s`` is the usage chunks' ``completion_tokens`` over that wall time.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from ..metrics.window import percentile
 from .serve_client import RequestResult
 
-METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
+METRICS = ("ttft_ms", "itl_ms", "e2e_ms")
 QUANTILES = (50, 95, 99)
 
 
@@ -33,11 +33,6 @@ def client_figures(results: Sequence[RequestResult], wall_s: float, sla_ms: floa
     ttft = [r.ttft_ms for r in ok if r.ttft_ms is not None]
     itl = [gap for r in ok for gap in r.itl_ms]
     e2e = [r.e2e_ms for r in ok if r.e2e_ms is not None]
-    tpot = [
-        (r.e2e_ms - r.ttft_ms) / (r.tokens_out - 1)
-        for r in ok
-        if r.e2e_ms is not None and r.ttft_ms is not None and r.tokens_out and r.tokens_out > 1
-    ]
     tokens = sum(r.tokens_out or 0 for r in ok)
     tokens_in = [r.tokens_in for r in ok if r.tokens_in is not None]
     good = sum(1 for r in ok if r.ttft_ms is not None and r.ttft_ms <= sla_ms)
@@ -51,7 +46,6 @@ def client_figures(results: Sequence[RequestResult], wall_s: float, sla_ms: floa
         "ttfb_ms": _stats([r.ttfb_ms for r in ok if r.ttfb_ms is not None]),
         "ttft_ms": _stats(ttft),
         "itl_ms": _stats(itl),
-        "tpot_ms": _stats(tpot),
         "e2e_ms": _stats(e2e),
         "content_chunks": len(itl) + len(ttft),
         "ttft_values_ms": sorted(ttft),
