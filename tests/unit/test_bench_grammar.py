@@ -117,3 +117,34 @@ def test_apply_mask_matches_llguidance_reference(tiny):
     apply_token_bitmask_inplace(ref, mask)
     np.testing.assert_array_equal(ours, ref)
     assert np.isinf(ours).sum() > N_LOGITS // 2  # most tokens cannot follow {"name": "
+
+
+def _decoded_bytes_agree(tok, table: dict[int, bytes], prefix_id: int, prefix: str) -> int:
+    checked = 0
+    for i, raw in table.items():
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            continue  # a partial UTF-8 sequence: the decoder shows U+FFFD, nothing to compare
+        # after a plain prefix token, so a decoder that strips the first space does not touch this one
+        assert tok.decode([prefix_id, i]) == prefix + text, (i, tok.id_to_token(i))
+        checked += 1
+    return checked
+
+
+def test_token_bytes_match_the_tokenizers_own_decoder(tiny):
+    tok, spec, _ = tiny
+    table = token_bytes(spec.json_text)
+    assert (
+        _decoded_bytes_agree(tok, table, tok.token_to_id("a"), "a") > 400
+    )  # of 597: every token but the partial UTF-8 bytes
+
+
+def test_token_bytes_of_a_byte_level_vocabulary():
+    from edge_agent.models.catalog import DEMO_DIR
+
+    path = DEMO_DIR / "demo-whisper" / "tokenizer.json"
+    text = path.read_text(encoding="utf-8")
+    tok = tokenizers.Tokenizer.from_str(text)
+    table = token_bytes(text)
+    assert _decoded_bytes_agree(tok, table, tok.token_to_id("a"), "a") > 200
