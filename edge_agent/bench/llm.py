@@ -336,9 +336,10 @@ def _run_loaded(args, served: Served, lm, show: bool) -> int:
         if C > 1:
             notes.append("genai runs one request at a time (like the baseline): compare its ratios at C=1")
     if limits.max_batch > 1 and limits.batch_timeout_ms > 0 and 1 not in limits.preferred_batch_sizes:
+        how = "only when one is expected soon (adaptive_wait)" if limits.adaptive else "always (adaptive_wait = false)"
         notes.append(
             f"a request that finds the device idle waits up to batch_timeout_ms ({limits.batch_timeout_ms:g}) for "
-            "batch-mates, as in the daemon: agent TTFT (and overhead_ratio) include that wait"
+            f"batch-mates, {how}, as in the daemon: agent TTFT (and overhead_ratio) include that wait"
         )
     if served.tier.max_new_tokens < T:
         notes.append(f"the daemon caps this tier at max_new_tokens {served.tier.max_new_tokens}; this run made {T}")

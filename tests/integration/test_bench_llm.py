@@ -159,15 +159,16 @@ def test_bench_llm_unknown_model(tmp_path):
 
 
 def test_bench_llm_measures_the_tier_with_the_daemons_batching_from_the_config(tmp_path, capsys):
-    """A lone request waits batch_timeout_ms for batch-mates in the daemon (max_batch 4, no preferred size 1):
-    bench llm at C=1 must wait the same, with the limits agent.llm_limits gives that config."""
+    """With the fixed wait (adaptive_wait = false) a lone request waits batch_timeout_ms for batch-mates in
+    the daemon (max_batch 4, no preferred size 1): bench llm at C=1 must wait the same, with the limits
+    agent.llm_limits gives that config."""
     from edge_agent.agent import llm_limits
     from edge_agent.config import load_settings
 
     cfg = tmp_path / "agent.toml"
     cfg.write_text(
         '[[models.llm]]\nname = "t"\nmodel = "demo-phi3"\nmax_batch = 4\n\n'
-        "[batching]\nmax_batch = 4\nbatch_timeout_ms = 300\npreferred_batch_sizes = [2, 4]\n"
+        "[batching]\nmax_batch = 4\nbatch_timeout_ms = 300\npreferred_batch_sizes = [2, 4]\nadaptive_wait = false\n"
     )
     out = tmp_path / "r.json"
     argv = [*_base(tmp_path), "--config", str(cfg), "--no-baseline", "--rounds", "1", "--json", str(out)]
@@ -179,6 +180,7 @@ def test_bench_llm_measures_the_tier_with_the_daemons_batching_from_the_config(t
     assert report["limits"]["max_batch"] == expected.max_batch == 4
     assert report["limits"]["batch_timeout_ms"] == expected.batch_timeout_ms == 300
     assert report["limits"]["preferred_batch_sizes"] == list(expected.preferred_batch_sizes)
+    assert expected.adaptive is False
     assert report["tier"] == "t" and report["config"] == str(cfg)
     assert report["agent"]["ttft_ms"]["count"] == REQUESTS
     assert report["agent"]["ttft_ms"]["p50"] >= 300.0  # every lone request waited the configured timeout

@@ -257,6 +257,7 @@ class LLMScheduler:
             self._complete(seq, "cancelled")
             return
         timing = seq.recorder.finish()
+        self._report(timing)
         seq.handle._finish(
             None,
             DeadlineExceeded(
@@ -264,7 +265,6 @@ class LLMScheduler:
                 f"not started (queue timeout {self.limits.queue_timeout_ms:.0f} ms or its own deadline)"
             ),
         )
-        self._report(timing)
 
     def _prefill(self, seqs: list[_Sequence]) -> None:
         for seq in seqs:
@@ -380,14 +380,14 @@ class LLMScheduler:
             with self._cond:
                 self._wait.on_latency(timing.ttft_ms, self.limits.sla_ms)
         text = seq.final_text if seq.final_text is not None else seq.decoder.text
+        self._report(timing)  # recorded before the caller can see the result: its metrics are in when it looks
         seq.handle._finish(Completion(text, tuple(seq.generated), reason, timing, tuple(seq.logprobs)))
-        self._report(timing)
 
     def _fail(self, seqs: list[_Sequence], exc: BaseException) -> None:
         for seq in seqs:
             timing = seq.recorder.finish()
-            seq.handle._finish(None, exc)
             self._report(timing, error=True)
+            seq.handle._finish(None, exc)
 
     def _report(self, timing: RequestTiming, error: bool = False) -> None:
         if self.on_finished is not None:
