@@ -15,8 +15,11 @@ if TYPE_CHECKING:
     from .service import AsrService
 
 
-def make_service(engine: Recognizer, audio: AudioConfig, batching: BatchingConfig, streams: int = 1) -> AsrService:
-    """The ASR service for ``engine`` with the ``audio`` and ``batching`` config sections."""
+def make_service(
+    engine: Recognizer, audio: AudioConfig, batching: BatchingConfig, streams: int = 1, sla_ms: float = 300.0
+) -> AsrService:
+    """The ASR service for ``engine`` with the ``audio`` and ``batching`` config sections; ``sla_ms`` is
+    the first-partial target the adaptive batching wait leaves room for (``[sla.asr] target_ms``)."""
     from ...audio.vad import EndpointConfig, make_detector
     from .batcher import BatchLimits
     from .service import AsrService
@@ -27,6 +30,7 @@ def make_service(engine: Recognizer, audio: AudioConfig, batching: BatchingConfi
         batch_timeout_ms=batching.batch_timeout_ms if streams > 1 else 0.0,
         preferred_batch_sizes=tuple(batching.preferred_batch_sizes) if streams > 1 else (),
         max_queue=batching.max_queue,
+        adaptive=batching.adaptive_wait,
     )
     endpoint = EndpointConfig(audio.min_speech_ms, audio.trailing_silence_ms, audio.pre_roll_ms, audio.max_utterance_s)
     make_detector(audio.vad, model=audio.vad_model, threshold_db=audio.energy_threshold_db)  # fail early
@@ -35,6 +39,7 @@ def make_service(engine: Recognizer, audio: AudioConfig, batching: BatchingConfi
         limits=limits,
         endpoint=endpoint,
         chunk_ms=audio.chunk_ms,
+        sla_ms=sla_ms,
         detector_factory=lambda: make_detector(
             audio.vad, model=audio.vad_model, threshold_db=audio.energy_threshold_db
         ),

@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -292,7 +291,7 @@ class Speech(Ladder):
             failures = upload.Failures(loaded._observe)
             stream = loaded.service.open_stream(failures)
             timed = upload.time_stream(stream)
-            _feed_bounded(stream, samples, loaded.engine.sample_rate, filename)
+            upload.feed_bounded(stream, samples, loaded.engine.sample_rate, filename, MAX_BACKLOG_S, UPLOAD_TIMEOUT_S)
             stream.close()
             if not stream.wait(UPLOAD_TIMEOUT_S):
                 stream.abort("the transcription timed out", "timeout")
@@ -349,17 +348,6 @@ class Speech(Ladder):
             self._close_drained(loaded, self._drain_s if drain_s is None else drain_s)
 
 
-def _feed_bounded(stream, samples: np.ndarray, rate: int, filename: str) -> None:
-    """Feed a whole file a second at a time, never more than ``MAX_BACKLOG_S`` ahead of the recogniser:
-    a long upload then queues a step or two per utterance, not every utterance of the file at once."""
-    deadline = time.monotonic() + UPLOAD_TIMEOUT_S
-    for offset in range(0, len(samples), rate):
-        if not stream.wait_backlog(MAX_BACKLOG_S, max(0.0, deadline - time.monotonic())):
-            stream.abort("the transcription timed out", "timeout")
-            raise DeadlineExceeded(f"{filename}: transcription did not finish within {UPLOAD_TIMEOUT_S:g} s")
-        stream.feed(samples[offset : offset + rate])
-
-
 def speech_tiers(settings: Settings) -> list[SpeechTier]:
     """The configured ASR ladder; each tier opens (resolves, builds or loads, warms) when first needed."""
     tiers = []
@@ -402,7 +390,9 @@ def open_speech(
 
     speech = Speech(
         speech_tiers(settings),
-        lambda engine: make_service(engine, settings.audio, settings.batching, streams=4),
+        lambda engine: make_service(
+            engine, settings.audio, settings.batching, streams=4, sla_ms=settings.sla.asr.target_ms
+        ),
         observe,
         on_switched,
         drain_s,

@@ -32,8 +32,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
@@ -43,39 +41,11 @@ from ...metrics.histogram import ExponentialHistogram
 from ...metrics.window import MetricSnapshot, RollingWindow
 from ...models.recognizer import Hypothesis, Recognizer
 from .batcher import Batcher, BatchLimits
+from .events import AsrEvent, UtteranceMetrics
 
 log = logging.getLogger(__name__)
 
 ASR_METRICS = ("first_partial_ms", "final_ms", "rtf")
-
-
-@dataclass(frozen=True, slots=True)
-class UtteranceMetrics:
-    """One utterance's latency and cost, sent with its ``final`` event."""
-
-    first_partial_ms: float | None  # None: no partial before the final (a very short utterance)
-    final_ms: float
-    rtf: float
-    audio_s: float
-    compute_ms: float
-    reason: str  # why it ended: silence | max_length | end_of_stream
-
-
-@dataclass(frozen=True, slots=True)
-class AsrEvent:
-    """What a stream emits: speech start, partial and final text, or an error."""
-
-    kind: Literal["speech_start", "partial", "final", "error"]
-    stream: int
-    utterance: int
-    text: str = ""
-    stable_text: str = ""
-    audio_s: float = 0.0  # stream time the event refers to (onset; end of the audio a partial covers)
-    at_s: float = 0.0  # clock time it was emitted
-    metrics: UtteranceMetrics | None = None
-    speech_end_at_s: float | None = None  # final only: clock time of the end-of-speech decision
-    error: str | None = None
-    code: str | None = None  # error only: overloaded | timeout | cancelled | failed
 
 
 class _Utterance:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Callable
 
 import numpy as np
 
 from ...audio.vad import Endpointer, Event, SpeechEnd, SpeechStart
 from ...audio.wav import AudioInfo, read_audio
-from ...errors import EdgeAgentError, InputError, Overloaded
+from ...errors import DeadlineExceeded, EdgeAgentError, InputError, Overloaded
 from ..transcription_request import FieldError
 from .service import AsrEvent, AsrStream
 
@@ -161,3 +162,16 @@ class Failures:
         at = f" (from {spans[e.utterance][0]:.2f} s)" if e.utterance < len(spans) else ""
         why = f"{filename}: utterance {e.utterance}{at} could not be transcribed: {e.error}"
         raise Overloaded(why) if e.code == "overloaded" else EdgeAgentError(why)
+
+
+def feed_bounded(
+    stream: AsrStream, samples: np.ndarray, rate: int, filename: str, max_backlog_s: float, timeout_s: float
+) -> None:
+    """Feed a whole file a second at a time, never more than ``max_backlog_s`` ahead of the recogniser:
+    a long upload then queues a step or two per utterance, not every utterance of the file at once."""
+    deadline = time.monotonic() + timeout_s
+    for offset in range(0, len(samples), rate):
+        if not stream.wait_backlog(max_backlog_s, max(0.0, deadline - time.monotonic())):
+            stream.abort("the transcription timed out", "timeout")
+            raise DeadlineExceeded(f"{filename}: transcription did not finish within {timeout_s:g} s")
+        stream.feed(samples[offset : offset + rate])
