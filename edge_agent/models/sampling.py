@@ -74,6 +74,17 @@ class Sampler:
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
         self._rng = np.random.default_rng(params.seed)
+        p = params
+        # argmax of the raw logits is the whole job: the scheduler takes it for many rows at once
+        self.plain = (
+            p.greedy
+            and not p.logit_bias
+            and p.repetition_penalty == 1.0
+            and not p.frequency_penalty
+            and not p.presence_penalty
+            and p.logprobs is None
+            and p.grammar is None
+        )
 
     def process(
         self,

@@ -85,6 +85,11 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def id_limit(self) -> int:
+        """One past the largest id this tokenizer defines (a model may have more logits than that)."""
+        return max(self._tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+
     def to_json(self) -> str:
         """The tokenizer as ``tokenizer.json`` text (what llguidance builds its vocabulary from)."""
         return self._tok.to_str()
@@ -141,24 +146,35 @@ class Tokenizer:
 
 
 class StreamDecoder:
-    """Turns generated ids into text pieces as they arrive, holding back incomplete UTF-8."""
+    """Turns generated ids into text pieces as they arrive, holding back incomplete UTF-8.
+
+    Incremental: each push decodes a short window (the tokens since the last emitted piece plus the
+    few before them, so a tokenizer that strips a leading space or merges bytes across tokens still
+    sees its context), not every id so far: constant work per token however long the output.
+    """
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tok = tokenizer
         self._ids: list[int] = []
+        self._prefix = 0  # window start: context tokens whose text is already out
+        self._read = 0  # tokens up to here are emitted
         self._emitted = ""
-        self._text = ""
+        self._pending = ""  # decoded past the emitted text, held back (an incomplete character)
 
     def push(self, token_id: int) -> str:
         self._ids.append(token_id)
-        text = self._text = self._tok.decode(self._ids)
-        if text.endswith("\ufffd"):  # a multi-byte character split across tokens: wait for the rest
+        before = self._tok.decode(self._ids[self._prefix : self._read])
+        after = self._tok.decode(self._ids[self._prefix :])
+        piece = after[len(before) :] if after.startswith(before) else ""
+        if not piece or piece.endswith("\ufffd"):  # nothing yet, or a character split across tokens: wait
+            self._pending = piece
             return ""
-        piece = text[len(self._emitted) :] if text.startswith(self._emitted) else ""
-        self._emitted = text
+        self._emitted += piece
+        self._pending = ""
+        self._prefix, self._read = self._read, len(self._ids)
         return piece
 
     @property
     def text(self) -> str:
         """The decoded text of every token pushed so far."""
-        return self._text
+        return self._emitted + self._pending

@@ -203,7 +203,7 @@ def test_logprobs_are_the_models_own_log_softmax(server, client):
     tok = reference.tokenizer
     ids = tok.encode_chat([Message("user", ASK[0]["content"])])
     logits, _, _ = reference.prefill([ids])
-    row = logits[0].astype(np.float64)
+    row = logits[0, : tok.id_limit].astype(np.float64)  # ids the tokenizer cannot decode are never offered
     want = row - (row.max() + np.log(np.exp(row - row.max()).sum()))
     first = content[0]
     assert first.logprob == pytest.approx(want.max(), abs=1e-4)  # greedy: the most likely token
@@ -250,8 +250,9 @@ def _reference_greedy(reference: DecoderLM, ids: list[int], n: int, freq: float,
     mask = np.ones((1, len(ids)), dtype=np.int64)
     logits, past = reference.forward(np.asarray([ids], dtype=np.int64), mask, reference._empty_past(1))
     out: list[int] = []
+    known = reference.tokenizer.id_limit  # the agent never picks an id its tokenizer cannot decode
     for _ in range(n):
-        row = logits[0, -1].astype(np.float64)
+        row = logits[0, -1, :known].astype(np.float64)
         for token in set(out):
             row[token] -= out.count(token) * freq + presence
         token = int(np.argmax(row))

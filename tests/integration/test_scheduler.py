@@ -15,9 +15,15 @@ from edge_agent.models.sampling import SamplingParams
 from edge_agent.serving.llm.scheduler import Limits, LLMScheduler
 
 
-def reference(name: str) -> dict[str, np.ndarray]:
-    with np.load(DEMO_DIR / name / "reference.npz") as ref:
-        return {k: ref[k] for k in ref.files}
+def reference(name: str, lm: DecoderLM) -> dict[str, np.ndarray]:
+    """The PyTorch reference's prompts, and their greedy tokens as served: the bare loop over the ids the
+    tokenizer defines (test_conformance checks that loop over every logit against PyTorch's tokens)."""
+    with np.load(DEMO_DIR / name / "reference.npz") as npz:
+        ref = {k: npz[k] for k in npz.files}
+    for prompt, greedy_key in (("prompt_ids", "greedy_ids"), ("prompt2_ids", "greedy2_ids")):
+        n = len(ref[greedy_key])
+        ref[greedy_key] = np.asarray(list(lm.generate_greedy(ref[prompt].tolist(), n, stop_at_eos=False)))
+    return ref
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +40,7 @@ def greedy(n: int) -> SamplingParams:
 
 
 def test_concurrent_requests_joining_mid_flight_get_their_reference_tokens(lm):
-    ref = reference("demo-gemma2")
+    ref = reference("demo-gemma2", lm)
     timings = []
     sched = LLMScheduler(lm, Limits(max_batch=4, batch_timeout_ms=5), on_finished=timings.append).start()
     try:
@@ -55,7 +61,7 @@ def test_concurrent_requests_joining_mid_flight_get_their_reference_tokens(lm):
 
 
 def test_streamed_pieces_add_up_to_the_text_and_stop_strings_cut_it(lm):
-    ref = reference("demo-gemma2")
+    ref = reference("demo-gemma2", lm)
     sched = LLMScheduler(lm, Limits(batch_timeout_ms=0)).start()
     try:
         handle = sched.submit(ref["prompt_ids"].tolist(), greedy(12))
@@ -141,9 +147,10 @@ def test_cancel_ends_a_stream_early_and_stop_drains(lm):
         sched.submit([5], greedy(1))
 
 
-def test_genai_folder_with_in_place_kv_serves_joining_requests_with_reference_tokens():
+def test_genai_folder_with_in_place_kv_serves_joining_requests_with_reference_tokens(tmp_path):
     """An onnxruntime-genai folder (GroupQueryAttention, past = present buffers) through the scheduler:
-    requests that join and leave mid-flight still produce demo-phi3's PyTorch greedy tokens."""
+    requests that join and leave mid-flight still produce demo-phi3's greedy tokens (the bare loop on
+    the plain export, over the ids its tokenizer defines)."""
     from pathlib import Path
 
     from edge_agent.models.catalog import inspect_folder
@@ -151,7 +158,11 @@ def test_genai_folder_with_in_place_kv_serves_joining_requests_with_reference_to
 
     folder = Path(__file__).resolve().parent.parent / "data" / "demo-phi3-genai"
     genai = DecoderLM.open(inspect_folder(folder), "onnxruntime", SessionOptions(threads=1))
-    ref = reference("demo-phi3")
+    plain = DecoderLM.open(resolve_model("demo-phi3", tmp_path), "onnxruntime", SessionOptions(threads=1))
+    try:
+        ref = reference("demo-phi3", plain)
+    finally:
+        plain.close()
     sched = LLMScheduler(genai, Limits(max_batch=2, batch_timeout_ms=0)).start()
     try:
         assert isinstance(sched._batch, SlotCache)
