@@ -1,0 +1,183 @@
+"""The in-place KV graph: recovered decoder weights -> an ONNX model with GroupQueryAttention.
+
+The layout is onnxruntime-genai's builder's (``Model.make_group_query_attention`` and friends):
+
+    input_ids [B, S] int64, attention_mask [B, T] int64 (right padded; T = past + new)
+    past_key_values.{i}.key/value [B, H_kv, capacity, D]  ==  present.{i}.key/value (one buffer, appended in place)
+    seqlens_k = ReduceSum(attention_mask) - 1 (int32), total_sequence_length = T (int32)
+    embed: Gather (* sqrt(hidden) for Gemma)
+    per layer: SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization (the residual adds ride on it),
+               MatMul qkv (packed) -> com.microsoft.GroupQueryAttention (do_rotary with cos/sin caches, scale,
+               softcap, local_window_size) -> MatMul o; MatMul gate_up -> Split -> act(gate) * up -> MatMul down
+               (Gemma-2: post-attention and pre/post-feed-forward norms)
+    final norm -> MatMul lm_head (-> tanh soft-cap) -> logits [B, S, V]
+
+There is no position_ids input: GroupQueryAttention rotates each row at its own positions, read from
+``seqlens_k``. Norm weights are the effective multipliers (Gemma's ``1 + w`` already applied).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .inplace_kv_weights import Arch, DecoderWeights
+
+OPSET = 17
+
+
+def rotary_caches(arch: Arch) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [context, rotary_dim / 2] in float32, as Hugging Face's default rotary embedding computes them."""
+    dim = arch.rotary_dim
+    inv_freq = (1.0 / (arch.rope_theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))).astype(
+        np.float32
+    )
+    t = np.arange(arch.context, dtype=np.float32)
+    freqs = np.outer(t, inv_freq).astype(np.float32)
+    return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+
+
+class _Graph:
+    """Accumulates nodes and initializers with unique names."""
+
+    def __init__(self) -> None:
+        from onnx import helper, numpy_helper
+
+        self.h, self.nh = helper, numpy_helper
+        self.nodes: list = []
+        self.inits: list = []
+
+    def init(self, name: str, value: np.ndarray) -> str:
+        self.inits.append(self.nh.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], name: str, outputs: int = 1, domain: str = "", **attrs) -> list[str]:
+        outs = [f"{name}/output_{i}" for i in range(outputs)]
+        self.nodes.append(self.h.make_node(op, inputs, outs, name=name, domain=domain or None, **attrs))
+        return outs
+
+
+def build_graph(arch: Arch, w: DecoderWeights):
+    """The in-place KV ``onnx.ModelProto`` of ``w`` (weights as initializers; save with external data)."""
+    from onnx import TensorProto, helper
+
+    g = _Graph()
+    one = g.init("/model/constants/INT64/[1]", np.array([1], dtype=np.int64))
+    g.init("/model/constants/INT64/1", np.array(1, dtype=np.int64))
+    cos, sin = rotary_caches(arch)
+    g.init("cos_cache", cos)
+    g.init("sin_cache", sin)
+
+    base = "/model/attn_mask_reformat/attn_mask_subgraph"
+    (total,) = g.node("ReduceSum", ["attention_mask", one], f"{base}/ReduceSum", keepdims=0)
+    (seqlens,) = g.node("Sub", [total, one], f"{base}/Sub")
+    (seqlens_k,) = g.node("Cast", [seqlens], f"{base}/Sub/Cast", to=TensorProto.INT32)
+    (shape,) = g.node("Shape", ["attention_mask"], f"{base}/Shape")
+    (width,) = g.node("Gather", [shape, "/model/constants/INT64/1"], f"{base}/Gather", axis=0)
+    (total_len,) = g.node("Cast", [width], f"{base}/Gather/Cast", to=TensorProto.INT32)
+
+    table = g.init("model.embed_tokens.weight", w.embed)
+    (hidden,) = g.node("Gather", [table, "input_ids"], "/model/embed_tokens/Gather")
+    if w.embed_scale is not None:
+        s = g.init("/model/embed_tokens/scale", np.array(w.embed_scale, dtype=np.float32))
+        (hidden,) = g.node("Mul", [hidden, s], "/model/embed_tokens/Mul")
+
+    eps = arch.eps
+    residual: str | None = None
+    delta = hidden  # what the next norm adds to the residual stream
+
+    def norm(name: str, x: str, weight: np.ndarray, skip: str | None) -> tuple[str, str | None]:
+        """(normalized, new residual): a SkipSimplifiedLayerNorm when there is a residual to add x to."""
+        wn = g.init(f"{name}.weight", weight)
+        if skip is None:
+            (y,) = g.node("SimplifiedLayerNormalization", [x, wn], f"/model/{name}/LayerNorm", axis=-1, epsilon=eps)
+            return y, None
+        outs = g.node(
+            "SkipSimplifiedLayerNormalization",
+            [x, skip, wn],
+            f"/model/{name}/SkipLayerNorm",
+            outputs=4,
+            domain="com.microsoft",
+            epsilon=eps,
+        )
+        return outs[0], outs[3]
+
+    for i, lw in enumerate(w.layers):
+        p = f"layers.{i}"
+        if residual is None:  # first layer: the embedding itself is the residual stream
+            x, _ = norm(f"{p}.input_layernorm", delta, lw["input_layernorm"], None)
+            residual = delta
+        else:
+            x, residual = norm(f"{p}.input_layernorm", delta, lw["input_layernorm"], residual)
+        (qkv,) = g.node(
+            "MatMul", [x, g.init(f"{p}.attn.qkv_proj.weight", lw["qkv"])], f"/model/{p}/attn/qkv_proj/MatMul"
+        )
+        past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
+        attn = g.node(
+            "GroupQueryAttention",
+            [qkv, "", "", past_k, past_v, seqlens_k, total_len, "cos_cache", "sin_cache"],
+            f"/model/{p}/attn/GroupQueryAttention",
+            outputs=1,
+            domain="com.microsoft",
+            num_heads=arch.heads,
+            kv_num_heads=arch.kv_heads,
+            scale=arch.scale,
+            softcap=arch.attn_softcap,
+            local_window_size=arch.windows[i],
+            do_rotary=1,
+            rotary_interleaved=0,
+        )[0]
+        g.nodes[-1].output.extend([f"present.{i}.key", f"present.{i}.value"])
+        (o,) = g.node("MatMul", [attn, g.init(f"{p}.attn.o_proj.weight", lw["o"])], f"/model/{p}/attn/o_proj/MatMul")
+        if arch.family == "gemma2":
+            o, _ = norm(f"{p}.post_attention_layernorm", o, lw["post_attention_layernorm"], None)
+            x, residual = norm(f"{p}.pre_feedforward_layernorm", o, lw["pre_feedforward_layernorm"], residual)
+        else:
+            x, residual = norm(f"{p}.post_attention_layernorm", o, lw["post_attention_layernorm"], residual)
+        (gu,) = g.node(
+            "MatMul", [x, g.init(f"{p}.mlp.gate_up_proj.weight", lw["gate_up"])], f"/model/{p}/mlp/gate_up/MatMul"
+        )
+        gate, up = g.node("Split", [gu], f"/model/{p}/mlp/Split", outputs=2, axis=-1)
+        act = _activation(g, arch.activation, gate, f"/model/{p}/mlp/act")
+        (prod,) = g.node("Mul", [act, up], f"/model/{p}/mlp/Mul")
+        (delta,) = g.node(
+            "MatMul", [prod, g.init(f"{p}.mlp.down_proj.weight", lw["down"])], f"/model/{p}/mlp/down/MatMul"
+        )
+        if arch.family == "gemma2":
+            delta, _ = norm(f"{p}.post_feedforward_layernorm", delta, lw["post_feedforward_layernorm"], None)
+
+    x, _ = norm("norm", delta, w.final_norm, residual)
+    logits_name = "logits" if not arch.final_softcap else "/model/lm_head/output"
+    g.nodes.append(
+        helper.make_node(
+            "MatMul", [x, g.init("lm_head.weight", w.lm_head)], [logits_name], name="/model/lm_head/MatMul"
+        )
+    )
+    if arch.final_softcap:
+        cap = g.init("/model/softcap", np.array(arch.final_softcap, dtype=np.float32))
+        (d,) = g.node("Div", [logits_name, cap], "/model/softcap/Div")
+        (t,) = g.node("Tanh", [d], "/model/softcap/Tanh")
+        g.nodes.append(helper.make_node("Mul", [t, cap], ["logits"], name="/model/softcap/Mul"))
+
+    f32, i64 = TensorProto.FLOAT, TensorProto.INT64
+    kv_shape: list[str | int] = ["batch_size", arch.kv_heads, "past_sequence_length", arch.head_dim]
+    present_shape: list[str | int] = ["batch_size", arch.kv_heads, "total_sequence_length", arch.head_dim]
+    inputs = [
+        helper.make_tensor_value_info("input_ids", i64, ["batch_size", "sequence_length"]),
+        helper.make_tensor_value_info("attention_mask", i64, ["batch_size", "total_sequence_length"]),
+    ]
+    outputs = [helper.make_tensor_value_info("logits", f32, ["batch_size", "sequence_length", w.lm_head.shape[1]])]
+    for i in range(arch.layers):
+        for kv in ("key", "value"):
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kv}", f32, kv_shape))
+            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kv}", f32, present_shape))
+    graph = helper.make_graph(g.nodes, "inplace_kv_decoder", inputs, outputs, g.inits)
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8, producer_name="edge-agent inplace-kv")
+
+
+def _activation(g: _Graph, kind: str, x: str, name: str) -> str:
+    if kind == "silu":
+        (sig,) = g.node("Sigmoid", [x], f"{name}/Sigmoid")
+        return g.node("Mul", [x, sig], f"{name}/Mul")[0]
+    op = "FastGelu" if kind == "gelu_tanh" else "Gelu"
+    return g.node(op, [x], f"{name}/{op}", domain="com.microsoft")[0]
