@@ -222,7 +222,56 @@ def save_config(config: transformers.PretrainedConfig, architecture: str, folder
     config.save_pretrained(folder)
 
 
-def train_bpe(vocab_size: int, first: list[str], last: list[str]) -> Tokenizer:
+def wide_corpus(words: int = 60_000, seed: int = 8000) -> list[str]:
+    """CORPUS plus deterministic pseudo-English (syllable words, numbers, punctuation): enough distinct
+    text for a byte-level BPE of several thousand tokens, the same on every machine."""
+    import random
+
+    rng = random.Random(seed)
+    onsets = [
+        "",
+        "b",
+        "c",
+        "d",
+        "f",
+        "g",
+        "h",
+        "k",
+        "l",
+        "m",
+        "n",
+        "p",
+        "r",
+        "s",
+        "t",
+        "v",
+        "w",
+        "st",
+        "tr",
+        "ch",
+        "sh",
+    ]
+    vowels = ["a", "e", "i", "o", "u", "ea", "ou", "ai", "y"]
+    codas = ["", "", "n", "r", "s", "t", "l", "m", "nd", "ng", "st", "ck"]
+    lexicon = sorted(
+        {
+            "".join(rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas) for _ in range(rng.randint(1, 3)))
+            for _ in range(12_000)
+        }
+    )
+    lines, line = [], []
+    for i in range(words):
+        word = rng.choice(lexicon)
+        line.append(word.capitalize() if not line else word)
+        if rng.random() < 0.04:
+            line.append(str(rng.randint(0, 2000)))
+        if rng.random() < 0.08 or i == words - 1:
+            lines.append(" ".join(line) + rng.choice([".", "!", "?", ","]))
+            line = []
+    return CORPUS.splitlines() + lines
+
+
+def train_bpe(vocab_size: int, first: list[str], last: list[str], corpus: list[str] | None = None) -> Tokenizer:
     """Byte-level BPE (GPT-2 style): encode -> decode round-trips any text. `first` special tokens get
     ids 0.. (as in the real vocabularies), `last` ones are appended after the trained vocabulary."""
     tok = Tokenizer(models.BPE())
@@ -235,7 +284,7 @@ def train_bpe(vocab_size: int, first: list[str], last: list[str]) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=[AddedToken(t, special=True, normalized=False) for t in first],
     )
-    tok.train_from_iterator(CORPUS.splitlines(), trainer)
+    tok.train_from_iterator(corpus or CORPUS.splitlines(), trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in last])
     assert tok.get_vocab_size() == vocab_size, (tok.get_vocab_size(), vocab_size)
     for text in [*CORPUS.splitlines()[:5], "Ünïcödé ✓ 42\n\ttabs  and  spaces"]:

@@ -37,6 +37,7 @@ from demo_models_common import (
     save_config,
     save_npz,
     train_bpe,
+    wide_corpus,
     write_common,
     write_json,
     write_tokenizer,
@@ -54,6 +55,7 @@ from transformers import (
 
 LLM_VOCAB = 1024  # model vocab; the tokenizers have 1000 entries, padded like Phi-3's 32064
 TOKENIZER_SIZE = 1000
+SMALL_VOCAB = 8000  # demo-phi3-small: its tokenizer covers every one of its logits
 N_NEW = 24  # greedy steps in the references: 8-token prompt + 24 > Gemma-2's window of 16
 PROMPT = "The weather today is bright, and the river"
 PROMPT2 = "Hello there, how are you?"
@@ -91,14 +93,17 @@ def load_materialize_module():
 # ----------------------------------------------------------------------------- tokenizers
 
 
-def llm_tokenizer(family: str) -> tuple[Tokenizer, dict[str, Any]]:
-    """Returns the tokenizer and the family's special-token metadata."""
+def llm_tokenizer(family: str, size: int = TOKENIZER_SIZE) -> tuple[Tokenizer, dict[str, Any]]:
+    """Returns the tokenizer and the family's special-token metadata. A size beyond what CORPUS can
+    teach (demo-phi3-small's 8000: a tokenizer that covers every logit) trains on ``wide_corpus``."""
+    corpus = wide_corpus() if size > TOKENIZER_SIZE else None
     if family == "phi3":
         # Phi-3: <unk>=0 <s>=1 </s>=2, chat tokens appended after the vocabulary (32000.. in the real one).
         tok = train_bpe(
-            TOKENIZER_SIZE,
+            size,
             ["<unk>", "<s>", "</s>"],
             ["<|endoftext|>", "<|assistant|>", "<|system|>", "<|end|>", "<|user|>"],
+            corpus,
         )
         meta = {
             "bos": "<s>",
@@ -111,7 +116,7 @@ def llm_tokenizer(family: str) -> tuple[Tokenizer, dict[str, Any]]:
         }
     else:
         # Gemma: <pad>=0 <eos>=1 <bos>=2 <unk>=3 as in the real vocabulary; the tokenizer prepends <bos>.
-        tok = train_bpe(TOKENIZER_SIZE, ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"], [])
+        tok = train_bpe(size, ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"], [], corpus)
         tok.post_processor = processors.TemplateProcessing(
             single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", tok.token_to_id("<bos>"))]
         )
@@ -386,10 +391,10 @@ def build_phi3_small(out_dir: Path) -> dict[str, Any]:
     """Export the graph, move every large initializer to model.onnx.data and record, instead of the bytes,
     a numpy recipe (weights.json) that regenerates them; the runtime materializes the data on first use."""
     name = "demo-phi3-small"
-    tok, meta = llm_tokenizer("phi3")
+    tok, meta = llm_tokenizer("phi3", SMALL_VOCAB)
     prompt = tok.encode(PROMPT).ids
     torch.manual_seed(SEEDS[name])
-    model = Phi3ForCausalLM(llm_config(name, 8000, meta)).eval()
+    model = Phi3ForCausalLM(llm_config(name, SMALL_VOCAB, meta)).eval()
     cfg, n_params = model.config, sum(p.numel() for p in model.parameters())
     folder = out_dir / name
     shutil.rmtree(folder, ignore_errors=True)
@@ -463,6 +468,29 @@ def build_phi3_small(out_dir: Path) -> dict[str, Any]:
     return {"parameters": n_params, "data_bytes": offset, "external_tensors": len(tensors)}
 
 
+def retokenize_phi3_small(out_dir: Path) -> dict[str, Any]:
+    """Only demo-phi3-small's tokenizer and the special ids in its configs (what build_phi3_small writes
+    for them), leaving the graph and weights.json as they are: the weights never depend on the
+    tokenizer, so this equals a full rebuild without re-exporting the model."""
+    folder = out_dir / "demo-phi3-small"
+    tok, meta = llm_tokenizer("phi3", SMALL_VOCAB)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(bos_token_id=meta["ids"]["bos"], eos_token_id=meta["ids"]["eos"], pad_token_id=meta["ids"]["pad"])
+    assert config["vocab_size"] == tok.get_vocab_size() == SMALL_VOCAB
+    write_json(folder / "config.json", config)
+    write_json(
+        folder / "generation_config.json",
+        {
+            "bos_token_id": meta["ids"]["bos"],
+            "eos_token_id": meta["stop_ids"],
+            "pad_token_id": meta["ids"]["pad"],
+            "transformers_version": transformers.__version__,
+        },
+    )
+    write_tokenizer(folder, tok, meta)
+    return {"vocab": tok.get_vocab_size(), "eos": meta["ids"]["eos"]}
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -470,7 +498,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--only", nargs="*", default=list(SEEDS), choices=list(SEEDS))
+    parser.add_argument(
+        "--tokenizer-only", action="store_true", help="demo-phi3-small: rewrite its tokenizer and special ids only"
+    )
     args = parser.parse_args(argv)
+    if args.tokenizer_only:
+        print(f"demo-phi3-small: tokenizer {json.dumps(retokenize_phi3_small(args.out))}", flush=True)
+        return 0
     # One thread and deterministic kernels: the references are then byte-identical from run to run.
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
