@@ -1,4 +1,4 @@
-"""``edge-agent calibrate``, ``edge-agent build`` and ``edge-agent engines list|verify|prune``.
+"""``edge-agent calibrate``, ``edge-agent build`` and ``edge-agent engines list|verify|prune|convert``.
 
 ``--json`` prints the report as one JSON object on stdout, or writes it to the file given
 (``--json report.json``). Progress with ETA goes to stderr; under systemd the build keeps the
@@ -116,6 +116,35 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     _common(q)
     q.add_argument("--all", action="store_true", help="remove every engine and unfinished build")
     q.set_defaults(func=cmd_engines_prune)
+    q = esub.add_parser(
+        "convert",
+        help="write the in-place KV folder (GroupQueryAttention, genai_config.json) of a plain Phi-3/Gemma export",
+    )
+    _common(q)
+    q.add_argument("--inplace-kv", action="store_true", required=True, help="the conversion to run (the only one)")
+    q.add_argument("src", help="demo model name or plain export folder (model.onnx, config.json, tokenizer)")
+    q.add_argument("dst", type=Path, help="the folder to write (replaced)")
+    q.add_argument("--check-tokens", type=int, default=16, help="decode steps compared with the source (0: no check)")
+    q.add_argument("--threads", type=int, default=1, help="intra-op threads for the check")
+    q.set_defaults(func=cmd_engines_convert)
+
+
+def cmd_engines_convert(args: argparse.Namespace) -> int:
+    from ..config import load_settings
+    from ..engines.inplace_kv import convert_inplace
+    from ..models.catalog import resolve_model
+
+    settings = load_settings(args.config)
+    src = resolve_model(args.src, settings.models.cache_dir).path
+    report = convert_inplace(src, args.dst, check_tokens=args.check_tokens, threads=args.threads)
+    check = report.get("check")
+    verdict = (
+        f"logits within {check['max_rel_diff']:.1e} of the logit scale, greedy equal for {check['tokens']} steps"
+        if check
+        else "not checked"
+    )
+    emit(args, {**report, "dst": str(args.dst)}, f"wrote {args.dst} ({report['family']}, in-place KV): {verdict}")
+    return 0
 
 
 # -- helpers -------------------------------------------------------------------------------------

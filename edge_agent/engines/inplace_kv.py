@@ -45,6 +45,23 @@ class InplaceCheckFailed(ModelError):
     """The converted graph's logits or greedy tokens differ from the source export's."""
 
 
+LAYOUT = "inplace-kv"
+
+
+def layout_for(
+    kv_layout: str, workload: str, folder: Path, onnx_file: str, backend: str, precision: str, flavour: str
+) -> str:
+    """The KV layout an engine build uses: ``LAYOUT`` for an ONNX Runtime LLM build of a plain decoder
+    export whose precision only rewrites weights (fp32, int8 dynamic, int8w, int4), else "" (the source's).
+
+    FP16 keeps float32 I/O through Cast nodes and static INT8 calibrates with the source's feeds, neither
+    of which keeps past and present one buffer, so those stay plain."""
+    weights_only = precision in ("fp32", "int8w", "int4") or (precision == "int8" and flavour == "dynamic")
+    if kv_layout != "inplace" or workload != "llm" or backend != "onnxruntime" or not weights_only:
+        return ""
+    return LAYOUT if onnx_file == "model.onnx" and is_plain_decoder(folder) else ""
+
+
 def is_plain_decoder(folder: Path) -> bool:
     """Whether ``folder`` is a plain decoder export this module converts (config + a KV-cache graph)."""
     if (folder / "genai_config.json").is_file() or not (folder / "model.onnx").is_file():

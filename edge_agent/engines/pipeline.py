@@ -32,12 +32,13 @@ import numpy as np
 
 from ..backends import SessionOptions, open_session
 from ..errors import BackendUnavailable, EdgeAgentError, InputError
-from ..models.catalog import ModelRef, resolve_model
+from ..models.catalog import ModelRef, inspect_folder, resolve_model
 from . import gate as gates
 from .cache import EngineCache, Entry, cache_key, hash_model, mark_step, step_done
 from .datasets import manifest_digest, read_audio_manifest, read_text_manifest
 from .fingerprint import device_fingerprint, runtime_version
 from .heartbeat import BuildCancelled, Heartbeat
+from .inplace_kv import layout_for
 from .probes import AsrProbe, LlmProbe
 from .recipes import TARGET_BACKENDS, WEIGHT_ONLY, Recipe
 from .stages import StageContext, calibration_path, compile_artifact, convert, graph_name, open_candidate
@@ -153,6 +154,10 @@ class Pipeline:
         }
         if req.precision in WEIGHT_ONLY:  # only weight-only keys carry it: other keys stay as they were
             parts["weight_only"] = self.recipe.weight_spec.model_dump()
+        r = self.recipe
+        layout = layout_for(r.kv_layout, r.workload, self.ref.path, r.onnx_file, backend, req.precision, flavour)
+        if layout:  # likewise: only in-place KV builds carry it
+            parts["layout"] = layout
         return parts
 
     # -- build -----------------------------------------------------------------------------------
@@ -288,7 +293,9 @@ class Pipeline:
 
         probe = LlmProbe(self.ref, self.recipe.calibration.max_tokens if self.recipe.calibration else 64)
         prompts = [probe.token_ids(s) for s in samples[: dt.DECODE_PROMPTS]]
-        engines = {"fp32": dt.adapter(self.ref, reference), "candidate": dt.adapter(self.ref, candidate)}
+        # An in-place KV engine decodes through its own folder's adapter (per-slot buffers), as it is served.
+        cand_ref = inspect_folder(folder, name=self.ref.name) if (folder / "genai_config.json").is_file() else self.ref
+        engines = {"fp32": dt.adapter(self.ref, reference), "candidate": dt.adapter(cand_ref, candidate)}
         with self.hb.bar(f"decode speed {parts['backend']}/{parts['precision']} vs fp32", "runs") as bar:
             per = dt.interleaved(engines, prompts, tick=self.hb.callback(bar))
         ref_ms, cand_ms = dt.median(per["fp32"]), dt.median(per["candidate"])

@@ -8,6 +8,7 @@ shape profiles, which calibration and held-out data, and how much accuracy an en
     workload = "llm"                   # llm | asr
     targets = ["cpu", "jetson", "intel-npu"]
     precisions = ["fp32", "fp16", "int8", "int8w", "int4"]   # int8w, int4: weight-only (LLMs)
+    kv_layout = "inplace"              # LLM, ONNX Runtime: plain exports get the in-place KV graph | "plain"
 
     [weight_only]                      # how int8w / int4 weights are made (no calibration data needed)
     block_size = 32                    # weights per scale along K (ORT MatMulNBits block, NNCF group size)
@@ -169,6 +170,10 @@ class Recipe(_Strict):
     accuracy: AccuracyBudget = Field(default_factory=AccuracyBudget)
     weight_only: WeightOnlySpec | None = Field(None, description="int8w / int4 settings (defaults when absent)")
     profiles: list[Profile] = Field(default_factory=list)
+    kv_layout: Literal["inplace", "plain"] = Field(
+        "inplace",
+        description="ONNX Runtime LLM engines of plain exports: in-place KV (GroupQueryAttention) or as exported",
+    )
     source: Path | None = Field(None, description="the recipe file (set by load_recipe)")
 
     @model_validator(mode="after")
@@ -234,7 +239,8 @@ class Recipe(_Strict):
     def fingerprint(self) -> dict:
         """What about the recipe changes an engine (the cache key part): everything but its file path.
         An absent ``[weight_only]`` is left out, so recipes without one keep the keys they had."""
-        exclude = {"source"} | ({"weight_only"} if self.weight_only is None else set())
+        # kv_layout is in the key as key_parts["layout"], only for builds that convert.
+        exclude = {"source", "kv_layout"} | ({"weight_only"} if self.weight_only is None else set())
         return json.loads(self.model_dump_json(exclude=exclude))
 
 

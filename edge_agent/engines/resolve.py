@@ -96,6 +96,9 @@ class EngineResolver:
             and (e.manifest.get("key_parts") or {}).get("model") == model_hash
             and (precision is None or e.manifest.get("precision") == precision)
         }
+        # An in-place KV engine (the same weights, no per-token cache copy) replaces a plain one of its precision.
+        inplace = {e.manifest.get("precision") for e in candidates.values() if _layout(e)}
+        candidates = {k: e for k, e in candidates.items() if _layout(e) or e.manifest.get("precision") not in inplace}
         while candidates:  # the gate's choice; a corrupt one is quarantined and the next best tried
             verdicts = {}
             for key, e in candidates.items():
@@ -150,6 +153,10 @@ class EngineResolver:
             return (found[-1] / "QUARANTINED").read_text().strip() if found else "failed verification"
         except OSError:
             return "failed verification"
+
+
+def _layout(entry: Entry) -> str:
+    return str((entry.manifest.get("key_parts") or {}).get("layout") or "")
 
 
 def open_resolved(resolved: Resolved, tier: TierConfig, threads: int) -> DecoderLM:

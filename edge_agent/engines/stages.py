@@ -9,6 +9,7 @@ cached engine opens like any model folder.
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +128,13 @@ def convert(ctx: StageContext, staged: Path, parts: dict, req: Any) -> dict:
     method = (parts["calibration"] or {}).get("method", "minmax")
     t0 = time.perf_counter()
     out: dict[str, Any]
+    layout: dict[str, Any] | None = None
+    if parts.get("layout"):  # in-place KV: every precision below is made from the converted graph
+        from .inplace_kv import convert_inplace
+
+        layout = convert_inplace(ctx.ref.path, work / "inplace", ctx.recipe.onnx_file, threads=ctx.threads)
+        shutil.copy2(work / "inplace" / "genai_config.json", model_dir / "genai_config.json")
+        src = source_graph(ctx, staged, parts)
     if backend in ("onnxruntime", "tensorrt"):
         dst = work / "model.onnx"
         if precision == "fp32":
@@ -172,8 +180,17 @@ def convert(ctx: StageContext, staged: Path, parts: dict, req: Any) -> dict:
                 )
     else:
         raise InputError(f"unknown backend {backend!r}")
+    if layout is not None:
+        out["kv_layout"] = layout
     out["seconds"] = round(time.perf_counter() - t0, 2)
     return out
+
+
+def source_graph(ctx: StageContext, staged: Path, parts: dict) -> Path:
+    """The graph a build's precision is made from: the in-place KV conversion when the build has one."""
+    if parts.get("layout"):
+        return staged / "work" / "inplace" / "model.onnx"
+    return ctx.ref.path / ctx.recipe.onnx_file
 
 
 def weight_only_unsupported(backend: str, precision: str) -> str | None:
@@ -194,7 +211,7 @@ def _trt_strongly_typed(parts: dict) -> bool:
 
 def compile_artifact(ctx: StageContext, staged: Path, parts: dict, req: Any) -> dict:
     backend, precision = parts["backend"], parts["precision"]
-    src = ctx.ref.path / ctx.recipe.onnx_file
+    src = source_graph(ctx, staged, parts)
     converted = staged / "work" / "model.onnx"
     model_dir = staged / "model"
     t0 = time.perf_counter()
