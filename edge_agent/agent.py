@@ -62,6 +62,7 @@ def llm_limits(settings: Settings, tier: TierConfig) -> Limits:
         queue_timeout_ms=b.queue_timeout_ms,
         adaptive=b.adaptive_wait,
         sla_ms=settings.sla.target_ms,
+        prefill_chunk_tokens=b.prefill_chunk_tokens,
     )
 
 

@@ -59,6 +59,13 @@ class BatchingConfig(Section):
     preferred_batch_sizes: list[int] = Field(default_factory=lambda: [2, 4])
     max_queue: int = Field(64, ge=1)
     queue_timeout_ms: float = Field(30_000.0, gt=0)
+    prefill_chunk_tokens: int = Field(
+        256,
+        ge=0,
+        le=65536,
+        description="prompt tokens prefilled per loop turn while other requests decode, so a long prompt "
+        "enters over several turns and running streams keep their inter-token latency; 0: whole prompts",
+    )
 
     @model_validator(mode="after")
     def _preferred_within_max(self) -> BatchingConfig:

@@ -7,6 +7,10 @@ the attention mask (``seqlens_k = sum(mask) - 1``). So a decode step copies noth
 appends one key/value per row where it lies. Rows join (prefilled alone into their slot) and leave
 at step boundaries; leaving compacts the rows so the active ones stay a contiguous prefix.
 
+A long prompt may be prefilled in chunks across several steps (``reserve``): its slot is the one
+right after the active rows, outside every decode step, and holds ``pending_length`` tokens until
+``commit`` makes it an active row (or ``release`` frees it). Compaction moves it along.
+
     buffers[name]  [max_rows, H_kv, capacity, D]   (allocated once; zeros pages are only touched as used)
     lengths        tokens held per active row
 """
@@ -35,19 +39,47 @@ class SlotCache(Generic[Row]):
         self.buffers = {n: np.zeros((max_rows, kv_heads, capacity, head_dim), dtype=np.dtype(dtype)) for n in names}
         self.rows: list[Row] = []
         self.lengths: list[int] = []
+        self.pending: Row | None = None  # a row being prefilled in chunks, in slot len(rows)
+        self.pending_length = 0
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def claim(self, row: Row, tokens: int) -> int:
         """Reserve the next slot for ``row`` whose prompt has ``tokens`` tokens; returns the slot index."""
-        if len(self.rows) >= self.max_rows:
-            raise InputError(f"all {self.max_rows} KV slots are in use")
-        if tokens > self.capacity:
-            raise InputError(f"prompt of {tokens} tokens exceeds the KV capacity of {self.capacity}")
+        self._check_free(tokens)
+        if self.pending is not None:
+            raise InputError("a chunked prefill holds the next KV slot: commit or release it first")
         self.rows.append(row)
         self.lengths.append(tokens)
         return len(self.rows) - 1
+
+    def reserve(self, row: Row, tokens: int) -> int:
+        """Hold the next slot for ``row``, prefilled in chunks (``pending_length`` grows as they run);
+        it joins decoding at ``commit``. Returns the slot index (it moves when rows leave)."""
+        self._check_free(tokens)
+        if self.pending is not None:
+            raise InputError("only one chunked prefill at a time")
+        self.pending, self.pending_length = row, 0
+        return len(self.rows)
+
+    def commit(self) -> None:
+        """The pending row's prompt is in its slot: it becomes the last active row."""
+        if self.pending is None:
+            raise InputError("no chunked prefill to commit")
+        self.rows.append(self.pending)
+        self.lengths.append(self.pending_length)
+        self.release()
+
+    def release(self) -> None:
+        """Forget the pending row (cancelled, failed); its slot is free again."""
+        self.pending, self.pending_length = None, 0
+
+    def _check_free(self, tokens: int) -> None:
+        if len(self.rows) + (self.pending is not None) >= self.max_rows:
+            raise InputError(f"all {self.max_rows} KV slots are in use")
+        if tokens > self.capacity:
+            raise InputError(f"prompt of {tokens} tokens exceeds the KV capacity of {self.capacity}")
 
     def views(self, first: int, count: int) -> dict[str, np.ndarray]:
         """Contiguous [count, H, capacity, D] views of rows ``first…first+count-1`` (past = present)."""
@@ -65,15 +97,17 @@ class SlotCache(Generic[Row]):
         self.lengths = [n + 1 for n in self.lengths]
 
     def remove(self, indices: Sequence[int]) -> list[Row]:
-        """Drop rows; move the survivors down so active rows stay a contiguous prefix of the buffers."""
+        """Drop rows; move the survivors (and a pending row) down so they stay a contiguous prefix."""
         if not indices:
             return []
         drop = set(indices)
         removed = [self.rows[i] for i in sorted(drop)]
         keep = [i for i in range(len(self.rows)) if i not in drop]
-        for dst, src in enumerate(keep):
+        moves = [(dst, src, self.lengths[src]) for dst, src in enumerate(keep)]
+        if self.pending is not None:
+            moves.append((len(keep), len(self.rows), self.pending_length))
+        for dst, src, n in moves:
             if dst != src:
-                n = self.lengths[src]
                 for buf in self.buffers.values():
                     buf[dst, :, :n] = buf[src, :, :n]
         self.rows = [self.rows[i] for i in keep]

@@ -13,6 +13,10 @@ the cache lives here.
 onnxruntime-genai folders (``genai_config.json``: GroupQueryAttention, ``past_present_share_buffer``)
 use the same tensor names, but past and present are one preallocated buffer that the runtime appends
 to in place (``kv_slots.SlotCache``, through ONNX Runtime IO binding); no position_ids, right padding.
+
+A long prompt can be prefilled in chunks between decode steps (``ChunkedPrefill``, ``prefill_chunk``):
+each chunk runs with the chunks before it as its past (its own batch-1 cache, or its reserved slot),
+and the sequence joins the batch after its last chunk, with the same cache a whole prefill makes.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -34,6 +39,7 @@ from .kv_batch import DecodeBatch, left_pad
 from .kv_slots import SlotCache
 from .tokenizer import Tokenizer
 
+Row = TypeVar("Row")
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 
 
@@ -107,6 +113,19 @@ def genai_config_as_hf(genai: dict) -> tuple[dict, str]:
         return config, dec.get("filename", "model.onnx")
     except (KeyError, TypeError) as exc:
         raise ModelError(f"genai_config.json lacks {exc} (is it an onnxruntime-genai decoder config?)") from exc
+
+
+class ChunkedPrefill(Generic[Row]):
+    """A prompt being prefilled a chunk at a time, outside the batch that decodes, until it joins it."""
+
+    def __init__(self, row: Row, prompt: Sequence[int]) -> None:
+        self.row, self.prompt = row, list(prompt)
+        self.done = 0  # prompt tokens already in the cache
+        self.past: dict[str, np.ndarray] | None = None  # its own batch-1 cache (DecodeBatch exports)
+
+    @property
+    def remaining(self) -> int:
+        return len(self.prompt) - self.done
 
 
 class DecoderLM:
@@ -211,6 +230,39 @@ class DecoderLM:
             batch.remove(range(first, len(batch)))
             raise
         return np.concatenate(out, axis=0)
+
+    def prefill_chunk(self, batch: DecodeBatch | SlotCache, state: ChunkedPrefill, n: int) -> np.ndarray | None:
+        """Prefill the next ``n`` prompt tokens of ``state``. After the last chunk it joins ``batch`` as its
+        last row and its last logits [1, V] come back; before, None. A failure frees what it held."""
+        end = min(state.done + n, len(state.prompt))
+        ids = np.asarray([state.prompt[state.done : end]], dtype=np.int64)
+        mask = np.ones((1, end), dtype=np.int64)
+        try:
+            if isinstance(batch, SlotCache):
+                slot = batch.reserve(state.row, len(state.prompt)) if state.done == 0 else len(batch)
+                positions = np.arange(state.done, end, dtype=np.int64)[None]
+                logits = self._run_slots(batch, slot, 1, ids, mask, positions)
+                batch.pending_length = end
+            else:
+                logits, state.past = self.forward(ids, mask, state.past or self._empty_past(1))
+        except BaseException:
+            self.abandon(batch, state)
+            raise
+        state.done = end
+        if state.remaining:
+            return None
+        if isinstance(batch, SlotCache):
+            batch.commit()
+        else:
+            batch.add([state.row], state.past or {}, mask)
+            state.past = None
+        return logits[:, -1]
+
+    def abandon(self, batch: DecodeBatch | SlotCache, state: ChunkedPrefill) -> None:
+        """Free what a chunked prefill holds (its reserved slot or its own cache)."""
+        if isinstance(batch, SlotCache) and batch.pending is state.row:
+            batch.release()
+        state.past = None
 
     def decode(self, batch: DecodeBatch | SlotCache, tokens: Sequence[int]) -> np.ndarray:
         """One step for every row of ``batch`` (one new token each): last logits [B, V]; advances the cache."""

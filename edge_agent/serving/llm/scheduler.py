@@ -7,8 +7,9 @@ Each loop turn is plan → run → absorb:
   rate, and a wait that grows while TTFT meets ``Limits.sla_ms`` and halves on a breach), never
   longer than ``batch_timeout_ms``. A lone request on an idle device starts at once.
 - the engine prefills the admitted prompts into the batch (``DecoderLM.join``: one left-padded
-  batch, or one slot each for in-place KV buffers), then runs one decode step for every running
-  sequence;
+  batch, or one slot each for in-place KV buffers), at most ``Limits.prefill_chunk_tokens`` prompt
+  tokens a turn while others decode (``prefill.Prefills``: a long prompt enters over several turns),
+  then runs one decode step for every running sequence;
 - each sequence absorbs its token: sampling, detokenization, stop checks, delivery to its handle.
 
 A request with an output format (``SamplingParams.grammar``) owns a ``grammar.Constraint``: its mask
@@ -28,7 +29,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,49 +41,17 @@ from ...models.llm import DecoderLM
 from ...models.sampling import Sampler, SamplingParams, find_stop, logprobs_of, repeated_too_often
 from ...models.tokenizer import StreamDecoder
 from ..batch_wait import AdaptiveWait
+from .admission import Limits, plan_admission
 from .handle import Completion, RequestHandle, TokenEvent, TokenLogprob
+from .prefill import Prefills, prefill_deadline, prefill_error
 
 log = logging.getLogger(__name__)
 
 
 DEFAULT_PARAMS = SamplingParams()  # frozen: one shared default
+DEFAULT_LIMITS = Limits()
 CLOSING_MARGIN = 24  # constrained output: prefer closing tokens once this few tokens are left
 CLOSING_REPEATS = 6  # or once one token came this many times in a row
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Batching and admission limits of one scheduler (``plan_admission`` reads them)."""
-
-    max_batch: int = 4
-    batch_timeout_ms: float = 80.0
-    preferred_batch_sizes: tuple[int, ...] = (2, 4)
-    max_queue: int = 64
-    queue_timeout_ms: float = 30_000.0
-    adaptive: bool = True  # wait only for an expected batch-mate (AdaptiveWait); False: the fixed timeout
-    sla_ms: float = 387.0  # the TTFT the adaptive wait must leave room for (the LLM SLA's target)
-
-
-def plan_admission(
-    waiting_since: Sequence[float], running: int, now: float, limits: Limits, wait: AdaptiveWait | None = None
-) -> tuple[int, float | None]:
-    """How many of the oldest waiting requests to prefill now, and, if none, when to look again.
-
-    ``waiting_since``: admission times of the queued requests, oldest first. Without ``wait`` an
-    incomplete batch on an idle engine waits ``batch_timeout_ms``; with it, only as long as
-    ``wait.wait_s`` says a batch-mate is worth waiting for (still bounded by the timeout).
-    """
-    free = limits.max_batch - running
-    if not waiting_since or free <= 0:
-        return 0, None
-    n = min(free, len(waiting_since))
-    if running > 0 or n == free or n in limits.preferred_batch_sizes:
-        return n, None
-    due = waiting_since[0] + limits.batch_timeout_ms / 1e3
-    if wait is not None:
-        hold = wait.wait_s(now, waiting_since[0], free - n)
-        due = min(due, now + hold) if hold > 0 else now
-    return (n, None) if now >= due else (0, due)
 
 
 class _Sequence:
@@ -133,7 +101,7 @@ class LLMScheduler:
     def __init__(
         self,
         lm: DecoderLM,
-        limits: Limits = Limits(),
+        limits: Limits = DEFAULT_LIMITS,
         on_finished: Callable[[RequestTiming], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -141,6 +109,7 @@ class LLMScheduler:
         self.on_finished = on_finished
         self._waiting: deque[_Sequence] = deque()
         self._batch: DecodeBatch[_Sequence] | SlotCache[_Sequence] = lm.new_batch(limits.max_batch)
+        self._prefills: Prefills[_Sequence] = Prefills(lm, limits.prefill_chunk_tokens)  # admitted, prompt not all in
         self._cond = threading.Condition()
         self._stopping = False
         self._next_id = 0
@@ -165,8 +134,8 @@ class LLMScheduler:
 
     @property
     def load(self) -> tuple[int, int]:
-        """(waiting, running)"""
-        return len(self._waiting), len(self._batch)
+        """(waiting, running); a sequence whose prompt is being prefilled is running"""
+        return len(self._waiting), len(self._batch) + len(self._prefills)
 
     def submit(
         self,
@@ -216,41 +185,42 @@ class LLMScheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                admitted = self._take_admitted()
-                if admitted is None:
+                if not self._take_admitted():
                     return
             try:
-                if admitted:
-                    self._prefill(admitted)
+                if len(self._prefills):
+                    self._prefill()
                 if len(self._batch):
                     self._decode()
             except Exception as exc:  # a bug here must fail requests, never the device thread
                 log.exception("serving loop error")
-                rows = self._batch.remove(range(len(self._batch)))
+                rows = self._batch.remove(range(len(self._batch))) + self._prefills.drop(self._batch)
                 self._fail(
-                    [s for s in rows + admitted if not s.handle._done.is_set()],
-                    EdgeAgentError(f"internal serving error: {exc}"),
+                    [s for s in rows if not s.handle._done.is_set()], EdgeAgentError(f"internal serving error: {exc}")
                 )
 
-    def _take_admitted(self) -> list[_Sequence] | None:
-        """Under the lock: drop expired/cancelled waiters, then admit or sleep. None = exit."""
+    def _take_admitted(self) -> bool:
+        """Under the lock: drop expired/cancelled waiters, then admit (to the prefills) or sleep. False = exit."""
         while True:
             now = self.clock()
             for seq in [s for s in self._waiting if s.handle.cancelled or self._expired(s, now)]:
                 self._waiting.remove(seq)
                 self._reject(seq, now)
-            running = len(self._batch)
+            running = len(self._batch) + len(self._prefills)
             n, wake_at = plan_admission([s.admitted_s for s in self._waiting], running, now, self.limits, self._wait)
             if n or running:
-                return [self._waiting.popleft() for _ in range(n)]
+                admitted = [self._waiting.popleft() for _ in range(n)]
+                self._prefills.add(admitted, [s.prompt for s in admitted])
+                return True
             if self._stopping and not self._waiting:
-                return None
+                return False
             timeout = None if wake_at is None else max(0.0, wake_at - now)
             self._cond.wait(timeout if timeout is not None else 0.5)
 
-    def _expired(self, seq: _Sequence, now: float) -> bool:
+    def _expired(self, seq: _Sequence, now: float, waiting: bool = True) -> bool:
         waited_ms = (now - seq.admitted_s) * 1e3
-        return waited_ms > self.limits.queue_timeout_ms or (seq.deadline_s is not None and now > seq.deadline_s)
+        queued_too_long = waiting and waited_ms > self.limits.queue_timeout_ms
+        return queued_too_long or (seq.deadline_s is not None and now > seq.deadline_s)
 
     def _reject(self, seq: _Sequence, now: float) -> None:
         if seq.handle.cancelled:
@@ -266,21 +236,28 @@ class LLMScheduler:
             ),
         )
 
-    def _prefill(self, seqs: list[_Sequence]) -> None:
-        for seq in seqs:
-            seq.recorder.mark_scheduled()
+    def _prefill(self) -> None:
+        """This turn's share of the admitted prompts (``prefill.plan_chunks``); those complete join the batch
+        with their first token. A sequence cancelled or past its deadline part-way leaves, freeing its cache."""
+        now = self.clock()
+        for seq in self._prefills.drop(self._batch, lambda s: s.handle.cancelled or self._expired(s, now, False)):
+            if seq.handle.cancelled:
+                self._complete(seq, "cancelled")
+            else:
+                self._fail([seq], prefill_deadline(seq.handle.id))
+        decoding = len(self._batch)
+        plan = self._prefills.plan(decoding)
+        for seq, starts, _ in plan:
+            if starts:
+                seq.recorder.mark_scheduled()
+        joining = [seq for seq, _, completes in plan if completes]
+        masks = dict(zip(map(id, joining), self._start_masks(joining)))
         first = len(self._batch)
-        masks = self._start_masks(seqs)
-        try:
-            logits = self.lm.join(self._batch, seqs, [s.prompt for s in seqs])
-        except EdgeAgentError as exc:
-            self._fail(seqs, exc)
-            return
-        except Exception as exc:  # a runtime bug must not kill the device thread
-            log.exception("prefill failed")
-            self._fail(seqs, EdgeAgentError(f"prefill failed: {exc}"))
-            return
-        self._absorb(first, logits, masks)
+        logits, failed = self._prefills.run(self._batch, decoding)
+        for seqs, exc in failed:
+            self._fail(seqs, prefill_error(exc))
+        if logits is not None:
+            self._absorb(first, logits, [masks[id(s)] for s in self._batch.rows[first:]])
 
     def _decode(self) -> None:
         rows = list(self._batch.rows)

@@ -1,0 +1,143 @@
+"""Chunked prefill: admitted prompts enter the batch a token budget per loop turn.
+
+Without a budget every admitted prompt is prefilled whole before the next decode step, so one long
+prompt stalls every running stream for its whole prefill. With ``Limits.prefill_chunk_tokens`` a
+loop turn prefills at most that many prompt tokens, then the running sequences take their decode
+step: a long prompt enters over several turns, and streams keep their inter-token latency.
+
+- ``plan_chunks`` (pure) splits the budget over the prefilling prompts, oldest first. A prompt gets
+  tokens only once every older one completes this turn, so at most one prompt is part-way through
+  (in-place KV caches have one slot to spare for it). With nothing decoding there is nobody to keep
+  waiting, and each prompt runs whole.
+- ``Prefills`` holds the prefilling sequences and runs one turn: the part-way one continues
+  (``DecoderLM.prefill_chunk``), the prompts that fit whole join together (``DecoderLM.join``: one
+  batched prefill, as without chunking), and the next one starts its first chunk.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
+
+import numpy as np
+
+from ...errors import DeadlineExceeded, EdgeAgentError
+from ...models.kv_batch import DecodeBatch
+from ...models.kv_slots import SlotCache
+from ...models.llm import ChunkedPrefill, DecoderLM
+
+Row = TypeVar("Row")
+log = logging.getLogger(__name__)
+
+
+def plan_chunks(remaining: Sequence[int], budget: int, decoding: int) -> list[int]:
+    """How many prompt tokens each prefilling sequence runs this turn, oldest first (a prefix of them).
+
+    ``remaining``: prompt tokens still to prefill per sequence, oldest first. ``budget``: tokens per
+    turn (0: no limit, today's whole prefill). ``decoding``: sequences taking decode steps; with none,
+    there is no stream to keep waiting and each prompt runs whole.
+    """
+    if budget <= 0 or decoding == 0:
+        return list(remaining)
+    counts = []
+    left = budget
+    for rest in remaining:
+        take = min(rest, left)
+        if take <= 0:
+            break
+        counts.append(take)
+        left -= take
+        if take < rest:
+            break  # this one goes on next turn; younger ones wait behind it
+    return counts
+
+
+def prefill_error(exc: Exception) -> EdgeAgentError:
+    """What the requests of a failed prefill get: the engine's own error, or a runtime bug named as one."""
+    if isinstance(exc, EdgeAgentError):
+        return exc
+    log.error("prefill failed", exc_info=exc)
+    return EdgeAgentError(f"prefill failed: {exc}")
+
+
+def prefill_deadline(request_id: int) -> DeadlineExceeded:
+    return DeadlineExceeded(f"request {request_id} reached its deadline while its prompt was being prefilled")
+
+
+class Prefills(Generic[Row]):
+    """The admitted sequences whose prompts are not yet all in the cache, paced by ``plan_chunks``;
+    they count as running for admission and ``load``."""
+
+    def __init__(self, lm: DecoderLM, budget: int) -> None:
+        self.lm, self.budget = lm, budget
+        self._states: deque[ChunkedPrefill[Row]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def add(self, rows: Sequence[Row], prompts: Sequence[Sequence[int]]) -> None:
+        self._states.extend(ChunkedPrefill(row, prompt) for row, prompt in zip(rows, prompts))
+
+    def drop(self, batch: DecodeBatch | SlotCache, leaving: Callable[[Row], bool] | None = None) -> list[Row]:
+        """Take out the sequences for which ``leaving(row)`` holds (all of them without it), freeing
+        what they hold (a reserved slot, a part-way cache)."""
+        gone = [s for s in self._states if leaving is None or leaving(s.row)]
+        for state in gone:
+            self._states.remove(state)
+            self.lm.abandon(batch, state)
+        return [s.row for s in gone]
+
+    def plan(self, decoding: int) -> list[tuple[Row, bool, bool]]:
+        """This turn's sequences, oldest first, as (row, starts now, completes now); ``run`` runs them."""
+        counts = plan_chunks([s.remaining for s in self._states], self.budget, decoding)
+        return [(s.row, s.done == 0, n == s.remaining) for s, n in zip(self._states, counts)]
+
+    def run(
+        self, batch: DecodeBatch | SlotCache, decoding: int
+    ) -> tuple[np.ndarray | None, list[tuple[list, Exception]]]:
+        """Run this turn (``plan(decoding)``): the rows that completed joined ``batch``, at its end, and
+        their last logits [n, V] come back (None if none did), with each group of rows that failed (what
+        they held is freed)."""
+        counts = plan_chunks([s.remaining for s in self._states], self.budget, decoding)
+        turn = list(zip(self._states, counts))  # they stay in the queue (and in ``load``) while they run
+        # Only the oldest can be part-way through, and only the youngest can stop part-way: the
+        # part-way one goes first (its reserved slot is the next one), then the whole prompts join
+        # together, then the youngest takes its first chunk (reserving the slot after them).
+        head = [turn.pop(0)] if turn and turn[0][0].done > 0 else []
+        tail = [turn.pop()] if turn and turn[-1][1] < turn[-1][0].remaining else []
+        logits: list[np.ndarray] = []
+        failed: list[tuple[list, Exception]] = []
+        for state, n in head:
+            self._chunk(batch, state, n, logits, failed)
+        if turn:
+            rows = [s.row for s, _ in turn]
+            try:
+                logits.append(self.lm.join(batch, rows, [s.prompt for s, _ in turn]))
+            except Exception as exc:
+                failed.append((rows, exc))
+            for state, _ in turn:
+                self._states.remove(state)
+        for state, n in tail:
+            self._chunk(batch, state, n, logits, failed)
+        return (np.concatenate(logits, axis=0) if logits else None), failed
+
+    def _chunk(
+        self,
+        batch: DecodeBatch | SlotCache,
+        state: ChunkedPrefill[Row],
+        n: int,
+        logits: list[np.ndarray],
+        failed: list[tuple[list, Exception]],
+    ) -> None:
+        try:
+            out = self.lm.prefill_chunk(batch, state, n)
+        except Exception as exc:
+            self.lm.abandon(batch, state)  # prefill_chunk frees it too; a failure before it ran must as well
+            self._states.remove(state)
+            failed.append(([state.row], exc))
+            return
+        if out is not None:  # its last chunk: it joined the batch
+            self._states.remove(state)
+            logits.append(out)
