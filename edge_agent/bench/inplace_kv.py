@@ -1,0 +1,126 @@
+"""Batch-1 decode of a plain export vs its in-place KV conversion vs onnxruntime-genai's generator.
+
+    python -m edge_agent.bench.inplace_kv [--model demo-phi3-small] [--rounds 5] [--tokens 64] [--genai DIR]
+
+One process, the same prompts, the sides taking turns within each round (the first side alternates):
+
+- ``plain``: the export as the daemon serves it without an engine (``DecoderLM``, a new present per step);
+- ``inplace``: ``engines.inplace_kv.convert_inplace`` of it, served through ``DecoderLM``'s per-slot
+  buffers that ONNX Runtime appends to in place (``SlotCache``, I/O binding), as the scheduler does;
+- ``genai(converted)``: onnxruntime-genai's own generator on that converted folder, when installed;
+- ``genai(builder)``: its generator on a folder its builder made (``scripts/make-genai-model``), when
+  one is found (``--genai DIR`` or the ``<model>-genai`` sibling), else skipped with the reason.
+
+Each side prefills a prompt (not timed), then decodes ``--tokens`` greedy tokens; its figure is the
+median over rounds of tokens/s, and ratios are against ``plain`` measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..backends import SessionOptions
+from ..config import default_cache_dir
+from ..engines.inplace_kv import convert_inplace
+from ..models.catalog import inspect_folder, resolve_model
+from ..models.llm import DecoderLM
+from .genai import GenaiRunner, find_genai_folder
+
+Side = Callable[[Sequence[int], int], float]  # (prompt, tokens) -> seconds spent decoding
+
+
+def serving_decode(lm: DecoderLM) -> Side:
+    """Decode through the adapter's batch API (what the scheduler calls), one row."""
+
+    def run(prompt: Sequence[int], tokens: int) -> float:
+        batch = lm.new_batch(1)
+        logits = lm.join(batch, [0], [list(prompt)])
+        t0 = time.perf_counter()
+        for _ in range(tokens):
+            logits = lm.decode(batch, [int(np.argmax(logits[0]))])
+        return time.perf_counter() - t0
+
+    return run
+
+
+def genai_decode(runner: GenaiRunner) -> Side:
+    def run(prompt: Sequence[int], tokens: int) -> float:
+        _, times = runner.generate(prompt, tokens + 1)
+        return times[-1] - times[0]  # from the first generated token (the prefill's) to the last
+
+    return run
+
+
+def measure(sides: dict[str, Side], prompts: list[list[int]], rounds: int, tokens: int) -> dict[str, list[float]]:
+    """tokens/s per side per round (all prompts of a round together)."""
+    out: dict[str, list[float]] = {name: [] for name in sides}
+    for side in sides.values():  # one untimed pass each: first-call allocations
+        side(prompts[0], 4)
+    for r in range(rounds):
+        order = list(sides.items())
+        for name, side in order[::-1] if r % 2 else order:
+            spent = sum(side(p, tokens) for p in prompts)
+            out[name].append(tokens * len(prompts) / spent)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    doc = __doc__ or ""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--model", default="demo-phi3-small", help="demo name or plain export folder")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=64, help="decoded tokens per prompt")
+    parser.add_argument("--prompts", type=int, default=3)
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--genai", help="an onnxruntime-genai builder folder of the same model ('none': skip)")
+    parser.add_argument("--json", type=Path, help="write the figures here too")
+    args = parser.parse_args(argv)
+
+    src = resolve_model(args.model, default_cache_dir() / "models")
+    options = SessionOptions(threads=args.threads)
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        conv = convert_inplace(src.path, Path(tmp) / "inplace", threads=args.threads)
+        plain = DecoderLM.open(src, "onnxruntime", options)
+        inplace = DecoderLM.open(inspect_folder(Path(tmp) / "inplace", name=src.name), "onnxruntime", options)
+        vocab = min(1000, int(src.config.get("vocab_size", 1000)))
+        prompts = [rng.integers(3, vocab, size=args.prompt_tokens).tolist() for _ in range(args.prompts)]
+        sides: dict[str, Side] = {"plain": serving_decode(plain), "inplace": serving_decode(inplace)}
+        skipped: dict[str, str] = {}
+        builder_dir, why = find_genai_folder(src, args.genai)
+        for name, folder, reason in (
+            ("genai(converted)", Path(tmp) / "inplace" if why is None or "installed" not in why else None, why),
+            ("genai(builder)", builder_dir, why),
+        ):
+            if folder is None:
+                skipped[name] = str(reason)
+                continue
+            sides[name] = genai_decode(GenaiRunner(folder, args.threads))
+        rates = measure(sides, prompts, args.rounds, args.tokens)
+        plain.close()
+        inplace.close()
+    med = {name: float(np.median(v)) for name, v in rates.items()}
+    print(
+        f"{src.name}: batch-1 greedy decode, {args.prompts} prompts x {args.tokens} tokens, {args.rounds} rounds, "
+        f"{args.threads} thread(s); converted in {conv['convert_s']} s, check {conv['check']['max_rel_diff']:.1e}"
+    )
+    print(f"{'side':<18}{'tok/s (median)':>16}{'min-max':>18}{'vs plain':>10}")
+    for name, v in rates.items():
+        print(f"{name:<18}{med[name]:>16.1f}{f'{min(v):.1f}-{max(v):.1f}':>18}{med[name] / med['plain']:>9.2f}x")
+    for name, reason in skipped.items():
+        print(f"{name:<18}skipped: {reason}")
+    if args.json:
+        args.json.write_text(json.dumps({"median_tok_s": med, "rounds": rates, "skipped": skipped}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
