@@ -151,6 +151,9 @@ class DecoderLM:
         out = {s.name: s for s in session.outputs}
         vocab = out["logits"].shape[-1] if "logits" in out else None
         self._vocab = vocab if isinstance(vocab, int) else int(config.get("vocab_size", 0) or 0)
+        # Ids past the tokenizer's are never picked (real Phi-3: 32,064 logits for 32,011 tokens)
+        limit = self.tokenizer.id_limit
+        self.vocab_limit: int | None = limit if 0 < limit < self._vocab else None
         self._token_vocab: TokenVocab | None = None
         self._vocab_lock = threading.Lock()
 
@@ -331,15 +334,17 @@ class DecoderLM:
             )
 
     def generate_greedy(
-        self, prompt_ids: Sequence[int], max_new_tokens: int, stop_at_eos: bool = True
+        self, prompt_ids: Sequence[int], max_new_tokens: int, stop_at_eos: bool = True, known_only: bool = True
     ) -> Iterator[int]:
-        """Greedy decoding with the KV cache, yielding each new token id as soon as it exists."""
+        """Greedy decoding with the KV cache, yielding each new token id as soon as it exists; with
+        ``known_only`` (as served) among the ids the tokenizer defines, else over every logit."""
+        width = self.vocab_limit if known_only and self.vocab_limit is not None else None
         self.check_prompt(prompt_ids, max_new_tokens)
         ids = np.asarray([prompt_ids], dtype=np.int64)
         mask = np.ones_like(ids)
         logits, past = self.forward(ids, mask, self._empty_past(1))
         for step in range(max_new_tokens):
-            token = int(np.argmax(logits[0, -1]))
+            token = int(np.argmax(logits[0, -1, :width]))
             yield token
             if (stop_at_eos and token in self.contract.eos_ids) or step == max_new_tokens - 1:
                 return

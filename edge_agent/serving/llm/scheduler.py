@@ -286,14 +286,22 @@ class LLMScheduler:
         """Batch rows ``first…`` take their next token from ``logits`` [n, V]; finished rows leave."""
         now = self.clock()
         finished = []
-        for i, seq in enumerate(self._batch.rows[first:], start=first):
+        if self.lm.vocab_limit is not None:
+            logits = logits[:, : self.lm.vocab_limit]  # never an id the tokenizer cannot decode
+        rows = self._batch.rows[first:]
+        # Plain greedy rows (no format, bias, penalty or logprobs) share one argmax over the batch.
+        plain = np.argmax(logits, axis=-1) if any(s.sampler.plain for s in rows) else None
+        for i, seq in enumerate(rows, start=first):
             mask = masks[i - first] if masks else None
-            allowed: np.ndarray | None = mask.result() if mask is not None else None
-            if allowed is not None and _closing(seq):
-                narrowed = allowed & self.lm.token_vocab.closers
-                allowed = narrowed if narrowed.any() else allowed
-            row = seq.sampler.process(logits[i - first], seq.history, seq.generated, allowed)
-            token = seq.sampler.pick(row)
+            if plain is not None and mask is None and seq.sampler.plain:
+                token = int(plain[i - first])
+            else:
+                allowed: np.ndarray | None = mask.result() if mask is not None else None
+                if allowed is not None and _closing(seq):
+                    narrowed = allowed & self.lm.token_vocab.closers
+                    allowed = narrowed if narrowed.any() else allowed
+                row = seq.sampler.process(logits[i - first], seq.history, seq.generated, allowed)
+                token = seq.sampler.pick(row)
             logprob = None
             if seq.params.logprobs is not None:
                 lp, top = logprobs_of(row, token, seq.params.logprobs)
