@@ -8,6 +8,8 @@ which joins the left-padded batch after the last chunk) and its onnxruntime-gena
 
 from __future__ import annotations
 
+import json
+import statistics
 import time
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import numpy as np
 import pytest
 
 from edge_agent.backends import SessionOptions
+from edge_agent.bench.prefill import format_report, main
 from edge_agent.errors import DeadlineExceeded, EdgeAgentError
 from edge_agent.models.catalog import inspect_folder, resolve_model
 from edge_agent.models.kv_slots import SlotCache
@@ -166,3 +169,17 @@ def test_stop_drains_a_prompt_being_prefilled_in_chunks(lm):
     sched.stop()
     assert list(long_.result(1).token_ids) == list(lm.generate_greedy(long_prompt, 5, stop_at_eos=False))
     assert len(stream.result(1).token_ids) == 20
+
+
+def test_bench_prefill_reports_both_settings_and_ratios_of_their_medians(tmp_path):
+    out = tmp_path / "prefill.json"
+    args = ["--model", "demo-phi3", "--cache-dir", str(tmp_path), "--rounds", "2", "--streams", "2"]
+    assert main([*args, "--long-prompt-tokens", "256", "--chunk", "32", "--threads", "1", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    for name in ("whole", "chunked"):
+        assert len(report["rounds"][name]) == 2
+        ttfts = [r["long_ttft_ms"] for r in report["rounds"][name]]
+        assert report["medians"][name]["long_ttft_ms"] == pytest.approx(statistics.median(ttfts))
+    m = report["medians"]
+    assert report["ratios"]["itl_p99_ms"] == pytest.approx(m["chunked"]["itl_p99_ms"] / m["whole"]["itl_p99_ms"])
+    assert "chunked/whole" in format_report(report)
