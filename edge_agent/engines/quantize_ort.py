@@ -146,6 +146,9 @@ def quantize_weights_dynamic(src: Path, dst: Path, op_types: Iterable[str] = LLM
             per_channel=True,
             weight_type=QuantType.QInt8,
             use_external_data_format=_needs_external(src),
+            # contrib ops (GroupQueryAttention in an in-place KV graph) defeat ONNX shape inference:
+            # the float32 activations they produce are then typed by this default
+            extra_options={"DefaultTensorType": 1},  # onnx.TensorProto.FLOAT
         )
     return {
         "tool": "onnxruntime.quantization.quantize_dynamic",
