@@ -31,6 +31,7 @@ model = "demo-phi3"
 workload = "llm"
 targets = ["cpu"]
 precisions = {precisions}
+kv_layout = "{kv_layout}"
 [calibration]
 data = "{root}/calibration/llm/prompts.jsonl"
 samples = 8
@@ -66,10 +67,12 @@ def settings(
     min_cosine: float = 0.9,
     build_on_start: bool = True,
     tiers: list[dict] | None = None,
+    kv_layout: str = "inplace",
 ) -> Settings:
     recipes = tmp / "recipes"
     recipes.mkdir(exist_ok=True)
-    (recipes / "tiny-phi3.toml").write_text(RECIPE.format(precisions=precisions, root=ROOT, min_cosine=min_cosine))
+    text = RECIPE.format(precisions=precisions, root=ROOT, min_cosine=min_cosine, kv_layout=kv_layout)
+    (recipes / "tiny-phi3.toml").write_text(text)
     return Settings(
         models={
             "llm": tiers or [{"name": "tiny", "model": "demo-phi3", "max_new_tokens": 8, "max_batch": 2}],
@@ -253,7 +256,8 @@ def test_when_no_tier_loads_without_an_engine_the_start_builds_and_keeps_systemd
     tmp_path: Path, started, monkeypatch
 ) -> None:
     """Like TensorRT tiers on a fresh Jetson (the model folder cannot run there): the start waits for
-    the build, extending systemd's start timeout, then serves the engine."""
+    the build, extending systemd's start timeout, then serves the engine. (The plain KV layout: an
+    in-place conversion checks itself against the model folder, which this device cannot open.)"""
     import socket
 
     from edge_agent.errors import ModelError
@@ -270,7 +274,7 @@ def test_when_no_tier_loads_without_an_engine_the_start_builds_and_keeps_systemd
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(tmp_path / "notify.sock"))
     sock.setblocking(False)
-    s = settings(tmp_path)
+    s = settings(tmp_path, kv_layout="plain")
     agent = started(RecordingAgent(s, notifier=Notifier({"NOTIFY_SOCKET": str(tmp_path / "notify.sock")}), drain_s=5))
     messages = []
     while True:
