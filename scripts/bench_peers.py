@@ -157,13 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--models", default="demo-phi3-small,random-phi3-438m")
     p.add_argument("--engines", default=",".join(ENGINES))
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=4, help="clients of the concurrent run (default 4)")
     p.add_argument("--prompt-tokens", type=int, default=256)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--requests", type=int, default=4, help="batch-1 requests per run (default 4)")
-    p.add_argument("--requests-concurrent", type=int, default=8, help="requests per concurrent run (default 8)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--requests", type=int, default=2, help="batch-1 requests per run (default 2)")
+    p.add_argument("--requests-concurrent", type=int, default=4, help="requests per concurrent run (default 4)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds allowed for one run")
     p.add_argument("--json", dest="json_out", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None)
@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds: dict = {m: {e: {f: [] for f in peers.FIGURES} for e in engines} for m in models}
     reasons: dict = {}
     info: dict = {}
+    loads: list[float] = []  # 1-minute load average before each run
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "engines").mkdir()
@@ -200,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                     for clients, n in ((1, args.requests), (args.concurrency, args.requests_concurrent)):
                         out = work / "out.json"
                         t0 = time.perf_counter()
+                        loads.append(os.getloadavg()[0])
                         try:
                             if engine == peers.AGENT:
                                 res = agent_run(args, spec[model], clients, n, out, config)
@@ -223,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                             flush=True,
                         )
     meta["loadavg_end"] = os.getloadavg()[0]
+    meta["loadavg_runs"] = {"min": min(loads, default=0.0), "max": max(loads, default=0.0)}
     summary = peers.summarize(rounds)
     table = peers.format_table(summary, engines, reasons)
     print(table)
@@ -230,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\nmedians [min–max] over {args.rounds} interleaved rounds; ×r = edge-agent / engine (above 1: edge-agent "
         f"has more tok/s, or a longer TTFT); P={args.prompt_tokens} T={args.max_new_tokens}, {args.threads} threads, "
         f"C={args.concurrency}; commit {meta['commit']}; {meta['cpu']}, {meta['cores']} cores, "
-        f"load {meta['loadavg_start']:.1f}→{meta['loadavg_end']:.1f}"
+        f"1-min load average {meta['loadavg_runs']['min']:.1f}–{meta['loadavg_runs']['max']:.1f} before the runs"
     )
     report = {
         "machine": meta,

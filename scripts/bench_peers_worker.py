@@ -30,7 +30,7 @@ Tokens = list[float]  # perf_counter time of each generated token
 class OrtGenai:
     """onnxruntime-genai: one og.Model; one og.Generator per request (concurrent clients: one thread each)."""
 
-    note = "C>1: one og.Generator per client thread (onnxruntime-genai has no continuous batching)"
+    note = "C>1: one og.Generator per client thread (no continuous batching in onnxruntime-genai)"
 
     def __init__(self, folder: str, threads: int, max_len: int) -> None:
         import onnxruntime_genai as og
@@ -149,7 +149,7 @@ class OvGenai:
 class LlamaCpp:
     """llama.cpp through llama-cpp-python's ``Llama.generate`` (one sequence; greedy via top_k = 1)."""
 
-    note = "C>1 not run: llama-cpp-python's Llama serves one sequence (batching is llama-server's)"
+    note = "n/a: one sequence per Llama"  # llama.cpp batches sequences in llama-server, not in this package
 
     def __init__(self, path: str, threads: int, max_len: int) -> None:
         from llama_cpp import Llama
@@ -171,6 +171,7 @@ class LlamaCpp:
 
 
 ENGINES: dict[str, type] = {"ortgenai": OrtGenai, "ovgenai": OvGenai, "llamacpp": LlamaCpp}
+PACKAGES = {"ortgenai": "onnxruntime_genai", "ovgenai": "openvino_genai", "llamacpp": "llama_cpp"}
 
 
 def threaded_clients(
@@ -240,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         "engine": args.engine,
         "concurrency": clients,
         "note": engine.note,
+        "version": getattr(sys.modules.get(PACKAGES[args.engine]), "__version__", None),
         "ramp_s": ramp_s if clients > 1 else 0.0,
         "wall_s": wall,
         "tokens": sum(len(t) for _, t in results),
