@@ -5,8 +5,10 @@ engine runs in its own process, on the same weights, with the same thread count 
 token ids, in interleaved rounds: each round runs every engine once (their order rotated from round to
 round), for each model, so that noise from other jobs on the machine hits all engines alike. Per run:
 - edge-agent: ``edge-agent bench llm`` as the daemon serves the tier (scheduler, limits, sampling,
-  detokenization), on the plain export (``--model``), with an empty engine cache so that the fp32 model
-  folder is what is served, not an int8 engine that may be cached;
+  detokenization) with ``--model`` one of two fp32 folders of the same weights: the in-place KV graph an
+  ONNX Runtime build serves (row ``edge-agent``, the reference of the ratios) and the plain export as it
+  is (row ``edge-agent plain``); the engine cache is an empty one, so that neither is replaced by an int8
+  engine that may be cached for the demo model;
 - the peers: scripts/bench_peers_worker.py in the environment that has each one.
 Each engine makes a batch-1 run (requests one at a time: decode and prefill figures) and a C-client
 run (TTFT and tokens/s). Writes the JSON report and prints the table of edge_agent/bench/peers.py.
@@ -41,7 +43,11 @@ PEERS = {
     "llama.cpp f32": (".venv-peers", "llamacpp", "f32.gguf"),
     "llama.cpp f16": (".venv-peers", "llamacpp", "f16.gguf"),
 }
-ENGINES = (peers.AGENT, *PEERS)
+# edge-agent's rows -> the folder it serves: the fp32 in-place KV graph that an ONNX Runtime build of the
+# export serves (``edge-agent engines convert --inplace-kv``, what the daemon prefers), and the export as it is
+AGENT_PLAIN = "edge-agent plain"
+AGENTS = {peers.AGENT: "inplace", AGENT_PLAIN: "plain"}
+ENGINES = (*AGENTS, *PEERS)
 
 
 def prompts_for(folder: Path, n: int, length: int) -> list[list[int]]:
@@ -115,7 +121,11 @@ def peer_run(args, engine: str, artifact: Path, clients: int, prompts: Path, out
 
 def unavailable(args, model: str, engine: str) -> str | None:
     """Why an engine cannot run on a model (its artifact or environment is missing), else None."""
-    if engine == peers.AGENT:
+    if engine in AGENTS:
+        path = args.cache / model / AGENTS[engine]
+        reason = path.with_name(path.name + ".reason")
+        if not path.exists():
+            return reason.read_text().strip() if reason.exists() else f"no {AGENTS[engine]} folder built"
         return None
     venv, _, artifact = PEERS[engine]
     if not (ROOT / venv / "bin/python").exists():
@@ -157,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--models", default="demo-phi3-small,random-phi3-438m")
     p.add_argument("--engines", default=",".join(ENGINES))
-    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=4, help="clients of the concurrent run (default 4)")
     p.add_argument("--prompt-tokens", type=int, default=256)
@@ -179,7 +189,6 @@ def main(argv: list[str] | None = None) -> int:
         (work / "engines").mkdir()
         config = work / "agent.toml"  # an empty engine cache: the daemon's path on the plain fp32 folder
         config.write_text(f'[engines]\ncache_dir = "{work / "engines"}"\n')
-        spec = {}
         for model in models:
             folder = (args.cache / model / "plain").resolve()
             # bench llm measures prompts[:n] (the same draws); the peers' warm-up is another prompt, because
@@ -187,7 +196,6 @@ def main(argv: list[str] | None = None) -> int:
             for n in (args.requests, args.requests_concurrent):
                 prompts = prompts_for(folder, n + 1, args.prompt_tokens)
                 (work / f"{model}-{n}.json").write_text(json.dumps({"warmup": prompts[n], "prompts": prompts[:n]}))
-            spec[model] = folder
             for engine in engines:
                 why = unavailable(args, model, engine)
                 if why:
@@ -203,8 +211,9 @@ def main(argv: list[str] | None = None) -> int:
                         t0 = time.perf_counter()
                         loads.append(os.getloadavg()[0])
                         try:
-                            if engine == peers.AGENT:
-                                res = agent_run(args, spec[model], clients, n, out, config)
+                            if engine in AGENTS:
+                                folder = (args.cache / model / AGENTS[engine]).resolve()
+                                res = agent_run(args, folder, clients, n, out, config)
                             else:
                                 artifact = args.cache / model / PEERS[engine][2]
                                 res = peer_run(args, engine, artifact, clients, work / f"{model}-{n}.json", out)
@@ -271,7 +280,7 @@ def plot(summary: dict, engines: list[str], path: Path) -> None:
             med = [summary[model][e][f]["median"] for e in names]
             lo = [m - summary[model][e][f]["min"] for m, e in zip(med, names)]
             hi = [summary[model][e][f]["max"] - m for m, e in zip(med, names)]
-            ax.bar(range(len(names)), med, yerr=[lo, hi], color=["C0" if e == peers.AGENT else "C7" for e in names])
+            ax.bar(range(len(names)), med, yerr=[lo, hi], color=["C0" if e in AGENTS else "C7" for e in names])
             ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=7)
             ax.set_title(f"{model}: {peers.HEADINGS[f]}", fontsize=8)
     fig.tight_layout()
