@@ -74,18 +74,21 @@ def prompts_for(folder: Path, n: int, length: int) -> list[list[int]]:
     return out
 
 
-def run(cmd: list[str], timeout: float) -> tuple[bool, str]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> tuple[bool, str]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
     return proc.returncode == 0, tail[0][:200]
 
 
 def agent_run(args, folder: Path, clients: int, n: int, out: Path, config: Path) -> dict:
-    cmd = [str(ROOT / ".venv/bin/edge-agent"), "bench", "llm", "--config", str(config), "--model", str(folder)]
+    cmd = [str(ROOT / ".venv/bin/python"), "-c", "import sys; from edge_agent.cli import main; sys.exit(main())"]
+    cmd += ["bench", "llm", "--config", str(config), "--model", str(folder)]
     cmd += ["--threads", str(args.threads), "--concurrency", str(clients), "--requests", str(n), "--rounds", "1"]
     cmd += ["--prompt-tokens", str(args.prompt_tokens), "--max-new-tokens", str(args.max_new_tokens)]
     cmd += ["--no-baseline", "--genai", "none", "--quiet", "--json", str(out)]
-    ok, why = run(cmd, args.timeout)
+    src = os.environ.get("BENCH_PEERS_AGENT_SRC")  # the committed edge_agent/ (scripts/bench-peers)
+    env = {**os.environ, "PYTHONPATH": src} if src else None
+    ok, why = run(cmd, args.timeout, env)
     if not ok:
         raise RuntimeError(why)
     report = json.loads(out.read_text())
@@ -157,7 +160,16 @@ def machine() -> dict:
     commit = subprocess.run(
         ["git", "log", "-1", "--format=%h %s"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
-    return {"cpu": cpu, "cores": os.cpu_count(), "loadavg_start": os.getloadavg()[0], "commit": commit}
+    dirty = subprocess.run(["git", "status", "--porcelain", "edge_agent"], capture_output=True, text=True, cwd=ROOT)
+    src = os.environ.get("BENCH_PEERS_AGENT_SRC")
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "loadavg_start": os.getloadavg()[0],
+        "commit": commit,
+        "edge_agent_from": "the commit (git archive)" if src else "the working tree",
+        "uncommitted_edge_agent_files": len(dirty.stdout.splitlines()),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -241,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\nmedians [min–max] over {args.rounds} interleaved rounds; ×r = edge-agent / engine (above 1: edge-agent "
         f"has more tok/s, or a longer TTFT); P={args.prompt_tokens} T={args.max_new_tokens}, {args.threads} threads, "
-        f"C={args.concurrency}; commit {meta['commit']}; {meta['cpu']}, {meta['cores']} cores, "
+        f"C={args.concurrency}; edge-agent from {meta['edge_agent_from']} {meta['commit'].split()[0]}; "
+        f"{meta['cpu']}, {meta['cores']} cores, "
         f"1-min load average {meta['loadavg_runs']['min']:.1f}–{meta['loadavg_runs']['max']:.1f} before the runs"
     )
     report = {
