@@ -135,6 +135,20 @@ def llm_tokenizer(family: str, size: int = TOKENIZER_SIZE) -> tuple[Tokenizer, d
     return tok, meta
 
 
+def write_llm_tokenizer(folder: Path, tok: Tokenizer, meta: dict[str, Any]) -> None:
+    """The tokenizer files and generation_config.json (its special ids) of an LLM folder."""
+    write_json(
+        folder / "generation_config.json",
+        {
+            "bos_token_id": meta["ids"]["bos"],
+            "eos_token_id": meta["stop_ids"],
+            "pad_token_id": meta["ids"]["pad"],
+            "transformers_version": transformers.__version__,
+        },
+    )
+    write_tokenizer(folder, tok, meta)
+
+
 # ----------------------------------------------------------------------------- causal LMs
 
 
@@ -360,16 +374,7 @@ def build_llm(name: str, out_dir: Path) -> dict[str, Any]:
         assert_close(f"{name} {key} (past 20 + 3)", value, want[key])
 
     save_config(cfg, type(model).__name__, folder)
-    write_json(
-        folder / "generation_config.json",
-        {
-            "bos_token_id": meta["ids"]["bos"],
-            "eos_token_id": meta["stop_ids"],
-            "pad_token_id": pad,
-            "transformers_version": transformers.__version__,
-        },
-    )
-    write_tokenizer(folder, tok, meta)
+    write_llm_tokenizer(folder, tok, meta)
     save_npz(
         folder / "reference.npz",
         {
@@ -438,16 +443,7 @@ def build_phi3_small(out_dir: Path) -> dict[str, Any]:
     del graph
 
     save_config(cfg, "Phi3ForCausalLM", folder)
-    write_json(
-        folder / "generation_config.json",
-        {
-            "bos_token_id": meta["ids"]["bos"],
-            "eos_token_id": meta["stop_ids"],
-            "pad_token_id": meta["ids"]["pad"],
-            "transformers_version": transformers.__version__,
-        },
-    )
-    write_tokenizer(folder, tok, meta)
+    write_llm_tokenizer(folder, tok, meta)
     # The recipe's sha256 comes from the runtime's own materializer, which is then checked end to end.
     mat = load_materialize_module()
     recipe = {
@@ -478,16 +474,7 @@ def retokenize_phi3_small(out_dir: Path) -> dict[str, Any]:
     config.update(bos_token_id=meta["ids"]["bos"], eos_token_id=meta["ids"]["eos"], pad_token_id=meta["ids"]["pad"])
     assert config["vocab_size"] == tok.get_vocab_size() == SMALL_VOCAB
     write_json(folder / "config.json", config)
-    write_json(
-        folder / "generation_config.json",
-        {
-            "bos_token_id": meta["ids"]["bos"],
-            "eos_token_id": meta["stop_ids"],
-            "pad_token_id": meta["ids"]["pad"],
-            "transformers_version": transformers.__version__,
-        },
-    )
-    write_tokenizer(folder, tok, meta)
+    write_llm_tokenizer(folder, tok, meta)
     return {"vocab": tok.get_vocab_size(), "eos": meta["ids"]["eos"]}
 
 

@@ -95,22 +95,19 @@ class Sampler:
     ) -> np.ndarray:
         """``logits`` [V] with the bias, the penalties and the ``allowed`` mask applied (a copy when changed)."""
         p = self.params
-        changed = False
-        if p.logit_bias:
-            logits, changed = logits.astype(np.float32, copy=True), True
-            for token, bias in p.logit_bias:
-                if 0 <= token < logits.shape[-1]:
-                    logits[token] += bias
-        if p.repetition_penalty != 1.0 and history:
-            if not changed:
-                logits, changed = logits.astype(np.float32, copy=True), True
+        repeat = p.repetition_penalty != 1.0 and bool(history)
+        penalise = bool(p.frequency_penalty or p.presence_penalty) and bool(generated)
+        if p.logit_bias or repeat or penalise:
+            logits = logits.astype(np.float32, copy=True)  # one copy: the caller's row stays as it was
+        for token, bias in p.logit_bias:
+            if 0 <= token < logits.shape[-1]:
+                logits[token] += bias
+        if repeat:
             seen = np.unique(np.asarray(history, dtype=np.int64))
             seen = seen[seen < logits.shape[-1]]
             vals = logits[seen]
             logits[seen] = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-        if (p.frequency_penalty or p.presence_penalty) and generated:
-            if not changed:
-                logits, changed = logits.astype(np.float32, copy=True), True
+        if penalise:
             ids, counts = np.unique(np.asarray(generated, dtype=np.int64), return_counts=True)
             keep = ids < logits.shape[-1]
             logits[ids[keep]] -= counts[keep] * p.frequency_penalty + p.presence_penalty

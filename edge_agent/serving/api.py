@@ -196,13 +196,13 @@ class ApiServer:
                 "switching": self.llm.switching,
             }
         if self.asr is not None:
-            asr: Any = self.asr  # the speech ladder (serving/asr/ladder.py); the protocol names only the routes' needs
+            asr = self.asr
             body["asr"] = {
-                "tier": getattr(asr, "active_tier", None),
-                "model": getattr(asr, "model", ""),
-                "open_streams": sum(getattr(asr, "open_streams", {}).values()),
-                "shedding": bool(getattr(asr, "shedding", False)),
-                "switching": bool(getattr(asr, "switching", False)),
+                "tier": asr.active_tier,
+                "model": asr.model,
+                "open_streams": sum(asr.open_streams.values()),
+                "shedding": asr.shedding,
+                "switching": asr.switching,
             }
         return web.json_response(body, status=503 if self.draining else 200)
 

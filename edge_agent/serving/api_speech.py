@@ -38,6 +38,18 @@ class SpeechService(Protocol):
     ) -> dict: ...
     def open_stream(self, on_event: Callable[[dict], None]) -> Any: ...  # .push(pcm16: bytes), .close()
 
+    # what /health reports of the speech workload
+    shedding: bool
+
+    @property
+    def active_tier(self) -> str | None: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def open_streams(self) -> dict[str, int]: ...
+    @property
+    def switching(self) -> bool: ...
+
 
 async def transcriptions(asr: SpeechService | None, request: web.Request) -> web.Response:
     """``POST /v1/audio/transcriptions``: the whole upload through the active ASR tier, answered in the

@@ -287,18 +287,24 @@ def timings(handle: RequestHandle, timing: RequestTiming, requested_max_tokens: 
         "model": handle.model,
         "engine": handle.engine,
     }
-    if requested_max_tokens and handle.max_new_tokens is not None and handle.max_new_tokens < requested_max_tokens:
+    if _clamped(handle, requested_max_tokens):
         out["max_tokens"] = {"requested": requested_max_tokens, "granted": handle.max_new_tokens}
     return out
 
 
+def _clamped(handle: RequestHandle, requested_max_tokens: int | None) -> bool:
+    """Whether the tier's cap granted fewer tokens than the request asked for."""
+    granted = handle.max_new_tokens
+    return bool(requested_max_tokens) and granted is not None and granted < (requested_max_tokens or 0)
+
+
 def clamp_warning(handle: RequestHandle, requested_max_tokens: int | None) -> str | None:
-    if requested_max_tokens and handle.max_new_tokens is not None and handle.max_new_tokens < requested_max_tokens:
-        return (
-            f"max_tokens {requested_max_tokens} is above tier {handle.tier!r}'s cap: "
-            f"at most {handle.max_new_tokens} tokens are generated"
-        )
-    return None
+    if not _clamped(handle, requested_max_tokens):
+        return None
+    return (
+        f"max_tokens {requested_max_tokens} is above tier {handle.tier!r}'s cap: "
+        f"at most {handle.max_new_tokens} tokens are generated"
+    )
 
 
 def server_timing(t: dict) -> str:
