@@ -115,7 +115,7 @@ class OutlinesEngine:
     over tokens); a ``Guide`` per request; a batch is a loop over its rows."""
 
     def __init__(self, spec: TokenizerSpec) -> None:
-        import outlines_core  # type: ignore[import-untyped]  # the package ships no type information
+        import outlines_core
 
         self.oc = outlines_core
         by_bytes: dict[bytes, list[int]] = {}
