@@ -32,6 +32,12 @@ class EnginesConfig(Section):
         description="`edge-agent run`: build a tier's missing engine (when its model "
         "has a recipe) in the background while the model folder serves",
     )
+    convert_plain_exports: bool = Field(
+        True,
+        description="a tier whose model is a plain Phi-3 / Gemma export that no recipe builds gets an FP32 "
+        "engine with the KV cache in preallocated buffers (built like a recipe's, in the background); false: "
+        "such exports are served as they are",
+    )
     build_threads: int = Field(
         1, ge=1, le=256, description="intra-op threads of a background build (it shares the device with serving)"
     )

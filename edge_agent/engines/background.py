@@ -38,6 +38,7 @@ from ..systemd import Notifier
 from .cache import EngineCache, Entry
 from .heartbeat import BuildCancelled, Heartbeat
 from .pipeline import BuildRequest, GateRefused, Pipeline
+from .plain_export_recipe import plain_export_recipe
 from .recipes import TARGET_BACKENDS, Recipe, load_recipe, recipe_files
 from .resolve import EngineResolver, Resolved, same_model, target_of
 from .serving_mark import record_serving
@@ -111,7 +112,9 @@ class TierEngines:
         return self._recipes
 
     def recipe_for(self, tier: TierConfig) -> Recipe | None:
-        return next(
+        """The first recipe that builds ``tier``'s model for its target and backend; without one, a plain
+        Phi-3 / Gemma export gets its in-place FP32 recipe (``engines.convert_plain_exports``)."""
+        found = next(
             (
                 r
                 for r in self.all_recipes()
@@ -122,6 +125,9 @@ class TierEngines:
             ),
             None,
         )
+        if found is None and self.config.convert_plain_exports:
+            return plain_export_recipe(tier)
+        return found
 
     def recipes(self, tiers: list[TierConfig]) -> list[str]:
         return list(dict.fromkeys(r.name for t in tiers if (r := self.recipe_for(t)) is not None))
