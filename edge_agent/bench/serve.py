@@ -27,7 +27,7 @@ from ..errors import InputError
 from ..progress import Progress
 from . import serve_daemon as sd
 from .serve_client import Load, RequestResult, Target, chat_stream, get_text, make_prompt
-from .serve_report import client_figures, format_level, plot_levels, ratios
+from .serve_report import against_c1, client_figures, format_level, plot_levels, ratios
 
 SEED = 1234
 
@@ -72,6 +72,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=None, help="sent when given (default: the API's)")
     p.add_argument("--model", default=None, help="the request's model field (default: none, the active tier)")
     p.add_argument("--sla-ms", type=float, default=None, help="goodput counts TTFT <= this (default sla.target_ms)")
+    p.add_argument(
+        "--ramp-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="closed loop: client k starts at k·S/C (default: the warm-up request's e2e, so equal requests "
+        "do not arrive in lockstep; 0 = all at once)",
+    )
     p.add_argument("--warmup", type=int, default=1, metavar="N", help="requests sent first and left out (default 1)")
     p.add_argument("--timeout-s", type=float, default=600.0, help="per request (default 600)")
     p.add_argument("--mqtt", default=None, metavar="HOST:PORT", help="also read the daemon's tele/latency windows")
@@ -232,13 +240,17 @@ async def _run(args: argparse.Namespace, target: Target, windows, settings) -> d
         if not health.get("llm"):
             raise InputError(f"{target.base_url}/health reports no LLM served (status {status}): {text[:200]}")
         await _scrape(session, target)  # /metrics reachable (and authorized) before any load
+        warm_e2e_s = 0.0
         for k in range(args.warmup):
             warm = await chat_stream(session, target, body(-1 - k))
             if not warm.ok:
                 raise InputError(f"the warm-up request failed: {warm.status} {warm.error}")
+            warm_e2e_s = (warm.e2e_ms or 0.0) / 1e3
+        ramp_s = args.ramp_s if args.ramp_s is not None else warm_e2e_s
         levels = []
         for level in _levels(args):
-            levels.append(await _level(args, session, target, body, level, windows, show))
+            levels.append(await _level(args, session, target, body, level, windows, show, ramp_s))
+        against_c1(levels)
         health = await _idle(session, target)
     llm = health.get("llm") or {}
     load = " or ".join(
@@ -271,7 +283,7 @@ async def _run(args: argparse.Namespace, target: Target, windows, settings) -> d
     }
 
 
-async def _level(args, session, target: Target, body, level: dict, windows, show: bool) -> dict:
+async def _level(args, session, target: Target, body, level: dict, windows, show: bool, ramp_s: float) -> dict:
     await _idle(session, target)
     before = await _scrape(session, target)
     total = args.requests
@@ -279,7 +291,8 @@ async def _level(args, session, target: Target, body, level: dict, windows, show
         load = Load(session, target, body, args.requests, args.duration_s, lambda n: prog.update(n, total))
         start_wall = time.time()
         if level["mode"] == "closed":
-            wall = await load.closed(level["concurrency"])
+            level["ramp_s"] = ramp_s if level["concurrency"] > 1 else 0.0
+            wall = await load.closed(level["concurrency"], level["ramp_s"])
         elif level["mode"] == "poisson":
             wall = await load.poisson(level["rate"], SEED)
         else:

@@ -146,15 +146,17 @@ class Load:
         self.results.append(await chat_stream(self.session, self.target, self.body(index)))
         self.on_done(len(self.results))
 
-    async def closed(self, concurrency: int) -> float:
-        """``concurrency`` clients, each sending its next request when the previous one ends. Wall s."""
+    async def closed(self, concurrency: int, ramp_s: float = 0.0) -> float:
+        """``concurrency`` clients, each sending its next request when the previous one ends; client k
+        starts at k·ramp_s/concurrency (0: all at once, and equal requests then arrive in lockstep). Wall s."""
         self._start = time.perf_counter()
 
-        async def client() -> None:
+        async def client(k: int) -> None:
+            await asyncio.sleep(k * ramp_s / concurrency)
             while (i := self._take()) is not None:
                 await self._one(i)
 
-        await asyncio.gather(*(client() for _ in range(concurrency)))
+        await asyncio.gather(*(client(k) for k in range(concurrency)))
         return time.perf_counter() - self._start
 
     async def poisson(self, rate: float, seed: int) -> float:

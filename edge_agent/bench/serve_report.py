@@ -70,6 +70,24 @@ def ratios(client: dict, daemon: dict) -> dict:
     }
 
 
+def against_c1(levels: list[dict]) -> None:
+    """Each closed-loop level above C=1 gets ``vs_c1``: its client TTFT p50, ITL p50 and tokens/s over the
+    C=1 level's of the same run (the cost of sharing the engine), when a C=1 level was run."""
+    base = next((lv for lv in levels if lv["mode"] == "closed" and lv["concurrency"] == 1), None)
+    if base is None:
+        return
+    b = base["client"]
+    for lv in levels:
+        if lv is base or lv["mode"] != "closed":
+            continue
+        c = lv["client"]
+        lv["vs_c1"] = {
+            "ttft_p50": _ratio(c["ttft_ms"].get("p50"), b["ttft_ms"].get("p50")),
+            "itl_p50": _ratio(c["itl_ms"].get("p50"), b["itl_ms"].get("p50")),
+            "tokens_per_s": _ratio(c["tokens_per_s"], b["tokens_per_s"]),
+        }
+
+
 def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -78,13 +96,18 @@ def _triple(stats: dict, digits: int = 1) -> str:
     return " / ".join(_num(stats.get(f"p{p}"), digits) for p in QUANTILES)
 
 
+def _ramp(level: dict) -> str:
+    ramp = level.get("ramp_s") or 0.0
+    return f", clients started {ramp / level['concurrency'] * 1e3:.0f} ms apart" if ramp else ""
+
+
 def format_level(level: dict) -> str:
     """One level's table: client, daemon and their ratio for TTFT, ITL and E2E."""
     c, d, r = level["client"], level["daemon"], level["client_over_daemon"]
     errors = ", ".join(f"{k}: {v}" for k, v in sorted(c["errors"].items())) or "none"
     failures = ", ".join(f"{k}: {v}" for k, v in sorted(d["failures"].items())) or "none"
     lines = [
-        f"{level['label']} ({level['mode']}): {c['requests']} requests in {c['wall_s']:.1f} s, "
+        f"{level['label']} ({level['mode']}{_ramp(level)}): {c['requests']} requests in {c['wall_s']:.1f} s, "
         f"{_num(c['tokens_per_s'])} tok/s, {_num(c['requests_per_s'], 2)} req/s, "
         f"goodput {_num(c['goodput'], 2)}/s ({c['sla_met']}/{c['ok']} within the SLA)",
         f"{'metric':<9} {'client p50 / p95 / p99':>26} {'daemon p50 / p95 / p99':>26} {'client/daemon':>22}",
@@ -104,6 +127,12 @@ def format_level(level: dict) -> str:
         f"{'tokens':<9} {str(c['tokens_out']) + ' in ' + str(c['content_chunks']) + ' content chunks':>26} "
         f"{str(d['tokens_out']) + ' generated':>26}"
     )
+    vs = level.get("vs_c1")
+    if vs:
+        lines.append(
+            f"{'vs C=1':<9} client TTFT p50 ×{_num(vs['ttft_p50'], 2)}, ITL p50 ×{_num(vs['itl_p50'], 2)}, "
+            f"tok/s ×{_num(vs['tokens_per_s'], 2)} (same run)"
+        )
     mq = level.get("mqtt")
     if mq:
         lines.append(

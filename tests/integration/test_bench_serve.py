@@ -11,6 +11,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.daemon_proc import Daemon, free_port
 
 _SUCCESS = re.compile(r'^edge_agent:request_success_total\{[^}]*workload="llm"[^}]*\}\s+(\S+)$', re.M)
@@ -35,6 +37,10 @@ def test_bench_serve_counts_match_the_daemon_and_client_ttft_is_not_below_it(tmp
     finally:
         out = daemon.close()
     assert [lv["concurrency"] for lv in report["levels"]] == [1, 2], out
+    c1, c2 = report["levels"]
+    assert c1["ramp_s"] == 0.0 and c2["ramp_s"] > 0.0  # C=2's clients start the warm-up's e2e / 2 apart
+    assert "vs_c1" not in c1
+    assert c2["vs_c1"]["ttft_p50"] == pytest.approx(c2["client"]["ttft_ms"]["p50"] / c1["client"]["ttft_ms"]["p50"])
     # Every request the bench sent, the warm-up included, is one the daemon counted; no more.
     sent = sum(lv["client"]["requests"] for lv in report["levels"]) + report["warmup"]
     assert after - before == sent == 12 + report["warmup"]
