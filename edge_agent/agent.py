@@ -63,6 +63,7 @@ def llm_limits(settings: Settings, tier: TierConfig) -> Limits:
         adaptive=b.adaptive_wait,
         sla_ms=settings.sla.target_ms,
         prefill_chunk_tokens=b.prefill_chunk_tokens,
+        prefill_together=b.prefill_together if b.prefill_together is not None else tier.backend == "tensorrt",
     )
 
 

@@ -46,7 +46,7 @@ PEERS = {
 # edge-agent's rows -> the folder it serves: the fp32 in-place KV graph that an ONNX Runtime build of the
 # export serves (``edge-agent engines convert --inplace-kv``, what the daemon prefers), and the export as it is
 AGENT_PLAIN = "edge-agent plain"
-AGENTS = {peers.AGENT: "inplace", AGENT_PLAIN: "plain"}
+AGENTS = {peers.AGENT: "inplace", AGENT_PLAIN: "plain", "edge-agent int4": "int4"}
 ENGINES = (*AGENTS, *PEERS)
 
 
@@ -146,6 +146,21 @@ def unavailable(args, model: str, engine: str) -> str | None:
     if not path.exists():
         return reason.read_text().strip() if reason.exists() else f"no {artifact} built"
     return None
+
+
+def paired(rounds: dict, models: list[str], pairs: list[tuple[str, str]]) -> list[str]:
+    """Batch-1 decode of one engine over another, per round (both ran in it) and their median."""
+    lines = []
+    for model in models:
+        for a, b in pairs:
+            x, y = rounds[model].get(a, {}).get("decode_tps", []), rounds[model].get(b, {}).get("decode_tps", [])
+            per = [u / v for u, v in zip(x, y) if v]
+            if per:
+                lines.append(
+                    f"{model}: {a} / {b} batch-1 decode ×{peers.median(per):.2f} "
+                    f"(rounds: {', '.join(f'{r:.2f}' for r in per)})"
+                )
+    return lines
 
 
 def machine() -> dict:
@@ -257,7 +272,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{meta['cpu']}, {meta['cores']} cores, "
         f"1-min load average {meta['loadavg_runs']['min']:.1f}–{meta['loadavg_runs']['max']:.1f} before the runs"
     )
+    pairs = paired(rounds, models, [("edge-agent int4", peers.AGENT), ("edge-agent int4", "llama.cpp f16")])
+    if pairs:
+        print("\n".join(["", *pairs]))
     report = {
+        "pairs": pairs,
         "machine": meta,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "rounds": rounds,

@@ -67,6 +67,13 @@ class BatchingConfig(Section):
         "enters over several turns and running streams keep their inter-token latency; 0: whole prompts",
     )
 
+    prefill_together: bool | None = Field(
+        None,
+        description="whole prompts admitted in one turn are prefilled in one batched call (true) or one by one, "
+        "each streaming its first token as soon as its prompt is in (false); unset: together on TensorRT "
+        "tiers only (a GPU runs a batch of prompts for little more than one; a CPU's prefill is compute bound)",
+    )
+
     @model_validator(mode="after")
     def _preferred_within_max(self) -> BatchingConfig:
         bad = [b for b in self.preferred_batch_sizes if not 1 <= b <= self.max_batch]

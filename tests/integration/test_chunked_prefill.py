@@ -183,3 +183,45 @@ def test_bench_prefill_reports_both_settings_and_ratios_of_their_medians(tmp_pat
     m = report["medians"]
     assert report["ratios"]["itl_p99_ms"] == pytest.approx(m["chunked"]["itl_p99_ms"] / m["whole"]["itl_p99_ms"])
     assert "chunked/whole" in format_report(report)
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_prompts_admitted_together_stream_their_first_tokens_one_prefill_apart(lm, together):
+    """Three prompts admitted in one turn: one by one, each one's first token is delivered before the
+    next prompt's prefill runs; ``prefill_together`` batches a plain export's prompts in one prefill (the
+    in-place slots prefill one by one either way). The tokens are generate_greedy's in every case."""
+    prompts = [prompt(40, 11), prompt(25, 12), prompt(60, 13)]
+    expected = [list(lm.generate_greedy(p, 6, stop_at_eos=False)) for p in prompts]
+    # preferred size 3 on an idle engine: the three wait for each other and are admitted in the same turn
+    sched = LLMScheduler(
+        lm,
+        Limits(
+            max_batch=4, batch_timeout_ms=5_000, preferred_batch_sizes=(3,), adaptive=False, prefill_together=together
+        ),
+    )
+    events: list[tuple] = []
+    real_join, real_deliver = lm.join, sched._deliver
+
+    def join(batch, rows, prompts_):
+        events.append(("join", tuple(r.handle.id for r in rows)))
+        return real_join(batch, rows, prompts_)
+
+    def deliver(seq, token, final, logprob=None):
+        if len(seq.generated) == 1:
+            events.append(("first", seq.handle.id))
+        return real_deliver(seq, token, final, logprob)
+
+    lm.join, sched._deliver = join, deliver
+    try:
+        sched.start()
+        handles = [sched.submit(p, greedy(6)) for p in prompts]
+        results = [list(h.result(30).token_ids) for h in handles]
+    finally:
+        sched.stop()
+        del lm.join
+    assert results == expected
+    a, b, c = (h.id for h in handles)
+    if together and not isinstance(lm.new_batch(1), SlotCache):
+        assert events == [("join", (a, b, c)), ("first", a), ("first", b), ("first", c)]
+    else:
+        assert events == [("join", (a,)), ("first", a), ("join", (b,)), ("first", b), ("join", (c,)), ("first", c)]

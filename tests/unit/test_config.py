@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.config import SLA_PRESETS, Settings, load_settings
+from edge_agent.config import SLA_PRESETS, Settings, TierConfig, load_settings
 from edge_agent.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -283,3 +283,15 @@ def test_check_config_cli_prints_every_problem_and_exits_2(tmp_path, capsys):
     assert any(line.startswith("models.llm[0].backend: 'fake2' is not one of") for line in lines), out
     assert "'fake'" not in out
     assert "3 problem(s)" in err
+
+
+def test_prompts_are_prefilled_together_on_tensorrt_tiers_only_unless_configured() -> None:
+    from edge_agent.agent import llm_limits
+
+    cpu = TierConfig(name="c", model="demo-phi3")
+    gpu = TierConfig(name="g", model="demo-phi3", backend="tensorrt", device="cuda")
+    auto = Settings()
+    assert (llm_limits(auto, cpu).prefill_together, llm_limits(auto, gpu).prefill_together) == (False, True)
+    for value in (True, False):
+        s = Settings(batching={"prefill_together": value})
+        assert llm_limits(s, cpu).prefill_together is value and llm_limits(s, gpu).prefill_together is value

@@ -27,6 +27,7 @@ class Limits:
     adaptive: bool = True  # wait only for an expected batch-mate (AdaptiveWait); False: the fixed timeout
     sla_ms: float = 387.0  # the TTFT the adaptive wait must leave room for (the LLM SLA's target)
     prefill_chunk_tokens: int = 256  # prompt tokens prefilled per turn while others decode (0: whole prompts)
+    prefill_together: bool = False  # whole prompts of one turn in one batched prefill (else one by one)
 
 
 def plan_admission(

@@ -10,8 +10,14 @@ step: a long prompt enters over several turns, and streams keep their inter-toke
   (in-place KV caches have one slot to spare for it). With nothing decoding there is nobody to keep
   waiting, and each prompt runs whole.
 - ``Prefills`` holds the prefilling sequences and runs one turn: the part-way one continues
-  (``DecoderLM.prefill_chunk``), the prompts that fit whole join together (``DecoderLM.join``: one
-  batched prefill, as without chunking), and the next one starts its first chunk.
+  (``DecoderLM.prefill_chunk``), the prompts that fit whole join (``DecoderLM.join``), and the next one
+  starts its first chunk. Each prompt that completes is handed on at once (``on_joined``), so its first
+  token streams before the next prompt's prefill runs.
+- Whole prompts join one by one unless ``together`` (one batched prefill of a plain export's cache, for
+  accelerators where a batch of prompts costs little more than one). On a CPU prefill is compute bound:
+  batching prompts saves nothing and makes every one of them wait for the last. One by one, the first
+  finishes first, and requests that arrived together leave a prefill apart, so closed-loop clients do not
+  stay in lockstep (two prompts per turn forever).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from ...models.kv_slots import SlotCache
 from ...models.llm import ChunkedPrefill, DecoderLM
 
 Row = TypeVar("Row")
+Joined = Callable[[int, np.ndarray], None]  # (index of the first joined row in the batch, their last logits)
 log = logging.getLogger(__name__)
 
 
@@ -70,8 +77,8 @@ class Prefills(Generic[Row]):
     """The admitted sequences whose prompts are not yet all in the cache, paced by ``plan_chunks``;
     they count as running for admission and ``load``."""
 
-    def __init__(self, lm: DecoderLM, budget: int) -> None:
-        self.lm, self.budget = lm, budget
+    def __init__(self, lm: DecoderLM, budget: int, together: bool = False) -> None:
+        self.lm, self.budget, self.together = lm, budget, together
         self._states: deque[ChunkedPrefill[Row]] = deque()
 
     def __len__(self) -> int:
@@ -94,43 +101,47 @@ class Prefills(Generic[Row]):
         counts = plan_chunks([s.remaining for s in self._states], self.budget, decoding)
         return [(s.row, s.done == 0, n == s.remaining) for s, n in zip(self._states, counts)]
 
-    def run(
-        self, batch: DecodeBatch | SlotCache, decoding: int
-    ) -> tuple[np.ndarray | None, list[tuple[list, Exception]]]:
-        """Run this turn (``plan(decoding)``): the rows that completed joined ``batch``, at its end, and
-        their last logits [n, V] come back (None if none did), with each group of rows that failed (what
+    def run(self, batch: DecodeBatch | SlotCache, decoding: int, on_joined: Joined) -> list[tuple[list, Exception]]:
+        """Run this turn (``plan(decoding)``). Each prompt (or batched group) that completes joins ``batch``
+        at its end, and ``on_joined(first, logits)`` hears of it at once (its rows are ``batch.rows[first:]``,
+        their last logits [n, V]), before the next one runs. Returns each group of rows that failed (what
         they held is freed)."""
         counts = plan_chunks([s.remaining for s in self._states], self.budget, decoding)
         turn = list(zip(self._states, counts))  # they stay in the queue (and in ``load``) while they run
         # Only the oldest can be part-way through, and only the youngest can stop part-way: the
-        # part-way one goes first (its reserved slot is the next one), then the whole prompts join
-        # together, then the youngest takes its first chunk (reserving the slot after them).
+        # part-way one goes first (its reserved slot is the next one), then the whole prompts, then the
+        # youngest takes its first chunk (reserving the slot after them).
         head = [turn.pop(0)] if turn and turn[0][0].done > 0 else []
         tail = [turn.pop()] if turn and turn[-1][1] < turn[-1][0].remaining else []
-        logits: list[np.ndarray] = []
         failed: list[tuple[list, Exception]] = []
         for state, n in head:
-            self._chunk(batch, state, n, logits, failed)
-        if turn:
-            rows = [s.row for s, _ in turn]
+            self._chunk(batch, state, n, on_joined, failed)
+        together = self.together and isinstance(batch, DecodeBatch)  # slots prefill one by one anyway
+        for group in [turn] if together and turn else [[x] for x in turn]:
+            rows = [s.row for s, _ in group]
+            first = len(batch)
             try:
-                logits.append(self.lm.join(batch, rows, [s.prompt for s, _ in turn]))
+                logits = self.lm.join(batch, rows, [s.prompt for s, _ in group])
             except Exception as exc:
                 failed.append((rows, exc))
-            for state, _ in turn:
+                logits = None
+            for state, _ in group:
                 self._states.remove(state)
+            if logits is not None:
+                on_joined(first, logits)
         for state, n in tail:
-            self._chunk(batch, state, n, logits, failed)
-        return (np.concatenate(logits, axis=0) if logits else None), failed
+            self._chunk(batch, state, n, on_joined, failed)
+        return failed
 
     def _chunk(
         self,
         batch: DecodeBatch | SlotCache,
         state: ChunkedPrefill[Row],
         n: int,
-        logits: list[np.ndarray],
+        on_joined: Joined,
         failed: list[tuple[list, Exception]],
     ) -> None:
+        first = len(batch)
         try:
             out = self.lm.prefill_chunk(batch, state, n)
         except Exception as exc:
@@ -140,4 +151,4 @@ class Prefills(Generic[Row]):
             return
         if out is not None:  # its last chunk: it joined the batch
             self._states.remove(state)
-            logits.append(out)
+            on_joined(first, out)

@@ -109,7 +109,9 @@ class LLMScheduler:
         self.on_finished = on_finished
         self._waiting: deque[_Sequence] = deque()
         self._batch: DecodeBatch[_Sequence] | SlotCache[_Sequence] = lm.new_batch(limits.max_batch)
-        self._prefills: Prefills[_Sequence] = Prefills(lm, limits.prefill_chunk_tokens)  # admitted, prompt not all in
+        self._prefills: Prefills[_Sequence] = Prefills(
+            lm, limits.prefill_chunk_tokens, limits.prefill_together
+        )  # admitted, prompt not all in
         self._cond = threading.Condition()
         self._stopping = False
         self._next_id = 0
@@ -252,12 +254,12 @@ class LLMScheduler:
                 seq.recorder.mark_scheduled()
         joining = [seq for seq, _, completes in plan if completes]
         masks = dict(zip(map(id, joining), self._start_masks(joining)))
-        first = len(self._batch)
-        logits, failed = self._prefills.run(self._batch, decoding)
-        for seqs, exc in failed:
-            self._fail(seqs, prefill_error(exc))
-        if logits is not None:
+
+        def joined(first: int, logits: np.ndarray) -> None:  # their first tokens stream before the next prefill
             self._absorb(first, logits, [masks[id(s)] for s in self._batch.rows[first:]])
+
+        for seqs, exc in self._prefills.run(self._batch, decoding, joined):
+            self._fail(seqs, prefill_error(exc))
 
     def _decode(self) -> None:
         rows = list(self._batch.rows)
