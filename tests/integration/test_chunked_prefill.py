@@ -225,3 +225,16 @@ def test_prompts_admitted_together_stream_their_first_tokens_one_prefill_apart(l
         assert events == [("join", (a, b, c)), ("first", a), ("first", b), ("first", c)]
     else:
         assert events == [("join", (a,)), ("first", a), ("join", (b,)), ("first", b), ("join", (c,)), ("first", c)]
+
+
+def test_warming_every_slot_leaves_the_cache_empty_and_the_answers_unchanged(lm):
+    """The scheduler warms each in-place slot at load; what it ran there must not leak into requests."""
+    batch = lm.new_batch(3)
+    lm.warm_slots(batch)
+    assert len(batch) == 0
+    prompts = [prompt(30, 21), prompt(9, 22), prompt(50, 23)]
+    first = lm.join(batch, ["a", "b", "c"], prompts)  # every slot taken again, by real prompts
+    steps = [[int(t) for t in np.argmax(first, axis=-1)]]
+    for _ in range(3):  # decode steps read the slots' whole past: a left-over would show here
+        steps.append([int(t) for t in np.argmax(lm.decode(batch, steps[-1]), axis=-1)])
+    assert [list(col) for col in zip(*steps)] == [list(lm.generate_greedy(p, 4, stop_at_eos=False)) for p in prompts]

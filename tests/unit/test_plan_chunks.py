@@ -34,6 +34,20 @@ def test_plan_chunks(remaining, budget, decoding, expected):
         assert all(n == r for n, r in zip(counts[:-1], remaining))  # only the last can stop part-way
 
 
+@pytest.mark.parametrize(
+    "remaining, budget, decoding, expected",
+    [
+        ([], 256, 2, []),
+        ([100, 50, 600], 256, 2, [100]),  # one prompt per turn: a decode step before the next one
+        ([1000, 10], 256, 2, [256]),  # a long one still goes a budget at a time
+        ([1000, 10], 0, 2, [1000]),  # chunking off: the oldest whole
+        ([1000, 10], 256, 0, [1000]),  # nothing decoding: whole, but still one per turn
+    ],
+)
+def test_one_prompt_per_turn_unless_together(remaining, budget, decoding, expected):
+    assert plan_chunks(remaining, budget, decoding, together=False) == expected
+
+
 def _cache(rows: int = 3) -> SlotCache:
     return SlotCache(["0.key"], rows, kv_heads=1, capacity=8, head_dim=1)
 

@@ -13,11 +13,13 @@ step: a long prompt enters over several turns, and streams keep their inter-toke
   (``DecoderLM.prefill_chunk``), the prompts that fit whole join (``DecoderLM.join``), and the next one
   starts its first chunk. Each prompt that completes is handed on at once (``on_joined``), so its first
   token streams before the next prompt's prefill runs.
-- Whole prompts join one by one unless ``together`` (one batched prefill of a plain export's cache, for
-  accelerators where a batch of prompts costs little more than one). On a CPU prefill is compute bound:
-  batching prompts saves nothing and makes every one of them wait for the last. One by one, the first
-  finishes first, and requests that arrived together leave a prefill apart, so closed-loop clients do not
-  stay in lockstep (two prompts per turn forever).
+- Unless ``together``, a turn prefills one prompt (whole, or a chunk of it), and a decode step runs
+  between two prompts. On a CPU prefill is compute bound: batching prompts saves nothing and makes every
+  one of them wait for the last; one per turn, the first finishes first, the running streams wait one
+  prefill at a time, and requests that arrived together start a turn apart, so they finish a turn apart
+  and never arrive together again (in the same turn they would finish, and return, together forever).
+  ``together`` (accelerators, where a batch of prompts costs little more than one): the budget is
+  shared by as many prompts as fit, and the whole ones join in one batched prefill.
 """
 
 from __future__ import annotations
@@ -39,13 +41,18 @@ Joined = Callable[[int, np.ndarray], None]  # (index of the first joined row in 
 log = logging.getLogger(__name__)
 
 
-def plan_chunks(remaining: Sequence[int], budget: int, decoding: int) -> list[int]:
+def plan_chunks(remaining: Sequence[int], budget: int, decoding: int, together: bool = True) -> list[int]:
     """How many prompt tokens each prefilling sequence runs this turn, oldest first (a prefix of them).
 
     ``remaining``: prompt tokens still to prefill per sequence, oldest first. ``budget``: tokens per
     turn (0: no limit, today's whole prefill). ``decoding``: sequences taking decode steps; with none,
-    there is no stream to keep waiting and each prompt runs whole.
+    there is no stream to keep waiting and each prompt runs whole. ``together`` False: one prompt per
+    turn (the oldest), so a decode step runs between two prompts' prefills.
     """
+    if not together:
+        if not remaining:
+            return []
+        return [remaining[0] if budget <= 0 or decoding == 0 else min(remaining[0], budget)]
     if budget <= 0 or decoding == 0:
         return list(remaining)
     counts = []
@@ -98,7 +105,7 @@ class Prefills(Generic[Row]):
 
     def plan(self, decoding: int) -> list[tuple[Row, bool, bool]]:
         """This turn's sequences, oldest first, as (row, starts now, completes now); ``run`` runs them."""
-        counts = plan_chunks([s.remaining for s in self._states], self.budget, decoding)
+        counts = plan_chunks([s.remaining for s in self._states], self.budget, decoding, self.together)
         return [(s.row, s.done == 0, n == s.remaining) for s, n in zip(self._states, counts)]
 
     def run(self, batch: DecodeBatch | SlotCache, decoding: int, on_joined: Joined) -> list[tuple[list, Exception]]:
@@ -106,7 +113,7 @@ class Prefills(Generic[Row]):
         at its end, and ``on_joined(first, logits)`` hears of it at once (its rows are ``batch.rows[first:]``,
         their last logits [n, V]), before the next one runs. Returns each group of rows that failed (what
         they held is freed)."""
-        counts = plan_chunks([s.remaining for s in self._states], self.budget, decoding)
+        counts = plan_chunks([s.remaining for s in self._states], self.budget, decoding, self.together)
         turn = list(zip(self._states, counts))  # they stay in the queue (and in ``load``) while they run
         # Only the oldest can be part-way through, and only the youngest can stop part-way: the
         # part-way one goes first (its reserved slot is the next one), then the whole prompts, then the

@@ -109,6 +109,7 @@ class LLMScheduler:
         self.on_finished = on_finished
         self._waiting: deque[_Sequence] = deque()
         self._batch: DecodeBatch[_Sequence] | SlotCache[_Sequence] = lm.new_batch(limits.max_batch)
+        lm.warm_slots(self._batch)  # here, on the loading thread, not in the first requests' prefills
         self._prefills: Prefills[_Sequence] = Prefills(
             lm, limits.prefill_chunk_tokens, limits.prefill_together
         )  # admitted, prompt not all in
