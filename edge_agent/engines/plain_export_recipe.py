@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from ..models.catalog import DEMO_MODELS
 from ..shipped import calibration_dir
 from .inplace_kv import is_plain_decoder
-from .recipes import AccuracyBudget, DataRef, Recipe
+from .recipes import DataRef, Recipe
 
 if TYPE_CHECKING:
     from ..config import TierConfig
@@ -44,7 +44,6 @@ def plain_export_recipe(tier: TierConfig) -> Recipe | None:
         targets=["cpu"],
         precisions=["fp32"],
         heldout=DataRef(data=calibration_dir() / "llm" / "heldout.jsonl", samples=HELDOUT_SAMPLES),
-        accuracy=AccuracyBudget(),
         kv_layout="inplace",
     )
 
