@@ -73,6 +73,17 @@ class BindingSession(Session, Protocol):
 
     def run_with_binding(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray]) -> None: ...
 
+    def prepare_binding(self, fixed_in: Mapping[str, np.ndarray], fixed_out: Mapping[str, np.ndarray]) -> PreparedRun:
+        """A binding with ``fixed_in`` / ``fixed_out`` bound once (buffers the caller keeps alive and in place,
+        e.g. KV slots): each ``PreparedRun.run`` binds only the rest."""
+        ...
+
+
+class PreparedRun(Protocol):
+    """Runs of one session into buffers bound once; ``run`` binds the inputs and outputs that change."""
+
+    def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray]) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class BackendInfo:
@@ -184,13 +195,14 @@ def _generic_warmup(session: Session) -> None:
         log.debug("generic warm-up skipped for %s: %s", getattr(session, "path", "this model"), exc)
 
 
-def check_feeds(specs: Sequence[TensorSpec], feeds: Mapping[str, np.ndarray]) -> None:
-    """Reject feeds with unknown or missing names, wrong dtypes or ranks, or wrong fixed dims."""
+def check_feeds(specs: Sequence[TensorSpec], feeds: Mapping[str, np.ndarray], complete: bool = True) -> None:
+    """Reject feeds with unknown or missing names (``complete``: every input must be there), wrong dtypes
+    or ranks, or wrong fixed dims."""
     by_name = {s.name: s for s in specs}
     unknown = [n for n in feeds if n not in by_name]
     if unknown:
         raise InputError(f"unknown input(s) {unknown}; the model takes {sorted(by_name)}")
-    missing = [n for n in by_name if n not in feeds]
+    missing = [n for n in by_name if n not in feeds] if complete else []
     if missing:
         raise InputError(f"missing input(s) {missing}")
     for name, value in feeds.items():

@@ -123,8 +123,54 @@ class OrtSession:
         except Exception as exc:
             raise _translate(exc, self.path) from exc
 
+    def prepare_binding(
+        self, fixed_in: Mapping[str, np.ndarray], fixed_out: Mapping[str, np.ndarray]
+    ) -> OrtPreparedRun:
+        """An I/O binding with ``fixed_in`` and ``fixed_out`` bound once, in place (the caller keeps those
+        arrays alive, contiguous and where they are); each run binds only the feeds and outputs given to it.
+        A decode step of an in-place KV cache then binds three small inputs and the logits, not 2 x layers
+        KV buffers (about 0.4 ms a step on a 6-layer model)."""
+        check_feeds(self.inputs, fixed_in, complete=False)
+        return OrtPreparedRun(self, fixed_in, fixed_out)
+
     def close(self) -> None:
         self._session = None  # ORT frees on garbage collection
+
+
+class OrtPreparedRun:
+    """One ``IOBinding`` whose fixed buffers stay bound across runs (``OrtSession.prepare_binding``)."""
+
+    def __init__(self, owner: OrtSession, fixed_in: Mapping[str, np.ndarray], fixed_out: Mapping[str, np.ndarray]):
+        self._owner = owner
+        self._fixed = {**fixed_in, **fixed_out}  # referenced, so the bound memory outlives the binding
+        self._fixed_names = set(fixed_in)
+        self._binding = owner._session.io_binding()
+        for name, value in fixed_in.items():
+            if not value.flags.c_contiguous:
+                raise InputError(f"input {name!r}: a bound-once buffer must be contiguous")
+            self._binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value))
+        for name, buf in fixed_out.items():
+            self._bind_out(name, buf)
+
+    def _bind_out(self, name: str, buf: np.ndarray) -> None:
+        if not buf.flags.c_contiguous:
+            raise InputError(f"output {name!r}: a bound buffer must be contiguous")
+        self._binding.bind_output(name, "cpu", 0, buf.dtype, buf.shape, buf.ctypes.data)
+
+    def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray]) -> None:
+        owner = self._owner
+        check_feeds(owner.inputs, feeds, complete=False)
+        missing = [s.name for s in owner.inputs if s.name not in feeds and s.name not in self._fixed_names]
+        if missing:
+            raise InputError(f"missing input(s) {missing}")
+        for name, value in feeds.items():
+            self._binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        for name, buf in out.items():
+            self._bind_out(name, buf)
+        try:
+            owner._session.run_with_iobinding(self._binding)
+        except Exception as exc:
+            raise _translate(exc, owner.path) from exc
 
 
 def _translate(exc: Exception, path: Path) -> Exception:

@@ -298,16 +298,20 @@ class DecoderLM:
         self, cache: SlotCache, first: int, count: int, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray
     ) -> np.ndarray:
         """Run rows ``first…`` with past = present = their slot buffers (written in place)."""
-        views = cache.views(first, count)
+        if self._binding is None:  # refused at open: only genai folders take this path
+            raise ModelError(f"{self.ref.name}: in-place KV buffers need a session with I/O binding")
+        run = cache.prepared.get((first, count))
+        if run is None:  # the rows' KV views never move: bound once per (first, count), kept with the cache
+            views = cache.views(first, count)
+            run = self._binding.prepare_binding(
+                {f"past_key_values.{n}": v for n, v in views.items()}, {f"present.{n}": v for n, v in views.items()}
+            )
+            cache.prepared[(first, count)] = run
         feeds = {"input_ids": ids, "attention_mask": mask}
-        feeds.update({f"past_key_values.{n}": v for n, v in views.items()})
         if self.contract.has_position_ids:
             feeds["position_ids"] = positions
         logits = np.empty((count, ids.shape[1], self._vocab), dtype=np.float32)
-        out = {"logits": logits, **{f"present.{n}": v for n, v in views.items()}}
-        if self._binding is None:  # refused at open: only genai folders take this path
-            raise ModelError(f"{self.ref.name}: in-place KV buffers need a session with I/O binding")
-        self._binding.run_with_binding(feeds, out)
+        run.run(feeds, {"logits": logits})
         return logits
 
     def _empty_past(self, batch: int) -> dict[str, np.ndarray]:
