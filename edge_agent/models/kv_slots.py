@@ -41,9 +41,9 @@ class SlotCache(Generic[Row]):
         self.lengths: list[int] = []
         self.pending: Row | None = None  # a row being prefilled in chunks, in slot len(rows)
         self.pending_length = 0
-        # the session's runs with rows first…first+count-1 bound once, keyed (first, count): the views of
-        # a slot range are the same memory for the cache's life (DecoderLM._run_slots fills this)
-        self.prepared: dict[tuple[int, int], Any] = {}
+        # sessions' runs with rows first…first+count-1 bound once, keyed (session id, first, count): the views
+        # of a slot range are the same memory for the cache's life (DecoderLM._run_slots fills this)
+        self.prepared: dict[tuple[int, int, int], Any] = {}
 
     def __len__(self) -> int:
         return len(self.rows)

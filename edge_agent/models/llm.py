@@ -300,13 +300,16 @@ class DecoderLM:
         """Run rows ``first…`` with past = present = their slot buffers (written in place)."""
         if self._binding is None:  # refused at open: only genai folders take this path
             raise ModelError(f"{self.ref.name}: in-place KV buffers need a session with I/O binding")
-        run = cache.prepared.get((first, count))
-        if run is None:  # the rows' KV views never move: bound once per (first, count), kept with the cache
+        # The rows' KV views never move: bound once per (session, first, count), kept with the cache (a run
+        # holds its session, so the id is not reused while the entry lives)
+        key = (id(self._binding), first, count)
+        run = cache.prepared.get(key)
+        if run is None:
             views = cache.views(first, count)
             run = self._binding.prepare_binding(
                 {f"past_key_values.{n}": v for n, v in views.items()}, {f"present.{n}": v for n, v in views.items()}
             )
-            cache.prepared[(first, count)] = run
+            cache.prepared[key] = run
         feeds = {"input_ids": ids, "attention_mask": mask}
         if self.contract.has_position_ids:
             feeds["position_ids"] = positions
