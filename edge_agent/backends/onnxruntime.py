@@ -112,16 +112,7 @@ class OrtSession:
 
     def run_with_binding(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray]) -> None:
         """Run writing outputs into caller-owned, correctly shaped arrays (no per-call allocation)."""
-        check_feeds(self.inputs, feeds)
-        binding = self._session.io_binding()
-        for name, value in feeds.items():
-            binding.bind_cpu_input(name, np.ascontiguousarray(value))
-        for name, buf in out.items():
-            binding.bind_output(name, "cpu", 0, buf.dtype, buf.shape, buf.ctypes.data)
-        try:
-            self._session.run_with_iobinding(binding)
-        except Exception as exc:
-            raise _translate(exc, self.path) from exc
+        self.prepare_binding({}, {}).run(feeds, out)
 
     def prepare_binding(
         self, fixed_in: Mapping[str, np.ndarray], fixed_out: Mapping[str, np.ndarray]
@@ -143,7 +134,7 @@ class OrtPreparedRun:
     def __init__(self, owner: OrtSession, fixed_in: Mapping[str, np.ndarray], fixed_out: Mapping[str, np.ndarray]):
         self._owner = owner
         self._fixed = {**fixed_in, **fixed_out}  # referenced, so the bound memory outlives the binding
-        self._fixed_names = set(fixed_in)
+        self._per_run = [s.name for s in owner.inputs if s.name not in fixed_in]  # what each run must feed
         self._binding = owner._session.io_binding()
         for name, value in fixed_in.items():
             if not value.flags.c_contiguous:
@@ -160,7 +151,7 @@ class OrtPreparedRun:
     def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray]) -> None:
         owner = self._owner
         check_feeds(owner.inputs, feeds, complete=False)
-        missing = [s.name for s in owner.inputs if s.name not in feeds and s.name not in self._fixed_names]
+        missing = [n for n in self._per_run if n not in feeds]
         if missing:
             raise InputError(f"missing input(s) {missing}")
         for name, value in feeds.items():
