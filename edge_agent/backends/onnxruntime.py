@@ -135,6 +135,7 @@ class OrtPreparedRun:
         self._owner = owner
         self._fixed = {**fixed_in, **fixed_out}  # referenced, so the bound memory outlives the binding
         self._per_run = [s.name for s in owner.inputs if s.name not in fixed_in]  # what each run must feed
+        check_feeds(owner.inputs, fixed_in, complete=False)
         self._binding = owner._session.io_binding()
         for name, value in fixed_in.items():
             if not value.flags.c_contiguous:
@@ -150,10 +151,11 @@ class OrtPreparedRun:
 
     def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray]) -> None:
         owner = self._owner
-        check_feeds(owner.inputs, feeds, complete=False)
-        missing = [n for n in self._per_run if n not in feeds]
-        if missing:
-            raise InputError(f"missing input(s) {missing}")
+        if feeds or self._per_run:  # a run with everything bound (a decode step) checks nothing again
+            check_feeds(owner.inputs, feeds, complete=False)
+            missing = [n for n in self._per_run if n not in feeds]
+            if missing:
+                raise InputError(f"missing input(s) {missing}")
         for name, value in feeds.items():
             self._binding.bind_cpu_input(name, np.ascontiguousarray(value))
         for name, buf in out.items():

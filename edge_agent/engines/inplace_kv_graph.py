@@ -8,7 +8,7 @@ The layout is onnxruntime-genai's builder's (``Model.make_group_query_attention`
     embed: Gather (* sqrt(hidden) for Gemma)
     per layer: SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization (the residual adds ride on it),
                MatMul qkv (packed) -> com.microsoft.GroupQueryAttention (do_rotary with cos/sin caches, scale,
-               softcap, local_window_size) -> MatMul o; MatMul gate_up -> Split -> act(gate) * up -> MatMul down
+               softcap, local_window_size) -> MatMul o; MatMul gate, MatMul up -> act(gate) * up -> MatMul down
                (Gemma-2: post-attention and pre/post-feed-forward norms)
     final norm -> MatMul lm_head (-> tanh soft-cap) -> logits [B, S, V]
 
@@ -133,10 +133,14 @@ def build_graph(arch: Arch, w: DecoderWeights):
             x, residual = norm(f"{p}.pre_feedforward_layernorm", o, lw["pre_feedforward_layernorm"], residual)
         else:
             x, residual = norm(f"{p}.post_attention_layernorm", o, lw["post_attention_layernorm"], residual)
-        (gu,) = g.node(
-            "MatMul", [x, g.init(f"{p}.mlp.gate_up_proj.weight", lw["gate_up"])], f"/model/{p}/mlp/gate_up/MatMul"
+        # Two products, not one packed product and a Split: the Split is a copy of both halves every step
+        ffn = lw["gate_up"].shape[1] // 2
+        (gate,) = g.node(
+            "MatMul", [x, g.init(f"{p}.mlp.gate_proj.weight", lw["gate_up"][:, :ffn])], f"/model/{p}/mlp/gate/MatMul"
         )
-        gate, up = g.node("Split", [gu], f"/model/{p}/mlp/Split", outputs=2, axis=-1)
+        (up,) = g.node(
+            "MatMul", [x, g.init(f"{p}.mlp.up_proj.weight", lw["gate_up"][:, ffn:])], f"/model/{p}/mlp/up/MatMul"
+        )
         act = _activation(g, arch.activation, gate, f"/model/{p}/mlp/act")
         (prod,) = g.node("Mul", [act, up], f"/model/{p}/mlp/Mul")
         (delta,) = g.node(

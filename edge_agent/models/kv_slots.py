@@ -13,6 +13,8 @@ right after the active rows, outside every decode step, and holds ``pending_leng
 
     buffers[name]  [max_rows, H_kv, capacity, D]   (allocated once; zeros pages are only touched as used)
     lengths        tokens held per active row
+    mask           [max_rows, capacity] int64: row i's first lengths[i] entries are 1 (a decode step's mask,
+                   bound once: see ``full_step_mask``)
 """
 
 from __future__ import annotations
@@ -37,13 +39,17 @@ class SlotCache(Generic[Row]):
         self.max_rows = max_rows
         # np.zeros maps fresh pages lazily: a 4096-token capacity costs memory only as far as it is used.
         self.buffers = {n: np.zeros((max_rows, kv_heads, capacity, head_dim), dtype=np.dtype(dtype)) for n in names}
+        # The decode step's attention mask at the full capacity width, kept in place: row i holds lengths[i]
+        # ones, and each step sets one more (``full_step_mask``), so a binding of ``mask[:n]`` stays valid
+        self.mask = np.zeros((max_rows, capacity), dtype=np.int64)
         self.rows: list[Row] = []
         self.lengths: list[int] = []
         self.pending: Row | None = None  # a row being prefilled in chunks, in slot len(rows)
         self.pending_length = 0
-        # sessions' runs with rows first…first+count-1 bound once, keyed (session id, first, count): the views
-        # of a slot range are the same memory for the cache's life (DecoderLM._run_slots fills this)
-        self.prepared: dict[tuple[int, int, int], Any] = {}
+        # sessions' runs with rows first…first+count-1 bound once, keyed (session id, first, count), and their
+        # decode steps, keyed (session id, "decode", count): the views of a slot range are the same memory for
+        # the cache's life (DecoderLM fills this)
+        self.prepared: dict[tuple[int, int | str, int], Any] = {}
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -55,6 +61,7 @@ class SlotCache(Generic[Row]):
             raise InputError("a chunked prefill holds the next KV slot: commit or release it first")
         self.rows.append(row)
         self.lengths.append(tokens)
+        self._mask_row(len(self.rows) - 1, tokens)
         return len(self.rows) - 1
 
     def reserve(self, row: Row, tokens: int) -> int:
@@ -72,6 +79,7 @@ class SlotCache(Generic[Row]):
             raise InputError("no chunked prefill to commit")
         self.rows.append(self.pending)
         self.lengths.append(self.pending_length)
+        self._mask_row(len(self.rows) - 1, self.pending_length)
         self.release()
 
     def release(self) -> None:
@@ -96,6 +104,21 @@ class SlotCache(Generic[Row]):
             raise InputError(f"a sequence reached the KV capacity of {self.capacity} tokens")
         return (np.arange(width)[None, :] <= lengths[:, None]).astype(np.int64)
 
+    def full_step_mask(self) -> np.ndarray:
+        """The same step's mask at the full capacity width, [len(rows), capacity], in ``self.mask``: each row
+        gets its next position set in place (GroupQueryAttention reads the row lengths from the mask's sums;
+        only its width differs from ``step_mask``'s)."""
+        mask = self.mask
+        for i, n in enumerate(self.lengths):
+            if n >= self.capacity:
+                raise InputError(f"a sequence reached the KV capacity of {self.capacity} tokens")
+            mask[i, n] = 1
+        return mask[: len(self.rows)]
+
+    def _mask_row(self, slot: int, length: int) -> None:
+        self.mask[slot, :length] = 1
+        self.mask[slot, length:] = 0
+
     def advance(self) -> None:
         self.lengths = [n + 1 for n in self.lengths]
 
@@ -113,6 +136,7 @@ class SlotCache(Generic[Row]):
             if dst != src:
                 for buf in self.buffers.values():
                     buf[dst, :, :n] = buf[src, :, :n]
+                self._mask_row(dst, n)
         self.rows = [self.rows[i] for i in keep]
         self.lengths = [self.lengths[i] for i in keep]
         return removed

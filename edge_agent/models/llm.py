@@ -22,6 +22,7 @@ and the sequence joins the batch after its last chunk, with the same cache a who
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 from collections.abc import Iterator, Sequence
@@ -31,7 +32,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from ..backends import BindingSession, Session, SessionOptions, open_session
+from ..backends import BindingSession, PreparedRun, Session, SessionOptions, open_session
 from ..errors import InputError, ModelError
 from .catalog import ModelRef
 from .grammar import TokenVocab
@@ -40,6 +41,7 @@ from .kv_slots import SlotCache
 from .tokenizer import Tokenizer
 
 Row = TypeVar("Row")
+log = logging.getLogger(__name__)
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 
 
@@ -128,6 +130,13 @@ class ChunkedPrefill(Generic[Row]):
         return len(self.prompt) - self.done
 
 
+class _SlotStep:
+    """A prepared decode step of ``count`` in-place rows and the input ids / logits buffers it binds."""
+
+    def __init__(self, run: PreparedRun, ids: np.ndarray, logits: np.ndarray) -> None:
+        self.run, self.ids, self.logits = run, ids, logits
+
+
 class DecoderLM:
     """One loaded decoder model: tokenizer, contract and session; batches are ``new_batch()`` objects."""
 
@@ -156,6 +165,9 @@ class DecoderLM:
         self.vocab_limit: int | None = limit if 0 < limit < self._vocab else None
         self._token_vocab: TokenVocab | None = None
         self._vocab_lock = threading.Lock()
+        # in-place decode steps feed the mask at the full KV width from a buffer bound once (SlotCache.mask),
+        # once warmup has seen the graph give the same logits that way (see warmup)
+        self.full_width_mask = False
 
     @property
     def token_vocab(self) -> TokenVocab:
@@ -196,10 +208,24 @@ class DecoderLM:
         return lm
 
     def warmup(self) -> None:
-        """A real two-token prefill and one decode step, so first-request latency is honest."""
+        """A real two-token prefill and one decode step, so first-request latency is honest. With in-place KV
+        buffers the step runs twice, with the mask at its exact width and at the full KV width: the full width
+        is what decode steps then use (bound once, no mask to build per step), if the logits are the same.
+        GroupQueryAttention graphs read only the mask's row sums; a graph that reads more keeps the exact width."""
+        exact = self._warm_step()
+        if self.shared_kv:
+            self.full_width_mask = True
+            full = self._warm_step()
+            self.full_width_mask = bool(np.allclose(full, exact, rtol=1e-5, atol=1e-6))
+            if not self.full_width_mask:
+                log.info(
+                    "%s: its graph reads more of the attention mask than its sums: exact-width masks", self.ref.name
+                )
+
+    def _warm_step(self) -> np.ndarray:
         batch = self.new_batch(1)
         self.join(batch, [None], [[1, 2]])
-        self.decode(batch, [3])
+        return self.decode(batch, [3])
 
     def warm_slots(self, batch: DecodeBatch | SlotCache) -> None:
         """Run a two-token prompt through every slot of an empty in-place ``batch`` and one decode step
@@ -283,33 +309,63 @@ class DecoderLM:
 
     def decode(self, batch: DecodeBatch | SlotCache, tokens: Sequence[int]) -> np.ndarray:
         """One step for every row of ``batch`` (one new token each): last logits [B, V]; advances the cache."""
+        if isinstance(batch, SlotCache):
+            return self._decode_slots(batch, tokens)
         ids = np.asarray(tokens, dtype=np.int64)[:, None]
         mask = batch.step_mask()
-        if isinstance(batch, SlotCache):
-            positions = np.asarray(batch.lengths, dtype=np.int64)[:, None]
-            logits = self._run_slots(batch, 0, len(batch), ids, mask, positions)
-            batch.advance()
-            return logits[:, -1]
         logits, present = self.forward(ids, mask, batch.past)
         batch.advance(present, mask)
         return logits[:, -1]
 
+    def _decode_slots(self, cache: SlotCache, tokens: Sequence[int]) -> np.ndarray:
+        """One decode step of every row of an in-place cache: its input ids, its mask (at the full width)
+        and its logits live in buffers bound once per row count, so a step binds nothing."""
+        count = len(cache)
+        step = cache.prepared.get((id(self._binding), "decode", count))
+        if step is None:
+            ids, logits = np.zeros((count, 1), dtype=np.int64), np.empty((count, 1, self._vocab), np.float32)
+            fixed_in = {"input_ids": ids}
+            if self.full_width_mask:
+                fixed_in["attention_mask"] = cache.mask[:count]
+            step = _SlotStep(self._prepare(cache, 0, count, fixed_in, logits), ids, logits)
+            cache.prepared[(id(self._binding), "decode", count)] = step
+        step.ids[:, 0] = tokens
+        feeds = {}
+        if self.full_width_mask:
+            cache.full_step_mask()  # in place, in the bound buffer
+        else:
+            feeds["attention_mask"] = cache.step_mask()
+        if self.contract.has_position_ids:
+            feeds["position_ids"] = np.asarray(cache.lengths, dtype=np.int64)[:, None]
+        step.run.run(feeds, {})
+        cache.advance()
+        return step.logits[:, 0].copy()  # the buffer is the next step's
+
+    def _prepare(
+        self, cache: SlotCache, first: int, count: int, fixed_in: dict | None = None, logits: np.ndarray | None = None
+    ) -> PreparedRun:
+        """A prepared run of rows ``first…first+count-1`` with past = present = their slot views, plus
+        ``fixed_in`` (and ``logits`` as the bound output) bound once."""
+        if self._binding is None:  # refused at open: only genai folders take this path
+            raise ModelError(f"{self.ref.name}: in-place KV buffers need a session with I/O binding")
+        views = cache.views(first, count)
+        fixed_out = {f"present.{n}": v for n, v in views.items()}
+        if logits is not None:
+            fixed_out["logits"] = logits
+        return self._binding.prepare_binding(
+            {**{f"past_key_values.{n}": v for n, v in views.items()}, **(fixed_in or {})}, fixed_out
+        )
+
     def _run_slots(
         self, cache: SlotCache, first: int, count: int, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray
     ) -> np.ndarray:
-        """Run rows ``first…`` with past = present = their slot buffers (written in place)."""
-        if self._binding is None:  # refused at open: only genai folders take this path
-            raise ModelError(f"{self.ref.name}: in-place KV buffers need a session with I/O binding")
+        """Run rows ``first…`` (a prompt or a chunk of one) with past = present = their slot buffers."""
         # The rows' KV views never move: bound once per (session, first, count), kept with the cache (a run
         # holds its session, so the id is not reused while the entry lives)
         key = (id(self._binding), first, count)
         run = cache.prepared.get(key)
         if run is None:
-            views = cache.views(first, count)
-            run = self._binding.prepare_binding(
-                {f"past_key_values.{n}": v for n, v in views.items()}, {f"present.{n}": v for n, v in views.items()}
-            )
-            cache.prepared[key] = run
+            run = cache.prepared[key] = self._prepare(cache, first, count)
         feeds = {"input_ids": ids, "attention_mask": mask}
         if self.contract.has_position_ids:
             feeds["position_ids"] = positions

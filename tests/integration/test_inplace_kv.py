@@ -89,12 +89,83 @@ def test_scheduler_on_the_converted_folder_greedy_equals_decoderlm_on_the_plain_
     sched = LLMScheduler(lm, Limits(max_batch=2, batch_timeout_ms=0)).start()
     try:
         assert isinstance(sched._batch, SlotCache)  # served with the in-place buffers
+        assert lm.full_width_mask  # and decode steps that bind their mask once, at the full KV width
         handles = [sched.submit(p, SamplingParams(max_new_tokens=16, ignore_eos=True)) for p in prompts]
         for prompt, handle in zip(prompts, handles):
             want = list(plain.generate_greedy(prompt, 16, stop_at_eos=False))
             assert list(handle.result(60).token_ids) == want
     finally:
         sched.stop()
+        lm.close()
+        plain.close()
+
+
+@pytest.mark.parametrize("name", ["demo-phi3", "demo-gemma2"])
+def test_decode_steps_of_two_rows_match_the_bare_plain_export_step_by_step(name, models_dir, tmp_path):
+    src = resolve_model(name, models_dir)
+    convert_inplace(src.path, tmp_path / "inplace", check_tokens=0)
+    lm = DecoderLM.open(inspect_folder(tmp_path / "inplace", name=name), "onnxruntime", SessionOptions(threads=1))
+    try:
+        assert lm.full_width_mask
+        prompts = [list(range(5, 17)), list(range(30, 35))]  # 12 and 5 tokens: rows of different lengths
+        refs = [_bare_steps(src.path, src.config, p, 16, positions=True) for p in prompts]
+        cache = lm.new_batch(2)
+        logits = lm.join(cache, ["a", "b"], prompts)
+        returned = []
+        for step in range(17):
+            for row, ref in enumerate(refs):
+                want = ref[step][-1]
+                scale = max(1.0, float(np.abs(want).max()))
+                assert np.abs(logits[row] - want).max() <= 1e-4 * scale, (name, step, row)
+            returned.append((logits, logits.copy()))
+            if step < 16:
+                logits = lm.decode(cache, [int(r[step][-1].argmax()) for r in refs])
+        # each step's logits are the caller's own: later steps never write into them
+        assert all(np.array_equal(kept, copy) for kept, copy in returned)
+    finally:
+        lm.close()
+
+
+def test_a_graph_that_reads_the_mask_width_keeps_exact_width_masks(models_dir, tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    src = resolve_model("demo-phi3", models_dir)
+    out = tmp_path / "inplace"
+    convert_inplace(src.path, out, check_tokens=0)
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    g = model.graph
+    (last,) = [n for n in g.node if "logits" in n.output]
+    last.output[list(last.output).index("logits")] = "logits_before"
+    g.initializer.extend(
+        [
+            helper.make_tensor("width_index", TensorProto.INT64, [], [1]),
+            helper.make_tensor("width_scale", TensorProto.FLOAT, [], [1e-3]),
+        ]
+    )
+    g.node.extend(
+        [  # logits + 1e-3 * mask width: the same argmax, other logits at another width
+            helper.make_node("Shape", ["attention_mask"], ["mask_shape"]),
+            helper.make_node("Gather", ["mask_shape", "width_index"], ["width"], axis=0),
+            helper.make_node("Cast", ["width"], ["width_f"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", ["width_f", "width_scale"], ["shift"]),
+            helper.make_node("Add", ["logits_before", "shift"], ["logits"]),
+        ]
+    )
+    onnx.save(model, str(out / "model.onnx"))
+    plain = DecoderLM.open(src, "onnxruntime", SessionOptions(threads=1))
+    lm = DecoderLM.open(inspect_folder(out, name="demo-phi3"), "onnxruntime", SessionOptions(threads=1))
+    try:
+        assert not lm.full_width_mask
+        cache = lm.new_batch(1)
+        prompt = list(range(7, 19))
+        logits = lm.join(cache, [0], [prompt])
+        got = []
+        for _ in range(8):
+            got.append(int(logits[0].argmax()))
+            logits = lm.decode(cache, [got[-1]])
+        assert got == list(plain.generate_greedy(prompt, 8, stop_at_eos=False, known_only=False))
+    finally:
         lm.close()
         plain.close()
 

@@ -48,3 +48,33 @@ def test_slots_run_out_with_a_clear_error():
     with pytest.raises(InputError, match="all 4 KV slots"):
         cache.claim("r5", 1)
     assert cache.rows == ["r0", "r1", "r2", "r3"]
+
+
+def test_full_step_mask_is_the_step_mask_at_full_width_kept_in_one_buffer_through_joins_and_leaves():
+    cache = filled([3, 1, 5])
+
+    def rows_of(mask: np.ndarray) -> list[list[int]]:
+        return [m.tolist() for m in mask]
+
+    full = cache.full_step_mask()
+    exact = cache.step_mask()
+    assert full.shape == (3, 8) and np.shares_memory(full, cache.mask)
+    assert rows_of(full) == [row + [0] * (8 - len(row)) for row in rows_of(exact)]
+    cache.advance()
+    cache.remove([0])  # r1 and r2 move down one slot each, with their masks
+    cache.claim("r3", 2)
+    full = cache.full_step_mask()
+    assert cache.lengths == [2, 6, 2]
+    assert full.sum(axis=1).tolist() == [3, 7, 3]  # each row: what it holds and the step's new token
+    assert rows_of(full) == [row + [0] * (8 - len(row)) for row in rows_of(cache.step_mask())]
+    # a chunked prefill's row joins with the length it reached
+    cache.remove([0, 1, 2])
+    cache.reserve("r4", 5)
+    cache.pending_length = 5
+    cache.commit()
+    assert cache.full_step_mask().tolist() == [[1, 1, 1, 1, 1, 1, 0, 0]]
+    cache.advance()
+    cache.advance()
+    cache.advance()
+    with pytest.raises(InputError, match="capacity of 8"):
+        cache.full_step_mask()
