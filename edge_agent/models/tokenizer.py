@@ -148,33 +148,34 @@ class Tokenizer:
 class StreamDecoder:
     """Turns generated ids into text pieces as they arrive, holding back incomplete UTF-8.
 
-    Incremental: each push decodes a short window (the tokens since the last emitted piece plus the
-    few before them, so a tokenizer that strips a leading space or merges bytes across tokens still
-    sees its context), not every id so far: constant work per token however long the output.
+    The tokenizers library's own incremental decoder (``tokenizers.decoders.DecodeStream``) does the work:
+    each push decodes a short window in Rust (the tokens since the last piece plus the few before them, so a
+    tokenizer that strips a leading space or merges bytes across tokens still sees its context), constant
+    work per token however long the output. A character split across tokens comes out with its last token.
     """
 
     def __init__(self, tokenizer: Tokenizer) -> None:
+        from tokenizers.decoders import DecodeStream
+
         self._tok = tokenizer
+        self._stream = DecodeStream(skip_special_tokens=True)
         self._ids: list[int] = []
-        self._prefix = 0  # window start: context tokens whose text is already out
-        self._read = 0  # tokens up to here are emitted
         self._emitted = ""
-        self._pending = ""  # decoded past the emitted text, held back (an incomplete character)
+        self._held = 0  # trailing ids whose text is not out yet (an incomplete character)
 
     def push(self, token_id: int) -> str:
         self._ids.append(token_id)
-        before = self._tok.decode(self._ids[self._prefix : self._read])
-        after = self._tok.decode(self._ids[self._prefix :])
-        piece = after[len(before) :] if after.startswith(before) else ""
-        if not piece or piece.endswith("\ufffd"):  # nothing yet, or a character split across tokens: wait
-            self._pending = piece
+        piece = self._stream.step(self._tok._tok, token_id)
+        if not piece:
+            if piece is None or self._held:  # None: part of a character; "": no text (a skipped special token)
+                self._held += 1
             return ""
         self._emitted += piece
-        self._pending = ""
-        self._prefix, self._read = self._read, len(self._ids)
+        self._held = 0
         return piece
 
     @property
     def text(self) -> str:
-        """The decoded text of every token pushed so far."""
-        return self._emitted + self._pending
+        """The decoded text of every token pushed so far (an incomplete character as U+FFFD, as a one-pass
+        decode gives it)."""
+        return self._tok.decode(self._ids) if self._held else self._emitted
