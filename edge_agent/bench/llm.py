@@ -26,6 +26,7 @@ import dataclasses
 import json
 import logging
 import os
+import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -333,6 +334,11 @@ def _run_loaded(args, served: Served, lm, show: bool) -> int:
             "tokens_per_s": _ratio(agent["tokens_per_s"], genai["tokens_per_s"]),
             "decode_tokens_per_s": _ratio(agent["decode_tokens_per_s"], genai["decode_tokens_per_s"]),
         }
+        # Each round's two sides ran a few seconds apart: their ratio cancels the machine's slower drift
+        pairs = zip(agent_rounds, genai_rounds)
+        paired = [x for a, g in pairs if (x := _ratio(a["decode_tokens_per_s"], g["decode_tokens_per_s"])) is not None]
+        if paired:
+            genai["agent_over_genai"]["decode_per_round"] = {"median": statistics.median(paired), "rounds": paired}
         if C > 1:
             notes.append("genai runs one request at a time (like the baseline): compare its ratios at C=1")
     if limits.max_batch > 1 and limits.batch_timeout_ms > 0 and 1 not in limits.preferred_batch_sizes:

@@ -100,6 +100,13 @@ def format_table(report: dict) -> str:
         lines.append(f"genai: {report['genai_reason']}")
     else:
         lines.append(f"genai: {g['folder']}; greedy token agreement with the bare loop {g['token_agreement']:.2f}")
+        paired = g["agent_over_genai"].get("decode_per_round")
+        if paired:
+            rounds = paired["rounds"]
+            lines.append(
+                f"agent/genai decode tokens/s per round: median ×{paired['median']:.2f} "
+                f"[{min(rounds):.2f}–{max(rounds):.2f}] over {len(rounds)} rounds"
+            )
     sc = report.get("scaling")
     if sc:
         lines.append(

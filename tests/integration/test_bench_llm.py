@@ -101,6 +101,9 @@ def test_bench_llm_compares_with_onnxruntime_genai_on_the_same_weights(tmp_path)
     ratios = genai["agent_over_genai"]
     assert ratios["ttft_p50"] == pytest.approx(report["agent"]["ttft_ms"]["p50"] / genai["ttft_ms"]["p50"])
     assert ratios["decode_tokens_per_s"] > 0
+    paired = ratios["decode_per_round"]  # one agent/genai ratio per round, each round's sides run back to back
+    assert len(paired["rounds"]) == 2 and all(r > 0 for r in paired["rounds"])
+    assert min(paired["rounds"]) <= paired["median"] <= max(paired["rounds"])
 
 
 def test_bench_llm_genai_folder_must_be_one(tmp_path):
