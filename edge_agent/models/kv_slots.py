@@ -11,10 +11,18 @@ A long prompt may be prefilled in chunks across several steps (``reserve``): its
 right after the active rows, outside every decode step, and holds ``pending_length`` tokens until
 ``commit`` makes it an active row (or ``release`` frees it). Compaction moves it along.
 
-    buffers[name]  [max_rows, H_kv, capacity, D]   (allocated once; zeros pages are only touched as used)
+    buffers[name]  [max_rows, H_kv, capacity, D]   (zeros pages are only touched as used)
     lengths        tokens held per active row
     mask           [max_rows, capacity] int64: row i's first lengths[i] entries are 1 (a decode step's mask,
                    bound once: see ``full_step_mask``)
+
+The capacity follows what the rows can reach (prompt + max_new_tokens, given at ``claim``/``reserve``),
+in steps of ``GRANULE`` · 2^k up to ``limit`` (the model's context), not the context itself: the attention
+of a decode step reads each head's keys and values at a stride of capacity × D, and a prompt's scratch
+scores are heads × prompt × capacity, so a 4096-token capacity for 200-token chats costs time on both
+(about 5% of a decode step and 15% of a 128-token prefill on a 28 M model). The buffers are reallocated
+while the cache is empty (nothing to copy; shrinking only when 4× too large), and grown with a copy of the
+rows held when a newcomer reaches further. Every reallocation drops ``prepared`` (the views moved).
 """
 
 from __future__ import annotations
@@ -29,47 +37,83 @@ from ..errors import InputError
 Row = TypeVar("Row")
 
 
+GRANULE = 256  # the smallest capacity, in tokens
+
+
 class SlotCache(Generic[Row]):
-    """Per-row KV slots in buffers allocated once; rows join and leave at step boundaries (see the module doc)."""
+    """Per-row KV slots in buffers sized to what the rows can reach; rows join and leave at step boundaries
+    (see the module doc)."""
 
     def __init__(
         self, names: Sequence[str], max_rows: int, kv_heads: int, capacity: int, head_dim: int, dtype: str = "float32"
     ) -> None:
-        self.capacity = capacity
+        self.limit = capacity  # the most tokens a row may hold
         self.max_rows = max_rows
-        # np.zeros maps fresh pages lazily: a 4096-token capacity costs memory only as far as it is used.
-        self.buffers = {n: np.zeros((max_rows, kv_heads, capacity, head_dim), dtype=np.dtype(dtype)) for n in names}
-        # The decode step's attention mask at the full capacity width, kept in place: row i holds lengths[i]
-        # ones, and each step sets one more (``full_step_mask``), so a binding of ``mask[:n]`` stays valid
-        self.mask = np.zeros((max_rows, capacity), dtype=np.int64)
+        self._shape, self._dtype, self._names = (max_rows, kv_heads, head_dim), np.dtype(dtype), list(names)
         self.rows: list[Row] = []
         self.lengths: list[int] = []
         self.pending: Row | None = None  # a row being prefilled in chunks, in slot len(rows)
         self.pending_length = 0
         # sessions' runs with rows first…first+count-1 bound once, keyed (session id, first, count), and their
-        # decode steps, keyed (session id, "decode", count): the views of a slot range are the same memory for
-        # the cache's life (DecoderLM fills this)
+        # decode steps, keyed (session id, "decode", count): the views of a slot range stay the same memory
+        # until the buffers are reallocated, which clears this (DecoderLM fills it)
         self.prepared: dict[tuple[int, int | str, int], Any] = {}
+        self.capacity = 0
+        self.buffers: dict[str, np.ndarray] = {}
+        self.mask = np.zeros((max_rows, 0), dtype=np.int64)
+        self._allocate(self._size_for(1))
+
+    def _size_for(self, reach: int) -> int:
+        size = min(GRANULE, self.limit)
+        while size < reach and size < self.limit:
+            size = min(size * 2, self.limit)
+        return size
+
+    def _allocate(self, capacity: int) -> None:
+        """New buffers of ``capacity``, holding the active rows' (and a pending row's) tokens."""
+        rows, heads, dim = self._shape
+        # np.zeros maps fresh pages lazily: a capacity costs memory only as far as it is used
+        buffers = {n: np.zeros((rows, heads, capacity, dim), dtype=self._dtype) for n in self._names}
+        held = [*enumerate(self.lengths)] + (
+            [(len(self.rows), self.pending_length)] if self.pending is not None else []
+        )
+        for slot, n in held:
+            for name, buf in buffers.items():
+                buf[slot, :, :n] = self.buffers[name][slot, :, :n]
+        self.buffers, self.capacity = buffers, capacity
+        self.mask = np.zeros((rows, capacity), dtype=np.int64)
+        for slot, n in held:
+            self._mask_row(slot, n)
+        self.prepared.clear()
+
+    def _fit(self, reach: int | None) -> None:
+        want = self._size_for(self.limit if reach is None else reach)
+        empty = not self.rows and self.pending is None
+        if want > self.capacity or (empty and want * 4 <= self.capacity):
+            self._allocate(want)
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def claim(self, row: Row, tokens: int) -> int:
-        """Reserve the next slot for ``row`` whose prompt has ``tokens`` tokens; returns the slot index."""
+    def claim(self, row: Row, tokens: int, reach: int | None = None) -> int:
+        """Reserve the next slot for ``row`` whose prompt has ``tokens`` tokens and that may grow to ``reach``
+        tokens (default: the limit); returns the slot index."""
         self._check_free(tokens)
         if self.pending is not None:
             raise InputError("a chunked prefill holds the next KV slot: commit or release it first")
+        self._fit(max(tokens, reach or 0) if reach is not None else None)
         self.rows.append(row)
         self.lengths.append(tokens)
         self._mask_row(len(self.rows) - 1, tokens)
         return len(self.rows) - 1
 
-    def reserve(self, row: Row, tokens: int) -> int:
+    def reserve(self, row: Row, tokens: int, reach: int | None = None) -> int:
         """Hold the next slot for ``row``, prefilled in chunks (``pending_length`` grows as they run);
         it joins decoding at ``commit``. Returns the slot index (it moves when rows leave)."""
         self._check_free(tokens)
         if self.pending is not None:
             raise InputError("only one chunked prefill at a time")
+        self._fit(max(tokens, reach or 0) if reach is not None else None)
         self.pending, self.pending_length = row, 0
         return len(self.rows)
 
@@ -89,8 +133,15 @@ class SlotCache(Generic[Row]):
     def _check_free(self, tokens: int) -> None:
         if len(self.rows) + (self.pending is not None) >= self.max_rows:
             raise InputError(f"all {self.max_rows} KV slots are in use")
-        if tokens > self.capacity:
-            raise InputError(f"prompt of {tokens} tokens exceeds the KV capacity of {self.capacity}")
+        if tokens > self.limit:
+            raise InputError(f"prompt of {tokens} tokens exceeds the KV capacity of {self.limit}")
+
+    def make_room(self) -> None:
+        """Before a decode step: grow the buffers if a row's next token would not fit (one that goes past
+        the reach it was claimed with); at the limit, the step's mask refuses it."""
+        need = max(self.lengths, default=0) + 1
+        if need > self.capacity and self.capacity < self.limit:
+            self._allocate(self._size_for(need))
 
     def views(self, first: int, count: int) -> dict[str, np.ndarray]:
         """Contiguous [count, H, capacity, D] views of rows ``first…first+count-1`` (past = present)."""

@@ -120,8 +120,8 @@ def genai_config_as_hf(genai: dict) -> tuple[dict, str]:
 class ChunkedPrefill(Generic[Row]):
     """A prompt being prefilled a chunk at a time, outside the batch that decodes, until it joins it."""
 
-    def __init__(self, row: Row, prompt: Sequence[int]) -> None:
-        self.row, self.prompt = row, list(prompt)
+    def __init__(self, row: Row, prompt: Sequence[int], reach: int | None = None) -> None:
+        self.row, self.prompt, self.reach = row, list(prompt), reach  # reach: as for ``DecoderLM.join``
         self.done = 0  # prompt tokens already in the cache
         self.past: dict[str, np.ndarray] | None = None  # its own batch-1 cache (DecodeBatch exports)
 
@@ -224,7 +224,7 @@ class DecoderLM:
 
     def _warm_step(self) -> np.ndarray:
         batch = self.new_batch(1)
-        self.join(batch, [None], [[1, 2]])
+        self.join(batch, [None], [[1, 2]], reach=[3])
         return self.decode(batch, [3])
 
     def warm_slots(self, batch: DecodeBatch | SlotCache) -> None:
@@ -236,7 +236,7 @@ class DecoderLM:
             return
         rows = list(range(batch.max_rows))
         try:
-            self.join(batch, rows, [[1, 2]] * len(rows))
+            self.join(batch, rows, [[1, 2]] * len(rows), reach=[3] * len(rows))
             self.decode(batch, [3] * len(rows))
         finally:
             batch.remove(range(len(batch)))
@@ -250,8 +250,16 @@ class DecoderLM:
         names = [f"{i}.{kv}" for i in range(c.num_layers) for kv in ("key", "value")]
         return SlotCache(names, max_rows, c.num_kv_heads, c.max_context, c.head_dim, c.kv_dtype)
 
-    def join(self, batch: DecodeBatch | SlotCache, rows: Sequence, prompts: Sequence[Sequence[int]]) -> np.ndarray:
-        """Prefill ``prompts`` and add them to ``batch`` as ``rows``: their last logits [n, V]."""
+    def join(
+        self,
+        batch: DecodeBatch | SlotCache,
+        rows: Sequence,
+        prompts: Sequence[Sequence[int]],
+        reach: Sequence[int | None] | None = None,
+    ) -> np.ndarray:
+        """Prefill ``prompts`` and add them to ``batch`` as ``rows``: their last logits [n, V]. ``reach``: the
+        most tokens each row may hold (prompt + max_new_tokens), which sizes in-place KV buffers (default:
+        the model's context)."""
         if isinstance(batch, DecodeBatch):
             logits, past, mask = self.prefill(prompts)
             batch.add(rows, past, mask)
@@ -259,10 +267,10 @@ class DecoderLM:
         first = len(batch)
         out = []
         try:
-            for row, prompt in zip(rows, prompts):
+            for i, (row, prompt) in enumerate(zip(rows, prompts)):
                 # Prompts are prefilled one by one into their own slot: prefill is compute bound, so
                 # batching them would save little, and GroupQueryAttention wants right padding.
-                slot = batch.claim(row, len(prompt))
+                slot = batch.claim(row, len(prompt), reach[i] if reach is not None else None)
                 ids = np.asarray([prompt], dtype=np.int64)
                 out.append(
                     self._run_slots(
@@ -282,7 +290,7 @@ class DecoderLM:
         mask = np.ones((1, end), dtype=np.int64)
         try:
             if isinstance(batch, SlotCache):
-                slot = batch.reserve(state.row, len(state.prompt)) if state.done == 0 else len(batch)
+                slot = batch.reserve(state.row, len(state.prompt), state.reach) if state.done == 0 else len(batch)
                 positions = np.arange(state.done, end, dtype=np.int64)[None]
                 logits = self._run_slots(batch, slot, 1, ids, mask, positions)
                 batch.pending_length = end
@@ -321,6 +329,7 @@ class DecoderLM:
         """One decode step of every row of an in-place cache: its input ids, its mask (at the full width)
         and its logits live in buffers bound once per row count, so a step binds nothing."""
         count = len(cache)
+        cache.make_room()  # before the step's binding is looked up: growing moves the buffers
         step = cache.prepared.get((id(self._binding), "decode", count))
         if step is None:
             ids, logits = np.zeros((count, 1), dtype=np.int64), np.empty((count, 1, self._vocab), np.float32)

@@ -202,9 +202,9 @@ def test_prompts_admitted_together_stream_their_first_tokens_one_prefill_apart(l
     events: list[tuple] = []
     real_join, real_deliver = lm.join, sched._deliver
 
-    def join(batch, rows, prompts_):
+    def join(batch, rows, prompts_, reach=None):
         events.append(("join", tuple(r.handle.id for r in rows)))
-        return real_join(batch, rows, prompts_)
+        return real_join(batch, rows, prompts_, reach)
 
     def deliver(seq, token, final, logprob=None):
         if len(seq.generated) == 1:

@@ -126,6 +126,29 @@ def test_decode_steps_of_two_rows_match_the_bare_plain_export_step_by_step(name,
         lm.close()
 
 
+def test_a_newcomer_that_reaches_further_grows_the_buffers_under_a_running_stream(models_dir, tmp_path):
+    src = resolve_model("demo-phi3", models_dir)
+    convert_inplace(src.path, tmp_path / "inplace", check_tokens=0)
+    options = SessionOptions(threads=1)
+    plain = DecoderLM.open(src, "onnxruntime", options)
+    lm = DecoderLM.open(inspect_folder(tmp_path / "inplace", name="demo-phi3"), "onnxruntime", options)
+    sched = LLMScheduler(lm, Limits(max_batch=2, batch_timeout_ms=0)).start()
+    try:
+        short, long = list(range(7, 19)), [int(x) for x in np.random.default_rng(3).integers(5, 900, 300)]
+        first = sched.submit(short, SamplingParams(max_new_tokens=40, ignore_eos=True))
+        events = iter(first)
+        next(events)  # it decodes in a 256-token cache
+        assert sched._batch.capacity == 256
+        second = sched.submit(long, SamplingParams(max_new_tokens=24, ignore_eos=True))
+        assert list(second.result(60).token_ids) == list(plain.generate_greedy(long, 24, stop_at_eos=False))
+        assert sched._batch.capacity == 512  # 300 + 24 tokens: grown, the first row's cache copied along
+        assert list(first.result(60).token_ids) == list(plain.generate_greedy(short, 40, stop_at_eos=False))
+    finally:
+        sched.stop()
+        lm.close()
+        plain.close()
+
+
 def test_a_graph_that_reads_the_mask_width_keeps_exact_width_masks(models_dir, tmp_path):
     import onnx
     from onnx import TensorProto, helper

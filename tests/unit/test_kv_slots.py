@@ -78,3 +78,44 @@ def test_full_step_mask_is_the_step_mask_at_full_width_kept_in_one_buffer_throug
     cache.advance()
     with pytest.raises(InputError, match="capacity of 8"):
         cache.full_step_mask()
+
+
+def test_capacity_follows_what_the_rows_can_reach_and_keeps_their_tokens_when_it_grows():
+    cache: SlotCache[str] = SlotCache(["0.key"], max_rows=3, kv_heads=2, capacity=4096, head_dim=1)
+    assert cache.capacity == 256 and cache.limit == 4096
+    a = cache.claim("a", 5, reach=200)
+    assert cache.capacity == 256
+    cache.buffers["0.key"][a, :, :5, 0] = np.arange(5)
+    cache.prepared[(1, 0, 1)] = "a binding of the old buffers"
+    b = cache.claim("b", 300, reach=900)  # grows while "a" is held: a copy, and the bindings go
+    assert cache.capacity == 1024 and cache.buffers["0.key"].shape == (3, 2, 1024, 1)
+    assert cache.buffers["0.key"][a, :, :5, 0].tolist() == [[0, 1, 2, 3, 4]] * 2
+    assert cache.mask.shape == (3, 1024) and cache.mask[a].sum() == 5 and cache.mask[b].sum() == 300
+    assert cache.prepared == {}
+    cache.remove([0, 1])
+    cache.claim("c", 10, reach=600)  # empty, and not 4x too large: kept
+    assert cache.capacity == 1024
+    cache.remove([0])
+    cache.claim("d", 10, reach=100)  # empty and 4x too large: shrinks
+    assert cache.capacity == 256
+    cache.claim("e", 10)  # no reach given: the limit
+    assert cache.capacity == 4096
+
+
+def test_a_row_past_its_reach_makes_room_before_its_step_and_a_pending_row_moves_along():
+    cache: SlotCache[str] = SlotCache(["0.key"], max_rows=3, kv_heads=1, capacity=1024, head_dim=1)
+    cache.claim("a", 255, reach=255)
+    cache.buffers["0.key"][0, 0, :255, 0] = 7
+    cache.reserve("p", 100, reach=120)
+    cache.buffers["0.key"][1, 0, :40, 0] = 9
+    cache.pending_length = 40
+    cache.make_room()  # "a" has room for its next token: nothing moves
+    assert cache.capacity == 256
+    cache.advance()
+    cache.make_room()  # its 257th token would not fit
+    assert cache.capacity == 512
+    assert (cache.buffers["0.key"][0, 0, :256, 0] == [7] * 255 + [0]).all()
+    assert (cache.buffers["0.key"][1, 0, :40, 0] == 9).all()
+    assert cache.full_step_mask().sum() == 257
+    with pytest.raises(InputError, match="exceeds the KV capacity of 1024"):
+        SlotCache(["0.key"], 1, 1, 1024, 1).claim("x", 1025)

@@ -91,8 +91,12 @@ class Prefills(Generic[Row]):
     def __len__(self) -> int:
         return len(self._states)
 
-    def add(self, rows: Sequence[Row], prompts: Sequence[Sequence[int]]) -> None:
-        self._states.extend(ChunkedPrefill(row, prompt) for row, prompt in zip(rows, prompts))
+    def add(
+        self, rows: Sequence[Row], prompts: Sequence[Sequence[int]], reach: Sequence[int | None] | None = None
+    ) -> None:
+        """Queue ``rows`` to prefill ``prompts``; ``reach``: the most tokens each may hold (``DecoderLM.join``)."""
+        reaches: Sequence[int | None] = reach if reach is not None else [None] * len(rows)
+        self._states.extend(ChunkedPrefill(row, prompt, r) for row, prompt, r in zip(rows, prompts, reaches))
 
     def drop(self, batch: DecodeBatch | SlotCache, leaving: Callable[[Row], bool] | None = None) -> list[Row]:
         """Take out the sequences for which ``leaving(row)`` holds (all of them without it), freeing
@@ -128,7 +132,7 @@ class Prefills(Generic[Row]):
             rows = [s.row for s, _ in group]
             first = len(batch)
             try:
-                logits = self.lm.join(batch, rows, [s.prompt for s, _ in group])
+                logits = self.lm.join(batch, rows, [s.prompt for s, _ in group], [s.reach for s, _ in group])
             except Exception as exc:
                 failed.append((rows, exc))
                 logits = None

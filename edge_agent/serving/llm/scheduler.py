@@ -213,7 +213,9 @@ class LLMScheduler:
             n, wake_at = plan_admission([s.admitted_s for s in self._waiting], running, now, self.limits, self._wait)
             if n or running:
                 admitted = [self._waiting.popleft() for _ in range(n)]
-                self._prefills.add(admitted, [s.prompt for s in admitted])
+                self._prefills.add(
+                    admitted, [s.prompt for s in admitted], [len(s.prompt) + s.params.max_new_tokens for s in admitted]
+                )
                 return True
             if self._stopping and not self._waiting:
                 return False
