@@ -137,10 +137,11 @@ class TimingRecorder:
         if self._scheduled is None:
             self._scheduled = self._clock()
 
-    def mark_token(self, n: int = 1) -> None:
-        """``n`` content tokens emitted now (n > 1 when several are detokenized in one step)."""
+    def mark_token(self, n: int = 1, at: float | None = None) -> None:
+        """``n`` content tokens emitted now, or ``at`` (a reading of the same clock), n > 1 when several are
+        detokenized in one step."""
         self._check_open()
-        now = self._clock()
+        now = self._clock() if at is None else at
         self._tokens.extend([now] * n)
 
     def finish(self) -> RequestTiming:

@@ -206,10 +206,10 @@ def test_prompts_admitted_together_stream_their_first_tokens_one_prefill_apart(l
         events.append(("join", tuple(r.handle.id for r in rows)))
         return real_join(batch, rows, prompts_, reach)
 
-    def deliver(seq, token, final, logprob=None):
+    def deliver(seq, token, final, logprob=None, now=None):
         if len(seq.generated) == 1:
             events.append(("first", seq.handle.id))
-        return real_deliver(seq, token, final, logprob)
+        return real_deliver(seq, token, final, logprob, now)
 
     lm.join, sched._deliver = join, deliver
     try:

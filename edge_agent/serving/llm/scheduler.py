@@ -205,6 +205,8 @@ class LLMScheduler:
     def _take_admitted(self) -> bool:
         """Under the lock: drop expired/cancelled waiters, then admit (to the prefills) or sleep. False = exit."""
         while True:
+            if not self._waiting and (len(self._batch) or len(self._prefills)):
+                return True  # nothing to admit: back to the running sequences at once
             now = self.clock()
             for seq in [s for s in self._waiting if s.handle.cancelled or self._expired(s, now)]:
                 self._waiting.remove(seq)
@@ -316,13 +318,13 @@ class LLMScheduler:
                 seq.logprobs.append(logprob)
             seq.generated.append(token)
             seq.history.append(token)
-            seq.recorder.mark_token()
+            seq.recorder.mark_token(at=now)  # every row's token of this step came out at the same moment
             reason = self._finish_reason(seq, token, now)
             if seq.constraint is not None and reason is None:
                 seq.constraint.consume(token)  # the mask allowed it: this cannot fail
                 if seq.constraint.stopped:
                     reason = "stop"  # the format is complete: nothing may follow
-            self._deliver(seq, token, final=reason is not None, logprob=logprob)
+            self._deliver(seq, token, reason is not None, logprob, now)
             reason = seq.finish_reason or reason  # delivery may have found a stop string
             if reason:
                 seq.finish_reason = reason
@@ -344,10 +346,17 @@ class LLMScheduler:
             return "deadline"
         return None
 
-    def _deliver(self, seq: _Sequence, token: int, final: bool, logprob: TokenLogprob | None = None) -> None:
+    def _deliver(
+        self, seq: _Sequence, token: int, final: bool, logprob: TokenLogprob | None = None, now: float | None = None
+    ) -> None:
         seq.decoder.push(token)
+        at = self.clock() if now is None else now
         text = seq.decoder.text
         stops = seq.params.stop
+        if not (stops or final or seq.decoder.holding):  # the common step: nothing to hold back
+            piece, seq.emitted = text[seq.emitted :], len(text)
+            seq.handle._push(TokenEvent(token, piece, at, logprob))
+            return
         if stops:
             cut = find_stop(text, stops, seq.emitted)
             if cut is not None:
@@ -360,7 +369,7 @@ class LLMScheduler:
             safe = min(safe, len(text) - 1)
         piece = text[seq.emitted : safe]
         seq.emitted = max(seq.emitted, safe)
-        seq.handle._push(TokenEvent(token, piece, self.clock(), logprob))
+        seq.handle._push(TokenEvent(token, piece, at, logprob))
         if final and stops:
             seq.final_text = text
 
