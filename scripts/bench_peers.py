@@ -272,7 +272,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{meta['cpu']}, {meta['cores']} cores, "
         f"1-min load average {meta['loadavg_runs']['min']:.1f}–{meta['loadavg_runs']['max']:.1f} before the runs"
     )
-    pairs = paired(rounds, models, [("edge-agent int4", peers.AGENT), ("edge-agent int4", "llama.cpp f16")])
+    pairs = paired(
+        rounds,
+        models,
+        [(peers.AGENT, "onnxruntime-genai"), ("edge-agent int4", peers.AGENT), ("edge-agent int4", "llama.cpp f16")],
+    )
     if pairs:
         print("\n".join(["", *pairs]))
     report = {
