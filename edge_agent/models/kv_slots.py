@@ -20,7 +20,7 @@ The capacity follows what the rows can reach (prompt + max_new_tokens, given at 
 in steps of ``GRANULE`` · 2^k up to ``limit`` (the model's context), not the context itself: the attention
 of a decode step reads each head's keys and values at a stride of capacity × D, and a prompt's scratch
 scores are heads × prompt × capacity, so a 4096-token capacity for 200-token chats costs time on both
-(about 5% of a decode step and 15% of a 128-token prefill on a 28 M model). The buffers are reallocated
+(3–5% of a decode step and 15% of a 128-token prefill on a 28 M model). The buffers are reallocated
 while the cache is empty (nothing to copy; shrinking only when 4× too large), and grown with a copy of the
 rows held when a newcomer reaches further. Every reallocation drops ``prepared`` (the views moved).
 """
@@ -86,8 +86,9 @@ class SlotCache(Generic[Row]):
             self._mask_row(slot, n)
         self.prepared.clear()
 
-    def _fit(self, reach: int | None) -> None:
-        want = self._size_for(self.limit if reach is None else reach)
+    def _fit(self, tokens: int, reach: int | None) -> None:
+        """Size the buffers for a newcomer of ``tokens`` that may grow to ``reach`` (None: the limit)."""
+        want = self._size_for(self.limit if reach is None else max(tokens, reach))
         empty = not self.rows and self.pending is None
         if want > self.capacity or (empty and want * 4 <= self.capacity):
             self._allocate(want)
@@ -101,7 +102,7 @@ class SlotCache(Generic[Row]):
         self._check_free(tokens)
         if self.pending is not None:
             raise InputError("a chunked prefill holds the next KV slot: commit or release it first")
-        self._fit(max(tokens, reach or 0) if reach is not None else None)
+        self._fit(tokens, reach)
         self.rows.append(row)
         self.lengths.append(tokens)
         self._mask_row(len(self.rows) - 1, tokens)
@@ -113,7 +114,7 @@ class SlotCache(Generic[Row]):
         self._check_free(tokens)
         if self.pending is not None:
             raise InputError("only one chunked prefill at a time")
-        self._fit(max(tokens, reach or 0) if reach is not None else None)
+        self._fit(tokens, reach)
         self.pending, self.pending_length = row, 0
         return len(self.rows)
 
