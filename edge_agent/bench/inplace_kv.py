@@ -41,7 +41,7 @@ def serving_decode(lm: DecoderLM) -> Side:
 
     def run(prompt: Sequence[int], tokens: int) -> float:
         batch = lm.new_batch(1)
-        logits = lm.join(batch, [0], [list(prompt)])
+        logits = lm.join(batch, [0], [list(prompt)], reach=[len(prompt) + tokens + 1])  # as the scheduler sizes it
         t0 = time.perf_counter()
         for _ in range(tokens):
             logits = lm.decode(batch, [int(np.argmax(logits[0]))])

@@ -38,7 +38,8 @@ def decode_ms_per_token(lm: DecoderLM, prompt: Sequence[int], new_tokens: int = 
     folder, the growing cache for a plain export."""
     batch = lm.new_batch(1)
     width = lm.vocab_limit
-    token = int(np.argmax(lm.join(batch, [None], [list(prompt)])[0, :width]))
+    # sized as the scheduler sizes a request's KV buffers: its prompt and the tokens it may make
+    token = int(np.argmax(lm.join(batch, [None], [list(prompt)], reach=[len(prompt) + new_tokens + 1])[0, :width]))
     t0 = time.perf_counter()
     for _ in range(new_tokens):
         token = int(np.argmax(lm.decode(batch, [token])[0, :width]))
