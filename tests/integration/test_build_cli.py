@@ -169,6 +169,9 @@ def test_ctrl_c_says_what_is_staged_and_the_same_command_resumes(tmp_path: Path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C as a terminal delivers it, even when this test runs in a background job (which ignores SIGINT
+        # and would pass that on to the build)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and proc.poll() is None:
