@@ -32,12 +32,13 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from ..backends import BindingSession, PreparedRun, Session, SessionOptions, open_session
+from ..backends import BindingSession, Session, SessionOptions, open_session
 from ..errors import InputError, ModelError
 from .catalog import ModelRef
 from .grammar import TokenVocab
 from .kv_batch import DecodeBatch, left_pad
 from .kv_slots import SlotCache
+from .slot_runs import SlotRuns
 from .tokenizer import Tokenizer
 
 Row = TypeVar("Row")
@@ -130,13 +131,6 @@ class ChunkedPrefill(Generic[Row]):
         return len(self.prompt) - self.done
 
 
-class _SlotStep:
-    """A prepared decode step of ``count`` in-place rows and the input ids / logits buffers it binds."""
-
-    def __init__(self, run: PreparedRun, ids: np.ndarray, logits: np.ndarray) -> None:
-        self.run, self.ids, self.logits = run, ids, logits
-
-
 class DecoderLM:
     """One loaded decoder model: tokenizer, contract and session; batches are ``new_batch()`` objects."""
 
@@ -152,8 +146,8 @@ class DecoderLM:
         if self.shared_kv:
             self.contract = replace(self.contract, max_context=min(self.contract.max_context, kv_capacity))
         # in-place KV buffers (genai folders) are run through the session's I/O binding
-        self._binding = session if isinstance(session, BindingSession) else None
-        if self.shared_kv and self._binding is None:
+        binding = session if isinstance(session, BindingSession) else None
+        if self.shared_kv and binding is None:
             raise ModelError(f"{ref.name}: onnxruntime-genai folders run on ONNX Runtime only")
         model_type = config.get("model_type", ref.model_type) if self.shared_kv else ref.model_type
         self.tokenizer = Tokenizer(ref.path, model_type)
@@ -165,9 +159,22 @@ class DecoderLM:
         self.vocab_limit: int | None = limit if 0 < limit < self._vocab else None
         self._token_vocab: TokenVocab | None = None
         self._vocab_lock = threading.Lock()
-        # in-place decode steps feed the mask at the full KV width from a buffer bound once (SlotCache.mask),
-        # once warmup has seen the graph give the same logits that way (see warmup)
-        self.full_width_mask = False
+        self._slots = SlotRuns(binding, self._vocab, self.contract.has_position_ids) if binding else None
+
+    @property
+    def _slot_runs(self) -> SlotRuns:
+        if self._slots is None:  # refused at open: only genai folders take this path
+            raise ModelError(f"{self.ref.name}: in-place KV buffers need a session with I/O binding")
+        return self._slots
+
+    @property
+    def full_width_mask(self) -> bool:
+        """Whether in-place decode steps feed the mask at the full KV width (decided at warmup)."""
+        return self._slots is not None and self._slots.full_width_mask
+
+    @full_width_mask.setter
+    def full_width_mask(self, value: bool) -> None:
+        self._slot_runs.full_width_mask = value
 
     @property
     def token_vocab(self) -> TokenVocab:
@@ -273,7 +280,7 @@ class DecoderLM:
                 slot = batch.claim(row, len(prompt), reach[i] if reach is not None else None)
                 ids = np.asarray([prompt], dtype=np.int64)
                 out.append(
-                    self._run_slots(
+                    self._slot_runs.rows(
                         batch, slot, 1, ids, np.ones_like(ids), np.arange(len(prompt), dtype=np.int64)[None]
                     )[:, -1]
                 )
@@ -292,7 +299,7 @@ class DecoderLM:
             if isinstance(batch, SlotCache):
                 slot = batch.reserve(state.row, len(state.prompt), state.reach) if state.done == 0 else len(batch)
                 positions = np.arange(state.done, end, dtype=np.int64)[None]
-                logits = self._run_slots(batch, slot, 1, ids, mask, positions)
+                logits = self._slot_runs.rows(batch, slot, 1, ids, mask, positions)
                 batch.pending_length = end
             else:
                 logits, state.past = self.forward(ids, mask, state.past or self._empty_past(1))
@@ -318,69 +325,12 @@ class DecoderLM:
     def decode(self, batch: DecodeBatch | SlotCache, tokens: Sequence[int]) -> np.ndarray:
         """One step for every row of ``batch`` (one new token each): last logits [B, V]; advances the cache."""
         if isinstance(batch, SlotCache):
-            return self._decode_slots(batch, tokens)
+            return self._slot_runs.decode(batch, tokens)
         ids = np.asarray(tokens, dtype=np.int64)[:, None]
         mask = batch.step_mask()
         logits, present = self.forward(ids, mask, batch.past)
         batch.advance(present, mask)
         return logits[:, -1]
-
-    def _decode_slots(self, cache: SlotCache, tokens: Sequence[int]) -> np.ndarray:
-        """One decode step of every row of an in-place cache: its input ids, its mask (at the full width)
-        and its logits live in buffers bound once per row count, so a step binds nothing."""
-        count = len(cache)
-        cache.make_room()  # before the step's binding is looked up: growing moves the buffers
-        step = cache.prepared.get((id(self._binding), "decode", count))
-        if step is None:
-            ids, logits = np.zeros((count, 1), dtype=np.int64), np.empty((count, 1, self._vocab), np.float32)
-            fixed_in = {"input_ids": ids}
-            if self.full_width_mask:
-                fixed_in["attention_mask"] = cache.mask[:count]
-            step = _SlotStep(self._prepare(cache, 0, count, fixed_in, logits), ids, logits)
-            cache.prepared[(id(self._binding), "decode", count)] = step
-        step.ids[:, 0] = tokens
-        feeds = {}
-        if self.full_width_mask:
-            cache.full_step_mask()  # in place, in the bound buffer
-        else:
-            feeds["attention_mask"] = cache.step_mask()
-        if self.contract.has_position_ids:
-            feeds["position_ids"] = np.asarray(cache.lengths, dtype=np.int64)[:, None]
-        step.run.run(feeds, {})
-        cache.advance()
-        return step.logits[:, 0].copy()  # the buffer is the next step's
-
-    def _prepare(
-        self, cache: SlotCache, first: int, count: int, fixed_in: dict | None = None, logits: np.ndarray | None = None
-    ) -> PreparedRun:
-        """A prepared run of rows ``first…first+count-1`` with past = present = their slot views, plus
-        ``fixed_in`` (and ``logits`` as the bound output) bound once."""
-        if self._binding is None:  # refused at open: only genai folders take this path
-            raise ModelError(f"{self.ref.name}: in-place KV buffers need a session with I/O binding")
-        views = cache.views(first, count)
-        fixed_out = {f"present.{n}": v for n, v in views.items()}
-        if logits is not None:
-            fixed_out["logits"] = logits
-        return self._binding.prepare_binding(
-            {**{f"past_key_values.{n}": v for n, v in views.items()}, **(fixed_in or {})}, fixed_out
-        )
-
-    def _run_slots(
-        self, cache: SlotCache, first: int, count: int, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray
-    ) -> np.ndarray:
-        """Run rows ``first…`` (a prompt or a chunk of one) with past = present = their slot buffers."""
-        # The rows' KV views never move: bound once per (session, first, count), kept with the cache (a run
-        # holds its session, so the id is not reused while the entry lives)
-        key = (id(self._binding), first, count)
-        run = cache.prepared.get(key)
-        if run is None:
-            run = cache.prepared[key] = self._prepare(cache, first, count)
-        feeds = {"input_ids": ids, "attention_mask": mask}
-        if self.contract.has_position_ids:
-            feeds["position_ids"] = positions
-        logits = np.empty((count, ids.shape[1], self._vocab), dtype=np.float32)
-        run.run(feeds, {"logits": logits})
-        return logits
 
     def _empty_past(self, batch: int) -> dict[str, np.ndarray]:
         c = self.contract

@@ -175,11 +175,6 @@ class StreamDecoder:
         return piece
 
     @property
-    def holding(self) -> bool:
-        """Whether the last tokens' text is held back (an incomplete character)."""
-        return self._held > 0
-
-    @property
     def text(self) -> str:
         """The decoded text of every token pushed so far (an incomplete character as U+FFFD, as a one-pass
         decode gives it)."""

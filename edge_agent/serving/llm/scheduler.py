@@ -346,30 +346,23 @@ class LLMScheduler:
             return "deadline"
         return None
 
-    def _deliver(
-        self, seq: _Sequence, token: int, final: bool, logprob: TokenLogprob | None = None, now: float | None = None
-    ) -> None:
+    def _deliver(self, seq: _Sequence, token: int, final: bool, logprob: TokenLogprob | None, now: float) -> None:
         seq.decoder.push(token)
-        at = self.clock() if now is None else now
         text = seq.decoder.text
         stops = seq.params.stop
-        if not (stops or final or seq.decoder.holding):  # the common step: nothing to hold back
-            piece, seq.emitted = text[seq.emitted :], len(text)
-            seq.handle._push(TokenEvent(token, piece, at, logprob))
-            return
         if stops:
             cut = find_stop(text, stops, seq.emitted)
             if cut is not None:
                 text, final = text[:cut], True
                 seq.finish_reason = "stop"
         # Hold back what could still become a stop string or a split character.
-        hold = 0 if final else max((len(s) - 1 for s in stops), default=0)
+        hold = max(len(s) for s in stops) - 1 if stops and not final else 0
         safe = max(seq.emitted, len(text) - hold)
         if text.endswith("\ufffd") and not final:
             safe = min(safe, len(text) - 1)
         piece = text[seq.emitted : safe]
         seq.emitted = max(seq.emitted, safe)
-        seq.handle._push(TokenEvent(token, piece, at, logprob))
+        seq.handle._push(TokenEvent(token, piece, now, logprob))
         if final and stops:
             seq.final_text = text
 
