@@ -304,14 +304,16 @@ def _run_loaded(args, served: Served, lm, show: bool) -> int:
     c = lm.contract
     itemsize = {"float16": 2, "bfloat16": 2}.get(str(lm.config.get("torch_dtype")), 4)
     read_weights = rl.weight_bytes(ref.path) - rl.embedding_gather_bytes(lm.config, itemsize)
+    bandwidth, bandwidth_method = rl.measure_bandwidth(threads or os.cpu_count() or 1)
     roof = rl.roofline(
-        rl.measure_read_bandwidth_gb_s(threads or os.cpu_count() or 1),
+        bandwidth,
         read_weights,
         rl.kv_bytes_per_token_of_context(c.num_layers, c.num_kv_heads, c.head_dim, c.kv_dtype),
         args.prompt_tokens + (T - 1) / 2,
         achieved,
     )
     roof["achieved_source"] = achieved_source
+    roof["bandwidth_method"] = bandwidth_method
     scaling = None
     if k_rounds:
         at_k = _median_of(k_rounds)
@@ -339,6 +341,8 @@ def _run_loaded(args, served: Served, lm, show: bool) -> int:
         paired = [x for a, g in pairs if (x := _ratio(a["decode_tokens_per_s"], g["decode_tokens_per_s"])) is not None]
         if paired:
             genai["agent_over_genai"]["decode_per_round"] = {"median": statistics.median(paired), "rounds": paired}
+        if genai["decode_tokens_per_s"]:  # how close each side comes to the same bound
+            roof["genai_fraction"] = round(genai["decode_tokens_per_s"] / roof["bound_tokens_per_s"], 3)
         if C > 1:
             notes.append("genai runs one request at a time (like the baseline): compare its ratios at C=1")
     if limits.max_batch > 1 and limits.batch_timeout_ms > 0 and 1 not in limits.preferred_batch_sizes:

@@ -95,6 +95,8 @@ def format_table(report: dict) -> str:
         f"roofline: {r['bandwidth_gb_s']:.1f} GB/s read, {r['bytes_per_token'] / 1e6:.1f} MB/token → "
         f"bound {r['bound_tokens_per_s']:.0f} tok/s; achieved {_fmt(r['achieved_tokens_per_s'])} "
         f"({r['achieved_source']}) = {_fmt(r['fraction'], 2)} of the bound"
+        + (f", onnxruntime-genai {r['genai_fraction']:.2f}" if r.get("genai_fraction") is not None else "")
+        + f" [bandwidth: {r.get('bandwidth_method', 'numpy-sum')}]"
     )
     if g is None:
         lines.append(f"genai: {report['genai_reason']}")

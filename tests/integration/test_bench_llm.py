@@ -79,6 +79,7 @@ def test_bench_llm_report(tmp_path, capsys, concurrency, rate):
     assert roof["bandwidth_gb_s"] > 0 and roof["bytes_per_token"] > roof["weight_bytes"] > 0
     assert roof["bound_tokens_per_s"] == pytest.approx(roof["bandwidth_gb_s"] * 1e9 / roof["bytes_per_token"], rel=0.01)
     assert 0 < roof["fraction"] < 1.5
+    assert roof["bandwidth_method"] in ("onnxruntime-matmul", "numpy-sum")
     assert report["genai"] is None and "no onnxruntime-genai folder" in report["genai_reason"]
     assert report["ramp_s"] == 0 if concurrency == 1 or rate else report["ramp_s"] > 0
     assert png.is_file() and png.stat().st_size > 1000
@@ -104,6 +105,8 @@ def test_bench_llm_compares_with_onnxruntime_genai_on_the_same_weights(tmp_path)
     paired = ratios["decode_per_round"]  # one agent/genai ratio per round, each round's sides run back to back
     assert len(paired["rounds"]) == 2 and all(r > 0 for r in paired["rounds"])
     assert min(paired["rounds"]) <= paired["median"] <= max(paired["rounds"])
+    roof = report["roofline"]  # both sides against the same bound
+    assert roof["genai_fraction"] == pytest.approx(genai["decode_tokens_per_s"] / roof["bound_tokens_per_s"], rel=0.01)
 
 
 def test_bench_llm_genai_folder_must_be_one(tmp_path):
