@@ -204,3 +204,32 @@ def test_shedding_and_truncation_at_the_lightest_tier(cache):
             served.submit("hi", SamplingParams(max_new_tokens=3))
     finally:
         served.stop()
+
+
+def test_a_request_caught_by_a_switch_while_tokenizing_is_served_by_the_new_tier(cache):
+    """The switch retires the tier a request picked before the request reaches its scheduler: the request
+    goes to the new tier instead of failing with the old scheduler's 'shutting down'."""
+    ladder = Ladder(cache, heavy_ms=0.0)
+    served = TieredLLM(ladder.tiers)
+    served.start()
+    try:
+        tok = served._active.lm.tokenizer
+        raced = []
+
+        def switch_first(encode):
+            def encode_during_a_switch(*args, **kwargs):
+                if not raced:
+                    raced.append(True)
+                    assert served.switch_to(1)
+                    served.wait_switched()  # the heavy tier's scheduler is stopped by now
+                return encode(*args, **kwargs)
+
+            return encode_during_a_switch
+
+        tok.encode, tok.encode_chat = switch_first(tok.encode), switch_first(tok.encode_chat)
+        handle = served.submit("hello there", SamplingParams(max_new_tokens=4, temperature=0))
+        result = handle.result(30)
+        assert raced and handle.tier == "light" and served.active_tier == "light"
+        assert len(result.token_ids) == 4
+    finally:
+        served.stop(5)

@@ -151,7 +151,15 @@ class TieredLLM(Ladder):
                 f"the prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = "
                 f"{len(ids) + params.max_new_tokens} exceeds tier {loaded.tier.name!r}'s context of {context} tokens"
             )
-        handle = loaded.scheduler.submit(ids, params, deadline_ms=deadline_ms, tags=tags)
+        try:
+            handle = loaded.scheduler.submit(ids, params, deadline_ms=deadline_ms, tags=tags)
+        except Unavailable:
+            with self._lock:
+                swapped = self._active is not loaded
+            if not swapped:  # the ladder itself is stopping
+                raise
+            # a switch retired this tier while the prompt was being tokenized: the new tier takes it
+            return self.submit(prompt, params, deadline_ms, raw)
         handle.tier, handle.model, handle.engine = loaded.tier.name, loaded.lm.ref.name, loaded.engine
         handle.max_new_tokens = params.max_new_tokens
         if self.capture is not None:
