@@ -301,19 +301,9 @@ def _run_loaded(args, served: Served, lm, show: bool) -> int:
         else (baseline["decode_tokens_per_s"] if baseline else None)
     )
     achieved_source = "agent" if agent["decode_tokens_per_s"] else ("baseline" if baseline else None)
-    c = lm.contract
-    itemsize = {"float16": 2, "bfloat16": 2}.get(str(lm.config.get("torch_dtype")), 4)
-    read_weights = rl.weight_bytes(ref.path) - rl.embedding_gather_bytes(lm.config, itemsize)
-    bandwidth, bandwidth_method = rl.measure_bandwidth(threads or os.cpu_count() or 1)
-    roof = rl.roofline(
-        bandwidth,
-        read_weights,
-        rl.kv_bytes_per_token_of_context(c.num_layers, c.num_kv_heads, c.head_dim, c.kv_dtype),
-        args.prompt_tokens + (T - 1) / 2,
-        achieved,
-    )
+    mean_context = args.prompt_tokens + (T - 1) / 2
+    roof = rl.of_model(ref.path, lm.config, lm.contract, threads or os.cpu_count() or 1, mean_context, achieved)
     roof["achieved_source"] = achieved_source
-    roof["bandwidth_method"] = bandwidth_method
     scaling = None
     if k_rounds:
         at_k = _median_of(k_rounds)

@@ -17,8 +17,12 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..models.llm import LlmContract
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "uint8": 1}
 
@@ -147,3 +151,20 @@ def roofline(
         "achieved_tokens_per_s": None if achieved_tokens_per_s is None else round(achieved_tokens_per_s, 1),
         "fraction": None if achieved_tokens_per_s is None else round(achieved_tokens_per_s / bound, 3),
     }
+
+
+def of_model(
+    model_dir: Path,
+    config: dict,
+    contract: LlmContract,
+    threads: int,
+    mean_context: float,
+    achieved_tokens_per_s: float | None,
+) -> dict:
+    """``roofline`` of a loaded decoder (its folder, config and KV contract), with the bandwidth measured here
+    on ``threads`` threads and the method named (``bandwidth_method``)."""
+    itemsize = {"float16": 2, "bfloat16": 2}.get(str(config.get("torch_dtype")), 4)
+    read_weights = weight_bytes(model_dir) - embedding_gather_bytes(config, itemsize)
+    kv = kv_bytes_per_token_of_context(contract.num_layers, contract.num_kv_heads, contract.head_dim, contract.kv_dtype)
+    bandwidth, method = measure_bandwidth(threads)
+    return {**roofline(bandwidth, read_weights, kv, mean_context, achieved_tokens_per_s), "bandwidth_method": method}

@@ -154,9 +154,7 @@ class TieredLLM(Ladder):
         try:
             handle = loaded.scheduler.submit(ids, params, deadline_ms=deadline_ms, tags=tags)
         except Unavailable:
-            with self._lock:
-                swapped = self._active is not loaded
-            if not swapped:  # the ladder itself is stopping
+            if self._active is loaded:  # the ladder itself is stopping
                 raise
             # a switch retired this tier while the prompt was being tokenized: the new tier takes it
             return self.submit(prompt, params, deadline_ms, raw)
