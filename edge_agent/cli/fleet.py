@@ -30,7 +30,7 @@ def add_commands(subparsers: Any) -> None:
     w.add_argument("--key-file", metavar="PEM")
     w.add_argument("--username")
     w.add_argument("--password", help="prefer EDGE_AGENT_FLEET_PASSWORD in the environment")
-    w.add_argument("--prefix", default="edge/v1")
+    w.add_argument("--prefix", default="edge/v1", help="the devices' mqtt.topic_prefix, any number of levels")
     w.add_argument("--metric", default="ttft_ms", help="latency metric for the P95/P99 columns (default ttft_ms)")
     w.add_argument("--workload", default="llm")
     w.add_argument("--window-s", type=float, default=60.0, help="merge windows received in the last S seconds")
@@ -65,6 +65,11 @@ def _parse_broker(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def view_from_args(args: argparse.Namespace) -> FleetView:
+    """The ``FleetView`` ``fleet watch`` feeds: its window, metric, workload and topic prefix from the flags."""
+    return FleetView(window_s=args.window_s, metric=args.metric, workload=args.workload, prefix=args.prefix)
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
     import os
     import ssl
@@ -74,7 +79,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     host, port = _parse_broker(args.broker)
     if args.once:  # one snapshot at the end, like --duration, after the retained messages have arrived
         args.duration = args.settle_s
-    view = FleetView(window_s=args.window_s, metric=args.metric, workload=args.workload)
+    view = view_from_args(args)
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
     client.suppress_exceptions = True
     password = args.password or os.environ.get("EDGE_AGENT_FLEET_PASSWORD")

@@ -8,9 +8,12 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, EdgeAgentError
+
+if TYPE_CHECKING:
+    from ..telemetry.fleet_export import FleetStore
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +29,7 @@ def add_commands(fsub: Any) -> None:
     e.add_argument("--broker", required=True, metavar="HOST:PORT")
     e.add_argument("--listen", required=True, metavar="HOST:PORT", help="where /metrics is served")
     e.add_argument("--share-group", default="edge-fleet-export", help="shared subscription group ('' for none)")
-    e.add_argument("--prefix", default="edge/v1")
+    e.add_argument("--prefix", default="edge/v1", help="the devices' mqtt.topic_prefix, any number of levels")
     e.add_argument("--username")
     e.add_argument("--password", help="prefer EDGE_AGENT_FLEET_PASSWORD in the environment")
     e.add_argument(
@@ -77,15 +80,22 @@ def _until_stopped(duration: float | None, check: Any = None) -> None:
         pass
 
 
+def store_from_args(args: argparse.Namespace) -> FleetStore:
+    """The ``FleetStore`` ``fleet export`` feeds, configured from the flags (the topic prefix)."""
+    from ..telemetry.fleet_export import FleetStore
+
+    return FleetStore(prefix=args.prefix)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry, start_http_server
     from prometheus_client.process_collector import ProcessCollector
 
-    from ..telemetry.fleet_export import FleetCollector, FleetStore, MqttFeed, subscriptions
+    from ..telemetry.fleet_export import FleetCollector, MqttFeed, subscriptions
 
     host, port = parse_hostport(args.broker, "--broker")
     lhost, lport = parse_hostport(args.listen, "--listen")
-    store = FleetStore()
+    store = store_from_args(args)
     pusher = None
     if args.otlp:
         from ..telemetry.fleet_otlp import OtlpPusher

@@ -10,7 +10,8 @@ temperature, RSS, CPU % when windows carry ``health``), *stale* when no window c
 histograms (never averaging percentiles); its error bound is that of the merged histogram's scale.
 
 ``FleetView`` is pure (time injected, ``ingest`` never raises); the CLI (``cli/fleet.py``) wraps it in a
-paho client.
+paho client. ``split_device_topic`` is the one place a fleet tool reads a device id out of a topic
+(``fleet watch`` here, ``fleet export`` in ``fleet_export.py``), for a prefix of any number of levels.
 """
 
 from __future__ import annotations
@@ -33,6 +34,31 @@ MAX_MISSING = 100_000
 MAX_WINDOWS_PER_DEVICE = 4096
 STALE_INTERVALS = 3.0  # a device is stale after this many of its own window lengths without a window
 ASR_METRICS = ("first_partial_ms", "final_ms")
+DEFAULT_PREFIX = "edge/v1"
+
+
+def split_device_topic(topic: str, prefix: str = DEFAULT_PREFIX) -> tuple[str, str] | None:
+    """``(device_id, rest)`` of ``<prefix>/<device_id>/<rest>``, or None for a topic outside ``prefix``.
+
+    ``prefix`` has any number of levels (``acme/edge/v1`` as well as ``edge/v1``; ``mqtt.topic_prefix``
+    and ``--prefix`` accept any), and a ``+`` level in it matches any one level, as in the subscription
+    built from it. Levels are compared whole, so ``edge/v10/a/state`` is not under ``edge/v1``. The
+    device id and ``rest`` are never empty; ``rest`` keeps its own levels (``tele/latency``,
+    ``evt/tier_switch``). Every fleet tool that reads device topics calls this, so they agree on
+    which messages belong to which device.
+    """
+    levels = topic.split("/")
+    wanted = prefix.split("/")
+    n = len(wanted)
+    if len(levels) < n + 2:
+        return None
+    for got, want in zip(levels, wanted):
+        if want != "+" and got != want:
+            return None
+    device_id, rest = levels[n], "/".join(levels[n + 1 :])
+    if not device_id or not rest:
+        return None
+    return device_id, rest
 
 
 class SeqTracker:
@@ -96,19 +122,26 @@ class FleetView:
         metric: str = "ttft_ms",
         workload: str = "llm",
         clock: Callable[[], float] = time.monotonic,
+        prefix: str = DEFAULT_PREFIX,
     ) -> None:
         self.window_s, self.metric, self.workload, self.clock = window_s, metric, workload, clock
+        self.prefix = prefix
         self.devices: dict[str, DeviceView] = {}
         self.malformed = 0
         self.last_error: str | None = None
         self._lock = threading.Lock()
 
     def ingest(self, topic: str, payload: bytes) -> None:
-        """One MQTT message. Malformed payloads are counted (``malformed``) and described, never raised."""
-        parts = topic.split("/")
-        if len(parts) < 4:
+        """One MQTT message. Malformed payloads, and topics outside ``prefix``, are counted (``malformed``)
+        and described, never raised."""
+        parsed = split_device_topic(topic, self.prefix)
+        if parsed is None:
+            with self._lock:
+                self.malformed += 1
+                self.last_error = f"{topic[:200]}: not a device topic under {self.prefix}/<device>/"
+            log.debug("ignored %s: not a device topic under %s/<device>/", topic, self.prefix)
             return
-        device_id, kind = parts[2], "/".join(parts[3:])
+        device_id, kind = parsed
         try:
             with self._lock:
                 self._ingest(device_id, kind, payload)

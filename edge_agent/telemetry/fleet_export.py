@@ -32,7 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from pydantic import ValidationError
 
 from ..metrics.histogram import ExponentialHistogram, lower_boundary
-from .fleet import SeqTracker
+from .fleet import DEFAULT_PREFIX, SeqTracker, split_device_topic
 from .schema import Event, LatencyWindow, Reported, State
 
 log = logging.getLogger(__name__)
@@ -86,8 +86,9 @@ class ExportDevice:
 class FleetStore:
     """Thread-safe store behind the exporter (see the module doc); ``ingest`` never raises."""
 
-    def __init__(self, wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, wall: Callable[[], float] = time.time, prefix: str = DEFAULT_PREFIX) -> None:
         self.wall = wall
+        self.prefix = prefix
         self.devices: dict[str, ExportDevice] = {}
         self.messages: dict[str, int] = {}
         self.malformed = 0
@@ -95,10 +96,14 @@ class FleetStore:
         self._lock = threading.Lock()
 
     def ingest(self, topic: str, payload: bytes) -> None:
-        parts = topic.split("/")
-        if len(parts) < 4:
+        """One MQTT message; a malformed one, or a topic outside ``prefix``, is counted in ``malformed``."""
+        parsed = split_device_topic(topic, self.prefix)
+        if parsed is None:
+            with self._lock:
+                self.malformed += 1
+            log.debug("ignored %s: not a device topic under %s/<device>/", topic, self.prefix)
             return
-        device_id, kind = parts[2], "/".join(parts[3:])
+        device_id, kind = parsed
         try:
             with self._lock:
                 self.messages[kind] = self.messages.get(kind, 0) + 1
