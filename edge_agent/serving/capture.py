@@ -10,13 +10,18 @@ What it guarantees:
 - manifests a build reads as they are (``engines/datasets.py``): ``llm.jsonl`` holds
   ``{"messages": [...]}`` or ``{"prompt": "..."}`` lines, ``asr.jsonl`` holds
   ``{"audio": "asr/N.wav", "text": "<the recogniser's final>"}`` with 16-bit mono WAV files;
-- each line is appended with one ``write`` on an ``O_APPEND`` descriptor, a WAV is renamed into place
-  before its line is written, and a torn last line (power loss mid-write) is cut at the next start;
+- a manifest always ends at the end of a whole record: a line is appended on an ``O_APPEND``
+  descriptor, a short write is continued, and a write that fails part-way (ENOSPC on a full disk) is
+  truncated back to where the line began, so the next record never lands glued onto a torn one; when
+  even that truncation fails, the tear is cut before the next line is added. A torn last line left by
+  a power loss is cut at the next start. A WAV is renamed into place before its line is written, and
+  removed again when its line cannot be;
 - files are 0640 and the directory 0750: prompts and voice are personal data.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -96,6 +101,7 @@ class Capture:
         self._queue: queue.Queue[tuple[str, Any] | None] = queue.Queue(maxsize=queue_size)
         self._lock = threading.Lock()
         self._bytes, self._next_wav = 0, 0  # set from what is on disk by _prepare
+        self._torn: set[str] = set()  # manifests whose failed append could not be cut back (writer thread)
         self._prepare()
         self._samplers = {w: Sampler(rate, max_items, taken=self._lines(w)) for w in WORKLOADS}
         self._thread: threading.Thread | None = None
@@ -170,15 +176,25 @@ class Capture:
         n, self._next_wav = self._next_wav, self._next_wav + 1
         rel = f"asr/{n:06d}.wav"
         tmp = self.dir / f"asr/.{n:06d}.wav.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _FILE_MODE)
-        with os.fdopen(fd, "wb") as fh, wave.open(fh, "wb") as w:
-            w.setnchannels(1)
-            w.setsampwidth(2)
-            w.setframerate(rate)
-            w.writeframes(data)
-        os.replace(tmp, self.dir / rel)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _FILE_MODE)
+            with os.fdopen(fd, "wb") as fh, wave.open(fh, "wb") as w:
+                w.setnchannels(1)
+                w.setsampwidth(2)
+                w.setframerate(rate)
+                w.writeframes(data)
+            os.replace(tmp, self.dir / rel)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a full disk: give the space of the partial file back at once
+            raise
         self._bytes += len(data) + 44
-        self._append(CAPTURE_ASR, {"audio": rel, "text": text}, workload)
+        try:
+            self._append(CAPTURE_ASR, {"audio": rel, "text": text}, workload)
+        except OSError:
+            # No line names this WAV: nothing would ever read it, yet it would count against max_bytes.
+            (self.dir / rel).unlink(missing_ok=True)
+            self._bytes -= len(data) + 44
+            raise
 
     def _room(self, size: int, workload: str) -> bool:
         if self._bytes + size <= self.max_bytes:
@@ -191,9 +207,22 @@ class Capture:
         line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
         if not self._room(len(line), workload):
             return
-        fd = os.open(self.dir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, _FILE_MODE)
+        path = self.dir / name
+        if name in self._torn:  # an earlier tear could not be cut then: cut it before adding to it
+            _cut_torn_tail(path)
+            self._torn.discard(name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, _FILE_MODE)
         try:
-            os.write(fd, line)  # one write on O_APPEND: a line is never interleaved with another
+            # This thread is the only writer, so the file ends here until the line is written.
+            start = os.fstat(fd).st_size
+            try:
+                _write_all(fd, line)
+            except OSError:
+                try:
+                    os.ftruncate(fd, start)  # shrinking needs no free space, so a full disk allows it
+                except OSError:
+                    self._torn.add(name)
+                raise
         finally:
             os.close(fd)
         self._bytes += len(line)
@@ -207,12 +236,8 @@ class Capture:
         for d in (self.dir, self.dir / "asr"):
             os.chmod(d, _DIR_MODE)
         for name in (CAPTURE_LLM, CAPTURE_ASR):
-            path = self.dir / name
-            if path.is_file():
-                raw = path.read_bytes()
-                if raw and not raw.endswith(b"\n"):  # a line torn by a power loss: cut it
-                    with path.open("r+b") as fh:
-                        fh.truncate(raw.rfind(b"\n") + 1)
+            if (self.dir / name).is_file():
+                _cut_torn_tail(self.dir / name)  # a line torn by a power loss
         for tmp in (self.dir / "asr").glob(".*.tmp"):
             tmp.unlink(missing_ok=True)
         self._bytes = sum(p.stat().st_size for p in self.dir.rglob("*") if p.is_file())
@@ -223,3 +248,31 @@ class Capture:
     def _lines(self, workload: str) -> int:
         path = self.dir / (CAPTURE_LLM if workload == "llm" else CAPTURE_ASR)
         return path.read_bytes().count(b"\n") if path.is_file() else 0
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data``: a short write is continued; one that writes nothing is a full disk."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[n:]
+
+
+def _cut_torn_tail(path: Path, block: int = 1 << 16) -> None:
+    """Cut ``path`` back to just after its last newline, so it ends at a whole record (a file that already
+    does is left alone). Read backwards block by block: the tail, not the whole manifest."""
+    with path.open("r+b") as fh:
+        end = pos = fh.seek(0, os.SEEK_END)
+        keep = 0
+        while pos > 0:
+            step = min(block, pos)
+            fh.seek(pos - step)
+            newline = fh.read(step).rfind(b"\n")
+            if newline >= 0:
+                keep = pos - step + newline + 1
+                break
+            pos -= step
+        if keep != end:
+            fh.truncate(keep)
