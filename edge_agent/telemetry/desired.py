@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from .client import Incoming
 from .command_args import describe
 from .schema import Desired
-from .signing import Unsigned
+from .signing import Malformed, Unsigned
 
 if TYPE_CHECKING:
     from .command_args import CommandTarget
@@ -41,8 +41,11 @@ DESIRED_DOC_KEY = "desired_document"  # the applied document itself, re-applied 
 
 class DesiredOverlay:
     """The ``desired`` overlay (see the module doc). The class that inherits it provides ``target``,
-    ``ledger``, ``max_bytes``, ``verifier``, ``stats``, ``limited`` and ``publish_reported``, and
-    calls ``_init_desired`` from its constructor."""
+    ``ledger``, ``max_bytes``, ``verifier``, ``stats``, ``limited``, ``_dropped`` and
+    ``publish_reported``, and calls ``_init_desired`` from its constructor.
+
+    Guarantee: whatever arrives on ``desired`` is applied, or refused with the reason in
+    ``desired_error`` (and ``reported``); no exception leaves ``_desired`` for a document it cannot read."""
 
     target: CommandTarget
     ledger: Ledger
@@ -50,6 +53,7 @@ class DesiredOverlay:
     verifier: Verifier
     stats: dict[str, int]
     limited: Callable[..., bool]
+    _dropped: Callable[[str], None]
     publish_reported: Callable[[dict[str, Any]], None]
 
     def _init_desired(self) -> None:
@@ -65,13 +69,24 @@ class DesiredOverlay:
             return
         try:
             payload = self.verifier.open(msg.topic, msg.payload)
-        except Unsigned as exc:
+        except Unsigned as exc:  # the verifier raises nothing else, whatever the bytes
             self.stats["unsigned"] += 1
-            self.desired_error = f"desired not applied: {exc}"
-            self.limited(logging.ERROR, "desired", "%s", self.desired_error)
-            self._report()
+            if isinstance(exc, Malformed):
+                self.stats["malformed"] += 1
+                self._dropped("malformed_envelope")
+            self._refuse_desired(f"desired not applied: {exc}")
+            return
+        if not payload:  # an envelope around nothing is not the broker clearing a retained message
+            self._refuse_desired("desired not applied: the signed envelope holds an empty document")
             return
         self.apply_desired(payload)
+
+    def _refuse_desired(self, reason: str) -> None:
+        """Record the refusal for ``reported`` and log it, at most once per period (a flood of them
+        on the retained topic must not flood the log)."""
+        self.desired_error = reason
+        self.limited(logging.ERROR, "desired", "%s", reason)
+        self._report()
 
     def apply_desired(self, payload: bytes) -> bool:
         """Apply a retained ``desired`` document if newer than the stored one (or the same version not
@@ -85,9 +100,7 @@ class DesiredOverlay:
                 raise ValueError(f"desired is {len(payload)} bytes, over {self.max_bytes}")
         except (ValidationError, ValueError) as exc:
             reason = describe(exc) if isinstance(exc, ValidationError) else str(exc)
-            self.desired_error = f"desired not applied: {reason}"
-            log.error("%s", self.desired_error)
-            self._report()
+            self._refuse_desired(f"desired not applied: {reason}")
             return False
         with self._desired_lock:
             last = int(self.ledger.get(DESIRED_KEY) or -1)

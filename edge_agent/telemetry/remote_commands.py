@@ -25,8 +25,10 @@ recipes must be ones the device has configured (``CommandTarget.tiers`` / ``reci
 
 Threading: ``submit`` runs on paho's thread and only enqueues (bounded); one worker thread does
 the rest, so a slow ``rebuild_engine`` never stalls the network loop. A flood is logged at most
-once per ``LOG_EVERY_S`` per reason, and dropped messages are counted in a ``commands_dropped``
-event (``on_drops``) at most once per ``LOG_EVERY_S``.
+once per ``LOG_EVERY_S`` per reason, and dropped messages (and envelopes that cannot be read, though
+each is still answered) are counted in a ``commands_dropped`` event (``on_drops``) at most once per
+``LOG_EVERY_S``. No message, whatever its bytes, raises out of ``handle``: an envelope the verifier
+cannot read is a refusal like any other (``signing.Malformed``).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from .command_args import (
 from .desired import DesiredOverlay
 from .ledger import Ledger
 from .schema import CommandRequest, CommandResponse
-from .signing import Unsigned, Verifier, unwrap
+from .signing import Malformed, Unsigned, Verifier, unwrap
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +135,7 @@ class CommandProcessor(DesiredOverlay):
             "overflow": 0,
             "dropped": 0,
             "unsigned": 0,
+            "malformed": 0,
             "errors": 0,
         }
         self._init_desired()
@@ -225,10 +228,11 @@ class CommandProcessor(DesiredOverlay):
             send(None, "rejected", f"payload is {len(msg.payload)} bytes, over the {self.max_bytes}-byte limit")
             return
         unsigned: str | None = None
+        malformed = False
         try:
             payload = self.verifier.open(msg.topic, msg.payload)
-        except Unsigned as exc:
-            unsigned, payload = str(exc), _unchecked(msg.payload)
+        except Unsigned as exc:  # the verifier raises nothing else, whatever the bytes
+            unsigned, payload, malformed = str(exc), _unchecked(msg.payload), isinstance(exc, Malformed)
         if bad_reply:
             reason = (
                 f"response topic {(msg.response_topic or '')[:200]!r} is not one of this device's reply topics "
@@ -241,7 +245,11 @@ class CommandProcessor(DesiredOverlay):
         if unsigned is not None:
             self.stats["unsigned"] += 1
             send(_peek_cmd_id(payload), "rejected", unsigned)
-            self.limited(logging.WARNING, "unsigned", "refused command %s: %s", msg.topic, unsigned)
+            if malformed:  # junk rather than a forgery: counted with the drops, so a flood of it shows
+                self.stats["malformed"] += 1
+                self._dropped("malformed_envelope")
+            key = "malformed_envelope" if malformed else "unsigned"
+            self.limited(logging.WARNING, key, "refused command %s: %s", msg.topic, unsigned)
             return
         if len(payload) > self.max_bytes:
             send(None, "rejected", f"payload is {len(payload)} bytes, over the {self.max_bytes}-byte limit")
@@ -402,7 +410,7 @@ def _unchecked(payload: bytes) -> bytes:
     """The request inside an envelope whose signature failed: read only to echo its ``cmd_id``."""
     try:
         env = unwrap(payload)
-    except Unsigned:
+    except Unsigned:  # unwrap raises nothing else
         return payload
     return env[0] if env is not None else payload
 
@@ -412,7 +420,7 @@ def _peek_cmd_id(payload: bytes) -> str | None:
         doc = json.loads(payload)
         value = doc.get("cmd_id") if isinstance(doc, dict) else None
         return value[:64] if isinstance(value, str) and value.isprintable() else None
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # whatever the bytes: no id to echo
         return None
 
 

@@ -62,38 +62,72 @@ class Unsigned(Exception):
     """A message refused by the signature check; the message is the reason sent back."""
 
 
+class Malformed(Unsigned):
+    """An envelope that cannot be read (a field missing, of the wrong type or out of range): refused
+    like any unsigned message, and counted apart (``malformed_envelope``) since it is junk, not a
+    forgery to investigate."""
+
+
+# ``expires`` is unix seconds in a signed 64-bit integer, as every fleet tool writes it; anything
+# outside is no time at all, and a bounded integer keeps every later comparison and subtraction exact.
+MAX_EXPIRES = 2**63 - 1
+
+
+def _shape(value: Any) -> str:
+    """What a field held, for a refusal's reason: short whatever its size (a reason is echoed and logged)."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, int):  # json.loads reads at most 4300 digits, so str() is safe
+        return str(value) if abs(value) < 10**20 else f"an integer of {len(str(abs(value)))} digits"
+    if isinstance(value, float):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return f"a string of {len(value)} characters"
+    return f"a JSON {'object' if isinstance(value, dict) else 'array'}"
+
+
 def unwrap(payload: bytes) -> tuple[bytes, int, bytes] | None:
-    """``(inner payload, expires, signature)`` when ``payload`` is an envelope, else None.
-    Raises ``Unsigned`` for an envelope that is malformed."""
+    """``(inner payload, expires, signature)`` when ``payload`` is an envelope, else None (not JSON,
+    nested too deeply to read, or without the envelope's ``schema``). Raises ``Malformed`` for an
+    envelope that is malformed, and nothing else whatever the bytes."""
     if payload.lstrip()[:1] != b"{":
         return None
     try:
         doc = json.loads(payload)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # ValueError: also an integer of > 4300 digits
         return None
     if not isinstance(doc, dict) or doc.get("schema") != ENVELOPE:
         return None
     extra = sorted(set(doc) - {"schema", "expires", "payload", "sig"})
-    expires, inner, sig = doc.get("expires"), doc.get("payload"), doc.get("sig")
-    if (
-        extra
-        or not isinstance(expires, int)
-        or isinstance(expires, bool)
-        or not isinstance(inner, str)
-        or not isinstance(sig, str)
-    ):
-        raise Unsigned(
-            f"malformed {ENVELOPE} envelope: needs integer 'expires' and base64 'payload' and "
-            f"'sig'{'; unknown keys ' + ', '.join(extra) if extra else ''}"
+    if extra:
+        named = ", ".join(repr(k[:40]) for k in extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+        raise Malformed(f"malformed envelope ({ENVELOPE}): unknown keys {named}")
+    missing = [k for k in ("expires", "payload", "sig") if k not in doc]
+    if missing:
+        raise Malformed(f"malformed envelope ({ENVELOPE}): missing {', '.join(missing)}")
+    expires, inner, sig = doc["expires"], doc["payload"], doc["sig"]
+    if not isinstance(expires, int) or isinstance(expires, bool) or not 0 <= expires <= MAX_EXPIRES:
+        raise Malformed(
+            f"malformed envelope ({ENVELOPE}): 'expires' must be an integer of unix seconds from 0 to 2^63-1, "
+            f"got {_shape(expires)}"
+        )
+    bad = [f"'{k}' is {_shape(v)}" for k, v in (("payload", inner), ("sig", sig)) if not isinstance(v, str)]
+    if bad:
+        raise Malformed(
+            f"malformed envelope ({ENVELOPE}): 'payload' and 'sig' must be base64 strings; {'; '.join(bad)}"
         )
     raw, signature = b64_or_none(inner), b64_or_none(sig)
     if raw is None or signature is None:
-        raise Unsigned(f"malformed {ENVELOPE} envelope: 'payload' and 'sig' must be base64")
+        raise Malformed(f"malformed envelope ({ENVELOPE}): 'payload' and 'sig' must be base64")
     return raw, expires, signature
 
 
 class Verifier:
-    """Checks envelopes against the fleet's public key (None: envelopes are unwrapped, not checked)."""
+    """Checks envelopes against the fleet's public key (None: envelopes are unwrapped, not checked),
+    and their expiry against the device's clock.
+
+    Guarantee: ``open`` returns the payload to act on or raises ``Unsigned`` (``Malformed`` for an
+    envelope it cannot read) with the reason; no other exception, whatever the bytes."""
 
     def __init__(self, public_key: Any | None, wall: Callable[[], float] = time.time) -> None:
         self.public_key, self.wall = public_key, wall
@@ -103,8 +137,13 @@ class Verifier:
         return self.public_key is not None
 
     def open(self, topic: str, payload: bytes) -> bytes:
-        """The payload to act on, or ``Unsigned`` with the reason."""
-        env = unwrap(payload)
+        """The payload to act on, or ``Unsigned`` with the reason (see the class doc)."""
+        try:
+            env = unwrap(payload)
+        except Unsigned:
+            raise
+        except Exception as exc:  # the promise above; unwrap's own checks should leave nothing to land here
+            raise Malformed(f"malformed envelope ({ENVELOPE}): unreadable ({type(exc).__name__})") from None
         if env is None:
             if self.required:
                 raise Unsigned(
