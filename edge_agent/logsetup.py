@@ -4,6 +4,9 @@
 ``{"time": "2026-12-01T02:31:38.414Z", "level": "INFO", "logger": "edge_agent.agent", "message": "…"}``,
 plus ``exception`` (the formatted traceback) when the record carries one, and ``thread`` when it is
 not the main thread. Timestamps are UTC with milliseconds, so lines from several devices sort.
+
+The level can change while running (``set_level``: a SIGHUP with a new ``[logging] level``); the
+format cannot (a new handler mid-stream would mix two formats in one journal).
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ from typing import IO
 FORMATS = ("text", "json")
 LEVELS = ("debug", "info", "warning", "error")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+# What configure() or set_level() last set, so that a reload can tell whether the level in force is
+# the file's (then it may change it) or a command-line flag's. None: edge-agent did not set up logging.
+_in_force: dict[str, str | None] = {"level": None}
 
 
 class JsonFormatter(logging.Formatter):
@@ -45,15 +52,36 @@ def configure(level: str | int = "warning", fmt: str = "text", stream: IO[str] |
     """Set the root logger's one handler (replacing earlier ones) to ``fmt`` at ``level``."""
     if fmt not in FORMATS:
         raise ValueError(f"log format must be one of {', '.join(FORMATS)}, not {fmt!r}")
-    numeric = level if isinstance(level, int) else logging.getLevelName(level.upper())
-    if not isinstance(numeric, int):
-        raise ValueError(f"log level must be one of {', '.join(LEVELS)}, not {level!r}")
+    numeric = _numeric(level)
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(numeric)
-    logging.getLogger("edge_agent").setLevel(numeric)
+    _set(level, numeric)
     logging.captureWarnings(True)  # Python warnings become records too: one format on stderr
+
+
+def set_level(level: str) -> None:
+    """Change the level in force, keeping the handler and its format (a reload's ``[logging] level``)."""
+    _set(level, _numeric(level))
+
+
+def level_in_force() -> str | None:
+    """The level ``configure``/``set_level`` last set (``"info"``…), or None when edge-agent never set up
+    logging in this process (it runs inside another program, whose logging is not its to change)."""
+    return _in_force["level"]
+
+
+def _numeric(level: str | int) -> int:
+    numeric = level if isinstance(level, int) else logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise ValueError(f"log level must be one of {', '.join(LEVELS)}, not {level!r}")
+    return numeric
+
+
+def _set(level: str | int, numeric: int) -> None:
+    logging.getLogger().setLevel(numeric)
+    logging.getLogger("edge_agent").setLevel(numeric)
+    _in_force["level"] = level.lower() if isinstance(level, str) else logging.getLevelName(numeric).lower()

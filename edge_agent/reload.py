@@ -1,5 +1,10 @@
-"""SIGHUP: reload the config file in a running agent. Only the SLA applies in place (with the fleet's
-stored ``desired`` on top of it); a change to any other section is named and waits for a restart.
+"""SIGHUP: reload the config file in a running agent. The SLA applies in place (with the fleet's
+stored ``desired`` on top of it), and so does ``[logging] level``; a change to any other section is
+named in the outcome and waits for a restart.
+
+Every section of ``Settings`` is in ``APPLIED_LIVE`` or ``NEEDS_RESTART`` (``unclassified`` says which
+are not, and a test holds it to that), so a section added later gets a decision. Whatever happens, a
+changed section that is not applied in place is named: none is ever dropped without a word.
 """
 
 from __future__ import annotations
@@ -7,15 +12,29 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from .config import ASR_SLA_METRICS, load_settings
+from . import logsetup
+from .config import ASR_SLA_METRICS, Settings, load_settings
 from .errors import ConfigError
 from .serving.tier_policy import overlay, policy_from_config
 
 if TYPE_CHECKING:
     from .agent import Agent
+    from .config import LoggingConfig
     from .telemetry.schema import SlaSpec
 
 log = logging.getLogger(__name__)
+
+# Sections a reload applies in place: the SLA (with the stored desired on top), and the log level
+# (the log format is named as needing a restart: one journal should not switch formats mid-stream).
+APPLIED_LIVE = ("sla", "logging")
+# Sections the running parts were built from at start (models loaded, sockets bound, threads sized,
+# the capture's writer opened): a change waits for a restart and the reload says so.
+NEEDS_RESTART = ("device", "models", "batching", "mqtt", "telemetry", "engines", "calibration", "api", "audio")
+
+
+def unclassified(settings: type[Settings] = Settings) -> list[str]:
+    """The sections of ``settings`` that are neither applied in place nor named as needing a restart."""
+    return [name for name in settings.model_fields if name not in APPLIED_LIVE + NEEDS_RESTART]
 
 
 def reload(agent: Agent) -> str:
@@ -30,10 +49,13 @@ def reload(agent: Agent) -> str:
         agent.notifier.status(message[:200])
         return message
     applied, restart = ["sla"], []
-    for section in ("models", "mqtt", "api", "telemetry", "engines", "audio", "device", "batching"):
-        if getattr(new, section) != getattr(agent.settings, section):
+    kept: list[str] = []  # what the file asks but the command line overrides, as it would over a restart
+    # Every section of the model, not a list kept by hand: a changed one not applied below is named.
+    for section in type(new).model_fields:
+        if section not in APPLIED_LIVE and getattr(new, section) != getattr(agent.settings, section):
             restart.append(section)
-    agent.settings = agent.settings.model_copy(update={"sla": new.sla})
+    logging_now = _reload_logging(agent.settings.logging, new.logging, applied, restart, kept)
+    agent.settings = agent.settings.model_copy(update={"sla": new.sla, "logging": logging_now})
     s = agent.settings
     commands = agent.telemetry.commands if agent.telemetry is not None else None
     # The stored desired is folded in before anything is set, so that a reload that changes nothing
@@ -75,9 +97,34 @@ def reload(agent: Agent) -> str:
             ):
                 controller.unpin(source="file")
     agent.remote.publish_reported()
-    message = f"reloaded: applied {', '.join(applied)}" + (
-        f"; changes to {', '.join(restart)} take effect after a restart" if restart else ""
+    message = (
+        f"reloaded: applied {', '.join(applied)}"
+        + "".join(f"; {note}" for note in kept)
+        + (f"; changes to {', '.join(restart)} take effect after a restart" if restart else "")
     )
     log.info("%s", message)
     agent.notifier.status(message[:200])
     return message
+
+
+def _reload_logging(
+    running: LoggingConfig, new: LoggingConfig, applied: list[str], restart: list[str], kept: list[str]
+) -> LoggingConfig:
+    """Apply ``[logging] level`` now when the file's level is the one in force; a level given on the
+    command line (``--log-level``, ``--debug``) stays, as it would over a restart, and is named in
+    ``kept``. The format is named in ``restart``. Returns the logging config now in force."""
+    now = running
+    if new.level != running.level:
+        in_force = logsetup.level_in_force()
+        if in_force is None:  # logging belongs to a program that runs the agent inside it
+            restart.append("logging.level")
+        elif in_force != running.level:
+            kept.append(f"logging level stays {in_force} (given on the command line)")
+            now = now.model_copy(update={"level": new.level})
+        else:
+            logsetup.set_level(new.level)
+            applied.append(f"logging level {running.level} → {new.level}")
+            now = now.model_copy(update={"level": new.level})
+    if new.format != running.format:
+        restart.append("logging.format")
+    return now
