@@ -5,6 +5,11 @@ Two OpenVINO habits this module overrides on purpose:
   fp32 (or "auto") request pins ``INFERENCE_PRECISION_HINT=f32``.
 - The NPU compiles only static shapes, so a model with dynamic dims must be reshaped first;
   ``SessionOptions.static_shapes`` gives the shapes, and their absence is a clear error.
+
+LLMs run on the NPU only in the NPU plugin's LLM mode: a stateful IR (the KV cache kept in the infer
+request, a ``beam_idx`` input) compiled with a prompt length and KV capacity
+(``SessionOptions.extra["npu_llm"]``, an ``npu.LlmShape``). Such a session says ``stateful`` and
+``reset_state()`` starts a new sequence. ``npu.py`` has the plugin's properties and its emulation on the CPU.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import numpy as np
 import openvino as ov
 
 from ..errors import BackendError, DeviceUnavailable, EngineError, InputError, ModelError
-from . import SessionOptions, TensorSpec, check_feeds
+from . import SessionOptions, TensorSpec, check_feeds, npu
 
 log = logging.getLogger(__name__)
 
@@ -41,19 +46,23 @@ def _spec(port, fallback: str) -> TensorSpec:
     return TensorSpec(name, _dtype(port.get_element_type()), shape)
 
 
-def compile_config(options: SessionOptions) -> dict[str, str]:
+def compile_config(options: SessionOptions) -> dict[str, object]:
     """The compile properties for ``options``; pure, so it is tested without a device."""
-    config = {"PERFORMANCE_HINT": str(options.extra.get("performance_hint", "LATENCY"))}
+    config: dict[str, object] = {"PERFORMANCE_HINT": str(options.extra.get("performance_hint", "LATENCY"))}
     if options.precision == "int8":
         # INT8 comes from the quantized model itself (NNCF); keep the rest of the graph at f32.
         config["INFERENCE_PRECISION_HINT"] = "f32"
     else:
         config["INFERENCE_PRECISION_HINT"] = _PRECISION_HINT[options.precision]
-    if options.threads:
+    on_npu = npu.is_npu(options.device)
+    if options.threads and not on_npu:
         config["INFERENCE_NUM_THREADS"] = str(options.threads)
     if options.cache_dir:
         # The first NPU compile takes minutes; CACHE_DIR turns later ones into a blob import.
         config["CACHE_DIR"] = str(Path(options.cache_dir) / "openvino")
+    if on_npu:
+        llm = options.extra.get("npu_llm")
+        config.update(npu.compile_properties(llm if isinstance(llm, npu.LlmShape) else None))
     return config
 
 
@@ -65,6 +74,8 @@ class OvSession:
     def __init__(self, model: ov.Model, compiled: ov.CompiledModel, path: Path, device: str) -> None:
         self.path = path
         self.device = device
+        self.stateful = bool(model.get_sinks())  # the KV cache lives in the request (see the module doc)
+        self.npu_llm: npu.LlmShape | None = None  # what the NPU's LLM mode compiled (prompt length, capacity)
         self._compiled = compiled
         self._request = compiled.create_infer_request()
         # Names come from the model as read: compilation can merge tensor names, and a merged
@@ -91,6 +102,10 @@ class OvSession:
             out[name] = np.array(results[self._out_index[name]], copy=True)
         return out
 
+    def reset_state(self) -> None:
+        """Forget what a stateful model holds (its KV cache): the next run starts a new sequence."""
+        self._request.reset_state()
+
     def close(self) -> None:
         self._request = None
         self._compiled = None
@@ -107,7 +122,8 @@ def open(path: Path, options: SessionOptions) -> OvSession:
         raise BackendError(f"openvino: unknown device {options.device!r}; use CPU, GPU, NPU or AUTO")
     core = ov.Core()
     available = core.available_devices
-    if base not in ("AUTO", "HETERO", "MULTI") and not any(d.startswith(base) for d in available):
+    present = npu.present(available) if base == "NPU" else any(d.startswith(base) for d in available)
+    if base not in ("AUTO", "HETERO", "MULTI") and not present:
         hint = " (the NPU needs the intel-npu driver: /dev/accel/accel0)" if base == "NPU" else ""
         raise DeviceUnavailable(f"openvino: device {device} is not present{hint}; this machine has {available}")
     try:
@@ -116,7 +132,15 @@ def open(path: Path, options: SessionOptions) -> OvSession:
         raise EngineError(f"{path} is not a readable model (corrupt or truncated?): {str(exc).strip()[:300]}") from exc
     if options.static_shapes:
         model.reshape({name: ov.PartialShape(list(shape)) for name, shape in options.static_shapes.items()})
-    if base == "NPU" and model.is_dynamic():
+    llm_mode = base == "NPU" and isinstance(options.extra.get("npu_llm"), npu.LlmShape)
+    if llm_mode and not model.get_sinks():
+        # A plain decoder export: made stateful here (a built intel-npu engine is stateful already).
+        from .openvino_stateful import make_stateful
+
+        window = options.extra.get("sliding_window")
+        done = make_stateful(model, window if isinstance(window, int) else None)
+        log.info("%s made stateful for the NPU's LLM mode: %s", path.name, done)
+    if base == "NPU" and model.is_dynamic() and not llm_mode:  # the LLM mode fixes the shapes itself
         dynamic = [p.get_any_name() for p in model.inputs if p.get_partial_shape().is_dynamic]
         raise InputError(
             f"the NPU compiles static shapes only; give static shapes for {dynamic} "
@@ -126,5 +150,8 @@ def open(path: Path, options: SessionOptions) -> OvSession:
         compiled = core.compile_model(model, device, compile_config(options))
     except Exception as exc:
         raise BackendError(f"openvino failed to compile {path} for {device}: {str(exc).strip()[:300]}") from exc
-    log.debug("openvino compiled %s for %s", path, device)
-    return OvSession(model, compiled, path, device)
+    emulated = " (emulated on the CPU)" if base == "NPU" and npu.emulation() != "off" else ""
+    log.debug("openvino compiled %s for %s%s", path, device, emulated)
+    session = OvSession(model, compiled, path, device)
+    session.npu_llm = options.extra.get("npu_llm") if llm_mode else None  # type: ignore[assignment]
+    return session

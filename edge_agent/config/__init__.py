@@ -12,6 +12,7 @@ own section.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,11 @@ def load_settings(config: str | Path | None = None) -> Settings:
     path = resolve_config_path(config)
     data = read_toml(path) if path else {}
     try:
-        return Settings(**data)
+        settings = Settings(**data)
     except ValidationError as exc:
         raise ConfigError(validation_problems(exc), str(path) if path else "environment") from exc
+    if settings.device.npu_emulation != "off":
+        # The NPU's emulation is process-wide, and child processes (probes, builds) must see the same NPU:
+        # it travels in the variable the settings read it from (backends/npu.py).
+        os.environ["EDGE_AGENT_DEVICE__NPU_EMULATION"] = settings.device.npu_emulation
+    return settings

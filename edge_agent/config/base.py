@@ -40,3 +40,8 @@ class DeviceConfig(Section):
 
     target: Literal["auto", "cpu", "jetson", "intel-npu"] = "auto"
     threads: int = Field(0, ge=0, description="intra-op threads per session; 0 = the runtime's default")
+    npu_emulation: Literal["off", "cpu", "cpu-f16"] = Field(
+        "off",
+        description="device NPU through OpenVINO's NPU plugin run on the CPU (NPUW): 'cpu' at f32 (the CPU's "
+        "results), 'cpu-f16' with the plugin's f16 numerics; for testing NPU tiers without an NPU (docs/npu.md)",
+    )

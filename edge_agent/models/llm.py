@@ -14,6 +14,10 @@ onnxruntime-genai folders (``genai_config.json``: GroupQueryAttention, ``past_pr
 use the same tensor names, but past and present are one preallocated buffer that the runtime appends
 to in place (``kv_slots.SlotCache``, through ONNX Runtime IO binding); no position_ids, right padding.
 
+A stateful model (OpenVINO IR with ``beam_idx``: the NPU plugin's LLM mode) keeps the cache inside the
+runtime's infer request: one sequence at a time (``kv_state.StatefulBatch``), a fixed capacity, a prompt
+prefilled up to the compiled prompt length at once and the rest through generate steps.
+
 A long prompt can be prefilled in chunks between decode steps (``ChunkedPrefill``, ``prefill_chunk``):
 each chunk runs with the chunks before it as its past (its own batch-1 cache, or its reserved slot),
 and the sequence joins the batch after its last chunk, with the same cache a whole prefill makes.
@@ -32,16 +36,18 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from ..backends import BindingSession, Session, SessionOptions, open_session
+from ..backends import BindingSession, Session, SessionOptions, npu, open_session
 from ..errors import InputError, ModelError
 from .catalog import ModelRef
 from .grammar import TokenVocab
 from .kv_batch import DecodeBatch, left_pad
 from .kv_slots import SlotCache
+from .kv_state import StatefulBatch
 from .slot_runs import SlotRuns
 from .tokenizer import Tokenizer
 
 Row = TypeVar("Row")
+KvBatch = DecodeBatch | SlotCache | StatefulBatch  # a batch of sequences decoding together, per KV layout
 log = logging.getLogger(__name__)
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 
@@ -60,12 +66,31 @@ class LlmContract:
     bos_id: int | None
 
 
-def read_contract(session: Session, config: dict, generation_config: dict) -> LlmContract:
+def read_contract(
+    session: Session, config: dict, generation_config: dict, stateful_capacity: int | None = None
+) -> LlmContract:
+    """The contract of a plain export's session; of a stateful one (``stateful_capacity``: the tokens its
+    KV state holds) from ``config``, since its cache is not among its inputs."""
     names = {s.name: s for s in session.inputs}
     for required in ("input_ids", "attention_mask"):
         if required not in names:
             raise ModelError(f"not a decoder export with a KV cache: no {required!r} input (inputs: {sorted(names)})")
     layers = sorted({int(m.group(1)) for n in names if (m := _PAST.match(n))})
+    eos = generation_config.get("eos_token_id", config.get("eos_token_id"))
+    eos_ids = frozenset(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    bos = generation_config.get("bos_token_id", config.get("bos_token_id"))
+    if not layers and "beam_idx" in names and stateful_capacity is not None:
+        n_heads = int(config.get("num_attention_heads", 1))
+        return LlmContract(
+            num_layers=int(config.get("num_hidden_layers", 0)),
+            num_kv_heads=int(config.get("num_key_value_heads") or n_heads),
+            head_dim=int(config.get("head_dim") or int(config.get("hidden_size", n_heads)) // n_heads),
+            kv_dtype="float32",
+            has_position_ids="position_ids" in names,
+            max_context=min(stateful_capacity, int(config.get("max_position_embeddings", stateful_capacity))),
+            eos_ids=eos_ids,
+            bos_id=bos if isinstance(bos, int) else None,
+        )
     if not layers and "beam_idx" in names:
         raise ModelError(
             "a stateful OpenVINO IR (KV cache kept inside the model, beam_idx input) is served by "
@@ -82,9 +107,6 @@ def read_contract(session: Session, config: dict, generation_config: dict) -> Ll
     if not isinstance(heads, int) or not isinstance(head_dim, int):
         heads = int(config.get("num_key_value_heads") or config["num_attention_heads"])
         head_dim = int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
-    eos = generation_config.get("eos_token_id", config.get("eos_token_id"))
-    eos_ids = frozenset(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    bos = generation_config.get("bos_token_id", config.get("bos_token_id"))
     return LlmContract(
         num_layers=len(layers),
         num_kv_heads=heads,
@@ -142,7 +164,10 @@ class DecoderLM:
         self.shared_kv = ref.model_type == "genai"
         config, _ = genai_config_as_hf(ref.config) if self.shared_kv else (ref.config, None)
         self.config = config  # config.json fields (for genai folders, translated from genai_config.json)
-        self.contract = read_contract(session, config, generation_config)
+        # a stateful session (the NPU's LLM mode) holds one sequence in its own KV state
+        self.npu_shape: npu.LlmShape | None = getattr(session, "npu_llm", None) if _stateful(session) else None
+        capacity = self.npu_shape.capacity if self.npu_shape else (kv_capacity if _stateful(session) else None)
+        self.contract = read_contract(session, config, generation_config, capacity)
         if self.shared_kv:
             self.contract = replace(self.contract, max_context=min(self.contract.max_context, kv_capacity))
         # in-place KV buffers (genai folders) are run through the session's I/O binding
@@ -160,6 +185,11 @@ class DecoderLM:
         self._token_vocab: TokenVocab | None = None
         self._vocab_lock = threading.Lock()
         self._slots = SlotRuns(binding, self._vocab, self.contract.has_position_ids) if binding else None
+
+    @property
+    def max_rows(self) -> int | None:
+        """The most sequences one batch can hold (None: as many as the scheduler's limits say)."""
+        return StatefulBatch.max_rows if self.npu_shape is not None or _stateful(self.session) else None
 
     @property
     def _slot_runs(self) -> SlotRuns:
@@ -204,6 +234,12 @@ class DecoderLM:
             filename = "openvino_model.xml"
             if backend != "openvino":
                 raise ModelError(f"{ref.name} is an OpenVINO IR folder: it runs on --backend openvino, not {backend}")
+        options = options or SessionOptions()
+        if backend == "openvino" and npu.is_npu(options.device) and "npu_llm" not in options.extra:
+            # the NPU runs LLMs in its plugin's LLM mode only: a prompt length and a KV capacity to compile
+            window = ref.config.get("sliding_window")
+            extra = {**options.extra, "npu_llm": npu.LlmShape(), "sliding_window": window}
+            options = replace(options, extra=extra)
         # The adapter warms up itself, through its real prefill and decode path, once it knows the contract.
         session = open_session(Path(ref.path) / filename, backend, options, warmup=lambda _session: None)
         try:
@@ -234,7 +270,7 @@ class DecoderLM:
         self.join(batch, [None], [[1, 2]], reach=[3])
         return self.decode(batch, [3])
 
-    def warm_slots(self, batch: DecodeBatch | SlotCache) -> None:
+    def warm_slots(self, batch: KvBatch) -> None:
         """Run a two-token prompt through every slot of an empty in-place ``batch`` and one decode step
         with all of them, then free them: ONNX Runtime's first run into each slot costs several times a
         normal prefill (~150 ms on a 28 M model), which the first burst of requests would otherwise pay.
@@ -250,7 +286,9 @@ class DecoderLM:
 
     # -- batches of sequences decoding together ---------------------------------------------
 
-    def new_batch(self, max_rows: int) -> DecodeBatch | SlotCache:
+    def new_batch(self, max_rows: int) -> KvBatch:
+        if self.max_rows is not None:
+            return StatefulBatch(self.contract.max_context)
         if not self.shared_kv:
             return DecodeBatch()
         c = self.contract
@@ -259,7 +297,7 @@ class DecoderLM:
 
     def join(
         self,
-        batch: DecodeBatch | SlotCache,
+        batch: KvBatch,
         rows: Sequence,
         prompts: Sequence[Sequence[int]],
         reach: Sequence[int | None] | None = None,
@@ -267,6 +305,17 @@ class DecoderLM:
         """Prefill ``prompts`` and add them to ``batch`` as ``rows``: their last logits [n, V]. ``reach``: the
         most tokens each row may hold (prompt + max_new_tokens), which sizes in-place KV buffers (default:
         the model's context)."""
+        if isinstance(batch, StatefulBatch):
+            if len(rows) != 1 or batch.busy:
+                raise ModelError(f"{self.ref.name} holds one sequence at a time (a stateful model)")
+            self._restart(batch)
+            try:
+                logits = self._feed(batch, prompts[0])
+            except BaseException:
+                batch.length = 0
+                raise
+            batch.rows.append(rows[0])
+            return logits
         if isinstance(batch, DecodeBatch):
             logits, past, mask = self.prefill(prompts)
             batch.add(rows, past, mask)
@@ -289,10 +338,27 @@ class DecoderLM:
             raise
         return np.concatenate(out, axis=0)
 
-    def prefill_chunk(self, batch: DecodeBatch | SlotCache, state: ChunkedPrefill, n: int) -> np.ndarray | None:
+    def prefill_chunk(self, batch: KvBatch, state: ChunkedPrefill, n: int) -> np.ndarray | None:
         """Prefill the next ``n`` prompt tokens of ``state``. After the last chunk it joins ``batch`` as its
         last row and its last logits [1, V] come back; before, None. A failure frees what it held."""
         end = min(state.done + n, len(state.prompt))
+        if isinstance(batch, StatefulBatch):
+            try:
+                if state.done == 0:
+                    if batch.busy:
+                        raise ModelError(f"{self.ref.name} holds one sequence at a time (a stateful model)")
+                    self._restart(batch)
+                    batch.pending = state.row
+                logits = self._feed(batch, state.prompt[state.done : end])
+            except BaseException:
+                self.abandon(batch, state)
+                raise
+            state.done = end
+            if state.remaining:
+                return None
+            batch.pending = None
+            batch.rows.append(state.row)
+            return logits
         ids = np.asarray([state.prompt[state.done : end]], dtype=np.int64)
         mask = np.ones((1, end), dtype=np.int64)
         try:
@@ -316,20 +382,49 @@ class DecoderLM:
             state.past = None
         return logits[:, -1]
 
-    def abandon(self, batch: DecodeBatch | SlotCache, state: ChunkedPrefill) -> None:
+    def abandon(self, batch: KvBatch, state: ChunkedPrefill) -> None:
         """Free what a chunked prefill holds (its reserved slot or its own cache)."""
         if isinstance(batch, SlotCache) and batch.pending is state.row:
             batch.release()
+        if isinstance(batch, StatefulBatch) and batch.pending is state.row:
+            batch.pending, batch.length = None, 0
         state.past = None
 
-    def decode(self, batch: DecodeBatch | SlotCache, tokens: Sequence[int]) -> np.ndarray:
+    def decode(self, batch: KvBatch, tokens: Sequence[int]) -> np.ndarray:
         """One step for every row of ``batch`` (one new token each): last logits [B, V]; advances the cache."""
+        if isinstance(batch, StatefulBatch):
+            return self._feed(batch, tokens)
         if isinstance(batch, SlotCache):
             return self._slot_runs.decode(batch, tokens)
         ids = np.asarray(tokens, dtype=np.int64)[:, None]
         mask = batch.step_mask()
         logits, present = self.forward(ids, mask, batch.past)
         batch.advance(present, mask)
+        return logits[:, -1]
+
+    def _restart(self, batch: StatefulBatch) -> None:
+        self.session.reset_state()  # type: ignore[attr-defined]  # a stateful session (see _stateful)
+        batch.length = 0
+
+    def _feed(self, batch: StatefulBatch, ids: Sequence[int]) -> np.ndarray:
+        """Append ``ids`` to the stateful sequence: last logits [1, V]. The first run after a restart is the
+        prefill (at most the compiled prompt length); the rest of the prompt goes through generate steps of
+        at most the compiled generate length, as decoded tokens do."""
+        if batch.length + len(ids) > batch.capacity:
+            raise InputError(
+                f"{batch.length + len(ids)} tokens exceed the {batch.capacity} that {self.ref.name}'s KV state "
+                "holds on this device"
+            )
+        shape = self.npu_shape
+        logits = None
+        done = 0
+        while done < len(ids):
+            size = len(ids) if shape is None else shape.max_prompt if batch.length == 0 else shape.generate_tokens
+            chunk = ids[done : done + size]
+            logits = self.session.run(batch.step_feeds(chunk), ["logits"])["logits"]
+            batch.length += len(chunk)
+            done += len(chunk)
+        assert logits is not None, "nothing to feed"
         return logits[:, -1]
 
     def _empty_past(self, batch: int) -> dict[str, np.ndarray]:
@@ -376,6 +471,19 @@ class DecoderLM:
         ``known_only`` (as served) among the ids the tokenizer defines, else over every logit."""
         width = self.vocab_limit if known_only and self.vocab_limit is not None else None
         self.check_prompt(prompt_ids, max_new_tokens)
+        if self.max_rows is not None:  # a stateful model: through its one-sequence batch
+            batch = self.new_batch(1)
+            last = self.join(batch, [None], [prompt_ids])
+            try:
+                for step in range(max_new_tokens):
+                    token = int(np.argmax(last[0, :width]))
+                    yield token
+                    if (stop_at_eos and token in self.contract.eos_ids) or step == max_new_tokens - 1:
+                        return
+                    last = self.decode(batch, [token])
+            finally:
+                batch.remove(range(len(batch)))
+            return
         ids = np.asarray([prompt_ids], dtype=np.int64)
         mask = np.ones_like(ids)
         logits, past = self.forward(ids, mask, self._empty_past(1))
@@ -389,3 +497,7 @@ class DecoderLM:
 
     def close(self) -> None:
         self.session.close()
+
+
+def _stateful(session: Session) -> bool:
+    return bool(getattr(session, "stateful", False)) and hasattr(session, "reset_state")

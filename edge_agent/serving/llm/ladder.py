@@ -171,7 +171,7 @@ class TieredLLM(Ladder):
         """Adaptive batching: resize the active tier's batch, never above its configured max."""
         loaded = self._active
         if loaded is not None:
-            size = max(1, min(max_batch, loaded.tier.limits.max_batch))
+            size = max(1, min(max_batch, loaded.tier.limits.max_batch, loaded.lm.max_rows or max_batch))
             sizes = tuple(s for s in loaded.tier.limits.preferred_batch_sizes if s <= size) or (size,)
             loaded.scheduler.limits = replace(loaded.scheduler.limits, max_batch=size, preferred_batch_sizes=sizes)
 

@@ -33,8 +33,7 @@ import numpy as np
 
 from ...errors import DeadlineExceeded, EdgeAgentError
 from ...models.kv_batch import DecodeBatch
-from ...models.kv_slots import SlotCache
-from ...models.llm import ChunkedPrefill, DecoderLM
+from ...models.llm import ChunkedPrefill, DecoderLM, KvBatch
 
 Row = TypeVar("Row")
 Joined = Callable[[int, np.ndarray], None]  # (index of the first joined row in the batch, their last logits)
@@ -98,7 +97,7 @@ class Prefills(Generic[Row]):
         reaches: Sequence[int | None] = reach if reach is not None else [None] * len(rows)
         self._states.extend(ChunkedPrefill(row, prompt, r) for row, prompt, r in zip(rows, prompts, reaches))
 
-    def drop(self, batch: DecodeBatch | SlotCache, leaving: Callable[[Row], bool] | None = None) -> list[Row]:
+    def drop(self, batch: KvBatch, leaving: Callable[[Row], bool] | None = None) -> list[Row]:
         """Take out the sequences for which ``leaving(row)`` holds (all of them without it), freeing
         what they hold (a reserved slot, a part-way cache)."""
         gone = [s for s in self._states if leaving is None or leaving(s.row)]
@@ -112,7 +111,7 @@ class Prefills(Generic[Row]):
         counts = plan_chunks([s.remaining for s in self._states], self.budget, decoding, self.together)
         return [(s.row, s.done == 0, n == s.remaining) for s, n in zip(self._states, counts)]
 
-    def run(self, batch: DecodeBatch | SlotCache, decoding: int, on_joined: Joined) -> list[tuple[list, Exception]]:
+    def run(self, batch: KvBatch, decoding: int, on_joined: Joined) -> list[tuple[list, Exception]]:
         """Run this turn (``plan(decoding)``). Each prompt (or batched group) that completes joins ``batch``
         at its end, and ``on_joined(first, logits)`` hears of it at once (its rows are ``batch.rows[first:]``,
         their last logits [n, V]), before the next one runs. Returns each group of rows that failed (what
@@ -146,7 +145,7 @@ class Prefills(Generic[Row]):
 
     def _chunk(
         self,
-        batch: DecodeBatch | SlotCache,
+        batch: KvBatch,
         state: ChunkedPrefill[Row],
         n: int,
         on_joined: Joined,

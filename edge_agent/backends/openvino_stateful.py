@@ -1,0 +1,120 @@
+"""A decoder export made into the stateful form the NPU plugin's LLM mode compiles.
+
+The plain export (``past_key_values.N.key/value`` in, ``present.N.key/value`` out) becomes optimum-intel's
+stateful form: a ``beam_idx`` input [batch] i32 gathers every past tensor along the batch axis, and
+OpenVINO's MakeStateful pass turns each past/present pair into a variable kept in the infer request.
+The plugin refuses stateful models without ``beam_idx``.
+
+Two things in an export are wrong under the NPU's fixed-size KV cache and are rewritten here:
+
+- **Sliding windows from shapes.** Gemma-2 style exports compute the window test ``kv > q - window`` from
+  the past length read off tensor shapes. The plugin keeps the cache at a fixed size, so that length is a
+  constant, and decode steps mask out the tokens they should see (first token right, the rest wrong). The
+  test is rewritten on positions: a key's position is its index among the attention mask's ones, a
+  query's is its ``position_ids`` entry. Both agree with the shape arithmetic wherever that was right.
+- **A float32-minimum mask.** Rows the plugin pads attend to nothing; through f16 (the NPU's numerics) the
+  float32 minimum becomes -inf and softmax gives NaN, which reaches every logit. The mask's fill value is
+  clamped to f16's lowest finite value, which changes nothing in f32 (exp underflows to 0 either way).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import openvino as ov
+from openvino import opset13 as ops
+
+from ..errors import ModelError
+
+log = logging.getLogger(__name__)
+
+_F16_LOWEST = float(np.finfo(np.float16).min)
+
+
+def is_stateful(model: ov.Model) -> bool:
+    return bool(model.get_sinks()) and any("beam_idx" in p.get_names() for p in model.inputs)
+
+
+def make_stateful(model: ov.Model, sliding_window: int | None = None) -> dict[str, int]:
+    """Turn the plain decoder export ``model`` into the stateful form, in place; what was rewritten."""
+    past = [p for p in model.inputs if p.get_any_name().startswith("past_key_values.")]
+    if not past:
+        raise ModelError("not a decoder export with a KV cache: no past_key_values.N inputs to keep as state")
+    names = {p.get_any_name() for p in model.inputs}
+    if "attention_mask" not in names or "position_ids" not in names:
+        raise ModelError(
+            "the NPU's LLM mode needs input_ids, attention_mask and position_ids inputs; this export has "
+            f"{sorted(n for n in names if not n.startswith('past_key_values.'))}"
+        )
+    windows = _rewrite_sliding_window(model, sliding_window) if sliding_window else 0
+    clamped = _clamp_mask_minimum(model)
+    beam = ops.parameter([-1], ov.Type.i32, name="beam_idx")
+    beam.output(0).get_tensor().set_names({"beam_idx"})
+    for port in past:
+        consumers = list(port.get_target_inputs())
+        gathered = ops.gather(port, beam, ops.constant(np.int64(0)))
+        for consumer in consumers:
+            consumer.replace_source_output(gathered.output(0))
+    model.add_parameters([beam])
+    from openvino._offline_transformations import apply_make_stateful_transformation  # type: ignore[import-untyped]  # no stubs
+
+    pairs = {p.get_any_name(): p.get_any_name().replace("past_key_values.", "present.", 1) for p in past}
+    outputs = {n for o in model.outputs for n in o.get_names()}
+    missing = sorted(v for v in pairs.values() if v not in outputs)
+    if missing:
+        raise ModelError(f"the export has past inputs without their present outputs: {missing[:4]}")
+    apply_make_stateful_transformation(model, pairs)
+    model.validate_nodes_and_infer_types()
+    return {"kv_states": len(pairs), "sliding_window_rewrites": windows, "mask_minimum_clamped": clamped}
+
+
+def _constant_value(node) -> float | None:
+    if node.get_type_name() != "Constant":
+        return None
+    data = node.get_data()
+    return float(data.reshape(-1)[0]) if data.size == 1 or np.all(data == data.reshape(-1)[0]) else None
+
+
+def _rewrite_sliding_window(model: ov.Model, window: int) -> int:
+    """Rewrite every ``Greater(kv_index, Subtract(q_index, window))`` on positions (see the module doc)."""
+    mask = model.input("attention_mask")
+    positions = model.input("position_ids")
+    kv_pos = None
+    rewritten = 0
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "Greater":
+            continue
+        right = node.input_value(1).get_node()
+        if right.get_type_name() != "Subtract" or _constant_value(right.input_value(1).get_node()) != window:
+            continue
+        if kv_pos is None:
+            # a key's position: the number of ones before it in the mask ([B, K] -> [B, 1, 1, K])
+            ones = ops.convert(mask, ov.Type.i64)
+            counted = ops.subtract(ops.cumsum(ones, ops.constant(np.int64(1))), ops.constant(np.int64(1)))
+            kv_pos = ops.unsqueeze(counted, ops.constant(np.array([1, 2], dtype=np.int64)))
+            q_pos = ops.unsqueeze(ops.convert(positions, ov.Type.i64), ops.constant(np.array([1, 3], dtype=np.int64)))
+            q_low = ops.subtract(q_pos, ops.constant(np.int64(window)))
+        left_type = node.input_value(0).get_element_type()
+        node.input(0).replace_source_output(ops.convert(kv_pos, left_type).output(0))
+        node.input(1).replace_source_output(ops.convert(q_low, left_type).output(0))
+        rewritten += 1
+    return rewritten
+
+
+def _clamp_mask_minimum(model: ov.Model) -> int:
+    """Replace float32-minimum constants (the mask's fill) with f16's lowest finite value."""
+    lowest = float(np.finfo(np.float32).min)
+    clamped = 0
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "Constant" or node.get_output_element_type(0) != ov.Type.f32:
+            continue
+        data = node.get_data()
+        if data.size == 0 or data.size > 1 << 16 or not np.any(data <= lowest * 0.5):
+            continue
+        fixed = np.where(data <= lowest * 0.5, np.float32(_F16_LOWEST), data).astype(np.float32)
+        replacement = ops.constant(fixed)
+        for target in list(node.output(0).get_target_inputs()):
+            target.replace_source_output(replacement.output(0))
+        clamped += 1
+    return clamped
