@@ -119,7 +119,7 @@ def test_text_manifest_reads_prompts_and_messages(tmp_path: Path) -> None:
     [
         ("", "the manifest is empty"),
         ("\n\n", "the manifest is empty"),
-        ('{"prompt": "ok"}\n{"prompt": \n', "p.jsonl:2: not valid JSON"),
+        ('{"prompt": \n', "p.jsonl:1: not valid JSON"),
         ('{"text": "x"}\n', 'p.jsonl:1: expected {"prompt"'),
         ('{"prompt": "  "}\n', 'p.jsonl:1: "prompt" is empty'),
         ('{"messages": [{"role": "user"}]}\n', "p.jsonl:1: each message needs"),
@@ -131,6 +131,13 @@ def test_broken_text_manifests_name_the_line(tmp_path: Path, content: str, messa
     path.write_text(content)
     with pytest.raises(InputError, match=message.replace("[", r"\[").replace("{", r"\{")):
         read_text_manifest(path)
+
+
+def test_a_broken_line_among_good_ones_is_skipped_and_counted(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "ok"}\n{"prompt": \n{"prompt": "also"}\n')
+    items = read_text_manifest(path)
+    assert [i.prompt for i in items] == ["ok", "also"] and items.skipped == 1
 
 
 def test_corrupt_binary_and_missing_manifests(tmp_path: Path) -> None:
