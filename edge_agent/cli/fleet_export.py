@@ -40,6 +40,34 @@ def add_commands(fsub: Any) -> None:
         metavar="0-5",
         help="classic bucket boundaries 2**(k/2**S) ms (default 2: 4 per doubling, <=19%% error)",
     )
+    e.add_argument(
+        "--max-devices",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="devices held at once; a new one beyond N is refused until an idle one expires (default 10000)",
+    )
+    e.add_argument(
+        "--max-series-per-device",
+        type=int,
+        default=64,
+        metavar="N",
+        help="histograms (workload x tier x metric) per device; new ones beyond N are refused (default 64)",
+    )
+    e.add_argument(
+        "--max-buckets",
+        type=int,
+        default=160,
+        metavar="N",
+        help="buckets per stored histogram: a finer one is downscaled on arrival (default 160, min 3)",
+    )
+    e.add_argument(
+        "--stale-after-s",
+        type=float,
+        default=3600.0,
+        metavar="S",
+        help="drop a series not merged into, and a device not heard from, for S seconds (default 3600; 0: never)",
+    )
     e.add_argument("--otlp", metavar="URL", help="also push OTLP/HTTP JSON metrics to URL (…/v1/metrics)")
     e.add_argument("--otlp-interval-s", type=float, default=10.0)
     e.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
@@ -81,10 +109,20 @@ def _until_stopped(duration: float | None, check: Any = None) -> None:
 
 
 def store_from_args(args: argparse.Namespace) -> FleetStore:
-    """The ``FleetStore`` ``fleet export`` feeds, configured from the flags (the topic prefix)."""
-    from ..telemetry.fleet_export import FleetStore
+    """The ``FleetStore`` ``fleet export`` feeds, configured from the flags: the topic prefix and the bounds
+    one device (or a flood of device ids) can take (``ExportLimits``); a bound out of range is a ConfigError."""
+    from ..telemetry.fleet_export import ExportLimits, FleetStore
 
-    return FleetStore(prefix=args.prefix)
+    try:
+        limits = ExportLimits(
+            max_devices=args.max_devices,
+            max_series_per_device=args.max_series_per_device,
+            max_buckets=args.max_buckets,
+            stale_after_s=args.stale_after_s,
+        )
+    except ValueError as exc:
+        raise ConfigError([("fleet export", str(exc))]) from None
+    return FleetStore(prefix=args.prefix, limits=limits)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -14,6 +14,13 @@ scale is at least ``le_scale`` every exponential bucket lies inside one classic 
 conversion is exact and ``histogram_quantile``'s linear interpolation is off by at most
 ``2 ** (2 ** -le_scale) - 1`` of the true value (19 % at le_scale 2, 9 % at 3, 4.4 % at 4); a
 coarser device bucket is counted in the classic bucket holding its upper end.
+
+Bounded (``ExportLimits``, the ``--max-*`` and ``--stale-after-s`` flags): a window passes the schema
+with 256 series of new tier names, or histograms of 4,096 buckets, and every cumulative histogram is
+rendered as ~80 classic series at every scrape, so without bounds one device could make ``/metrics``
+too large to scrape for the whole fleet. Per device the series (workload × tier × metric) are capped,
+per histogram the buckets (downscaled on arrival, counts exact), the devices are capped, idle series
+and devices expire; what is refused is counted by reason with bounded labels and logged once.
 """
 
 from __future__ import annotations
@@ -26,12 +33,13 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from pydantic import ValidationError
 
-from ..metrics.histogram import ExponentialHistogram, lower_boundary
+from ..metrics.histogram import DEFAULT_MAX_SIZE, MIN_MAX_SIZE, ExponentialHistogram, lower_boundary
 from .fleet import DEFAULT_PREFIX, SeqTracker, split_device_topic
 from .schema import Event, LatencyWindow, Reported, State
 
@@ -39,6 +47,14 @@ log = logging.getLogger(__name__)
 
 HISTOGRAM = "edge_fleet_latency_ms"
 MAX_HEALTH_KEYS = 64  # a device cannot blow up the exporter's cardinality through its health object
+MAX_WORKLOADS = 16  # workloads per device in the tier gauge and the tier-switch counter
+MAX_LABEL = 64  # characters of a tier, workload or version label taken from a payload
+MAX_DEVICE_ID = 128  # a longer device id (the topic level) would be repeated in every one of its samples
+LOG_EVERY_S = 600.0  # a store-wide refusal reason is logged at most this often (the counter has every one)
+MAX_SWEEP_EVERY_S = 60.0
+# edge_fleet_refused_total{reason}: a fixed set, so the counter's own labels stay bounded.
+REFUSAL_REASONS = ("device_limit", "device_id", "series_limit", "workload_limit")
+KINDS = frozenset({"tele/latency", "evt/tier_switch", "state", "reported", "meta"})
 
 
 def classic_bounds(le_scale: int = 2, min_exp2: int = -2, max_exp2: int = 17) -> list[float]:
@@ -67,6 +83,43 @@ def _flat_numbers(obj: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
         yield prefix, float(obj)
 
 
+@dataclass(frozen=True)
+class ExportLimits:
+    """What one device (or a flood of device ids) can make the exporter hold and render.
+
+    Every bound is per exporter process; what goes over one is refused, counted in
+    ``edge_fleet_refused_total{reason}`` and logged once, and nothing already held changes:
+
+    - ``max_devices``: devices held at once; a message from a new device beyond it is refused
+      (``device_limit``) until an idle device expires;
+    - ``max_series_per_device``: cumulative histograms (workload × tier × metric) per device; a new
+      series beyond it is refused (``series_limit``) while the device's other series keep merging;
+    - ``max_buckets``: buckets per stored histogram; a finer one is downscaled on arrival (counts,
+      sum, min and max stay exact, only resolution goes) and counted in
+      ``edge_fleet_histograms_downscaled_total``;
+    - ``stale_after_s``: a series not merged into, and a device not heard from, for this long is
+      dropped (0: never), so tier names a device stopped using free their room.
+
+    So one device costs the scrape at most ``max_series_per_device`` histograms of at most
+    ``max_buckets`` buckets, and the fleet at most ``max_devices`` such devices.
+    """
+
+    max_devices: int = 10_000
+    max_series_per_device: int = 64
+    max_buckets: int = DEFAULT_MAX_SIZE
+    stale_after_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.max_devices < 1:
+            raise ValueError(f"max_devices must be >= 1, got {self.max_devices}")
+        if self.max_series_per_device < 1:
+            raise ValueError(f"max_series_per_device must be >= 1, got {self.max_series_per_device}")
+        if self.max_buckets < MIN_MAX_SIZE:
+            raise ValueError(f"max_buckets must be >= {MIN_MAX_SIZE}, got {self.max_buckets}")
+        if not self.stale_after_s >= 0 or math.isinf(self.stale_after_s):
+            raise ValueError(f"stale_after_s must be a finite number >= 0, got {self.stale_after_s}")
+
+
 @dataclass
 class ExportDevice:
     """One device as the exporter sees it: state, tiers, ``seq`` bookkeeping, cumulative histograms, health."""
@@ -81,19 +134,40 @@ class ExportDevice:
     historical: int = 0
     last_window_wall: float | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    heard: float = 0.0  # the store's clock when any message of this device last arrived
+    merged_at: dict[tuple[str, str, str], float] = field(default_factory=dict)  # per series, for expiry
+    refused_series: int = 0  # series refused over max_series_per_device (a counter with a device label)
 
 
 class FleetStore:
-    """Thread-safe store behind the exporter (see the module doc); ``ingest`` never raises."""
+    """Thread-safe store behind the exporter (see the module doc); ``ingest`` never raises.
 
-    def __init__(self, wall: Callable[[], float] = time.time, prefix: str = DEFAULT_PREFIX) -> None:
-        self.wall = wall
+    Bounded by ``limits`` (``ExportLimits``): a device that floods windows of new tier names, or
+    histograms of thousands of buckets, or a flood of device ids, costs at most those bounds, and the
+    series of devices within them are never touched by it. ``clock`` (monotonic) times expiry;
+    ``wall`` only the ingest lag and window ages.
+    """
+
+    def __init__(
+        self,
+        wall: Callable[[], float] = time.time,
+        prefix: str = DEFAULT_PREFIX,
+        limits: ExportLimits | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.wall, self.clock = wall, clock
         self.prefix = prefix
+        self.limits = limits or ExportLimits()
         self.devices: dict[str, ExportDevice] = {}
         self.messages: dict[str, int] = {}
         self.malformed = 0
+        self.refused: dict[str, int] = dict.fromkeys(REFUSAL_REASONS, 0)
+        self.expired: dict[str, int] = {"series": 0, "devices": 0}
+        self.downscaled = 0
         self.lag_s = ExponentialHistogram()  # publish (window end) -> ingested here, for the benchmark
         self._lock = threading.Lock()
+        self._swept = clock()
+        self._logged: dict[str, float] = {}  # reason -> when last logged (store-wide refusals, rate-limited)
 
     def ingest(self, topic: str, payload: bytes) -> None:
         """One MQTT message; a malformed one, or a topic outside ``prefix``, is counted in ``malformed``."""
@@ -106,37 +180,82 @@ class FleetStore:
         device_id, kind = parsed
         try:
             with self._lock:
-                self.messages[kind] = self.messages.get(kind, 0) + 1
+                # Topics are subscribed by kind, but a plain feed may bring anything: the counter's
+                # label stays one of the known kinds.
+                label = kind if kind in KINDS else "other"
+                self.messages[label] = self.messages.get(label, 0) + 1
+                self._maybe_expire(self.clock())
                 self._ingest(device_id, kind, payload)
         except (ValueError, TypeError) as exc:  # pydantic's ValidationError and JSONDecodeError are ValueErrors
             self.malformed += 1
-            log.warning("malformed message on %s: %s", topic, str(exc).splitlines()[0][:200])
+            log.warning("malformed message on %s: %s", topic[:200], str(exc).splitlines()[0][:200])
 
-    def _device(self, device_id: str) -> ExportDevice:
+    def _refuse(self, reason: str, detail: str) -> None:
+        """Count one refusal; log it when this reason was not logged in the last ``LOG_EVERY_S``."""
+        self.refused[reason] += 1
+        now = self.clock()
+        last = self._logged.get(reason)
+        if last is None or now - last >= LOG_EVERY_S:
+            self._logged[reason] = now
+            log.warning(
+                "fleet export refused %s (%d refused for %s so far; edge_fleet_refused_total{reason=%r})",
+                detail,
+                self.refused[reason],
+                reason,
+                reason,
+            )
+
+    def _device(self, device_id: str) -> ExportDevice | None:
+        """The device, created if there is room; None (refused and counted) when there is not."""
         dev = self.devices.get(device_id)
         if dev is None:
+            if len(device_id) > MAX_DEVICE_ID:
+                self._refuse("device_id", f"a device id of {len(device_id)} characters (at most {MAX_DEVICE_ID})")
+                return None
+            if len(self.devices) >= self.limits.max_devices:
+                self._refuse(
+                    "device_limit", f"device {device_id[:64]!r}: {self.limits.max_devices} devices are held already"
+                )
+                return None
             dev = self.devices[device_id] = ExportDevice(device_id)
+        dev.heard = self.clock()
         return dev
+
+    def _set_tier(self, dev: ExportDevice, workload: str, tier: str, replace: bool = True) -> None:
+        """Record ``workload``'s tier, within ``MAX_WORKLOADS`` workloads per device."""
+        workload, tier = workload[:MAX_LABEL], tier[:MAX_LABEL]  # `reported` does not bound its names
+        if workload not in dev.tiers and len(dev.tiers) >= MAX_WORKLOADS:
+            self._refuse("workload_limit", f"workload {workload[:32]!r} of {dev.device_id!r}: {MAX_WORKLOADS} held")
+            return
+        if replace or workload not in dev.tiers:
+            dev.tiers[workload] = tier
 
     def _ingest(self, device_id: str, kind: str, payload: bytes) -> None:
         if not payload:  # a cleared retained message
             return
         if kind == "state":
             st = State.model_validate_json(payload)
-            self._device(device_id).online = 1.0 if st.state != "offline" else 0.0
+            if (dev := self._device(device_id)) is not None:
+                dev.online = 1.0 if st.state != "offline" else 0.0
         elif kind == "reported":
             rep = Reported.model_validate_json(payload)
-            self._device(device_id).tiers.update(rep.active_tiers)
+            if (dev := self._device(device_id)) is not None:
+                for workload, tier in rep.active_tiers.items():
+                    self._set_tier(dev, workload, tier)
         elif kind == "meta":
             data = json.loads(payload)
-            if isinstance(data, dict):
-                self._device(device_id).meta = {k: data[k] for k in ("version",) if isinstance(data.get(k), str)}
+            if isinstance(data, dict) and (dev := self._device(device_id)) is not None:
+                dev.meta = {k: data[k][:MAX_LABEL] for k in ("version",) if isinstance(data.get(k), str)}
         elif kind == "tele/latency":
             self._window(device_id, payload)
         elif kind == "evt/tier_switch":
             ev = Event.model_validate_json(payload)
             workload = str(ev.data.get("workload", "llm"))[:32]
-            dev = self._device(device_id)
+            if (dev := self._device(device_id)) is None:
+                return
+            if workload not in dev.tier_switches and len(dev.tier_switches) >= MAX_WORKLOADS:
+                self._refuse("workload_limit", f"tier switches of {workload!r} on {device_id!r}: {MAX_WORKLOADS} held")
+                return
             dev.tier_switches[workload] = dev.tier_switches.get(workload, 0) + 1
 
     def _window(self, device_id: str, payload: bytes) -> None:
@@ -153,28 +272,72 @@ class FleetStore:
             # histograms are what matters here, so read the rest without them.
             win = LatencyWindow.model_validate({k: v for k, v in data.items() if k != "health"})
         dev = self._device(device_id)
+        if dev is None:
+            return  # refused and counted: no room for another device
         if not dev.seq.add(win.seq):
             return  # a duplicate delivery: merged once already
+        now = dev.heard
         dev.last_window_wall = win.window.end_wall
         self.lag_s.record(max(0.0, self.wall() - win.window.end_wall))
         if isinstance(health, dict):
-            dev.health = dict(list(_flat_numbers(health))[:MAX_HEALTH_KEYS])
+            dev.health = dict(islice(_flat_numbers(health), MAX_HEALTH_KEYS))
         if win.historical:
             dev.historical += 1  # a replayed window still counts: the cumulative histogram wants every sample
+        limit = self.limits.max_series_per_device
         for s, raw in zip(win.series, data["series"]):
-            dev.tiers.setdefault(s.workload, s.tier)
-            if not win.historical:
-                dev.tiers[s.workload] = s.tier
+            self._set_tier(dev, s.workload, s.tier, replace=not win.historical)
             for metric in s.histograms:
-                # From the JSON the model has just validated: no second round trip through the model,
-                # which is most of the ingest cost at a thousand windows a second.
-                incoming = ExponentialHistogram.from_dict(raw["histograms"][metric])
                 key = (s.workload, s.tier, metric)
                 hist = dev.hists.get(key)
+                if hist is None and len(dev.hists) >= limit:
+                    dev.refused_series += 1
+                    if dev.refused_series == 1:  # once per device, not per window: the counters say the rest
+                        log.warning(
+                            "device %r is over its bound of %d series (workload x tier x metric): new series "
+                            "such as %s are refused (edge_fleet_device_refused_series_total); its %d series "
+                            "and every other device's keep merging",
+                            device_id,
+                            limit,
+                            "/".join(key),
+                            len(dev.hists),
+                        )
+                    self.refused["series_limit"] += 1
+                    continue
+                # From the JSON the model has just validated: no second round trip through the model,
+                # which is most of the ingest cost at a thousand windows a second. At most max_buckets
+                # buckets: a finer histogram is downscaled here, exactly as the OTel SDK does it.
+                wire = raw["histograms"][metric]
+                incoming = ExponentialHistogram.from_dict(wire, max_size=self.limits.max_buckets)
+                if incoming.scale < s.histograms[metric].scale:
+                    self.downscaled += 1
                 if hist is None:
                     dev.hists[key] = incoming
                 else:
                     hist.merge(incoming)
+                dev.merged_at[key] = now
+
+    def _maybe_expire(self, now: float) -> None:
+        """Drop series and devices idle for ``stale_after_s``; a sweep at most every ``stale_after_s / 8``."""
+        stale = self.limits.stale_after_s
+        if not stale or now - self._swept < min(stale / 8, MAX_SWEEP_EVERY_S):
+            return
+        self._swept = now
+        for device_id, dev in list(self.devices.items()):
+            if now - dev.heard > stale:
+                del self.devices[device_id]
+                self.expired["devices"] += 1
+                self.expired["series"] += len(dev.hists)
+                continue
+            for key, at in list(dev.merged_at.items()):
+                if now - at > stale:
+                    del dev.hists[key], dev.merged_at[key]
+                    self.expired["series"] += 1
+
+    def expire(self) -> None:
+        """Run the expiry sweep now (the store also runs it from ``ingest`` and ``snapshot``)."""
+        with self._lock:
+            self._swept = -math.inf
+            self._maybe_expire(self.clock())
 
     def fleet_histogram(self, workload: str, metric: str) -> ExponentialHistogram | None:
         """Every device's cumulative histogram of ``metric`` merged: the reference for the fleet's quantiles."""
@@ -195,8 +358,9 @@ class FleetStore:
             return {q: v for q in qs if (v := self.lag_s.quantile(q)) is not None}
 
     def snapshot(self) -> list[ExportDevice]:
-        """Copies of the devices, taken under the lock, for a scrape or an OTLP push."""
+        """Copies of the devices, taken under the lock, for a scrape or an OTLP push (stale ones expired first)."""
         with self._lock:
+            self._maybe_expire(self.clock())
             return [
                 ExportDevice(
                     d.device_id,
@@ -209,9 +373,20 @@ class FleetStore:
                     d.historical,
                     d.last_window_wall,
                     dict(d.meta),
+                    heard=d.heard,
+                    refused_series=d.refused_series,
                 )
                 for d in self.devices.values()
             ]
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """The store's own counters, read under the lock: ``refused`` by reason, ``expired``, ``downscaled``."""
+        with self._lock:
+            return {
+                "refused": dict(self.refused),
+                "expired": dict(self.expired),
+                "downscaled": {"histograms": self.downscaled},
+            }
 
 
 class FleetCollector:
@@ -246,6 +421,11 @@ class FleetCollector:
         switches = CounterMetricFamily(
             "edge_fleet_device_tier_switches", "evt/tier_switch events received", labels=("device", "workload")
         )
+        over = CounterMetricFamily(
+            "edge_fleet_device_refused_series",
+            "series refused from a device over --max-series-per-device (only devices that went over)",
+            labels=("device",),
+        )
         for dev in sorted(devices, key=lambda d: d.device_id):
             d = dev.device_id
             for (workload, tier_name, metric), h in sorted(dev.hists.items()):
@@ -267,12 +447,32 @@ class FleetCollector:
                 age.add_metric([d], max(0.0, now - dev.last_window_wall))
             for workload, n in sorted(dev.tier_switches.items()):
                 switches.add_metric([d, workload], n)
-        yield from (hist, online, tier, health, gaps, dups, windows, age, switches)
+            if dev.refused_series:
+                over.add_metric([d], dev.refused_series)
+        yield from (hist, online, tier, health, gaps, dups, windows, age, switches, over)
         msgs = CounterMetricFamily("edge_fleet_export_messages", "MQTT messages ingested", labels=("kind",))
         for kind, n in sorted(self.store.messages.items()):
             msgs.add_metric([kind], n)
         yield msgs
         yield CounterMetricFamily("edge_fleet_export_malformed", "messages refused as malformed", self.store.malformed)
+        counters = self.store.counters()
+        refused = CounterMetricFamily(
+            "edge_fleet_refused", "what the exporter's bounds refused (ExportLimits), by reason", labels=("reason",)
+        )
+        for reason, n in sorted(counters["refused"].items()):
+            refused.add_metric([reason], n)
+        yield refused
+        expired = CounterMetricFamily(
+            "edge_fleet_expired", "series and devices dropped after --stale-after-s idle", labels=("what",)
+        )
+        for what, n in sorted(counters["expired"].items()):
+            expired.add_metric([what], n)
+        yield expired
+        yield CounterMetricFamily(
+            "edge_fleet_histograms_downscaled",
+            "window histograms over --max-buckets, downscaled on arrival",
+            counters["downscaled"]["histograms"],
+        )
         lag = GaugeMetricFamily(
             "edge_fleet_export_ingest_lag_seconds",
             "window end on the device's wall clock to ingested here, over every window since start "
