@@ -73,6 +73,10 @@ FleetCommand = Literal[
 FLEET_COMMANDS: tuple[FleetCommand, ...] = typing.get_args(FleetCommand)
 
 
+# The default of ``telemetry.max_signature_lifetime_s`` (one day), also ``signing.Verifier``'s.
+MAX_SIGNATURE_LIFETIME_S = 86_400.0
+
+
 class TelemetryConfig(Section):
     """``[telemetry]``: the window interval, the spool and the ledger, and what the fleet may command."""
 
@@ -95,6 +99,13 @@ class TelemetryConfig(Section):
         None,
         description="the fleet's Ed25519 public key (a PEM file or the raw key in base64): when set, "
         "commands and desired must be signed with it (docs/telemetry.md 'Signed commands')",
+    )
+    max_signature_lifetime_s: float = Field(
+        MAX_SIGNATURE_LIFETIME_S,
+        gt=0,
+        le=366 * 86_400,
+        description="the furthest ahead a signed command or desired may expire (device time, plus 5 minutes "
+        "for clock difference); anything signed for longer is refused, so a leaked one cannot be replayed for ever",
     )
 
     @field_validator("reply_prefixes")

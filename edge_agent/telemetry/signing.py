@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..config.mqtt import MAX_SIGNATURE_LIFETIME_S
 from ..errors import EdgeAgentError
 from ..fleet_keys import b64_or_none, keygen, load_private_key
 
@@ -36,6 +37,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..config import MqttConfig, TelemetryConfig
 
 ENVELOPE = "edge-agent.signed/1"
+# Allowed on top of ``telemetry.max_signature_lifetime_s``: a fleet that signs for exactly the devices'
+# limit is not refused because a device's clock runs a little behind the fleet's.
+CLOCK_SKEW_S = 300.0
 
 
 def signed_bytes(topic: str, expires: int, payload: bytes) -> bytes:
@@ -124,13 +128,20 @@ def unwrap(payload: bytes) -> tuple[bytes, int, bytes] | None:
 
 class Verifier:
     """Checks envelopes against the fleet's public key (None: envelopes are unwrapped, not checked),
-    and their expiry against the device's clock.
+    and their expiry against the device's clock: not past, and not further ahead than
+    ``max_lifetime_s`` (``telemetry.max_signature_lifetime_s``) plus ``CLOCK_SKEW_S``, so that a
+    leaked signed message stops working within that time, whatever expiry it was signed with.
 
     Guarantee: ``open`` returns the payload to act on or raises ``Unsigned`` (``Malformed`` for an
     envelope it cannot read) with the reason; no other exception, whatever the bytes."""
 
-    def __init__(self, public_key: Any | None, wall: Callable[[], float] = time.time) -> None:
-        self.public_key, self.wall = public_key, wall
+    def __init__(
+        self,
+        public_key: Any | None,
+        wall: Callable[[], float] = time.time,
+        max_lifetime_s: float = MAX_SIGNATURE_LIFETIME_S,
+    ) -> None:
+        self.public_key, self.wall, self.max_lifetime_s = public_key, wall, max_lifetime_s
 
     @property
     def required(self) -> bool:
@@ -155,6 +166,12 @@ class Verifier:
         now = self.wall()
         if expires < now:
             raise Unsigned(f"signature expired {now - expires:.0f} s ago (expires {expires}, device time {now:.0f})")
+        if expires > now + self.max_lifetime_s + CLOCK_SKEW_S:  # unwrap bounds expires: nothing overflows
+            raise Unsigned(
+                f"signature valid for too long: expires {expires}, {expires - now:.0f} s after device time "
+                f"{now:.0f}; this device takes at most telemetry.max_signature_lifetime_s = "
+                f"{self.max_lifetime_s:.0f} s (plus {CLOCK_SKEW_S:.0f} s for clock difference)"
+            )
         if self.public_key is not None:  # required
             from cryptography.exceptions import InvalidSignature
 
@@ -220,8 +237,8 @@ def add_cli(fsub: Any) -> None:
         type=int,
         default=300,
         metavar="S",
-        help="seconds until the signature expires (default 300; sign a retained desired for as long "
-        "as it should stay valid, e.g. 2592000 for 30 days)",
+        help="seconds until the signature expires (default 300); devices refuse more than their "
+        "telemetry.max_signature_lifetime_s (default 86400, one day): re-sign a retained desired before it expires",
     )
     s.set_defaults(func=cmd_sign)
 
@@ -239,6 +256,12 @@ def cmd_sign(args: Any) -> int:
 
     if args.ttl <= 0:
         raise EdgeAgentError(f"--ttl must be positive, got {args.ttl}")
+    if args.ttl > MAX_SIGNATURE_LIFETIME_S + CLOCK_SKEW_S:  # signed all the same: a device may allow more
+        print(
+            f"warning: devices with the default telemetry.max_signature_lifetime_s ({MAX_SIGNATURE_LIFETIME_S:.0f} s) "
+            f"refuse a signature valid for {args.ttl} s",
+            file=sys.stderr,
+        )
     if any(c in args.topic for c in "+#\0") or not args.topic:
         raise EdgeAgentError(f"--topic must be one concrete topic (no wildcards), got {args.topic!r}")
     key = load_private_key(Path(args.key))
