@@ -13,6 +13,13 @@ by an Earley parser, compiled lazily, no per-schema precomputation over the voca
 dependencies, releases the GIL while it works, and is what several serving stacks use. The
 comparison with outlines-core and xgrammar is ``python -m edge_agent.bench.grammar``.
 
+A grammar that llguidance compiles can still break while it runs (a required self-reference sends
+its parser past its item limit on the first token). ``TokenVocab.constraint`` therefore computes the
+first mask and takes one allowed token on a copy before the request is admitted, and every later
+failure is a ``FormatError`` of that request alone. Its message quotes the first line of
+llguidance's error, cut to ``ERROR_CHARS``: the full text carries the parser state and the whole
+grammar (megabytes for a schema with a large ``description``).
+
 The JSON it accepts is written compactly and in a fixed shape (``", "`` between items, ``": "``
 after keys, properties in schema order), so a tool call always reads ``{"name": "…", "arguments":
 {…}}`` and can be streamed as it is generated.
@@ -31,6 +38,18 @@ from ..errors import InputError
 
 # Compact, fixed separators: predictable text (streamable tool calls) and fewer tokens.
 JSON_FORMAT: Any = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+ERROR_CHARS = 200  # what a refusal quotes of llguidance's error: enough to name the problem, never the grammar
+
+
+class FormatError(InputError):
+    """One request's output format cannot be followed: refused before admission, or broken while its
+    row generates. It concerns that request alone; its message is short (never the grammar itself)."""
+
+
+def _problem(matcher: Any) -> str:
+    """llguidance's error for ``matcher``: its first line, at most ``ERROR_CHARS`` characters."""
+    first = matcher.get_error().strip().split("\n", 1)[0]
+    return first if len(first) <= ERROR_CHARS else first[:ERROR_CHARS] + "…"
 
 
 def _json_grammar(schema: dict[str, Any], what: str) -> str:
@@ -102,17 +121,41 @@ class Constraint:
     def __init__(self, vocab: TokenVocab, matcher: Any) -> None:
         self.vocab, self._m = vocab, matcher
         self._words = np.zeros(vocab.mask_words, dtype=np.int32)
+        self._first: np.ndarray | None = None  # the first mask, computed by check_start
+        self.consumed = 0
+
+    def check_start(self) -> None:
+        """Compute the first mask and take one token it allows, on a copy of the matcher: a
+        ``FormatError`` here means the grammar cannot even start. The mask is kept for the first
+        ``allowed``, so the check costs the device path nothing."""
+        first = self.allowed()
+        if not first.any():
+            raise FormatError("the requested output format allows no first token")
+        probe = self._m.deep_copy()
+        if not probe.consume_token(int(np.flatnonzero(first)[0])):
+            raise FormatError(f"the requested output format breaks on its first token: {_problem(probe)}")
+        self._first = first
 
     def allowed(self) -> np.ndarray:
-        """Boolean [n_logits]: the tokens the grammar allows next (EOS once it may end)."""
+        """Boolean [n_logits]: the tokens the grammar allows next (EOS once it may end); a
+        ``FormatError`` if the grammar broke computing it."""
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
         import llguidance.numpy as lln
 
         lln.fill_next_token_bitmask(self._m, self._words[None, :], 0)
+        if self._m.is_error():  # llguidance does not raise: it keeps the error and leaves the mask empty
+            raise FormatError(f"the requested output format broke after {self.consumed} tokens: {_problem(self._m)}")
         return self.vocab.unpack(self._words)
 
     def consume(self, token: int) -> None:
+        """Advance past ``token``; a ``FormatError`` if the grammar breaks on it."""
         if not self._m.consume_token(token):
-            raise InputError(f"token {token} breaks the requested output format: {self._m.get_error()}")
+            raise FormatError(
+                f"the requested output format broke at token {self.consumed + 1} (id {token}): {_problem(self._m)}"
+            )
+        self.consumed += 1
 
     @property
     def stopped(self) -> bool:
@@ -144,13 +187,16 @@ class TokenVocab:
         self._closers: np.ndarray | None = None
 
     def constraint(self, grammar: str) -> Constraint:
-        """A fresh matcher for ``grammar`` (an ``InputError`` naming what is wrong if it cannot be built)."""
+        """A fresh matcher for ``grammar``, its first mask computed and its first token tried
+        (``Constraint.check_start``): a ``FormatError`` naming what is wrong if it cannot start."""
         import llguidance
 
         matcher = llguidance.LLMatcher(self._tok, grammar)
         if matcher.is_error():
-            raise InputError(f"the requested output format cannot be used: {matcher.get_error()}")
-        return Constraint(self, matcher)
+            raise FormatError(f"the requested output format cannot be used: {_problem(matcher)}")
+        constraint = Constraint(self, matcher)
+        constraint.check_start()
+        return constraint
 
     def unpack(self, words: np.ndarray) -> np.ndarray:
         bits = np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool)

@@ -8,7 +8,9 @@ executor, never on the loop. The response's ``model`` is the tier that answered 
 lists it) and ``system_fingerprint`` the engine it ran; ``timings`` (the same figures the daemon's
 metrics record for the request) come in the body, or in the last chunk when streaming, with a
 ``Server-Timing`` header on non-streamed responses. A ``max_tokens`` above the tier's cap is
-clamped and the response says so (``warnings``, ``timings.max_tokens``).
+clamped and the response says so (``warnings``, ``timings.max_tokens``). An output format that cannot
+start is a 400 naming ``response_format`` or ``tools``, before the request is admitted; one that
+breaks later fails that request alone (a 400, or an error chunk when streaming).
 
 Token events reach the loop through a sink (``call_soon_threadsafe`` from the scheduler thread),
 with no thread per request. A client that goes away has its request cancelled (its batch slot is
@@ -27,8 +29,9 @@ from typing import Any
 
 from aiohttp import web
 
-from ..errors import DeadlineExceeded, EdgeAgentError, Overloaded
+from ..errors import DeadlineExceeded, EdgeAgentError, InputError, Overloaded
 from ..metrics.prometheus import PrometheusMetrics
+from ..models.grammar import FormatError
 from . import http_guard, openai_output
 from .api_errors import from_exception as _from_exception
 from .llm.handle import Completion, RequestHandle
@@ -51,7 +54,18 @@ async def read_request(request: web.Request, model: type[GenerateRequest], max_b
 def _prepare(llm: TieredLLM, body: GenerateRequest) -> tuple[RequestHandle, openai_output.Plan]:
     """On the executor: the output format compiled, the prompt measured, tokenized and admitted."""
     plan = openai_output.plan(body)
-    return llm.submit(plan.prompt, plan.params, raw=not isinstance(body, ChatRequest)), plan
+    try:
+        return llm.submit(plan.prompt, plan.params, raw=not isinstance(body, ChatRequest)), plan
+    except FormatError as exc:
+        raise _named(exc, plan) from None
+
+
+def _named(exc: BaseException, plan: openai_output.Plan) -> BaseException:
+    """A broken output format as the client's mistake in the field it came from."""
+    if not isinstance(exc, FormatError):
+        return exc
+    param = "tools" if plan.tools else "response_format"
+    return InputError(f"{param}: {exc}", param=param)
 
 
 async def generate(
@@ -77,7 +91,7 @@ async def generate(
                 pass
             done = handle.result(5)  # the events ended: it is finished
         except Exception as exc:
-            return _from_exception(exc)
+            return _from_exception(_named(exc, plan))
         return reply.whole(done)
     finally:
         watcher.cancel()

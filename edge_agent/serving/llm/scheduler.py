@@ -16,7 +16,9 @@ A request with an output format (``SamplingParams.grammar``) owns a ``grammar.Co
 of allowed tokens for the next step is computed on a helper thread while the engine runs the step
 (llguidance and the runtime both release the GIL), then applied to its row before the pick.
 
-A failing engine call fails only the requests in that call; the loop keeps serving. The queue is
+A failing engine call fails only the requests in that call, and an output format that breaks while
+its row generates (``grammar.FormatError``) fails only that row; the loop keeps serving. One that
+cannot start is refused at ``submit``, before admission. The queue is
 bounded (``Overloaded`` at submit), waiting is bounded (``DeadlineExceeded``), and a handle can be
 cancelled at any time. Handles are thread-safe: any thread may submit, read and cancel.
 """
@@ -34,7 +36,7 @@ import numpy as np
 
 from ...errors import DeadlineExceeded, EdgeAgentError, Overloaded, Unavailable
 from ...metrics.timing import RequestTiming, TimingRecorder
-from ...models.grammar import Constraint
+from ...models.grammar import Constraint, FormatError
 from ...models.kv_batch import DecodeBatch
 from ...models.kv_slots import SlotCache
 from ...models.llm import DecoderLM
@@ -148,7 +150,8 @@ class LLMScheduler:
         tags: Sequence[str] = (),
     ) -> RequestHandle:
         self.lm.check_prompt(prompt_ids, params.max_new_tokens)
-        # Compiling the output format happens here, on the caller's thread, never on the device thread.
+        # Compiling the output format and its first mask happens here, on the caller's thread, never on
+        # the device thread; a format that cannot start is refused before it could join a batch.
         constraint = self.lm.token_vocab.constraint(params.grammar) if params.grammar else None
         now = self.clock()
         with self._cond:
@@ -292,7 +295,8 @@ class LLMScheduler:
     def _absorb(self, first: int, logits, masks: Sequence[Future | None] = ()) -> None:
         """Batch rows ``first…`` take their next token from ``logits`` [n, V]; finished rows leave."""
         now = self.clock()
-        finished = []
+        finished: list[int] = []
+        broken: dict[int, FormatError] = {}  # rows whose own output format broke: they alone fail
         if self.lm.vocab_limit is not None:
             logits = logits[:, : self.lm.vocab_limit]  # never an id the tokenizer cannot decode
         rows = self._batch.rows[first:]
@@ -303,7 +307,11 @@ class LLMScheduler:
             if plain is not None and mask is None and seq.sampler.plain:
                 token = int(plain[i - first])
             else:
-                allowed: np.ndarray | None = mask.result() if mask is not None else None
+                try:
+                    allowed: np.ndarray | None = mask.result() if mask is not None else None
+                except FormatError as exc:
+                    broken[i] = exc
+                    continue
                 if allowed is not None and _closing(seq):
                     narrowed = allowed & self.lm.token_vocab.closers
                     allowed = narrowed if narrowed.any() else allowed
@@ -321,7 +329,11 @@ class LLMScheduler:
             seq.recorder.mark_token(at=now)  # every row's token of this step came out at the same moment
             reason = self._finish_reason(seq, token, now)
             if seq.constraint is not None and reason is None:
-                seq.constraint.consume(token)  # the mask allowed it: this cannot fail
+                try:  # the mask allowed it, yet llguidance may still break on it (a parser limit)
+                    seq.constraint.consume(token)
+                except FormatError as exc:
+                    broken[i] = exc
+                    continue
                 if seq.constraint.stopped:
                     reason = "stop"  # the format is complete: nothing may follow
             self._deliver(seq, token, reason is not None, logprob, now)
@@ -329,8 +341,16 @@ class LLMScheduler:
             if reason:
                 seq.finish_reason = reason
                 finished.append(i)
-        for seq in self._batch.remove(finished):
-            self._complete(seq, seq.finish_reason or "length")
+        gone = sorted([*finished, *broken])
+        for i, seq in zip(gone, self._batch.remove(gone)):
+            if i in broken:
+                self._format_broke(seq, broken[i])
+            else:
+                self._complete(seq, seq.finish_reason or "length")
+
+    def _format_broke(self, seq: _Sequence, exc: FormatError) -> None:
+        """``seq``'s own output format broke: it fails with that error, nobody else hears of it."""
+        self._fail([seq], exc)
 
     def _finish_reason(self, seq: _Sequence, token: int, now: float) -> str | None:
         p = seq.params
