@@ -191,7 +191,9 @@ class TokenVocab:
         (``Constraint.check_start``): a ``FormatError`` naming what is wrong if it cannot start."""
         import llguidance
 
-        matcher = llguidance.LLMatcher(self._tok, grammar)
+        # log_level 0: llguidance would print each failure to stderr itself, unlimited; the scheduler
+        # logs one short, rate-limited line instead
+        matcher = llguidance.LLMatcher(self._tok, grammar, log_level=0)
         if matcher.is_error():
             raise FormatError(f"the requested output format cannot be used: {_problem(matcher)}")
         constraint = Constraint(self, matcher)

@@ -1,6 +1,6 @@
 """A request whose output format (``response_format`` / ``tools``) breaks fails alone: a grammar that
 cannot take even its first token is refused with a 400 before it is admitted, one that breaks later
-fails only its own row while the rest of the batch carries on.
+fails only its own row while the rest of the batch carries on, and either costs one short log line.
 
 Through the real HTTP API in process, on the demo model (ONNX Runtime). Events are ordered
 explicitly: the engine's first decode step with every plain stream in the batch is held until the
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import threading
 import urllib.error
 import urllib.request
@@ -162,6 +163,19 @@ def test_a_schema_that_breaks_on_its_first_token_is_a_400_and_the_batch_carries_
     assert "response_format" in message and "Too many items" in message, message
 
 
+def test_a_schema_with_a_huge_description_logs_one_short_line_and_no_traceback(served, caplog):
+    api, gate = served
+    caplog.set_level(logging.DEBUG)
+    for _ in range(2):  # the second within the rate limit's period: held back, counted in the next line
+        status, body = _post(api, _bad("x" * 5_000_000))
+        assert status == 400, body["error"]["message"][:500]
+        assert len(body["error"]["message"]) < 2_000  # the client's answer is not its own schema back either
+    assert "Traceback" not in caplog.text
+    assert len(caplog.text.encode()) < 2_048, f"{len(caplog.text.encode())} bytes of log"
+    lines = [r.getMessage() for r in caplog.records if "output format" in r.getMessage()]
+    assert len(lines) == 1 and "Too many items" in lines[0], lines
+
+
 class _FailsAt:
     """An llguidance matcher that breaks at its ``k``-th consumed token or mask, the way llguidance
     does: nothing raises, the error (with its parser state and the whole grammar) is kept."""
@@ -196,7 +210,7 @@ class _FailsAt:
 
 
 @pytest.mark.parametrize("where", ["consume", "mask"])
-def test_a_format_that_breaks_at_a_later_token_fails_only_its_own_row(model_ref, monkeypatch, where):
+def test_a_format_that_breaks_at_a_later_token_fails_only_its_own_row(model_ref, monkeypatch, caplog, where):
     lm = DecoderLM.open(model_ref, "onnxruntime", SessionOptions(threads=1))
     vocab = lm.token_vocab
     constraint = vocab.constraint
@@ -207,6 +221,7 @@ def test_a_format_that_breaks_at_a_later_token_fails_only_its_own_row(model_ref,
         return c
 
     monkeypatch.setattr(vocab, "constraint", breaking)
+    caplog.set_level(logging.DEBUG)
     scheduler = LLMScheduler(lm, Limits(max_batch=4, batch_timeout_ms=0))
     prompt = lm.tokenizer.encode("once upon a time")
     plain = SamplingParams(max_new_tokens=60, ignore_eos=True)
@@ -230,3 +245,5 @@ def test_a_format_that_breaks_at_a_later_token_fails_only_its_own_row(model_ref,
     finally:
         scheduler.stop()
         lm.close()
+    assert "Traceback" not in caplog.text and len(caplog.text.encode()) < 2_048
+    assert sum("output format broke" in r.getMessage() for r in caplog.records) == 1

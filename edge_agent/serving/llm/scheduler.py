@@ -18,7 +18,8 @@ of allowed tokens for the next step is computed on a helper thread while the eng
 
 A failing engine call fails only the requests in that call, and an output format that breaks while
 its row generates (``grammar.FormatError``) fails only that row; the loop keeps serving. One that
-cannot start is refused at ``submit``, before admission. The queue is
+cannot start is refused at ``submit``, before admission. Either costs one short log line, at most
+one per ``LOG_EVERY_S`` per kind (``LogLimiter``). The queue is
 bounded (``Overloaded`` at submit), waiting is bounded (``DeadlineExceeded``), and a handle can be
 cancelled at any time. Handles are thread-safe: any thread may submit, read and cancel.
 """
@@ -42,6 +43,7 @@ from ...models.kv_slots import SlotCache
 from ...models.llm import DecoderLM
 from ...models.sampling import Sampler, SamplingParams, find_stop, logprobs_of, repeated_too_often
 from ...models.tokenizer import StreamDecoder
+from ...telemetry.remote_commands import LogLimiter
 from ..batch_wait import AdaptiveWait
 from .admission import Limits, plan_admission
 from .handle import Completion, RequestHandle, TokenEvent, TokenLogprob
@@ -122,6 +124,7 @@ class LLMScheduler:
         self._masker: ThreadPoolExecutor | None = None  # output-format masks, made while the engine runs
         timeout_s = limits.batch_timeout_ms / 1e3
         self._wait = AdaptiveWait(timeout_s) if limits.adaptive and timeout_s > 0 else None
+        self._limited = LogLimiter(clock=clock)  # a flood of bad formats costs a line per period, not per request
         self.steps = 0  # decode steps run (progress, for the watchdog)
 
     def start(self) -> LLMScheduler:
@@ -152,7 +155,11 @@ class LLMScheduler:
         self.lm.check_prompt(prompt_ids, params.max_new_tokens)
         # Compiling the output format and its first mask happens here, on the caller's thread, never on
         # the device thread; a format that cannot start is refused before it could join a batch.
-        constraint = self.lm.token_vocab.constraint(params.grammar) if params.grammar else None
+        try:
+            constraint = self.lm.token_vocab.constraint(params.grammar) if params.grammar else None
+        except FormatError as exc:
+            self._limited(logging.WARNING, "format_refused", "%s: output format refused: %s", self.lm.ref.name, exc)
+            raise
         now = self.clock()
         with self._cond:
             if self._stopping:
@@ -350,6 +357,15 @@ class LLMScheduler:
 
     def _format_broke(self, seq: _Sequence, exc: FormatError) -> None:
         """``seq``'s own output format broke: it fails with that error, nobody else hears of it."""
+        self._limited(
+            logging.WARNING,
+            "format_failed",
+            "%s: request %d failed after %d tokens: %s",
+            self.lm.ref.name,
+            seq.handle.id,
+            len(seq.generated),
+            exc,
+        )
         self._fail([seq], exc)
 
     def _finish_reason(self, seq: _Sequence, token: int, now: float) -> str | None:
