@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from .backends import npu as npu_backend
 from .backends.probe import run_probe
 
 SECTIONS = ("system", "python", "jetson", "cuda", "tensorrt", "openvino", "onnxruntime", "audio", "build")
@@ -279,17 +280,22 @@ def _openvino(timeout_s: float) -> Entry:
             "absent", detail="not installed: pip install 'edge-agent[openvino]'", data={"npu_nodes": npu_nodes}
         )
     run = run_probe(_OPENVINO_CODE, timeout_s, "openvino")
-    data = {"npu_nodes": npu_nodes, **run.data}
+    emulation = npu_backend.emulation()
+    data = {"npu_nodes": npu_nodes, "npu_emulation": emulation, **run.data}
     if run.error:
         return Entry("error", detail=run.error, data=data)
     devices: dict[str, str] = run.data.get("devices", {})
     npu = "NPU driver " + ("present" if npu_nodes else "absent (/dev/accel/accel* missing)")
+    if emulation != "off":
+        npu += f"; NPU emulated on the CPU (npu_emulation = {emulation})"
     entry = Entry(
         "ok",
         str(run.data.get("version")).split("-")[0],
         ", ".join(f"{d}: {n}" for d, n in devices.items()) + f"; {npu}",
         data,
     )
+    if emulation != "off":
+        entry.warnings.append(npu_backend.describe())
     if npu_nodes and "NPU" not in devices:
         entry.warnings.append(
             "an NPU device node exists but OpenVINO lists no NPU: install the NPU user-space "

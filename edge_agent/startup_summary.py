@@ -59,6 +59,10 @@ def startup_lines(settings: Settings, config: str | Path | None) -> list[str]:
         tiers = getattr(settings.models, workload)
         described = " > ".join(f"{t.name} ({t.model}, {t.backend}/{t.device}, {t.precision})" for t in tiers)
         lines.append(f"{workload} tiers: {described or '(none)'}")
+    if settings.device.npu_emulation != "off":
+        from .backends.npu import describe
+
+        lines.append(f"WARNING: {describe()}")
     backends = dict.fromkeys(t.backend for t in settings.models.llm + settings.models.asr)
     lines.append("backends: " + (", ".join(_runtime(b) for b in backends) or "(none)"))
     api = str(settings.api.unix_socket) if settings.api.unix_socket else f"{settings.api.host}:{settings.api.port}"

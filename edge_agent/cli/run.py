@@ -56,7 +56,10 @@ def run(config: str | None, log_format: str | None = None, log_level: str | None
     lock = StateLock(state_dirs(settings)).acquire()
     try:
         for line in startup_lines(settings, config):
-            log.info("%s", line)
+            if line.startswith("WARNING: "):
+                log.warning("%s", line.removeprefix("WARNING: "))
+            else:
+                log.info("%s", line)
         return _serve(Agent(settings, config))
     finally:
         lock.release()

@@ -59,6 +59,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ..backends.npu import LlmShape
 from ..config import validation_problems
 from ..errors import ConfigError
 from ..shipped import engines_dir
@@ -156,6 +157,20 @@ class Profile(_Strict):
         return self.targets is None or target in self.targets
 
 
+class NpuLlmSpec(_Strict):
+    """``[npu_llm]``: what the NPU plugin's LLM mode compiles for this model. The NPU pads every prompt
+    to ``max_prompt`` and keeps ``max_prompt + min_response`` tokens of KV (both multiples of 64, as the
+    plugin rounds them); a longer prompt is fed on in generate steps of ``generate_tokens``."""
+
+    max_prompt: int = Field(1024, ge=64, le=32768, multiple_of=64, description="tokens prefilled at once")
+    min_response: int = Field(128, ge=64, le=32768, multiple_of=64, description="KV room kept after the prompt")
+    generate_tokens: int = Field(1, ge=1, le=64, description="tokens one generate step takes")
+    weights: Literal["int4", "fp16"] = Field("int4", description="the weight format the NPU wants (INT4 symmetric)")
+
+    def shape(self) -> LlmShape:
+        return LlmShape(self.max_prompt, self.min_response, self.generate_tokens)
+
+
 class Recipe(_Strict):
     """How to build a model's engines: targets, precisions, calibration, held-out data and the budget."""
 
@@ -170,6 +185,7 @@ class Recipe(_Strict):
     accuracy: AccuracyBudget = Field(default_factory=AccuracyBudget)
     weight_only: WeightOnlySpec | None = Field(None, description="int8w / int4 settings (defaults when absent)")
     profiles: list[Profile] = Field(default_factory=list)
+    npu_llm: NpuLlmSpec | None = Field(None, description="the NPU's LLM mode (defaults when absent)")
     kv_layout: Literal["inplace", "plain"] = Field(
         "inplace",
         description="ONNX Runtime LLM engines of plain exports: in-place KV (GroupQueryAttention) or as exported",
@@ -241,6 +257,7 @@ class Recipe(_Strict):
         An absent ``[weight_only]`` is left out, so recipes without one keep the keys they had."""
         # kv_layout is in the key as key_parts["layout"], only for builds that convert.
         exclude = {"source", "kv_layout"} | ({"weight_only"} if self.weight_only is None else set())
+        exclude |= {"npu_llm"} if self.npu_llm is None else set()
         return json.loads(self.model_dump_json(exclude=exclude))
 
 

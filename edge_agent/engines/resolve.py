@@ -130,7 +130,11 @@ class EngineResolver:
         """Open what ``resolve`` chose for ``tier``: the cached engine, else the model folder."""
         if resolved.engine is None:
             options = SessionOptions(
-                device=tier.device, threads=device_threads, precision=tier.precision, cache_dir=self.cache.root
+                device=tier.device,
+                threads=device_threads,
+                precision=tier.precision,
+                cache_dir=self.cache.root,
+                extra=npu_llm_options(resolved.source, tier),
             )
             lm = DecoderLM.open(resolved.source, tier.backend, options)
             log.info("tier %r serves its model folder %s (%s)", tier.name, resolved.source.path, resolved.why_plain)
@@ -153,6 +157,26 @@ class EngineResolver:
             return (found[-1] / "QUARANTINED").read_text().strip() if found else "failed verification"
         except OSError:
             return "failed verification"
+
+
+def npu_llm_options(source: ModelRef, tier: TierConfig) -> dict[str, object]:
+    """For an LLM tier on the NPU: the plugin's LLM mode as the model's recipe gives it (``[npu_llm]``;
+    the defaults without one) and the model's sliding window; nothing for other devices."""
+    from ..backends import npu
+    from .recipes import load_recipe, recipe_files
+
+    if tier.backend != "openvino" or not npu.is_npu(tier.device):
+        return {}
+    shape = npu.LlmShape()
+    for path in recipe_files():
+        try:
+            recipe = load_recipe(path)
+        except Exception:  # a broken recipe of another model must not stop this tier
+            continue
+        if recipe.workload == "llm" and same_model(recipe, tier.model):
+            shape = recipe.npu_llm.shape() if recipe.npu_llm else shape
+            break
+    return {"npu_llm": shape, "sliding_window": source.config.get("sliding_window")}
 
 
 def _layout(entry: Entry) -> str:

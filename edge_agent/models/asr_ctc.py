@@ -23,12 +23,13 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from ..backends import Session, SessionOptions, open_session
+from ..backends import Session, SessionOptions, npu, open_session
 from ..errors import ModelError
 from .catalog import ModelRef
 from .ctc_decode import CtcVocab, Decoder, GreedyDecoder, log_softmax
@@ -73,6 +74,8 @@ class CtcRecognizer:
         self.sample_rate = int(pre.get("sampling_rate", 16000))
         if self.sample_rate != 16000:
             raise ModelError(f"{ref.name}: sampling_rate {self.sample_rate}; the agent feeds 16 kHz audio")
+        # static input shapes (the NPU): every call is [batch, frames] exactly (see _run_fixed)
+        self.fixed_shape: tuple[int, int] | None = None
         if self.stateful:
             self.kind = "streaming-ctc"
             self._init_stateful(pre)
@@ -116,6 +119,15 @@ class CtcRecognizer:
                     )
                 self.state_shapes[spec.name] = tuple(int(d) for d in shape)
         self.max_utterance_s = float("inf")  # state carries context; no window to outgrow
+        features = next((spec for spec in self.session.inputs if spec.name == "features"), None)
+        if features is not None and features.is_static:
+            batch, frames = int(features.shape[0]), int(features.shape[1])  # type: ignore[arg-type]  # static
+            if frames % self.subsampling:
+                raise ModelError(f"{self.ref.name}: a static chunk of {frames} frames is not whole subsampling groups")
+            # Only whole chunks run while the audio goes on (a padded one would carry padding in the state);
+            # the tail is padded to whole chunks and the padding's output frames dropped.
+            self.fixed_shape = (batch, frames)
+            self.chunk_frames = self.min_chunk_frames = frames
 
     @classmethod
     def open(
@@ -130,6 +142,9 @@ class CtcRecognizer:
         path = Path(ref.path) / "model.onnx"
         if not path.is_file():
             raise ModelError(f"{ref.path}: missing model.onnx")
+        options = options or SessionOptions()
+        if backend == "openvino" and npu.is_npu(options.device) and not options.static_shapes:
+            options = replace(options, static_shapes=npu_chunk_shapes(ref))
         session = open_session(path, backend, options, warmup=lambda s: None)
         engine = cls(ref, session, decoder, beam_width)
         engine.transcribe(np.zeros(engine.sample_rate // 2, np.float32))  # real warm-up: first request is honest
@@ -211,6 +226,9 @@ class CtcRecognizer:
     # -- stateful: chunks with carried state -------------------------------------------------
 
     def _run_chunks(self, streams: list[CtcStream], chunks: list[np.ndarray]) -> None:
+        if self.fixed_shape is not None:
+            self._run_fixed(streams, chunks, *self.fixed_shape)
+            return
         feeds = {"features": np.stack(chunks).astype(np.float32)}
         for name in self.state_shapes:
             feeds[name] = np.concatenate([s.state[name] for s in streams])
@@ -219,6 +237,30 @@ class CtcRecognizer:
             for name in self.state_shapes:
                 s.state[name] = out[name.replace("state_in.", "state_out.", 1)][j : j + 1]
             s.decoder.advance(out["log_probs"][j])
+
+    def _run_fixed(self, streams: list[CtcStream], chunks: list[np.ndarray], batch: int, frames: int) -> None:
+        """``_run_chunks`` on static shapes: streams in groups of ``batch`` (empty rows padded with zero
+        state), chunks in pieces of ``frames`` (the state carried from one to the next); a short piece is
+        padded and only the output frames of its real frames are kept."""
+        pad = self.feature_cfg.padding_value
+        for first in range(0, len(streams), batch):
+            group, parts = streams[first : first + batch], chunks[first : first + batch]
+            for offset in range(0, max(c.shape[0] for c in parts), frames):
+                rows = [(s, c[offset : offset + frames]) for s, c in zip(group, parts) if c.shape[0] > offset]
+                feats = np.full((batch, frames, self.feature_cfg.num_mel_bins), pad, np.float32)
+                feeds: dict[str, np.ndarray] = {"features": feats}
+                for j, (_s, piece) in enumerate(rows):
+                    feats[j, : piece.shape[0]] = piece
+                for name, shape in self.state_shapes.items():
+                    state = np.zeros((batch, *shape), np.float32)
+                    for j, (s, _piece) in enumerate(rows):
+                        state[j] = s.state[name][0]
+                    feeds[name] = state
+                out = self.session.run(feeds)
+                for j, (s, piece) in enumerate(rows):
+                    for name in self.state_shapes:
+                        s.state[name] = out[name.replace("state_in.", "state_out.", 1)][j : j + 1]
+                    s.decoder.advance(out["log_probs"][j][: piece.shape[0] // self.subsampling])
 
     def _tail(self, s: CtcStream) -> np.ndarray:
         cfg, sub = self.feature_cfg, self.subsampling
@@ -299,8 +341,8 @@ class CtcRecognizer:
 
             s = self.new_stream()
             s.feat_buf = log_mel(x, self.feature_cfg)
-            feeds = {"features": self._tail(s)[None], **s.state}
-            decoder.advance(self.session.run(feeds)["log_probs"][0])
+            s.decoder = decoder
+            self._run_chunks([s], [self._tail(s)])
         elif x.size >= self.min_samples:
             decoder.advance(log_softmax(self._logits([x])[0]))
         decoder.finish()
@@ -315,11 +357,43 @@ class CtcRecognizer:
 
             s = self.new_stream()
             s.feat_buf = log_mel(x, self.feature_cfg)
+            if self.fixed_shape is not None:  # through static chunks, the frames collected as they come
+                frames: list[np.ndarray] = []
+                s.decoder = _Collect(frames)  # type: ignore[assignment]  # only advance() is called
+                self._run_chunks([s], [self._tail(s)])
+                return np.concatenate(frames)
             return self.session.run({"features": self._tail(s)[None], **s.state})["log_probs"][0]
         return self._logits([x])[0]
 
     def close(self) -> None:
         self.session.close()
+
+
+class _Collect:
+    """A decoder stand-in that keeps the log-prob frames it is given (``frame_scores``)."""
+
+    def __init__(self, frames: list[np.ndarray]) -> None:
+        self.frames = frames
+
+    def advance(self, log_probs: np.ndarray) -> None:
+        self.frames.append(log_probs)
+
+
+def npu_chunk_shapes(ref: ModelRef) -> dict[str, tuple[int, ...]]:
+    """The static shapes a streaming CTC model runs with on the NPU: one stream, one chunk of its own
+    ``chunk_frames`` (the tail is padded to whole chunks), its states."""
+    cfg = ref.config
+    if ref.model_type != "streaming-ctc" or "state_shapes" not in cfg:
+        raise ModelError(
+            f"{ref.name}: the NPU runs static shapes; only streaming CTC models (config.json chunk_frames and "
+            "state_shapes) give them on their own: build an engine for target intel-npu for this one"
+        )
+    pre = read_json(Path(ref.path) / "preprocessor_config.json")
+    mels = int(pre.get("feature_size") or pre.get("num_mel_bins") or 80)
+    shapes: dict[str, tuple[int, ...]] = {"features": (1, int(cfg.get("chunk_frames", 32)), mels)}
+    for name, shape in cfg["state_shapes"].items():
+        shapes[name] = (1, *(int(d) for d in shape))
+    return shapes
 
 
 def _receptive_field(config: dict) -> int:

@@ -143,6 +143,10 @@ def from_doctor(report: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 "npu_nodes": data.get("npu_nodes", []),
                 **({"npu_driver": data["npu_driver"]} if data.get("npu_driver") else {}),
             }
+            emulation = data.get("npu_emulation", "off")
+            if emulation != "off" or "NPU" in data.get("devices", {}):
+                # an emulated NPU is never mistaken for silicon by whoever reads meta
+                accelerators["npu"] = {"emulated": emulation != "off", "emulation": emulation}
         elif section == "onnxruntime":
             accelerators[section] = {"providers": data.get("providers", [])}
         else:
