@@ -12,7 +12,10 @@ becomes a ``pin_tier`` / ``unpin_tier`` request handed to the device's command p
 allow-list (``telemetry.commands_allowed``), the signing rule (``telemetry.fleet_public_key``: a plain
 choice is unsigned and refused) and the ledger apply as to any fleet command; its responses go to
 ``cmd/<name>/res``. The select is left out when it could not work (pin/unpin not allowed, or a fleet
-key is set).
+key is set). A flood of choices is treated as a flood of commands: its log lines go through the
+command path's per-reason limit (``remote_commands.LogLimiter``: one line per command per
+``LOG_EVERY_S``, the next saying how many were held back), and a choice that finds the command
+queue full is dropped and counted in ``commands_dropped`` (``queue_full``) like any command.
 
 Removal: the topics published are remembered in a small file beside the spool; when discovery is
 turned off (or an entity is no longer offered) the next birth clears them with empty retained
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .client import Incoming, Outgoing
+from .remote_commands import LogLimiter
 
 log = logging.getLogger(__name__)
 
@@ -117,11 +121,13 @@ class Discovery:
         select_allowed: bool,
         submit: Callable[[Incoming], None] | None,
         wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.enabled, self.ha_prefix, self.topic = enabled, ha_prefix.rstrip("/"), topic
         self.device_id, self.version, self.marker = device_id, version, marker
         self.select_allowed = select_allowed and submit is not None
         self.submit, self.wall = submit, wall
+        self.limited = LogLimiter(clock=clock, logger=log)
         self.node = "edge_agent_" + _UNSAFE.sub("_", device_id)
         self._ids = itertools.count(1)
 
@@ -226,7 +232,7 @@ class Discovery:
         if self.submit is None or not self.select_allowed:
             return
         if msg.retain:  # a retained choice would re-pin at every reconnect, long after someone chose it
-            log.warning("ignored a retained Home Assistant tier choice on %s", msg.topic)
+            self.limited(logging.WARNING, "retained", "ignored a retained Home Assistant tier choice on %s", msg.topic)
             return
         choice = msg.payload[:64].decode("utf-8", "replace").strip()
         if choice == AUTO:
@@ -235,5 +241,6 @@ class Discovery:
             name, args = "pin_tier", {"workload": workload, "tier": choice}
         cmd_id = f"ha-{int(self.wall() * 1000)}-{next(self._ids)}"
         body = json.dumps({"cmd_id": cmd_id, "args": args}).encode()
-        log.info("Home Assistant asks %s %s (%s)", name, args, cmd_id)
+        # Keyed by command, never by the topic's workload: the limiter's keys must not grow with a flood.
+        self.limited(logging.INFO, name, "Home Assistant asks %s %s (%s)", name, args, cmd_id)
         self.submit(Incoming(self.topic(f"cmd/{name}/req"), body, None, None, None, False))

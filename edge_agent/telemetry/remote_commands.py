@@ -68,10 +68,17 @@ LOG_EVERY_S = 10.0  # a flood of one kind of bad message logs one line (with a c
 
 class LogLimiter:
     """At most one log line per ``period_s`` per key; the next line that gets through says how many
-    were held back, so a flood costs a line per period instead of a line per message."""
+    were held back, so a flood costs a line per period instead of a line per message. Keys must come
+    from a fixed set (never from a message), so the limiter's memory stays bounded too. Used for every
+    message that reaches the command path: fleet commands, ``desired`` and Home Assistant's select."""
 
-    def __init__(self, period_s: float = LOG_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self.period_s, self.clock = period_s, clock
+    def __init__(
+        self,
+        period_s: float = LOG_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+        logger: logging.Logger = log,
+    ) -> None:
+        self.period_s, self.clock, self.log = period_s, clock, logger
         self._last: dict[str, float] = {}
         self._held: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -87,7 +94,7 @@ class LogLimiter:
             held = self._held.pop(key, 0)
         if held and last is not None:
             fmt, args = fmt + " (and %d more like it in the last %.0f s)", (*args, held, now - last)
-        log.log(level, fmt, *args)
+        self.log.log(level, fmt, *args)
         return True
 
 
