@@ -32,15 +32,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 
 from ...errors import DeadlineExceeded, EdgeAgentError, Overloaded, Unavailable
 from ...metrics.timing import RequestTiming, TimingRecorder
 from ...models.grammar import Constraint, FormatError
-from ...models.kv_batch import DecodeBatch
-from ...models.kv_slots import SlotCache
-from ...models.llm import DecoderLM
+from ...models.llm import DecoderLM, KvBatch
 from ...models.sampling import Sampler, SamplingParams, find_stop, logprobs_of, repeated_too_often
 from ...models.tokenizer import StreamDecoder
 from ...telemetry.remote_commands import LogLimiter
@@ -109,10 +108,12 @@ class LLMScheduler:
         on_finished: Callable[[RequestTiming], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if lm.max_rows is not None and limits.max_batch > lm.max_rows:  # a stateful model: one sequence
+            limits = replace(limits, max_batch=lm.max_rows, preferred_batch_sizes=(lm.max_rows,))
         self.lm, self.limits, self.clock = lm, limits, clock
         self.on_finished = on_finished
         self._waiting: deque[_Sequence] = deque()
-        self._batch: DecodeBatch[_Sequence] | SlotCache[_Sequence] = lm.new_batch(limits.max_batch)
+        self._batch: KvBatch = lm.new_batch(limits.max_batch)
         lm.warm_slots(self._batch)  # here, on the loading thread, not in the first requests' prefills
         self._prefills: Prefills[_Sequence] = Prefills(
             lm, limits.prefill_chunk_tokens, limits.prefill_together
