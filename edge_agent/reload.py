@@ -13,7 +13,8 @@ import logging
 from typing import TYPE_CHECKING
 
 from . import logsetup
-from .config import ASR_SLA_METRICS, Settings, load_settings
+from .config import Settings, load_settings
+from .config.sla import sla_metric_problem
 from .errors import ConfigError
 from .serving.tier_policy import overlay, policy_from_config
 
@@ -81,7 +82,7 @@ def reload(agent: Agent) -> str:
         if controller is None:
             continue
         base, sla = policy(), fleet_sla.get(workload)
-        if sla is not None and (workload != "asr" or sla.metric in ASR_SLA_METRICS):
+        if sla is not None and sla_metric_problem(workload, sla.metric) is None:
             base, window_s = overlay(base, sla), sla.window_s
         controller.set_policy(base, window_s, source="file")
         controller.evaluate_every_s = every_s

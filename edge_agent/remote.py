@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .config import ASR_SLA_METRICS
+from .config.sla import sla_metric_problem
 from .errors import EdgeAgentError
 from .serving.tier_policy import overlay
 
@@ -60,8 +60,9 @@ class RemoteTarget:
         controller = self._controller(workload)
         if controller is None:
             raise EdgeAgentError(f"no SLA controller for workload {workload!r} on this device")
-        if workload == "asr" and sla.metric not in ASR_SLA_METRICS:
-            raise EdgeAgentError(f"the ASR SLA metric must be one of {', '.join(ASR_SLA_METRICS)}, not {sla.metric!r}")
+        problem = sla_metric_problem(workload, sla.metric)  # the command path checks first; this guards any caller
+        if problem is not None:
+            raise EdgeAgentError(problem)
         controller.set_policy(overlay(controller.policy, sla), sla.window_s, source=source)
         return {"sla": sla.model_dump()}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typing
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .base import Section
 
@@ -32,6 +32,25 @@ SLA_PRESETS: dict[SlaPreset, dict[str, Any]] = {
 
 AsrSlaMetric = Literal["first_partial_ms", "final_ms"]
 ASR_SLA_METRICS: tuple[str, ...] = typing.get_args(AsrSlaMetric)
+# What each workload's tier controller gets samples of (an LLM request's timing, an ASR utterance):
+# an SLA on anything else would never see a sample, so its controller would never act.
+LLM_SLA_METRICS: tuple[str, ...] = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
+SLA_METRICS: dict[str, tuple[str, ...]] = {"llm": LLM_SLA_METRICS, "asr": ASR_SLA_METRICS}
+
+
+def sla_metric_problem(workload: str, metric: str) -> str | None:
+    """Why ``metric`` cannot be ``workload``'s SLA metric, or None when it can. The one check for every
+    way an SLA arrives: the config file (``SlaConfig``, ``AsrSlaConfig``), a ``set_sla`` command (the
+    command processor and ``RemoteTarget.set_sla``), a ``desired`` document, and a reload."""
+    allowed = SLA_METRICS.get(workload)
+    if allowed is None:
+        return f"no SLA for workload {workload!r}; SLAs exist for {', '.join(SLA_METRICS)}"
+    if metric in allowed:
+        return None
+    return (
+        f"the {workload.upper()} SLA metric must be one of {', '.join(allowed)}, not {metric!r}: the "
+        f"{workload.upper()} tier controller gets no samples of it, so it would never act"
+    )
 
 
 class _SlaPolicy(Section):
@@ -59,6 +78,17 @@ class _SlaPolicy(Section):
                     object.__setattr__(self, key, value)
         return self
 
+    def _check_preset_metric(self, workload: str, metric: str) -> None:
+        """A preset's metric bypasses field validation (an explicit one is checked on its field, with
+        its path): an LLM preset under ``[sla.asr]`` or an ASR one under ``[sla]`` is refused here."""
+        problem = sla_metric_problem(workload, metric)
+        if problem is not None:
+            fitting = [n for n, p in SLA_PRESETS.items() if sla_metric_problem(workload, p["metric"]) is None]
+            raise ValueError(
+                f"preset {self.preset!r} sets metric {metric!r}: {problem}; presets for "
+                f"{workload.upper()}: {', '.join(fitting)}"
+            )
+
 
 class AsrSlaConfig(_SlaPolicy):
     """``[sla.asr]``: the ASR tier ladder's policy (AI customer-service ASR: first partial ≤ 300 ms, P95).
@@ -70,13 +100,7 @@ class AsrSlaConfig(_SlaPolicy):
 
     @model_validator(mode="after")
     def _asr_metric(self) -> AsrSlaConfig:
-        # A preset's metric bypasses field validation: an LLM preset here would watch a metric ASR never has.
-        if self.metric not in ASR_SLA_METRICS:
-            asr = [n for n, p in SLA_PRESETS.items() if p["metric"] in ASR_SLA_METRICS]
-            raise ValueError(
-                f"preset {self.preset!r} sets metric {self.metric!r}, not an ASR metric "
-                f"({', '.join(ASR_SLA_METRICS)}); ASR presets: {', '.join(asr)}"
-            )
+        self._check_preset_metric("asr", self.metric)
         return self
 
 
@@ -90,3 +114,17 @@ class SlaConfig(_SlaPolicy):
     min_token_cap_ratio: float = Field(0.25, gt=0, le=1)
     max_temp_c: float | None = Field(None, gt=0, le=150, description="opt-in: a lighter tier at this temperature")
     asr: AsrSlaConfig = Field(default_factory=AsrSlaConfig)
+
+    @field_validator("metric")
+    @classmethod
+    def _llm_metric(cls, value: str) -> str:
+        # The wider literal is the wire's (SlaSpec); what the LLM controller measures is narrower.
+        problem = sla_metric_problem("llm", value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @model_validator(mode="after")
+    def _llm_preset_metric(self) -> SlaConfig:
+        self._check_preset_metric("llm", self.metric)
+        return self

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from ..config.sla import sla_metric_problem
 from .client import Incoming
 from .command_args import describe
 from .schema import Desired
@@ -123,6 +124,11 @@ class DesiredOverlay:
         """Check, then apply every SLA and pin of ``desired``; sets ``desired_error`` / ``desired_in_force``."""
         tiers = self.target.tiers()
         problems = [f"sla.{w}: unknown workload" for w in desired.sla if w not in tiers]
+        problems += [
+            f"sla.{w}.metric: {problem}"
+            for w, sla in desired.sla.items()
+            if w in tiers and (problem := sla_metric_problem(w, sla.metric)) is not None
+        ]
         problems += [
             f"pins.{w}: tier {t!r} is not configured"
             for w, t in desired.pins.items()

@@ -43,6 +43,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ..config.sla import sla_metric_problem
 from .client import Incoming
 from .command_args import (
     ALLOWED,
@@ -387,6 +388,10 @@ class CommandProcessor(DesiredOverlay):
                 f"tier {args.tier!r} is not configured for {args.workload}; "
                 f"configured: {', '.join(tiers[args.workload])}"
             )
+        if isinstance(args, SetSlaArgs):
+            problem = sla_metric_problem(args.workload, args.sla.metric)
+            if problem is not None:  # refused before it runs: the controller would never get a sample
+                raise Rejected(f"args.sla.metric: {problem}")
         if isinstance(args, RebuildArgs) and args.recipe not in self.target.recipes():
             raise Rejected(
                 f"recipe {args.recipe!r} is not configured; configured: {', '.join(self.target.recipes()) or '(none)'}"
