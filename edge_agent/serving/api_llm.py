@@ -25,6 +25,7 @@ import json
 import logging
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -51,13 +52,24 @@ async def read_request(request: web.Request, model: type[GenerateRequest], max_b
     return await asyncio.get_running_loop().run_in_executor(None, parse, raw, model)
 
 
-def _prepare(llm: TieredLLM, body: GenerateRequest) -> tuple[RequestHandle, openai_output.Plan]:
-    """On the executor: the output format compiled, the prompt measured, tokenized and admitted."""
+def _prepare(llm: TieredLLM, body: GenerateRequest) -> tuple[list[RequestHandle], openai_output.Plan]:
+    """On the executor: the output format compiled, the prompt measured, tokenized and admitted, once
+    per choice (``n``). Choice ``i`` of a seeded request draws with ``seed + i``: the choices differ
+    but a rerun gives the same ones. If one choice cannot be admitted, the ones already admitted are
+    cancelled and the request fails as a whole."""
     plan = openai_output.plan(body)
+    handles: list[RequestHandle] = []
     try:
-        return llm.submit(plan.prompt, plan.params, raw=not isinstance(body, ChatRequest)), plan
-    except FormatError as exc:
+        for i in range(body.n):
+            params = (
+                plan.params if i == 0 or plan.params.seed is None else replace(plan.params, seed=plan.params.seed + i)
+            )
+            handles.append(llm.submit(plan.prompt, params, raw=not isinstance(body, ChatRequest)))
+    except BaseException as exc:
+        for handle in handles:
+            handle.cancel()
         raise _named(exc, plan) from None
+    return handles, plan
 
 
 def _named(exc: BaseException, plan: openai_output.Plan) -> BaseException:
@@ -75,22 +87,24 @@ async def generate(
     loop = asyncio.get_running_loop()
     chat = isinstance(body, ChatRequest)
     try:
-        handle, plan = await loop.run_in_executor(None, functools.partial(_prepare, llm, body))
+        handles, plan = await loop.run_in_executor(None, functools.partial(_prepare, llm, body))
     except Exception as exc:
         if isinstance(exc, (Overloaded, DeadlineExceeded)):
             metrics.failed("llm", type(exc).__name__)
         return _from_exception(exc)
-    reply = _Reply(handle, plan, body, chat)
-    watcher = asyncio.create_task(_cancel_on_disconnect(request, handle, reply.ident))
+    reply = _Reply(handles, plan, body, chat)
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, handles, reply.ident))
     try:
-        events = _events(handle, loop)
+        events = _events(handles, loop)
         if body.stream:
             return await reply.stream(request, events)
         try:
             async for _ in events:
                 pass
-            done = handle.result(5)  # the events ended: it is finished
+            done = [h.result(5) for h in handles]  # the events ended: every choice is finished
         except Exception as exc:
+            for handle in handles:
+                handle.cancel()
             return _from_exception(_named(exc, plan))
         return reply.whole(done)
     finally:
@@ -98,10 +112,15 @@ async def generate(
 
 
 class _Reply:
-    """One response in OpenAI's shape, whole or as SSE chunks."""
+    """One response in OpenAI's shape, whole or as SSE chunks: one choice per request handle, in
+    ``index`` order. Envelope, top-level ``timings`` and ``warnings`` are the first choice's; with
+    ``n > 1`` each choice also carries its own ``timings``."""
 
-    def __init__(self, handle: RequestHandle, plan: openai_output.Plan, body: GenerateRequest, chat: bool) -> None:
-        self.handle, self.plan, self.chat = handle, plan, chat
+    def __init__(
+        self, handles: list[RequestHandle], plan: openai_output.Plan, body: GenerateRequest, chat: bool
+    ) -> None:
+        self.handles, self.plan, self.chat = handles, plan, chat
+        self.handle = handles[0]
         self.ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.requested = body.requested_max_tokens
@@ -119,45 +138,50 @@ class _Reply:
             "system_fingerprint": h.engine,
         }
 
-    def _extras(self, done: Completion) -> dict[str, Any]:
+    def _extras(self, done: Completion, index: int = 0) -> dict[str, Any]:
+        handle = self.handles[index]
         out: dict[str, Any] = {}
         if self.want_timings:
-            out["timings"] = openai_output.timings(self.handle, done.timing, self.requested)
-        warning = openai_output.clamp_warning(self.handle, self.requested)
+            out["timings"] = openai_output.timings(handle, done.timing, self.requested)
+        warning = openai_output.clamp_warning(handle, self.requested)
         if warning:
             out["warnings"] = [warning]
         return out
 
     @staticmethod
-    def _usage(done: Completion) -> dict[str, int]:
-        n = len(done.token_ids)
-        return {
-            "prompt_tokens": done.timing.tokens_in,
-            "completion_tokens": n,
-            "total_tokens": done.timing.tokens_in + n,
-        }
+    def _usage(done: list[Completion]) -> dict[str, int]:
+        # OpenAI counts the prompt once however many choices were drawn from it
+        prompt = done[0].timing.tokens_in
+        n = sum(len(d.token_ids) for d in done)
+        return {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
 
-    def whole(self, done: Completion) -> web.Response:
+    def _choice(self, index: int, done: Completion) -> dict[str, Any]:
         reason = FINISH.get(done.finish_reason, "stop")
         logprobs = self.plan.params.logprobs is not None
         choice: dict[str, Any]
         if self.chat:
             message: dict[str, Any] = {"role": "assistant", "content": done.text, "refusal": None}
-            call = openai_output.tool_call(done.text) if self.plan.tools else None
-            if call is not None:
-                message.update(content=None, tool_calls=[call])
-                reason = "tool_calls"
-            choice = {"index": 0, "message": message}
+            if self.plan.tools:
+                content, call, complete = openai_output.split_tool_call(done.text)
+                if call is not None:
+                    message.update(content=content, tool_calls=[call])
+                    reason = "tool_calls" if complete else reason
+            choice = {"index": index, "message": message}
             choice["logprobs"] = openai_output.chat_logprobs(done.logprobs) if logprobs else None
         else:
             lp = openai_output.completion_logprobs(done.logprobs, len(self.echo)) if logprobs else None
-            choice = {"index": 0, "text": self.echo + done.text, "logprobs": lp}
+            choice = {"index": index, "text": self.echo + done.text, "logprobs": lp}
         choice["finish_reason"] = reason
+        if len(self.handles) > 1 and self.want_timings:
+            choice["timings"] = openai_output.timings(self.handles[index], done.timing, self.requested)
+        return choice
+
+    def whole(self, done: list[Completion]) -> web.Response:
         body = {
             **self._envelope("chat.completion" if self.chat else "text_completion"),
-            "choices": [choice],
+            "choices": [self._choice(i, d) for i, d in enumerate(done)],
             "usage": self._usage(done),
-            **self._extras(done),
+            **self._extras(done[0]),
         }
         headers = {}
         if "timings" in body:
@@ -165,65 +189,78 @@ class _Reply:
         return web.json_response(body, headers=headers)
 
     async def stream(self, request: web.Request, events) -> web.StreamResponse:
-        handle = self.handle
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         envelope = self._envelope("chat.completion.chunk" if self.chat else "text_completion")
         logprobs = self.plan.params.logprobs is not None
-        calls = openai_output.ToolCallStream() if self.plan.tools else None
+        n = len(self.handles)
+        calls = [openai_output.ToolCallStream() if self.plan.tools else None for _ in range(n)]
+        offsets = [len(self.echo)] * n
+        done: list[Completion | None] = [None] * n
 
         async def send(choice: dict | None, **extra: Any) -> None:
             chunk = {**envelope, "choices": [choice] if choice else [], **extra}
             await resp.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
 
-        def choice(delta: dict | None = None, text: str = "", lp=None, reason: str | None = None) -> dict:
+        def choice(index: int, delta: dict | None = None, text: str = "", lp=None, reason: str | None = None) -> dict:
             if self.chat:
-                return {"index": 0, "delta": delta or {}, "logprobs": lp, "finish_reason": reason}
-            return {"index": 0, "text": text, "logprobs": lp, "finish_reason": reason}
+                return {"index": index, "delta": delta or {}, "logprobs": lp, "finish_reason": reason}
+            return {"index": index, "text": text, "logprobs": lp, "finish_reason": reason}
+
+        async def finish(index: int) -> None:
+            result = done[index] = self.handles[index].result(5)  # its events ended: it is finished
+            reason = FINISH.get(result.finish_reason, "stop")
+            stream = calls[index]
+            if stream is not None:
+                for delta in stream.finish():
+                    await send(choice(index, delta))
+                if stream.kind == "call" and openai_output.tool_call(stream.text) is not None:
+                    reason = "tool_calls"
+            await send(choice(index, reason=reason), **self._extras(result, index))
 
         try:
             await resp.prepare(request)
-            if self.chat:
-                await send(choice({"role": "assistant", "content": ""}))
-            elif self.echo:
-                await send(choice(text=self.echo))
-            offset = len(self.echo)
-            async for event in events:
+            for i in range(n):
+                if self.chat:
+                    await send(choice(i, {"role": "assistant", "content": ""}))
+                elif self.echo:
+                    await send(choice(i, text=self.echo))
+            async for i, event in events:
+                if event is None:
+                    await finish(i)
+                    continue
                 lp = None
                 if logprobs and event.logprob is not None:
                     lp = (
                         openai_output.chat_logprobs([event.logprob])
                         if self.chat
-                        else openai_output.completion_logprobs([event.logprob], offset)
+                        else openai_output.completion_logprobs([event.logprob], offsets[i])
                     )
-                if calls is not None:
-                    for delta in calls.push(event.text):
-                        await send(choice(delta, lp=lp))
+                stream = calls[i]
+                if stream is not None:
+                    for delta in stream.push(event.text):
+                        await send(choice(i, delta, lp=lp))
                         lp = None
                     if lp is not None:
-                        await send(choice({}, lp=lp))
+                        await send(choice(i, {}, lp=lp))
                 elif event.text or lp is not None:
-                    await send(choice({"content": event.text}, event.text, lp))
-                offset += len(event.text)
-            done = handle.result(5)  # the events ended: it is finished
-            reason = FINISH.get(done.finish_reason, "stop")
-            if calls is not None:
-                for delta in calls.finish():
-                    await send(choice(delta))
-                if calls.kind == "call" and openai_output.tool_call(calls.text) is not None:
-                    reason = "tool_calls"
-            await send(choice(reason=reason), **self._extras(done))
+                    await send(choice(i, {"content": event.text}, event.text, lp))
+                offsets[i] += len(event.text)
             if self.include_usage:
-                await send(None, usage=self._usage(done))
+                await send(None, usage=self._usage([d for d in done if d is not None]))
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
-        except DISCONNECTS:  # the client went away: free its batch slot, say so once, no traceback
-            if not handle.cancelled:
-                handle.cancel()
+        except DISCONNECTS:  # the client went away: free its batch slots, say so once, no traceback
+            if not all(h.cancelled for h in self.handles):
+                for handle in self.handles:
+                    handle.cancel()
                 log.info("client went away: %s cancelled", self.ident)
         except asyncio.CancelledError:
-            handle.cancel()
+            for handle in self.handles:
+                handle.cancel()
             raise
         except EdgeAgentError as exc:  # a failure after the headers went out: report it in-band
+            for handle in self.handles:
+                handle.cancel()
             try:
                 await resp.write(
                     f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error'}})}\n\n".encode()
@@ -235,39 +272,48 @@ class _Reply:
         return resp
 
 
-async def _cancel_on_disconnect(request: web.Request, handle: RequestHandle, ident: str) -> None:
-    """Cancel ``handle`` as soon as the client's connection is gone (aiohttp does not cancel a
+async def _cancel_on_disconnect(request: web.Request, handles: list[RequestHandle], ident: str) -> None:
+    """Cancel ``handles`` as soon as the client's connection is gone (aiohttp does not cancel a
     handler by itself, and a non-streaming one writes nothing that could fail until the end)."""
     while True:
         await asyncio.sleep(DISCONNECT_POLL_S)
         transport = request.transport
         if transport is None or transport.is_closing():
-            if not handle.cancelled:
-                handle.cancel()
+            if not all(h.cancelled for h in handles):
+                for handle in handles:
+                    handle.cancel()
                 log.info("client went away: %s cancelled", ident)
             return
 
 
-def _events(handle: RequestHandle, loop: asyncio.AbstractEventLoop):
-    """An async iterator over a request handle's token events: the scheduler thread hands each one
-    to this loop (``RequestHandle.set_sink``), no thread in between."""
+def _events(handles: list[RequestHandle], loop: asyncio.AbstractEventLoop):
+    """An async iterator over the token events of one or more request handles, as ``(index, event)``
+    in arrival order, ``(index, None)`` once handle ``index`` has finished; it ends when all have.
+    The scheduler thread hands each event to this loop (``RequestHandle.set_sink``), no thread in
+    between. A handle that failed raises its error."""
     queue: asyncio.Queue = asyncio.Queue()
 
-    def sink(item) -> None:
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-        except RuntimeError:  # the API's loop is closed (the agent is stopping): nobody is reading
-            pass
+    def sink_for(index: int):
+        def sink(item) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, (index, item))
+            except RuntimeError:  # the API's loop is closed (the agent is stopping): nobody is reading
+                pass
 
-    handle.set_sink(sink)
+        return sink
+
+    for i, handle in enumerate(handles):
+        handle.set_sink(sink_for(i))
 
     async def events():
-        while True:
-            item = await queue.get()
+        open_ = len(handles)
+        while open_:
+            index, item = await queue.get()
             if item is None:
-                if handle._error is not None:
-                    raise handle._error
-                return
-            yield item
+                error = handles[index]._error
+                if error is not None:
+                    raise error
+                open_ -= 1
+            yield index, item
 
     return events()

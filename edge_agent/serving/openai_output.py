@@ -214,27 +214,64 @@ class ToolCallStream:
     def finish(self) -> list[dict]:
         """What is left once the generation ended (the arguments' last characters)."""
         if self.kind is None and self.text:
-            self.kind = "text"
-            return [{"content": self.text}]
+            # only a call starts with "{" (the text branch of tool_choice "auto" cannot): cut off
+            # (max_tokens) before its name was complete, it is still reported as a call
+            self.kind = "call" if self.text.startswith("{") else "text"
+            if self.kind == "text":
+                return [{"content": self.text}]
         return self._call_deltas(final=True) if self.kind == "call" else []
 
     def _call_deltas(self, final: bool) -> list[dict]:
         out = []
         body = self.text[len(_CALL_HEAD) :]
+        end = body.find(_ARGS_HEAD)
         if not self._named:
-            end = body.find(_ARGS_HEAD)
-            if end < 0:
+            if end < 0 and not final:
                 return []
             self._named = True
-            name = json.loads('"' + body[:end] + '"')
+            # tool names are [A-Za-z0-9_-] (openai_schema.ToolFunction): no escapes, the first '"' ends one;
+            # cut off (max_tokens) inside the name, the call is still reported, with the part written
+            name = body[:end] if end >= 0 else body.split('"', 1)[0]
             out.append({"index": 0, "id": self.id, "type": "function", "function": {"name": name, "arguments": ""}})
-        args = body[body.find(_ARGS_HEAD) + len(_ARGS_HEAD) :]
-        usable = len(args) - 1 if final and args.endswith("}") else len(args) - (0 if final else 1)
+        if end < 0:
+            return [{"tool_calls": [d]} for d in out]
+        args = body[end + len(_ARGS_HEAD) :]
+        # a finished call's last "}" closes the wrapper, not the arguments; a cut-off one has no such "}"
+        complete = final and _parses(self.text)
+        usable = len(args) - 1 if complete else len(args) - (0 if final else 1)
         piece = args[self._sent : max(self._sent, usable)]
         self._sent = max(self._sent, usable)
         if piece:
             out.append({"index": 0, "function": {"arguments": piece}})
         return [{"tool_calls": [d]} for d in out]
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
+def split_tool_call(text: str) -> tuple[str | None, dict | None, bool]:
+    """``(content, tool_calls entry, complete)`` for a whole generation in tools mode: the call as the
+    stream sends it (``ToolCallStream``), so both shapes agree. A call cut off by ``max_tokens`` is
+    still a call, its ``arguments`` the unfinished JSON written so far (``complete`` False); words
+    are ``(text, None, False)``."""
+    call = tool_call(text)
+    if call is not None:
+        return None, call, True
+    stream = ToolCallStream()
+    deltas = stream.push(text) + stream.finish()
+    if stream.kind != "call":
+        return text, None, False
+    fn = {"name": "", "arguments": ""}
+    for delta in deltas:
+        for entry in delta["tool_calls"]:
+            fn["name"] = entry["function"].get("name", fn["name"])
+            fn["arguments"] += entry["function"]["arguments"]
+    return None, {"id": stream.id, "type": "function", "function": fn}, False
 
 
 def _token_entry(token_bytes: bytes, logprob: float) -> dict:

@@ -1,7 +1,7 @@
 """The OpenAI request bodies the local API accepts, parsed strictly.
 
 Nothing is silently ignored: every field OpenAI defines for these endpoints is either honoured or
-refused with a 400 that names it (``store: true``, ``audio``, ``functions``, ``n: 2``, …), and a field
+refused with a 400 that names it (``store: true``, ``audio``, ``functions``, ``n: 9``, …), and a field
 OpenAI does not define is refused too. Labels that never change the output (``user``, ``metadata``,
 ``safety_identifier``, ``prompt_cache_key``) are accepted, as OpenAI does.
 
@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ..errors import InputError
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+MAX_CHOICES = 8  # n: each choice is a sequence of its own in the batch, so n is bounded like a burst of requests
 _NOT_SUPPORTED = {  # OpenAI fields the agent refuses unless they are absent or neutral, and why
     "audio": "audio output is not produced here",
     "prediction": "predicted outputs are not supported",
@@ -43,7 +44,7 @@ class GenerateRequest(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1)
     stop: str | list[str] | None = None
     seed: int | None = None
-    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description="choices, each a sequence of its own in the batch")
     stream: bool = False
     stream_options: StreamOptions | None = None
     frequency_penalty: float = Field(0.0, ge=-2, le=2)

@@ -122,7 +122,7 @@ def _post(server, path: str, body: bytes, token: str | None = TOKEN) -> tuple[in
         (b"[1, 2]", 400, "JSON object", None),
         (b'{"messages": []}', 400, "messages", None),
         (b'{"messages": [{"role": "wizard", "content": "hi"}]}', 400, "role", None),
-        (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', 400, "n", None),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "n": 9}', 400, "n", None),
         (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": -1}', 400, "temperature", None),
         (
             b'{"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4o"}',

@@ -292,7 +292,7 @@ def test_max_tokens_above_the_cap_is_clamped_and_the_response_says_so(client):
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"n": 2}, "n"),
+        ({"n": 9}, "n"),
         ({"store": True}, "store"),
         ({"frobnicate": 1}, "frobnicate"),
         ({"functions": [{"name": "f"}]}, "functions"),

@@ -1,0 +1,167 @@
+"""OpenAI compatibility gaps found by running llama.cpp's server tests against the local API, each
+checked through the official openai client against an in-process ApiServer on the demo models
+(demo-phi3 with random weights, the trained demo-asr; ONNX Runtime).
+
+References: a choice of an ``n > 1`` request is the single-choice request with the derived seed
+(``seed + index``); the non-streamed shape of a cut-off tool call is the streamed one put together;
+``GET /v1/models/{id}`` is the entry of ``GET /v1/models``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edge_agent.backends import SessionOptions
+from edge_agent.config import Settings
+from edge_agent.models.catalog import resolve_model
+from edge_agent.models.llm import DecoderLM
+from edge_agent.serving.api import ApiServer
+from edge_agent.serving.asr.ladder import open_speech
+from edge_agent.serving.llm.ladder import Tier, TieredLLM
+from edge_agent.serving.llm.scheduler import Limits
+
+openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
+soundfile = pytest.importorskip("soundfile")
+
+ASK = [{"role": "user", "content": "turn on the kitchen lights"}]
+RUN = {
+    "type": "function",
+    "function": {
+        "name": "python",
+        "description": "Run Python code",
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string"}},
+            "required": ["code"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("models")
+    ref = resolve_model("demo-phi3", cache)
+    tiers = [
+        Tier(
+            "small",
+            lambda: DecoderLM.open(ref, "onnxruntime", SessionOptions(threads=1)),
+            Limits(max_batch=4, batch_timeout_ms=0),
+            200,
+        )
+    ]
+    llm = TieredLLM(tiers).start()
+    settings = Settings.model_validate(
+        {"models": {"asr": [{"name": "ctc", "model": "demo-asr"}], "cache_dir": str(cache)}}
+    )
+    speech = open_speech(settings)
+    api = ApiServer(llm, asr=speech).start("127.0.0.1", 0)
+    yield api
+    api.stop()
+    llm.stop()
+    speech.stop()
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server.address + "/v1", api_key="none", max_retries=0)
+
+
+def _streamed_choices(chunks) -> dict[int, dict]:
+    """Per choice index: content, tool call (name, arguments) and finish_reason put back together."""
+    out: dict[int, dict] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            got = out.setdefault(choice.index, {"content": "", "name": None, "arguments": "", "reason": None})
+            delta = getattr(choice, "delta", None)
+            if delta is None:  # a completion chunk
+                got["content"] += choice.text or ""
+            else:
+                got["content"] += delta.content or ""
+                for call in delta.tool_calls or ():
+                    got["name"] = got["name"] if call.function.name is None else call.function.name
+                    got["arguments"] += call.function.arguments or ""
+            got["reason"] = choice.finish_reason or got["reason"]
+    return out
+
+
+# -- n > 1 ---------------------------------------------------------------------------------------
+
+
+def test_n_sampled_choices_are_the_single_requests_with_derived_seeds(client):
+    kwargs = {"model": "small", "messages": ASK, "temperature": 1.0, "max_tokens": 8}
+    out = client.chat.completions.create(n=3, seed=7, **kwargs)
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    singles = [client.chat.completions.create(seed=7 + i, **kwargs) for i in range(3)]
+    assert [c.message.content for c in out.choices] == [s.choices[0].message.content for s in singles]
+    assert len({c.message.content for c in out.choices}) > 1  # different seeds drew different text
+    # the prompt counted once, every choice's tokens counted
+    assert out.usage.prompt_tokens == singles[0].usage.prompt_tokens
+    assert out.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
+    assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+    assert all(c.model_extra["timings"]["completion_tokens"] > 0 for c in out.choices)
+
+
+def test_n_greedy_choices_are_identical(client):
+    out = client.chat.completions.create(model="small", messages=ASK, temperature=0, max_tokens=6, n=2)
+    one = client.chat.completions.create(model="small", messages=ASK, temperature=0, max_tokens=6)
+    assert [c.message.content for c in out.choices] == [one.choices[0].message.content] * 2
+
+
+def test_n_streamed_choices_carry_their_index_and_match_the_whole_response(client):
+    kwargs = {"model": "small", "messages": ASK, "temperature": 1.0, "max_tokens": 8, "seed": 3, "n": 2}
+    whole = client.chat.completions.create(**kwargs)
+    streamed = _streamed_choices(
+        client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs)
+    )
+    assert sorted(streamed) == [0, 1]
+    for choice in whole.choices:
+        assert streamed[choice.index]["content"] == choice.message.content
+        assert streamed[choice.index]["reason"] == choice.finish_reason
+
+
+def test_n_on_completions(client):
+    out = client.completions.create(model="small", prompt="The kitchen", max_tokens=5, temperature=1.0, seed=1, n=2)
+    one = client.completions.create(model="small", prompt="The kitchen", max_tokens=5, temperature=1.0, seed=2)
+    assert [c.index for c in out.choices] == [0, 1] and out.choices[1].text == one.choices[0].text
+
+
+def test_n_above_the_bound_is_refused_by_name(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="small", messages=ASK, max_tokens=2, n=9)
+    assert err.value.body["param"] == "n"
+
+
+# -- a tool call cut off by max_tokens -----------------------------------------------------------
+
+
+def test_a_cut_off_tool_call_has_the_same_shape_streamed_or_not(client):
+    cut, named = 0, 0
+    for max_tokens in (6, 12, 24, 36, 48, 60):
+        kwargs = {
+            "model": "small",
+            "messages": ASK,
+            "tools": [RUN],
+            "tool_choice": "required",
+            "temperature": 1.0,
+            "seed": 5,
+            "max_tokens": max_tokens,
+        }
+        out = client.chat.completions.create(**kwargs)
+        choice = out.choices[0]
+        streamed = _streamed_choices(client.chat.completions.create(stream=True, **kwargs))[0]
+        assert choice.finish_reason == streamed["reason"]
+        if choice.finish_reason != "length":
+            continue
+        cut += 1
+        assert choice.message.content is None and streamed["content"] == ""
+        (call,) = choice.message.tool_calls
+        assert (call.function.name, call.function.arguments) == (streamed["name"], streamed["arguments"])
+        assert '"name"' not in call.function.arguments  # the arguments alone, never the wrapper
+        named += call.function.name == "python"
+        if call.function.arguments:
+            with pytest.raises(json.JSONDecodeError):
+                json.loads(call.function.arguments)  # unfinished
+    assert cut > named > 0  # budgets cut it in the name and after it, so the comparisons above mean something
