@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import queue
 import socket
+import threading
 import time
 
 import pytest
@@ -56,20 +58,57 @@ def test_watchdog_usec_for_another_pid_is_ignored():
     assert Notifier({"WATCHDOG_USEC": "2000000", "WATCHDOG_PID": "1"}).watchdog_s is None
 
 
+class SteppedCheck:
+    """The watchdog's health check, run one check per ``step()`` of the test: ``step`` lets the watchdog's
+    next check through and returns its verdict. The watchdog thread reaching check k+1 means it has
+    acted on check k (pinged or counted a miss), so the test reads its counters with no timing guess.
+    The waits are bounded only as a safety net against a watchdog that stopped checking."""
+
+    def __init__(self, check) -> None:
+        self.check = check
+        self._go = threading.Semaphore(0)
+        self._verdicts: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._closed = False
+
+    def __call__(self) -> bool:
+        if not self._closed:
+            assert self._go.acquire(timeout=10), "the test never let this check through"
+        ok = self.check()
+        self._verdicts.put(ok)
+        return ok
+
+    def step(self) -> bool:
+        self._go.release()
+        return self._verdicts.get(timeout=10)
+
+    def close(self) -> None:
+        """Let every further check through (the watchdog is being stopped)."""
+        self._closed = True
+        self._go.release()
+
+
 def test_watchdog_pings_only_while_the_loop_progresses(listener):
     sock, address = listener
     state = {"steps": 0, "busy": True}
-    beat = LoopHeartbeat(lambda: state["steps"], lambda: state["busy"])
-    dog = Watchdog(Notifier({"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "100000"}), beat).start()
+    checks = SteppedCheck(LoopHeartbeat(lambda: state["steps"], lambda: state["busy"]))
+    dog = Watchdog(Notifier({"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "100000"}), checks)
+    assert dog.interval_s == 0.05  # half of WATCHDOG_USEC
+    dog.start()
     try:
         state["steps"] += 1
-        assert recv(sock) == {"WATCHDOG": "1"}  # progressed
-        time.sleep(0.3)  # busy and stuck: no pings
-        missed = dog.missed
-        assert missed >= 2
-        state["busy"] = False  # idle is healthy
+        assert checks.step() is True  # progressed
         assert recv(sock) == {"WATCHDOG": "1"}
+        assert checks.step() is False  # busy and stuck: no pings
+        assert checks.step() is False
+        state["busy"] = False  # idle is healthy
+        assert checks.step() is True
+        assert dog.missed == 2  # both stuck checks were counted before this one ran
+        assert recv(sock) == {"WATCHDOG": "1"}
+        sock.setblocking(False)
+        with pytest.raises(BlockingIOError):  # that was the only datagram since the first: none while stuck
+            sock.recv(4096)
     finally:
+        checks.close()
         dog.stop()
 
 

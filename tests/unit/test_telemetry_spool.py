@@ -4,6 +4,7 @@ import itertools
 import json
 import os
 import sqlite3
+import threading
 
 import pytest
 
@@ -311,12 +312,40 @@ def test_windows_with_a_bad_checksum_in_a_damaged_file_are_announced_by_seq(tmp_
     assert fill(sp, 1)[0].seq == 11
 
 
+class VirtualWaits(threading.Event):
+    """The publisher's wake-up event on a virtual clock: every timed ``wait`` returns at once, moving
+    the clock on by what was asked and recording it, so the loop's pace is read, not slept through.
+    After ``until`` waits the loop is held in its wait (a real one, bounded only as a safety net) and
+    ``reached`` is set; ``stop()`` (which sets this event) lets it go."""
+
+    def __init__(self, until: int, start: float = 1000.0) -> None:
+        super().__init__()
+        self.now, self.until = start, until
+        self.waits: list[float] = []
+        self.reached = threading.Event()
+
+    def clock(self) -> float:
+        return self.now
+
+    def wall(self) -> float:
+        return 1.7e9 + self.now  # moves with the monotonic clock: no clock-jump events
+
+    def wait(self, timeout: float | None = None) -> bool:
+        assert timeout is not None, "the telemetry loop waits with a timeout"
+        if self.is_set():
+            return True
+        self.waits.append(timeout)
+        self.now += timeout
+        if len(self.waits) < self.until:
+            return False
+        self.reached.set()
+        return super().wait(10)
+
+
 def test_the_telemetry_loop_backs_off_when_the_spool_keeps_failing(tmp_path, caplog):
     """A spool error that is not a full disk (here: an I/O error on every write) must not spin the
-    loop: one traceback, then turns retried after a growing back-off."""
-    import time
-
-    from edge_agent.telemetry.publisher import Identity, Publisher
+    loop: one traceback, then turns retried after a back-off that doubles up to its cap."""
+    from edge_agent.telemetry.publisher import ERROR_BACKOFF_MAX_S, ERROR_BACKOFF_MIN_S, Identity, Publisher
     from edge_agent.telemetry.windows import WindowAccumulator
 
     sp = Spool(tmp_path / "s.sqlite")
@@ -328,13 +357,29 @@ def test_the_telemetry_loop_backs_off_when_the_spool_keeps_failing(tmp_path, cap
                 raise sqlite3.OperationalError("disk I/O error")
 
     sp._conn = Broken(real)
+    failures = 9
+    waits = VirtualWaits(until=1 + failures)
     pub = Publisher(
-        None, sp, WindowAccumulator(), Identity("dev-1", "t", "boot"), interval_s=0.01, clock_synced=lambda: True
+        None,
+        sp,
+        WindowAccumulator(),
+        Identity("dev-1", "t", "boot"),
+        interval_s=0.01,
+        clock=waits.clock,
+        wall=waits.wall,
+        clock_synced=lambda: True,
     )
+    pub._wake = waits  # the loop's only pause: every wait it makes is now recorded
     caplog.set_level("INFO", logger="edge_agent.telemetry")
     pub.start()
-    time.sleep(2.0)
-    pub.stop()
-    errors = pub.stats["loop_errors"]
-    assert 1 <= errors <= 4, f"{errors} failed turns in 2 s: the loop must back off (0.5, 1, 2 s)"
+    try:
+        assert waits.reached.wait(10), f"the loop stopped turning after {waits.waits}"
+    finally:
+        pub.stop()
+    # one ordinary wait for the first window, then a failed seal per turn, each after a longer back-off
+    first, *backoffs = waits.waits
+    assert first == pytest.approx(0.01)
+    expected = [min(ERROR_BACKOFF_MAX_S, ERROR_BACKOFF_MIN_S * 2**k) for k in range(failures)]
+    assert backoffs == expected and expected[-1] == ERROR_BACKOFF_MAX_S == 30.0
+    assert pub.stats["loop_errors"] == failures
     assert sum(r.exc_info is not None for r in caplog.records) == 1
