@@ -2,7 +2,8 @@
 
     POST /v1/chat/completions     chat, streaming (SSE) or not
     POST /v1/completions          raw prompt, streaming or not
-    GET  /v1/models               the configured tiers
+    GET  /v1/models               the configured tiers (LLM, then ASR) and the ASR aliases
+    GET  /v1/models/{id}          one of them (404 ``model_not_found`` for any other id)
     POST /v1/audio/transcriptions multipart file → text (OpenAI's shape)
     GET  /v1/audio/stream         WebSocket: binary 16 kHz mono PCM16 in, partial/final JSON out
     GET  /health                  liveness and what is serving
@@ -38,7 +39,8 @@ from ..metrics.prometheus import CONTENT_TYPE_LATEST, PrometheusMetrics
 from . import api_llm, api_speech, http_guard
 from .api_errors import error as _error
 from .api_errors import from_exception as _from_exception
-from .api_speech import SpeechService
+from .api_errors import model_not_found
+from .api_speech import ASR_ALIASES, SpeechService
 from .llm.ladder import TieredLLM
 from .openai_schema import ChatRequest, CompletionRequest
 
@@ -91,6 +93,7 @@ class ApiServer:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/models/{id:.+}", self._model)
         app.router.add_post("/v1/audio/transcriptions", self._transcriptions)  # api_speech.py
         app.router.add_get("/v1/audio/stream", self._audio_stream)
         app.router.add_get("/health", self._health_route)
@@ -132,12 +135,7 @@ class ApiServer:
             return _error(503, "no LLM tier is configured", "server_error", "unavailable")
         known = {"edge-agent", *(t.name for t in self.llm.tiers)}
         if requested and requested not in known:
-            return _error(
-                404,
-                f"model {requested!r} is not served here; GET /v1/models lists {sorted(known)}",
-                code="model_not_found",
-                param="model",
-            )
+            return model_not_found(requested, known)
         if self.draining:
             return _error(503, "the agent is shutting down", "server_error", "unavailable", retry_after_s=5)
         return None
@@ -161,20 +159,31 @@ class ApiServer:
         assert self.llm is not None  # _check_model refused otherwise
         return await api_llm.generate(self.llm, self.metrics, request, body)
 
-    async def _models(self, request: web.Request) -> web.Response:
-        data = [{"id": "edge-agent", "object": "model", "created": 0, "owned_by": "edge-agent"}]
+    def model_entries(self) -> list[dict[str, Any]]:
+        """``GET /v1/models``' data: the generic id, the LLM tiers, the ASR tiers (a name both ladders
+        use is listed once, as the LLM's), then the ASR aliases with the tier they stand for."""
+        data: list[dict[str, Any]] = [_model("edge-agent")]
         if self.llm is not None:
-            data += [
-                {
-                    "id": t.name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "edge-agent",
-                    "active": i == self.llm.active,
-                }
-                for i, t in enumerate(self.llm.tiers)
-            ]
-        return web.json_response({"object": "list", "data": data})
+            data += [_model(t.name, active=i == self.llm.active) for i, t in enumerate(self.llm.tiers)]
+        if self.asr is not None:
+            listed = {m["id"] for m in data}
+            active = self.asr.active_tier
+            data += [_model(t.name, active=t.name == active) for t in self.asr.tiers if t.name not in listed]
+            listed = {m["id"] for m in data}
+            data += [_model(alias, alias_of=active) for alias in ASR_ALIASES if alias not in listed]
+        return data
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": self.model_entries()})
+
+    async def _model(self, request: web.Request) -> web.Response:
+        """``GET /v1/models/{id}`` (the openai client's ``models.retrieve``): the list's entry."""
+        wanted = request.match_info["id"]
+        entries = self.model_entries()
+        found = next((m for m in entries if m["id"] == wanted), None)
+        if found is None:
+            return model_not_found(wanted, (m["id"] for m in entries))
+        return web.json_response(found)
 
     async def _transcriptions(self, request: web.Request) -> web.Response:
         return await api_speech.transcriptions(self.asr, request)
@@ -270,3 +279,8 @@ class ApiServer:
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:
             self._thread.join(10)
+
+
+def _model(ident: str, **extra: Any) -> dict[str, Any]:
+    """A model object in OpenAI's shape, with the agent's own keys (``active``, ``alias_of``) after."""
+    return {"id": ident, "object": "model", "created": 0, "owned_by": "edge-agent", **extra}

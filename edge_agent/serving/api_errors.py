@@ -7,6 +7,7 @@ never a traceback; only an unexpected error is logged with one.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from aiohttp import web
 from pydantic import ValidationError
@@ -29,6 +30,17 @@ def error(
     headers = {"Retry-After": str(int(retry_after_s))} if retry_after_s else None
     return web.json_response(
         {"error": {"message": message, "type": kind, "param": param, "code": code}}, status=status, headers=headers
+    )
+
+
+def model_not_found(requested: str, known: Iterable[str]) -> web.Response:
+    """The one answer, on every route, to a model this agent does not serve: 404 with OpenAI's
+    ``code: "model_not_found"`` and ``param: "model"``, naming the ids that are served."""
+    return error(
+        404,
+        f"model {requested!r} is not served here; GET /v1/models lists {sorted(set(known))}",
+        code="model_not_found",
+        param="model",
     )
 
 

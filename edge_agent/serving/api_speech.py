@@ -1,7 +1,8 @@
 """The local API's speech routes, on the API's loop (``api.ApiServer`` routes them here):
 
     POST /v1/audio/transcriptions multipart file → json / text / srt / vtt / verbose_json (OpenAI's shapes),
-                                  decoded on the executor
+                                  decoded on the executor; ``whisper-1`` (``ASR_ALIASES``) is the active
+                                  tier, said in ``warnings``; an unknown model is a 404 ``model_not_found``
     GET  /v1/audio/stream         WebSocket: binary 16 kHz mono PCM16 in, partial/final JSON out
 
 A live stream is opened before the WebSocket upgrade, so shedding or draining is a plain 503 with
@@ -14,7 +15,7 @@ import asyncio
 import functools
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from aiohttp import WSMsgType, web
@@ -22,12 +23,16 @@ from aiohttp import WSMsgType, web
 from ..errors import InputError
 from .api_errors import error as _error
 from .api_errors import from_exception as _from_exception
+from .api_errors import model_not_found
 from .transcript_formats import render
 from .transcription_request import parse_options
 
 log = logging.getLogger(__name__)
 # what ends a stream's input: the text "end", or as JSON keyed like the events ("kind") or as before ("type")
 _END = ("end", '{"kind": "end"}', '{"kind":"end"}', '{"type": "end"}', '{"type":"end"}')
+# OpenAI's speech model ids that OpenAI clients hard-code: served by the active ASR tier, said in the
+# response. An explicit list: any other unknown id stays a 404.
+ASR_ALIASES = ("whisper-1",)
 
 
 class SpeechService(Protocol):
@@ -40,6 +45,9 @@ class SpeechService(Protocol):
 
     # what /health reports of the speech workload
     shedding: bool
+
+    @property
+    def tiers(self) -> Sequence[Any]: ...  # each has .name
 
     @property
     def active_tier(self) -> str | None: ...
@@ -68,9 +76,16 @@ async def transcriptions(asr: SpeechService | None, request: web.Request) -> web
         options = parse_options(form)
     except InputError as exc:
         return _error(400, str(exc), param=getattr(exc, "param", None))
+    model, warnings = options.model, []
+    known = ["edge-agent", *(t.name for t in asr.tiers)]
+    if model in ASR_ALIASES and model not in known:
+        warnings.append(f"model {model!r} is an alias here: ASR tier {asr.active_tier!r} transcribed this")
+        model = None  # the active tier
+    elif model is not None and model not in known:
+        return model_not_found(model, [*known, *ASR_ALIASES])
     data = upload.file.read()
     transcribe = functools.partial(
-        asr.transcribe_bytes, data, upload.filename or "audio", model=options.model, language=options.language
+        asr.transcribe_bytes, data, upload.filename or "audio", model=model, language=options.language
     )
     try:
         result = await asyncio.get_running_loop().run_in_executor(None, transcribe)
@@ -79,9 +94,14 @@ async def transcriptions(asr: SpeechService | None, request: web.Request) -> web
     except Exception as exc:
         return _from_exception(exc)
     body, content_type = render(result, options.response_format)
+    # JSON formats say it in `warnings`, as the generation routes do; text formats have only the header
+    said = ", ".join(f'299 edge-agent "{w}"' for w in warnings).encode("ascii", "backslashreplace").decode()
+    headers = {"Warning": said} if warnings else None
     if isinstance(body, str):
-        return web.Response(text=body, content_type=content_type, charset="utf-8")
-    return web.json_response(body)
+        return web.Response(text=body, content_type=content_type, charset="utf-8", headers=headers)
+    if warnings:
+        body["warnings"] = warnings
+    return web.json_response(body, headers=headers)
 
 
 async def audio_stream(asr: SpeechService | None, request: web.Request) -> web.StreamResponse:

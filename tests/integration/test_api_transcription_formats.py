@@ -182,7 +182,6 @@ def _refused(client, path, param: str, *fragments: str, **kw) -> None:
     [
         ({"response_format": "tsv"}, "response_format", ("'tsv'", "json, text, srt, vtt, verbose_json")),
         ({"language": "fr"}, "language", ("'fr'", "'en'")),
-        ({"model": "whisper-1"}, "model", ("'whisper-1'", "edge-agent", "ctc")),
         (
             {"timestamp_granularities": ["word"], "response_format": "verbose_json"},
             "timestamp_granularities",
@@ -194,7 +193,7 @@ def _refused(client, path, param: str, *fragments: str, **kw) -> None:
         ({"stream": True}, "stream", ("/v1/audio/stream",)),
         ({"extra_body": {"chunking_strategy": "auto"}}, "chunking_strategy", ("'chunking_strategy'",)),
     ],
-    ids=["format", "language", "model", "word-times", "times-in-json", "prompt", "temperature", "stream", "unknown"],
+    ids=["format", "language", "word-times", "times-in-json", "prompt", "temperature", "stream", "unknown"],
 )
 def test_fields_that_cannot_be_honoured_are_refused_by_name(client, audio, kw, param, fragments):
     kw = {"model": "edge-agent", **kw}

@@ -8,8 +8,10 @@ References: a choice of an ``n > 1`` request is the single-choice request with t
 
 from __future__ import annotations
 
+import io
 import json
 
+import numpy as np
 import pytest
 
 from edge_agent.backends import SessionOptions
@@ -165,3 +167,48 @@ def test_a_cut_off_tool_call_has_the_same_shape_streamed_or_not(client):
             with pytest.raises(json.JSONDecodeError):
                 json.loads(call.function.arguments)  # unfinished
     assert cut > named > 0  # budgets cut it in the name and after it, so the comparisons above mean something
+
+
+# -- models: retrieve, one not-found shape, the whisper-1 alias ----------------------------------
+
+
+def _wav() -> bytes:
+    """A second of quiet noise as a 16 kHz WAV: whatever it transcribes to, every route gets the same."""
+    buf = io.BytesIO()
+    noise = np.random.default_rng(0).normal(0, 0.01, 16000).astype(np.float32)
+    soundfile.write(buf, noise, 16000, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+def test_models_retrieve_is_the_lists_entry(client):
+    listed = {m.id: m for m in client.models.list()}
+    assert {"edge-agent", "small", "ctc", "whisper-1"} <= set(listed)
+    for ident in ("edge-agent", "small", "ctc", "whisper-1"):
+        assert client.models.retrieve(ident) == listed[ident]
+    assert listed["whisper-1"].model_extra["alias_of"] == "ctc"
+
+
+def test_an_unknown_model_is_the_same_404_on_every_route(client):
+    with pytest.raises(openai.NotFoundError) as retrieve:
+        client.models.retrieve("gpt-4o")
+    with pytest.raises(openai.NotFoundError) as chat:
+        client.chat.completions.create(model="gpt-4o", messages=ASK, max_tokens=2)
+    with pytest.raises(openai.NotFoundError) as speech:
+        client.audio.transcriptions.create(model="gpt-4o-transcribe", file=("a.wav", _wav()))
+    for err in (retrieve, chat, speech):
+        body = err.value.body
+        assert (body["type"], body["code"], body["param"]) == ("invalid_request_error", "model_not_found", "model")
+        assert "not served here" in body["message"]
+
+
+def test_whisper_1_is_the_active_asr_tier_and_the_response_says_so(client):
+    wav = _wav()
+    direct = client.audio.transcriptions.create(model="ctc", file=("a.wav", wav))
+    aliased = client.audio.transcriptions.create(model="whisper-1", file=("a.wav", wav))
+    assert aliased.text == direct.text
+    assert "whisper-1" in aliased.model_extra["warnings"][0] and "ctc" in aliased.model_extra["warnings"][0]
+    assert not (direct.model_extra or {}).get("warnings")
+    raw = client.audio.transcriptions.with_raw_response.create(
+        model="whisper-1", file=("a.wav", wav), response_format="text"
+    )
+    assert "whisper-1" in raw.headers["Warning"]
