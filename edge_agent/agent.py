@@ -123,6 +123,7 @@ class Agent:
             s.api.token.get_secret_value() if s.api.token else None,
             asr=self.asr,
             health=self.health,
+            cors_origins=s.api.cors_origins,
         ).start(s.api.host, s.api.port, unix_socket)
         llm, api = self.llm, self.api
         self.metrics.track_load("llm", lambda: llm.load)

@@ -1,4 +1,5 @@
-"""``[api]``: where the local OpenAI-compatible API listens and how a client authenticates."""
+"""``[api]``: where the local OpenAI-compatible API listens, how a client authenticates, and which web
+origins may call it from a browser (CORS)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from .base import Section
 
 
 class ApiConfig(Section):
-    """``[api]``: where the local API listens and how a client authenticates."""
+    """``[api]``: where the local API listens, how a client authenticates, which origins may call it."""
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -21,6 +22,26 @@ class ApiConfig(Section):
         description="serve a host other machines can reach without a "
         "token (the agent then warns at start); off: such a config is refused",
     )
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="web origins (scheme://host[:port]) whose pages may call the API from a browser, "
+        'like Ollama\'s OLLAMA_ORIGINS; ["*"] allows any; empty: no CORS headers at all',
+    )
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins_are_origins(cls, value: list[str]) -> list[str]:
+        # A browser sends Origin as scheme://host[:port] exactly: anything else would never match.
+        for origin in value:
+            if origin == "*":
+                continue
+            scheme, sep, rest = origin.partition("://")
+            if not sep or not scheme or not rest or "/" in rest or origin != origin.strip():
+                raise ValueError(
+                    f"{origin!r} is not an origin: write scheme://host[:port] with no path or trailing "
+                    'slash (e.g. "http://localhost:3000"), or "*" for any'
+                )
+        return value
 
     @field_validator("token")
     @classmethod

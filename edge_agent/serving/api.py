@@ -9,6 +9,10 @@
     GET  /health                  liveness and what is serving
     GET  /metrics                 Prometheus text
 
+Browsers: pages from the origins in ``cors_origins`` (``[api] cors_origins``; ``"*"`` any) get their
+preflight answered (204, before the token is asked for) and ``Access-Control-Allow-Origin`` on every
+response; any other origin's preflight is a 403 and its responses carry no CORS headers.
+
 Errors have OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``): 400 for bad
 requests, 401 without the bearer token, 404 for unknown models, 413 for oversized bodies, 429
 (queue full) and 503 (shedding or draining) with ``Retry-After``. The server runs its own asyncio
@@ -29,7 +33,7 @@ import asyncio
 import hmac
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiohttp import web
@@ -69,6 +73,7 @@ class ApiServer:
         health: Callable[[], dict] | None = None,
         header_timeout_s: float = HEADER_TIMEOUT_S,
         body_timeout_s: float = BODY_TIMEOUT_S,
+        cors_origins: Iterable[str] = (),
     ) -> None:
         if token is not None and not token.strip():
             raise EdgeAgentError("the API token is empty: give a secret, or None to serve without one")
@@ -77,6 +82,7 @@ class ApiServer:
         self.metrics = metrics or PrometheusMetrics()
         self._health = health or (lambda: {})
         self.header_timeout_s, self.body_timeout_s = header_timeout_s, body_timeout_s
+        self.cors = http_guard.Cors(cors_origins)
         self.draining = False
         self.ticks = 0  # advanced by the loop every TICK_S: the watchdog's sign that it is not blocked
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -90,6 +96,7 @@ class ApiServer:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY, middlewares=[self._guard])
+        app.on_response_prepare.append(self._cors_headers)  # every response, streamed ones and errors too
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
@@ -106,6 +113,8 @@ class ApiServer:
         if connection is not None:
             connection.started()  # the head is in: its deadline no longer applies
         try:
+            if http_guard.Cors.is_preflight(request.method, request.headers):
+                return self._preflight(request)  # before the token: a browser never sends it on a preflight
             if self.token and request.path not in ("/health",) and not self._authorized(request):
                 return _error(401, "missing or wrong bearer token (Authorization: Bearer …)", code="invalid_api_key")
             return await handler(request)
@@ -125,6 +134,22 @@ class ApiServer:
                 connection.finished()
             if http_guard.body_bytes.get() >= RELEASE_AFTER:
                 asyncio.get_running_loop().run_in_executor(None, http_guard.release_memory)
+
+    def _preflight(self, request: web.Request) -> web.Response:
+        origin = request.headers["Origin"]
+        if not self.cors.allowed(origin):
+            return _error(
+                403,
+                f"origin {origin!r} may not call this API from a browser: list it in [api] cors_origins",
+                code="origin_not_allowed",
+            )
+        return web.Response(status=204, headers=self.cors.preflight_headers(origin, request.headers))
+
+    async def _cors_headers(self, request: web.Request, response: web.StreamResponse) -> None:
+        origin = request.headers.get("Origin")
+        if origin and self.cors.allowed(origin) and "Access-Control-Allow-Origin" not in response.headers:
+            response.headers.update(self.cors.response_headers(origin))
+            response.headers.add("Vary", "Origin")
 
     def _authorized(self, request: web.Request) -> bool:
         got = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")

@@ -9,6 +9,8 @@
   anything) and a time limit (408), without keeping a second copy on the request object.
 - ``claim_unix_socket`` refuses a socket path another process serves on, and removes a stale one.
 - ``release_memory`` hands freed heap back to the OS after a large body (glibc keeps it otherwise).
+- ``Cors``: which browser origins may call the API (``[api] cors_origins``), the preflight's answer
+  and the headers a response to an allowed origin carries. No origin configured: no CORS headers.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import logging
 import os
 import socket
 import stat
+from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from typing import Any
 
@@ -35,6 +38,48 @@ class BodyError(Exception):
     def __init__(self, status: int, message: str, code: str) -> None:
         super().__init__(message)
         self.status, self.code = status, code
+
+
+class Cors:
+    """The CORS policy for ``origins`` (``"*"``: any). ``allowed(origin)`` says whether a page from
+    ``origin`` may read responses; ``preflight_headers`` answers its preflight (the methods, the
+    headers it asked for, Chrome's private-network access to a loopback address); ``response_headers``
+    go on every response to it: the origin itself (never ``*``, so credentials work) and
+    ``Vary: Origin``, so a cache never hands one origin's answer to another."""
+
+    METHODS = "GET, POST, OPTIONS"
+    EXPOSED = "Retry-After, Server-Timing, Warning"  # what the API says in headers, readable from a page
+    MAX_AGE_S = 600
+
+    def __init__(self, origins: Iterable[str] = ()) -> None:
+        self.origins = frozenset(origins)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.origins)
+
+    def allowed(self, origin: str | None) -> bool:
+        return bool(origin) and ("*" in self.origins or origin in self.origins)
+
+    @staticmethod
+    def is_preflight(method: str, headers: Mapping[str, str]) -> bool:
+        return method == "OPTIONS" and "Origin" in headers and "Access-Control-Request-Method" in headers
+
+    def response_headers(self, origin: str) -> dict[str, str]:
+        return {"Access-Control-Allow-Origin": origin, "Access-Control-Expose-Headers": self.EXPOSED}
+
+    def preflight_headers(self, origin: str, headers: Mapping[str, str]) -> dict[str, str]:
+        out = {
+            "Access-Control-Allow-Origin": origin,
+            "Access-Control-Allow-Methods": self.METHODS,
+            "Access-Control-Allow-Headers": headers.get("Access-Control-Request-Headers")
+            or "Authorization, Content-Type",
+            "Access-Control-Max-Age": str(self.MAX_AGE_S),
+            "Vary": "Origin",
+        }
+        if headers.get("Access-Control-Request-Private-Network", "").lower() == "true":
+            out["Access-Control-Allow-Private-Network"] = "true"
+        return out
 
 
 class HeadDeadline(asyncio.Protocol):

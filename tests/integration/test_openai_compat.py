@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import io
 import json
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
@@ -27,6 +29,8 @@ openai = pytest.importorskip("openai", reason="the openai client is a dev depend
 soundfile = pytest.importorskip("soundfile")
 
 ASK = [{"role": "user", "content": "turn on the kitchen lights"}]
+TOKEN = "s3cret"
+UI = "http://localhost:3000"  # the allowed origin of the CORS tests
 RUN = {
     "type": "function",
     "function": {
@@ -43,7 +47,7 @@ RUN = {
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def ladders(tmp_path_factory):
     cache = tmp_path_factory.mktemp("models")
     ref = resolve_model("demo-phi3", cache)
     tiers = [
@@ -59,11 +63,17 @@ def server(tmp_path_factory):
         {"models": {"asr": [{"name": "ctc", "model": "demo-asr"}], "cache_dir": str(cache)}}
     )
     speech = open_speech(settings)
+    yield llm, speech
+    llm.stop()
+    speech.stop()
+
+
+@pytest.fixture(scope="module")
+def server(ladders):
+    llm, speech = ladders
     api = ApiServer(llm, asr=speech).start("127.0.0.1", 0)
     yield api
     api.stop()
-    llm.stop()
-    speech.stop()
 
 
 @pytest.fixture
@@ -212,3 +222,79 @@ def test_whisper_1_is_the_active_asr_tier_and_the_response_says_so(client):
         model="whisper-1", file=("a.wav", wav), response_format="text"
     )
     assert "whisper-1" in raw.headers["Warning"]
+
+
+# -- CORS ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cors_server(ladders):
+    api = ApiServer(ladders[0], token=TOKEN, cors_origins=[UI]).start("127.0.0.1", 0)
+    yield api
+    api.stop()
+
+
+def _request(api, method: str, path: str, headers: dict, body: bytes | None = None) -> tuple[int, dict, bytes]:
+    req = urllib.request.Request(api.address + path, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.headers, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers, err.read()
+
+
+def _preflight(api, origin: str) -> tuple[int, dict, bytes]:
+    return _request(
+        api,
+        "OPTIONS",
+        "/v1/chat/completions",
+        {
+            "Origin": origin,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type",
+        },
+    )
+
+
+def test_a_preflight_from_an_allowed_origin_is_answered_without_the_token(cors_server):
+    status, headers, _ = _preflight(cors_server, UI)
+    assert status == 204
+    assert headers["Access-Control-Allow-Origin"] == UI and "Origin" in headers["Vary"]
+    assert "POST" in headers["Access-Control-Allow-Methods"]
+    assert "authorization" in headers["Access-Control-Allow-Headers"].lower()
+
+
+def test_a_preflight_from_another_origin_is_refused_without_cors_headers(cors_server, server):
+    for api in (cors_server, server):  # server: no origin configured at all
+        status, headers, body = _preflight(api, "http://evil.example")
+        assert status == 403 and "Access-Control-Allow-Origin" not in headers
+        assert json.loads(body)["error"]["code"] == "origin_not_allowed"
+
+
+def test_responses_to_an_allowed_origin_carry_it(cors_server):
+    client = openai.OpenAI(
+        base_url=cors_server.address + "/v1", api_key=TOKEN, max_retries=0, default_headers={"Origin": UI}
+    )
+    raw = client.chat.completions.with_raw_response.create(model="small", messages=ASK, max_tokens=2)
+    assert raw.headers["Access-Control-Allow-Origin"] == UI and "Origin" in raw.headers["Vary"]
+    assert raw.parse().choices[0].message.content is not None
+    with client.chat.completions.with_streaming_response.create(
+        model="small", messages=ASK, max_tokens=2, stream=True
+    ) as streamed:
+        assert streamed.headers["Access-Control-Allow-Origin"] == UI
+        assert any(line.startswith("data: [DONE]") for line in streamed.iter_lines())
+    # an error is readable by the page too (a wrong token)
+    status, headers, _ = _request(cors_server, "GET", "/v1/models", {"Origin": UI})
+    assert status == 401 and headers["Access-Control-Allow-Origin"] == UI
+
+
+def test_responses_to_another_origin_carry_no_cors_headers(cors_server):
+    client = openai.OpenAI(
+        base_url=cors_server.address + "/v1",
+        api_key=TOKEN,
+        max_retries=0,
+        default_headers={"Origin": "http://evil.example"},
+    )
+    raw = client.models.with_raw_response.list()
+    assert raw.http_response.status_code == 200
+    assert not any(h.lower().startswith("access-control-") for h in raw.headers)
