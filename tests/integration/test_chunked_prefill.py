@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -18,11 +19,12 @@ import pytest
 
 from edge_agent.backends import SessionOptions
 from edge_agent.bench.prefill import format_report, main
-from edge_agent.errors import DeadlineExceeded, EdgeAgentError
+from edge_agent.errors import DeadlineExceeded, EdgeAgentError, Unavailable
 from edge_agent.models.catalog import inspect_folder, resolve_model
 from edge_agent.models.kv_slots import SlotCache
-from edge_agent.models.llm import DecoderLM
+from edge_agent.models.llm import ChunkedPrefill, DecoderLM
 from edge_agent.models.sampling import SamplingParams
+from edge_agent.serving.llm.handle import RequestHandle
 from edge_agent.serving.llm.scheduler import Limits, LLMScheduler
 
 GENAI_PHI3 = Path(__file__).resolve().parent.parent / "data" / "demo-phi3-genai"
@@ -51,16 +53,19 @@ def limits(chunk: int) -> Limits:
 
 
 class ChunkSpy:
-    """Counts ``prefill_chunk`` calls per row; ``on_chunk(seq, k)`` runs before the k-th (1-based) of a row."""
+    """Counts ``prefill_chunk`` calls per prompt being prefilled (its ``ChunkedPrefill``) and keeps the
+    batch they fill; ``on_chunk(state, k)`` runs before the k-th (1-based) chunk of ``state.prompt``."""
 
     def __init__(self, lm: DecoderLM, on_chunk=None) -> None:
         self.lm, self.real, self.on_chunk = lm, lm.prefill_chunk, on_chunk
-        self.calls: dict[int, int] = {}
+        self.calls: dict[ChunkedPrefill, int] = {}
+        self.batch = None
 
     def __call__(self, batch, state, n):
-        k = self.calls[state.row.handle.id] = self.calls.get(state.row.handle.id, 0) + 1
+        k = self.calls[state] = self.calls.get(state, 0) + 1
+        self.batch = batch
         if self.on_chunk is not None:
-            self.on_chunk(state.row, k)
+            self.on_chunk(state, k)
         return self.real(batch, state, n)
 
     def __enter__(self) -> ChunkSpy:
@@ -71,19 +76,60 @@ class ChunkSpy:
         del self.lm.prefill_chunk
 
 
+class DecodeGate:
+    """Holds the model's decode steps until ``open()``. A stream submitted behind the gate stops after
+    the token its prefill gives, so what the test submits next is queued while the stream still has
+    every decode step to run: it is admitted while the stream decodes, and so prefilled in chunks,
+    however fast a decode step is and however late the test thread runs. Install it after the
+    scheduler is built (building it warms the slots with a decode step). The wait is bounded only as
+    a safety net."""
+
+    def __init__(self, lm: DecoderLM) -> None:
+        self.lm, self.real, self.go = lm, lm.decode, threading.Event()
+
+    def __call__(self, batch, tokens):
+        assert self.go.wait(30), "the test never opened the decode gate"
+        return self.real(batch, tokens)
+
+    def open(self) -> None:
+        self.go.set()
+
+    def __enter__(self) -> DecodeGate:
+        self.lm.decode = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.go.set()
+        del self.lm.decode
+
+
+class FakeClock:
+    """The scheduler's clock, moved only by the test (admission never waits: ``batch_timeout_ms`` 0)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def run_with_a_stream(lm: DecoderLM, chunk: int, long_prompts: list[list[int]], new_tokens: int = 12):
-    """A short stream decodes; once it has tokens, the long prompts arrive. Returns the stream's and
-    the long requests' handles (all finished) and the stream's token times."""
-    sched = LLMScheduler(lm, limits(chunk)).start()
-    try:
-        stream = sched.submit(prompt(5, 99), greedy(300))
-        events = iter(stream)
-        for _ in range(3):
-            next(events)
-        longs = [sched.submit(p, greedy(new_tokens)) for p in long_prompts]
-        times = [e.time_s for e in events]
-    finally:
-        sched.stop()
+    """A short stream decodes; the long prompts arrive after its first token and before its second
+    (``DecodeGate``), so they are prefilled while it streams. Returns the stream's and the long
+    requests' handles (all finished) and the times of the stream's tokens after its first."""
+    sched = LLMScheduler(lm, limits(chunk))
+    with DecodeGate(lm) as gate:
+        sched.start()
+        try:
+            stream = sched.submit(prompt(5, 99), greedy(300))
+            events = iter(stream)
+            next(events)  # from its prefill; its first decode step waits at the gate
+            longs = [sched.submit(p, greedy(new_tokens)) for p in long_prompts]
+            gate.open()
+            times = [e.time_s for e in events]
+        finally:
+            gate.open()
+            sched.stop()
     return stream, longs, times
 
 
@@ -119,55 +165,96 @@ def test_a_running_stream_keeps_getting_tokens_while_a_long_prompt_is_prefilled(
 
 @pytest.mark.parametrize("fault", ["cancel", "deadline", "error"])
 def test_a_request_that_ends_mid_prefill_frees_its_cache_and_only_it_fails(lm, fault):
-    sched = LLMScheduler(lm, limits(CHUNK)).start()
-    seen_load = []
-    long_id = {}
+    """A long prompt queued behind a stream's first token (``DecodeGate``) is prefilled in chunks between
+    the stream's steps; before its third chunk it is cancelled, passes its deadline, or its chunk fails."""
+    long_prompt = prompt(8 * CHUNK, 5)
+    expected = list(lm.generate_greedy(long_prompt, 4, stop_at_eos=False))
+    clock = FakeClock()  # the deadline passes when the test says so, not when the machine is slow
+    sched = LLMScheduler(lm, limits(CHUNK), clock=clock)
+    held: dict[str, RequestHandle] = {}
+    injected = []  # (chunk, the scheduler's load) where the fault struck
 
-    def on_chunk(seq, k):
-        if seq.handle.id != long_id.get("id") or k != 3:
+    def on_chunk(state, k):
+        if state.prompt != long_prompt or k != 3 or injected:  # the first request of long_prompt only
             return
-        seen_load.append(sched.load)
+        injected.append((k, sched.load))
         if fault == "cancel":
-            seq.handle.cancel()
+            held["long"].cancel()
         elif fault == "deadline":
-            time.sleep(0.3)  # past its 200 ms deadline before the next turn
+            clock.now += 0.3  # past its 200 ms deadline before the next turn
         else:
             raise EdgeAgentError("injected chunk failure")
 
-    long_prompt = prompt(8 * CHUNK, 5)
     try:
-        with ChunkSpy(lm, on_chunk):
+        with ChunkSpy(lm, on_chunk) as spy, DecodeGate(lm) as gate:
+            sched.start()
             stream = sched.submit(prompt(5, 99), greedy(60))
-            events = iter(stream)
-            next(events)
-            long_id["id"] = sched._next_id + 1
-            long_ = sched.submit(long_prompt, greedy(4), deadline_ms=200 if fault == "deadline" else None)
-            assert long_.id == long_id["id"]
+            next(iter(stream))  # its first decode step waits at the gate
+            held["long"] = long_ = sched.submit(
+                long_prompt, greedy(4), deadline_ms=200 if fault == "deadline" else None
+            )
+            gate.open()
             if fault == "cancel":
                 done = long_.result(10)
                 assert done.finish_reason == "cancelled" and done.token_ids == ()
             else:
                 with pytest.raises(DeadlineExceeded if fault == "deadline" else EdgeAgentError):
                     long_.result(10)
-            assert seen_load == [(0, 2)]  # the prefilling request counted as running
+            assert injected == [(3, (0, 2))], "the fault never struck the long prompt's third chunk"  # it ran
             after = sched.submit(long_prompt, greedy(4))  # its slot (or cache) is free for the next one
-            assert list(after.result(10).token_ids) == list(lm.generate_greedy(long_prompt, 4, stop_at_eos=False))
+            assert list(after.result(10).token_ids) == expected
             assert stream.result(10).finish_reason == "length"
         assert sched.load == (0, 0)
-        if isinstance(sched._batch, SlotCache):
-            assert sched._batch.pending is None
+        if isinstance(spy.batch, SlotCache):
+            assert spy.batch.pending is None
     finally:
         sched.stop()
 
 
+def wait_until_stopping(sched: LLMScheduler, timeout_s: float = 30.0) -> bool:
+    """True once ``stop()`` has begun, which ``submit`` shows by refusing (each probe it takes before
+    then is cancelled at once, and dropped unstarted)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            sched.submit(prompt(3, 7), greedy(1)).cancel()
+        except Unavailable:
+            return True
+        time.sleep(0.001)
+    return False
+
+
 def test_stop_drains_a_prompt_being_prefilled_in_chunks(lm):
-    sched = LLMScheduler(lm, limits(CHUNK)).start()
-    stream = sched.submit(prompt(5, 99), greedy(20))
-    next(iter(stream))
+    """``stop()`` while a long prompt is part-way through its chunks: its second chunk waits until
+    ``stop()`` has begun, and then it and the stream still complete."""
     long_prompt = prompt(6 * CHUNK, 6)
-    long_ = sched.submit(long_prompt, greedy(5))
-    sched.stop()
-    assert list(long_.result(1).token_ids) == list(lm.generate_greedy(long_prompt, 5, stop_at_eos=False))
+    expected = list(lm.generate_greedy(long_prompt, 5, stop_at_eos=False))
+    sched = LLMScheduler(lm, limits(CHUNK))
+    mid_prefill = threading.Event()
+    chunks, stopping = [], []
+
+    def on_chunk(state, k):
+        if state.prompt != long_prompt:
+            return
+        chunks.append(k)
+        if k == 2:
+            mid_prefill.set()
+            stopping.append(wait_until_stopping(sched))
+
+    with ChunkSpy(lm, on_chunk), DecodeGate(lm) as gate:
+        sched.start()
+        try:
+            stream = sched.submit(prompt(5, 99), greedy(20))
+            next(iter(stream))  # its first decode step waits at the gate
+            long_ = sched.submit(long_prompt, greedy(5))
+            gate.open()
+            assert mid_prefill.wait(30), "the long prompt never reached its second chunk"
+        finally:
+            gate.open()
+            sched.stop()
+    assert stopping == [True]  # stop() began between its first and its last chunk
+    assert chunks == [1, 2, 3, 4, 5, 6]
+    assert list(long_.result(1).token_ids) == expected
     assert len(stream.result(1).token_ids) == 20
 
 
