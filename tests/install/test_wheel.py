@@ -33,8 +33,10 @@ from tests.mqtt_broker import Broker, free_port
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-# What `edge-agent run` imports on the embedded default: the API server, /metrics, MQTT, config, runtime.
+# What `edge-agent run` imports on the embedded default: the API server, /metrics, MQTT, config, runtime,
+# and soundfile for an uploaded file on its ASR tier.
 RUN_NEEDS = {
+    "soundfile",
     "aiohttp",
     "prometheus-client",
     "paho-mqtt",
