@@ -57,7 +57,7 @@ def compile_config(options: SessionOptions) -> dict[str, object]:
     on_npu = npu.is_npu(options.device)
     if options.threads and not on_npu:
         config["INFERENCE_NUM_THREADS"] = str(options.threads)
-    if options.cache_dir:
+    if options.cache_dir and not (on_npu and not npu.blob_cache_exact()):
         # The first NPU compile takes minutes; CACHE_DIR turns later ones into a blob import.
         config["CACHE_DIR"] = str(Path(options.cache_dir) / "openvino")
     if on_npu:

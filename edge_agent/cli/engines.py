@@ -227,6 +227,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     for precision in precisions:
         backend = args.backend or pipe.backend_for(BuildRequest(args.target, precision))
         why = weight_only_unsupported(backend, precision)
+        npu_llm = args.target == "intel-npu" and pipe.recipe.workload == "llm"
+        if npu_llm and precision == "int8" and not args.int8_flavour:
+            why = "the NPU's LLM mode takes weight-only formats (int4, int8w, fp16), not static INT8"
         if why and args.precision == "all":
             skipped.append({"candidate": f"{backend}/{precision}", "why": why})
             continue

@@ -66,6 +66,10 @@ def jetson_fingerprint(gpu_name: str, compute_capability: tuple[int, int], l4t: 
 
 
 def npu_fingerprint() -> str:
+    from ..backends.npu import emulation
+
+    if emulation() != "off":  # an emulated NPU's blobs are never served on silicon, nor the other way
+        return f"npu:emulated-{emulation()}:{cpu_fingerprint()}"
     try:
         import openvino as ov
 

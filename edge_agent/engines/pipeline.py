@@ -40,7 +40,7 @@ from .fingerprint import device_fingerprint, runtime_version
 from .heartbeat import BuildCancelled, Heartbeat
 from .inplace_kv import layout_for
 from .probes import AsrProbe, LlmProbe
-from .recipes import TARGET_BACKENDS, WEIGHT_ONLY, Recipe
+from .recipes import TARGET_BACKENDS, WEIGHT_ONLY, NpuLlmSpec, Recipe
 from .stages import StageContext, calibration_path, compile_artifact, convert, graph_name, open_candidate
 
 __all__ = ["INT8_FLAVOURS", "BuildCancelled", "BuildRequest", "GateRefused", "Heartbeat", "Pipeline", "verdict_from"]
@@ -152,6 +152,13 @@ class Pipeline:
             "runtime_version": version,
             "device": device_fingerprint(req.target),
         }
+        if req.target == "intel-npu" and self.recipe.workload == "llm":  # the NPU plugin's LLM mode
+            shape = (self.recipe.npu_llm or NpuLlmSpec()).shape()
+            parts["npu_llm"] = {
+                "max_prompt": shape.max_prompt,
+                "min_response": shape.min_response,
+                "generate_tokens": shape.generate_tokens,
+            }
         if req.precision in WEIGHT_ONLY:  # only weight-only keys carry it: other keys stay as they were
             parts["weight_only"] = self.recipe.weight_spec.model_dump()
         r = self.recipe
@@ -349,6 +356,8 @@ class Pipeline:
         if self.recipe.workload == "llm":
             with np.load(staged / "reference.npz") as ref:
                 ref_outs = [ref[f"arr_{i}"] for i in range(len(ref.files))]
+            if outs and len(outs[0]) == len(ref_outs[0]) - 1:  # a stateful model's steps start at position 1
+                ref_outs = [r[1:] for r in ref_outs]
             metrics = gates.llm_metrics(ref_outs, outs)
         else:
             metrics = gates.asr_metrics(reference["references"], reference["texts"], texts)

@@ -94,17 +94,44 @@ class LlmProbe:
         return [self.feeds(session, self.token_ids(s)) for s in samples]
 
     def run(self, session: Session, samples: Sequence[TextSample], progress: Progress | None = None) -> Timed:
-        """Logits ``[positions, vocab]`` per sample, with the latency of each prefill."""
+        """Logits ``[positions, vocab]`` per sample, with the latency of each prefill (of each sample's
+        steps, for a stateful model)."""
         outs, lat = [], []
+        stateful = bool(getattr(session, "stateful", False))
         for i, s in enumerate(samples):
-            feeds = self.feeds(session, self.token_ids(s))
+            ids = self.token_ids(s)
             t0 = time.perf_counter()
-            logits = session.run(feeds, ["logits"])["logits"]
+            if stateful:
+                logits = self._stepped(session, ids)
+            else:
+                logits = session.run(self.feeds(session, ids), ["logits"])["logits"]
             lat.append((time.perf_counter() - t0) * 1e3)
             outs.append(np.asarray(logits[0], dtype=np.float32))
             if progress:
                 progress(i + 1, len(samples))
         return Timed(outs, lat)
+
+    @staticmethod
+    def _stepped(session: Session, ids: Sequence[int]) -> np.ndarray:
+        """Teacher-forced logits ``[1, positions - 1, vocab]`` of a stateful model (the NPU's LLM mode),
+        which returns the last position's only: a two-token prefill, then one token a step. The plugin
+        takes a one-token run for a generate step, so a sequence starts with two tokens and the first
+        position has no logits here (the gate compares from the second)."""
+        session.reset_state()  # type: ignore[attr-defined]  # a stateful session
+        rows = []
+        for n in range(2, len(ids) + 1):
+            start = 0 if n == 2 else n - 1
+            feeds: dict[str, np.ndarray] = {
+                "input_ids": np.asarray([ids[start:n]], dtype=np.int64),
+                "attention_mask": np.ones((1, n), dtype=np.int64),
+                "position_ids": np.arange(start, n, dtype=np.int64)[None],
+                "beam_idx": np.zeros(1, dtype=np.int32),
+            }
+            rows.append(session.run(feeds, ["logits"])["logits"][0, -1])
+        if not rows:  # a one-token sample: no position to compare
+            width = next((s.shape[-1] for s in session.outputs if s.name == "logits"), 0)
+            return np.zeros((1, 0, width if isinstance(width, int) else 0), np.float32)
+        return np.stack(rows)[None]
 
 
 class _Recorder:

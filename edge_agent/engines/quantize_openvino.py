@@ -5,6 +5,8 @@
   ``model_type=TRANSFORMER`` for LLMs (keeps softmax/layer-norm paths in float), symmetric preset.
 - ``compress_weights``: NNCF weight-only INT8 / INT4 (group-wise), symmetric or asymmetric, for LLMs:
   what the NPU and memory-bound CPU decode want; no calibration data needed.
+- ``stateful_ir``: an LLM export as the stateful IR the NPU plugin's LLM mode compiles (KV cache as
+  state, ``beam_idx``), its weights f32, f16, INT8 or symmetric INT4 (what the NPU wants).
 - ``compile_blob``: compile once with ``CACHE_DIR`` inside the artifact so a later load imports the
   compiled blob instead of compiling (minutes on the NPU).
 """
@@ -118,6 +120,31 @@ def compress_weights(src: Path, dst_xml: Path, bits: int, group_size: int = 64, 
     return {"tool": f"nncf {nncf.__version__} compress_weights", "mode": mode.name, **kwargs}
 
 
+def stateful_ir(
+    src: Path, dst_xml: Path, weights: str, group_size: int = 128, sliding_window: int | None = None
+) -> dict:
+    """The NPU's LLM form of the export ``src`` (``backends.openvino_stateful``), its weights as
+    ``weights``: ``fp32``, ``fp16``, ``int8w`` (INT8 per channel) or ``int4`` (INT4 symmetric in groups)."""
+    from ..backends.openvino_stateful import make_stateful
+
+    ov = _ov()
+    model = ov.Core().read_model(str(src))
+    facts: dict = {"tool": "openvino MakeStateful", **make_stateful(model, sliding_window), "weights": weights}
+    if weights in ("int4", "int8w"):
+        nncf = _nncf()
+        if weights == "int4":
+            mode, kwargs = nncf.CompressWeightsMode.INT4_SYM, {"group_size": group_size, "ratio": 1.0}
+        else:
+            mode, kwargs = nncf.CompressWeightsMode.INT8_SYM, {}
+        with folded("nncf"):
+            model = nncf.compress_weights(model, mode=mode, **kwargs)
+        facts.update(compression=f"nncf {nncf.__version__} compress_weights {mode.name}", **kwargs)
+    elif weights not in ("fp32", "fp16"):
+        raise InputError(f"the NPU's LLM mode takes fp32, fp16, int8w or int4 weights, not {weights!r}")
+    ov.save_model(model, str(dst_xml), compress_to_fp16=weights == "fp16")
+    return facts
+
+
 def compile_blob(
     xml: Path,
     cache_dir: Path,
@@ -125,12 +152,18 @@ def compile_blob(
     hint: Precision,
     threads: int = 0,
     static_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    extra: Mapping[str, object] | None = None,
 ) -> dict:
     """Compile once into ``cache_dir/openvino`` (the backend's CACHE_DIR layout); returns compile facts."""
     import time
 
     options = SessionOptions(
-        device=device, precision=hint, threads=threads, cache_dir=cache_dir, static_shapes=static_shapes
+        device=device,
+        precision=hint,
+        threads=threads,
+        cache_dir=cache_dir,
+        static_shapes=static_shapes,
+        extra=dict(extra or {}),
     )
     t0 = time.perf_counter()
     try:

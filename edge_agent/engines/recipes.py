@@ -204,11 +204,14 @@ class Recipe(_Strict):
         names = [p.name for p in self.profiles]
         if len(set(names)) != len(names):
             raise ValueError(f"profile names must be unique: {names}")
-        if "intel-npu" in self.targets and not any(p.is_fixed and p.applies_to("intel-npu") for p in self.profiles):
+        npu_fixed = any(p.is_fixed and p.applies_to("intel-npu") for p in self.profiles)
+        if "intel-npu" in self.targets and self.workload == "asr" and not npu_fixed:
             raise ValueError(
                 "target intel-npu compiles static shapes only: add a profile with min = max for every "
                 'dim (targets = ["intel-npu"])'
             )
+        if self.npu_llm is not None and self.workload != "llm":
+            raise ValueError("[npu_llm] configures the NPU's LLM mode; remove it from an ASR recipe")
         if self.workload == "llm" and "jetson" in self.targets:
             jetson = {p.name for p in self.profiles if p.applies_to("jetson")}
             if not {"prefill", "decode"} <= jetson:

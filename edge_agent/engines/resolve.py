@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..backends import SessionOptions, open_session
+from ..backends import SessionOptions, npu, open_session
 from ..models.catalog import DEMO_MODELS, ModelRef, inspect_folder, resolve_model
 from ..models.llm import DecoderLM
 from .cache import EngineCache, Entry, hash_model
@@ -162,7 +162,6 @@ class EngineResolver:
 def npu_llm_options(source: ModelRef, tier: TierConfig) -> dict[str, object]:
     """For an LLM tier on the NPU: the plugin's LLM mode as the model's recipe gives it (``[npu_llm]``;
     the defaults without one) and the model's sliding window; nothing for other devices."""
-    from ..backends import npu
     from .recipes import load_recipe, recipe_files
 
     if tier.backend != "openvino" or not npu.is_npu(tier.device):
@@ -191,7 +190,12 @@ def open_resolved(resolved: Resolved, tier: TierConfig, threads: int) -> Decoder
     ref = resolved.ref
     if parts["backend"] == "openvino":
         hint = ov_hint(parts)
-        options = SessionOptions(device=tier.device, precision=hint, threads=threads, cache_dir=entry.artifact)
+        spec = parts.get("npu_llm")
+        # an NPU LLM engine compiles in the plugin's LLM mode with the shape it was built (and cached) for
+        extra = {"npu_llm": npu.LlmShape(**spec)} if spec and npu.is_npu(tier.device) else {}
+        options = SessionOptions(
+            device=tier.device, precision=hint, threads=threads, cache_dir=entry.artifact, extra=extra
+        )
         return DecoderLM.open(ref, "openvino", options)
     if parts["backend"] == "tensorrt":  # a plan, not model.onnx: open the session and wrap it ourselves
         session = open_session(

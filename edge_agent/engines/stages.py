@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..backends import SessionOptions, open_session
+from ..backends.npu import LlmShape
 from ..errors import InputError
 from ..models.catalog import ModelRef
 from . import quantize_ort
@@ -165,7 +166,15 @@ def convert(ctx: StageContext, staged: Path, parts: dict, req: Any) -> dict:
         from . import quantize_openvino as qov
 
         xml = model_dir / graph_name("openvino")
-        if precision in ("fp32", "fp16"):
+        if npu_llm(ctx, parts):  # the NPU runs LLMs only in its plugin's LLM mode, from a stateful IR
+            if precision == "int8" and flavour != "weights":
+                raise InputError(
+                    "the NPU's LLM mode takes weight-only formats: build int4 (or int8w, fp16) for intel-npu"
+                )
+            weights = "int8w" if precision == "int8" else precision
+            window = ctx.ref.config.get("sliding_window")
+            out = qov.stateful_ir(src, xml, weights, ctx.recipe.weight_spec.block_size, window)
+        elif precision in ("fp32", "fp16"):
             out = qov.to_ir(src, xml, fp16=precision == "fp16")
         elif precision in WEIGHT_ONLY:
             spec = ctx.recipe.weight_spec
@@ -222,7 +231,13 @@ def compile_artifact(ctx: StageContext, staged: Path, parts: dict, req: Any) -> 
 
         device = "NPU" if parts["target"] == "intel-npu" else "CPU"
         out = compile_blob(
-            model_dir / graph_name(backend), model_dir, device, ov_hint(parts), ctx.threads, static_shapes(ctx, parts)
+            model_dir / graph_name(backend),
+            model_dir,
+            device,
+            ov_hint(parts),
+            ctx.threads,
+            static_shapes(ctx, parts),
+            npu_llm(ctx, parts),
         )
     else:
         from .tensorrt_build import BuildSpec, build_plan, load_tensorrt
@@ -275,8 +290,16 @@ def profile_shapes(recipe: Recipe, target: str, onnx_path: Path) -> list[tuple[s
     return [(p.name, input_shapes(p, inputs)) for p in profiles]
 
 
+def npu_llm(ctx: StageContext, parts: dict) -> dict[str, object]:
+    """For an LLM built for the NPU: the plugin's LLM mode as the key says (``key_parts["npu_llm"]``)."""
+    spec = parts.get("npu_llm")
+    if parts["target"] != "intel-npu" or ctx.recipe.workload != "llm" or not spec:
+        return {}
+    return {"npu_llm": LlmShape(spec["max_prompt"], spec["min_response"], spec["generate_tokens"])}
+
+
 def static_shapes(ctx: StageContext, parts: dict) -> dict[str, tuple[int, ...]] | None:
-    if parts["target"] != "intel-npu":
+    if parts["target"] != "intel-npu" or npu_llm(ctx, parts):
         return None
     _name, shapes = profile_shapes(ctx.recipe, parts["target"], ctx.ref.path / ctx.recipe.onnx_file)[0]
     return {inp: lo for inp, (lo, _, _) in shapes.items()}
@@ -303,6 +326,7 @@ def open_candidate(ctx: StageContext, folder: Path, parts: dict):
             threads=ctx.threads,
             cache_dir=folder,
             static_shapes=static_shapes(ctx, parts),
+            extra=npu_llm(ctx, parts),
         )
     else:
         options = SessionOptions(device="cuda:0")

@@ -174,7 +174,9 @@ class DecoderLM:
         binding = session if isinstance(session, BindingSession) else None
         if self.shared_kv and binding is None:
             raise ModelError(f"{ref.name}: onnxruntime-genai folders run on ONNX Runtime only")
-        model_type = config.get("model_type", ref.model_type) if self.shared_kv else ref.model_type
+        # genai and IR folders name the architecture in their config (for the built-in chat templates)
+        translated = self.shared_kv or ref.model_type == "openvino-ir"
+        model_type = config.get("model_type", ref.model_type) if translated else ref.model_type
         self.tokenizer = Tokenizer(ref.path, model_type)
         out = {s.name: s for s in session.outputs}
         vocab = out["logits"].shape[-1] if "logits" in out else None
@@ -455,6 +457,9 @@ class DecoderLM:
     def check_prompt(self, prompt_ids: Sequence[int], max_new_tokens: int) -> None:
         if not prompt_ids:
             raise InputError("the prompt is empty")
+        if self.npu_shape is not None and len(prompt_ids) < 2:
+            # the plugin's LLM mode takes a one-token run for a generate step: a sequence starts with two
+            raise InputError("the NPU's LLM mode prefills prompts of two tokens or more; this one has one")
         if max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         total = len(prompt_ids) + max_new_tokens

@@ -49,6 +49,8 @@ def test_shipped_recipes_are_valid(name: str) -> None:
     if "jetson" in recipe.targets and recipe.workload == "llm":
         assert {p.name for p in recipe.profiles_for("jetson")} == {"prefill", "decode"}
     assert all(p.is_fixed for p in recipe.profiles_for("intel-npu"))
+    if "intel-npu" in recipe.targets and recipe.workload == "llm":
+        assert recipe.npu_llm is not None and recipe.npu_llm.weights in recipe.precisions
     assert recipe.resolve(recipe.heldout.data).is_file()
 
 
@@ -73,7 +75,14 @@ def test_a_bare_name_is_found_in_the_recipes_dir(tmp_path: Path) -> None:
         (lambda t: t.replace('precisions = ["fp32", "int8"]', 'precisions = ["fp64"]'), "precisions[0]"),
         (lambda t: t.split("[calibration]")[0] + "[heldout]\ndata = 'p.jsonl'", "int8 needs a [calibration] section"),
         (lambda t: t.replace("[1, 16, 64]", "[8, 4, 64]"), "need 0 <= min <= opt <= max"),
-        (lambda t: t.replace('targets = ["cpu"]', 'targets = ["cpu", "intel-npu"]'), "static shapes only"),
+        (
+            lambda t: t.replace('workload = "llm"', 'workload = "asr"').replace(
+                'targets = ["cpu"]', 'targets = ["intel-npu"]'
+            ),
+            "static shapes only",
+        ),
+        (lambda t: t.replace('workload = "llm"', 'workload = "asr"') + "\n[npu_llm]\n", "remove it from an ASR recipe"),
+        (lambda t: t + "\n[npu_llm]\nmax_prompt = 100\n", "multiple of 64"),
         (lambda t: t.replace('targets = ["cpu"]', 'targets = ["jetson"]'), "'prefill' and a 'decode' profile"),
         (
             lambda t: t.replace('workload = "llm"', 'workload = "asr"').replace('"int8"]', '"int8", "int4"]'),
