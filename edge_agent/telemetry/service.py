@@ -132,7 +132,7 @@ class Telemetry:
                 max_bytes=telemetry.max_command_bytes,
                 clock=clock,
                 wall=wall,
-                verifier=Verifier(key, wall),
+                verifier=Verifier(key, wall, telemetry.max_signature_lifetime_s),
                 allowed=telemetry.commands_allowed,
                 reply_prefixes=telemetry.reply_prefixes,
                 on_drops=lambda data: self.emit_event("commands_dropped", data),
