@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edge_agent.models.sampling import Sampler, SamplingParams, logprobs_of
-from edge_agent.serving.openai_output import ToolCallStream, tool_call
+from edge_agent.serving.openai_output import ToolCallStream, split_tool_call, tool_call
 
 CALL = '{"name": "set_light", "arguments": {"room": "kit\\"chen }", "level": 80, "tags": ["warm"]}}'
 
@@ -38,11 +38,26 @@ def test_a_call_streamed_character_by_character_sends_the_name_once():
     assert len(heads) == 1 and heads[0]["tool_calls"][0]["function"]["name"] == "set_light"
 
 
-@pytest.mark.parametrize("answer", ["Sure, the lights are on.", "{not a call", '{"nam'])
+@pytest.mark.parametrize("answer", ["Sure, the lights are on.", "{not a call"])
 def test_words_stream_as_content(answer):
     name, args, text = _replay([answer[:3], answer[3:]])
     assert (name, args, text) == ("", "", answer)
     assert tool_call(answer) is None
+
+
+@pytest.mark.parametrize("cut", [5, 14, 30, CALL.index("chen }") + 6, len(CALL) - 1])
+def test_a_call_cut_off_is_still_a_call_with_what_was_written(cut):
+    # only a call starts with "{" in tools mode (the grammar's text branch cannot): a call cut off by
+    # max_tokens, even before its name is complete, never leaks the wrapper into content; a "}" it
+    # ends on (inside a string here) is part of the arguments, not the wrapper's end
+    name, args, text = _replay([CALL[:cut]])
+    written = CALL[:cut]
+    assert text == "" and "set_light".startswith(name)
+    head = '{"name": "set_light", "arguments": '
+    assert args == written[len(head) :]  # the unfinished arguments, nothing of the wrapper
+    content, call, complete = split_tool_call(written)
+    assert content is None and not complete
+    assert call is not None and (call["function"]["name"], call["function"]["arguments"]) == (name, args)
 
 
 def test_frequency_presence_penalties_and_bias_follow_openais_formula():
