@@ -257,7 +257,13 @@ class Agent:
             )
             for t in s.models.llm
         ]
-        served = TieredLLM(tiers, observe=self.observers.deliver, on_switched=self._llm_switched, drain_s=self.drain_s)
+        served = TieredLLM(
+            tiers,
+            observe=self.observers.deliver,
+            on_switched=self._llm_switched,
+            drain_s=self.drain_s,
+            spill_slack_ms=s.sla.target_ms,  # a one-sequence tier (the NPU) spills what would miss it
+        )
         errors = served.start_first(
             lambda tier, exc: self._event("tier_load_failed", {"workload": "llm", "tier": tier, "error": str(exc)})
         )

@@ -326,6 +326,8 @@ def timings(handle: RequestHandle, timing: RequestTiming, requested_max_tokens: 
     }
     if _clamped(handle, requested_max_tokens):
         out["max_tokens"] = {"requested": requested_max_tokens, "granted": handle.max_new_tokens}
+    if handle.spill is not None:  # served by the tier beside a one-sequence tier, and why
+        out["spilled"] = dict(handle.spill)
     return out
 
 

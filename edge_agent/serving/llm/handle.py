@@ -61,6 +61,7 @@ class RequestHandle:
         self.tier: str | None = None
         self.model: str = ""
         self.engine: str | None = None
+        self.spill: dict[str, str] | None = None  # served by the spill tier instead: {"from": tier, "reason"}
         self.max_new_tokens: int | None = None
         self._on_cancel: Callable[[], None] | None = None  # set by the scheduler: wakes its loop
         self._sink: Callable[[TokenEvent | None], None] | None = None

@@ -10,6 +10,14 @@ Relief from the controller applies to new requests: ``token_cap_ratio`` truncate
 ``max_new_tokens``, ``shedding`` rejects them with ``Unavailable`` (HTTP 503, with a retry hint),
 ``max_batch`` resizes the active scheduler's batch within what its KV buffers hold.
 
+**Spill.** A tier that holds one sequence at a time (the NPU's LLM mode) is served with the next tier
+beside it, loaded with it: a request goes there instead when the active tier cannot take it (its prompt
+does not fit the NPU's context, or is too short for its prefill) or when the requests queued before it
+would make it miss the SLA's slack (queued and running requests × the tier's recent request time, plus
+its recent first-token time, above ``spill_slack_ms``). The handle says so (``spill``: the tier it left
+and why), the request is observed under the tier that served it, and the controller switches on the SLA
+as before; a switch to the spill tier takes the loaded copy over instead of loading it again.
+
 A prompt is measured before it is tokenized: longer than the tier's context (``max_context``
 tokens) times ``MAX_CHARS_PER_TOKEN`` characters, or with more messages than the context has
 tokens, it cannot fit and is refused at once (``ContextLengthExceeded``) — tokenizing tens of
@@ -35,6 +43,7 @@ from ..ladder import Ladder
 from .scheduler import DEFAULT_PARAMS, Limits, LLMScheduler, RequestHandle
 
 MAX_CHARS_PER_TOKEN = 32
+_EWMA = 0.2  # weight of the newest request in a tier's recent request and first-token times
 log = logging.getLogger(__name__)
 
 
@@ -62,17 +71,31 @@ class _Loaded:
         # The tier is known here, where the scheduler is made: each observation says so, typed, with
         # the engine it opened (asked once, now that it is open: a later build does not rename this one).
         engine = self.engine = tier.engine() if tier.engine is not None else None
-        self.scheduler = LLMScheduler(
-            lm,
-            tier.limits,
-            clock=clock,
-            on_finished=lambda timing: observe(Observation.of_request(timing, tier.name, tier.model, engine)),
-        ).start()
+        self.recent_e2e_ms = self.recent_ttft_ms = 0.0  # moving averages, for the spill's queue estimate
+
+        def finished(timing) -> None:
+            if timing.e2e_ms is not None and timing.ttft_ms is not None:
+                weight = _EWMA if self.recent_e2e_ms else 1.0  # the first request sets them
+                self.recent_e2e_ms += weight * (timing.e2e_ms - self.recent_e2e_ms)
+                self.recent_ttft_ms += weight * (timing.ttft_ms - self.recent_ttft_ms)
+            observe(Observation.of_request(timing, tier.name, tier.model, engine))
+
+        self.scheduler = LLMScheduler(lm, tier.limits, clock=clock, on_finished=finished).start()
         self.first = True  # the next request is the first after a load: excluded from SLA windows
+        self.spill: _Loaded | None = None  # the next tier, beside a one-sequence tier (see the module doc)
+        self.adopted = False  # swapped out, but kept as the new active tier's spill tier
+
+    def expected_ttft_ms(self) -> float:
+        """What a request admitted now would wait for its first token: everything before it, then its own."""
+        waiting, running = self.scheduler.load
+        return (waiting + running) * self.recent_e2e_ms + self.recent_ttft_ms
 
     def close(self, drain_s: float) -> None:
         self.scheduler.stop(drain_s)
         self.lm.close()
+        if self.spill is not None:
+            self.spill.close(drain_s)
+            self.spill = None
 
 
 class TieredLLM(Ladder):
@@ -86,21 +109,47 @@ class TieredLLM(Ladder):
         on_switched: Callable[[int, int, float, str | None], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         drain_s: float = 120.0,
+        spill_slack_ms: float | None = None,
     ) -> None:
-        """``on_switched(old, new, load_ms, error)`` is told when a switch completes or fails."""
+        """``on_switched(old, new, load_ms, error)`` is told when a switch completes or fails;
+        ``spill_slack_ms``: the expected first-token time above which a one-sequence tier's request
+        goes to its spill tier (None: only requests it cannot take)."""
         super().__init__(tiers, on_switched)
         self._observe = observe or (lambda obs: None)
         self._clock = clock
         self._drain_s = drain_s
+        self.spill_slack_ms = spill_slack_ms
         self.token_cap_ratio = 1.0
         self.shedding = False
         # [calibration] capture: told each admitted request's prompt or messages; it never blocks
         self.capture: Callable[[str | Sequence[Message]], None] | None = None
 
     def _load(self, index: int) -> _Loaded:
+        current = self._active
+        if current is not None and current.spill is not None and current.spill.index == index:
+            # a switch down to the tier already loaded beside a one-sequence tier: take it over
+            loaded, current.spill = current.spill, None
+            return loaded
+        loaded = self._open(index)
+        if loaded.lm.max_rows == 1 and index + 1 < len(self.tiers):
+            if current is not None and current.index == index + 1:
+                # a switch up from the tier that becomes the spill tier: it stays loaded, not retired
+                loaded.spill, current.adopted = current, True
+                return loaded
+            try:
+                loaded.spill = self._open(index + 1)
+            except Exception as exc:  # serving goes on without the spill tier, never without the active one
+                name = self.tiers[index + 1].name
+                log.error("tier %r could not load as the spill tier of %r: %s", name, loaded.tier.name, exc)
+        return loaded
+
+    def _open(self, index: int) -> _Loaded:
         return _Loaded(index, self.tiers[index], self.tiers[index].open(), self._observe, self._clock)
 
     def _retire(self, old: _Loaded) -> None:
+        if old.adopted:  # it serves on as the new tier's spill tier
+            old.adopted = False
+            return
         old.close(self._drain_s)  # finishes every request it admitted, then frees the model
 
     @property
@@ -108,6 +157,12 @@ class TieredLLM(Ladder):
         """(waiting, running) of the active tier."""
         loaded = self._active
         return loaded.scheduler.load if loaded is not None else (0, 0)
+
+    @property
+    def spill_tier(self) -> str | None:
+        """The tier loaded beside the active one to take what it cannot (see the module doc), if any."""
+        loaded = self._active
+        return loaded.spill.tier.name if loaded is not None and loaded.spill is not None else None
 
     @property
     def steps(self) -> int:
@@ -135,8 +190,45 @@ class TieredLLM(Ladder):
                     f"shedding load: tier {loaded.tier.name!r} is over its latency target and no "
                     "lighter tier is left; retry in a few seconds"
                 )
-            tags = [FIRST_AFTER_LOAD] if loaded.first else []
-            loaded.first = False
+        spill = loaded.spill
+        served, why = loaded, None
+        if spill is not None and self.spill_slack_ms is not None:
+            expected = loaded.expected_ttft_ms()
+            if expected > self.spill_slack_ms:
+                served, why = spill, f"queue: expected first token in {expected:.0f} ms > {self.spill_slack_ms:.0f} ms"
+        try:
+            ids, granted = self._admit(served, prompt, params, raw)
+        except InputError as exc:
+            if spill is None or served is spill:
+                raise
+            served, why = spill, f"tier {loaded.tier.name!r} cannot take it: {exc}"
+            ids, granted = self._admit(spill, prompt, params, raw)
+        with self._lock:
+            tags = [FIRST_AFTER_LOAD] if served.first else []
+            served.first = False
+        params = granted
+        try:
+            handle = served.scheduler.submit(ids, params, deadline_ms=deadline_ms, tags=tags)
+        except Unavailable:
+            if self._active is loaded:  # the ladder itself is stopping
+                raise
+            # a switch retired this tier while the prompt was being tokenized: the new tier takes it
+            return self.submit(prompt, params, deadline_ms, raw)
+        handle.tier, handle.model, handle.engine = served.tier.name, served.lm.ref.name, served.engine
+        handle.max_new_tokens = params.max_new_tokens
+        if why is not None:
+            handle.spill = {"from": loaded.tier.name, "reason": why}
+        if self.capture is not None:
+            try:
+                self.capture(prompt)
+            except Exception:  # a capture fault must never fail the request it samples
+                log.exception("calibration capture failed")
+        return handle
+
+    def _admit(
+        self, loaded: _Loaded, prompt: str | Sequence[Message], params: SamplingParams, raw: bool
+    ) -> tuple[list[int], SamplingParams]:
+        """The prompt as ``loaded`` tokenizes it and the params its cap grants; what it cannot take raises."""
         cap = max(1, int(loaded.tier.max_new_tokens * self.token_cap_ratio))
         params = replace(params, max_new_tokens=min(params.max_new_tokens, cap))
         context = loaded.lm.contract.max_context
@@ -151,21 +243,8 @@ class TieredLLM(Ladder):
                 f"the prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = "
                 f"{len(ids) + params.max_new_tokens} exceeds tier {loaded.tier.name!r}'s context of {context} tokens"
             )
-        try:
-            handle = loaded.scheduler.submit(ids, params, deadline_ms=deadline_ms, tags=tags)
-        except Unavailable:
-            if self._active is loaded:  # the ladder itself is stopping
-                raise
-            # a switch retired this tier while the prompt was being tokenized: the new tier takes it
-            return self.submit(prompt, params, deadline_ms, raw)
-        handle.tier, handle.model, handle.engine = loaded.tier.name, loaded.lm.ref.name, loaded.engine
-        handle.max_new_tokens = params.max_new_tokens
-        if self.capture is not None:
-            try:
-                self.capture(prompt)
-            except Exception:  # a capture fault must never fail the request it samples
-                log.exception("calibration capture failed")
-        return handle
+        loaded.lm.check_prompt(ids, params.max_new_tokens)
+        return list(ids), params
 
     def set_max_batch(self, max_batch: int) -> None:
         """Adaptive batching: resize the active tier's batch, never above its configured max."""
