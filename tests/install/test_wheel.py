@@ -196,6 +196,31 @@ def test_build_by_recipe_name_from_outside_the_checkout(installed, tmp_path: Pat
     assert not list((installed["site"] / "edge_agent" / "data").rglob("*.wav"))
 
 
+def test_an_npu_tier_under_emulation_from_the_installed_wheel(installed, tmp_path: Path) -> None:
+    """The NPU path as installed (the NPU plugin's LLM mode, emulated on the CPU): the same greedy
+    tokens as ONNX Runtime on the same demo model, run from / with no checkout."""
+    pytest.importorskip("openvino")
+    env = _user_env(tmp_path / "home")
+
+    def generate(*backend: str, emulation: str = "off") -> dict:
+        done = subprocess.run(
+            [str(installed["exe"]), "generate", "--model", "demo-phi3", *backend, "--greedy"]
+            + ["--max-new-tokens", "16", "--json", "tell me about the weather"],
+            cwd="/",
+            env={**env, "EDGE_AGENT_DEVICE__NPU_EMULATION": emulation},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout)
+
+    on_npu = generate("--backend", "openvino", "--device", "NPU", emulation="cpu")
+    on_cpu = generate("--backend", "onnxruntime")
+    assert on_npu["device"] == "NPU" and on_npu["token_ids"] == on_cpu["token_ids"]
+
+
 class _UnixHTTP(http.client.HTTPConnection):
     def __init__(self, path: Path) -> None:
         super().__init__("localhost", timeout=10)
