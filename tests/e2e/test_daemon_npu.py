@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.models.catalog import resolve_model
 from edge_agent.models.asr import open_recognizer
+from edge_agent.models.catalog import resolve_model
 from edge_agent.models.llm import DecoderLM
 from tests.daemon_proc import Daemon, config_text, wait_for
 from tests.e2e.test_calibration_capture import _upload

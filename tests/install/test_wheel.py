@@ -196,6 +196,9 @@ def test_build_by_recipe_name_from_outside_the_checkout(installed, tmp_path: Pat
     assert not list((installed["site"] / "edge_agent" / "data").rglob("*.wav"))
 
 
+GENERATE_ARGS = ("--max-new-tokens", "16", "--json", "tell me about the weather")
+
+
 def test_an_npu_tier_under_emulation_from_the_installed_wheel(installed, tmp_path: Path) -> None:
     """The NPU path as installed (the NPU plugin's LLM mode, emulated on the CPU): the same greedy
     tokens as ONNX Runtime on the same demo model, run from / with no checkout."""
@@ -204,8 +207,7 @@ def test_an_npu_tier_under_emulation_from_the_installed_wheel(installed, tmp_pat
 
     def generate(*backend: str, emulation: str = "off") -> dict:
         done = subprocess.run(
-            [str(installed["exe"]), "generate", "--model", "demo-phi3", *backend, "--greedy"]
-            + ["--max-new-tokens", "16", "--json", "tell me about the weather"],
+            [str(installed["exe"]), "generate", "--model", "demo-phi3", *backend, "--greedy", *GENERATE_ARGS],
             cwd="/",
             env={**env, "EDGE_AGENT_DEVICE__NPU_EMULATION": emulation},
             capture_output=True,
