@@ -385,8 +385,8 @@ def npu_chunk_shapes(ref: ModelRef) -> dict[str, tuple[int, ...]]:
     cfg = ref.config
     if ref.model_type != "streaming-ctc" or "state_shapes" not in cfg:
         raise ModelError(
-            f"{ref.name}: the NPU runs static shapes; only streaming CTC models (config.json chunk_frames and "
-            "state_shapes) give them on their own: build an engine for target intel-npu for this one"
+            f"{ref.name}: the NPU runs static shapes, and only a streaming CTC model (config.json chunk_frames and "
+            "state_shapes) keeps them for a whole utterance: serve this model on the CPU"
         )
     pre = read_json(Path(ref.path) / "preprocessor_config.json")
     mels = int(pre.get("feature_size") or pre.get("num_mel_bins") or 80)
