@@ -138,7 +138,9 @@ def open(path: Path, options: SessionOptions) -> OvSession:
         from .openvino_stateful import make_stateful
 
         window = options.extra.get("sliding_window")
-        done = make_stateful(model, window if isinstance(window, int) else None)
+        shape = options.extra["npu_llm"]
+        assert isinstance(shape, npu.LlmShape)
+        done = make_stateful(model, window if isinstance(window, int) else None, shape.capacity)
         log.info("%s made stateful for the NPU's LLM mode: %s", path.name, done)
     if base == "NPU" and model.is_dynamic() and not llm_mode:  # the LLM mode fixes the shapes itself
         dynamic = [p.get_any_name() for p in model.inputs if p.get_partial_shape().is_dynamic]

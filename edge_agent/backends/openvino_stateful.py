@@ -36,8 +36,10 @@ def is_stateful(model: ov.Model) -> bool:
     return bool(model.get_sinks()) and any("beam_idx" in p.get_names() for p in model.inputs)
 
 
-def make_stateful(model: ov.Model, sliding_window: int | None = None) -> dict[str, int]:
-    """Turn the plain decoder export ``model`` into the stateful form, in place; what was rewritten."""
+def make_stateful(model: ov.Model, sliding_window: int | None = None, capacity: int | None = None) -> dict[str, int]:
+    """Turn the plain decoder export ``model`` into the stateful form, in place; what was rewritten.
+    ``capacity``: the tokens the NPU's cache will hold; a sliding window narrower than that must be
+    found and rewritten, or the conversion is refused (its tokens would be wrong from the second on)."""
     past = [p for p in model.inputs if p.get_any_name().startswith("past_key_values.")]
     if not past:
         raise ModelError("not a decoder export with a KV cache: no past_key_values.N inputs to keep as state")
@@ -48,6 +50,13 @@ def make_stateful(model: ov.Model, sliding_window: int | None = None) -> dict[st
             f"{sorted(n for n in names if not n.startswith('past_key_values.'))}"
         )
     windows = _rewrite_sliding_window(model, sliding_window) if sliding_window else 0
+    if sliding_window and not windows and (capacity is None or sliding_window < capacity):
+        raise ModelError(
+            f"the export's sliding window of {sliding_window} tokens is narrower than the NPU's cache"
+            + (f" of {capacity} tokens" if capacity else "")
+            + ", and its window test (kv > q - window) was not found to compute it from positions; under the "
+            "NPU's fixed-size cache it would mask the wrong tokens: serve this export on the CPU"
+        )
     clamped = _clamp_mask_minimum(model)
     beam = ops.parameter([-1], ov.Type.i32, name="beam_idx")
     beam.output(0).get_tensor().set_names({"beam_idx"})

@@ -121,7 +121,12 @@ def compress_weights(src: Path, dst_xml: Path, bits: int, group_size: int = 64, 
 
 
 def stateful_ir(
-    src: Path, dst_xml: Path, weights: str, group_size: int = 128, sliding_window: int | None = None
+    src: Path,
+    dst_xml: Path,
+    weights: str,
+    group_size: int = 128,
+    sliding_window: int | None = None,
+    capacity: int | None = None,
 ) -> dict:
     """The NPU's LLM form of the export ``src`` (``backends.openvino_stateful``), its weights as
     ``weights``: ``fp32``, ``fp16``, ``int8w`` (INT8 per channel) or ``int4`` (INT4 symmetric in groups)."""
@@ -129,7 +134,8 @@ def stateful_ir(
 
     ov = _ov()
     model = ov.Core().read_model(str(src))
-    facts: dict = {"tool": "openvino MakeStateful", **make_stateful(model, sliding_window), "weights": weights}
+    rewrites = make_stateful(model, sliding_window, capacity)
+    facts: dict = {"tool": "openvino MakeStateful", **rewrites, "weights": weights}
     if weights in ("int4", "int8w"):
         nncf = _nncf()
         if weights == "int4":

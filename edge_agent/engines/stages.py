@@ -173,7 +173,8 @@ def convert(ctx: StageContext, staged: Path, parts: dict, req: Any) -> dict:
                 )
             weights = "int8w" if precision == "int8" else precision
             window = ctx.ref.config.get("sliding_window")
-            out = qov.stateful_ir(src, xml, weights, ctx.recipe.weight_spec.block_size, window)
+            capacity = npu_llm(ctx, parts)["npu_llm"].capacity  # type: ignore[attr-defined]  # an LlmShape
+            out = qov.stateful_ir(src, xml, weights, ctx.recipe.weight_spec.block_size, window, capacity)
         elif precision in ("fp32", "fp16"):
             out = qov.to_ir(src, xml, fp16=precision == "fp16")
         elif precision in WEIGHT_ONLY:

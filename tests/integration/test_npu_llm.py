@@ -109,3 +109,27 @@ def test_without_the_emulation_or_a_driver_the_npu_is_absent(tmp_path: Path) -> 
         pytest.skip("this machine has a real NPU")
     with pytest.raises(DeviceUnavailable, match="NPU"):
         DecoderLM.open(ref, "openvino", SessionOptions(device="NPU"))
+
+
+def test_a_sliding_window_that_cannot_be_found_is_refused_when_the_cache_is_wider(tmp_path: Path) -> None:
+    import openvino as ov
+
+    from edge_agent.backends.openvino_stateful import make_stateful
+    from edge_agent.errors import ModelError
+
+    ref = resolve_model("demo-phi3", tmp_path / "models")  # its export has no window test to rewrite
+    with pytest.raises(ModelError, match="sliding window of 16 tokens is narrower than the NPU's cache of 127"):
+        make_stateful(ov.Core().read_model(str(ref.path / "model.onnx")), sliding_window=16, capacity=127)
+    # a window the cache never exceeds cannot mask anything wrongly: converted as it is
+    done = make_stateful(ov.Core().read_model(str(ref.path / "model.onnx")), sliding_window=4096, capacity=127)
+    assert done["sliding_window_rewrites"] == 0 and done["kv_states"] == 4
+
+
+def test_gemma2s_window_is_rewritten_on_positions(tmp_path: Path) -> None:
+    import openvino as ov
+
+    from edge_agent.backends.openvino_stateful import make_stateful
+
+    ref = resolve_model("demo-gemma2", tmp_path / "models")
+    done = make_stateful(ov.Core().read_model(str(ref.path / "model.onnx")), ref.config["sliding_window"], 127)
+    assert done["sliding_window_rewrites"] >= 1 and done["mask_minimum_clamped"] >= 1
