@@ -133,3 +133,35 @@ def test_gemma2s_window_is_rewritten_on_positions(tmp_path: Path) -> None:
     ref = resolve_model("demo-gemma2", tmp_path / "models")
     done = make_stateful(ov.Core().read_model(str(ref.path / "model.onnx")), ref.config["sliding_window"], 127)
     assert done["sliding_window_rewrites"] >= 1 and done["mask_minimum_clamped"] >= 1
+
+
+def test_structured_output_logprobs_and_cancel_on_the_npu_tier(emulated, tmp_path: Path) -> None:
+    """The NPU tier runs the same scheduler path: a format mask, logprobs, and a cancelled sequence that
+    frees the NPU for the next one (whose tokens are still the export's)."""
+    import json as _json
+
+    from edge_agent.models.grammar import json_schema_grammar
+
+    reference, on_npu = _open_pair("demo-phi3", tmp_path)
+    prompt = _prompt(reference, 20, 9)
+    want = list(reference.generate_greedy(prompt, 12, stop_at_eos=False))
+    reference.close()
+    scheduler = LLMScheduler(on_npu, Limits(max_batch=1, batch_timeout_ms=0)).start()
+    try:
+        schema = {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}
+        shaped = scheduler.submit(
+            prompt, SamplingParams(max_new_tokens=40, grammar=json_schema_grammar(schema), logprobs=2)
+        ).result()
+        assert _json.loads(shaped.text)["on"] in (True, False)
+        assert len(shaped.logprobs) == len(shaped.token_ids)
+        assert all(lp.token_id == t and len(lp.top) == 2 for lp, t in zip(shaped.logprobs, shaped.token_ids))
+        cancelled = scheduler.submit(prompt, SamplingParams(max_new_tokens=60, ignore_eos=True))
+        events = iter(cancelled)
+        next(events)  # it holds the NPU's one sequence now
+        cancelled.cancel()
+        assert cancelled.result().finish_reason == "cancelled"
+        after = scheduler.submit(prompt, SamplingParams(max_new_tokens=12, ignore_eos=True)).result()
+    finally:
+        scheduler.stop()
+        on_npu.close()
+    assert list(after.token_ids) == want
