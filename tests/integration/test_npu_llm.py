@@ -154,7 +154,7 @@ def test_structured_output_logprobs_and_cancel_on_the_npu_tier(emulated, tmp_pat
         ).result()
         assert _json.loads(shaped.text)["on"] in (True, False)
         assert len(shaped.logprobs) == len(shaped.token_ids)
-        assert all(lp.token_id == t and len(lp.top) == 2 for lp, t in zip(shaped.logprobs, shaped.token_ids))
+        assert all(lp.token_id == t and 1 <= len(lp.top) <= 2 for lp, t in zip(shaped.logprobs, shaped.token_ids))
         cancelled = scheduler.submit(prompt, SamplingParams(max_new_tokens=60, ignore_eos=True))
         events = iter(cancelled)
         next(events)  # it holds the NPU's one sequence now
