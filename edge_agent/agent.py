@@ -46,6 +46,8 @@ from .telemetry.inventory import InventoryBook, config_digest
 
 if TYPE_CHECKING:
     from .engines.background import TierEngines
+    from .engines.resolve import Resolved
+    from .telemetry.service import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,7 @@ class Agent:
         self.notifier = notifier or Notifier()
         self.drain_s = drain_s
         self.metrics = PrometheusMetrics()
-        self.telemetry = None
+        self.telemetry: Telemetry | None = None
         self.llm: TieredLLM | None = None
         self.controller: TierController | None = None
         self.api: ApiServer | None = None
@@ -102,7 +104,7 @@ class Agent:
 
     def start(self) -> Agent:
         s = self.settings
-        engines = self._tier_engines()
+        engines = self.tier_engines()
         self.notifier.status("starting: telemetry")
         self.telemetry = self._start_telemetry()
         if self.telemetry is not None:
@@ -260,7 +262,7 @@ class Agent:
         served = TieredLLM(
             tiers,
             observe=self.observers.deliver,
-            on_switched=self._llm_switched,
+            on_switched=functools.partial(self._switched, "llm"),
             drain_s=self.drain_s,
             spill_slack_ms=s.sla.target_ms,  # a one-sequence tier (the NPU) spills what would miss it
         )
@@ -268,7 +270,7 @@ class Agent:
             lambda tier, exc: self._event("tier_load_failed", {"workload": "llm", "tier": tier, "error": str(exc)})
         )
         if served.active_tier is None:  # no tier loads: build an engine for one, then serve it
-            self._tier_engines().build_then_start(served, s.models.llm, errors)
+            self.tier_engines().build_then_start(served, s.models.llm, errors)
         policy = policy_from_config(s.sla, max(t.max_batch for t in s.models.llm))
         self.controller = TierController(
             served,
@@ -285,7 +287,7 @@ class Agent:
         s = self.settings
 
         def open_tier() -> DecoderLM:
-            engines = self._tier_engines()
+            engines = self.tier_engines()
             if engines.starting:  # demo weights, hashing, compiling: keep systemd patient (not once serving)
                 self.notifier.extend_timeout(300)
             return engines.open(tier, s.device.threads)  # the cached engine if current and intact, else the folder
@@ -307,7 +309,7 @@ class Agent:
             speech = open_speech(
                 s,
                 observe=self.observers.deliver,
-                on_switched=self._asr_switched,
+                on_switched=functools.partial(self._switched, "asr"),
                 on_load_failed=lambda tier, exc: self._event(
                     "tier_load_failed", {"workload": "asr", "tier": tier, "error": str(exc)}
                 ),
@@ -331,7 +333,7 @@ class Agent:
             self.observers.register(self.asr_controller.observe)
         return speech
 
-    def _tier_engines(self) -> TierEngines:
+    def tier_engines(self) -> TierEngines:
         """What each LLM tier loads (cached engine or model folder) and the background engine builds."""
         if self._engines is None:
             from .engines.background import TierEngines
@@ -352,19 +354,23 @@ class Agent:
 
     # -- hooks ----------------------------------------------------------------------------------
 
-    def _asr_switched(self, old: int, new: int, load_ms: float, error: str | None) -> None:
-        if error and self.asr_controller is not None:
-            self.asr_controller.switch_failed(old, new, error)
+    def _switched(self, workload: str, old: int, new: int, load_ms: float, error: str | None) -> None:
+        """A ladder's switch ended: a failure goes to its controller, a success to ``reported`` and ``meta``."""
+        controller = self.controller if workload == "llm" else self.asr_controller
+        if error and controller is not None:
+            controller.switch_failed(old, new, error)
         else:
             self.remote.publish_reported()
             self.inventory.changed()
 
-    def _llm_switched(self, old: int, new: int, load_ms: float, error: str | None) -> None:
-        if error and self.controller is not None:
-            self.controller.switch_failed(old, new, error)
-        else:
-            self.remote.publish_reported()
-            self.inventory.changed()
+    def served_engines(self) -> dict[str, Resolved]:
+        """Per LLM tier loaded so far: the engine (or model folder) it serves."""
+        return dict(self._engines.served) if self._engines is not None else {}
+
+    @property
+    def stopping(self) -> bool:
+        """SIGTERM came: no new build starts, and nothing new is published about the device."""
+        return self._stop_requested
 
     def _event(self, kind: str, payload: dict) -> None:
         log.info("event %s: %s", kind, payload)

@@ -8,12 +8,37 @@ disturbs serving (a failure is logged and the inventory stays as it was).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .telemetry.inventory import from_doctor
 
 if TYPE_CHECKING:
-    from .agent import Agent
+    from .config import Settings
+    from .engines.resolve import Resolved
+    from .serving.llm.ladder import TieredLLM
+    from .telemetry.service import Telemetry
+
+
+class Inventoried(Protocol):
+    """The parts of a running agent its inventory describes (``Agent`` is one)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def llm(self) -> TieredLLM | None: ...
+
+    @property
+    def asr(self) -> Any: ...  # the speech ladder (``tiers``, ``active_tier``), when ASR is configured
+
+    @property
+    def telemetry(self) -> Telemetry | None: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def served_engines(self) -> dict[str, Resolved]: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -21,19 +46,18 @@ log = logging.getLogger(__name__)
 class InventoryFeed:
     """The agent's serving inventory for ``meta``: built from its tiers and engines, published on change."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Inventoried) -> None:
         self.agent = agent
 
     def engine_identity(self, tier: str) -> str | None:
-        agent = self.agent
-        resolved = agent._engines.served.get(tier) if agent._engines is not None else None
+        resolved = self.agent.served_engines().get(tier)
         return resolved.identity if resolved is not None else None
 
     def serving(self) -> list[dict[str, Any]]:
         """Per configured tier that has loaded: the engine (or model folder) it serves and how it was built."""
         agent = self.agent
         out: list[dict[str, Any]] = []
-        served = agent._engines.served if agent._engines is not None else {}
+        served = agent.served_engines()
         active = agent.llm.active_tier if agent.llm is not None else None
         for t in agent.settings.models.llm:
             resolved = served.get(t.name)
@@ -99,7 +123,7 @@ class InventoryFeed:
         except Exception:
             log.warning("the accelerator probes failed; meta keeps the host inventory only", exc_info=True)
             return
-        if agent.telemetry is not None and not agent._stop_requested:
+        if agent.telemetry is not None and not agent.stopping:
             try:
                 agent.telemetry.update_inventory(probes=from_doctor(report), serving=self.serving())
             except Exception:  # the inventory describes the device; it must never disturb it

@@ -10,7 +10,7 @@ changed section that is not applied in place is named: none is ever dropped with
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import logsetup
 from .config import Settings, load_settings
@@ -19,9 +19,38 @@ from .errors import ConfigError
 from .serving.tier_policy import overlay, policy_from_config
 
 if TYPE_CHECKING:
-    from .agent import Agent
+    from pathlib import Path
+
     from .config import LoggingConfig
-    from .telemetry.schema import SlaSpec
+    from .serving.tier_control import TierController
+    from .systemd import Notifier
+    from .telemetry.remote_commands import CommandProcessor
+    from .telemetry.service import Telemetry
+
+
+class Reloadable(Protocol):
+    """What a reload reads and sets on a running agent (``Agent`` is one)."""
+
+    settings: Settings  # a reload sets its SLA and logging
+
+    @property
+    def config_path(self) -> str | Path | None: ...
+
+    @property
+    def notifier(self) -> Notifier: ...
+
+    @property
+    def telemetry(self) -> Telemetry | None: ...
+
+    @property
+    def controller(self) -> TierController | None: ...
+
+    @property
+    def asr_controller(self) -> TierController | None: ...
+
+    @property
+    def remote(self) -> Any: ...  # publishes ``reported`` (``remote.RemoteTarget``)
+
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +67,7 @@ def unclassified(settings: type[Settings] = Settings) -> list[str]:
     return [name for name in settings.model_fields if name not in APPLIED_LIVE + NEEDS_RESTART]
 
 
-def reload(agent: Agent) -> str:
+def reload(agent: Reloadable) -> str:
     """SIGHUP: validate the file first; keep the running config when it is wrong, and say why. The
     file's SLA applies, then the fleet's stored ``desired`` on top of it (it overlays the file);
     a ``set_sla`` command's SLA gives way to them. ``reported`` is republished either way."""
@@ -57,12 +86,37 @@ def reload(agent: Agent) -> str:
             restart.append(section)
     logging_now = _reload_logging(agent.settings.logging, new.logging, applied, restart, kept)
     agent.settings = agent.settings.model_copy(update={"sla": new.sla, "logging": logging_now})
-    s = agent.settings
     commands = agent.telemetry.commands if agent.telemetry is not None else None
-    # The stored desired is folded in before anything is set, so that a reload that changes nothing
-    # in force leaves the controllers' windows, truncation and shedding alone.
+    _apply_sla(agent, commands)
+    if commands is not None:
+        if commands.reapply_desired():
+            applied.append(f"the fleet's desired version {commands.desired_in_force} on top")
+        for controller in (agent.controller, agent.asr_controller):
+            # A pin from a desired that is no longer stored (reset_desired) goes with it.
+            if (
+                controller is not None
+                and commands.desired_in_force is None
+                and controller.pin_source.startswith("desired@")
+            ):
+                controller.unpin(source="file")
+    agent.remote.publish_reported()
+    message = (
+        f"reloaded: applied {', '.join(applied)}"
+        + "".join(f"; {note}" for note in kept)
+        + (f"; changes to {', '.join(restart)} take effect after a restart" if restart else "")
+    )
+    log.info("%s", message)
+    agent.notifier.status(message[:200])
+    return message
+
+
+def _apply_sla(agent: Reloadable, commands: CommandProcessor | None) -> None:
+    """Each controller's policy from the file, the fleet's stored desired SLA on top. The stored desired
+    is folded in before anything is set, so that a reload that changes nothing in force leaves the
+    controllers' windows, truncation and shedding alone."""
+    s = agent.settings
     stored = commands.stored_desired() if commands is not None else None
-    fleet_sla: dict[str, SlaSpec] = stored.sla if stored is not None else {}
+    fleet_sla = stored.sla if stored is not None else {}
     for workload, controller, policy, window_s, every_s in (
         (
             "llm",
@@ -86,26 +140,6 @@ def reload(agent: Agent) -> str:
             base, window_s = overlay(base, sla), sla.window_s
         controller.set_policy(base, window_s, source="file")
         controller.evaluate_every_s = every_s
-    if commands is not None:
-        if commands.reapply_desired():
-            applied.append(f"the fleet's desired version {commands.desired_in_force} on top")
-        for controller in (agent.controller, agent.asr_controller):
-            # A pin from a desired that is no longer stored (reset_desired) goes with it.
-            if (
-                controller is not None
-                and commands.desired_in_force is None
-                and controller.pin_source.startswith("desired@")
-            ):
-                controller.unpin(source="file")
-    agent.remote.publish_reported()
-    message = (
-        f"reloaded: applied {', '.join(applied)}"
-        + "".join(f"; {note}" for note in kept)
-        + (f"; changes to {', '.join(restart)} take effect after a restart" if restart else "")
-    )
-    log.info("%s", message)
-    agent.notifier.status(message[:200])
-    return message
 
 
 def _reload_logging(

@@ -13,21 +13,52 @@ sample count, never its hysteresis (``tier_policy.overlay``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .config.sla import sla_metric_problem
 from .errors import EdgeAgentError
 from .serving.tier_policy import overlay
 
 if TYPE_CHECKING:
-    from .agent import Agent
+    from .config import Settings
+    from .engines.background import TierEngines
+    from .serving.llm.ladder import TieredLLM
     from .serving.tier_control import TierController
+    from .telemetry.service import Telemetry
+
+
+class Steerable(Protocol):
+    """The parts of a running agent the fleet reads and steers (``Agent`` is one)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def llm(self) -> TieredLLM | None: ...
+
+    @property
+    def asr(self) -> Any: ...  # the speech ladder (``open_streams``, ``active_tier``), when ASR is configured
+
+    @property
+    def controller(self) -> TierController | None: ...
+
+    @property
+    def asr_controller(self) -> TierController | None: ...
+
+    @property
+    def telemetry(self) -> Telemetry | None: ...
+
+    def health(self) -> dict[str, Any]: ...
+
+    def reload(self) -> str: ...
+
+    def tier_engines(self) -> TierEngines: ...
 
 
 class RemoteTarget:
-    """What the fleet may read and steer on one ``Agent`` (see the module doc)."""
+    """What the fleet may read and steer on a running agent's parts (see the module doc)."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Steerable) -> None:
         self.agent = agent
 
     def tiers(self) -> dict[str, list[str]]:
@@ -35,7 +66,7 @@ class RemoteTarget:
         return {w: [t.name for t in getattr(models, w)] for w in ("llm", "asr") if getattr(models, w)}
 
     def recipes(self) -> list[str]:
-        return self.agent._tier_engines().recipes(self.agent.settings.models.llm)
+        return self.agent.tier_engines().recipes(self.agent.settings.models.llm)
 
     def status(self) -> dict[str, Any]:
         a = self.agent
@@ -88,11 +119,11 @@ class RemoteTarget:
 
     def rebuild_engine(self, recipe: str) -> dict[str, Any]:
         """Queue a forced background build of ``recipe``; returns at once (``engine_build`` events follow)."""
-        return self.agent._tier_engines().rebuild(recipe, self.agent.settings.models.llm)
+        return self.agent.tier_engines().rebuild(recipe, self.agent.settings.models.llm)
 
     def engine_hashes(self) -> dict[str, str]:
         """Per LLM tier loaded so far: ``engine:<cache key>`` or ``model:<sha256 of the folder>``."""
-        return self.agent._tier_engines().identities()
+        return self.agent.tier_engines().identities()
 
     def flush_telemetry(self) -> dict[str, Any]:
         if self.agent.telemetry is not None:

@@ -117,7 +117,7 @@ def started():
 
     yield start
     for agent in agents:
-        agent._tier_engines().wait_idle(120)
+        agent.tier_engines().wait_idle(120)
         agent.stop()
 
 
@@ -128,7 +128,7 @@ def test_a_cached_engine_is_served_at_start_without_building(tmp_path: Path, sta
     assert served_path(agent) == Path(built["path"]) / "model"
     assert agent.remote.engine_hashes() == {"tiny": f"engine:{built['key']}"}
     assert generate(agent)
-    assert agent._tier_engines().wait_idle(60)
+    assert agent.tier_engines().wait_idle(60)
     assert agent.of("engine_build") == []  # nothing to build: the engine was there
 
 
@@ -151,7 +151,7 @@ def test_a_miss_serves_the_model_folder_at_once_then_swaps_to_the_built_engine(t
     thread = threading.Thread(target=load)
     thread.start()
     try:
-        assert agent._tier_engines().wait_idle(120)
+        assert agent.tier_engines().wait_idle(120)
         deadline = time.monotonic() + 60
         while not agent.of("engine_swap") and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -187,7 +187,7 @@ def test_a_corrupt_entry_is_quarantined_reported_and_the_model_folder_serves(tmp
 def test_a_gate_refusal_keeps_the_model_folder_and_says_why(tmp_path: Path, started) -> None:
     s = settings(tmp_path, precisions='["int8"]', min_cosine=0.99999)
     agent = started(RecordingAgent(s, notifier=Notifier({}), drain_s=5))
-    assert agent._tier_engines().wait_idle(120)
+    assert agent.tier_engines().wait_idle(120)
     started_, done = agent.of("engine_build")
     assert started_["state"] == "started" and started_["precisions"] == ["int8"]
     assert done["state"] == "refused" and done["engines"] == {}
@@ -219,7 +219,7 @@ def test_rebuild_engine_command_builds_again_and_unknown_recipes_fail(tmp_path: 
         agent.remote.rebuild_engine("nope")
     result = agent.remote.rebuild_engine("tiny-phi3")  # returns at once; the build runs on its own thread
     assert result == {"recipe": "tiny-phi3", "state": "started", "tiers": ["tiny"]}
-    assert agent._tier_engines().wait_idle(120)
+    assert agent.tier_engines().wait_idle(120)
     deadline = time.monotonic() + 60
     while not agent.of("engine_swap") and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -244,7 +244,7 @@ def test_a_lighter_tier_builds_in_the_background_for_a_tier_not_serving(tmp_path
     )
     agent = started(RecordingAgent(s, notifier=Notifier({}), drain_s=5))
     assert agent.llm.active_tier == "gemma"
-    assert agent._tier_engines().wait_idle(120)
+    assert agent.tier_engines().wait_idle(120)
     assert [p["state"] for p in agent.of("engine_build")] == ["started", "finished"]
     assert agent.of("engine_swap") == []
     assert agent.llm.switch_to(1)

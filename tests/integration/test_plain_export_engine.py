@@ -51,7 +51,7 @@ def test_a_plain_export_without_a_recipe_is_served_then_swapped_to_its_inplace_e
     agent = started(RecordingAgent(settings(tmp_path, folder), notifier=Notifier({}), drain_s=5))
     assert served_path(agent) == folder.resolve()
     before = greedy(agent)  # the export as it is: present fed back as past
-    assert agent._tier_engines().wait_idle(180)
+    assert agent.tier_engines().wait_idle(180)
     deadline = time.monotonic() + 60
     while not agent.of("engine_swap") and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -72,6 +72,6 @@ def test_a_plain_export_without_a_recipe_is_served_then_swapped_to_its_inplace_e
 def test_the_conversion_can_be_switched_off(tmp_path: Path, started) -> None:  # noqa: F811
     folder = export_copy(tmp_path)
     agent = started(RecordingAgent(settings(tmp_path, folder, convert=False), notifier=Notifier({}), drain_s=5))
-    assert agent._tier_engines().wait_idle(30)
+    assert agent.tier_engines().wait_idle(30)
     assert agent.of("engine_build") == []
     assert served_path(agent) == folder.resolve()
