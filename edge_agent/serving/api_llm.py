@@ -310,7 +310,7 @@ def _events(handles: list[RequestHandle], loop: asyncio.AbstractEventLoop):
         while open_:
             index, item = await queue.get()
             if item is None:
-                error = handles[index]._error
+                error = handles[index].error
                 if error is not None:
                     raise error
                 open_ -= 1

@@ -110,6 +110,13 @@ class Ladder(ABC):
     def _swapped(self, old: Any) -> None:  # noqa: B027 - an optional hook, not an abstract step
         """Under the lock, right after the swap (a subclass may note the tier it is draining)."""
 
+    def relieve(self, shedding: bool, token_cap_ratio: float | None = None) -> None:
+        """The controller's relief for new work: reject it (``shedding``: 503), and cap the tokens of new
+        requests (``token_cap_ratio`` of each tier's ``max_new_tokens``; None leaves the cap as it is)."""
+        self.shedding = shedding
+        if token_cap_ratio is not None:
+            self.token_cap_ratio = token_cap_ratio
+
     def set_max_batch(self, max_batch: int) -> None:  # noqa: B027 - a ladder whose batch is fixed ignores it
         """Adaptive batching (``Policy.adaptive_batch``): resize the active tier's batch."""
 

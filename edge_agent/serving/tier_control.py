@@ -39,11 +39,9 @@ class Named(Protocol):
 class Served(Protocol):
     """A ladder the controller drives (``serving.ladder.Ladder``: ``TieredLLM``, ``Speech``)."""
 
-    shedding: bool
-    token_cap_ratio: float
-
     @property
     def tiers(self) -> Sequence[Named]: ...
+    def relieve(self, shedding: bool, token_cap_ratio: float | None = None) -> None: ...
     @property
     def active(self) -> int: ...
     @property
@@ -125,9 +123,7 @@ class TierController:
             self.state = replace(self.state, over=0, under=0, token_cap_ratio=1.0, over_at_floor=0, shedding=False)
             self.window = RollingWindow(window_s, clock=self._clock)
             self._window_started = self._clock()
-        if policy.min_token_cap_ratio < 1.0:
-            self.served.token_cap_ratio = 1.0
-        self.served.shedding = False
+        self.served.relieve(False, 1.0 if policy.min_token_cap_ratio < 1.0 else None)
         return True
 
     def _index(self, tier: int | str) -> int:
@@ -198,9 +194,9 @@ class TierController:
                 },
             )
             self.served.switch_to(decision.state.tier)
-        if p.min_token_cap_ratio < 1.0:  # a policy that can truncate (LLM)
-            self.served.token_cap_ratio = decision.state.token_cap_ratio
-        self.served.shedding = decision.state.shedding
+        # a policy that can truncate (LLM) sets the token cap; one that cannot (ASR) leaves it alone
+        cap = decision.state.token_cap_ratio if p.min_token_cap_ratio < 1.0 else None
+        self.served.relieve(decision.state.shedding, cap)
         if decision.state.batch is not None:  # only with adaptive_batch
             self.served.set_max_batch(decision.state.batch)
         return decision

@@ -48,6 +48,11 @@ class Ladder:
         self.active = index
         return True
 
+    def relieve(self, shedding: bool, token_cap_ratio: float | None = None) -> None:
+        self.shedding = shedding
+        if token_cap_ratio is not None:
+            self.token_cap_ratio = token_cap_ratio
+
 
 @pytest.fixture
 def rig(tmp_path):

@@ -156,9 +156,8 @@ def test_a_reload_refuses_such_a_file_and_such_a_stored_desired(tmp_path):
         tiers=[SimpleNamespace(name="top"), SimpleNamespace(name="light")],
         active=0,
         switching=False,
-        shedding=False,
-        token_cap_ratio=1.0,
         switch_to=lambda _i: True,
+        relieve=lambda shedding, token_cap_ratio=None: None,
     )
     agent.controller = TierController(ladder, policy_from_config(settings.sla, 4), window_s=10, clock=lambda: 0.0)
     reported: list[dict] = []

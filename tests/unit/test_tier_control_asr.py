@@ -37,6 +37,10 @@ class Ladder:
         self.active = index  # as if loaded at once
         return True
 
+    def relieve(self, shedding: bool, token_cap_ratio: float | None = None) -> None:
+        assert token_cap_ratio is None, "an ASR policy never caps tokens"
+        self.shedding = shedding
+
 
 POLICY = policy_from_config(
     AsrSlaConfig(

@@ -167,7 +167,7 @@ class AsrService:
         by_utt = {id(u): h for u, h in zip(live, hyps)}
         return [by_utt.get(id(u)) for u in utts]
 
-    def _submit(self, u: _Utterance, urgent: bool) -> None:
+    def request_step(self, u: _Utterance, urgent: bool) -> None:
         """Under the stream lock: ask for a step unless one is in flight."""
         if u.in_flight or u.done:
             return
@@ -177,15 +177,15 @@ class AsrService:
             future = self.batcher.submit(u, urgent=urgent)
         except Exception as exc:
             u.in_flight = False
-            u.handle._fail(u, exc)
+            u.handle.fail(u, exc)
             return
-        future.add_done_callback(functools.partial(u.handle._absorb, u))
+        future.add_done_callback(functools.partial(u.handle.absorb, u))
 
-    def _step_samples(self, u: _Utterance) -> int:
+    def step_samples(self, u: _Utterance) -> int:
         """New audio that makes ``u`` ask for a step: its first, or every later one."""
         return self.first_chunk_samples if u.steps == 0 else self.chunk_samples
 
-    def _record(self, m: UtteranceMetrics) -> None:
+    def record(self, m: UtteranceMetrics) -> None:
         self.utterances.append(m)
         values = {"first_partial_ms": m.first_partial_ms, "final_ms": m.final_ms, "rtf": m.rtf}
         with self._hist_lock:
@@ -240,7 +240,7 @@ class AsrStream:
             self.closed = True
             live = [u for u in self._live if not u.done]
             for u in live:
-                self._fail(u, reason, code)
+                self.fail(u, reason, code)
             self._current = None
         self.service.batcher.drop(lambda item: item.handle is self)
         return len(live)
@@ -317,17 +317,17 @@ class AsrStream:
                 u, self._current = self._current, None
                 u.end_at, u.reason = now, e.reason
                 u.rstream.end()
-                svc._submit(u, urgent=True)
+                svc.request_step(u, urgent=True)
 
     def _add(self, u: _Utterance, audio: np.ndarray) -> None:
         u.rstream.add_audio(audio)
         u.unsent += audio.size
         if u.pcm is not None:
             u.pcm.append(audio.copy())  # the endpointer may reuse its buffer
-        if u.unsent >= self.service._step_samples(u):
-            self.service._submit(u, urgent=False)
+        if u.unsent >= self.service.step_samples(u):
+            self.service.request_step(u, urgent=False)
 
-    def _absorb(self, u: _Utterance, future) -> None:
+    def absorb(self, u: _Utterance, future) -> None:
         """Batcher thread: a step finished for ``u`` (or the thread dropping it: cancelled)."""
         with self._lock:
             u.in_flight = False
@@ -336,7 +336,7 @@ class AsrStream:
                 return
             exc = future.exception()
             if exc is not None:
-                self._fail(u, exc)
+                self.fail(u, exc)
                 return
             hyp: Hypothesis | None = future.result()
             now = self.service.clock()
@@ -351,9 +351,9 @@ class AsrStream:
             if hyp is not None and hyp.final:
                 self._finish(u, hyp, now)
             elif u.rstream.ended:
-                self.service._submit(u, urgent=True)
-            elif u.unsent >= self.service._step_samples(u):
-                self.service._submit(u, urgent=False)
+                self.service.request_step(u, urgent=True)
+            elif u.unsent >= self.service.step_samples(u):
+                self.service.request_step(u, urgent=False)
 
     def _finish(self, u: _Utterance, hyp: Hypothesis, now: float) -> None:
         u.done = True
@@ -362,7 +362,7 @@ class AsrStream:
         m = UtteranceMetrics(
             u.first_partial_ms, (now - end_at) * 1e3, u.compute_s / audio_s, hyp.audio_s, u.compute_s * 1e3, u.reason
         )
-        self.service._record(m)
+        self.service.record(m)
         event = AsrEvent("final", self.id, u.index, hyp.text, hyp.text, u.onset_s + hyp.audio_s, now, m, end_at)
         self.finals.append(event)
         self._emit(event)
@@ -374,7 +374,7 @@ class AsrStream:
             except Exception:  # a capture fault must never stop recognition
                 log.exception("calibration capture failed")
 
-    def _fail(self, u: _Utterance, exc: BaseException | str, code: str | None = None) -> None:
+    def fail(self, u: _Utterance, exc: BaseException | str, code: str | None = None) -> None:
         if u.done:
             return
         u.done = True

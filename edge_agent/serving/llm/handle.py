@@ -47,9 +47,10 @@ class Completion:
 
 
 class RequestHandle:
-    """The caller's side of one request: stream tokens, wait for the result, or cancel."""
+    """One request, between the caller (stream tokens, wait for the result, cancel) and the scheduler
+    that produces it (``push`` each event, ``finish`` once); ``on_cancel`` wakes the producer."""
 
-    def __init__(self, request_id: int) -> None:
+    def __init__(self, request_id: int, on_cancel: Callable[[], None] | None = None) -> None:
         self.id = request_id
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._done = threading.Event()
@@ -63,7 +64,7 @@ class RequestHandle:
         self.engine: str | None = None
         self.spill: dict[str, str] | None = None  # served by the spill tier instead: {"from": tier, "reason"}
         self.max_new_tokens: int | None = None
-        self._on_cancel: Callable[[], None] | None = None  # set by the scheduler: wakes its loop
+        self._on_cancel = on_cancel
         self._sink: Callable[[TokenEvent | None], None] | None = None
         self._sink_lock = threading.Lock()
 
@@ -83,6 +84,15 @@ class RequestHandle:
                 if self._error is not None:
                     raise self._error
                 return
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the request failed (once ``done``), or None."""
+        return self._error
 
     def result(self, timeout_s: float | None = None) -> Completion:
         if not self._done.wait(timeout_s):
@@ -104,15 +114,15 @@ class RequestHandle:
                     break
             self._sink = sink
 
-    # called by the scheduler thread
-    def _push(self, event: TokenEvent | None) -> None:
+    # the producer's side: the scheduler thread
+    def push(self, event: TokenEvent | None) -> None:
         with self._sink_lock:
             if self._sink is not None:
                 self._sink(event)
             else:
                 self._events.put(event)
 
-    def _finish(self, completion: Completion | None, error: BaseException | None = None) -> None:
+    def finish(self, completion: Completion | None, error: BaseException | None = None) -> None:
         self._completion, self._error = completion, error
         self._done.set()
-        self._push(None)
+        self.push(None)

@@ -170,8 +170,7 @@ class LLMScheduler:
             self._next_id += 1
             if self._wait is not None:
                 self._wait.observe_arrival(now)
-            handle = RequestHandle(self._next_id)
-            handle._on_cancel = self._wake
+            handle = RequestHandle(self._next_id, on_cancel=self._wake)
             deadline = now + deadline_ms / 1e3 if deadline_ms is not None else None
             self._waiting.append(
                 _Sequence(
@@ -209,9 +208,7 @@ class LLMScheduler:
             except Exception as exc:  # a bug here must fail requests, never the device thread
                 log.exception("serving loop error")
                 rows = self._batch.remove(range(len(self._batch))) + self._prefills.drop(self._batch)
-                self._fail(
-                    [s for s in rows if not s.handle._done.is_set()], EdgeAgentError(f"internal serving error: {exc}")
-                )
+                self._fail([s for s in rows if not s.handle.done], EdgeAgentError(f"internal serving error: {exc}"))
 
     def _take_admitted(self) -> bool:
         """Under the lock: drop expired/cancelled waiters, then admit (to the prefills) or sleep. False = exit."""
@@ -246,7 +243,7 @@ class LLMScheduler:
             return
         timing = seq.recorder.finish()
         self._report(timing)
-        seq.handle._finish(
+        seq.handle.finish(
             None,
             DeadlineExceeded(
                 f"request {seq.handle.id} waited {(now - timing.admitted_s) * 1e3:.0f} ms in the queue and was "
@@ -399,7 +396,7 @@ class LLMScheduler:
             safe = min(safe, len(text) - 1)
         piece = text[seq.emitted : safe]
         seq.emitted = max(seq.emitted, safe)
-        seq.handle._push(TokenEvent(token, piece, now, logprob))
+        seq.handle.push(TokenEvent(token, piece, now, logprob))
         if final and stops:
             seq.final_text = text
 
@@ -410,13 +407,13 @@ class LLMScheduler:
                 self._wait.on_latency(timing.ttft_ms, self.limits.sla_ms)
         text = seq.final_text if seq.final_text is not None else seq.decoder.text
         self._report(timing)  # recorded before the caller can see the result: its metrics are in when it looks
-        seq.handle._finish(Completion(text, tuple(seq.generated), reason, timing, tuple(seq.logprobs)))
+        seq.handle.finish(Completion(text, tuple(seq.generated), reason, timing, tuple(seq.logprobs)))
 
     def _fail(self, seqs: list[_Sequence], exc: BaseException) -> None:
         for seq in seqs:
             timing = seq.recorder.finish()
             self._report(timing, error=True)
-            seq.handle._finish(None, exc)
+            seq.handle.finish(None, exc)
 
     def _report(self, timing: RequestTiming, error: bool = False) -> None:
         if self.on_finished is not None:
