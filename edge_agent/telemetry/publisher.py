@@ -95,8 +95,13 @@ class Publisher:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         clock_synced: Callable[[], bool] = kernel_clock_synced,
+        on_degraded: Callable[[str | None], None] | None = None,
+        health: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
+        """``on_degraded`` hears the spool become degraded (why) or fine again (None); ``health`` gives
+        the device's health as each window is sealed (None leaves it out of the windows)."""
         self.link, self.spool, self.acc, self.identity = link, spool, accumulator, identity
+        self.on_degraded, self.health = on_degraded, health
         self.interval_s = interval_s
         self.replay_per_s, self.replay_burst = replay_per_s, replay_burst
         self.live_age_s = live_age_s if live_age_s is not None else max(2.0 * interval_s, 5.0)
@@ -115,7 +120,6 @@ class Publisher:
         self._wake = threading.Event()
         self._flush = threading.Event()
         self._thread: threading.Thread | None = None
-        self.on_degraded: Callable[[str | None], None] | None = None  # spool degraded (why) / None: fine
         self._degraded: str | None = None
         if link is not None:
             link.on_ack = self._wake.set
@@ -196,9 +200,6 @@ class Publisher:
             self._degraded = degraded
             if self.on_degraded is not None:
                 self.on_degraded(degraded)
-
-    # The device's health as the window is sealed (``telemetry.health``); None leaves it out of the window.
-    health: Callable[[], dict[str, Any]] | None = None
 
     def seal_window(self) -> Record | None:
         """Take the accumulated window and spool it as one ``tele/latency`` record."""

@@ -71,20 +71,7 @@ class Telemetry:
         self.spool = Spool(telemetry.spool_path, telemetry.spool_max_bytes, telemetry.spool_max_records, wall=wall)
         self.identity = Identity(mqtt.device_id, version, read_boot_id())
         self.accumulator = WindowAccumulator()
-        # Home Assistant discovery (opt-in); its tier select is a pin/unpin through the command processor.
-        self.discovery = Discovery(
-            enabled=mqtt.homeassistant_discovery,
-            ha_prefix=mqtt.homeassistant_prefix,
-            topic=lambda suffix: f"{mqtt.topic_prefix}/{mqtt.device_id}/{suffix}",
-            device_id=mqtt.device_id,
-            version=version,
-            marker=telemetry.spool_path.with_name(telemetry.spool_path.name + ".homeassistant.json"),
-            select_allowed=target is not None
-            and not telemetry.fleet_public_key
-            and {"pin_tier", "unpin_tier"} <= set(telemetry.commands_allowed),
-            submit=self._submit_command,
-            wall=wall,
-        )
+        self.discovery = self._discovery(mqtt, telemetry, target, wall)
         self.link = MqttLink(
             mqtt,
             will=self._state("offline", "connection lost (last will)"),
@@ -94,6 +81,8 @@ class Telemetry:
             max_inflight=mqtt.max_inflight,
             max_delay_s=mqtt.reconnect_max_s,
         )
+        # Each window carries the device's health; the inventory rides on the retained meta.
+        self.health = HealthReader(health_root, clock=clock)
         self.publisher = Publisher(
             self.link,
             self.spool,
@@ -106,11 +95,9 @@ class Telemetry:
             wall=wall,
             clock_synced=clock_synced,
             live_age_s=live_age_s,
+            on_degraded=self._spool_degraded,
+            health=self.health.snapshot,
         )
-        self.publisher.on_degraded = self._spool_degraded
-        # Each window carries the device's health; the inventory rides on the retained meta.
-        self.health = HealthReader(health_root, clock=clock)
-        self.publisher.health = self.health.snapshot
         self.inventory = inventory
         # A spool that starts on a full disk is degraded from the first birth message on.
         self._state_now: tuple[str, str | None] = (
@@ -120,29 +107,54 @@ class Telemetry:
         self.commands: CommandProcessor | None = None
         self.warnings: list[str] = []
         if target is not None:
-            key = load_public_key(telemetry.fleet_public_key) if telemetry.fleet_public_key else None
             self.ledger = Ledger(telemetry.ledger_path, wall=wall)
-            self.commands = CommandProcessor(
-                target,
-                self.ledger,
-                self.link.prefix,
-                mqtt.device_id,
-                self._respond,
-                self._publish_reported,
-                max_bytes=telemetry.max_command_bytes,
-                clock=clock,
-                wall=wall,
-                verifier=Verifier(key, wall, telemetry.max_signature_lifetime_s),
-                allowed=telemetry.commands_allowed,
-                reply_prefixes=telemetry.reply_prefixes,
-                on_drops=lambda data: self.emit_event("commands_dropped", data),
-            )
+            self.commands = self._command_processor(target, self.ledger, clock, wall)
             # Loud, at every start and in the retained meta: anyone on this broker can steer the device.
             self.warnings = command_channel_warnings(mqtt, telemetry)
             for warning in self.warnings:
                 log.warning("%s", warning)
         if self.spool.recovered_from is not None:
             log.error("telemetry spool was damaged and rebuilt; the damaged file is %s", self.spool.recovered_from)
+
+    def _discovery(
+        self, mqtt: MqttConfig, telemetry: TelemetryConfig, target: CommandTarget | None, wall: Callable[[], float]
+    ) -> Discovery:
+        """Home Assistant discovery (opt-in); its tier select is a pin/unpin through the command processor."""
+        return Discovery(
+            enabled=mqtt.homeassistant_discovery,
+            ha_prefix=mqtt.homeassistant_prefix,
+            topic=lambda suffix: f"{mqtt.topic_prefix}/{mqtt.device_id}/{suffix}",
+            device_id=mqtt.device_id,
+            version=self.version,
+            marker=telemetry.spool_path.with_name(telemetry.spool_path.name + ".homeassistant.json"),
+            select_allowed=target is not None
+            and not telemetry.fleet_public_key
+            and {"pin_tier", "unpin_tier"} <= set(telemetry.commands_allowed),
+            submit=self._submit_command,
+            wall=wall,
+        )
+
+    def _command_processor(
+        self, target: CommandTarget, ledger: Ledger, clock: Callable[[], float], wall: Callable[[], float]
+    ) -> CommandProcessor:
+        """The fleet's commands and ``desired``, verified with the fleet's key when one is configured."""
+        telemetry, mqtt = self.cfg, self.mqtt_cfg
+        key = load_public_key(telemetry.fleet_public_key) if telemetry.fleet_public_key else None
+        return CommandProcessor(
+            target,
+            ledger,
+            self.link.prefix,
+            mqtt.device_id,
+            self._respond,
+            self._publish_reported,
+            max_bytes=telemetry.max_command_bytes,
+            clock=clock,
+            wall=wall,
+            verifier=Verifier(key, wall, telemetry.max_signature_lifetime_s),
+            allowed=telemetry.commands_allowed,
+            reply_prefixes=telemetry.reply_prefixes,
+            on_drops=lambda data: self.emit_event("commands_dropped", data),
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
