@@ -16,7 +16,8 @@ import logging
 import sys
 import threading
 import time
-from typing import IO
+from collections.abc import Callable
+from typing import IO, Any
 
 FORMATS = ("text", "json")
 LEVELS = ("debug", "info", "warning", "error")
@@ -85,3 +86,40 @@ def _set(level: str | int, numeric: int) -> None:
     logging.getLogger().setLevel(numeric)
     logging.getLogger("edge_agent").setLevel(numeric)
     _in_force["level"] = level.lower() if isinstance(level, str) else logging.getLevelName(numeric).lower()
+
+
+LOG_EVERY_S = 10.0  # a flood of one kind of bad input logs one line (with a count) per this period
+
+
+class LogLimiter:
+    """At most one log line per ``period_s`` per key; the next line that gets through says how many
+    were held back, so a flood costs a line per period instead of a line per message. Keys must come
+    from a fixed set (never from a message), so the limiter's memory stays bounded too. Used for every
+    message that reaches the command path (fleet commands, ``desired``, Home Assistant's select) and
+    for requests whose output format breaks."""
+
+    def __init__(
+        self,
+        period_s: float = LOG_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.period_s, self.clock = period_s, clock
+        self.log = logger or logging.getLogger(__name__)
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, level: int, key: str, fmt: str, *args: Any) -> bool:
+        now = self.clock()
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < self.period_s:
+                self._held[key] = self._held.get(key, 0) + 1
+                return False
+            self._last[key] = now
+            held = self._held.pop(key, 0)
+        if held and last is not None:
+            fmt, args = fmt + " (and %d more like it in the last %.0f s)", (*args, held, now - last)
+        self.log.log(level, fmt, *args)
+        return True

@@ -53,10 +53,8 @@ MAX_BODY = 32 * 1024 * 1024  # audio uploads included
 HEADER_TIMEOUT_S = 5.0  # a request head (line and headers) must arrive within this
 BODY_TIMEOUT_S = 30.0  # and a JSON body within this (a 32 MiB body over a 10 Mbit/s link takes ~27 s)
 RELEASE_AFTER = 1 << 20  # bodies at least this big: hand the heap they used back to the OS afterwards
-DISCONNECT_POLL_S = 0.05
 TICK_S = 0.1
 DISCONNECTS = (ConnectionResetError, BrokenPipeError)  # aiohttp's ClientConnectionResetError included
-FINISH = {"stop": "stop", "length": "length", "deadline": "length", "cancelled": "stop", "repetition": "stop"}
 
 
 class ApiServer:

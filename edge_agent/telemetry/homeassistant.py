@@ -33,8 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..logsetup import LogLimiter
 from .client import Incoming, Outgoing
-from .remote_commands import LogLimiter
 
 log = logging.getLogger(__name__)
 

@@ -44,6 +44,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..config.sla import sla_metric_problem
+from ..logsetup import LOG_EVERY_S, LogLimiter
 from .client import Incoming
 from .command_args import (
     ALLOWED,
@@ -64,39 +65,6 @@ from .signing import Malformed, Unsigned, Verifier, unwrap
 log = logging.getLogger(__name__)
 
 MAX_QUEUE = 256
-LOG_EVERY_S = 10.0  # a flood of one kind of bad message logs one line (with a count) per this period
-
-
-class LogLimiter:
-    """At most one log line per ``period_s`` per key; the next line that gets through says how many
-    were held back, so a flood costs a line per period instead of a line per message. Keys must come
-    from a fixed set (never from a message), so the limiter's memory stays bounded too. Used for every
-    message that reaches the command path: fleet commands, ``desired`` and Home Assistant's select."""
-
-    def __init__(
-        self,
-        period_s: float = LOG_EVERY_S,
-        clock: Callable[[], float] = time.monotonic,
-        logger: logging.Logger = log,
-    ) -> None:
-        self.period_s, self.clock, self.log = period_s, clock, logger
-        self._last: dict[str, float] = {}
-        self._held: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, level: int, key: str, fmt: str, *args: Any) -> bool:
-        now = self.clock()
-        with self._lock:
-            last = self._last.get(key)
-            if last is not None and now - last < self.period_s:
-                self._held[key] = self._held.get(key, 0) + 1
-                return False
-            self._last[key] = now
-            held = self._held.pop(key, 0)
-        if held and last is not None:
-            fmt, args = fmt + " (and %d more like it in the last %.0f s)", (*args, held, now - last)
-        self.log.log(level, fmt, *args)
-        return True
 
 
 class CommandProcessor(DesiredOverlay):
@@ -127,7 +95,7 @@ class CommandProcessor(DesiredOverlay):
         self.allowed = frozenset(ALLOWED if allowed is None else allowed)
         self.reply_prefixes = tuple(reply_prefixes)
         self.on_drops = on_drops
-        self.limited = LogLimiter(clock=clock)
+        self.limited = LogLimiter(clock=clock, logger=log)
         self._drops: dict[str, int] = {}  # not yet reported in a commands_dropped event
         self._drops_lock = threading.Lock()
         self._drops_reported_at: float | None = None

@@ -37,12 +37,12 @@ from dataclasses import replace
 import numpy as np
 
 from ...errors import DeadlineExceeded, EdgeAgentError, Overloaded, Unavailable
+from ...logsetup import LogLimiter
 from ...metrics.timing import RequestTiming, TimingRecorder
 from ...models.grammar import Constraint, FormatError
 from ...models.llm import DecoderLM, KvBatch
 from ...models.sampling import Sampler, SamplingParams, find_stop, logprobs_of, repeated_too_often
 from ...models.tokenizer import StreamDecoder
-from ...telemetry.remote_commands import LogLimiter
 from ..batch_wait import AdaptiveWait
 from .admission import Limits, plan_admission
 from .handle import Completion, RequestHandle, TokenEvent, TokenLogprob
@@ -125,7 +125,8 @@ class LLMScheduler:
         self._masker: ThreadPoolExecutor | None = None  # output-format masks, made while the engine runs
         timeout_s = limits.batch_timeout_ms / 1e3
         self._wait = AdaptiveWait(timeout_s) if limits.adaptive and timeout_s > 0 else None
-        self._limited = LogLimiter(clock=clock)  # a flood of bad formats costs a line per period, not per request
+        # a flood of bad formats costs a line per period, not per request
+        self._limited = LogLimiter(clock=clock, logger=log)
         self.steps = 0  # decode steps run (progress, for the watchdog)
 
     def start(self) -> LLMScheduler:
