@@ -26,7 +26,7 @@ from ..progress import Progress
 from ..serving.llm.ladder import Tier, TieredLLM
 from ..serving.llm.scheduler import Limits
 from ..serving.tier_control import TierController
-from ..serving.tier_policy import Policy
+from ..serving.tier_policy import Policy, knobs
 from .ramp import arrivals, plot_tiers, rate_at, table_lines, timeline
 
 PROMPTS = (
@@ -231,18 +231,7 @@ def run(args: argparse.Namespace) -> int:
         "base_rate": base,
         "peak_rate": peak,
         "requests": len(schedule),
-        "policy": {
-            k: getattr(policy, k)
-            for k in (
-                "percentile",
-                "min_samples",
-                "downgrade_after",
-                "upgrade_after",
-                "upgrade_ratio",
-                "cooldown_s",
-                "min_dwell_s",
-            )
-        },
+        "policy": knobs(policy),
         "window_s": args.window_s,
         "evaluate_every_s": args.evaluate_every_s,
         "adaptive": _summary(adaptive, over_a),

@@ -27,7 +27,7 @@ from ..errors import InputError, Unavailable
 from ..metrics.window import percentile
 from ..progress import Progress
 from ..serving.tier_control import TierController
-from ..serving.tier_policy import policy_from_config
+from ..serving.tier_policy import knobs, policy_from_config
 from . import ramp
 from .ramp import arrivals, rate_at, table_lines, timeline
 
@@ -240,19 +240,7 @@ def run(args: argparse.Namespace) -> int:
         "streams": len(schedule),
         "arrivals": [round(t, 4) for t in schedule],
         "clips": [{"text": text, "audio_s": len(pcm) / 2 / RATE} for pcm, text in clips],
-        "policy": {
-            k: getattr(policy, k)
-            for k in (
-                "percentile",
-                "min_samples",
-                "downgrade_after",
-                "upgrade_after",
-                "upgrade_ratio",
-                "cooldown_s",
-                "min_dwell_s",
-                "shed_after",
-            )
-        },
+        "policy": knobs(policy),
         "window_s": args.window_s,
         "evaluate_every_s": ev,
         "adaptive": _summary(adaptive, over_a),

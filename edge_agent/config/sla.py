@@ -31,6 +31,8 @@ SLA_PRESETS: dict[SlaPreset, dict[str, Any]] = {
 
 
 AsrSlaMetric = Literal["first_partial_ms", "final_ms"]
+# Every metric an SLA may name (``sla_metric_problem`` says which fit which workload)
+SlaMetric = Literal["ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "first_partial_ms", "final_ms", "turn_ms"]
 ASR_SLA_METRICS: tuple[str, ...] = typing.get_args(AsrSlaMetric)
 # What each workload's tier controller gets samples of (an LLM request's timing, an ASR utterance):
 # an SLA on anything else would never see a sample, so its controller would never act.
@@ -107,7 +109,7 @@ class AsrSlaConfig(_SlaPolicy):
 class SlaConfig(_SlaPolicy):
     """``[sla]``: the LLM policy (flat keys, as before), and ``[sla.asr]`` for the ASR ladder."""
 
-    metric: Literal["ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "first_partial_ms", "final_ms", "turn_ms"] = "ttft_ms"
+    metric: SlaMetric = "ttft_ms"
     target_ms: float = Field(387.0, gt=0)
     adaptive_batch: Literal["auto", "on", "off"] = "auto"
     min_batch: int = Field(1, ge=1)

@@ -275,19 +275,26 @@ def policy_from_config(sla: SlaConfig | AsrSlaConfig, max_batch: int | None = No
             "min_token_cap_ratio": sla.min_token_cap_ratio,
             "max_temp_c": sla.max_temp_c,
         }
-    return Policy(
-        metric=sla.metric,
-        percentile=sla.percentile,
-        target_ms=sla.target_ms,
-        min_samples=sla.min_samples,
-        downgrade_after=sla.downgrade_after,
-        upgrade_after=sla.upgrade_after,
-        upgrade_ratio=sla.upgrade_ratio,
-        cooldown_s=sla.cooldown_s,
-        min_dwell_s=sla.min_dwell_s,
-        shed_after=sla.shed_after,
-        **relief,
-    )
+    return Policy(metric=sla.metric, target_ms=sla.target_ms, **knobs(sla), **relief)
+
+
+# The percentile, sample count and hysteresis every workload's policy takes from its config section
+# (``config.sla``), as the benchmarks report them.
+KNOBS = (
+    "percentile",
+    "min_samples",
+    "downgrade_after",
+    "upgrade_after",
+    "upgrade_ratio",
+    "cooldown_s",
+    "min_dwell_s",
+    "shed_after",
+)
+
+
+def knobs(policy) -> dict:
+    """``KNOBS`` of a ``Policy`` or of an SLA config section."""
+    return {k: getattr(policy, k) for k in KNOBS}
 
 
 def overlay(policy: Policy, sla) -> Policy:

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
+from ..config.sla import SlaMetric
 from .wire import NAME, UINT64_MAX, WORKLOAD, Wire, schema_field
 
 
@@ -91,7 +92,7 @@ class SlaSpec(BaseModel):
     """A latency objective: a percentile of a metric under a target, over a window, with a minimum sample count."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    metric: Literal["ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "first_partial_ms", "final_ms", "turn_ms"] = "ttft_ms"
+    metric: SlaMetric = "ttft_ms"
     percentile: float = Field(95.0, gt=0, le=100)
     target_ms: float = Field(gt=0, le=600_000)
     window_s: float = Field(30.0, gt=0, le=86_400)
