@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 from ..errors import InputError, ModelError
 from ..metrics.timing import RequestTiming
 from ..progress import Progress
+from .llm_report import _median_of, _ratio
 
 
 def find_genai_folder(ref, explicit: str | None) -> tuple[Path | None, str | None]:
@@ -108,3 +110,22 @@ def agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> float:
                 break
             same += 1
     return same / total if total else 0.0
+
+
+def summary(rounds: list[dict], agent_rounds: list[dict], agent: dict, folder: Path | None, ours, theirs) -> dict:
+    """The genai side's medians, its greedy agreement with ``ours`` and the agent/genai ratios."""
+    genai = _median_of(rounds)
+    genai["folder"] = str(folder)
+    genai["mode"] = "sequential, one request at a time, og.Generator (greedy, EOS suppressed)"
+    genai["token_agreement"] = agreement(ours, theirs)
+    genai["agent_over_genai"] = {
+        "ttft_p50": _ratio(agent["ttft_ms"]["p50"], genai["ttft_ms"]["p50"]),
+        "tokens_per_s": _ratio(agent["tokens_per_s"], genai["tokens_per_s"]),
+        "decode_tokens_per_s": _ratio(agent["decode_tokens_per_s"], genai["decode_tokens_per_s"]),
+    }
+    # Each round's two sides ran a few seconds apart: their ratio cancels the machine's slower drift
+    pairs = zip(agent_rounds, rounds)
+    paired = [x for a, g in pairs if (x := _ratio(a["decode_tokens_per_s"], g["decode_tokens_per_s"])) is not None]
+    if paired:
+        genai["agent_over_genai"]["decode_per_round"] = {"median": statistics.median(paired), "rounds": paired}
+    return genai

@@ -12,6 +12,7 @@ Each round runs the same synthetic prompts twice, alternating:
 - **baseline**: a bare sequential greedy loop, ``DecoderLM.generate_greedy`` (the runtime session with
   present→past fed back), timed with ``time.perf_counter``: what the runtime gives with nothing around it;
 - **genai** (when an onnxruntime-genai folder of the model exists): its own ``og.Generator`` (``genai.py``);
+- **ov-genai** (an NPU tier): openvino-genai's NPU pipeline on the same stateful IR (``ov_genai.py``);
 - **scaling** (``--scaling K``): the agent again at concurrency K, so C→K ratios come from one run.
 
 Figures are medians across rounds (noise on shared cores is about ±10%). Latency names follow
@@ -26,7 +27,6 @@ import dataclasses
 import json
 import logging
 import os
-import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,10 +41,12 @@ from ..models.catalog import resolve_model
 from ..models.llm import DecoderLM
 from ..progress import Progress
 from ..serving.llm.scheduler import Limits, LLMScheduler
+from . import ov_genai
 from . import roofline as rl
-from .genai import GenaiRunner, agreement, find_genai_folder
-from .llm_report import _median_of, _ratio, format_table, summarize
-from .llm_runners import agent_round, collect, run_baseline, synthetic_prompts
+from .genai import GenaiRunner, find_genai_folder
+from .genai import summary as genai_summary
+from .llm_report import _median_of, _ratio, format_table
+from .llm_runners import BareLoop, agent_round, peer_round, run_baseline, synthetic_prompts
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +104,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="onnxruntime-genai folder of the same model to compare with (default: MODEL-genai next to "
         "the model if present; 'none' to skip)",
     )
+    ov_genai.add_argument(p)
     p.add_argument(
         "--ramp-s",
         type=float,
@@ -211,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
     show = not getattr(args, "quiet", False)
     served = _served(args, show)
     lm = served.open()
+    if lm.max_rows is not None and served.limits.max_batch > lm.max_rows:  # a stateful model, as the scheduler caps it
+        served.limits = dataclasses.replace(served.limits, max_batch=lm.max_rows, preferred_batch_sizes=(lm.max_rows,))
     try:
         lm.check_prompt([0] * args.prompt_tokens, args.max_new_tokens)  # fits the model's context
         return _run_loaded(args, served, lm, show)
@@ -225,19 +230,24 @@ def _run_loaded(args, served: Served, lm, show: bool) -> int:
     ref, limits, threads = served.resolved.ref, served.limits, served.threads
     prompts = synthetic_prompts(lm, N, args.prompt_tokens)
     sink: list[RequestTiming] = []
-    # One scheduler with the daemon's limits serves every concurrency: the load changes, the daemon does not.
-    scheduler = LLMScheduler(lm, limits, on_finished=sink.append).start()
     agent_rounds: list[dict] = []
     K = args.scaling
     k_rounds: list[dict] = []
     base_rounds: list[dict] = []
     genai_rounds: list[dict] = []
     raw: dict[str, dict[str, list[float]]] = {
-        side: {"ttft_ms": [], "itl_ms": []} for side in ("agent", "baseline", "genai")
+        side: {"ttft_ms": [], "itl_ms": []} for side in ("agent", "baseline", "genai", "ov_genai")
     }
     genai_folder, genai_reason = find_genai_folder(served.resolved.source, args.genai)
     genai_runner = GenaiRunner(genai_folder, threads or 2) if genai_folder else None
     genai_tokens: list[list[int]] = []
+    ov_ir, ov_reason = ov_genai.find_ir(lm, served.resolved.ref, args.ov_genai)
+    ov_runner = ov_genai.OvGenaiRunner(ov_ir, lm.npu_shape, lm.config.get("sliding_window")) if ov_ir else None
+    ov_rounds: list[dict] = []
+    ov_tokens: list[list[int]] = []
+    agent_tokens: dict[int, list[int]] = {}
+    # One scheduler with the daemon's limits serves every concurrency: the load changes, the daemon does not.
+    scheduler = LLMScheduler(lm, limits, on_finished=sink.append).start()
     try:
         # 1. warm-up: one request each way, excluded; the agent's full-length one sizes the ramp.
         warm = scheduler.submit(prompts[0], SamplingParams(max_new_tokens=T, ignore_eos=True), tags=("warmup",))
@@ -248,27 +258,29 @@ def _run_loaded(args, served: Served, lm, show: bool) -> int:
             run_baseline(lm, [prompts[0][:8]], 2, [])
         if genai_runner:
             genai_runner.generate(prompts[0][:8], 2)
+        if ov_runner:  # its first request costs several times a later one, as the agent's does
+            ov_runner.generate(prompts[0], T)
         for r in range(args.rounds):
             label = f"agent round {r + 1}/{args.rounds}"
-            agent_rounds.append(agent_round(scheduler, sink, prompts, C, args, ramp_s, raw["agent"], label, show))
+            a_round = agent_round(scheduler, sink, prompts, C, args, ramp_s, raw["agent"], label, show, agent_tokens)
+            agent_rounds.append(a_round)
             if K:
                 k_raw: dict[str, list[float]] = {"ttft_ms": [], "itl_ms": []}  # the C=K rounds keep no raw samples
                 label = f"agent C={K} round {r + 1}/{args.rounds}"
                 k_rounds.append(agent_round(scheduler, sink, prompts, K, args, k_ramp_s, k_raw, label, show))
+            of = f"round {r + 1}/{args.rounds}"
             if not args.no_baseline:
-                base: list[RequestTiming] = []
-                with Progress(f"baseline round {r + 1}/{args.rounds}", "req", enabled=show) as prog:
-                    wall = run_baseline(lm, prompts, T, base, prog)
-                collect(raw["baseline"], base)
-                base_rounds.append(summarize(base, wall, args.sla_ms, batch1=True))
+                peer_round(BareLoop(lm), f"baseline {of}", prompts, args, raw["baseline"], base_rounds)
             if genai_runner:
-                gen: list[RequestTiming] = []
-                with Progress(f"onnxruntime-genai round {r + 1}/{args.rounds}", "req", enabled=show) as prog:
-                    wall, genai_tokens = genai_runner.run(prompts, T, gen, prog)
-                collect(raw["genai"], gen)
-                genai_rounds.append(summarize(gen, wall, args.sla_ms, batch1=True))
+                genai_tokens = peer_round(
+                    genai_runner, f"onnxruntime-genai {of}", prompts, args, raw["genai"], genai_rounds
+                )
+            if ov_runner:
+                ov_tokens = peer_round(ov_runner, f"openvino-genai NPU {of}", prompts, args, raw["ov_genai"], ov_rounds)
     finally:
         scheduler.stop()
+        if ov_runner:
+            ov_runner.close()
 
     agent = _median_of(agent_rounds)
     agent["per_round_tokens_per_s"] = [r["tokens_per_s"] for r in agent_rounds]
@@ -276,7 +288,9 @@ def _run_loaded(args, served: Served, lm, show: bool) -> int:
     if base_rounds:
         baseline = _median_of(base_rounds)
         baseline["per_round_tokens_per_s"] = [r["tokens_per_s"] for r in base_rounds]
-        baseline["mode"] = "sequential, one request at a time, bare DecoderLM.generate_greedy loop"
+        baseline["mode"] = "sequential, one request at a time, bare DecoderLM.generate_greedy loop" + (
+            " through the stateful session (one sequence, its KV cache in the infer request)" if lm.max_rows else ""
+        )
 
     notes = []
     overhead = decode_ratio = None
@@ -316,25 +330,20 @@ def _run_loaded(args, served: Served, lm, show: bool) -> int:
         }
     genai = None
     if genai_rounds:
-        genai = _median_of(genai_rounds)
-        genai["folder"] = str(genai_folder)
-        genai["mode"] = "sequential, one request at a time, og.Generator (greedy, EOS suppressed)"
         ours = [list(lm.generate_greedy(p, T, stop_at_eos=False)) for p in prompts[:2]]
-        genai["token_agreement"] = agreement(ours, genai_tokens[:2])
-        genai["agent_over_genai"] = {
-            "ttft_p50": _ratio(agent["ttft_ms"]["p50"], genai["ttft_ms"]["p50"]),
-            "tokens_per_s": _ratio(agent["tokens_per_s"], genai["tokens_per_s"]),
-            "decode_tokens_per_s": _ratio(agent["decode_tokens_per_s"], genai["decode_tokens_per_s"]),
-        }
-        # Each round's two sides ran a few seconds apart: their ratio cancels the machine's slower drift
-        pairs = zip(agent_rounds, genai_rounds)
-        paired = [x for a, g in pairs if (x := _ratio(a["decode_tokens_per_s"], g["decode_tokens_per_s"])) is not None]
-        if paired:
-            genai["agent_over_genai"]["decode_per_round"] = {"median": statistics.median(paired), "rounds": paired}
+        genai = genai_summary(genai_rounds, agent_rounds, agent, genai_folder, ours, genai_tokens[:2])
         if genai["decode_tokens_per_s"]:  # how close each side comes to the same bound
             roof["genai_fraction"] = round(genai["decode_tokens_per_s"] / roof["bound_tokens_per_s"], 3)
         if C > 1:
             notes.append("genai runs one request at a time (like the baseline): compare its ratios at C=1")
+    ov_side = None
+    if ov_runner and ov_rounds:
+        ov_side = ov_genai.summary(_median_of(ov_rounds), ov_runner, agent_rounds, ov_rounds, raw)
+        bare_all = [list(lm.generate_greedy(p, T, stop_at_eos=False, known_only=False)) for p in prompts]
+        ours = [agent_tokens[i] for i in sorted(agent_tokens)]
+        ov_side["tokens"] = ov_genai.token_check(ours, ov_tokens, bare_all, lm.vocab_limit)
+        if C > 1:
+            notes.append("openvino-genai runs one request at a time: compare its ratios at C=1")
     if limits.max_batch > 1 and limits.batch_timeout_ms > 0 and 1 not in limits.preferred_batch_sizes:
         how = "only when one is expected soon (adaptive_wait)" if limits.adaptive else "always (adaptive_wait = false)"
         notes.append(
@@ -370,11 +379,14 @@ def _run_loaded(args, served: Served, lm, show: bool) -> int:
         "roofline": roof,
         "genai": genai,
         "genai_reason": genai_reason,
+        "ov_genai": ov_side,
+        "ov_genai_reason": ov_reason,
         "scaling": scaling,
         "notes": notes,
     }
     print(report["header"])
     print(format_table(report))
+    print("\n".join(ov_genai.format_lines(report)))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
     if args.plot:

@@ -56,8 +56,10 @@ def run_agent(
     sink: list,
     progress: Progress | None = None,
     ramp_s: float = 0.0,
+    outputs: dict[int, list[int]] | None = None,
 ) -> float:
-    """Run every prompt through the scheduler; timings land in ``sink`` (via on_finished). Returns wall s."""
+    """Run every prompt through the scheduler; timings land in ``sink`` (via on_finished), each request's
+    token ids in ``outputs`` (by prompt index) when given. Returns wall s."""
     from ..models.sampling import SamplingParams
 
     params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
@@ -84,10 +86,12 @@ def run_agent(
                 if i >= len(prompts):
                     return
                 try:
-                    scheduler.submit(prompts[i], params).result(600)
+                    done_ids = scheduler.submit(prompts[i], params).result(600).token_ids
                 except BaseException as exc:  # surfaced after the join
                     errors.append(exc)
                     return
+                if outputs is not None:
+                    outputs[i] = list(done_ids)
                 finished_one()
 
         workers = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(concurrency)]
@@ -102,9 +106,11 @@ def run_agent(
             if delay > 0:
                 time.sleep(delay)
             handles.append(scheduler.submit(prompt, params))
-        for h in handles:
+        for i, h in enumerate(handles):
             try:
-                h.result(600)
+                ids = h.result(600).token_ids
+                if outputs is not None:
+                    outputs[i] = list(ids)
             except BaseException as exc:
                 errors.append(exc)
             finished_one()
@@ -117,7 +123,8 @@ def run_agent(
 def run_baseline(
     lm, prompts: Sequence[Sequence[int]], max_new_tokens: int, sink: list, progress: Progress | None = None
 ) -> float:
-    """The bare loop (``DecoderLM.generate_greedy``: prefill, argmax, present→past), one request at a time."""
+    """The bare loop (``DecoderLM.generate_greedy``: prefill, argmax, present→past; for a stateful model the
+    same through its one-sequence KV state), one request at a time."""
     start = time.perf_counter()
     for k, prompt in enumerate(prompts):
         t0 = time.perf_counter()
@@ -129,18 +136,48 @@ def run_baseline(
     return time.perf_counter() - start
 
 
+class BareLoop:
+    """``run_baseline`` as a peer engine of ``peer_round``."""
+
+    def __init__(self, lm) -> None:
+        self.lm = lm
+
+    def run(self, prompts, max_new_tokens: int, sink: list, progress: Progress | None = None) -> tuple[float, list]:
+        return run_baseline(self.lm, prompts, max_new_tokens, sink, progress), []
+
+
 def agent_round(
-    scheduler, sink: list, prompts, concurrency: int, args, ramp_s: float, raw: dict, label: str, show: bool
+    scheduler,
+    sink: list,
+    prompts,
+    concurrency: int,
+    args,
+    ramp_s: float,
+    raw: dict,
+    label: str,
+    show: bool,
+    outputs: dict[int, list[int]] | None = None,
 ) -> dict:
     sink.clear()
     with Progress(label, "req", enabled=show) as prog:
-        wall = run_agent(scheduler, prompts, concurrency, args.rate, args.max_new_tokens, sink, prog, ramp_s)
+        wall = run_agent(scheduler, prompts, concurrency, args.rate, args.max_new_tokens, sink, prog, ramp_s, outputs)
     deadline = time.monotonic() + 5
     while len(sink) < len(prompts) and time.monotonic() < deadline:  # on_finished runs after the handle resolves
         time.sleep(0.001)
     timings = [t for t in sink if "warmup" not in t.tags]
     collect(raw, timings)
     return summarize(timings, wall, args.sla_ms, batch1=concurrency == 1)
+
+
+def peer_round(runner, label: str, prompts, args, raw: dict, rounds: list[dict]) -> list[list[int]]:
+    """One round of a peer engine (``runner.run``: one request at a time): its summary appended to ``rounds``,
+    its samples to ``raw``; returns each request's token ids."""
+    timings: list[RequestTiming] = []
+    with Progress(label, "req", enabled=not getattr(args, "quiet", False)) as prog:
+        wall, tokens = runner.run(prompts, args.max_new_tokens, timings, prog)
+    collect(raw, timings)
+    rounds.append(summarize(timings, wall, args.sla_ms, batch1=True))
+    return tokens
 
 
 def collect(into: dict, timings: Sequence[RequestTiming]) -> None:
