@@ -5,7 +5,12 @@ stateful form: a ``beam_idx`` input [batch] i32 gathers every past tensor along 
 OpenVINO's MakeStateful pass turns each past/present pair into a variable kept in the infer request.
 The plugin refuses stateful models without ``beam_idx``.
 
-Two things in an export are wrong under the NPU's fixed-size KV cache and are rewritten here:
+Three things in an export are wrong under the NPU's fixed-size KV cache and are rewritten here:
+
+- **Positions from shapes.** Some exports take no ``position_ids`` (optimum's Gemma family): the rotary
+  embedding reads ``arange(past, past + seq)`` off the past's shape, a constant under the plugin's fixed
+  cache. A ``position_ids`` input is added and fed to the rotary embedding (the branches of that range
+  that reach a Cos/Sin before any comparison); the mask keeps its own arithmetic, which is right.
 
 - **Sliding windows from shapes.** Gemma-2 style exports compute the window test ``kv > q - window`` from
   the past length read off tensor shapes. The plugin keeps the cache at a fixed size, so that length is a
@@ -44,10 +49,15 @@ def make_stateful(model: ov.Model, sliding_window: int | None = None, capacity: 
     if not past:
         raise ModelError("not a decoder export with a KV cache: no past_key_values.N inputs to keep as state")
     names = {p.get_any_name() for p in model.inputs}
+    positions_added = 0
+    if "attention_mask" in names and "position_ids" not in names:
+        positions_added = _add_position_ids(model)
+        names = {p.get_any_name() for p in model.inputs}
     if "attention_mask" not in names or "position_ids" not in names:
         raise ModelError(
             "the NPU's LLM mode needs input_ids, attention_mask and position_ids inputs; this export has "
-            f"{sorted(n for n in names if not n.startswith('past_key_values.'))}"
+            f"{sorted(n for n in names if not n.startswith('past_key_values.'))}, and its positions could not "
+            "be traced to a rotary embedding to feed them"
         )
     windows = _rewrite_sliding_window(model, sliding_window) if sliding_window else 0
     if sliding_window and not windows and (capacity is None or sliding_window < capacity):
@@ -75,7 +85,79 @@ def make_stateful(model: ov.Model, sliding_window: int | None = None, capacity: 
         raise ModelError(f"the export has past inputs without their present outputs: {missing[:4]}")
     apply_make_stateful_transformation(model, pairs)
     model.validate_nodes_and_infer_types()
-    return {"kv_states": len(pairs), "sliding_window_rewrites": windows, "mask_minimum_clamped": clamped}
+    return {
+        "kv_states": len(pairs),
+        "sliding_window_rewrites": windows,
+        "mask_minimum_clamped": clamped,
+        "position_ids_added": positions_added,
+    }
+
+
+_COMPARISONS = {"Less", "LessEqual", "Greater", "GreaterEqual", "Equal", "NotEqual"}
+
+
+def _add_position_ids(model: ov.Model) -> int:
+    """Add a ``position_ids`` input [B, S] and feed it where the export's rotary embedding took
+    ``arange(past, past + seq)`` from the past's shape; the number of inputs rewired (0: none found, and
+    then no input is added)."""
+    positions = ops.parameter([-1, -1], ov.Type.i64, name="position_ids")
+    positions.output(0).get_tensor().set_names({"position_ids"})
+    rewired = 0
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "Range" or not _from_past_shape(node.input_value(0).get_node()):
+            continue
+        for target in list(node.output(0).get_target_inputs()):
+            user = target.get_node()
+            if user.get_type_name() == "Unsqueeze" and _constant_value(user.input_value(1).get_node()) == 0:
+                # arange(...)[None]: [1, S], the shape of position_ids for the one sequence the NPU runs
+                for inner in list(user.output(0).get_target_inputs()):
+                    if _reaches_rotary(inner.get_node()):
+                        kind = user.get_output_element_type(0)
+                        inner.replace_source_output(ops.convert(positions, kind).output(0))
+                        rewired += 1
+            elif _reaches_rotary(user):
+                kind = node.get_output_element_type(0)
+                flat = ops.squeeze(positions, ops.constant(np.array([0], dtype=np.int64)))
+                target.replace_source_output(ops.convert(flat, kind).output(0))
+                rewired += 1
+    if rewired:
+        model.add_parameters([positions])
+        model.validate_nodes_and_infer_types()
+    return rewired
+
+
+def _from_past_shape(node, depth: int = 8) -> bool:
+    """Whether ``node``'s value comes from the shape of a past_key_values input."""
+    stack, seen = [(node, 0)], set()
+    while stack:
+        current, level = stack.pop()
+        if id(current) in seen or level > depth:
+            continue
+        seen.add(id(current))
+        if current.get_type_name() in ("ShapeOf", "Shape"):
+            source = current.input_value(0).get_node()
+            if source.get_type_name() == "Parameter" and source.get_friendly_name().startswith("past_key_values"):
+                return True
+            if any(n.startswith("past_key_values") for n in current.input_value(0).get_names()):
+                return True
+        stack.extend((current.input_value(i).get_node(), level + 1) for i in range(current.get_input_size()))
+    return False
+
+
+def _reaches_rotary(node, depth: int = 12) -> bool:
+    """Whether ``node`` leads to a Cos or Sin before any comparison (a rotary embedding, not a mask)."""
+    frontier, seen = [(node, 0)], set()
+    while frontier:
+        current, level = frontier.pop()
+        kind = current.get_type_name()
+        if id(current) in seen or level > depth or kind in _COMPARISONS:
+            continue
+        seen.add(id(current))
+        if kind in ("Cos", "Sin"):
+            return True
+        for out in current.outputs():
+            frontier.extend((t.get_node(), level + 1) for t in out.get_target_inputs())
+    return False
 
 
 def _constant_value(node) -> float | None:
