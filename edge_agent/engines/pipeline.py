@@ -24,7 +24,6 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,15 @@ from .heartbeat import BuildCancelled, Heartbeat
 from .inplace_kv import layout_for
 from .probes import AsrProbe, LlmProbe
 from .recipes import TARGET_BACKENDS, WEIGHT_ONLY, NpuLlmSpec, Recipe
-from .stages import StageContext, calibration_path, compile_artifact, convert, graph_name, open_candidate
+from .stages import (
+    BuildRequest,
+    StageContext,
+    calibration_path,
+    compile_artifact,
+    convert,
+    graph_name,
+    open_candidate,
+)
 
 __all__ = ["INT8_FLAVOURS", "BuildCancelled", "BuildRequest", "GateRefused", "Heartbeat", "Pipeline", "verdict_from"]
 
@@ -57,19 +64,6 @@ class GateRefused(EdgeAgentError):
     def __init__(self, message: str, report: dict[str, Any]) -> None:
         super().__init__(message)
         self.report = report
-
-
-@dataclass(frozen=True, slots=True)
-class BuildRequest:
-    """What to build: the target and precision, and overrides of the recipe's backend, flavour and data."""
-
-    target: str
-    precision: str
-    backend: str | None = None
-    flavour: str | None = None  # int8: qdq | dynamic | nncf
-    data: Path | None = None  # calibration manifest override
-    method: str | None = None  # calibration method override
-    force: bool = False  # rebuild even when a verified entry exists
 
 
 class Pipeline:

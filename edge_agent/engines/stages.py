@@ -38,7 +38,23 @@ class StageContext:
     timing_dir: Path  # the engine cache's TensorRT timing caches
 
 
-def calibration_path(recipe: Recipe, req: Any) -> Path:
+@dataclass(frozen=True, slots=True)
+class BuildRequest:
+    """What to build: the target and precision, and overrides of the recipe's backend, flavour and data."""
+
+    target: str
+    precision: str
+    backend: str | None = None
+    flavour: str | None = None  # int8: qdq | dynamic | nncf
+    data: Path | None = None  # calibration manifest override
+    method: str | None = None  # calibration method override
+    force: bool = False  # rebuild even when a verified entry exists
+
+
+KeyParts = dict[str, Any]  # a build's cache-key parts (``Pipeline.key_parts``): what the stages read
+
+
+def calibration_path(recipe: Recipe, req: BuildRequest) -> Path:
     """The calibration manifest of a build: ``--data`` (a manifest, or a capture directory's manifest for the
     recipe's workload), else the recipe's ``[calibration] data``."""
     if req.data is not None:
@@ -65,7 +81,7 @@ def _ignored(ctx: StageContext) -> list[str]:
     return list(ctx.recipe.calibration.ignored_types) if ctx.recipe.calibration else []
 
 
-def calibration_feeds(ctx: StageContext, req: Any) -> list[dict]:
+def calibration_feeds(ctx: StageContext, req: BuildRequest) -> list[dict]:
     """The real model inputs of the calibration set (prefills for LLMs, streamed chunks for ASR).
 
     ONNX Runtime's histogram calibrators (entropy, percentile) stack each tensor over all samples,
@@ -119,16 +135,15 @@ def calibration_feeds(ctx: StageContext, req: Any) -> list[dict]:
         return feeds
 
 
-def convert(ctx: StageContext, staged: Path, parts: dict, req: Any) -> dict:
-    backend, precision, flavour = parts["backend"], parts["precision"], parts["flavour"]
+def convert(ctx: StageContext, staged: Path, parts: KeyParts, req: BuildRequest) -> dict:
+    """The build's graph at its precision, into ``staged/work`` (ONNX) or ``staged/model`` (OpenVINO IR),
+    the model folder's other files beside it; what was done, for the report."""
     src = ctx.ref.path / ctx.recipe.onnx_file
     work = staged / "work"
     work.mkdir(exist_ok=True)
     model_dir = staged / "model"
     quantize_ort.copy_sidecars(ctx.ref.path, model_dir, ctx.recipe.onnx_file)
-    method = (parts["calibration"] or {}).get("method", "minmax")
     t0 = time.perf_counter()
-    out: dict[str, Any]
     layout: dict[str, Any] | None = None
     if parts.get("layout"):  # in-place KV: every precision below is made from the converted graph
         from .inplace_kv import convert_inplace
@@ -136,58 +151,11 @@ def convert(ctx: StageContext, staged: Path, parts: dict, req: Any) -> dict:
         layout = convert_inplace(ctx.ref.path, work / "inplace", ctx.recipe.onnx_file, threads=ctx.threads)
         shutil.copy2(work / "inplace" / "genai_config.json", model_dir / "genai_config.json")
         src = source_graph(ctx, staged, parts)
+    backend = parts["backend"]
     if backend in ("onnxruntime", "tensorrt"):
-        dst = work / "model.onnx"
-        if precision == "fp32":
-            out = {"tool": "none (the FP32 export)", "source": str(src)}
-        elif precision == "fp16":
-            if backend == "tensorrt" and not _trt_strongly_typed(parts):
-                out = {"tool": "none: TensorRT < 11 converts with BuilderFlag.FP16", "source": str(src)}
-            else:
-                out = quantize_ort.to_fp16(src, dst)
-        elif precision in WEIGHT_ONLY and backend == "onnxruntime":
-            from .quantize_weight_only import quantize_matmul_nbits
-
-            spec = ctx.recipe.weight_spec
-            out = quantize_matmul_nbits(
-                src, dst, WEIGHT_ONLY[precision], spec.block_size, spec.symmetric, spec.accuracy_level, spec.algorithm
-            )
-        elif precision == "int8" and flavour == "calibrator":
-            out = {"tool": "TensorRT IInt8EntropyCalibrator2 at compile time (TensorRT < 11)", "method": "entropy"}
-        elif precision == "int8" and flavour == "dynamic":
-            out = quantize_ort.quantize_weights_dynamic(src, dst, _op_types(ctx))
-        elif precision == "int8":
-            feeds = calibration_feeds(ctx, req)
-            with ctx.hb.bar(f"calibrating ({method})", "batches") as bar:
-                out = quantize_ort.quantize_qdq(src, dst, feeds, method, _op_types(ctx), progress=ctx.hb.callback(bar))
-        else:
-            raise InputError(f"{backend} has no {precision} path here: {weight_only_unsupported(backend, precision)}")
+        out = _convert_onnx(ctx, src, work / "model.onnx", parts, req)
     elif backend == "openvino":
-        from . import quantize_openvino as qov
-
-        xml = model_dir / graph_name("openvino")
-        if npu_llm(ctx, parts):  # the NPU runs LLMs only in its plugin's LLM mode, from a stateful IR
-            if precision == "int8" and flavour != "weights":
-                raise InputError(
-                    "the NPU's LLM mode takes weight-only formats: build int4 (or int8w, fp16) for intel-npu"
-                )
-            weights = "int8w" if precision == "int8" else precision
-            window = ctx.ref.config.get("sliding_window")
-            capacity = npu_llm(ctx, parts)["npu_llm"].capacity  # type: ignore[attr-defined]  # an LlmShape
-            out = qov.stateful_ir(src, xml, weights, ctx.recipe.weight_spec.block_size, window, capacity)
-        elif precision in ("fp32", "fp16"):
-            out = qov.to_ir(src, xml, fp16=precision == "fp16")
-        elif precision in WEIGHT_ONLY:
-            spec = ctx.recipe.weight_spec
-            out = qov.compress_weights(src, xml, WEIGHT_ONLY[precision], spec.block_size, spec.symmetric)
-        elif precision == "int8" and flavour == "weights":
-            out = qov.compress_weights(src, xml, 8)
-        else:
-            feeds = calibration_feeds(ctx, req)
-            with ctx.hb.bar("NNCF quantize", "samples") as bar:
-                out = qov.quantize_int8(
-                    src, xml, feeds, ctx.recipe.workload, _ignored(ctx), progress=ctx.hb.callback(bar)
-                )
+        out = _convert_openvino(ctx, src, model_dir / graph_name("openvino"), parts, req)
     else:
         raise InputError(f"unknown backend {backend!r}")
     if layout is not None:
@@ -196,7 +164,60 @@ def convert(ctx: StageContext, staged: Path, parts: dict, req: Any) -> dict:
     return out
 
 
-def source_graph(ctx: StageContext, staged: Path, parts: dict) -> Path:
+def _convert_onnx(ctx: StageContext, src: Path, dst: Path, parts: KeyParts, req: BuildRequest) -> dict:
+    """An ONNX graph for ONNX Runtime or TensorRT: as exported, FP16, weight-only, or INT8 (Q/DQ, dynamic)."""
+    backend, precision, flavour = parts["backend"], parts["precision"], parts["flavour"]
+    if precision == "fp32":
+        return {"tool": "none (the FP32 export)", "source": str(src)}
+    if precision == "fp16":
+        if backend == "tensorrt" and not _trt_strongly_typed(parts):
+            return {"tool": "none: TensorRT < 11 converts with BuilderFlag.FP16", "source": str(src)}
+        return quantize_ort.to_fp16(src, dst)
+    if precision in WEIGHT_ONLY and backend == "onnxruntime":
+        from .quantize_weight_only import quantize_matmul_nbits
+
+        spec = ctx.recipe.weight_spec
+        return quantize_matmul_nbits(
+            src, dst, WEIGHT_ONLY[precision], spec.block_size, spec.symmetric, spec.accuracy_level, spec.algorithm
+        )
+    if precision == "int8" and flavour == "calibrator":
+        return {"tool": "TensorRT IInt8EntropyCalibrator2 at compile time (TensorRT < 11)", "method": "entropy"}
+    if precision == "int8" and flavour == "dynamic":
+        return quantize_ort.quantize_weights_dynamic(src, dst, _op_types(ctx))
+    if precision == "int8":
+        method = (parts["calibration"] or {}).get("method", "minmax")
+        feeds = calibration_feeds(ctx, req)
+        with ctx.hb.bar(f"calibrating ({method})", "batches") as bar:
+            return quantize_ort.quantize_qdq(src, dst, feeds, method, _op_types(ctx), progress=ctx.hb.callback(bar))
+    raise InputError(f"{backend} has no {precision} path here: {weight_only_unsupported(backend, precision)}")
+
+
+def _convert_openvino(ctx: StageContext, src: Path, xml: Path, parts: KeyParts, req: BuildRequest) -> dict:
+    """An OpenVINO IR: the NPU's stateful LLM form, FP32/FP16, weight compression, or NNCF INT8."""
+    from . import quantize_openvino as qov
+
+    precision, flavour = parts["precision"], parts["flavour"]
+    npu = npu_llm(ctx, parts)
+    if npu:  # the NPU runs LLMs only in its plugin's LLM mode, from a stateful IR
+        if precision == "int8" and flavour != "weights":
+            raise InputError("the NPU's LLM mode takes weight-only formats: build int4 (or int8w, fp16) for intel-npu")
+        weights = "int8w" if precision == "int8" else precision
+        window = ctx.ref.config.get("sliding_window")
+        capacity = npu["npu_llm"].capacity
+        return qov.stateful_ir(src, xml, weights, ctx.recipe.weight_spec.block_size, window, capacity)
+    if precision in ("fp32", "fp16"):
+        return qov.to_ir(src, xml, fp16=precision == "fp16")
+    if precision in WEIGHT_ONLY:
+        spec = ctx.recipe.weight_spec
+        return qov.compress_weights(src, xml, WEIGHT_ONLY[precision], spec.block_size, spec.symmetric)
+    if precision == "int8" and flavour == "weights":
+        return qov.compress_weights(src, xml, 8)
+    feeds = calibration_feeds(ctx, req)
+    with ctx.hb.bar("NNCF quantize", "samples") as bar:
+        return qov.quantize_int8(src, xml, feeds, ctx.recipe.workload, _ignored(ctx), progress=ctx.hb.callback(bar))
+
+
+def source_graph(ctx: StageContext, staged: Path, parts: KeyParts) -> Path:
     """The graph a build's precision is made from: the in-place KV conversion when the build has one."""
     if parts.get("layout"):
         return staged / "work" / "inplace" / "model.onnx"
@@ -213,13 +234,13 @@ def weight_only_unsupported(backend: str, precision: str) -> str | None:
     )
 
 
-def _trt_strongly_typed(parts: dict) -> bool:
+def _trt_strongly_typed(parts: KeyParts) -> bool:
     from .tensorrt_build import is_strongly_typed_only
 
     return is_strongly_typed_only(parts["runtime_version"])
 
 
-def compile_artifact(ctx: StageContext, staged: Path, parts: dict, req: Any) -> dict:
+def compile_artifact(ctx: StageContext, staged: Path, parts: KeyParts, req: BuildRequest) -> dict:
     backend, precision = parts["backend"], parts["precision"]
     src = source_graph(ctx, staged, parts)
     converted = staged / "work" / "model.onnx"
@@ -291,7 +312,7 @@ def profile_shapes(recipe: Recipe, target: str, onnx_path: Path) -> list[tuple[s
     return [(p.name, input_shapes(p, inputs)) for p in profiles]
 
 
-def npu_llm(ctx: StageContext, parts: dict) -> dict[str, object]:
+def npu_llm(ctx: StageContext, parts: KeyParts) -> dict[str, LlmShape]:
     """For an LLM built for the NPU: the plugin's LLM mode as the key says (``key_parts["npu_llm"]``)."""
     spec = parts.get("npu_llm")
     if parts["target"] != "intel-npu" or ctx.recipe.workload != "llm" or not spec:
@@ -299,21 +320,21 @@ def npu_llm(ctx: StageContext, parts: dict) -> dict[str, object]:
     return {"npu_llm": LlmShape(spec["max_prompt"], spec["min_response"], spec["generate_tokens"])}
 
 
-def static_shapes(ctx: StageContext, parts: dict) -> dict[str, tuple[int, ...]] | None:
+def static_shapes(ctx: StageContext, parts: KeyParts) -> dict[str, tuple[int, ...]] | None:
     if parts["target"] != "intel-npu" or npu_llm(ctx, parts):
         return None
     _name, shapes = profile_shapes(ctx.recipe, parts["target"], ctx.ref.path / ctx.recipe.onnx_file)[0]
     return {inp: lo for inp, (lo, _, _) in shapes.items()}
 
 
-def ov_hint(parts: dict) -> Literal["fp16", "fp32"]:
+def ov_hint(parts: KeyParts) -> Literal["fp16", "fp32"]:
     """OpenVINO's inference precision for the engine. The same at compile and at load, or the cached
     blob would not match. On CPUs f32: FP16/INT8/INT4 live in the IR's weights, and x86 CPUs have
     no f16 arithmetic to gain from; the NPU computes f16."""
     return "fp16" if parts["precision"] == "fp16" and parts["target"] != "cpu" else "fp32"
 
 
-def open_candidate(ctx: StageContext, folder: Path, parts: dict):
+def open_candidate(ctx: StageContext, folder: Path, parts: KeyParts):
     """The built engine opened ready to run: a Session (LLM) or a streaming runner (ASR)."""
     from .probes import AsrProbe
 
