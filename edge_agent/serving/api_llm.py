@@ -35,7 +35,7 @@ from ..metrics.prometheus import PrometheusMetrics
 from ..models.grammar import FormatError
 from . import http_guard, openai_output
 from .api_errors import from_exception as _from_exception
-from .llm.handle import Completion, RequestHandle
+from .llm.handle import Completion, RequestHandle, TokenEvent
 from .llm.ladder import TieredLLM
 from .openai_schema import ChatRequest, CompletionRequest, GenerateRequest, parse
 
@@ -189,87 +189,124 @@ class _Reply:
         return web.json_response(body, headers=headers)
 
     async def stream(self, request: web.Request, events) -> web.StreamResponse:
+        """Write the reply as SSE chunks as the token ``events`` arrive. A client that goes away, or
+        a failure after the headers went out, cancels every choice; the failure is reported in-band."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        envelope = self._envelope("chat.completion.chunk" if self.chat else "text_completion")
-        logprobs = self.plan.params.logprobs is not None
-        n = len(self.handles)
-        calls = [openai_output.ToolCallStream() if self.plan.tools else None for _ in range(n)]
-        offsets = [len(self.echo)] * n
-        done: list[Completion | None] = [None] * n
-
-        async def send(choice: dict | None, **extra: Any) -> None:
-            chunk = {**envelope, "choices": [choice] if choice else [], **extra}
-            await resp.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
-
-        def choice(index: int, delta: dict | None = None, text: str = "", lp=None, reason: str | None = None) -> dict:
-            if self.chat:
-                return {"index": index, "delta": delta or {}, "logprobs": lp, "finish_reason": reason}
-            return {"index": index, "text": text, "logprobs": lp, "finish_reason": reason}
-
-        async def finish(index: int) -> None:
-            result = done[index] = self.handles[index].result(5)  # its events ended: it is finished
-            reason = FINISH.get(result.finish_reason, "stop")
-            stream = calls[index]
-            if stream is not None:
-                for delta in stream.finish():
-                    await send(choice(index, delta))
-                if stream.kind == "call" and openai_output.tool_call(stream.text) is not None:
-                    reason = "tool_calls"
-            await send(choice(index, reason=reason), **self._extras(result, index))
-
+        sse = _SseChunks(self, resp)
         try:
             await resp.prepare(request)
-            for i in range(n):
-                if self.chat:
-                    await send(choice(i, {"role": "assistant", "content": ""}))
-                elif self.echo:
-                    await send(choice(i, text=self.echo))
+            await sse.opening()
             async for i, event in events:
                 if event is None:
-                    await finish(i)
-                    continue
-                lp = None
-                if logprobs and event.logprob is not None:
-                    lp = (
-                        openai_output.chat_logprobs([event.logprob])
-                        if self.chat
-                        else openai_output.completion_logprobs([event.logprob], offsets[i])
-                    )
-                stream = calls[i]
-                if stream is not None:
-                    for delta in stream.push(event.text):
-                        await send(choice(i, delta, lp=lp))
-                        lp = None
-                    if lp is not None:
-                        await send(choice(i, {}, lp=lp))
-                elif event.text or lp is not None:
-                    await send(choice(i, {"content": event.text}, event.text, lp))
-                offsets[i] += len(event.text)
-            if self.include_usage:
-                await send(None, usage=self._usage([d for d in done if d is not None]))
-            await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
+                    await sse.finish(i)
+                else:
+                    await sse.token(i, event)
+            await sse.close()
         except DISCONNECTS:  # the client went away: free its batch slots, say so once, no traceback
             if not all(h.cancelled for h in self.handles):
-                for handle in self.handles:
-                    handle.cancel()
+                self._cancel()
                 log.info("client went away: %s cancelled", self.ident)
         except asyncio.CancelledError:
-            for handle in self.handles:
-                handle.cancel()
+            self._cancel()
             raise
         except EdgeAgentError as exc:  # a failure after the headers went out: report it in-band
-            for handle in self.handles:
-                handle.cancel()
-            try:
-                await resp.write(
-                    f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error'}})}\n\n".encode()
-                )
-                await resp.write(b"data: [DONE]\n\n")
-                await resp.write_eof()
-            except DISCONNECTS:
-                pass
+            self._cancel()
+            await sse.fail(exc)
         return resp
+
+    def _cancel(self) -> None:
+        """Cancel every choice's request (frees their batch slots)."""
+        for handle in self.handles:
+            handle.cancel()
+
+
+class _SseChunks:
+    """The SSE chunks of one streamed reply and what they need to remember per choice: its tool-call
+    parser, where its next text starts (completion logprobs' offsets) and its completion once finished."""
+
+    def __init__(self, reply: _Reply, resp: web.StreamResponse) -> None:
+        self.reply, self.resp, self.chat = reply, resp, reply.chat
+        self.envelope = reply._envelope("chat.completion.chunk" if reply.chat else "text_completion")
+        self.logprobs = reply.plan.params.logprobs is not None
+        n = len(reply.handles)
+        self.calls = [openai_output.ToolCallStream() if reply.plan.tools else None for _ in range(n)]
+        self.offsets = [len(reply.echo)] * n
+        self.done: list[Completion | None] = [None] * n
+
+    async def send(self, choice: dict | None, **extra: Any) -> None:
+        """Write one chunk: the envelope, ``choice`` (none: an empty ``choices``) and ``extra`` keys."""
+        chunk = {**self.envelope, "choices": [choice] if choice else [], **extra}
+        await self.resp.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
+
+    def choice(self, index: int, delta: dict | None = None, text: str = "", lp=None, reason: str | None = None) -> dict:
+        """One choice's entry in a chunk: a ``delta`` for chat, a ``text`` for a completion."""
+        if self.chat:
+            return {"index": index, "delta": delta or {}, "logprobs": lp, "finish_reason": reason}
+        return {"index": index, "text": text, "logprobs": lp, "finish_reason": reason}
+
+    async def opening(self) -> None:
+        """The chunks before any token: the assistant's role for chat, the echoed prompt for a completion."""
+        for i in range(len(self.calls)):
+            if self.chat:
+                await self.send(self.choice(i, {"role": "assistant", "content": ""}))
+            elif self.reply.echo:
+                await self.send(self.choice(i, text=self.reply.echo))
+
+    def _token_logprobs(self, index: int, event: TokenEvent):
+        """The logprobs of one token in the reply's shape; None when the request did not ask for them."""
+        if not self.logprobs or event.logprob is None:
+            return None
+        if self.chat:
+            return openai_output.chat_logprobs([event.logprob])
+        return openai_output.completion_logprobs([event.logprob], self.offsets[index])
+
+    async def token(self, index: int, event: TokenEvent) -> None:
+        """The chunks of one token of choice ``index``: its text as content or, with tools, what the
+        tool-call parser makes of it (content, call deltas, or nothing yet). Its logprobs ride on the
+        first of those chunks, or on an empty delta of their own when there is none."""
+        lp = self._token_logprobs(index, event)
+        stream = self.calls[index]
+        if stream is not None:
+            for delta in stream.push(event.text):
+                await self.send(self.choice(index, delta, lp=lp))
+                lp = None
+            if lp is not None:
+                await self.send(self.choice(index, {}, lp=lp))
+        elif event.text or lp is not None:
+            await self.send(self.choice(index, {"content": event.text}, event.text, lp))
+        self.offsets[index] += len(event.text)
+
+    async def finish(self, index: int) -> None:
+        """The last chunks of choice ``index``, whose events ended: what its tool-call parser still
+        held, then its finish reason (``tool_calls`` for a complete call) with its timings and warnings."""
+        result = self.done[index] = self.reply.handles[index].result(5)  # its events ended: it is finished
+        reason = FINISH.get(result.finish_reason, "stop")
+        stream = self.calls[index]
+        if stream is not None:
+            for delta in stream.finish():
+                await self.send(self.choice(index, delta))
+            if stream.kind == "call" and openai_output.tool_call(stream.text) is not None:
+                reason = "tool_calls"
+        await self.send(self.choice(index, reason=reason), **self.reply._extras(result, index))
+
+    async def close(self) -> None:
+        """The end of a stream that completed: the usage chunk when asked for, then ``[DONE]``."""
+        if self.reply.include_usage:
+            await self.send(None, usage=self.reply._usage([d for d in self.done if d is not None]))
+        await self.resp.write(b"data: [DONE]\n\n")
+        await self.resp.write_eof()
+
+    async def fail(self, exc: EdgeAgentError) -> None:
+        """The end of a stream that failed after its headers went out: an error chunk, then
+        ``[DONE]``; a client already gone gets nothing."""
+        try:
+            await self.resp.write(
+                f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error'}})}\n\n".encode()
+            )
+            await self.resp.write(b"data: [DONE]\n\n")
+            await self.resp.write_eof()
+        except DISCONNECTS:
+            pass
 
 
 async def _cancel_on_disconnect(request: web.Request, handles: list[RequestHandle], ident: str) -> None:
