@@ -88,7 +88,11 @@ class OvSession:
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         check_feeds(self.inputs, feeds)
         try:
-            results = self._request.infer({self._in_index[name]: value for name, value in feeds.items()})
+            # The caller's arrays are read in place (share_inputs) and the outputs copied once, below
+            # (share_outputs): the request reuses its output tensors on the next infer().
+            results = self._request.infer(
+                {self._in_index[name]: value for name, value in feeds.items()}, share_inputs=True, share_outputs=True
+            )
         except Exception as exc:
             text = str(exc).strip().splitlines()
             msg = text[-1] if text else type(exc).__name__
@@ -98,7 +102,6 @@ class OvSession:
         for name in names:
             if name not in self._out_index:
                 raise InputError(f"unknown output {name!r}; the model has {list(self._out_index)}")
-            # The request reuses its output tensors on the next infer(): hand the caller a copy.
             out[name] = np.array(results[self._out_index[name]], copy=True)
         return out
 
