@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,7 +28,8 @@ from .metrics.window import percentile
 
 if TYPE_CHECKING:
     from .backends import Precision
-    from .models.asr_streaming_ctc import Decoder
+    from .models.asr_streaming_ctc import Decoder, StreamingCtcRunner, StreamingCtcSpec
+    from .models.catalog import ModelRef
 
 MODES = ("stream", "full", "service")
 
@@ -86,70 +87,137 @@ def evaluate(
     audio=None,
 ) -> dict:
     """Score ``model`` on manifest ``data``; the report ``edge-agent eval asr --json`` prints."""
-    from .audio.wav import read_audio
     from .backends import SessionOptions
-    from .metrics.wer import align, normalize
     from .models.asr_streaming_ctc import StreamingCtcRunner
-    from .models.catalog import resolve_model
 
     items = read_manifest(data)[:limit]
+    ref = _streaming_ctc_model(model, cache_dir)
+    options = SessionOptions(device=device, precision=precision, threads=threads)
+    runner = StreamingCtcRunner(ref.path, backend, options)
+    if decoders is None:
+        decoders = _available_decoders(runner.spec)
+    try:
+        run = _run_direct(runner, data, items, decoders)
+    finally:
+        runner.close()
+    for d in decoders:
+        for out, hyp in zip(run.rows, _service_hyps(ref, backend, options, d, run.clips, audio)):
+            out[f"service/{d}"] = hyp
+    results = _error_rates(run.rows, decoders)
+    wrong = [s for s in run.rows if s["ref"] != s.get(f"stream/{decoders[-1]}")]
+    return {
+        "model": ref.name,
+        "model_path": str(ref.path),
+        "data": str(data),
+        "backend": backend,
+        "device": device,
+        "precision": precision,
+        "threads": threads,
+        "utterances": len(items),
+        "audio_s": round(run.audio_s, 2),
+        "results": results,
+        "stream_vs_full_max_abs_diff": run.max_diff,
+        "latency": _latency(run, runner.spec),
+        "errors": wrong[:20],
+    }
+
+
+@dataclass(slots=True)
+class _DirectRun:
+    """What the runner's own passes over the manifest gave: one row per utterance (its line, the
+    normalized reference and each ``stream/…`` and ``full/…`` hypothesis), the clips for the service
+    pass, and the latency samples of the streamed pass."""
+
+    rows: list[dict] = field(default_factory=list)
+    clips: list[np.ndarray] = field(default_factory=list)
+    audio_s: float = 0.0
+    compute_s: float = 0.0
+    chunk_ms: list[float] = field(default_factory=list)
+    final_ms: list[float] = field(default_factory=list)
+    max_diff: float = 0.0  # largest |streamed - whole| log-probability over all utterances
+
+
+def _streaming_ctc_model(model: str, cache_dir: Path | None) -> ModelRef:
+    """The catalog's ``model``, refused unless it is a streaming CTC model (the only kind eval asr scores)."""
+    from .models.catalog import resolve_model
+
     ref = resolve_model(model, cache_dir or Path.home() / ".cache" / "edge-agent" / "models")
     if ref.model_type != "streaming-ctc":
         raise ModelError(
             f"{ref.name}: eval asr scores streaming CTC models (config.json model_type "
             f"'streaming-ctc'); this one is {ref.model_type!r}"
         )
-    options = SessionOptions(device=device, precision=precision, threads=threads)
-    runner = StreamingCtcRunner(ref.path, backend, options)
-    if decoders is None:
-        found: list[Decoder] = ["greedy"]
-        if runner.spec.lexicon is not None:
-            found.append("lexicon")
-            if runner.spec.lm is not None:
-                found.append("lm")
-        decoders = tuple(found)
-    audio_s = compute_s = 0.0
-    chunk_ms: list[float] = []
-    final_ms: list[float] = []
-    max_diff = 0.0
-    samples_out: list[dict] = []
-    all_samples: list[np.ndarray] = []
-    try:
-        for utt in items:
-            try:
-                samples, _ = read_audio(utt.audio, runner.spec.features.sampling_rate)
-            except InputError as exc:
-                raise InputError(f"{data}:{utt.line}: {exc}") from None
-            audio_s += len(samples) / runner.spec.features.sampling_rate
-            all_samples.append(samples)
-            t0 = time.perf_counter()
-            stream = runner.start()
-            for i in range(0, len(samples), 1600):
-                runner.push(stream, samples[i : i + 1600])
-            t_last = time.perf_counter()
-            streamed = runner.finish(stream)
-            hyps = {f"stream/{decoders[0]}": runner.decode(streamed, decoders[0])}
-            final_ms.append((time.perf_counter() - t_last) * 1e3)
-            compute_s += time.perf_counter() - t0
-            chunk_ms.extend(stream.chunk_ms)
-            whole = runner.full(samples)
-            max_diff = max(
-                max_diff, float(np.max(np.abs(whole - streamed))) if whole.shape == streamed.shape else float("inf")
-            )
-            for d in decoders:
-                for mode, lp in (("stream", streamed), ("full", whole)):
-                    key = f"{mode}/{d}"
-                    if key not in hyps:
-                        hyps[key] = runner.decode(lp, d)
-            samples_out.append({"line": utt.line, "ref": normalize(utt.text), **hyps})
-    finally:
-        runner.close()
-    options = SessionOptions(device=device, precision=precision, threads=threads)
-    for d in decoders:
-        for out, hyp in zip(samples_out, _service_hyps(ref, backend, options, d, all_samples, audio)):
-            out[f"service/{d}"] = hyp
+    return ref
+
+
+def _available_decoders(spec: StreamingCtcSpec) -> tuple[Decoder, ...]:
+    """The decoders the model folder supports: greedy, the lexicon beam search with a ``lexicon.txt``,
+    and the language model too with an ``lm.arpa`` beside it."""
+    found: list[Decoder] = ["greedy"]
+    if spec.lexicon is not None:
+        found.append("lexicon")
+        if spec.lm is not None:
+            found.append("lm")
+    return tuple(found)
+
+
+def _run_direct(
+    runner: StreamingCtcRunner, data: Path, items: list[Utterance], decoders: tuple[Decoder, ...]
+) -> _DirectRun:
+    """Each utterance through the runner itself, streamed (timed) and whole, decoded with every
+    decoder both ways; a file that cannot be read names its manifest line."""
+    from .audio.wav import read_audio
+    from .metrics.wer import normalize
+
+    rate = runner.spec.features.sampling_rate
+    run = _DirectRun()
+    for utt in items:
+        try:
+            samples, _ = read_audio(utt.audio, rate)
+        except InputError as exc:
+            raise InputError(f"{data}:{utt.line}: {exc}") from None
+        run.audio_s += len(samples) / rate
+        run.clips.append(samples)
+        streamed, first = _stream_timed(runner, samples, decoders[0], run)
+        whole = runner.full(samples)
+        diff = float(np.max(np.abs(whole - streamed))) if whole.shape == streamed.shape else float("inf")
+        run.max_diff = max(run.max_diff, diff)
+        hyps = {f"stream/{decoders[0]}": first}
+        for d in decoders:
+            for mode, lp in (("stream", streamed), ("full", whole)):
+                key = f"{mode}/{d}"
+                if key not in hyps:
+                    hyps[key] = runner.decode(lp, d)
+        run.rows.append({"line": utt.line, "ref": normalize(utt.text), **hyps})
+    return run
+
+
+def _stream_timed(
+    runner: StreamingCtcRunner, samples: np.ndarray, decoder: Decoder, run: _DirectRun
+) -> tuple[np.ndarray, str]:
+    """One clip streamed in 1600-sample pushes, flushed and decoded with ``decoder``: its log
+    probabilities and text. Its compute time, ``final_ms`` (last push → text) and the compute of each
+    model call go to ``run``."""
+    t0 = time.perf_counter()
+    stream = runner.start()
+    for i in range(0, len(samples), 1600):
+        runner.push(stream, samples[i : i + 1600])
+    t_last = time.perf_counter()
+    streamed = runner.finish(stream)
+    text = runner.decode(streamed, decoder)
+    run.final_ms.append((time.perf_counter() - t_last) * 1e3)
+    run.compute_s += time.perf_counter() - t0
+    run.chunk_ms.extend(stream.chunk_ms)
+    return streamed, text
+
+
+def _error_rates(rows: list[dict], decoders: tuple[Decoder, ...]) -> dict:
+    """WER and CER of each mode and decoder, counted over all utterances (not averaged per
+    utterance). Each row's hypotheses are normalized in place, as the report's ``errors`` show them."""
+    from .metrics.wer import align, normalize
+
     totals = {f"{m}/{d}": {"words": [0, 0, 0, 0], "chars": [0, 0, 0, 0]} for m in MODES for d in decoders}
-    for out in samples_out:
+    for out in rows:
         ref_n = out["ref"]
         for key in totals:
             hyp_n = out[key] = normalize(out[key])
@@ -160,44 +228,32 @@ def evaluate(
                 acc[1] += counts.substitutions
                 acc[2] += counts.deletions
                 acc[3] += counts.insertions
+    return {key: {"wer": _rates(v["words"]), "cer": _rates(v["chars"])} for key, v in totals.items()}
 
-    def rates(acc: list[int]) -> dict:
-        n, s, d, i = acc
-        return {
-            "rate": (s + d + i) / n if n else 0.0,
-            "ref_len": n,
-            "substitutions": s,
-            "deletions": d,
-            "insertions": i,
-        }
 
-    results = {key: {"wer": rates(v["words"]), "cer": rates(v["chars"])} for key, v in totals.items()}
-    wrong = [s for s in samples_out if s["ref"] != s.get(f"stream/{decoders[-1]}")]
+def _rates(acc: list[int]) -> dict:
+    """One error rate from its summed [reference length, substitutions, deletions, insertions]."""
+    n, s, d, i = acc
     return {
-        "model": ref.name,
-        "model_path": str(ref.path),
-        "data": str(data),
-        "backend": backend,
-        "device": device,
-        "precision": precision,
-        "threads": threads,
-        "utterances": len(items),
-        "audio_s": round(audio_s, 2),
-        "results": results,
-        "stream_vs_full_max_abs_diff": max_diff,
-        "latency": {
-            "rtf": compute_s / audio_s if audio_s else None,
-            "chunk_ms": runner.spec.chunk_frames
-            * runner.spec.features.hop_length
-            * 1000
-            / runner.spec.features.sampling_rate,
-            "compute_per_chunk_ms_p50": percentile(chunk_ms, 50),
-            "compute_per_chunk_ms_p95": percentile(chunk_ms, 95),
-            "final_ms_p50": percentile(final_ms, 50),
-            "final_ms_p95": percentile(final_ms, 95),
-            "count": len(final_ms),
-        },
-        "errors": wrong[:20],
+        "rate": (s + d + i) / n if n else 0.0,
+        "ref_len": n,
+        "substitutions": s,
+        "deletions": d,
+        "insertions": i,
+    }
+
+
+def _latency(run: _DirectRun, spec: StreamingCtcSpec) -> dict:
+    """The streamed pass's latency figures: real-time factor, the audio per model call, the compute
+    per model call and ``final_ms`` (P50 and P95)."""
+    return {
+        "rtf": run.compute_s / run.audio_s if run.audio_s else None,
+        "chunk_ms": spec.chunk_frames * spec.features.hop_length * 1000 / spec.features.sampling_rate,
+        "compute_per_chunk_ms_p50": percentile(run.chunk_ms, 50),
+        "compute_per_chunk_ms_p95": percentile(run.chunk_ms, 95),
+        "final_ms_p50": percentile(run.final_ms, 50),
+        "final_ms_p95": percentile(run.final_ms, 95),
+        "count": len(run.final_ms),
     }
 
 
