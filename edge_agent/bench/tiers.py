@@ -14,6 +14,7 @@ import argparse
 import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..backends import SessionOptions
@@ -134,6 +135,35 @@ def run(args: argparse.Namespace) -> int:
         from . import tiers_asr
 
         return tiers_asr.run(args)
+    names = _llm_tier_names(args)
+    show = not args.quiet
+    ladder = _ladder(args, names)
+    load = _size_load(ladder[0], args)
+    policy = _policy(args)
+    adaptive, events = _adaptive_run(args, ladder, policy, load.schedule, show)
+    fixed = _fixed_run(ladder[0], load.schedule, args.max_new_tokens, show)
+    report = _report(args, names, load, policy, adaptive, fixed, events)
+    print(format_report(report))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    if args.plot:
+        plot_tiers(report, Path(args.plot))
+    return 1 if adaptive["failed"] else 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Load:
+    """The arrival schedule both runs replay, and what sized it: the top tier's e2e for one request
+    alone, and the base and peak rates (requests/s)."""
+
+    single_s: float
+    base: float
+    peak: float
+    schedule: list[float]
+
+
+def _llm_tier_names(args: argparse.Namespace) -> list[str]:
+    """The llm workload's defaults filled in on ``args`` and checked; the tier models, heaviest first."""
     args.tiers = args.tiers or "demo-phi3-small,demo-phi3"
     args.duration_s = 60.0 if args.duration_s is None else args.duration_s
     args.target_ms = args.target_ms or 387.0
@@ -142,10 +172,16 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--tiers needs at least two models, heaviest first")
     if args.duration_s < 10:
         raise InputError(f"--duration-s must be at least 10, got {args.duration_s}")
+    return names
+
+
+def _ladder(args: argparse.Namespace, names: list[str]) -> list[Tier]:
+    """One tier per model, resolved from the configured model cache: a DecoderLM on ONNX Runtime's
+    CPU with ``--threads``, ``--max-batch`` and ``--max-new-tokens``, and a queue that takes the
+    whole schedule."""
     from ..config import load_settings
 
     cache = load_settings(None).models.cache_dir
-    show = not args.quiet
     refs = [resolve_model(n, cache) for n in names]
     options = SessionOptions(device="cpu", threads=args.threads)
     limits = Limits(
@@ -159,10 +195,13 @@ def run(args: argparse.Namespace) -> int:
     def opener(ref: ModelRef) -> Callable[[], DecoderLM]:
         return lambda: DecoderLM.open(ref, "onnxruntime", options)
 
-    ladder = [Tier(ref.name, opener(ref), limits, args.max_new_tokens) for ref in refs]
+    return [Tier(ref.name, opener(ref), limits, args.max_new_tokens) for ref in refs]
 
-    # Size the load from the top tier: one request alone, after a warm-up.
-    probe = TieredLLM(ladder[:1])
+
+def _size_load(top: Tier, args: argparse.Namespace) -> _Load:
+    """Size the load from the top tier: one request alone, after a warm-up, gives its e2e; the rates
+    default to 1× (base) and 5× (peak) the rate that serves such requests back to back."""
+    probe = TieredLLM([top])
     probe.start()
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0, ignore_eos=True)
     probe.submit(PROMPTS[0], params).result(600)
@@ -172,9 +211,13 @@ def run(args: argparse.Namespace) -> int:
     peak = args.peak_rate or 5.0 / single_s
     if not 0 < base <= peak:
         raise InputError(f"need 0 < --base-rate ({base:g}) <= --peak-rate ({peak:g})")
-    schedule = arrivals(args.duration_s, base, peak, args.seed)
+    return _Load(single_s, base, peak, arrivals(args.duration_s, base, peak, args.seed))
 
-    policy = Policy(
+
+def _policy(args: argparse.Namespace) -> Policy:
+    """The adaptive run's SLA policy: TTFT P95 against ``--target-ms``, its cooldown and dwell a few
+    ``--evaluate-every-s`` long."""
+    return Policy(
         metric="ttft_ms",
         percentile=95,
         target_ms=args.target_ms,
@@ -186,6 +229,13 @@ def run(args: argparse.Namespace) -> int:
         min_dwell_s=2 * args.evaluate_every_s,
         max_batch=args.max_batch,
     )
+
+
+def _adaptive_run(
+    args: argparse.Namespace, ladder: list[Tier], policy: Policy, schedule: Sequence[float], show: bool
+) -> tuple[dict, list[tuple[float, str, dict]]]:
+    """The schedule on the whole ladder with a TierController switching tiers: the run, and the
+    controller's events and tier loads as (seconds since the controller started, kind, payload)."""
     events: list[tuple[float, str, dict]] = []
     holder: dict = {}
     t0 = [time.monotonic()]
@@ -211,52 +261,67 @@ def run(args: argparse.Namespace) -> int:
     finally:
         controller.stop()
         served.stop()
-    fixed_served = TieredLLM(ladder[:1])
+    return adaptive, events
+
+
+def _fixed_run(top: Tier, schedule: Sequence[float], max_new: int, show: bool) -> dict:
+    """The same schedule on the top tier alone, with no controller: what the adaptive run is compared with."""
+    fixed_served = TieredLLM([top])
     fixed_served.start()
     try:
-        fixed = _drive(fixed_served, schedule, args.max_new_tokens, "fixed top tier", show)
+        return _drive(fixed_served, schedule, max_new, "fixed top tier", show)
     finally:
         fixed_served.stop()
 
+
+def _report(
+    args: argparse.Namespace,
+    names: list[str],
+    load: _Load,
+    policy: Policy,
+    adaptive: dict,
+    fixed: dict,
+    events: list[tuple[float, str, dict]],
+) -> dict:
+    """What ``--json`` writes: the load and the policy, each run's summary and time over the target,
+    the switches and every controller event, the timeline of both runs, and each request's row."""
     bucket_s = max(1.0, args.duration_s / 30)
     tl_a, over_a = timeline(adaptive, args.duration_s, bucket_s, args.target_ms)
     tl_f, over_f = timeline(fixed, args.duration_s, bucket_s, args.target_ms)
-    switches = [{"t_s": round(t, 2), **p} for t, kind, p in events if kind == "tier_switch"]
-    report = {
+    return {
         "tiers": names,
         "threads": args.threads,
         "duration_s": args.duration_s,
         "target_ms": args.target_ms,
-        "single_request_s": single_s,
-        "base_rate": base,
-        "peak_rate": peak,
-        "requests": len(schedule),
+        "single_request_s": load.single_s,
+        "base_rate": load.base,
+        "peak_rate": load.peak,
+        "requests": len(load.schedule),
         "policy": knobs(policy),
         "window_s": args.window_s,
         "evaluate_every_s": args.evaluate_every_s,
         "adaptive": _summary(adaptive, over_a),
         "fixed": _summary(fixed, over_f),
         "over_target_ratio": (over_a / over_f) if over_f else None,
-        "switches": switches,
+        "switches": [{"t_s": round(t, 2), **p} for t, kind, p in events if kind == "tier_switch"],
         "events": [{"t_s": round(t, 2), "kind": k, **p} for t, k, p in events],
-        "timeline": [
-            {
-                "t_s": a["t_s"],
-                "rate": rate_at(a["t_s"] + bucket_s / 2, args.duration_s, base, peak),
-                "tier": a["tier"],
-                "adaptive_ttft_p95_ms": a["ttft_p95_ms"],
-                "fixed_ttft_p95_ms": f["ttft_p95_ms"],
-            }
-            for a, f in zip(tl_a, tl_f)
-        ],
+        "timeline": _side_by_side(tl_a, tl_f, bucket_s, args.duration_s, load),
         "raw": {"adaptive": adaptive["rows"], "fixed": fixed["rows"]},
     }
-    print(format_report(report))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
-    if args.plot:
-        plot_tiers(report, Path(args.plot))
-    return 1 if adaptive["failed"] else 0
+
+
+def _side_by_side(tl_a: list[dict], tl_f: list[dict], bucket_s: float, duration_s: float, load: _Load) -> list[dict]:
+    """One row per time bucket: the rate offered at its middle, the adaptive run's tier, and each run's TTFT P95."""
+    return [
+        {
+            "t_s": a["t_s"],
+            "rate": rate_at(a["t_s"] + bucket_s / 2, duration_s, load.base, load.peak),
+            "tier": a["tier"],
+            "adaptive_ttft_p95_ms": a["ttft_p95_ms"],
+            "fixed_ttft_p95_ms": f["ttft_p95_ms"],
+        }
+        for a, f in zip(tl_a, tl_f)
+    ]
 
 
 def _summary(run: dict, over_s: float) -> dict:
