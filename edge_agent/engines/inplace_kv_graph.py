@@ -58,14 +58,37 @@ class _Graph:
 
 def build_graph(arch: Arch, w: DecoderWeights):
     """The in-place KV ``onnx.ModelProto`` of ``w`` (weights as initializers; save with external data)."""
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     g = _Graph()
+    one = _constants(g, arch)
+    seqlens_k, total_len = _mask_lengths(g, one)
+    delta = _embedding(g, w)  # what the next norm adds to the residual stream
+    residual: str | None = None
+    for i, lw in enumerate(w.layers):
+        delta, residual = _layer(g, arch, i, lw, delta, residual, seqlens_k, total_len)
+    _lm_head(g, arch, w, delta, residual)
+    inputs, outputs = _inputs_outputs(arch, w)
+    graph = helper.make_graph(g.nodes, "inplace_kv_decoder", inputs, outputs, g.inits)
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8, producer_name="edge-agent inplace-kv")
+
+
+def _constants(g: _Graph, arch: Arch) -> str:
+    """The initializers every layer shares: the int64 ones the mask subgraph uses (the name of the
+    [1] one is returned) and the rotary cos/sin caches GroupQueryAttention reads."""
     one = g.init("/model/constants/INT64/[1]", np.array([1], dtype=np.int64))
     g.init("/model/constants/INT64/1", np.array(1, dtype=np.int64))
     cos, sin = rotary_caches(arch)
     g.init("cos_cache", cos)
     g.init("sin_cache", sin)
+    return one
+
+
+def _mask_lengths(g: _Graph, one: str) -> tuple[str, str]:
+    """The lengths GroupQueryAttention reads off the right-padded attention mask, as int32:
+    ``seqlens_k`` (each row's ones, minus one) and ``total_sequence_length`` (the mask's width)."""
+    from onnx import TensorProto
 
     base = "/model/attn_mask_reformat/attn_mask_subgraph"
     (total,) = g.node("ReduceSum", ["attention_mask", one], f"{base}/ReduceSum", keepdims=0)
@@ -74,82 +97,111 @@ def build_graph(arch: Arch, w: DecoderWeights):
     (shape,) = g.node("Shape", ["attention_mask"], f"{base}/Shape")
     (width,) = g.node("Gather", [shape, "/model/constants/INT64/1"], f"{base}/Gather", axis=0)
     (total_len,) = g.node("Cast", [width], f"{base}/Gather/Cast", to=TensorProto.INT32)
+    return seqlens_k, total_len
 
+
+def _embedding(g: _Graph, w: DecoderWeights) -> str:
+    """The token embeddings of ``input_ids`` (scaled where the family scales them: Gemma)."""
     table = g.init("model.embed_tokens.weight", w.embed)
     (hidden,) = g.node("Gather", [table, "input_ids"], "/model/embed_tokens/Gather")
     if w.embed_scale is not None:
         s = g.init("/model/embed_tokens/scale", np.array(w.embed_scale, dtype=np.float32))
         (hidden,) = g.node("Mul", [hidden, s], "/model/embed_tokens/Mul")
+    return hidden
 
-    eps = arch.eps
-    residual: str | None = None
-    delta = hidden  # what the next norm adds to the residual stream
 
-    def norm(name: str, x: str, weight: np.ndarray, skip: str | None) -> tuple[str, str | None]:
-        """(normalized, new residual): a SkipSimplifiedLayerNorm when there is a residual to add x to."""
-        wn = g.init(f"{name}.weight", weight)
-        if skip is None:
-            (y,) = g.node("SimplifiedLayerNormalization", [x, wn], f"/model/{name}/LayerNorm", axis=-1, epsilon=eps)
-            return y, None
-        outs = g.node(
-            "SkipSimplifiedLayerNormalization",
-            [x, skip, wn],
-            f"/model/{name}/SkipLayerNorm",
-            outputs=4,
-            domain="com.microsoft",
-            epsilon=eps,
-        )
-        return outs[0], outs[3]
+def _norm(g: _Graph, arch: Arch, name: str, x: str, weight: np.ndarray, skip: str | None) -> tuple[str, str | None]:
+    """(normalized, new residual): a SkipSimplifiedLayerNorm when there is a residual to add x to."""
+    wn = g.init(f"{name}.weight", weight)
+    if skip is None:
+        (y,) = g.node("SimplifiedLayerNormalization", [x, wn], f"/model/{name}/LayerNorm", axis=-1, epsilon=arch.eps)
+        return y, None
+    outs = g.node(
+        "SkipSimplifiedLayerNormalization",
+        [x, skip, wn],
+        f"/model/{name}/SkipLayerNorm",
+        outputs=4,
+        domain="com.microsoft",
+        epsilon=arch.eps,
+    )
+    return outs[0], outs[3]
 
-    for i, lw in enumerate(w.layers):
-        p = f"layers.{i}"
-        if residual is None:  # first layer: the embedding itself is the residual stream
-            x, _ = norm(f"{p}.input_layernorm", delta, lw["input_layernorm"], None)
-            residual = delta
-        else:
-            x, residual = norm(f"{p}.input_layernorm", delta, lw["input_layernorm"], residual)
-        (qkv,) = g.node(
-            "MatMul", [x, g.init(f"{p}.attn.qkv_proj.weight", lw["qkv"])], f"/model/{p}/attn/qkv_proj/MatMul"
-        )
-        past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
-        attn = g.node(
-            "GroupQueryAttention",
-            [qkv, "", "", past_k, past_v, seqlens_k, total_len, "cos_cache", "sin_cache"],
-            f"/model/{p}/attn/GroupQueryAttention",
-            outputs=1,
-            domain="com.microsoft",
-            num_heads=arch.heads,
-            kv_num_heads=arch.kv_heads,
-            scale=arch.scale,
-            softcap=arch.attn_softcap,
-            local_window_size=arch.windows[i],
-            do_rotary=1,
-            rotary_interleaved=0,
-        )[0]
-        g.nodes[-1].output.extend([f"present.{i}.key", f"present.{i}.value"])
-        (o,) = g.node("MatMul", [attn, g.init(f"{p}.attn.o_proj.weight", lw["o"])], f"/model/{p}/attn/o_proj/MatMul")
-        if arch.family == "gemma2":
-            o, _ = norm(f"{p}.post_attention_layernorm", o, lw["post_attention_layernorm"], None)
-            x, residual = norm(f"{p}.pre_feedforward_layernorm", o, lw["pre_feedforward_layernorm"], residual)
-        else:
-            x, residual = norm(f"{p}.post_attention_layernorm", o, lw["post_attention_layernorm"], residual)
-        # Two products, not one packed product and a Split: the Split is a copy of both halves every step
-        ffn = lw["gate_up"].shape[1] // 2
-        (gate,) = g.node(
-            "MatMul", [x, g.init(f"{p}.mlp.gate_proj.weight", lw["gate_up"][:, :ffn])], f"/model/{p}/mlp/gate/MatMul"
-        )
-        (up,) = g.node(
-            "MatMul", [x, g.init(f"{p}.mlp.up_proj.weight", lw["gate_up"][:, ffn:])], f"/model/{p}/mlp/up/MatMul"
-        )
-        act = _activation(g, arch.activation, gate, f"/model/{p}/mlp/act")
-        (prod,) = g.node("Mul", [act, up], f"/model/{p}/mlp/Mul")
-        (delta,) = g.node(
-            "MatMul", [prod, g.init(f"{p}.mlp.down_proj.weight", lw["down"])], f"/model/{p}/mlp/down/MatMul"
-        )
-        if arch.family == "gemma2":
-            delta, _ = norm(f"{p}.post_feedforward_layernorm", delta, lw["post_feedforward_layernorm"], None)
 
-    x, _ = norm("norm", delta, w.final_norm, residual)
+def _layer(
+    g: _Graph,
+    arch: Arch,
+    i: int,
+    lw: dict[str, np.ndarray],
+    delta: str,
+    residual: str | None,
+    seqlens_k: str,
+    total_len: str,
+) -> tuple[str, str | None]:
+    """Decoder layer ``i``: its norms fold ``delta`` into the residual stream around the attention
+    and the MLP; (what it adds to the residual stream, the residual stream before that)."""
+    p = f"layers.{i}"
+    if residual is None:  # first layer: the embedding itself is the residual stream
+        x, _ = _norm(g, arch, f"{p}.input_layernorm", delta, lw["input_layernorm"], None)
+        residual = delta
+    else:
+        x, residual = _norm(g, arch, f"{p}.input_layernorm", delta, lw["input_layernorm"], residual)
+    o = _attention(g, arch, i, lw, x, seqlens_k, total_len)
+    if arch.family == "gemma2":
+        o, _ = _norm(g, arch, f"{p}.post_attention_layernorm", o, lw["post_attention_layernorm"], None)
+        x, residual = _norm(g, arch, f"{p}.pre_feedforward_layernorm", o, lw["pre_feedforward_layernorm"], residual)
+    else:
+        x, residual = _norm(g, arch, f"{p}.post_attention_layernorm", o, lw["post_attention_layernorm"], residual)
+    delta = _mlp(g, arch, p, lw, x)
+    if arch.family == "gemma2":
+        delta, _ = _norm(g, arch, f"{p}.post_feedforward_layernorm", delta, lw["post_feedforward_layernorm"], None)
+    return delta, residual
+
+
+def _attention(g: _Graph, arch: Arch, i: int, lw: dict[str, np.ndarray], x: str, seqlens_k: str, total_len: str) -> str:
+    """Layer ``i``'s attention on ``x``: the packed qkv product, GroupQueryAttention appending to the
+    layer's KV buffers in place (``past_key_values.{i}.*`` in, ``present.{i}.*`` out), the o product."""
+    p = f"layers.{i}"
+    (qkv,) = g.node("MatMul", [x, g.init(f"{p}.attn.qkv_proj.weight", lw["qkv"])], f"/model/{p}/attn/qkv_proj/MatMul")
+    past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
+    attn = g.node(
+        "GroupQueryAttention",
+        [qkv, "", "", past_k, past_v, seqlens_k, total_len, "cos_cache", "sin_cache"],
+        f"/model/{p}/attn/GroupQueryAttention",
+        outputs=1,
+        domain="com.microsoft",
+        num_heads=arch.heads,
+        kv_num_heads=arch.kv_heads,
+        scale=arch.scale,
+        softcap=arch.attn_softcap,
+        local_window_size=arch.windows[i],
+        do_rotary=1,
+        rotary_interleaved=0,
+    )[0]
+    g.nodes[-1].output.extend([f"present.{i}.key", f"present.{i}.value"])
+    return g.node("MatMul", [attn, g.init(f"{p}.attn.o_proj.weight", lw["o"])], f"/model/{p}/attn/o_proj/MatMul")[0]
+
+
+def _mlp(g: _Graph, arch: Arch, p: str, lw: dict[str, np.ndarray], x: str) -> str:
+    """The layer's feed-forward on ``x``: act(x @ gate) * (x @ up) @ down."""
+    # Two products, not one packed product and a Split: the Split is a copy of both halves every step
+    ffn = lw["gate_up"].shape[1] // 2
+    (gate,) = g.node(
+        "MatMul", [x, g.init(f"{p}.mlp.gate_proj.weight", lw["gate_up"][:, :ffn])], f"/model/{p}/mlp/gate/MatMul"
+    )
+    (up,) = g.node(
+        "MatMul", [x, g.init(f"{p}.mlp.up_proj.weight", lw["gate_up"][:, ffn:])], f"/model/{p}/mlp/up/MatMul"
+    )
+    act = _activation(g, arch.activation, gate, f"/model/{p}/mlp/act")
+    (prod,) = g.node("Mul", [act, up], f"/model/{p}/mlp/Mul")
+    return g.node("MatMul", [prod, g.init(f"{p}.mlp.down_proj.weight", lw["down"])], f"/model/{p}/mlp/down/MatMul")[0]
+
+
+def _lm_head(g: _Graph, arch: Arch, w: DecoderWeights, delta: str, residual: str | None) -> None:
+    """The graph's ``logits`` output: the final norm of the residual stream, the lm_head product and,
+    where the family caps them (Gemma-2), cap * tanh(logits / cap)."""
+    from onnx import helper
+
+    x, _ = _norm(g, arch, "norm", delta, w.final_norm, residual)
     logits_name = "logits" if not arch.final_softcap else "/model/lm_head/output"
     g.nodes.append(
         helper.make_node(
@@ -161,6 +213,12 @@ def build_graph(arch: Arch, w: DecoderWeights):
         (d,) = g.node("Div", [logits_name, cap], "/model/softcap/Div")
         (t,) = g.node("Tanh", [d], "/model/softcap/Tanh")
         g.nodes.append(helper.make_node("Mul", [t, cap], ["logits"], name="/model/softcap/Mul"))
+
+
+def _inputs_outputs(arch: Arch, w: DecoderWeights) -> tuple[list, list]:
+    """The graph's inputs (``input_ids``, ``attention_mask``, each layer's past key and value) and
+    outputs (``logits``, each layer's present key and value), with their shapes."""
+    from onnx import TensorProto, helper
 
     f32, i64 = TensorProto.FLOAT, TensorProto.INT64
     kv_shape: list[str | int] = ["batch_size", arch.kv_heads, "past_sequence_length", arch.head_dim]
@@ -174,9 +232,7 @@ def build_graph(arch: Arch, w: DecoderWeights):
         for kv in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kv}", f32, kv_shape))
             outputs.append(helper.make_tensor_value_info(f"present.{i}.{kv}", f32, present_shape))
-    graph = helper.make_graph(g.nodes, "inplace_kv_decoder", inputs, outputs, g.inits)
-    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
-    return helper.make_model(graph, opset_imports=opsets, ir_version=8, producer_name="edge-agent inplace-kv")
+    return inputs, outputs
 
 
 def _activation(g: _Graph, kind: str, x: str, name: str) -> str:
