@@ -59,7 +59,18 @@ log = logging.getLogger(__name__)
 APPLIED_LIVE = ("sla", "logging")
 # Sections the running parts were built from at start (models loaded, sockets bound, threads sized,
 # the capture's writer opened): a change waits for a restart and the reload says so.
-NEEDS_RESTART = ("device", "models", "batching", "mqtt", "telemetry", "engines", "calibration", "api", "audio")
+NEEDS_RESTART = (
+    "device",
+    "models",
+    "batching",
+    "prefix_cache",
+    "mqtt",
+    "telemetry",
+    "engines",
+    "calibration",
+    "api",
+    "audio",
+)
 
 
 def unclassified(settings: type[Settings] = Settings) -> list[str]:

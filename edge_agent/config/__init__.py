@@ -23,6 +23,7 @@ from ..errors import ConfigError
 from .api import ApiConfig
 from .base import INTERNAL_BACKENDS, Backend, DeviceConfig, Precision, Section, default_cache_dir
 from .mqtt import FLEET_COMMANDS, FleetCommand, MqttConfig, TelemetryConfig, TlsConfig
+from .prefix_cache import PrefixCacheConfig
 from .problems import validation_problems
 from .runtime import AudioConfig, CalibrationConfig, EnginesConfig, LoggingConfig
 from .settings import ENV_PREFIX, Settings
@@ -55,6 +56,7 @@ __all__ = [
     "ModelsConfig",
     "MqttConfig",
     "Precision",
+    "PrefixCacheConfig",
     "Section",
     "Settings",
     "SlaConfig",

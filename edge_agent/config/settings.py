@@ -9,6 +9,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from .api import ApiConfig
 from .base import DeviceConfig
 from .mqtt import MqttConfig, TelemetryConfig
+from .prefix_cache import PrefixCacheConfig
 from .runtime import AudioConfig, CalibrationConfig, EnginesConfig, LoggingConfig
 from .sla import SlaConfig
 from .tiers import BatchingConfig, ModelsConfig
@@ -24,6 +25,7 @@ class Settings(BaseSettings):
     device: DeviceConfig = Field(default_factory=DeviceConfig)
     models: ModelsConfig = Field(default_factory=ModelsConfig)
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    prefix_cache: PrefixCacheConfig = Field(default_factory=PrefixCacheConfig)
     sla: SlaConfig = Field(default_factory=SlaConfig)
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)

@@ -8,7 +8,7 @@ documented error are the MQTT telemetry's (OpenTelemetry exponential histograms)
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -19,6 +19,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
     from ..observe import Observation
@@ -67,6 +68,16 @@ _LATENCY_BUCKETS = (
     20.0,
     60.0,
 )
+# A prefix cache's counters (``models.prefix_cache.PrefixStats`` fields): name, help, counter or gauge.
+_PREFIX_CACHE = (
+    ("lookups", "prefix_cache_lookups", "Prompts looked up in the prefix KV cache", True),
+    ("lookup_tokens", "prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix KV cache", True),
+    ("hit_tokens", "prefix_cache_hit_tokens", "Prompt tokens whose KV came from the prefix cache", True),
+    ("evictions", "prefix_cache_evicted_blocks", "Prefix cache blocks evicted to stay within its bound", True),
+    ("bytes", "prefix_cache_bytes", "Bytes of KV the prefix cache holds", False),
+    ("max_bytes", "prefix_cache_max_bytes", "The prefix cache's bound in bytes", False),
+)
+
 _TOKEN_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 
 
@@ -136,6 +147,8 @@ class PrometheusMetrics:
             registry=r,
         )
         self._load: list[tuple[str, Callable[[], tuple[int, int]]]] = []
+        self._prefix: list[tuple[str, Callable[[], Any]]] = []
+        r.register(_PrefixCacheCollector(self._prefix))
         self._health: Callable[[], dict[str, Any]] | None = None
         self._absent_seen: set[str] = set()
         self.health_gauges = {key: Gauge(f"edge_agent:{name}", doc, registry=r) for key, (name, doc) in _HEALTH.items()}
@@ -175,6 +188,11 @@ class PrometheusMetrics:
         """``load()`` -> (waiting, running), read at every scrape."""
         self._load.append((workload, load))
 
+    def track_prefix_cache(self, tier: str, stats: Callable[[], Any]) -> None:
+        """``stats()`` -> a prefix cache's counters (``PrefixStats``, or None while it has none), read at every
+        scrape into the ``edge_agent:prefix_cache_*`` series of ``tier``."""
+        self._prefix.append((tier, stats))
+
     def track_health(self, snapshot: Callable[[], dict[str, Any]]) -> None:
         """``snapshot()`` -> a ``telemetry.health`` snapshot, read at every scrape into the health gauges."""
         self._health = snapshot
@@ -208,3 +226,26 @@ class PrometheusMetrics:
             self.waiting.labels(workload).set(waiting)
             self.running.labels(workload).set(running)
         return generate_latest(self.registry)
+
+
+class _PrefixCacheCollector:
+    """The tracked prefix caches' counters, read when ``/metrics`` is scraped (the cache counts, not us)."""
+
+    def __init__(self, tracked: list[tuple[str, Callable[[], Any]]]) -> None:
+        self.tracked = tracked
+
+    def collect(self) -> Iterator[Metric]:
+        families = {
+            key: (CounterMetricFamily if counter else GaugeMetricFamily)(f"edge_agent:{name}", doc, labels=["tier"])
+            for key, name, doc, counter in _PREFIX_CACHE
+        }
+        for tier, read in self.tracked:
+            try:
+                stats = read()
+            except Exception:  # a scrape must never fail because a tier is being swapped
+                continue
+            if stats is None:
+                continue
+            for key, family in families.items():
+                family.add_metric([tier], float(getattr(stats, key)))
+        yield from families.values()

@@ -37,12 +37,15 @@ class RequestTiming:
     finished_s: float
     tokens_in: int = 0
     tags: frozenset[str] = field(default_factory=frozenset)
+    cached_tokens: int = 0  # of tokens_in, those whose KV came from the prefix cache (not prefilled)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "token_times_s", tuple(self.token_times_s))
         object.__setattr__(self, "tags", frozenset(self.tags))
         if self.tokens_in < 0:
             raise ValueError(f"tokens_in must be >= 0, got {self.tokens_in}")
+        if not 0 <= self.cached_tokens <= max(self.tokens_in, 0):
+            raise ValueError(f"cached_tokens must lie within 0..tokens_in ({self.tokens_in}), got {self.cached_tokens}")
         # A monotonic clock never runs backwards: an out-of-order timeline is a bookkeeping bug
         # and would otherwise surface as negative latencies far from its cause.
         points = [("admitted", self.admitted_s)]
@@ -105,7 +108,7 @@ class RequestTiming:
 class TimingRecorder:
     """Mutable timeline of one in-flight request; owned by the thread serving it."""
 
-    __slots__ = ("_clock", "_admitted", "_scheduled", "_tokens", "_tokens_in", "_tags", "_result")
+    __slots__ = ("_admitted", "_cached", "_clock", "_result", "_scheduled", "_tags", "_tokens", "_tokens_in")
 
     def __init__(
         self,
@@ -121,6 +124,7 @@ class TimingRecorder:
         self._tokens: list[float] = []
         self._tokens_in = tokens_in
         self._tags = set(tags)
+        self._cached = 0
         self._result: RequestTiming | None = None
 
     def _check_open(self) -> None:
@@ -136,6 +140,11 @@ class TimingRecorder:
         self._check_open()
         if self._scheduled is None:
             self._scheduled = self._clock()
+
+    def mark_cached(self, tokens: int) -> None:
+        """``tokens`` of the prompt were found in the prefix cache (their prefill was skipped)."""
+        self._check_open()
+        self._cached = tokens
 
     def mark_token(self, n: int = 1, at: float | None = None) -> None:
         """``n`` content tokens emitted now, or ``at`` (a reading of the same clock), n > 1 when several are
@@ -154,6 +163,7 @@ class TimingRecorder:
                 self._clock(),
                 self._tokens_in,
                 frozenset(self._tags),
+                self._cached,
             )
         return self._result
 

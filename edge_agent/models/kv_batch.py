@@ -74,6 +74,12 @@ class DecodeBatch(Generic[Row]):
         )
         self.rows.extend(rows)
 
+    def row_kv(self, index: int, tokens: int) -> dict[str, np.ndarray]:
+        """Views of row ``index``'s first ``tokens`` real tokens' KV, per past name [H, tokens, D] (its real
+        tokens are contiguous after its left pads)."""
+        start = self.width - int(self.mask[index].sum())
+        return {name: value[index, :, start : start + tokens] for name, value in self.past.items()}
+
     def step_mask(self) -> np.ndarray:
         """The attention mask of the next decode step: the cache plus one real column per row."""
         return np.concatenate([self.mask, np.ones((len(self.rows), 1), dtype=np.int64)], axis=1)

@@ -127,6 +127,23 @@ class SlotCache(Generic[Row]):
         self._mask_row(len(self.rows) - 1, self.pending_length)
         self.release()
 
+    def load_pending(self, kv: dict[str, np.ndarray]) -> None:
+        """Put a prefix's KV (per name [1, H, n, D], a prefix cache's hit) at the start of the pending row's
+        slot: it then holds those ``n`` tokens, and its prompt's next chunk runs after them."""
+        if self.pending is None:
+            raise InputError("no chunked prefill to load a prefix into")
+        n = next(iter(kv.values())).shape[2] if kv else 0
+        if n > self.capacity:
+            raise InputError(f"a cached prefix of {n} tokens exceeds the KV capacity of {self.capacity}")
+        slot = len(self.rows)
+        for name, value in kv.items():
+            self.buffers[name][slot, :, :n] = value[0]
+        self.pending_length = n
+
+    def row_kv(self, index: int, tokens: int) -> dict[str, np.ndarray]:
+        """Views of row ``index``'s first ``tokens`` tokens' KV, per buffer name [H, tokens, D]."""
+        return {name: buf[index, :, :tokens] for name, buf in self.buffers.items()}
+
     def release(self) -> None:
         """Forget the pending row (cancelled, failed); its slot is free again."""
         self.pending, self.pending_length = None, 0

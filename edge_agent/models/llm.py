@@ -147,6 +147,21 @@ class ChunkedPrefill(Generic[Row]):
         self.row, self.prompt, self.reach = row, list(prompt), reach  # reach: as for ``DecoderLM.join``
         self.done = 0  # prompt tokens already in the cache
         self.past: dict[str, np.ndarray] | None = None  # its own batch-1 cache (DecodeBatch exports)
+        self.cached = 0  # of ``done``, tokens a prefix cache gave (``past`` holds them until the first chunk)
+        self.looked_up = False  # whether the prefix cache was asked
+
+    def start_from(self, tokens: int, kv: dict[str, np.ndarray]) -> None:
+        """Begin after a cached prefix: ``tokens`` prompt tokens whose KV is ``kv`` (per cache name,
+        [1, H, tokens, D], in the batch's names: ``past_key_values.*`` or the slot buffers')."""
+        if self.done:
+            raise ValueError("a prefix can only be given before the first chunk")
+        self.done = self.cached = tokens
+        self.past = kv or None
+
+    @property
+    def started(self) -> bool:
+        """Whether a chunk has run (it then holds its slot, or its cache grew past the cached prefix)."""
+        return self.done > self.cached
 
     @property
     def remaining(self) -> int:
@@ -365,7 +380,12 @@ class DecoderLM:
         mask = np.ones((1, end), dtype=np.int64)
         try:
             if isinstance(batch, SlotCache):
-                slot = batch.reserve(state.row, len(state.prompt), state.reach) if state.done == 0 else len(batch)
+                slot = len(batch)
+                if not state.started:  # its first chunk: hold the next slot, with a cached prefix in it
+                    batch.reserve(state.row, len(state.prompt), state.reach)
+                    if state.past:
+                        batch.load_pending(state.past)
+                    state.past = None
                 positions = np.arange(state.done, end, dtype=np.int64)[None]
                 logits = self._slot_runs.rows(batch, slot, 1, ids, mask, positions)
                 batch.pending_length = end

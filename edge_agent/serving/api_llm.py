@@ -149,11 +149,8 @@ class _Reply:
         return out
 
     @staticmethod
-    def _usage(done: list[Completion]) -> dict[str, int]:
-        # OpenAI counts the prompt once however many choices were drawn from it
-        prompt = done[0].timing.tokens_in
-        n = sum(len(d.token_ids) for d in done)
-        return {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
+    def _usage(done: list[Completion]) -> dict[str, Any]:
+        return openai_output.usage(done[0].timing, sum(len(d.token_ids) for d in done))
 
     def _choice(self, index: int, done: Completion) -> dict[str, Any]:
         reason = FINISH.get(done.finish_reason, "stop")

@@ -309,6 +309,18 @@ def completion_logprobs(items: Sequence[TokenLogprob], offset: int = 0) -> dict:
     }
 
 
+def usage(prompt: RequestTiming, completion_tokens: int) -> dict[str, Any]:
+    """``usage`` of a reply whose prompt's timeline is ``prompt`` (the prompt counts once however many choices
+    were drawn from it): OpenAI's token counts, with the prompt tokens the prefix cache gave in
+    ``prompt_tokens_details.cached_tokens``."""
+    return {
+        "prompt_tokens": prompt.tokens_in,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt.tokens_in + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": prompt.cached_tokens},
+    }
+
+
 def timings(handle: RequestHandle, timing: RequestTiming, requested_max_tokens: int | None) -> dict:
     """Per-request figures, the same the daemon's metrics record for this request (milliseconds)."""
     decode_s = (timing.token_times_s[-1] - timing.token_times_s[0]) if len(timing.token_times_s) > 1 else 0.0
@@ -318,6 +330,7 @@ def timings(handle: RequestHandle, timing: RequestTiming, requested_max_tokens: 
         "ttft_ms": _ms(timing.ttft_ms),
         "e2e_ms": _ms(timing.e2e_ms),
         "prompt_tokens": timing.tokens_in,
+        "cached_tokens": timing.cached_tokens,
         "completion_tokens": timing.tokens_out,
         "decode_tokens_per_s": round((timing.tokens_out - 1) / decode_s, 2) if decode_s > 0 else None,
         "tier": handle.tier,

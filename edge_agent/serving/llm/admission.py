@@ -28,6 +28,8 @@ class Limits:
     sla_ms: float = 387.0  # the TTFT the adaptive wait must leave room for (the LLM SLA's target)
     prefill_chunk_tokens: int = 256  # prompt tokens prefilled per turn while others decode (0: whole prompts)
     prefill_together: bool = False  # whole prompts of one turn in one batched prefill (else one by one)
+    prefix_cache_mb: float = 256.0  # the prefix KV cache's bound (0: no prefix cache; models.prefix_cache)
+    prefix_block_tokens: int = 16  # tokens per block the prefix cache matches prompts by
 
 
 def plan_admission(

@@ -20,6 +20,10 @@ step: a long prompt enters over several turns, and streams keep their inter-toke
   and never arrive together again (in the same turn they would finish, and return, together forever).
   ``together`` (accelerators, where a batch of prompts costs little more than one): the budget is
   shared by as many prompts as fit, and the whole ones join in one batched prefill.
+- With a prefix cache (``models.prefix_cache``), a prompt about to run is looked up first: a hit starts it
+  after the cached tokens (``ChunkedPrefill.start_from``), so only the rest is prefilled and counted against
+  the budget, through ``prefill_chunk`` (whole or in chunks). Each prompt that completes leaves its KV in the
+  cache before its first token is handed on.
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ import numpy as np
 
 from ...errors import DeadlineExceeded, EdgeAgentError
 from ...models.kv_batch import DecodeBatch
+from ...models.kv_slots import SlotCache
 from ...models.llm import ChunkedPrefill, DecoderLM, KvBatch
+from ...models.prefix_cache import PrefixCache
 
 Row = TypeVar("Row")
 Joined = Callable[[int, np.ndarray], None]  # (index of the first joined row in the batch, their last logits)
@@ -83,8 +89,8 @@ class Prefills(Generic[Row]):
     """The admitted sequences whose prompts are not yet all in the cache, paced by ``plan_chunks``;
     they count as running for admission and ``load``."""
 
-    def __init__(self, lm: DecoderLM, budget: int, together: bool = False) -> None:
-        self.lm, self.budget, self.together = lm, budget, together
+    def __init__(self, lm: DecoderLM, budget: int, together: bool = False, cache: PrefixCache | None = None) -> None:
+        self.lm, self.budget, self.together, self.cache = lm, budget, together, cache
         self._states: deque[ChunkedPrefill[Row]] = deque()
 
     def __len__(self) -> int:
@@ -106,10 +112,22 @@ class Prefills(Generic[Row]):
             self.lm.abandon(batch, state)
         return [s.row for s in gone]
 
-    def plan(self, decoding: int) -> list[tuple[Row, bool, bool]]:
-        """This turn's sequences, oldest first, as (row, starts now, completes now); ``run`` runs them."""
-        counts = plan_chunks([s.remaining for s in self._states], self.budget, decoding, self.together)
-        return [(s.row, s.done == 0, n == s.remaining) for s, n in zip(self._states, counts)]
+    def plan(self, decoding: int) -> list[tuple[Row, bool, bool, int]]:
+        """This turn's sequences, oldest first, as (row, starts now, completes now, prompt tokens the prefix
+        cache gave it); ``run`` runs them. The prompts of this turn are looked up in the cache first (a hit
+        shortens what is left, which may let more prompts into the turn)."""
+        while True:
+            counts = plan_chunks([s.remaining for s in self._states], self.budget, decoding, self.together)
+            fresh = [s for s, _ in zip(self._states, counts) if not s.looked_up]
+            if not fresh:
+                break
+            for state in fresh:
+                state.looked_up = True
+                if self.cache is not None:
+                    tokens, kv = self.cache.lookup(state.prompt)
+                    if tokens:
+                        state.start_from(tokens, kv)  # under the names of this batch's layout (_remember)
+        return [(s.row, not s.started, n == s.remaining, s.cached) for s, n in zip(self._states, counts)]
 
     def run(self, batch: KvBatch, decoding: int, on_joined: Joined) -> list[tuple[list, Exception]]:
         """Run this turn (``plan(decoding)``). Each prompt (or batched group) that completes joins ``batch``
@@ -121,11 +139,13 @@ class Prefills(Generic[Row]):
         # Only the oldest can be part-way through, and only the youngest can stop part-way: the
         # part-way one goes first (its reserved slot is the next one), then the whole prompts, then the
         # youngest takes its first chunk (reserving the slot after them).
-        head = [turn.pop(0)] if turn and turn[0][0].done > 0 else []
+        head = [turn.pop(0)] if turn and turn[0][0].started else []
         tail = [turn.pop()] if turn and turn[-1][1] < turn[-1][0].remaining else []
         failed: list[tuple[list, Exception]] = []
         for state, n in head:
             self._chunk(batch, state, n, on_joined, failed)
+        hits = [(s, n) for s, n in turn if s.cached]  # they start after their cached prefix, in one chunk
+        turn = [(s, n) for s, n in turn if not s.cached]
         together = self.together and isinstance(batch, DecodeBatch)  # slots prefill one by one anyway
         for group in [turn] if together and turn else [[x] for x in turn]:
             rows = [s.row for s, _ in group]
@@ -138,10 +158,19 @@ class Prefills(Generic[Row]):
             for state, _ in group:
                 self._states.remove(state)
             if logits is not None:
+                self._remember(batch, first, [s.prompt for s, _ in group])
                 on_joined(first, logits)
-        for state, n in tail:
+        for state, n in hits + tail:
             self._chunk(batch, state, n, on_joined, failed)
         return failed
+
+    def _remember(self, batch: KvBatch, first: int, prompts: Sequence[Sequence[int]]) -> None:
+        """Keep the KV of the prompts that just joined as rows ``first…`` in the prefix cache. Before their
+        first tokens are handed on: a row that finishes with its first token leaves the batch at once."""
+        if self.cache is None or not isinstance(batch, DecodeBatch | SlotCache):
+            return
+        for i, prompt in enumerate(prompts, start=first):
+            self.cache.store(prompt, batch.row_kv(i, len(prompt)))
 
     def _chunk(
         self,
@@ -161,4 +190,5 @@ class Prefills(Generic[Row]):
             return
         if out is not None:  # its last chunk: it joined the batch
             self._states.remove(state)
+            self._remember(batch, first, [state.prompt])
             on_joined(first, out)

@@ -9,7 +9,9 @@ Each loop turn is plan → run → absorb:
 - the engine prefills the admitted prompts into the batch (``DecoderLM.join``: one left-padded
   batch, or one slot each for in-place KV buffers), at most ``Limits.prefill_chunk_tokens`` prompt
   tokens a turn while others decode (``prefill.Prefills``: a long prompt enters over several turns),
-  then runs one decode step for every running sequence;
+  then runs one decode step for every running sequence; a prompt whose start was prefilled before
+  takes that KV from the prefix cache (``models.prefix_cache``, ``Limits.prefix_cache_mb``) and prefills
+  only the rest;
 - each sequence absorbs its token: sampling, detokenization, stop checks, delivery to its handle.
 
 A request with an output format (``SamplingParams.grammar``) owns a ``grammar.Constraint``: its mask
@@ -41,6 +43,7 @@ from ...logsetup import LogLimiter
 from ...metrics.timing import RequestTiming, TimingRecorder
 from ...models.grammar import Constraint, FormatError
 from ...models.llm import DecoderLM, KvBatch
+from ...models.prefix_cache import PrefixCache, PrefixStats
 from ...models.sampling import Sampler, SamplingParams, find_stop, logprobs_of, repeated_too_often
 from ...models.tokenizer import StreamDecoder
 from ..batch_wait import AdaptiveWait
@@ -115,8 +118,9 @@ class LLMScheduler:
         self._waiting: deque[_Sequence] = deque()
         self._batch: KvBatch = lm.new_batch(limits.max_batch)
         lm.warm_slots(self._batch)  # here, on the loading thread, not in the first requests' prefills
+        self.prefix_cache = _prefix_cache(lm, limits)
         self._prefills: Prefills[_Sequence] = Prefills(
-            lm, limits.prefill_chunk_tokens, limits.prefill_together
+            lm, limits.prefill_chunk_tokens, limits.prefill_together, self.prefix_cache
         )  # admitted, prompt not all in
         self._cond = threading.Condition()
         self._stopping = False
@@ -141,6 +145,11 @@ class LLMScheduler:
         self._thread.join(timeout_s)
         if self._masker is not None:
             self._masker.shutdown(wait=False)
+
+    @property
+    def prefix_stats(self) -> PrefixStats | None:
+        """The prefix cache's counters (None: this model runs without one)."""
+        return None if self.prefix_cache is None else self.prefix_cache.stats
 
     @property
     def load(self) -> tuple[int, int]:
@@ -263,10 +272,11 @@ class LLMScheduler:
                 self._fail([seq], prefill_deadline(seq.handle.id))
         decoding = len(self._batch)
         plan = self._prefills.plan(decoding)
-        for seq, starts, _ in plan:
+        for seq, starts, _, cached in plan:
             if starts:
                 seq.recorder.mark_scheduled()
-        joining = [seq for seq, _, completes in plan if completes]
+                seq.recorder.mark_cached(cached)
+        joining = [seq for seq, _, completes, _ in plan if completes]
         masks = dict(zip(map(id, joining), self._start_masks(joining)))
 
         def joined(first: int, logits: np.ndarray) -> None:  # their first tokens stream before the next prefill
@@ -422,3 +432,23 @@ class LLMScheduler:
                 self.on_finished(timing)
             except Exception:  # metrics must never stop serving
                 log.exception("on_finished callback failed")
+
+
+def _prefix_cache(lm: DecoderLM, limits: Limits) -> PrefixCache | None:
+    """The scheduler's prefix KV cache, or None: off in ``limits``, or a model that takes no outside KV."""
+    if limits.prefix_cache_mb <= 0:
+        return None
+    if lm.max_rows is not None:
+        log.info(
+            "%s: no prefix cache: a stateful model (the NPU's LLM mode) keeps its KV inside the runtime, "
+            "where no cached prefix can be put",
+            lm.ref.name,
+        )
+        return None
+    log.info(
+        "%s: prefix cache of %g MB, prompts matched in blocks of %d tokens",
+        lm.ref.name,
+        limits.prefix_cache_mb,
+        limits.prefix_block_tokens,
+    )
+    return PrefixCache(int(limits.prefix_cache_mb * 2**20), limits.prefix_block_tokens)
