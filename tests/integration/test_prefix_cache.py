@@ -205,3 +205,28 @@ def test_a_stateful_model_runs_without_the_cache(caplog):
     with caplog.at_level("INFO", logger="edge_agent.serving.llm.scheduler"):
         assert _prefix_cache(Stateful(), limits()) is None  # type: ignore[arg-type]
     assert "no prefix cache" in caplog.text and "stateful" in caplog.text
+
+
+@pytest.mark.parametrize("layout", ["plain", "inplace"])
+def test_a_sliding_window_model_gets_the_tokens_of_a_whole_prefill(layout, tmp_path):
+    """Gemma-2's window of 16 is shorter than the cached prefix: the rest's attention must still see only it."""
+    from edge_agent.engines.inplace_kv import convert_inplace
+
+    ref = resolve_model("demo-gemma2", tmp_path)
+    if layout == "inplace":
+        convert_inplace(ref.path, tmp_path / "inplace", check_tokens=0)
+        ref = inspect_folder(tmp_path / "inplace", name="demo-gemma2")
+    model = DecoderLM.open(ref, "onnxruntime", SessionOptions(threads=1))
+    try:
+        system = tokens(4 * BLOCK + 6, 20)
+        prompts = [system + tokens(k, 21 + k) for k in (5, 9, 30)]
+        expected = [list(model.generate_greedy(p, 20, stop_at_eos=False)) for p in prompts]
+        sched = LLMScheduler(model, limits()).start()
+        try:
+            done = [sched.submit(p, greedy(20)).result(60) for p in prompts]
+        finally:
+            sched.stop()
+        assert [list(d.token_ids) for d in done] == expected
+        assert [d.timing.cached_tokens for d in done] == [0, 4 * BLOCK, 4 * BLOCK]
+    finally:
+        model.close()
