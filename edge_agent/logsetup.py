@@ -1,7 +1,7 @@
 """Log output for people (text) and for journald/Loki (one JSON object per line).
 
 ``--log-format json`` or ``[logging] format = "json"``: each record is one line
-``{"time": "2026-12-01T02:31:38.414Z", "level": "INFO", "logger": "edge_agent.agent", "message": "…"}``,
+``{"time": "2026-12-01T02:31:38.414Z", "level": "INFO", "logger": "edge_agent.daemon.app", "message": "…"}``,
 plus ``exception`` (the formatted traceback) when the record carries one, and ``thread`` when it is
 not the main thread. Timestamps are UTC with milliseconds, so lines from several devices sort.
 

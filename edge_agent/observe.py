@@ -1,6 +1,6 @@
 """One finished unit of work, as every consumer of latency sees it, and the seam that fans it out.
 
-A ladder (``serving.llm.ladder.TieredLLM`` per request, ``serving.asr.ladder.Speech`` per
+A ladder (``serving.llm.tiers.TieredLLM`` per request, ``serving.asr.tiers.TieredSpeech`` per
 utterance) builds one ``Observation`` when the work ends and hands it to ``Observers.deliver``.
 The agent registers the consumers once, at composition:
 

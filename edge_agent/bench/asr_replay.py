@@ -25,7 +25,7 @@ METRICS = ("first_partial_ms", "first_prefix_ms", "final_ms", "first_text_ms", "
 
 
 def _synthetic(seconds: float, seed: int) -> np.ndarray:
-    """Speech-like: voiced harmonic bursts (syllables) with pitch drift, under 60 ms gaps."""
+    """TieredSpeech-like: voiced harmonic bursts (syllables) with pitch drift, under 60 ms gaps."""
     rng = np.random.default_rng(seed)
     out = [np.zeros(6400, np.float32)]
     while sum(map(len, out)) < seconds * 16000:

@@ -31,8 +31,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ..bench.netproxy import free_port
 from ..errors import BackendUnavailable
+from .netproxy import free_port
 
 TICK = os.sysconf("SC_CLK_TCK")
 

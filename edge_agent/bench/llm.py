@@ -31,8 +31,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..agent import llm_limits
 from ..config import TierConfig, load_settings, resolve_config_path
+from ..daemon.app import llm_limits
 from ..engines.cache import EngineCache
 from ..engines.resolve import EngineResolver, Resolved
 from ..errors import InputError

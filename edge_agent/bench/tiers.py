@@ -24,8 +24,8 @@ from ..models.catalog import ModelRef, resolve_model
 from ..models.llm import DecoderLM
 from ..models.sampling import SamplingParams
 from ..progress import Progress
-from ..serving.llm.ladder import Tier, TieredLLM
 from ..serving.llm.scheduler import Limits
+from ..serving.llm.tiers import Tier, TieredLLM
 from ..serving.tier_control import TierController
 from ..serving.tier_policy import Policy, knobs
 from .ramp import arrivals, plot_tiers, rate_at, table_lines, timeline

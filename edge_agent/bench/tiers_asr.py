@@ -2,7 +2,7 @@
 
 Poisson arrivals of spoken-command streams (espeak-ng WAVs synthesised at start, several voices),
 each paced in real time (100 ms of PCM16 every 100 ms), run twice in one process on the same seeded
-arrival times: once on the ASR ladder (``serving.asr.ladder.Speech`` + ``TierController``, heavy
+arrival times: once on the ASR ladder (``serving.asr.tiers.TieredSpeech`` + ``TierController``, heavy
 ``demo-whisper`` above light streaming ``demo-asr``), once on the fixed heavy tier. The metric is each
 utterance's ``first_partial_ms`` (P95 against ``[sla.asr]``'s target unless ``--target-ms``).
 Reported: a timeline, every switch with its reason, streams started/finished/failed (must be 0 failed:
@@ -163,7 +163,7 @@ def _summary(run: dict, over_s: float) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..serving.asr.ladder import open_speech
+    from ..serving.asr.tiers import open_speech
 
     names = [n.strip() for n in (args.tiers or DEFAULT_TIERS).split(",") if n.strip()]
     if len(names) < 2:

@@ -28,7 +28,7 @@ import numpy as np
 from ..backends import SessionOptions
 from ..engines import decode_timing as dt
 from ..engines.datasets import read_text_manifest
-from ..engines.probes import LlmProbe
+from ..engines.model_io import LlmProbe
 from ..engines.quantize_ort import copy_sidecars
 from ..engines.recipes import WEIGHT_ONLY, Recipe, load_recipe
 from ..engines.weight_bytes import weight_bytes

@@ -8,7 +8,7 @@
     bench.py     bench llm/tiers/asr/telemetry
     fleet.py     fleet watch/keygen/sign
     demo.py      demo
-    doctor.py    check-config, doctor, models list
+    doctor.py    check-config, doctor, models list (diagnostics/)
 
 Every command that reports takes ``--json``; a failure prints one line on stderr (a traceback
 only with ``--debug``) and exits non-zero: 2 for bad usage or config, 1 for everything else.

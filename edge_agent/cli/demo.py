@@ -1,9 +1,9 @@
 """``edge-agent demo``: the daemon on the demo tiers under a mixed chat + speech load, live
-(the demo itself is ``edge_agent/demo.py``)."""
+(the demo itself is ``edge_agent/demo/run.py``)."""
 
 from __future__ import annotations
 
-from ..demo import run
+from ..demo.run import run
 
 
 def add_commands(subparsers) -> None:

@@ -26,7 +26,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     from ..config import resolve_config_path
-    from ..preflight import config_problems
+    from ..diagnostics.preflight import config_problems
 
     source = resolve_config_path(args.config)
     problems = config_problems(args.config)
@@ -52,7 +52,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from .. import doctor
+    from ..diagnostics import doctor
 
     report = doctor.collect()
     if args.json:

@@ -1,5 +1,5 @@
 """``edge-agent eval asr``: WER/CER and latency of a speech model over an audio manifest (the
-evaluation itself is ``edge_agent/eval_asr.py``)."""
+evaluation itself is ``edge_agent/bench/eval_asr.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..eval_asr import evaluate
+from ..bench.eval_asr import evaluate
 
 
 def _print_report(report: dict) -> None:

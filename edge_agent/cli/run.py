@@ -14,9 +14,9 @@ import signal
 import sys
 import threading
 
-from ..agent import Agent
 from ..config import load_settings
-from ..statelock import StateLock, state_dirs
+from ..daemon.app import Agent
+from ..daemon.statelock import StateLock, state_dirs
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,8 @@ def _run_cli(args: argparse.Namespace) -> int:
 def run(config: str | None, log_format: str | None = None, log_level: str | None = None) -> int:
     """The daemon. The state lock comes first: a second instance on the same spool and ledger exits
     here (``AlreadyRunning``, naming the holder's PID) before it touches MQTT, the spool or a model."""
+    from ..daemon.startup_summary import startup_lines
     from ..logsetup import configure
-    from ..startup_summary import startup_lines
 
     settings = load_settings(config)
     configure(log_level or settings.logging.level, log_format or settings.logging.format)

@@ -38,7 +38,7 @@ from .datasets import manifest_digest, read_audio_manifest, read_text_manifest
 from .fingerprint import device_fingerprint, runtime_version
 from .heartbeat import BuildCancelled, Heartbeat
 from .inplace_kv import layout_for
-from .probes import AsrProbe, LlmProbe
+from .model_io import AsrProbe, LlmProbe
 from .recipes import TARGET_BACKENDS, WEIGHT_ONLY, NpuLlmSpec, Recipe
 from .stages import (
     BuildRequest,

@@ -90,7 +90,7 @@ def calibration_feeds(ctx: StageContext, req: BuildRequest) -> list[dict]:
     from collections import Counter
 
     from .datasets import read_audio_manifest, read_text_manifest
-    from .probes import AsrProbe, LlmProbe
+    from .model_io import AsrProbe, LlmProbe
 
     recipe, spec = ctx.recipe, ctx.recipe.calibration
     path = calibration_path(ctx.recipe, req)
@@ -336,7 +336,7 @@ def ov_hint(parts: KeyParts) -> Literal["fp16", "fp32"]:
 
 def open_candidate(ctx: StageContext, folder: Path, parts: KeyParts):
     """The built engine opened ready to run: a Session (LLM) or a streaming runner (ASR)."""
-    from .probes import AsrProbe
+    from .model_io import AsrProbe
 
     backend = parts["backend"]
     if backend == "onnxruntime":

@@ -45,7 +45,7 @@ from .api_errors import error as _error
 from .api_errors import from_exception as _from_exception
 from .api_errors import model_not_found
 from .api_speech import ASR_ALIASES, SpeechService
-from .llm.ladder import TieredLLM
+from .llm.tiers import TieredLLM
 from .openai_schema import ChatRequest, CompletionRequest
 
 log = logging.getLogger(__name__)

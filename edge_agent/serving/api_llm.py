@@ -36,7 +36,7 @@ from ..models.grammar import FormatError
 from . import http_guard, openai_output
 from .api_errors import from_exception as _from_exception
 from .llm.handle import Completion, RequestHandle, TokenEvent
-from .llm.ladder import TieredLLM
+from .llm.tiers import TieredLLM
 from .openai_schema import ChatRequest, CompletionRequest, GenerateRequest, parse
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ ASR_ALIASES = ("whisper-1",)
 
 
 class SpeechService(Protocol):
-    """What the API needs from the ASR side (``serving/asr/ladder.py``, ``Speech``, implements it)."""
+    """What the API needs from the ASR side (``serving/asr/tiers.py``, ``TieredSpeech``, implements it)."""
 
     def transcribe_bytes(
         self, data: bytes, filename: str, *, model: str | None = None, language: str | None = None

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..engines.resolve import Resolved
-    from .llm.ladder import TieredLLM
+    from .llm.tiers import TieredLLM
 
 Event = Callable[[str, dict], None]
 

@@ -37,7 +37,7 @@ class Named(Protocol):
 
 
 class Served(Protocol):
-    """A ladder the controller drives (``serving.ladder.Ladder``: ``TieredLLM``, ``Speech``)."""
+    """A ladder the controller drives (``serving.tier_ladder.Ladder``: ``TieredLLM``, ``TieredSpeech``)."""
 
     @property
     def tiers(self) -> Sequence[Named]: ...

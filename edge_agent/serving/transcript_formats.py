@@ -1,6 +1,6 @@
 """A transcription rendered in each ``response_format`` of OpenAI's ``/v1/audio/transcriptions``.
 
-Input is what ``Speech.transcribe_bytes`` returns: ``text``, ``duration`` (seconds of the upload),
+Input is what ``TieredSpeech.transcribe_bytes`` returns: ``text``, ``duration`` (seconds of the upload),
 ``language``, ``segments`` (each ``id``, ``start``, ``end`` in seconds of the upload, ``text``, plus the
 agent's own fields) and the serving ``model`` / ``tier``. Output:
 

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from edge_agent.audio.wav import read_audio  # noqa: E402
-from edge_agent.eval_asr import read_manifest  # noqa: E402
+from edge_agent.bench.eval_asr import read_manifest  # noqa: E402
 from edge_agent.metrics.wer import error_rates  # noqa: E402
 from edge_agent.models.asr_streaming_ctc import StreamingCtcRunner  # noqa: E402
 

@@ -78,7 +78,7 @@ def tiny_onnx() -> bytes:
 @functools.lru_cache(maxsize=1)
 def _cuda_devices() -> tuple[int, str]:
     from edge_agent.backends.probe import run_probe
-    from edge_agent.doctor import _CUDA_CODE
+    from edge_agent.diagnostics.doctor import _CUDA_CODE
 
     run = run_probe(_CUDA_CODE, timeout_s=60)
     if run.error:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.agent import Agent
 from edge_agent.config import Settings
+from edge_agent.daemon.app import Agent
 from edge_agent.engines.cache import EngineCache
 from edge_agent.engines.pipeline import BuildRequest, Heartbeat, Pipeline
 from edge_agent.engines.recipes import load_recipe

@@ -14,8 +14,8 @@ from edge_agent.models.catalog import resolve_model
 from edge_agent.models.llm import DecoderLM
 from edge_agent.models.tokenizer import Message
 from edge_agent.serving.api import ApiServer
-from edge_agent.serving.llm.ladder import Tier, TieredLLM
 from edge_agent.serving.llm.scheduler import Limits
+from edge_agent.serving.llm.tiers import Tier, TieredLLM
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
 TOKEN = "s3cret"
@@ -200,7 +200,7 @@ def test_errors_map_to_http_statuses(exc, status, retry):
 
 def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized(server, monkeypatch):
     from edge_agent.models.tokenizer import Tokenizer
-    from edge_agent.serving.llm.ladder import MAX_CHARS_PER_TOKEN, ContextLengthExceeded
+    from edge_agent.serving.llm.tiers import MAX_CHARS_PER_TOKEN, ContextLengthExceeded
 
     _, llm, reference = server
     context = reference.contract.max_context

@@ -15,7 +15,7 @@ import pytest
 
 from edge_agent.config import Settings
 from edge_agent.serving.api import ApiServer
-from edge_agent.serving.asr.ladder import open_speech
+from edge_agent.serving.asr.tiers import open_speech
 from tests.speech import require_tools, speech_samples, speech_wav
 
 aiohttp = pytest.importorskip("aiohttp")
@@ -139,7 +139,7 @@ def test_a_shedding_speech_tier_refuses_a_websocket_before_the_upgrade(served):
 
 
 def test_pcm_messages_split_inside_a_sample_lose_nothing():
-    from edge_agent.serving.asr.ladder import PcmStream
+    from edge_agent.serving.asr.tiers import PcmStream
 
     fed = []
 
@@ -209,11 +209,11 @@ class PacedRecognizer:
 
 def paced_speech(engine: PacedRecognizer, max_batch: int = 4):
     from edge_agent.serving.asr.batcher import BatchLimits
-    from edge_agent.serving.asr.ladder import Speech, SpeechTier
     from edge_agent.serving.asr.service import AsrService
+    from edge_agent.serving.asr.tiers import SpeechTier, TieredSpeech
 
     # No VAD: each stream is one utterance, from its first sample to its end.
-    return Speech(
+    return TieredSpeech(
         [SpeechTier("paced", lambda: engine)],
         lambda e: AsrService(
             e, limits=BatchLimits(max_batch=max_batch, batch_timeout_ms=0), detector_factory=lambda: None
@@ -228,7 +228,7 @@ def tone(seconds: float) -> bytes:
 
 @pytest.mark.slow
 def test_a_fast_client_is_held_back_and_loses_nothing():
-    from edge_agent.serving.asr.ladder import MAX_BACKLOG_S
+    from edge_agent.serving.asr.tiers import MAX_BACKLOG_S
 
     engine = PacedRecognizer(rtf=0.25)  # 4× faster than real time, far slower than the client
     speech = paced_speech(engine)

@@ -18,8 +18,8 @@ from edge_agent.models.catalog import resolve_model
 from edge_agent.models.llm import DecoderLM
 from edge_agent.models.tokenizer import Message
 from edge_agent.serving.api import ApiServer
-from edge_agent.serving.llm.ladder import Tier, TieredLLM
 from edge_agent.serving.llm.scheduler import Limits
+from edge_agent.serving.llm.tiers import Tier, TieredLLM
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
 

@@ -17,7 +17,7 @@ import pytest
 
 from edge_agent.config import Settings
 from edge_agent.serving.api import ApiServer
-from edge_agent.serving.asr.ladder import open_speech
+from edge_agent.serving.asr.tiers import open_speech
 from tests.speech import require_tools, speech_samples
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")

@@ -190,7 +190,7 @@ def _listen_tools(tmp_path, tools_file, *extra: str) -> subprocess.CompletedProc
 
 
 def test_listen_with_tools_turns_each_spoken_command_into_a_schema_valid_call(tmp_path):
-    """Speech → transcript → one tool call whose arguments follow the declared schema (random LLM
+    """TieredSpeech → transcript → one tool call whose arguments follow the declared schema (random LLM
     weights: only the format is guaranteed), turn_ms from the end of speech to the complete call."""
     import jsonschema
 

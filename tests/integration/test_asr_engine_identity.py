@@ -6,7 +6,7 @@ from __future__ import annotations
 from edge_agent.config import Settings
 from edge_agent.engines.cache import hash_model
 from edge_agent.models.catalog import resolve_model
-from edge_agent.serving.asr.ladder import open_speech
+from edge_agent.serving.asr.tiers import open_speech
 from tests.speech import require_tools, speech_wav
 
 

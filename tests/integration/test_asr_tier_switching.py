@@ -19,8 +19,8 @@ import pytest
 from edge_agent.errors import EdgeAgentError, ModelError, Unavailable
 from edge_agent.models.recognizer import AudioStream, Hypothesis
 from edge_agent.serving.asr.batcher import BatchLimits
-from edge_agent.serving.asr.ladder import Speech, SpeechTier
 from edge_agent.serving.asr.service import AsrService
+from edge_agent.serving.asr.tiers import SpeechTier, TieredSpeech
 from edge_agent.serving.tier_control import TierController
 from edge_agent.serving.tier_policy import Policy
 
@@ -130,7 +130,7 @@ def build(ladder: Ladder, policy: Policy = POLICY, start: int = 0, drain_s: floa
         if error:
             holder["c"].switch_failed(old, new, error)
 
-    speech = Speech(ladder.tiers, service_for, on_utterance, on_switched, drain_s=drain_s).start(start)
+    speech = TieredSpeech(ladder.tiers, service_for, on_utterance, on_switched, drain_s=drain_s).start(start)
     holder["c"] = controller = TierController(
         speech,
         policy,
@@ -148,9 +148,9 @@ def pcm(n: int) -> bytes:
 
 
 class Client:
-    """One live stream through ``Speech.open_stream``, as the WebSocket route drives it."""
+    """One live stream through ``TieredSpeech.open_stream``, as the WebSocket route drives it."""
 
-    def __init__(self, speech: Speech) -> None:
+    def __init__(self, speech: TieredSpeech) -> None:
         self.events: list[dict] = []
         self.pushed = 0
         self.stream = speech.open_stream(self.events.append)
@@ -171,14 +171,14 @@ class Client:
         return finals[0]["text"]
 
 
-def utterance(speech: Speech, chunks: int = 2) -> str:
+def utterance(speech: TieredSpeech, chunks: int = 2) -> str:
     client = Client(speech)
     for _ in range(chunks):
         client.push()
     return client.close()
 
 
-def wait_active(speech: Speech, index: int, timeout_s: float = 10.0) -> None:
+def wait_active(speech: TieredSpeech, index: int, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while speech.active != index:
         assert time.monotonic() < deadline, f"still on tier {speech.active}"
@@ -342,7 +342,7 @@ def _asr_settings(tmp_path, tiers: list[tuple[str, str]]):
 
 
 def test_agent_switches_real_asr_tiers_while_a_stream_is_open(tmp_path):
-    from edge_agent.agent import Agent
+    from edge_agent.daemon.app import Agent
     from edge_agent.telemetry.schema import SlaSpec
     from tests.speech import speech_samples
 
@@ -403,7 +403,7 @@ def test_agent_switches_real_asr_tiers_while_a_stream_is_open(tmp_path):
 
 
 def test_one_asr_tier_runs_no_controller(tmp_path):
-    from edge_agent.agent import Agent
+    from edge_agent.daemon.app import Agent
 
     settings, path = _asr_settings(tmp_path, [("ctc", "demo-asr")])
     agent = Agent(settings, str(path))

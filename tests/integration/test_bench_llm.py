@@ -168,8 +168,8 @@ def test_bench_llm_measures_the_tier_with_the_daemons_batching_from_the_config(t
     """With the fixed wait (adaptive_wait = false) a lone request waits batch_timeout_ms for batch-mates in
     the daemon (max_batch 4, no preferred size 1): bench llm at C=1 must wait the same, with the limits
     agent.llm_limits gives that config."""
-    from edge_agent.agent import llm_limits
     from edge_agent.config import load_settings
+    from edge_agent.daemon.app import llm_limits
 
     cfg = tmp_path / "agent.toml"
     cfg.write_text(

@@ -8,8 +8,8 @@ import pytest
 
 from edge_agent.engines.cache import EngineCache
 from edge_agent.engines.datasets import read_audio_manifest
+from edge_agent.engines.model_io import AsrProbe
 from edge_agent.engines.pipeline import BuildRequest, Heartbeat, Pipeline
-from edge_agent.engines.probes import AsrProbe
 from edge_agent.engines.recipes import load_recipe
 from edge_agent.models.catalog import resolve_model
 from edge_agent.systemd import Notifier

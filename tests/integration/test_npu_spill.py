@@ -17,8 +17,8 @@ from edge_agent.backends import SessionOptions, npu
 from edge_agent.models.catalog import resolve_model
 from edge_agent.models.llm import DecoderLM
 from edge_agent.models.sampling import SamplingParams
-from edge_agent.serving.llm.ladder import Tier, TieredLLM
 from edge_agent.serving.llm.scheduler import Limits
+from edge_agent.serving.llm.tiers import Tier, TieredLLM
 
 pytest.importorskip("openvino")
 

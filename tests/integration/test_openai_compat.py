@@ -21,9 +21,9 @@ from edge_agent.config import Settings
 from edge_agent.models.catalog import resolve_model
 from edge_agent.models.llm import DecoderLM
 from edge_agent.serving.api import ApiServer
-from edge_agent.serving.asr.ladder import open_speech
-from edge_agent.serving.llm.ladder import Tier, TieredLLM
+from edge_agent.serving.asr.tiers import open_speech
 from edge_agent.serving.llm.scheduler import Limits
+from edge_agent.serving.llm.tiers import Tier, TieredLLM
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
 soundfile = pytest.importorskip("soundfile")

@@ -15,8 +15,8 @@ from edge_agent.errors import ModelError, Overloaded
 from edge_agent.models.catalog import resolve_model
 from edge_agent.models.llm import DecoderLM
 from edge_agent.models.sampling import SamplingParams
-from edge_agent.serving.llm.ladder import Tier, TieredLLM
 from edge_agent.serving.llm.scheduler import Limits
+from edge_agent.serving.llm.tiers import Tier, TieredLLM
 from edge_agent.serving.tier_control import TierController
 from edge_agent.serving.tier_policy import Policy
 

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from edge_agent.agent import Agent
 from edge_agent.config import load_settings
+from edge_agent.daemon.app import Agent
 from edge_agent.serving.tier_control import TierController
 from edge_agent.serving.tier_policy import policy_from_config
 from edge_agent.systemd import Notifier

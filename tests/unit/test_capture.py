@@ -111,8 +111,8 @@ def test_off_by_default_and_said_so():
 def test_an_unusable_capture_directory_leaves_serving_running(tmp_path, caplog):
     from types import SimpleNamespace
 
-    from edge_agent.agent import Agent
     from edge_agent.config import Settings
+    from edge_agent.daemon.app import Agent
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -239,7 +239,7 @@ def test_logging_section_defaults_and_choices(tmp_path, monkeypatch):
 
 
 def test_check_config_reports_schema_and_model_problems_in_one_pass(tmp_path):
-    from edge_agent.preflight import config_problems
+    from edge_agent.diagnostics.preflight import config_problems
 
     path = write(
         tmp_path,
@@ -286,7 +286,7 @@ def test_check_config_cli_prints_every_problem_and_exits_2(tmp_path, capsys):
 
 
 def test_prompts_are_prefilled_together_on_tensorrt_tiers_only_unless_configured() -> None:
-    from edge_agent.agent import llm_limits
+    from edge_agent.daemon.app import llm_limits
 
     cpu = TierConfig(name="c", model="demo-phi3")
     gpu = TierConfig(name="g", model="demo-phi3", backend="tensorrt", device="cuda")

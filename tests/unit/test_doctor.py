@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent import doctor
 from edge_agent.backends import probe
 from edge_agent.backends.tensorrt import probe_tensorrt
+from edge_agent.diagnostics import doctor
 
 SEGFAULT = "import os; os.kill(os.getpid(), 11)\n"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edge_agent import doctor
+from edge_agent.diagnostics import doctor
 
 
 def test_without_onnx_building_is_absent_with_what_to_install(monkeypatch) -> None:

@@ -121,7 +121,7 @@ def test_book_merges_and_reports_changes_meta_validates(tmp_path: Path) -> None:
 def test_the_cuda_probe_reports_ok_or_absent_never_its_own_error() -> None:
     """The inventory's CUDA entry comes from this probe: a machine without CUDA says absent (it said
     ``NameError: name 'json' is not defined`` when the probe's child printed its result)."""
-    from edge_agent.doctor import _cuda
+    from edge_agent.diagnostics.doctor import _cuda
 
     entry = _cuda(60)
     assert entry.status in ("ok", "absent"), entry.detail
@@ -129,8 +129,8 @@ def test_the_cuda_probe_reports_ok_or_absent_never_its_own_error() -> None:
 
 def test_the_openvino_probe_reports_the_npu_driver_version(monkeypatch) -> None:
     """An NPU's driver version reaches the inventory (a fake openvino module in the probe's child)."""
-    from edge_agent import doctor
     from edge_agent.backends import probe
+    from edge_agent.diagnostics import doctor
 
     fake = (
         "import sys, types\n"

@@ -9,7 +9,7 @@ import pytest
 
 from edge_agent.config import AsrSlaConfig, SlaConfig
 from edge_agent.errors import EdgeAgentError, ModelError
-from edge_agent.serving.ladder import Ladder
+from edge_agent.serving.tier_ladder import Ladder
 from edge_agent.serving.tier_policy import policy_from_config
 
 

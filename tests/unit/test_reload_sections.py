@@ -15,12 +15,13 @@ import socket
 import pytest
 from pydantic import Field
 
-from edge_agent import logsetup, reload
-from edge_agent.agent import Agent
+from edge_agent import logsetup
 from edge_agent.cli.run import _Reloads
 from edge_agent.config import load_settings
 from edge_agent.config.base import Section
 from edge_agent.config.settings import Settings
+from edge_agent.daemon import reload
+from edge_agent.daemon.app import Agent
 from edge_agent.systemd import Notifier
 
 BASE = """
@@ -108,10 +109,10 @@ def test_a_calibration_change_is_named_as_needing_a_restart(tmp_path, notify):
 
 
 def test_a_logging_level_change_applies_at_once(tmp_path, notify, daemon_logging):
-    assert not logging.getLogger("edge_agent.agent").isEnabledFor(logging.DEBUG)
+    assert not logging.getLogger("edge_agent.daemon.app").isEnabledFor(logging.DEBUG)
     agent, status = _sighup(tmp_path, notify, '\n[logging]\nlevel = "debug"\n')
     assert "logging level info → debug" in status and "restart" not in status
-    assert logging.getLogger("edge_agent.agent").isEnabledFor(logging.DEBUG)
+    assert logging.getLogger("edge_agent.daemon.app").isEnabledFor(logging.DEBUG)
     assert logging.getLogger().level == logging.DEBUG
     assert agent.settings.logging.level == "debug"
 

@@ -145,7 +145,7 @@ def test_open_command_channel_warning(key, mqtt, tele, open_):
 
 
 def test_doctor_warns_about_an_open_command_channel(tmp_path, key):
-    from edge_agent.doctor import command_channel_warnings as doctor_warnings
+    from edge_agent.diagnostics.doctor import command_channel_warnings as doctor_warnings
 
     cfg = tmp_path / "agent.toml"
     cfg.write_text('[mqtt]\nhost = "broker.example"\n')

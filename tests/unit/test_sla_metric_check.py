@@ -13,12 +13,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from edge_agent.agent import Agent
 from edge_agent.config import load_settings
 from edge_agent.config.sla import sla_metric_problem
+from edge_agent.daemon.app import Agent
+from edge_agent.daemon.remote import RemoteTarget
 from edge_agent.errors import ConfigError, EdgeAgentError
 from edge_agent.metrics import LATENCY_METRICS
-from edge_agent.remote import RemoteTarget
 from edge_agent.serving.asr.service import ASR_METRICS
 from edge_agent.serving.tier_control import TierController
 from edge_agent.serving.tier_policy import policy_from_config

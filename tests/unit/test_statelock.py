@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from edge_agent.config import Settings
-from edge_agent.statelock import LOCK_NAME, AlreadyRunning, StateLock, read_holder, state_dirs
+from edge_agent.daemon.statelock import LOCK_NAME, AlreadyRunning, StateLock, read_holder, state_dirs
 
 HOLD = textwrap.dedent("""
     import sys, time
-    from edge_agent.statelock import StateLock
+    from edge_agent.daemon.statelock import StateLock
     StateLock([sys.argv[1]]).acquire()
     print("locked", flush=True)
     time.sleep(60)

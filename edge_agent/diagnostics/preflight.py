@@ -10,10 +10,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .backends import BACKENDS, is_installed
-from .config import ENV_PREFIX, INTERNAL_BACKENDS, Settings, load_settings, read_toml, resolve_config_path
-from .errors import ConfigError, ModelError
-from .models.catalog import DEMO_DIR, DEMO_MODELS, inspect_folder
+from ..backends import BACKENDS, is_installed
+from ..config import ENV_PREFIX, INTERNAL_BACKENDS, Settings, load_settings, read_toml, resolve_config_path
+from ..errors import ConfigError, ModelError
+from ..models.catalog import DEMO_DIR, DEMO_MODELS, inspect_folder
 
 
 def config_problems(config: str | Path | None) -> list[tuple[str, str]]:

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .backends import npu as npu_backend
-from .backends.probe import run_probe
+from ..backends import npu as npu_backend
+from ..backends.probe import run_probe
 
 SECTIONS = ("system", "python", "jetson", "cuda", "tensorrt", "openvino", "onnxruntime", "audio", "build")
 
@@ -65,8 +65,8 @@ def command_channel_warnings(config: str | Path | None = None) -> list[str]:
     """The agent's own config (``config``, else the default file, plus the environment): can anyone on
     its broker steer it? A config that does not load is ``check-config``'s to report, not ours."""
     try:
-        from .config import load_settings
-        from .telemetry.signing import command_channel_warnings as warnings_for
+        from ..config import load_settings
+        from ..telemetry.signing import command_channel_warnings as warnings_for
 
         settings = load_settings(config)
         return warnings_for(settings.mqtt, settings.telemetry)
@@ -234,7 +234,7 @@ def _nvidia_smi(timeout_s: float) -> dict[str, Any] | None:
 
 
 def _tensorrt(timeout_s: float) -> Entry:
-    from .backends.tensorrt import probe_tensorrt
+    from ..backends.tensorrt import probe_tensorrt
 
     probe = probe_tensorrt(timeout_s)
     if not probe["installed"]:
@@ -363,9 +363,9 @@ def _audio(timeout_s: float) -> Entry:
 
 def _build(_: float) -> Entry:
     """Engine building (``edge-agent build`` and the daemon's background builds): available or why not."""
-    from .engines.recipes import recipe_dirs, recipe_files
-    from .engines.synth_audio import missing_tools
-    from .shipped import default_recipes_dir
+    from ..engines.recipes import recipe_dirs, recipe_files
+    from ..engines.synth_audio import missing_tools
+    from ..shipped import default_recipes_dir
 
     tools = {d: _dist_version(d) for d in ("onnx", "nncf")}
     recipes = recipe_files(default_recipes_dir())

@@ -37,7 +37,7 @@ from ...config import Settings, TierConfig
 from ...errors import DeadlineExceeded, EdgeAgentError, ModelError, Unavailable
 from ...models.recognizer import Recognizer
 from ...observe import Observation, Observer
-from ..ladder import Ladder, Switched
+from ..tier_ladder import Ladder, Switched
 from .service import AsrEvent, AsrService
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class _Loaded:
         # What this tier opened, asked once now that it is open: every observation carries it.
         self.identity = tier.engine() if tier.engine is not None else None
         self._deliver = observe
-        self.streams = 0  # open streams and uploads (under Speech._lock)
+        self.streams = 0  # open streams and uploads (under TieredSpeech._lock)
 
     def _observe(self, event: AsrEvent) -> None:
         if event.kind != "final" or event.metrics is None:
@@ -188,7 +188,7 @@ class PcmStream:
             on_close()
 
 
-class Speech(Ladder):
+class TieredSpeech(Ladder):
     """The ASR workload: a ladder of ``SpeechTier``s, one ``AsrService`` serving the active one (see
     the module doc). Each final utterance reaches ``observe`` as an ``observe.Observation``."""
 
@@ -384,11 +384,11 @@ def open_speech(
     on_switched: Switched | None = None,
     on_load_failed: Callable[[str, EdgeAgentError], None] | None = None,
     drain_s: float = 120.0,
-) -> Speech:
+) -> TieredSpeech:
     """The ASR ladder serving from its top tier, or the first lighter one that loads."""
     from .factory import make_service
 
-    speech = Speech(
+    speech = TieredSpeech(
         speech_tiers(settings),
         lambda engine: make_service(
             engine, settings.audio, settings.batching, streams=4, sla_ms=settings.sla.asr.target_ms

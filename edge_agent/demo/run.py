@@ -29,11 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from .audio.spoken import synthesize
-from .demo_actions import command_to_call, home_tools
-from .demo_report import Record, _fmt, format_summary, plot, summarize
-from .errors import EdgeAgentError, InputError
-from .metrics.window import percentile
+from ..audio.spoken import synthesize
+from ..errors import EdgeAgentError, InputError
+from ..metrics.window import percentile
+from .actions import command_to_call, home_tools
+from .report import Record, _fmt, format_summary, plot, summarize
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ async def speech_load(
     import aiohttp
     import numpy as np
 
-    from .audio.wav import read_audio
+    from ..audio.wav import read_audio
 
     ws_url = base.replace("http://", "ws://") + "/v1/audio/stream"
     tools = home_tools()
@@ -220,7 +220,7 @@ def subscribe_fleet(host: str, port: int, rec: Record, t0: float):
     """A FleetView fed by edge/v1/+/# (what `edge-agent fleet watch` shows), or None without a broker."""
     import paho.mqtt.client as mqtt
 
-    from .telemetry.fleet import FleetView
+    from ..telemetry.fleet import FleetView
 
     view = FleetView(window_s=10.0)
 
@@ -244,7 +244,7 @@ def subscribe_fleet(host: str, port: int, rec: Record, t0: float):
 
 
 def run(args: argparse.Namespace) -> int:
-    from .config import load_settings
+    from ..config import load_settings
 
     if args.duration_s < 10:
         raise InputError(f"--duration-s must be at least 10, got {args.duration_s}")

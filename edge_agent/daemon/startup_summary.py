@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from . import __version__
-from .config import ENV_PREFIX, Settings, read_toml, resolve_config_path
-from .errors import ConfigError
+from .. import __version__
+from ..config import ENV_PREFIX, Settings, read_toml, resolve_config_path
+from ..errors import ConfigError
 from .statelock import state_dirs
 
 
@@ -38,7 +38,7 @@ def device_id_origin(config: str | Path | None) -> str:
 
 
 def _runtime(backend: str) -> str:
-    from .engines.fingerprint import runtime_version
+    from ..engines.fingerprint import runtime_version
 
     try:
         version = runtime_version(backend)
@@ -60,7 +60,7 @@ def startup_lines(settings: Settings, config: str | Path | None) -> list[str]:
         described = " > ".join(f"{t.name} ({t.model}, {t.backend}/{t.device}, {t.precision})" for t in tiers)
         lines.append(f"{workload} tiers: {described or '(none)'}")
     if settings.device.npu_emulation != "off":
-        from .backends.npu import describe
+        from ..backends.npu import describe
 
         lines.append(f"WARNING: {describe()}")
     backends = dict.fromkeys(t.backend for t in settings.models.llm + settings.models.asr)

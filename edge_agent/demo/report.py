@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .metrics.window import nearest_rank
+from ..metrics.window import nearest_rank
 
 
 @dataclass
@@ -27,7 +27,7 @@ def _fmt(v) -> str:
 
 
 def summarize(rec: Record) -> dict:
-    from .metrics.wer import error_rates
+    from ..metrics.wer import error_rates
 
     ttft = sorted(c[1] for c in rec.chats)
     e2e = sorted(c[2] for c in rec.chats)
@@ -85,7 +85,7 @@ def format_summary(s: dict) -> str:
 
 
 def plot(rec: Record, path: Path) -> Path:
-    from .bench.plot import pyplot
+    from ..bench.plot import pyplot
 
     plt = pyplot()
     fig, (ax, ax_tier) = plt.subplots(2, 1, figsize=(12, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})

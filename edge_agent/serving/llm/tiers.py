@@ -39,7 +39,7 @@ from ...models.llm import DecoderLM
 from ...models.sampling import SamplingParams
 from ...models.tokenizer import Message
 from ...observe import Observation, Observer
-from ..ladder import Ladder
+from ..tier_ladder import Ladder
 from .scheduler import DEFAULT_PARAMS, Limits, LLMScheduler, RequestHandle
 
 MAX_CHARS_PER_TOKEN = 32

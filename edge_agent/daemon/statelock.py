@@ -23,10 +23,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import EdgeAgentError
+from ..errors import EdgeAgentError
 
 if TYPE_CHECKING:
-    from .config import Settings
+    from ..config import Settings
 
 log = logging.getLogger(__name__)
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .telemetry.inventory import from_doctor
+from ..telemetry.inventory import from_doctor
 
 if TYPE_CHECKING:
-    from .config import Settings
-    from .engines.resolve import Resolved
-    from .serving.llm.ladder import TieredLLM
-    from .telemetry.service import Telemetry
+    from ..config import Settings
+    from ..engines.resolve import Resolved
+    from ..serving.llm.tiers import TieredLLM
+    from ..telemetry.service import Telemetry
 
 
 class Inventoried(Protocol):
@@ -115,7 +115,7 @@ class InventoryFeed:
                 log.warning("the inventory could not be updated", exc_info=True)
 
     def probe(self) -> None:
-        from .doctor import collect
+        from ..diagnostics.doctor import collect
 
         agent = self.agent
         try:

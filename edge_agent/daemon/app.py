@@ -25,29 +25,29 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
-from .config import Settings, TierConfig
-from .errors import EdgeAgentError
-from .inventory_feed import InventoryFeed
-from .metrics.prometheus import PrometheusMetrics
-from .models.llm import DecoderLM
-from .observe import Observers
+from .. import __version__
+from ..config import Settings, TierConfig
+from ..errors import EdgeAgentError
+from ..metrics.prometheus import PrometheusMetrics
+from ..models.llm import DecoderLM
+from ..observe import Observers
+from ..serving.api import ApiServer
+from ..serving.capture import Capture
+from ..serving.llm.scheduler import Limits
+from ..serving.llm.tiers import Tier, TieredLLM
+from ..serving.tier_control import TierController
+from ..serving.tier_policy import policy_from_config
+from ..systemd import LoopHeartbeat, Notifier, Watchdog
+from ..telemetry.health import HealthReader
+from ..telemetry.inventory import InventoryBook, config_digest
 from .reload import reload as reload_config
 from .remote import RemoteTarget
-from .serving.api import ApiServer
-from .serving.capture import Capture
-from .serving.llm.ladder import Tier, TieredLLM
-from .serving.llm.scheduler import Limits
-from .serving.tier_control import TierController
-from .serving.tier_policy import policy_from_config
-from .systemd import LoopHeartbeat, Notifier, Watchdog
-from .telemetry.health import HealthReader
-from .telemetry.inventory import InventoryBook, config_digest
+from .serving_inventory import InventoryFeed
 
 if TYPE_CHECKING:
-    from .engines.background import TierEngines
-    from .engines.resolve import Resolved
-    from .telemetry.service import Telemetry
+    from ..engines.background import TierEngines
+    from ..engines.resolve import Resolved
+    from ..telemetry.service import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ class Agent:
     # -- parts ----------------------------------------------------------------------------------
 
     def _start_telemetry(self):
-        from .telemetry.service import Telemetry
+        from ..telemetry.service import Telemetry
 
         caps = ["llm"] + (["asr"] if self.settings.models.asr else [])
         book = InventoryBook(__version__, config_digest(self.settings))
@@ -304,7 +304,7 @@ class Agent:
         if not s.models.asr:
             return None
         try:
-            from .serving.asr.ladder import open_speech
+            from ..serving.asr.tiers import open_speech
 
             speech = open_speech(
                 s,
@@ -336,8 +336,8 @@ class Agent:
     def tier_engines(self) -> TierEngines:
         """What each LLM tier loads (cached engine or model folder) and the background engine builds."""
         if self._engines is None:
-            from .engines.background import TierEngines
-            from .serving.engine_swap import swap_onto_engine
+            from ..engines.background import TierEngines
+            from ..serving.engine_swap import swap_onto_engine
 
             def engine_ready(tier: str, _key: str) -> None:  # a passing background build: serve its engine
                 swap_onto_engine(self.llm, tier, made.served.get, self._event)

@@ -15,16 +15,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .config.sla import sla_metric_problem
-from .errors import EdgeAgentError
-from .serving.tier_policy import overlay
+from ..config.sla import sla_metric_problem
+from ..errors import EdgeAgentError
+from ..serving.tier_policy import overlay
 
 if TYPE_CHECKING:
-    from .config import Settings
-    from .engines.background import TierEngines
-    from .serving.llm.ladder import TieredLLM
-    from .serving.tier_control import TierController
-    from .telemetry.service import Telemetry
+    from ..config import Settings
+    from ..engines.background import TierEngines
+    from ..serving.llm.tiers import TieredLLM
+    from ..serving.tier_control import TierController
+    from ..telemetry.service import Telemetry
 
 
 class Steerable(Protocol):

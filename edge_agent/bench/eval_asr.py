@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .errors import InputError, ModelError
-from .metrics.window import percentile
+from ..errors import InputError, ModelError
+from ..metrics.window import percentile
 
 if TYPE_CHECKING:
-    from .backends import Precision
-    from .models.asr_streaming_ctc import Decoder, StreamingCtcRunner, StreamingCtcSpec
-    from .models.catalog import ModelRef
+    from ..backends import Precision
+    from ..models.asr_streaming_ctc import Decoder, StreamingCtcRunner, StreamingCtcSpec
+    from ..models.catalog import ModelRef
 
 MODES = ("stream", "full", "service")
 
@@ -87,8 +87,8 @@ def evaluate(
     audio=None,
 ) -> dict:
     """Score ``model`` on manifest ``data``; the report ``edge-agent eval asr --json`` prints."""
-    from .backends import SessionOptions
-    from .models.asr_streaming_ctc import StreamingCtcRunner
+    from ..backends import SessionOptions
+    from ..models.asr_streaming_ctc import StreamingCtcRunner
 
     items = read_manifest(data)[:limit]
     ref = _streaming_ctc_model(model, cache_dir)
@@ -139,7 +139,7 @@ class _DirectRun:
 
 def _streaming_ctc_model(model: str, cache_dir: Path | None) -> ModelRef:
     """The catalog's ``model``, refused unless it is a streaming CTC model (the only kind eval asr scores)."""
-    from .models.catalog import resolve_model
+    from ..models.catalog import resolve_model
 
     ref = resolve_model(model, cache_dir or Path.home() / ".cache" / "edge-agent" / "models")
     if ref.model_type != "streaming-ctc":
@@ -166,8 +166,8 @@ def _run_direct(
 ) -> _DirectRun:
     """Each utterance through the runner itself, streamed (timed) and whole, decoded with every
     decoder both ways; a file that cannot be read names its manifest line."""
-    from .audio.wav import read_audio
-    from .metrics.wer import normalize
+    from ..audio.wav import read_audio
+    from ..metrics.wer import normalize
 
     rate = runner.spec.features.sampling_rate
     run = _DirectRun()
@@ -214,7 +214,7 @@ def _stream_timed(
 def _error_rates(rows: list[dict], decoders: tuple[Decoder, ...]) -> dict:
     """WER and CER of each mode and decoder, counted over all utterances (not averaged per
     utterance). Each row's hypotheses are normalized in place, as the report's ``errors`` show them."""
-    from .metrics.wer import align, normalize
+    from ..metrics.wer import align, normalize
 
     totals = {f"{m}/{d}": {"words": [0, 0, 0, 0], "chars": [0, 0, 0, 0]} for m in MODES for d in decoders}
     for out in rows:
@@ -259,9 +259,9 @@ def _latency(run: _DirectRun, spec: StreamingCtcSpec) -> dict:
 
 def _service_hyps(ref, backend: str, options, decoder: str, clips: list[np.ndarray], audio) -> list[str]:
     """Each clip through the daemon's path: serving recogniser + AsrService (endpointing, 100 ms pushes)."""
-    from .config import AudioConfig, BatchingConfig
-    from .models.asr import open_recognizer
-    from .serving.asr.factory import feed_lockstep, make_service
+    from ..config import AudioConfig, BatchingConfig
+    from ..models.asr import open_recognizer
+    from ..serving.asr.factory import feed_lockstep, make_service
 
     engine = open_recognizer(ref, backend, options, decoder=decoder)
     service = make_service(engine, audio or AudioConfig(), BatchingConfig()).start()
