@@ -66,6 +66,8 @@ def llm_limits(settings: Settings, tier: TierConfig) -> Limits:
         sla_ms=settings.sla.target_ms,
         prefill_chunk_tokens=b.prefill_chunk_tokens,
         prefill_together=b.prefill_together if b.prefill_together is not None else tier.backend == "tensorrt",
+        prefix_cache_mb=settings.prefix_cache.limit_mb,
+        prefix_block_tokens=settings.prefix_cache.block_tokens,
     )
 
 
@@ -266,6 +268,8 @@ class Agent:
             drain_s=self.drain_s,
             spill_slack_ms=s.sla.target_ms,  # a one-sequence tier (the NPU) spills what would miss it
         )
+        for t in s.models.llm:  # each tier's prefix cache, in /metrics while the tier is loaded
+            self.metrics.track_prefix_cache(t.name, functools.partial(served.prefix_stats, t.name))
         errors = served.start_first(
             lambda tier, exc: self._event("tier_load_failed", {"workload": "llm", "tier": tier, "error": str(exc)})
         )

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from ...errors import InputError, Unavailable
 from ...metrics.window import FIRST_AFTER_LOAD
 from ...models.llm import DecoderLM
+from ...models.prefix_cache import PrefixStats
 from ...models.sampling import SamplingParams
 from ...models.tokenizer import Message
 from ...observe import Observation, Observer
@@ -157,6 +158,14 @@ class TieredLLM(Ladder):
         """(waiting, running) of the active tier."""
         loaded = self._active
         return loaded.scheduler.load if loaded is not None else (0, 0)
+
+    def prefix_stats(self, tier: str) -> PrefixStats | None:
+        """The prefix cache counters of ``tier`` while it is loaded (active or as the spill tier), else None."""
+        loaded = self._active
+        for candidate in (loaded, loaded.spill if loaded is not None else None):
+            if candidate is not None and candidate.tier.name == tier:
+                return candidate.scheduler.prefix_stats
+        return None
 
     @property
     def spill_tier(self) -> str | None:
