@@ -21,7 +21,7 @@ bridged from its request handle with ``call_soon_threadsafe``.
 
 Nothing slow runs on that loop: a body is read within ``body_timeout_s`` and parsed, and a prompt
 tokenized, on the executor; a prompt that cannot fit the context is refused before tokenizing
-(``llm.ladder.MAX_CHARS_PER_TOKEN``). Each connection must deliver a request head within
+(``llm.tiers.MAX_CHARS_PER_TOKEN``). Each connection must deliver a request head within
 ``header_timeout_s`` (``http_guard.HeadDeadline``). A client that goes away, streaming or not, has
 its request cancelled (its batch slot is freed), logged on one line. The loop ticks ``ticks`` so the
 watchdog can tell it is alive.

@@ -1,4 +1,4 @@
-"""What every tier ladder shares (``llm.ladder.TieredLLM``, ``asr.ladder.TieredSpeech``): the active tier,
+"""What every tier ladder shares (``llm.tiers.TieredLLM``, ``asr.tiers.TieredSpeech``): the active tier,
 the start on the first tier that loads, and one background switch at a time.
 
 A subclass keeps ``self._active`` (an object with ``.index`` and ``.tier``) and implements
