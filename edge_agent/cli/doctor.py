@@ -54,7 +54,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from ..diagnostics import doctor
 
-    report = doctor.collect()
+    report = doctor.collect(config=args.config)
     if args.json:
         emit_json(report)
     else:

@@ -41,8 +41,15 @@ class Entry:
     warnings: list[str] = field(default_factory=list)
 
 
-def collect(timeout_s: float = 20) -> dict[str, dict[str, Any]]:
-    """Every section of ``SECTIONS``, probed in parallel; each child gets ``timeout_s``."""
+def collect(timeout_s: float = 20, config: str | Path | None = None) -> dict[str, dict[str, Any]]:
+    """Every section of ``SECTIONS``, probed in parallel; each child gets ``timeout_s``. ``config`` (else
+    the default file, and the environment) adds what the agent's own settings make of this machine."""
+    try:  # loading it also puts its NPU emulation in the environment the probes inherit
+        from ..config import load_settings
+
+        load_settings(config)
+    except Exception:  # a config that does not load is check-config's to report
+        pass
     probes: dict[str, Callable[[float], Entry]] = {
         "system": _system,
         "python": _python,
@@ -57,8 +64,28 @@ def collect(timeout_s: float = 20) -> dict[str, dict[str, Any]]:
     with ThreadPoolExecutor(max_workers=len(probes)) as pool:
         futures = {name: pool.submit(_guarded, fn, timeout_s) for name, fn in probes.items()}
         report = {name: asdict(futures[name].result()) for name in SECTIONS}
-    report["system"]["warnings"] += command_channel_warnings()
+    report["system"]["warnings"] += command_channel_warnings(config)
+    report["openvino"]["warnings"] += prefix_cache_notes(config)
     return report
+
+
+def prefix_cache_notes(config: str | Path | None = None) -> list[str]:
+    """The configured LLM tiers that run without the prefix KV cache: a tier on the NPU keeps its KV cache
+    inside the runtime (the plugin's LLM mode), where no cached prefix can be put."""
+    try:
+        from ..backends.npu import is_npu
+        from ..config import load_settings
+
+        settings = load_settings(config)
+    except Exception:  # a config that does not load is check-config's to report
+        return []
+    if not settings.prefix_cache.enabled:
+        return []
+    return [
+        f"LLM tier {t.name!r} runs without the prefix cache: on the NPU its KV cache stays inside the runtime"
+        for t in settings.models.llm
+        if t.backend == "openvino" and is_npu(t.device)
+    ]
 
 
 def command_channel_warnings(config: str | Path | None = None) -> list[str]:

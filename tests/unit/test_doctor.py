@@ -112,3 +112,15 @@ def test_render_table_mentions_every_section_and_warning() -> None:
         assert name in table and f"{name} detail" in table
     assert "warnings:" in table and "onnxruntime-gpu" in table
     assert table.splitlines()[0].split() == ["SECTION", "STATUS", "VERSION", "DETAIL"]
+
+
+def test_an_npu_llm_tier_is_named_as_running_without_the_prefix_cache(tmp_path) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        '[[models.llm]]\nname = "npu"\nmodel = "demo-phi3"\nbackend = "openvino"\ndevice = "NPU"\n'
+        '[[models.llm]]\nname = "cpu"\nmodel = "demo-phi3"\n'
+    )
+    (note,) = doctor.prefix_cache_notes(config)
+    assert "'npu'" in note and "without the prefix cache" in note
+    config.write_text(config.read_text() + "[prefix_cache]\nenabled = false\n")
+    assert doctor.prefix_cache_notes(config) == []
