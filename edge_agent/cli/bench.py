@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..bench import asr, fleet, grammar, llm, serve, telemetry, tiers
+from ..bench import asr, fleet, grammar, llm, serve, telemetry, tiers, voice
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -18,3 +18,4 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     fleet.add_parser(bsub)
     serve.add_parser(bsub)
     grammar.add_parser(bsub)
+    voice.add_parser(bsub)

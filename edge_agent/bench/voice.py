@@ -1,0 +1,440 @@
+"""``edge-agent bench voice``: the voice turn end to end, with its latency features on and off.
+
+Spoken commands are synthesised with espeak-ng (several voices and speeds; some with a 300 ms pause
+inside the sentence, "turn on the" … "kitchen lights") and replayed in real time, in ``[audio]
+block_ms`` blocks on a clock as a microphone delivers them, through the configured ASR tier's streaming
+service (endpointing, partials, final) into the top configured LLM tier with the home tools
+(``demo_models/home-tools.json``, a tool call required), until the call is complete. Both tiers are
+loaded in this process, as ``listen --respond --tools`` does.
+
+Two sides run the same utterances, interleaved per utterance (default first in even rounds, baseline
+first in odd ones) so that machine load hits both alike:
+
+- **default**: the settings as configured;
+- **baseline**: a copy with the prefix cache, prefill-ahead and the early end of turn off (each toggle
+  the configuration does not have yet is listed under ``missing`` in the report).
+
+Per run, from the end of speech (when the audio block holding the last voiced sample was fed):
+``endpoint_ms`` to the end-of-turn decision, ``turn_first_token_ms`` to the LLM's first token,
+``turn_complete_ms`` to the complete tool call. ``false_cuts``: runs of an utterance with a pause whose
+turn ended inside the sentence (the endpointer cut it in two, or decided before the speech ended);
+``duplicated_calls``: complete calls beyond one per utterance; ``hit_tokens``: prompt tokens of the
+turns' requests whose KV came from the prefix cache. Percentiles are taken per round and the medians of
+the rounds reported; counts are totals over all rounds. Each round starts with fresh schedulers (an
+empty prefix cache) and one unmeasured warm-up command, so a command repeated in a later round is not
+served from what the cache kept of it earlier.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+
+RATE = 16000
+PAUSE_S = 0.3
+HOME_TOOLS = Path(__file__).resolve().parent.parent / "demo_models" / "home-tools.json"
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """One spoken command: its parts (a pause of ``PAUSE_S`` between two parts), voice and speed."""
+
+    parts: tuple[str, ...]
+    voice: str  # espeak-ng -v; a variant by its FILE name (``en+max``, ``en+Annie``): a wrong case is silently ignored
+    wpm: int
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.parts)
+
+    @property
+    def pause(self) -> bool:
+        return len(self.parts) > 1
+
+
+UTTERANCES = (
+    Utterance(("turn on the", "kitchen lights"), "en-us+max", 160),
+    Utterance(("set a timer for ten minutes",), "en+Annie", 150),
+    Utterance(("set the bedroom temperature to twenty one degrees",), "en-gb-x-rp+m3", 170),
+    Utterance(("switch off the", "living room light"), "en+f2", 145),
+    Utterance(("dim the hallway light to thirty percent",), "en-us+Andy", 175),
+    Utterance(("set a timer for", "five minutes"), "en+steph", 155),
+    Utterance(("turn off the bathroom light",), "en-us", 185),
+    Utterance(("make the kitchen", "twenty degrees"), "en+klatt", 150),
+    Utterance(("turn the bedroom light on",), "en+m3", 165),
+    Utterance(("start a timer for twenty minutes",), "en-us+Annie", 140),
+    Utterance(("set the living room to twenty two degrees",), "en+Andy", 180),
+    Utterance(("turn on the hallway light",), "en+f2", 190),
+)
+WARMUP = Utterance(("what time is it",), "en-us", 160)
+
+
+@dataclass
+class Clip:
+    """An utterance's samples (16 kHz float32, silence around it) and where its speech ends."""
+
+    utterance: Utterance
+    samples: np.ndarray
+    speech_end: int  # samples: the last voiced sample + 1
+
+
+# -- speech ---------------------------------------------------------------------------------------
+
+
+def _espeak(text: str, voice: str, wpm: int) -> np.ndarray:
+    """espeak-ng speech resampled to 16 kHz by sox (no dither: the same samples every run), trimmed of
+    the silence espeak-ng puts around it, peak 0.5."""
+    speak = subprocess.run(
+        ["espeak-ng", "-v", voice, "-s", str(wpm), "--stdout", text], capture_output=True, check=True, timeout=30
+    )
+    sox = subprocess.run(
+        ["sox", "-q", "-D", "-t", "wav", "-", "-t", "raw", "-r", str(RATE), "-e", "signed", "-b", "16", "-c", "1", "-"],
+        input=speak.stdout,
+        capture_output=True,
+        check=True,
+        timeout=30,
+    )
+    x = np.frombuffer(sox.stdout, dtype="<i2").astype(np.float32) / 32768.0
+    voiced = np.flatnonzero(np.abs(x) > 0.01 * max(float(np.max(np.abs(x), initial=0.0)), 1e-6))
+    if voiced.size == 0:
+        raise InputError(f"espeak-ng gave no speech for {text!r} with voice {voice!r}")
+    x = x[voiced[0] : voiced[-1] + 1]
+    return (x * (0.5 / float(np.max(np.abs(x))))).astype(np.float32)
+
+
+def synthesize(utterance: Utterance, lead_s: float, tail_s: float) -> Clip:
+    """The utterance with ``lead_s`` of silence before it, ``tail_s`` after, and ``PAUSE_S`` between its parts."""
+    pieces: list[np.ndarray] = [np.zeros(int(lead_s * RATE), np.float32)]
+    for k, part in enumerate(utterance.parts):
+        if k:
+            pieces.append(np.zeros(int(PAUSE_S * RATE), np.float32))
+        pieces.append(_espeak(part, utterance.voice, utterance.wpm))
+    speech_end = sum(p.size for p in pieces)
+    pieces.append(np.zeros(int(tail_s * RATE), np.float32))
+    return Clip(utterance, np.concatenate(pieces), speech_end)
+
+
+def require_tools() -> None:
+    missing = [t for t in ("espeak-ng", "sox") if shutil.which(t) is None]
+    if missing:
+        raise InputError(
+            f"bench voice synthesises its commands with espeak-ng and sox: install {' and '.join(missing)}"
+        )
+
+
+# -- one side: its settings, ASR service and LLM scheduler ----------------------------------------
+
+# (section, field) turned off for the baseline; a name the configuration lacks is reported missing.
+TOGGLES = (("prefix_cache", "enabled"), ("audio", "early_end"), ("voice", "prefill_ahead"))
+
+
+def baseline_settings(settings) -> tuple[Any, dict[str, bool], list[str]]:
+    """A copy of ``settings`` with every toggle of ``TOGGLES`` off: (copy, each toggle's default value, missing)."""
+    defaults: dict[str, bool] = {}
+    missing: list[str] = []
+    updates: dict[str, Any] = {}
+    for section, name in TOGGLES:
+        part = getattr(settings, section, None)
+        if part is None or name not in type(part).model_fields:
+            missing.append(f"{section}.{name}")
+            continue
+        defaults[f"{section}.{name}"] = bool(getattr(part, name))
+        updates[section] = (updates.get(section) or part).model_copy(update={name: False})
+    return settings.model_copy(update=updates), defaults, missing
+
+
+@dataclass
+class Side:
+    """What one configuration runs on: its settings, ASR service and (per round) LLM scheduler."""
+
+    name: str
+    settings: Any
+    service: Any
+    scheduler: Any = None
+
+    def limits(self):
+        from ..serving.llm.scheduler import Limits
+
+        cache = self.settings.prefix_cache
+        # the voice turn's own scheduler, as ``listen --respond`` makes it: one sequence, no batching wait
+        return Limits(
+            max_batch=1, batch_timeout_ms=0, prefix_cache_mb=cache.limit_mb, prefix_block_tokens=cache.block_tokens
+        )
+
+
+class Llm:
+    """The LLM tier and the tool-call request of a transcript (what ``listen --respond --tools`` sends)."""
+
+    def __init__(self, args: argparse.Namespace, settings, tools: list[dict]) -> None:
+        from ..backends import SessionOptions
+        from ..models import grammar
+        from ..models.catalog import resolve_model
+        from ..models.llm import DecoderLM
+
+        tier = settings.models.llm[0]
+        ref = resolve_model(args.llm_model or tier.model, settings.models.cache_dir)
+        self.backend = tier.backend if not args.llm_model else "onnxruntime"
+        options = SessionOptions(
+            device=tier.device if not args.llm_model else "cpu",
+            threads=settings.device.threads,
+            cache_dir=settings.engines.cache_dir,
+        )
+        self.lm = DecoderLM.open(ref, self.backend, options)
+        self.name = ref.name
+        self.tools = tools
+        self.grammar = grammar.tool_call_grammar(tools)
+        self.max_new_tokens = args.max_new_tokens
+
+    def prompt(self, text: str) -> list[int]:
+        from ..models.tokenizer import Message
+        from ..serving.openai_output import with_tools
+
+        chat = with_tools([Message("user", text)], self.tools, "required")
+        tok = self.lm.tokenizer
+        return tok.encode_chat(chat) if tok.chat_template else tok.encode(chat[0].content)
+
+    def params(self):
+        from ..models.sampling import SamplingParams
+
+        return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0, grammar=self.grammar)
+
+
+# -- one run: an utterance replayed on one side --------------------------------------------------
+
+
+@dataclass
+class Turn:
+    """One end of turn (an ASR final) and what the LLM made of it."""
+
+    text: str
+    decided_s: float | None
+    first_token_s: float | None = None
+    complete_s: float | None = None
+    call: dict | None = None
+    cached_tokens: int = 0
+    prompt_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class RunResult:
+    """One utterance replayed on one side: its turns and the ASR's utterance count."""
+
+    speech_end_s: float
+    turns: list[Turn] = field(default_factory=list)
+    asr_utterances: int = 0
+
+
+def _respond(llm: Llm, scheduler, finals: queue.SimpleQueue, turns: list[Turn]) -> None:
+    """Turn worker: each final with text → one tool-call request, timed; ``None`` ends it."""
+    from ..serving.openai_output import tool_call
+
+    while (event := finals.get()) is not None:
+        turn = Turn(event.text, event.speech_end_at_s)
+        turns.append(turn)
+        try:
+            ids = llm.prompt(event.text)
+            turn.prompt_tokens = len(ids)
+            done = scheduler.submit(ids, llm.params()).result(300.0)
+        except Exception as exc:  # a failed turn is reported, not fatal to the benchmark
+            turn.error = str(exc)
+            continue
+        times = done.timing.token_times_s
+        turn.first_token_s = times[0] if times else None
+        turn.complete_s = times[-1] if times else None
+        turn.cached_tokens = done.timing.cached_tokens
+        call = tool_call(done.text)
+        if call is not None:
+            turn.call = {"name": call["function"]["name"], "arguments": json.loads(call["function"]["arguments"])}
+
+
+def replay(side: Side, llm: Llm, clip: Clip, block_ms: int) -> RunResult:
+    """``clip`` fed in real time to a new stream of ``side``'s ASR service; each final → the LLM."""
+    finals: queue.SimpleQueue = queue.SimpleQueue()
+    turns: list[Turn] = []
+    counts = {"utterances": 0}
+
+    def on_event(event) -> None:
+        if event.kind in ("final", "error"):
+            counts["utterances"] += 1
+        if event.kind == "final" and event.text.strip():
+            finals.put(event)
+
+    worker = threading.Thread(target=_respond, args=(llm, side.scheduler, finals, turns), daemon=True)
+    worker.start()
+    stream = side.service.open_stream(on_event=on_event)
+    block = max(1, block_ms * RATE // 1000)
+    speech_end_s = None
+    start = time.monotonic()
+    try:
+        for i in range(0, clip.samples.size, block):
+            delay = start + (i + block) / RATE - time.monotonic()  # a block is delivered once it is captured
+            if delay > 0:
+                time.sleep(delay)
+            stream.feed(clip.samples[i : i + block])
+            if speech_end_s is None and i + block >= clip.speech_end:
+                speech_end_s = time.monotonic()
+    finally:
+        stream.close()
+        stream.wait(120.0)
+        finals.put(None)
+        worker.join(600.0)
+    assert speech_end_s is not None
+    return RunResult(speech_end_s, turns, counts["utterances"])
+
+
+def record(result: RunResult, clip: Clip, side: str, round_: int, index: int) -> dict:
+    """One run's row of the report (times in ms from the end of speech)."""
+
+    def ms(t: float | None) -> float | None:
+        return None if t is None else round((t - result.speech_end_s) * 1e3, 1)
+
+    last = result.turns[-1] if result.turns else None
+    decided_early = last is not None and last.decided_s is not None and last.decided_s < result.speech_end_s
+    calls = [t.call for t in result.turns if t.call is not None]
+    u = clip.utterance
+    return {
+        "round": round_,
+        "utterance": index,
+        "side": side,
+        "said": u.text,
+        "voice": u.voice,
+        "wpm": u.wpm,
+        "pause": u.pause,
+        "heard": [t.text for t in result.turns],
+        "calls": calls,
+        "endpoint_ms": ms(last.decided_s) if last else None,
+        "turn_first_token_ms": ms(last.first_token_s) if last else None,
+        "turn_complete_ms": ms(last.complete_s) if last else None,
+        "cut": result.asr_utterances > 1 or decided_early,
+        "duplicated_calls": max(0, len(calls) - 1),
+        "hit_tokens": sum(t.cached_tokens for t in result.turns),
+        "prompt_tokens": sum(t.prompt_tokens for t in result.turns),
+        "errors": [t.error for t in result.turns if t.error],
+    }
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "voice",
+        help="the voice turn end to end (speech in real time → ASR → end of turn → tool call), "
+        "default settings against the latency features off",
+        description="Replay synthesised spoken commands in real time through the configured ASR tier and the "
+        "top LLM tier with the home tools, on the default settings and on a baseline with the prefix cache, "
+        "prefill-ahead and the early end of turn off, interleaved; report end of speech → end of turn, first "
+        "token and complete tool call, false cuts and duplicated calls, with ratios.",
+    )
+    p.add_argument("--rounds", type=int, default=3, help="rounds over the utterances; medians reported (default 3)")
+    p.add_argument(
+        "--utterances",
+        type=int,
+        default=len(UTTERANCES),
+        metavar="N",
+        help=f"the first N of the {len(UTTERANCES)} commands (default all)",
+    )
+    p.add_argument("--asr-model", default=None, help="ASR demo model or folder (default: the top configured ASR tier)")
+    p.add_argument("--llm-model", default=None, help="LLM demo model or folder (default: the top configured LLM tier)")
+    p.add_argument(
+        "--tools", default=str(HOME_TOOLS), metavar="FILE", help="OpenAI function tools (default: home tools)"
+    )
+    p.add_argument("--max-new-tokens", type=int, default=160, help="the tool call's token budget (default 160)")
+    p.add_argument("--json", dest="json_out", metavar="OUT", default=None, help="write the JSON report to OUT")
+    p.add_argument("--plot", metavar="PNG", default=None, help="turn-time distributions, default vs baseline")
+    p.add_argument("--config", metavar="FILE", default=None, help="TOML config (default: the daemon's)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..config import load_settings
+    from ..models.asr import open_configured
+    from ..serving.asr.factory import make_service
+    from ..serving.openai_output import load_tools
+    from .voice_report import build_report, format_table, plot_report
+
+    if args.rounds < 1:
+        raise InputError("--rounds must be at least 1")
+    if not 1 <= args.utterances <= len(UTTERANCES):
+        raise InputError(f"--utterances must lie in 1..{len(UTTERANCES)}")
+    require_tools()
+    tools = load_tools(args.tools)
+    settings = load_settings(args.config)
+    base, toggles, missing = baseline_settings(settings)
+    tail_s = max(1.2, settings.audio.trailing_silence_ms / 1e3 + 0.7)  # every turn ends by silence
+    clips = [synthesize(u, 0.4, tail_s) for u in UTTERANCES[: args.utterances]]
+    warmup = synthesize(WARMUP, 0.4, tail_s)
+    engine = open_configured(settings, args.asr_model)
+    llm = Llm(args, settings, tools)
+    sides = [
+        Side("default", settings, make_service(engine, settings.audio, settings.batching).start()),
+        Side("baseline", base, make_service(engine, base.audio, base.batching).start()),
+    ]
+    rows: list[dict] = []
+    try:
+        rows = _rounds(args, sides, llm, clips, warmup, settings.audio.block_ms)
+    finally:
+        for side in sides:
+            side.service.stop()
+            if side.scheduler is not None:
+                side.scheduler.stop()
+        engine.close()
+        llm.lm.close()
+    report = build_report(
+        rows,
+        meta={
+            "asr_model": engine.name,
+            "llm_model": llm.name,
+            "llm_backend": llm.backend,
+            "rounds": args.rounds,
+            "utterances": len(clips),
+            "with_pause": sum(c.utterance.pause for c in clips),
+            "pause_ms": PAUSE_S * 1e3,
+            "block_ms": settings.audio.block_ms,
+            "toggles": toggles,
+            "missing": missing,
+        },
+    )
+    print(format_table(report))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    if args.plot:
+        plot_report(report, Path(args.plot))
+    return 0
+
+
+def _rounds(args, sides: list[Side], llm: Llm, clips: list[Clip], warmup: Clip, block_ms: int) -> list[dict]:
+    from ..progress import Progress
+    from ..serving.llm.scheduler import LLMScheduler
+
+    rows: list[dict] = []
+    total = args.rounds * len(clips)
+    with Progress("bench voice", "utterances", enabled=not args.quiet, min_interval_s=0.0) as bar:
+        for r in range(args.rounds):
+            for side in sides:  # an empty prefix cache each round, primed by one command as a running daemon's is
+                if side.scheduler is not None:
+                    side.scheduler.stop()
+                side.scheduler = LLMScheduler(llm.lm, side.limits()).start()
+                replay(side, llm, warmup, block_ms)
+            order = sides if r % 2 == 0 else sides[::-1]
+            for k, clip in enumerate(clips):
+                for side in order:
+                    rows.append(record(replay(side, llm, clip, block_ms), clip, side.name, r, k))
+                bar.label = f"bench voice round {r + 1}/{args.rounds}: {clip.utterance.text!r}"
+                bar.update(r * len(clips) + k + 1, total)
+    return rows
