@@ -1,0 +1,196 @@
+"""VoiceTurn with a fake clock and a fake scheduler: prefill ahead, the final's reply, early replies
+cancelled when the utterance continues, false cuts counted. Events are ordered explicitly (no sleeps)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from edge_agent.metrics.timing import RequestTiming
+from edge_agent.serving.asr.events import AsrEvent, UtteranceMetrics
+from edge_agent.serving.llm.handle import Completion, RequestHandle, TokenEvent
+from edge_agent.serving.voice_turn import VoiceTurn
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "set_light",
+            "description": "Switch a light",
+            "parameters": {
+                "type": "object",
+                "properties": {"room": {"type": "string"}, "on": {"type": "boolean"}},
+                "required": ["room", "on"],
+            },
+        },
+    }
+]
+CALL = json.dumps({"name": "set_light", "arguments": {"room": "kitchen", "on": True}})
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Tok:
+    chat_template = None
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+
+class FakeLLM:
+    """Records every submit; the test finishes each handle when it wants."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[int], object, tuple]] = []
+        self.handles: list[RequestHandle] = []
+        self.submitted = threading.Condition()
+
+    def __call__(self, ids, params, tags=()):
+        h = RequestHandle(len(self.handles) + 1)
+        with self.submitted:
+            self.calls.append((list(ids), params, tuple(tags)))
+            self.handles.append(h)
+            self.submitted.notify_all()
+        return h
+
+    def wait_for(self, n: int) -> RequestHandle:
+        with self.submitted:
+            assert self.submitted.wait_for(lambda: len(self.handles) >= n, 10.0)
+            return self.handles[n - 1]
+
+
+def reply(h: RequestHandle, text: str, times: list[float], cached: int = 0, prompt: int = 100) -> None:
+    for i, t in enumerate(times):
+        h.push(TokenEvent(i, text if i == len(times) - 1 else "", t))
+    timing = RequestTiming(times[0] - 0.1, times[0] - 0.1, tuple(times), times[-1], prompt, cached_tokens=cached)
+    h.finish(Completion(text, tuple(range(len(times))), "stop", timing))
+
+
+def cancelled(h: RequestHandle, at: float) -> None:
+    h.finish(Completion("", (), "cancelled", RequestTiming(at, None, (), at)))
+
+
+def start(utt: int, at: float = 0.0) -> AsrEvent:
+    return AsrEvent("speech_start", 0, utt, at_s=at)
+
+
+def partial(utt: int, text: str) -> AsrEvent:
+    return AsrEvent("partial", 0, utt, text)
+
+
+def final(utt: int, text: str, decided: float, reason: str = "silence") -> AsrEvent:
+    m = UtteranceMetrics(100.0, 5.0, 0.02, 1.0, 20.0, reason)
+    return AsrEvent("final", 0, utt, text, text, 1.0, decided, m, decided)
+
+
+def turn(llm, clock, **kw) -> VoiceTurn:
+    return VoiceTurn(llm, Tok(), TOOLS, clock=clock, tick_s=None, **kw)
+
+
+def test_a_partial_is_prefilled_once_stable_with_one_token_and_the_warmup_tag():
+    clock, llm = Clock(), FakeLLM()
+    vt = turn(llm, clock, stable_ms=120)
+    vt.on_event(start(0))
+    vt.on_event(partial(0, "turn on the kitchen"))
+    clock.t += 0.119
+    assert not vt.tick() and not llm.calls
+    clock.t += 0.002
+    assert vt.tick()
+    ids, params, tags = llm.calls[0]
+    assert ids == vt.prompt_ids("turn on the kitchen")  # the final's template and tools
+    assert params.max_new_tokens == 1 and tags == ("warmup",)
+    assert not vt.tick()  # the same text is not prefilled twice
+
+
+def test_prefills_ahead_are_bounded_one_in_flight_and_n_per_utterance():
+    clock, llm = Clock(), FakeLLM()
+    vt = turn(llm, clock, stable_ms=100, max_prefills=2)
+    vt.on_speech_start(start(0))
+    for k, text in enumerate(["turn", "turn on", "turn on the", "turn on the light"]):
+        vt.on_partial(partial(0, text))
+        clock.t += 0.2
+        sent = vt.tick()
+        if k == 1:
+            assert not sent  # the first is still in flight
+            reply(llm.handles[0], "x", [clock.t])
+            assert vt.tick()
+    assert len(llm.calls) == 2 and vt.prefills == 2  # the budget: 2 per utterance
+
+
+def test_no_prefill_ahead_when_off():
+    clock, llm = Clock(), FakeLLM()
+    vt = turn(llm, clock, prefill_ahead=False)
+    vt.on_partial(partial(0, "turn on the"))
+    clock.t += 1.0
+    assert not vt.tick() and not llm.calls
+
+
+def _run_final(vt, event, speech_end_s=None):
+    out: dict = {}
+    th = threading.Thread(target=lambda: out.update(r=vt.on_final(event, speech_end_s)))
+    th.start()
+    return th, out
+
+
+def test_the_final_prompt_is_the_partials_and_timings_run_from_the_end_of_speech():
+    clock, llm = Clock(), FakeLLM()
+    vt = turn(llm, clock)
+    vt.on_speech_start(start(0))
+    vt.on_partial(partial(0, "turn on the kitchen light"))
+    clock.t += 0.2
+    vt.tick()
+    reply(llm.handles[0], "{", [clock.t])
+    th, out = _run_final(vt, final(0, "turn on the kitchen light", decided=10.5), speech_end_s=10.0)
+    h = llm.wait_for(2)
+    assert llm.calls[1][0] == llm.calls[0][0] and llm.calls[1][2] == ()  # same prompt, a real request
+    reply(h, CALL, [10.6, 10.7, 11.2], cached=96, prompt=100)
+    th.join(10)
+    r = out["r"]
+    assert r.delivered and r.call == {"name": "set_light", "arguments": {"room": "kitchen", "on": True}}
+    assert round(r.endpoint_ms) == 500 and round(r.turn_first_token_ms) == 600 and round(r.turn_complete_ms) == 1200
+    assert r.cached_tokens == 96 and r.prefill_ahead == 1 and r.prefill_wasted == 0 and not r.early_end
+
+
+def test_a_continued_utterance_cancels_the_early_reply_and_yields_exactly_one_call():
+    clock, llm = Clock(), FakeLLM()
+    vt = turn(llm, clock)
+    vt.on_speech_start(start(3))
+    th, out = _run_final(vt, final(3, "turn on the", decided=5.2, reason="early"), speech_end_s=5.0)
+    early = llm.wait_for(1)
+    vt.on_speech_start(start(3))  # the speaker goes on within the full wait
+    assert early.cancelled
+    cancelled(early, 5.3)
+    th.join(10)
+    assert not out["r"].delivered and out["r"].call is None and out["r"].early_end
+    th, out2 = _run_final(vt, final(3, "turn on the kitchen light", decided=6.5), speech_end_s=6.0)
+    reply(llm.wait_for(2), CALL, [6.6, 6.9])
+    th.join(10)
+    calls = [r.call for r in (out["r"], out2["r"]) if r.delivered and r.call]
+    assert len(calls) == 1 and vt.false_cuts == 0 and vt.cancelled == 1
+
+
+def test_a_resumption_seen_before_the_early_final_sends_nothing_for_it():
+    clock, llm = Clock(), FakeLLM()
+    vt = turn(llm, clock)
+    vt.on_speech_start(start(1))
+    vt.on_speech_start(start(1))  # continued before the early final was taken
+    r = vt.on_final(final(1, "turn on the", decided=5.2, reason="early"), 5.0)
+    assert not r.delivered and not llm.calls
+
+
+def test_a_reply_delivered_before_the_speaker_went_on_is_a_false_cut():
+    clock, llm = Clock(), FakeLLM()
+    vt = turn(llm, clock)
+    vt.on_speech_start(start(2))
+    th, out = _run_final(vt, final(2, "turn on the kitchen", decided=5.2, reason="early"), speech_end_s=5.0)
+    reply(llm.wait_for(1), CALL, [5.4])
+    th.join(10)
+    assert out["r"].delivered and out["r"].early_end
+    vt.on_speech_start(start(2))
+    assert vt.false_cuts == 1
