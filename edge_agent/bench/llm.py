@@ -45,7 +45,16 @@ from . import ov_genai
 from . import roofline as rl
 from .genai import GenaiRunner, find_genai_folder
 from .genai import summary as genai_summary
-from .llm_report import _median_of, _ratio, format_table
+from .llm_report import (
+    _median_of,
+    baseline_mode,
+    c1_ratios,
+    format_table,
+    report_notes,
+    scaling_summary,
+    setup_section,
+    side_summary,
+)
 from .llm_runners import BareLoop, agent_round, peer_round, run_baseline, synthetic_prompts
 
 log = logging.getLogger(__name__)
@@ -223,167 +232,167 @@ def run(args: argparse.Namespace) -> int:
         lm.close()
 
 
-def _run_loaded(args, served: Served, lm, show: bool) -> int:
-    from ..models.sampling import SamplingParams
+@dataclasses.dataclass
+class Peers:
+    """The runtimes measured beside the agent other than the bare loop: onnxruntime-genai and openvino-genai's
+    NPU pipeline, each None with the reason when it is not measured."""
 
-    C, N, T = args.concurrency, args.requests, args.max_new_tokens
-    ref, limits, threads = served.resolved.ref, served.limits, served.threads
-    prompts = synthetic_prompts(lm, N, args.prompt_tokens)
-    sink: list[RequestTiming] = []
-    agent_rounds: list[dict] = []
-    K = args.scaling
-    k_rounds: list[dict] = []
-    base_rounds: list[dict] = []
-    genai_rounds: list[dict] = []
-    raw: dict[str, dict[str, list[float]]] = {
-        side: {"ttft_ms": [], "itl_ms": []} for side in ("agent", "baseline", "genai", "ov_genai")
-    }
+    genai: GenaiRunner | None
+    genai_folder: Path | None
+    genai_reason: str | None
+    ov: ov_genai.OvGenaiRunner | None
+    ov_reason: str | None
+
+
+def _peers(args: argparse.Namespace, served: Served, lm) -> Peers:
+    """Find (and open) the onnxruntime-genai folder and the openvino-genai IR of the measured model."""
     genai_folder, genai_reason = find_genai_folder(served.resolved.source, args.genai)
-    genai_runner = GenaiRunner(genai_folder, threads or 2) if genai_folder else None
-    genai_tokens: list[list[int]] = []
+    genai = GenaiRunner(genai_folder, served.threads or 2) if genai_folder else None
     ov_ir, ov_reason = ov_genai.find_ir(lm, served.resolved.ref, args.ov_genai)
-    ov_runner = ov_genai.OvGenaiRunner(ov_ir, lm.npu_shape, lm.config.get("sliding_window")) if ov_ir else None
-    ov_rounds: list[dict] = []
-    ov_tokens: list[list[int]] = []
-    agent_tokens: dict[int, list[int]] = {}
+    ov = ov_genai.OvGenaiRunner(ov_ir, lm.npu_shape, lm.config.get("sliding_window")) if ov_ir else None
+    return Peers(genai, genai_folder, genai_reason, ov, ov_reason)
+
+
+@dataclasses.dataclass
+class Measured:
+    """What the rounds measured: each side's per-round summaries (``at_k``: the agent at ``--scaling`` K), the raw
+    TTFT/ITL samples of each side (the plot's), the token ids the peers and the agent generated (the last round's
+    for the peers), and the closed loop's ramp."""
+
+    agent: list[dict] = dataclasses.field(default_factory=list)
+    at_k: list[dict] = dataclasses.field(default_factory=list)
+    baseline: list[dict] = dataclasses.field(default_factory=list)
+    genai: list[dict] = dataclasses.field(default_factory=list)
+    ov: list[dict] = dataclasses.field(default_factory=list)
+    raw: dict[str, dict[str, list[float]]] = dataclasses.field(
+        default_factory=lambda: {
+            side: {"ttft_ms": [], "itl_ms": []} for side in ("agent", "baseline", "genai", "ov_genai")
+        }
+    )
+    agent_tokens: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    genai_tokens: list[list[int]] = dataclasses.field(default_factory=list)
+    ov_tokens: list[list[int]] = dataclasses.field(default_factory=list)
+    ramp_s: float = 0.0
+    k_ramp_s: float = 0.0
+
+
+def _measure(args, lm: DecoderLM, limits: Limits, prompts: list[list[int]], peers: Peers, show: bool) -> Measured:
+    """Warm every side up, then run ``--rounds`` rounds, each side in turn (agent, agent at K, baseline, genai,
+    ov-genai), so slow drifts of the machine fall on all of them alike. Closes the openvino-genai pipeline."""
+    m = Measured()
+    sink: list[RequestTiming] = []
     # One scheduler with the daemon's limits serves every concurrency: the load changes, the daemon does not.
     scheduler = LLMScheduler(lm, limits, on_finished=sink.append).start()
     try:
-        # 1. warm-up: one request each way, excluded; the agent's full-length one sizes the ramp.
-        warm = scheduler.submit(prompts[0], SamplingParams(max_new_tokens=T, ignore_eos=True), tags=("warmup",))
-        e2e_s = (warm.result(600).timing.e2e_ms or 0.0) / 1e3
-        ramp_s = args.ramp_s if args.ramp_s is not None else (e2e_s if args.rate is None and C > 1 else 0.0)
-        k_ramp_s = args.ramp_s if args.ramp_s is not None else (e2e_s if args.rate is None and (K or 0) > 1 else 0.0)
-        if not args.no_baseline:
-            run_baseline(lm, [prompts[0][:8]], 2, [])
-        if genai_runner:
-            genai_runner.generate(prompts[0][:8], 2)
-        if ov_runner:  # its first request costs several times a later one, as the agent's does
-            ov_runner.generate(prompts[0], T)
+        _warm_up(args, scheduler, lm, prompts, peers, m)
         for r in range(args.rounds):
-            label = f"agent round {r + 1}/{args.rounds}"
-            a_round = agent_round(scheduler, sink, prompts, C, args, ramp_s, raw["agent"], label, show, agent_tokens)
-            agent_rounds.append(a_round)
-            if K:
-                k_raw: dict[str, list[float]] = {"ttft_ms": [], "itl_ms": []}  # the C=K rounds keep no raw samples
-                label = f"agent C={K} round {r + 1}/{args.rounds}"
-                k_rounds.append(agent_round(scheduler, sink, prompts, K, args, k_ramp_s, k_raw, label, show))
-            of = f"round {r + 1}/{args.rounds}"
-            if not args.no_baseline:
-                peer_round(BareLoop(lm), f"baseline {of}", prompts, args, raw["baseline"], base_rounds)
-            if genai_runner:
-                genai_tokens = peer_round(
-                    genai_runner, f"onnxruntime-genai {of}", prompts, args, raw["genai"], genai_rounds
-                )
-            if ov_runner:
-                ov_tokens = peer_round(ov_runner, f"openvino-genai NPU {of}", prompts, args, raw["ov_genai"], ov_rounds)
+            _round(args, r, scheduler, sink, lm, prompts, peers, m, show)
     finally:
         scheduler.stop()
-        if ov_runner:
-            ov_runner.close()
+        if peers.ov:
+            peers.ov.close()
+    return m
 
-    agent = _median_of(agent_rounds)
-    agent["per_round_tokens_per_s"] = [r["tokens_per_s"] for r in agent_rounds]
-    baseline = None
-    if base_rounds:
-        baseline = _median_of(base_rounds)
-        baseline["per_round_tokens_per_s"] = [r["tokens_per_s"] for r in base_rounds]
-        baseline["mode"] = "sequential, one request at a time, bare DecoderLM.generate_greedy loop" + (
-            " through the stateful session (one sequence, its KV cache in the infer request)" if lm.max_rows else ""
-        )
 
-    notes = []
-    overhead = decode_ratio = None
-    if baseline is not None:
-        if C == 1:
-            overhead = _ratio(agent["ttft_ms"]["p50"], baseline["ttft_ms"]["p50"])
-            decode_ratio = _ratio(agent["decode_tokens_per_s"], baseline["decode_tokens_per_s"])
-            if args.rate is not None:
-                notes.append(
-                    "open loop (Poisson): agent TTFT includes queueing behind earlier requests, "
-                    "so overhead_ratio mixes load with agent overhead"
-                )
-        else:
-            notes.append(
-                "overhead_ratio and decode_ratio are defined at concurrency 1 only "
-                "(the baseline runs one request at a time)"
-            )
+def _warm_up(args, scheduler: LLMScheduler, lm: DecoderLM, prompts, peers: Peers, m: Measured) -> None:
+    """One request each way, excluded from the figures; the agent's full-length one sets the closed loop's ramps
+    (``m.ramp_s`` at C, ``m.k_ramp_s`` at K) unless ``--ramp-s`` gives them."""
+    from ..models.sampling import SamplingParams
 
-    achieved = (
-        agent["decode_tokens_per_s"]
-        if agent["decode_tokens_per_s"]
-        else (baseline["decode_tokens_per_s"] if baseline else None)
-    )
-    achieved_source = "agent" if agent["decode_tokens_per_s"] else ("baseline" if baseline else None)
-    mean_context = args.prompt_tokens + (T - 1) / 2
-    roof = rl.of_model(ref.path, lm.config, lm.contract, threads or os.cpu_count() or 1, mean_context, achieved)
-    roof["achieved_source"] = achieved_source
-    scaling = None
-    if k_rounds:
-        at_k = _median_of(k_rounds)
-        scaling = {
-            "concurrency": K,
-            "agent": at_k,
-            "tokens_per_s_ratio": _ratio(at_k["tokens_per_s"], agent["tokens_per_s"]),
-            "ttft_p50_ratio": _ratio(at_k["ttft_ms"]["p50"], agent["ttft_ms"]["p50"]),
-            "ttft_p99_ratio": _ratio(at_k["ttft_ms"]["p99"], agent["ttft_ms"]["p99"]),
-        }
-    genai = None
-    if genai_rounds:
-        ours = [list(lm.generate_greedy(p, T, stop_at_eos=False)) for p in prompts[:2]]
-        genai = genai_summary(genai_rounds, agent_rounds, agent, genai_folder, ours, genai_tokens[:2])
-        if genai["decode_tokens_per_s"]:  # how close each side comes to the same bound
-            roof["genai_fraction"] = round(genai["decode_tokens_per_s"] / roof["bound_tokens_per_s"], 3)
-        if C > 1:
-            notes.append("genai runs one request at a time (like the baseline): compare its ratios at C=1")
-    ov_side = None
-    if ov_runner and ov_rounds:
-        ov_side = ov_genai.summary(_median_of(ov_rounds), ov_runner, agent_rounds, ov_rounds, raw)
-        bare_all = [list(lm.generate_greedy(p, T, stop_at_eos=False, known_only=False)) for p in prompts]
-        ours = [agent_tokens[i] for i in sorted(agent_tokens)]
-        ov_side["tokens"] = ov_genai.token_check(ours, ov_tokens, bare_all, lm.vocab_limit)
-        if C > 1:
-            notes.append("openvino-genai runs one request at a time: compare its ratios at C=1")
-    if limits.max_batch > 1 and limits.batch_timeout_ms > 0 and 1 not in limits.preferred_batch_sizes:
-        how = "only when one is expected soon (adaptive_wait)" if limits.adaptive else "always (adaptive_wait = false)"
-        notes.append(
-            f"a request that finds the device idle waits up to batch_timeout_ms ({limits.batch_timeout_ms:g}) for "
-            f"batch-mates, {how}, as in the daemon: agent TTFT (and overhead_ratio) include that wait"
-        )
-    if served.tier.max_new_tokens < T:
-        notes.append(f"the daemon caps this tier at max_new_tokens {served.tier.max_new_tokens}; this run made {T}")
+    C, K, T = args.concurrency, args.scaling, args.max_new_tokens
+    warm = scheduler.submit(prompts[0], SamplingParams(max_new_tokens=T, ignore_eos=True), tags=("warmup",))
+    e2e_s = (warm.result(600).timing.e2e_ms or 0.0) / 1e3
+    m.ramp_s = args.ramp_s if args.ramp_s is not None else (e2e_s if args.rate is None and C > 1 else 0.0)
+    m.k_ramp_s = args.ramp_s if args.ramp_s is not None else (e2e_s if args.rate is None and (K or 0) > 1 else 0.0)
+    if not args.no_baseline:
+        run_baseline(lm, [prompts[0][:8]], 2, [])
+    if peers.genai:
+        peers.genai.generate(prompts[0][:8], 2)
+    if peers.ov:  # its first request costs several times a later one, as the agent's does
+        peers.ov.generate(prompts[0], T)
 
-    report = {
-        "header": served.header(),
-        "tier": served.tier.name,
-        "config": served.config,
-        "engine": served.resolved.identity,
-        "model": ref.name,
-        "backend": served.tier.backend,
-        "device": served.tier.device,
-        "threads": threads,
-        "concurrency": C,
-        "requests": N,
-        "rate": args.rate,
-        "arrivals": "poisson" if args.rate is not None else "closed-loop",
-        "prompt_tokens": args.prompt_tokens,
-        "max_new_tokens": T,
-        "sla_ms": args.sla_ms,
-        "rounds": {"count": args.rounds, "aggregation": "median across rounds, agent, baseline and genai alternating"},
-        "ramp_s": ramp_s,
-        "limits": dataclasses.asdict(limits),
+
+def _round(args, r: int, scheduler, sink, lm: DecoderLM, prompts, peers: Peers, m: Measured, show: bool) -> None:
+    """Round ``r`` of every side, appended to ``m``."""
+    C, K, raw = args.concurrency, args.scaling, m.raw
+    label = f"agent round {r + 1}/{args.rounds}"
+    m.agent.append(agent_round(scheduler, sink, prompts, C, args, m.ramp_s, raw["agent"], label, show, m.agent_tokens))
+    if K:
+        k_raw: dict[str, list[float]] = {"ttft_ms": [], "itl_ms": []}  # the C=K rounds keep no raw samples
+        label = f"agent C={K} round {r + 1}/{args.rounds}"
+        m.at_k.append(agent_round(scheduler, sink, prompts, K, args, m.k_ramp_s, k_raw, label, show))
+    of = f"round {r + 1}/{args.rounds}"
+    if not args.no_baseline:
+        peer_round(BareLoop(lm), f"baseline {of}", prompts, args, raw["baseline"], m.baseline)
+    if peers.genai:
+        m.genai_tokens = peer_round(peers.genai, f"onnxruntime-genai {of}", prompts, args, raw["genai"], m.genai)
+    if peers.ov:
+        m.ov_tokens = peer_round(peers.ov, f"openvino-genai NPU {of}", prompts, args, raw["ov_genai"], m.ov)
+
+
+def _roofline(args, served: Served, lm: DecoderLM, agent: dict, baseline: dict | None) -> dict:
+    """The memory-bandwidth roofline of the model, with the achieved decode tokens/s (the agent's, else the
+    baseline's) as a fraction of its bound."""
+    source, achieved = None, None
+    if agent["decode_tokens_per_s"]:
+        source, achieved = "agent", agent["decode_tokens_per_s"]
+    elif baseline:
+        source, achieved = "baseline", baseline["decode_tokens_per_s"]
+    mean_context = args.prompt_tokens + (args.max_new_tokens - 1) / 2
+    threads = served.threads or os.cpu_count() or 1
+    roof = rl.of_model(served.resolved.ref.path, lm.config, lm.contract, threads, mean_context, achieved)
+    roof["achieved_source"] = source
+    return roof
+
+
+def _genai_side(args, lm: DecoderLM, prompts, peers: Peers, m: Measured, agent: dict) -> dict | None:
+    """onnxruntime-genai's medians, its greedy agreement with the bare loop and the agent/genai ratios."""
+    if not m.genai:
+        return None
+    ours = [list(lm.generate_greedy(p, args.max_new_tokens, stop_at_eos=False)) for p in prompts[:2]]
+    return genai_summary(m.genai, m.agent, agent, peers.genai_folder, ours, m.genai_tokens[:2])
+
+
+def _ov_side(args, lm: DecoderLM, prompts, peers: Peers, m: Measured) -> dict | None:
+    """openvino-genai's medians and ratios to the agent, and how its greedy tokens agree with the agent's."""
+    if not (peers.ov and m.ov):
+        return None
+    side = ov_genai.summary(_median_of(m.ov), peers.ov, m.agent, m.ov, m.raw)
+    T = args.max_new_tokens
+    bare_all = [list(lm.generate_greedy(p, T, stop_at_eos=False, known_only=False)) for p in prompts]
+    ours = [m.agent_tokens[i] for i in sorted(m.agent_tokens)]
+    side["tokens"] = ov_genai.token_check(ours, m.ov_tokens, bare_all, lm.vocab_limit)
+    return side
+
+
+def _summaries(args, served: Served, lm: DecoderLM, prompts, peers: Peers, m: Measured) -> dict:
+    """The measured part of the report: each side's medians, the C=1 ratios, the roofline, the peers, scaling
+    and the notes (in the report's order)."""
+    agent = side_summary(m.agent)
+    baseline = side_summary(m.baseline, mode=baseline_mode(bool(lm.max_rows))) if m.baseline else None
+    overhead, decode_ratio = c1_ratios(agent, baseline) if args.concurrency == 1 else (None, None)
+    roof = _roofline(args, served, lm, agent, baseline)
+    genai = _genai_side(args, lm, prompts, peers, m, agent)
+    if genai and genai["decode_tokens_per_s"]:  # how close each side comes to the same bound
+        roof["genai_fraction"] = round(genai["decode_tokens_per_s"] / roof["bound_tokens_per_s"], 3)
+    ov_side = _ov_side(args, lm, prompts, peers, m)
+    return {
         "agent": agent,
         "baseline": baseline,
         "overhead_ratio": overhead,
         "decode_ratio": decode_ratio,
         "roofline": roof,
         "genai": genai,
-        "genai_reason": genai_reason,
+        "genai_reason": peers.genai_reason,
         "ov_genai": ov_side,
-        "ov_genai_reason": ov_reason,
-        "scaling": scaling,
-        "notes": notes,
+        "ov_genai_reason": peers.ov_reason,
+        "scaling": scaling_summary(args.scaling, m.at_k, agent),
+        "notes": report_notes(args, served.limits, served.tier.max_new_tokens, baseline, genai, ov_side),
     }
+
+
+def _emit(args, report: dict, raw: dict[str, dict[str, list[float]]]) -> None:
+    """Print the report (header, table, openvino-genai lines); write its JSON (``--json``) and plot (``--plot``)."""
     print(report["header"])
     print(format_table(report))
     print("\n".join(ov_genai.format_lines(report)))
@@ -393,6 +402,15 @@ def _run_loaded(args, served: Served, lm, show: bool) -> int:
         from .plot import plot_report
 
         plot_report(report, raw, Path(args.plot))
+
+
+def _run_loaded(args, served: Served, lm: DecoderLM, show: bool) -> int:
+    """Measure the opened model against its peers, then print and write the report."""
+    prompts = synthetic_prompts(lm, args.requests, args.prompt_tokens)
+    peers = _peers(args, served, lm)
+    m = _measure(args, lm, served.limits, prompts, peers, show)
+    report = {**setup_section(args, served, m.ramp_s), **_summaries(args, served, lm, prompts, peers, m)}
+    _emit(args, report, m.raw)
     return 0
 
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..metrics.timing import LatencyStats, RequestTiming
+
+if TYPE_CHECKING:
+    from ..serving.llm.scheduler import Limits
+    from .llm import Served
 
 STAT_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 
@@ -54,6 +60,103 @@ def _median_of(rounds: list[dict]) -> dict:
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
+
+
+def side_summary(rounds: list[dict], mode: str | None = None) -> dict:
+    """A side's medians across rounds, with each round's tokens/s (and how the side ran, when given)."""
+    side = _median_of(rounds)
+    side["per_round_tokens_per_s"] = [r["tokens_per_s"] for r in rounds]
+    if mode is not None:
+        side["mode"] = mode
+    return side
+
+
+def baseline_mode(stateful: bool) -> str:
+    """How the baseline ran: one request at a time, through the stateful session for a stateful model."""
+    return "sequential, one request at a time, bare DecoderLM.generate_greedy loop" + (
+        " through the stateful session (one sequence, its KV cache in the infer request)" if stateful else ""
+    )
+
+
+def c1_ratios(agent: dict, baseline: dict | None) -> tuple[float | None, float | None]:
+    """At concurrency 1: the agent's TTFT p50 over the baseline's (overhead) and its decode tokens/s over the
+    baseline's; both None without a baseline."""
+    if baseline is None:
+        return None, None
+    return (
+        _ratio(agent["ttft_ms"]["p50"], baseline["ttft_ms"]["p50"]),
+        _ratio(agent["decode_tokens_per_s"], baseline["decode_tokens_per_s"]),
+    )
+
+
+def scaling_summary(k: int | None, k_rounds: list[dict], agent: dict) -> dict | None:
+    """The agent at concurrency ``k`` (``--scaling``) and its tokens/s and TTFT ratios to ``agent``'s."""
+    if not k_rounds:
+        return None
+    at_k = _median_of(k_rounds)
+    return {
+        "concurrency": k,
+        "agent": at_k,
+        "tokens_per_s_ratio": _ratio(at_k["tokens_per_s"], agent["tokens_per_s"]),
+        "ttft_p50_ratio": _ratio(at_k["ttft_ms"]["p50"], agent["ttft_ms"]["p50"]),
+        "ttft_p99_ratio": _ratio(at_k["ttft_ms"]["p99"], agent["ttft_ms"]["p99"]),
+    }
+
+
+def report_notes(args, limits: Limits, tier_max_new_tokens: int, baseline, genai, ov_side) -> list[str]:
+    """What a reader must know to read the figures: ratios that C or open-loop arrivals make meaningless, peers
+    that run one request at a time, the batching wait in the agent's TTFT, the tier's own token cap."""
+    C, T = args.concurrency, args.max_new_tokens
+    out = []
+    if baseline is not None:
+        if C == 1:
+            if args.rate is not None:
+                out.append(
+                    "open loop (Poisson): agent TTFT includes queueing behind earlier requests, "
+                    "so overhead_ratio mixes load with agent overhead"
+                )
+        else:
+            out.append(
+                "overhead_ratio and decode_ratio are defined at concurrency 1 only "
+                "(the baseline runs one request at a time)"
+            )
+    if genai is not None and C > 1:
+        out.append("genai runs one request at a time (like the baseline): compare its ratios at C=1")
+    if ov_side is not None and C > 1:
+        out.append("openvino-genai runs one request at a time: compare its ratios at C=1")
+    if limits.max_batch > 1 and limits.batch_timeout_ms > 0 and 1 not in limits.preferred_batch_sizes:
+        how = "only when one is expected soon (adaptive_wait)" if limits.adaptive else "always (adaptive_wait = false)"
+        out.append(
+            f"a request that finds the device idle waits up to batch_timeout_ms ({limits.batch_timeout_ms:g}) for "
+            f"batch-mates, {how}, as in the daemon: agent TTFT (and overhead_ratio) include that wait"
+        )
+    if tier_max_new_tokens < T:
+        out.append(f"the daemon caps this tier at max_new_tokens {tier_max_new_tokens}; this run made {T}")
+    return out
+
+
+def setup_section(args, served: Served, ramp_s: float) -> dict:
+    """The report's first part: what was measured and how (tier, engine, load, limits)."""
+    return {
+        "header": served.header(),
+        "tier": served.tier.name,
+        "config": served.config,
+        "engine": served.resolved.identity,
+        "model": served.resolved.ref.name,
+        "backend": served.tier.backend,
+        "device": served.tier.device,
+        "threads": served.threads,
+        "concurrency": args.concurrency,
+        "requests": args.requests,
+        "rate": args.rate,
+        "arrivals": "poisson" if args.rate is not None else "closed-loop",
+        "prompt_tokens": args.prompt_tokens,
+        "max_new_tokens": args.max_new_tokens,
+        "sla_ms": args.sla_ms,
+        "rounds": {"count": args.rounds, "aggregation": "median across rounds, agent, baseline and genai alternating"},
+        "ramp_s": ramp_s,
+        "limits": dataclasses.asdict(served.limits),
+    }
 
 
 def _rate_text(rate: float | None) -> str:
