@@ -107,6 +107,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="PNG", default=None, help="draw TTFT/ITL distributions and tokens/s to PNG")
     p.add_argument("--no-baseline", action="store_true", help="skip the bare-loop baseline")
     p.add_argument(
+        "--prefix-cache",
+        action="store_true",
+        help="keep the tier's prefix KV cache on (off by default: every round sends the same prompts, and the "
+        "peers have none)",
+    )
+    p.add_argument(
         "--genai",
         metavar="DIR",
         default=None,
@@ -211,6 +217,8 @@ def _served(args: argparse.Namespace, show: bool) -> Served:
     limits = dataclasses.replace(
         limits, max_queue=max(limits.max_queue, args.requests + 1), queue_timeout_ms=max(limits.queue_timeout_ms, 3.6e6)
     )
+    if not args.prefix_cache:  # the rounds repeat their prompts: a prefix cache would time hits, not prefills
+        limits = dataclasses.replace(limits, prefix_cache_mb=0.0)
     if args.sla_ms is None:
         args.sla_ms = settings.sla.target_ms
     threads = settings.device.threads if args.threads is None else args.threads
