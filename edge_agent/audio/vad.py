@@ -3,7 +3,13 @@
 A detector classifies fixed frames as voiced or not; ``Endpointer`` turns that into utterances:
 
     idle ──(voiced for min_speech_ms)──▶ speaking ──(unvoiced for trailing_silence_ms)──▶ idle
-                                         └──(max_utterance_s reached)─────────────────────▶ idle
+                                         ├──(max_utterance_s reached)─────────────────────▶ idle
+                                         └──(unvoiced for early_silence_ms and complete())─▶ idle, resumable
+
+An early end (``reason="early"``) is asked of the ``complete`` callable the caller passes (the ASR
+stream answers from its latest partial): it is never later than the fixed ``trailing_silence_ms``
+wait, which stays the bound. Speech that resumes within what is left of that wait starts an utterance
+marked ``resumes`` whose audio is everything since the early end: the caller continues the cut one.
 
 It emits ``SpeechStart`` (with ``pre_roll_ms`` of audio from before the onset, so the first
 phoneme is not cut), ``SpeechAudio`` while speaking, and ``SpeechEnd``. Times are audio-stream
@@ -18,6 +24,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -171,6 +178,7 @@ class SpeechStart:
 
     at_s: float  # stream time of the onset (first voiced frame)
     audio: np.ndarray  # pre-roll + the voiced frames that confirmed the onset
+    resumes: bool = False  # speech came back within the full wait after an early end: audio = all since it
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +194,7 @@ class SpeechEnd:
 
     at_s: float  # stream time of the decision
     speech_end_s: float  # stream time where the last voiced frame ended
-    reason: Literal["silence", "max_length", "end_of_stream"]
+    reason: Literal["silence", "max_length", "end_of_stream", "early"]
 
 
 Event = SpeechStart | SpeechAudio | SpeechEnd
@@ -200,20 +208,38 @@ class EndpointConfig:
     trailing_silence_ms: int = 500
     pre_roll_ms: int = 200
     max_utterance_s: float = 28.0
+    early_silence_ms: int | None = None  # None: no early end; else the silence after which complete() is asked
 
 
 class Endpointer:
-    """Frames the stream for ``detector`` and emits utterance events. ``detector=None``: all speech."""
+    """Frames the stream for ``detector`` and emits utterance events. ``detector=None``: all speech.
+
+    ``complete(voiced_samples)`` (with ``config.early_silence_ms``) is asked, once per silent frame from
+    ``early_silence_ms`` of silence on, whether the utterance is complete; ``voiced_samples`` is the
+    utterance's audio up to its last voiced frame (pre-roll included, as the recogniser was fed), so the
+    caller can tell whether what it knows covers all of the speech. True ends the utterance early.
+    """
 
     def __init__(
-        self, detector: Detector | None, config: EndpointConfig = EndpointConfig(), rate: int = TARGET_RATE
+        self,
+        detector: Detector | None,
+        config: EndpointConfig = EndpointConfig(),
+        rate: int = TARGET_RATE,
+        complete: Callable[[int], bool] | None = None,
     ) -> None:
-        self.detector, self.config, self.rate = detector, config, rate
+        self.detector, self.config, self.rate, self.complete = detector, config, rate, complete
         self.frame = detector.frame_samples if detector else rate // 50
         frame_ms = 1000 * self.frame / rate
         # Without a detector everything is speech: the utterance starts with the first frame.
         self._min_voiced = max(1, math.ceil(config.min_speech_ms / frame_ms)) if detector else 1
         self._max_silence = max(1, math.ceil(config.trailing_silence_ms / frame_ms))
+        early = config.early_silence_ms
+        self._early_silence = None if early is None else min(self._max_silence, max(1, math.ceil(early / frame_ms)))
+        self._utt_start = 0  # stream sample where the current utterance's audio (pre-roll included) starts
+        # after an early end: the stream sample where the full wait would have ended (speech that starts
+        # before it continues the utterance), and the audio since the early end
+        self._resume_until: int | None = None
+        self._since_early: list[np.ndarray] = []
         self._max_frames = max(1, int(config.max_utterance_s * 1000 / frame_ms))
         self._pre: deque[np.ndarray] = deque(maxlen=max(0, math.ceil(config.pre_roll_ms / frame_ms)) + self._min_voiced)
         self._pending = np.zeros(0, np.float32)
@@ -252,15 +278,28 @@ class Endpointer:
         self._pending = np.zeros(0, np.float32)
         return _merge_audio(events)
 
+    @property
+    def silence_ms(self) -> float:
+        """The trailing silence of the current utterance so far (0 when idle)."""
+        return 1000 * self._silence_run * self.frame / self.rate if self.speaking else 0.0
+
     def _frame(self, frame: np.ndarray, events: list[Event]) -> None:
         voiced = self.detector.is_speech(frame) if self.detector else True
         self._pos += frame.size
         if not self.speaking:
             self._pre.append(frame)
             self._voiced_run = self._voiced_run + 1 if voiced else 0
+            if self._resume_until is not None:
+                self._since_early.append(frame)
+                if self._voiced_run == 0 and self._pos >= self._resume_until:
+                    self._resume_until, self._since_early = None, []  # the full wait is over: a new utterance
             if self._voiced_run >= self._min_voiced:
                 onset = self._pos - self._voiced_run * self.frame
-                events.append(SpeechStart(onset / self.rate, np.concatenate(list(self._pre))))
+                resumes = self._resume_until is not None and onset < self._resume_until
+                audio = self._since_early if resumes else list(self._pre)
+                self._utt_start = self._pos - sum(a.size for a in audio)
+                events.append(SpeechStart(onset / self.rate, np.concatenate(audio), resumes))
+                self._resume_until, self._since_early = None, []
                 self._pre.clear()
                 self.speaking, self._silence_run, self._voiced_run = True, 0, 0
                 self._frames_in = self._min_voiced
@@ -273,14 +312,25 @@ class Endpointer:
             self._last_voiced_end = self._pos
         else:
             self._silence_run += 1
-        reason: Literal["silence", "max_length"] | None = None
+        reason: Literal["silence", "max_length", "early"] | None = None
         if self._silence_run >= self._max_silence:
             reason = "silence"
         elif self._frames_in >= self._max_frames:
             reason = "max_length"
+        elif (
+            self._early_ends() and self.complete is not None and self.complete(self._last_voiced_end - self._utt_start)
+        ):
+            reason = "early"
         if reason:
             events.append(SpeechEnd(self._pos / self.rate, self._last_voiced_end / self.rate, reason))
+            # after an early end, speech within the rest of the full wait continues the utterance
+            left = (self._max_silence - self._silence_run) * self.frame
+            self._resume_until = self._pos + left if reason == "early" else None
+            self._since_early = []
             self.speaking, self._silence_run = False, 0
+
+    def _early_ends(self) -> bool:
+        return self._early_silence is not None and self._silence_run >= self._early_silence
 
 
 def _merge_audio(events: list[Event]) -> list[Event]:

@@ -70,6 +70,16 @@ def add_commands(sub) -> None:
         default="required",
         help="with --tools: always call a tool (default), or let the model answer in words",
     )
+    p.add_argument(
+        "--no-early-end",
+        action="store_true",
+        help="always wait the full trailing_silence_ms (default: [audio] early_end)",
+    )
+    p.add_argument(
+        "--no-prefill-ahead",
+        action="store_true",
+        help="with --respond: no prefill of stable partials (default: [audio] prefill_ahead)",
+    )
     p.add_argument("--duration", type=float, help="stop after this many seconds")
     p.add_argument("--max-utterances", type=int, help="stop after this many final transcripts")
     p.set_defaults(func=cmd_listen)
@@ -224,15 +234,23 @@ def cmd_listen(args: argparse.Namespace) -> int:
         printer(event)
         if event.kind == "final":
             finals.put(event)
+        elif responder is not None:
+            responder.turn(event.stream).on_event(event)  # partials prefilled ahead; a resumption cancels
 
     # Several microphones are several streams on one engine: their steps batch together.
-    service = make_service(engine, settings.audio, settings.batching, streams=len(sources)).start()
+    service = make_service(engine, settings.audio, settings.batching, streams=len(sources))
+    if settings.audio.early_end and not args.no_early_end:
+        from ..serving.asr.service import EarlyEnd
+
+        service.set_early_end(EarlyEnd(settings.audio.early_end_silence_ms, settings.audio.early_end_min_prob))
+    service.start()
     turns = RollingWindow(3600.0)
     records: list[dict] = []
     stop = threading.Event()
-    worker = threading.Thread(target=_consume, args=(finals, responder, records, turns, stop, args), daemon=True)
-    worker.start()
     streams = [service.open_stream(on_event=on_event) for _ in sources]
+    by_id = {st.id: st for st in streams}
+    worker = threading.Thread(target=_consume, args=(finals, responder, records, turns, stop, args, by_id), daemon=True)
+    worker.start()
     feeders = [threading.Thread(target=_feed, args=(src, st, stop), daemon=True) for src, st in zip(sources, streams)]
     started = time.monotonic()
     for f in feeders:
@@ -259,7 +277,11 @@ def cmd_listen(args: argparse.Namespace) -> int:
         engine.close()
         if responder:
             responder.close()
-    summary = {**service.summary(), "turn_ms": turns.snapshot()["turn_ms"].as_dict()}
+    snap = turns.snapshot()
+    summary: dict[str, Any] = {**service.summary(), **{k: snap[k].as_dict() for k in TURN_METRICS}}
+    if responder:
+        summary["false_cuts"] = sum(vt.false_cuts for vt in responder._turns.values())
+        summary["cancelled_replies"] = sum(vt.cancelled for vt in responder._turns.values())
     report = {
         "model": engine.name,
         "utterances": records,
@@ -338,29 +360,56 @@ def _open_sources(args, settings) -> list:
     return sources
 
 
-def _consume(finals, responder, records, turns, stop, args) -> None:
+TURN_METRICS = ("turn_ms", "turn_first_token_ms", "turn_complete_ms", "endpoint_ms")
+
+
+def _consume(finals, responder, records, turns, stop, args, streams) -> None:
     while True:
         event = finals.get()
         if event is None:
             return
-        if args.max_utterances and len(records) >= args.max_utterances:
+        if args.max_utterances and _answered(records) >= args.max_utterances:
             continue  # finals of utterances cut short by the stop: not part of the report
         m = event.metrics
         record = {
             "stream": event.stream,
+            "utterance": event.utterance,
             "text": event.text,
             "first_partial_ms": _r(m.first_partial_ms),
             "final_ms": _r(m.final_ms),
             "rtf": _r(m.rtf, 4),
             "audio_s": round(m.audio_s, 2),
+            "reason": m.reason,
         }
         if responder and event.text.strip():
-            reply, turn_ms = responder.respond(event.text, event.speech_end_at_s, quiet=args.json)
-            record.update(response=reply, turn_ms=_r(turn_ms))
+            stream = streams.get(event.stream)
+            ends = stream.endpoint(event.utterance) if stream is not None else None
+            r = responder.respond(event, ends[0] if ends else None, quiet=args.json)
+            if not r.delivered:
+                record.update(cancelled=True, early_end=r.early_end)
+                records.append(record)  # the early reply of an utterance that went on: no call, no turn
+                continue
+            # turn_ms: to the first token, or with tools to the complete call (as before)
+            turn_ms = r.turn_complete_ms if responder.tools else r.turn_first_token_ms
+            record.update(response=r.reply, turn_ms=_r(turn_ms))
+            record.update(
+                {
+                    k: (_r(v) if isinstance(v, float) else v)
+                    for k, v in r.as_dict().items()
+                    if k not in ("text", "reply", "call", "stream", "utterance", "delivered")
+                }
+            )
             if responder.tools is not None:
-                record["tool_call"] = responder.call_of(reply)
-            if turn_ms is not None:
-                turns.record("turn_ms", turn_ms)
+                record["tool_call"] = r.call
+            values = {"turn_ms": turn_ms, "turn_first_token_ms": r.turn_first_token_ms}
+            values.update(turn_complete_ms=r.turn_complete_ms, endpoint_ms=r.endpoint_ms)
+            for name, value in values.items():
+                if value is not None:
+                    turns.record(name, value)
         records.append(record)
-        if args.max_utterances and len(records) >= args.max_utterances:
+        if args.max_utterances and _answered(records) >= args.max_utterances:
             stop.set()
+
+
+def _answered(records: list[dict]) -> int:
+    return sum(1 for r in records if not r.get("cancelled"))

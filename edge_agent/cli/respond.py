@@ -1,8 +1,10 @@
-"""``listen --respond``: the voice turn, a final transcript → the LLM through the serving scheduler.
+"""``listen --respond``: the voice turn, a stream's transcripts → the LLM through the serving scheduler.
 
-Without tools the reply streams to the terminal and ``turn_ms`` runs from the end of speech to the
-first token; with ``--tools`` the reply is one tool call constrained to the tools' schemas and
-``turn_ms`` runs to the complete call.
+Each audio stream gets a ``VoiceTurn`` (``serving/voice_turn.py``): stable partials are prefilled
+into the prefix cache while the user speaks (``[audio] prefill_ahead``), the final's reply follows,
+and an early end's reply is cancelled if the utterance continues. Without tools the reply streams to
+the terminal and ``turn_ms`` runs from the end of speech to the first token; with ``--tools`` the
+reply is one tool call constrained to the tools' schemas and ``turn_ms`` runs to the complete call.
 """
 
 from __future__ import annotations
@@ -10,11 +12,11 @@ from __future__ import annotations
 import json
 import sys
 
-from ..serving.openai_output import tool_call, with_tools
+from ..serving.voice_turn import TurnResult, VoiceTurn
 
 
 class Responder:
-    """The voice turn: a final transcript → the LLM through the serving scheduler."""
+    """The LLM of the voice turn (one scheduler) and one ``VoiceTurn`` per audio stream."""
 
     def __init__(self, args, settings, tools: list[dict] | None = None) -> None:
         from ..backends import SessionOptions
@@ -31,53 +33,53 @@ class Responder:
             cache_dir=settings.engines.cache_dir,
         )
         self.lm = DecoderLM.open(ref, backend, options)
-        self.scheduler = LLMScheduler(self.lm, Limits(max_batch=1, batch_timeout_ms=0)).start()
+        pc = settings.prefix_cache
+        limits = Limits(
+            max_batch=1, batch_timeout_ms=0, prefix_cache_mb=pc.limit_mb, prefix_block_tokens=pc.block_tokens
+        )
+        self.scheduler = LLMScheduler(self.lm, limits).start()
         self.tools, self.mode = tools, args.tool_choice
         self.max_new_tokens = args.max_new_tokens or (160 if tools else 48)
-        self.grammar = None
-        if tools:
-            from ..models import grammar
+        audio = settings.audio
+        self.prefill_ahead = audio.prefill_ahead and not getattr(args, "no_prefill_ahead", False)
+        self.stable_ms = audio.prefill_stable_ms
+        self._turns: dict[int, VoiceTurn] = {}
 
-            self.grammar = grammar.tool_call_grammar(tools) if self.mode == "required" else None
-            self.grammar = self.grammar or grammar.tool_or_text_grammar(tools)
+    def turn(self, stream: int) -> VoiceTurn:
+        """The voice turn of ``stream`` (made on first use)."""
+        vt = self._turns.get(stream)
+        if vt is None:
+            vt = self._turns[stream] = VoiceTurn(
+                self.scheduler.submit,
+                self.lm.tokenizer,
+                self.tools,
+                tool_choice=self.mode,
+                max_new_tokens=self.max_new_tokens,
+                prefill_ahead=self.prefill_ahead,
+                stable_ms=self.stable_ms,
+            )
+        return vt
 
-    def call_of(self, reply: str) -> dict | None:
-        """The tool call in ``reply`` as {"name", "arguments"} (None: words, or cut short)."""
-        call = tool_call(reply)
-        return (
-            {"name": call["function"]["name"], "arguments": json.loads(call["function"]["arguments"])} if call else None
-        )
-
-    def respond(self, text: str, speech_end_at_s: float | None, quiet: bool) -> tuple[str, float | None]:
-        from ..models.sampling import SamplingParams
-        from ..models.tokenizer import Message
-
-        tok = self.lm.tokenizer
-        chat = [Message("user", text)]
-        if self.tools:
-            chat = with_tools(chat, self.tools, self.mode)
-        ids = tok.encode_chat(chat) if tok.chat_template else tok.encode(chat[0].content)
-        params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0, grammar=self.grammar)
-        handle = self.scheduler.submit(ids, params)
-        turn_ms = None
-        for event in handle:
-            if turn_ms is None and speech_end_at_s is not None and not self.tools:
-                # The scheduler's clock is time.monotonic, like the ASR service's.
-                turn_ms = (event.time_s - speech_end_at_s) * 1e3
-            if event.text and not quiet and not self.tools:
-                sys.stderr.write(event.text)
-                sys.stderr.flush()
-        done = handle.result(120.0)
-        if self.tools and speech_end_at_s is not None and done.timing.token_times_s:
-            turn_ms = (done.timing.token_times_s[-1] - speech_end_at_s) * 1e3  # to the complete call
-        if not quiet and self.tools:
-            call = self.call_of(done.text)
-            shown = f"{call['name']} {json.dumps(call['arguments'])}" if call else f"(no call) {done.text}"
-            sys.stderr.write(f"→ {shown}")
+    def respond(self, event, speech_end_s: float | None, quiet: bool) -> TurnResult:
+        """The reply to a final ``event`` (blocks); printed unless ``quiet``."""
+        stream_text = None if quiet or self.tools else _write
+        result = self.turn(event.stream).on_final(event, speech_end_s, on_token=stream_text)
         if not quiet:
-            sys.stderr.write(f"\n[turn {turn_ms:.0f} ms]\n" if turn_ms is not None else "\n")
-        return done.text, turn_ms
+            if self.tools:
+                call = result.call
+                shown = f"{call['name']} {json.dumps(call['arguments'])}" if call else f"(no call) {result.reply}"
+                _write(f"→ {shown}" if result.delivered else "(cancelled: the utterance went on)")
+            ms = result.turn_complete_ms if self.tools else result.turn_first_token_ms
+            _write(f"\n[turn {ms:.0f} ms]\n" if ms is not None else "\n")
+        return result
 
     def close(self) -> None:
+        for vt in self._turns.values():
+            vt.close()
         self.scheduler.stop()
         self.lm.close()
+
+
+def _write(text: str) -> None:
+    sys.stderr.write(text)
+    sys.stderr.flush()

@@ -97,11 +97,27 @@ class AudioConfig(Section):
     pre_roll_ms: int = Field(200, ge=0, le=2000)
     max_utterance_s: float = Field(28.0, gt=1.0, le=600.0)
     chunk_ms: int = Field(320, ge=20, le=5000, description="new audio per recogniser step (partial cadence)")
+    early_end: bool = Field(
+        True,
+        description="end an utterance after early_end_silence_ms instead of trailing_silence_ms when its "
+        "partial is complete (the recogniser's word LM gives the sentence end >= early_end_min_prob); "
+        "speech that resumes within trailing_silence_ms continues it",
+    )
+    early_end_silence_ms: int = Field(200, ge=20, le=10_000, description="the silence before an early end")
+    early_end_min_prob: float = Field(
+        0.15, gt=0.0, le=1.0, description="P(end of sentence | the partial's words) that makes it complete"
+    )
+    prefill_ahead: bool = Field(
+        True, description="voice turn: prefill the prompt of a stable partial into the prefix cache while speaking"
+    )
+    prefill_stable_ms: int = Field(120, ge=0, le=5000, description="how long a partial must stay unchanged first")
 
     @model_validator(mode="after")
     def _silero_needs_model(self) -> AudioConfig:
         if self.vad == "silero" and self.vad_model is None:
             raise ValueError("vad = 'silero' needs vad_model (the path of silero_vad.onnx)")
+        if self.early_end_silence_ms > self.trailing_silence_ms:
+            raise ValueError("early_end_silence_ms must not exceed trailing_silence_ms (the full wait is the bound)")
         return self
 
 

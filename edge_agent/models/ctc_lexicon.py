@@ -115,6 +115,27 @@ class NgramLM:
                 backoff += self.entries.get(h, (0.0, 0.0))[1]
         return backoff + self.entries.get(("<unk>",), (-7.0, 0.0))[0]
 
+    def end_probability(self, words: Sequence[str], lexicon: Lexicon | None = None) -> float:
+        """P(``</s>`` | ``<s>`` + ``words``): how likely the sentence ends after these words.
+
+        A streaming partial's last word may still be being spelled (the acoustic model's look-ahead
+        holds back its last letters until more audio or the end): with ``lexicon``, the last word is
+        any lexicon word it begins, and the answer is the sentence-end probability averaged over
+        those words weighted by P(word | history). Without one, an unknown last word gives 0."""
+        if not words:
+            return 0.0
+        hist, last = ("<s>", *words[:-1]), words[-1]
+        if lexicon is None:
+            candidates = [last] if (last,) in self.entries else []
+        else:
+            candidates = [w for w in lexicon.words if w.startswith(last) and (w,) in self.entries]
+        num = den = 0.0
+        for w in candidates:
+            p = 10.0 ** self.log10p(hist, w)
+            num += p * 10.0 ** self.log10p((*hist, w), "</s>")
+            den += p
+        return num / den if den > 0 else 0.0
+
     def score(self, history: tuple[str, ...], word: str) -> float:
         """``weight · ln P(word | history) + word_bonus`` (memoised; histories start with ``<s>``)."""
         key = (history[-(self.order - 1) :] if self.order > 1 else (), word)

@@ -18,6 +18,13 @@ Metrics per utterance (the vocabulary of docs/metrics.md), also kept in a rollin
 - ``final_ms``: the end-of-speech decision → the final text;
 - ``rtf``: engine time spent on the utterance (a batch's time shared equally by its rows) / its audio.
 
+An early end of turn (``EarlyEnd``, off unless given): the endpointer may end an utterance after
+``silence_ms`` instead of the full ``trailing_silence_ms`` when the latest partial, covering all of the
+speech, is complete: the recogniser's language model gives the sentence end at least ``min_prob``
+after its words, or the stream's own ``complete`` check (a voice turn's) says so. Speech that comes
+back within the rest of the full wait continues the utterance: a new ``speech_start`` with the same
+``utterance`` number, then a second ``final`` for it, recognised from the start of the utterance.
+
 Every ``speech_start`` ends in a ``final`` or an ``error`` event. ``backlog_s`` is a stream's audio that
 no step has taken yet (what a caller bounds to apply back-pressure); ``abort`` ends a stream nobody
 waits for: its open utterances get an ``error`` and its queued steps leave the batcher unrun.
@@ -32,6 +39,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -63,6 +72,33 @@ class _Utterance:
         self.first_partial_ms: float | None = None
         self.last_text = ""
         self.pcm: list[np.ndarray] | None = None  # the utterance's audio, kept only while capture is on
+        self.audio: list[np.ndarray] | None = None  # its audio, kept with early end (a resumption re-feeds it)
+        self.partial_samples = -1  # utterance samples the latest partial covers (-1: none yet)
+        self.partial_text = ""
+
+
+@dataclass(frozen=True, slots=True)
+class EarlyEnd:
+    """An earlier end of turn: after ``silence_ms`` of silence, end when the partial is complete (the
+    language model's P(end of sentence | words) >= ``min_prob``, or the stream's own check)."""
+
+    silence_ms: int = 200
+    min_prob: float = 0.15
+
+
+def end_probability_of(engine) -> Callable[[str], float] | None:
+    """P(end of sentence | the text's words) from the recogniser's word language model (a CTC model
+    decoded with ``lm``: its folder's ``lm.arpa``); None when it has none."""
+    ref = getattr(engine, "ref", None)
+    if getattr(engine, "decoder_kind", None) != "lm" or ref is None:
+        return None
+    from ...models.ctc_lexicon import read_language
+
+    lexicon, lm, _ = read_language(Path(ref.path), dict(getattr(ref, "config", {}) or {}))
+    if lm is None:
+        return None
+    # a partial's last word may be unfinished (the model's look-ahead): the lexicon completes it
+    return lambda text: lm.end_probability(text.split(), lexicon)
 
 
 _DEFAULT_LIMITS, _DEFAULT_ENDPOINT = BatchLimits(), EndpointConfig()  # frozen: safe to share
@@ -84,12 +120,17 @@ class AsrService:
         sla_ms: float = 300.0,
         window_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
+        early_end: EarlyEnd | None = None,
+        end_probability: Callable[[str], float] | None = None,
     ) -> None:
         self.engine, self.clock = engine, clock
         max_s = min(endpoint.max_utterance_s, getattr(engine, "max_utterance_s", float("inf")) - 1.0)
         self.endpoint = EndpointConfig(
             endpoint.min_speech_ms, endpoint.trailing_silence_ms, endpoint.pre_roll_ms, max_s
         )
+        self.early_end: EarlyEnd | None = None
+        self.end_probability: Callable[[str], float] | None = None
+        self.set_early_end(early_end, end_probability)
         if detector_factory is None:
             from ...audio.vad import EnergyVAD
 
@@ -126,12 +167,41 @@ class AsrService:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def open_stream(self, on_event: Callable[[AsrEvent], None] | None = None, vad: bool = True) -> AsrStream:
+    def open_stream(
+        self,
+        on_event: Callable[[AsrEvent], None] | None = None,
+        vad: bool = True,
+        complete: Callable[[str], bool] | None = None,
+    ) -> AsrStream:
+        """A new stream; ``complete(partial_text)`` adds the caller's own completeness check to the
+        recogniser's for an early end (used only when the service has ``early_end``)."""
         with self._lock:
             sid = self._next_stream
             self._next_stream += 1
         detector = self.detector_factory() if vad else None
-        return AsrStream(self, sid, Endpointer(detector, self.endpoint, self.engine.sample_rate), on_event)
+        stream = AsrStream(self, sid, Endpointer(detector, self.endpoint, self.engine.sample_rate), on_event)
+        stream.set_complete(complete)
+        return stream
+
+    def set_early_end(self, early_end: EarlyEnd | None, end_probability: Callable[[str], float] | None = None) -> None:
+        """Turn the early end on (or off: None) for streams opened from now on. ``end_probability``
+        overrides the recogniser's own language model (tests, tuning)."""
+        e = self.endpoint
+        silence = None if early_end is None else min(early_end.silence_ms, e.trailing_silence_ms)
+        self.endpoint = EndpointConfig(
+            e.min_speech_ms, e.trailing_silence_ms, e.pre_roll_ms, e.max_utterance_s, silence
+        )
+        self.early_end = early_end
+        # the recogniser's own completeness signal: its word LM
+        self.end_probability = end_probability or (end_probability_of(self.engine) if early_end is not None else None)
+
+    def is_complete(self, text: str, extra: Callable[[str], bool] | None = None) -> bool:
+        """Whether ``text`` reads as a whole command (for an early end)."""
+        if self.early_end is None or not text.strip():
+            return False
+        if self.end_probability is not None and self.end_probability(text) >= self.early_end.min_prob:
+            return True
+        return extra is not None and extra(text)
 
     def summary(self) -> dict[str, dict]:
         snap = self.window.snapshot()
@@ -214,6 +284,23 @@ class AsrStream:
         self.finals: list[AsrEvent] = []
         self.closed = False
         self._live: list[_Utterance] = []  # utterances without their final yet
+        self._early: _Utterance | None = None  # the last utterance, when it ended early (it may resume)
+        self._complete_extra: Callable[[str], bool] | None = None
+        self._checked: tuple[str, bool] = ("", False)  # the last completeness answer, per partial text
+        self._endpoints: dict[int, tuple[float, float]] = {}  # utterance → (speech end, decision), clock
+
+    def set_complete(self, complete: Callable[[str], bool] | None) -> None:
+        """The caller's completeness check for an early end (see ``AsrService.open_stream``)."""
+        self._complete_extra = complete
+        early = self.service.early_end is not None
+        has_check = self.service.end_probability is not None or complete is not None
+        self.endpointer.complete = self._complete if early and has_check else None
+
+    def endpoint(self, utterance: int) -> tuple[float, float] | None:
+        """(end of speech, end-of-turn decision) on the service clock for ``utterance``'s latest end: the
+        end of speech is the decision less the silence the endpointer waited (stream time)."""
+        with self._lock:
+            return self._endpoints.get(utterance)
 
     def feed(self, samples: np.ndarray) -> None:
         x = np.asarray(samples, np.float32).reshape(-1)
@@ -298,24 +385,53 @@ class AsrStream:
                 return at
         return default
 
+    def _complete(self, voiced_samples: int) -> bool:
+        """The endpointer asks (stream lock held, from ``feed``): is the current utterance complete? Only a
+        partial that covers all of its speech can say so; otherwise a step is asked for to get one."""
+        u = self._current
+        if u is None or u.done:
+            return False
+        if u.partial_samples < voiced_samples:
+            self.service.request_step(u, urgent=False)  # no-op while one is in flight
+            return False
+        text = u.partial_text
+        if self._checked[0] != text:
+            self._checked = (text, self.service.is_complete(text, self._complete_extra))
+        return self._checked[1]
+
     def _handle(self, events, now: float) -> None:
         svc = self.service
         for e in events:
             if isinstance(e, SpeechStart):
-                u = _Utterance(self, self._count, svc.engine.new_stream(), e.at_s, self._arrival_of(e.at_s, now))
+                resumed = self._early if e.resumes else None
+                index = resumed.index if resumed is not None else self._count
+                onset_s = resumed.onset_s if resumed is not None else e.at_s
+                u = _Utterance(self, index, svc.engine.new_stream(), onset_s, self._arrival_of(e.at_s, now))
                 if svc.capture is not None:
                     u.pcm = []
-                self._count += 1
+                if svc.early_end is not None:
+                    u.audio = []
+                if resumed is None:
+                    self._count += 1
+                else:  # the same utterance goes on: recognised again from its start
+                    u.first_partial_ms = resumed.first_partial_ms
+                    for block in resumed.audio or []:
+                        self._add(u, block)
+                self._early = None
                 self._open += 1
                 self._current = u
                 self._live.append(u)
-                self._emit(AsrEvent("speech_start", self.id, u.index, audio_s=e.at_s, at_s=now))
+                self._emit(AsrEvent("speech_start", self.id, u.index, audio_s=onset_s, at_s=now))
                 self._add(u, e.audio)
             elif isinstance(e, SpeechAudio) and self._current is not None:
                 self._add(self._current, e.audio)
             elif isinstance(e, SpeechEnd) and self._current is not None:
                 u, self._current = self._current, None
                 u.end_at, u.reason = now, e.reason
+                self._early = u if e.reason == "early" else None
+                self._endpoints[u.index] = (now - (e.at_s - e.speech_end_s), now)
+                if len(self._endpoints) > 64:
+                    self._endpoints.pop(next(iter(self._endpoints)))
                 u.rstream.end()
                 svc.request_step(u, urgent=True)
 
@@ -324,6 +440,8 @@ class AsrStream:
         u.unsent += audio.size
         if u.pcm is not None:
             u.pcm.append(audio.copy())  # the endpointer may reuse its buffer
+        if u.audio is not None:
+            u.audio.append(audio.copy())
         if u.unsent >= self.service.step_samples(u):
             self.service.request_step(u, urgent=False)
 
@@ -340,6 +458,10 @@ class AsrStream:
                 return
             hyp: Hypothesis | None = future.result()
             now = self.service.clock()
+            if hyp is None or not hyp.final:  # None: nothing new to say, so the text it had covers this too
+                u.partial_samples = u.taken
+                if hyp is not None:
+                    u.partial_text = hyp.text
             if hyp is not None and not hyp.final and hyp.text and hyp.text != u.last_text:
                 if u.first_partial_ms is None:
                     u.first_partial_ms = (now - u.voiced_at) * 1e3

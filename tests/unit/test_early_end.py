@@ -1,0 +1,212 @@
+"""The early end of turn: the endpointer ends after the shorter silence only when the completeness check
+says so, never later than the full wait; resumed speech continues the utterance; the language model's
+sentence-end probability is what the check uses (demo-asr's lm.arpa). Frames are pushed one by one:
+stream time, no sleeps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge_agent.audio.vad import EndpointConfig, Endpointer, SpeechAudio, SpeechEnd, SpeechStart
+from edge_agent.models.ctc_lexicon import Lexicon, NgramLM, read_language
+
+RATE, FRAME = 16000, 320  # 20 ms frames
+
+
+class Script:
+    """A detector that says what the test scripted, frame by frame."""
+
+    frame_samples = FRAME
+
+    def __init__(self, voiced: list[bool]) -> None:
+        self.voiced, self.i = voiced, 0
+
+    def is_speech(self, frame) -> bool:
+        v = self.voiced[self.i] if self.i < len(self.voiced) else False
+        self.i += 1
+        return v
+
+    def reset(self) -> None:
+        pass
+
+
+def frames(ms: int) -> int:
+    return ms // 20
+
+
+def run(voiced: list[bool], complete, early_ms: int | None = 200, full_ms: int = 500):
+    cfg = EndpointConfig(min_speech_ms=60, trailing_silence_ms=full_ms, pre_roll_ms=100, early_silence_ms=early_ms)
+    ep = Endpointer(Script(voiced), cfg, RATE, complete=complete)
+    events = []
+    for k in range(len(voiced)):
+        for e in ep.push(np.full(FRAME, 0.1, np.float32)):
+            events.append((k, e))
+    return ep, events
+
+
+def ends(events):
+    return [(k, e) for k, e in events if isinstance(e, SpeechEnd)]
+
+
+def test_a_complete_utterance_ends_after_the_short_silence():
+    voiced = [True] * frames(1000) + [False] * frames(1000)
+    asked = []
+    _, events = run(voiced, lambda n: asked.append(n) or True)
+    ((k, end),) = ends(events)
+    assert end.reason == "early"
+    assert k == frames(1000) + frames(200) - 1  # the 10th silent frame
+    assert round(end.at_s - end.speech_end_s, 3) == 0.2
+    # the check is told the utterance's audio up to its last voiced frame (pre-roll included)
+    start = next(e for _, e in events if isinstance(e, SpeechStart))
+    utt_start = round(start.at_s * RATE) + frames(60) * FRAME - start.audio.size  # where its audio begins
+    assert asked[0] == round(end.speech_end_s * RATE) - utt_start
+
+
+def test_an_incomplete_one_waits_the_full_silence_the_bound():
+    voiced = [True] * frames(1000) + [False] * frames(1000)
+    asked = []
+    _, events = run(voiced, lambda n: asked.append(n) or False)
+    ((k, end),) = ends(events)
+    assert end.reason == "silence" and round(end.at_s - end.speech_end_s, 3) == 0.5
+    assert len(asked) == frames(500) - frames(200)  # asked at every silent frame from 200 ms until the bound
+
+
+@pytest.mark.parametrize("early_ms", [200, 500, 800])
+def test_never_later_than_the_full_wait(early_ms):
+    voiced = [True] * frames(600) + [False] * frames(1200)
+    _, events = run(voiced, lambda n: False, early_ms=min(early_ms, 500))
+    ((_, end),) = ends(events)
+    assert end.at_s - end.speech_end_s <= 0.5 + 1e-9
+
+
+def test_no_check_no_early_end():
+    voiced = [True] * frames(600) + [False] * frames(1000)
+    _, events = run(voiced, None)
+    ((_, end),) = ends(events)
+    assert end.reason == "silence"
+
+
+def test_speech_within_the_full_wait_after_an_early_end_resumes_with_all_audio_since():
+    # speech, 200 ms silence (early end), 100 ms more silence (300 ms pause in all), speech again
+    voiced = [True] * frames(800) + [False] * frames(300) + [True] * frames(600) + [False] * frames(800)
+    calls = iter([True] + [False] * 100)  # complete the first time, not after
+    _, events = run(voiced, lambda n: next(calls))
+    starts = [e for _, e in events if isinstance(e, SpeechStart)]
+    assert [e.reason for _, e in ends(events)] == ["early", "silence"]
+    assert [s.resumes for s in starts] == [False, True]
+    # the resumed start's audio: every frame after the early end, the gap included
+    k_end = ends(events)[0][0]
+    k_start = next(k for k, e in events if isinstance(e, SpeechStart) and e.resumes)
+    assert starts[1].audio.size == (k_start - k_end) * FRAME
+
+
+def test_speech_after_the_full_wait_is_a_new_utterance():
+    voiced = [True] * frames(800) + [False] * frames(700) + [True] * frames(600) + [False] * frames(800)
+    calls = iter([True] + [False] * 100)
+    _, events = run(voiced, lambda n: next(calls))
+    starts = [e for _, e in events if isinstance(e, SpeechStart)]
+    assert [s.resumes for s in starts] == [False, False]
+
+
+def test_audio_is_not_lost_across_an_early_end():
+    """Utterance audio before the early end + the resumed start's audio = the stream from the first start."""
+    voiced = [True] * frames(800) + [False] * frames(300) + [True] * frames(400) + [False] * frames(800)
+    calls = iter([True] + [False] * 100)
+    _, events = run(voiced, lambda n: next(calls))
+    first = [e for _, e in events[: next(i for i, (_, e) in enumerate(events) if isinstance(e, SpeechEnd)) + 1]]
+    n_first = sum(e.audio.size for e in first if isinstance(e, SpeechStart | SpeechAudio))
+    resumed = next(e for _, e in events if isinstance(e, SpeechStart) and e.resumes)
+    k_first_start = next(k for k, e in events if isinstance(e, SpeechStart))
+    k_resumed = next(k for k, e in events if isinstance(e, SpeechStart) and e.resumes)
+    first_start = next(e for _, e in events if isinstance(e, SpeechStart))
+    assert n_first + resumed.audio.size == (k_resumed - k_first_start) * FRAME + first_start.audio.size
+
+
+# -- the completeness check: demo-asr's word LM ---------------------------------------------------
+
+DEMO_ASR = Path(__file__).resolve().parents[2] / "edge_agent" / "demo_models" / "demo-asr"
+
+
+@pytest.fixture(scope="module")
+def language() -> tuple[Lexicon, NgramLM]:
+    lexicon, lm, _ = read_language(DEMO_ASR, {})
+    assert lexicon is not None and lm is not None
+    return lexicon, lm
+
+
+def test_the_lm_says_a_command_is_complete_and_a_sentence_start_is_not(language):
+    from edge_agent.config.runtime import AudioConfig
+
+    lexicon, lm = language
+    threshold = AudioConfig().early_end_min_prob
+    for done in ("turn on the kitchen lights", "set the bedroom temperature to twenty one degrees"):
+        assert lm.end_probability(done.split(), lexicon) >= threshold, done
+    for cut in ("turn on the", "set the bedroom temperature", "turn off the"):
+        assert lm.end_probability(cut.split(), lexicon) < threshold, cut
+
+
+def test_an_unfinished_last_word_is_completed_from_the_lexicon(language):
+    lexicon, lm = language
+    # "ligh" is what the streaming model says before its look-ahead lets out the last letters
+    p = lm.end_probability("turn on the kitchen ligh".split(), lexicon)
+    words = [w for w in lexicon.words if w.startswith("ligh") and (w,) in lm.entries]
+    hist = ("<s>", "turn", "on", "the", "kitchen")
+    weights = [10 ** lm.log10p(hist, w) for w in words]
+    ends_ = [10 ** lm.log10p((*hist, w), "</s>") for w in words]
+    assert p == pytest.approx(sum(a * b for a, b in zip(weights, ends_)) / sum(weights))
+    assert lm.end_probability("turn on the kitchen ligh".split()) == 0.0  # without a lexicon: unknown word
+
+
+def test_the_stream_ends_early_only_from_a_partial_that_covers_the_speech():
+    """AsrService with a fake recogniser: the partial known when the silence starts covers only part of the
+    speech, so a step is asked for; its partial (complete) ends the utterance at the next frame."""
+    from edge_agent.models.recognizer import AudioStream, Hypothesis
+    from edge_agent.serving.asr.batcher import BatchLimits
+    from edge_agent.serving.asr.service import AsrService, EarlyEnd
+
+    class Engine:
+        name, kind, sample_rate, max_utterance_s = "fake", "fake", RATE, 30.0
+
+        def new_stream(self):
+            return AudioStream(RATE)
+
+        def step(self, streams):
+            out = []
+            for s in streams:
+                _, ended = s.take()
+                out.append(Hypothesis("turn on the lights", (), ended, "", s.samples_in / RATE))
+            return out
+
+        def close(self):
+            pass
+
+    voiced = [True] * frames(1000) + [False] * frames(1000)
+    svc = AsrService(
+        Engine(),
+        limits=BatchLimits(max_batch=1, batch_timeout_ms=0),
+        endpoint=EndpointConfig(60, 500, 100),
+        detector_factory=lambda: Script(voiced),
+        chunk_ms=10_000,  # no steps but the first and those the early end asks for
+        early_end=EarlyEnd(200, 0.5),
+        end_probability=lambda text: 1.0 if text.endswith("lights") else 0.0,
+    ).start()
+    try:
+        events = []
+        st = svc.open_stream(on_event=events.append)
+        for _ in voiced:
+            st.feed(np.full(FRAME, 0.1, np.float32))
+            st.wait_steps(10.0)  # a step asked for by this frame finishes before the next frame
+        st.close()
+        assert st.wait(10.0)
+    finally:
+        svc.stop()
+    (final,) = [e for e in events if e.kind == "final"]
+    assert final.metrics.reason == "early"
+    speech_end, decided = st.endpoint(final.utterance)
+    assert decided >= speech_end
+    # asked at 200 ms of silence, ended once the step's partial covered the speech: well before 500 ms
+    partials = [e for e in events if e.kind == "partial"]
+    assert partials and final.audio_s - 1.0 < 0.5
