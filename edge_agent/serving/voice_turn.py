@@ -107,6 +107,7 @@ class VoiceTurn:
         self._pending: tuple[tuple[int, int], str, float] | None = None  # latest partial: key, text, since
         self._prefilled: dict[tuple[int, int], list[str]] = {}  # texts prefilled per utterance
         self._prefill: Any = None  # the prefill in flight
+        self._prefill_text = ""
         self.false_cuts = 0
         self.cancelled = 0
         self.prefills = 0
@@ -167,7 +168,7 @@ class VoiceTurn:
         params = SamplingParams(max_new_tokens=1, temperature=0.0)
         handle = self.submit(self.prompt_ids(text), params, tags=(WARMUP,))
         with self._lock:
-            self._prefill = handle
+            self._prefill, self._prefill_text = handle, text
         return True
 
     # -- the final (the caller's thread) ---------------------------------------------------------------
@@ -194,6 +195,10 @@ class VoiceTurn:
             sent = list(self._prefilled.get(key, []))
             if self._pending is not None and self._pending[0] == key:
                 self._pending = None
+            # a prefill of another text would only hold the final's request back (one sequence at a time)
+            stale = self._prefill if self._prefill is not None and self._prefill_text != event.text else None
+        if stale is not None:
+            stale.cancel()
         wasted = sum(1 for t in sent if t != event.text)
         base = dict(stream=event.stream, utterance=event.utterance, text=event.text, early_end=early)
         base.update(endpoint_ms=endpoint_ms, prefill_ahead=len(sent), prefill_wasted=wasted)
