@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-HOME_TOOLS = Path(__file__).parent / "demo_models" / "home-tools.json"
+HOME_TOOLS = Path(__file__).resolve().parent.parent / "demo_models" / "home-tools.json"
 
 
 def home_tools() -> list[dict]:
