@@ -25,6 +25,7 @@ Three things in an export are wrong under the NPU's fixed-size KV cache and are 
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 import numpy as np
 import openvino as ov
@@ -128,9 +129,11 @@ def _add_position_ids(model: ov.Model) -> int:
 
 def _from_past_shape(node, depth: int = 8) -> bool:
     """Whether ``node``'s value comes from the shape of a past_key_values input."""
-    stack, seen = [(node, 0)], set()
-    while stack:
-        current, level = stack.pop()
+    # Breadth first: a node is first reached at its least depth, so the depth bound never hides a path
+    # that a deeper first visit (and its "seen" mark) would (graph sets have no stable order).
+    queue, seen = deque([(node, 0)]), set()
+    while queue:
+        current, level = queue.popleft()
         if id(current) in seen or level > depth:
             continue
         seen.add(id(current))
@@ -140,15 +143,16 @@ def _from_past_shape(node, depth: int = 8) -> bool:
                 return True
             if any(n.startswith("past_key_values") for n in current.input_value(0).get_names()):
                 return True
-        stack.extend((current.input_value(i).get_node(), level + 1) for i in range(current.get_input_size()))
+        queue.extend((current.input_value(i).get_node(), level + 1) for i in range(current.get_input_size()))
     return False
 
 
 def _reaches_rotary(node, depth: int = 12) -> bool:
-    """Whether ``node`` leads to a Cos or Sin before any comparison (a rotary embedding, not a mask)."""
-    frontier, seen = [(node, 0)], set()
+    """Whether ``node`` leads to a Cos or Sin before any comparison (a rotary embedding, not a mask);
+    breadth first, as ``_from_past_shape``."""
+    frontier, seen = deque([(node, 0)]), set()
     while frontier:
-        current, level = frontier.pop()
+        current, level = frontier.popleft()
         kind = current.get_type_name()
         if id(current) in seen or level > depth or kind in _COMPARISONS:
             continue
