@@ -3,9 +3,10 @@
 Spoken commands are synthesised with espeak-ng (several voices and speeds; some with a 300 ms pause
 inside the sentence, "turn on the" … "kitchen lights") and replayed in real time, in ``[audio]
 block_ms`` blocks on a clock as a microphone delivers them, through the configured ASR tier's streaming
-service (endpointing, partials, final) into the top configured LLM tier with the home tools
-(``demo_models/home-tools.json``, a tool call required), until the call is complete. Both tiers are
-loaded in this process, as ``listen --respond --tools`` does.
+service (endpointing, partials, final; the early end of turn as ``[audio]`` sets it) into a ``VoiceTurn``
+(``serving/voice_turn.py``: partials prefilled ahead, the final's reply) on the top configured LLM tier
+with the home tools (``demo_models/home-tools.json``, a tool call required), until the call is complete.
+Both tiers are loaded in this process, as ``listen --respond --tools`` does.
 
 Two sides run the same utterances, interleaved per utterance (default first in even rounds, baseline
 first in odd ones) so that machine load hits both alike:
@@ -137,7 +138,7 @@ def require_tools() -> None:
 # -- one side: its settings, ASR service and LLM scheduler ----------------------------------------
 
 # (section, field) turned off for the baseline; a name the configuration lacks is reported missing.
-TOGGLES = (("prefix_cache", "enabled"), ("audio", "early_end"), ("voice", "prefill_ahead"))
+TOGGLES = (("prefix_cache", "enabled"), ("audio", "prefill_ahead"), ("audio", "early_end"))
 
 
 def baseline_settings(settings) -> tuple[Any, dict[str, bool], list[str]]:
@@ -173,13 +174,24 @@ class Side:
             max_batch=1, batch_timeout_ms=0, prefix_cache_mb=cache.limit_mb, prefix_block_tokens=cache.block_tokens
         )
 
+    def voice_turn(self, llm: Llm):
+        """A ``VoiceTurn`` for one stream, with this side's prefill-ahead settings."""
+        from ..serving.voice_turn import VoiceTurn
+
+        audio = self.settings.audio
+        options: dict[str, Any] = {"prefill_ahead": getattr(audio, "prefill_ahead", self.name == "default")}
+        if hasattr(audio, "prefill_stable_ms"):
+            options["stable_ms"] = float(audio.prefill_stable_ms)
+        return VoiceTurn(
+            self.scheduler.submit, llm.lm.tokenizer, llm.tools, max_new_tokens=llm.max_new_tokens, **options
+        )
+
 
 class Llm:
-    """The LLM tier and the tool-call request of a transcript (what ``listen --respond --tools`` sends)."""
+    """The top LLM tier (or ``--llm-model``), opened as ``listen --respond`` opens it, and the tools."""
 
     def __init__(self, args: argparse.Namespace, settings, tools: list[dict]) -> None:
         from ..backends import SessionOptions
-        from ..models import grammar
         from ..models.catalog import resolve_model
         from ..models.llm import DecoderLM
 
@@ -194,85 +206,47 @@ class Llm:
         self.lm = DecoderLM.open(ref, self.backend, options)
         self.name = ref.name
         self.tools = tools
-        self.grammar = grammar.tool_call_grammar(tools)
         self.max_new_tokens = args.max_new_tokens
-
-    def prompt(self, text: str) -> list[int]:
-        from ..models.tokenizer import Message
-        from ..serving.openai_output import with_tools
-
-        chat = with_tools([Message("user", text)], self.tools, "required")
-        tok = self.lm.tokenizer
-        return tok.encode_chat(chat) if tok.chat_template else tok.encode(chat[0].content)
-
-    def params(self):
-        from ..models.sampling import SamplingParams
-
-        return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0, grammar=self.grammar)
 
 
 # -- one run: an utterance replayed on one side --------------------------------------------------
 
 
 @dataclass
-class Turn:
-    """One end of turn (an ASR final) and what the LLM made of it."""
-
-    text: str
-    decided_s: float | None
-    first_token_s: float | None = None
-    complete_s: float | None = None
-    call: dict | None = None
-    cached_tokens: int = 0
-    prompt_tokens: int = 0
-    error: str | None = None
-
-
-@dataclass
 class RunResult:
-    """One utterance replayed on one side: its turns and the ASR's utterance count."""
+    """One utterance replayed on one side: the end of speech, each final's turn, what the turn counted."""
 
     speech_end_s: float
-    turns: list[Turn] = field(default_factory=list)
+    turns: list[tuple[Any, Any]] = field(default_factory=list)  # (final event, TurnResult)
     asr_utterances: int = 0
+    false_cuts: int = 0  # VoiceTurn's own count: an early reply delivered, then the speech resumed
+    cancelled: int = 0
 
 
-def _respond(llm: Llm, scheduler, finals: queue.SimpleQueue, turns: list[Turn]) -> None:
-    """Turn worker: each final with text → one tool-call request, timed; ``None`` ends it."""
-    from ..serving.openai_output import tool_call
-
+def _respond(turn, finals: queue.SimpleQueue, out: list) -> None:
+    """Turn worker: each final with text → ``VoiceTurn.on_final`` (blocks for the reply); ``None`` ends it."""
     while (event := finals.get()) is not None:
-        turn = Turn(event.text, event.speech_end_at_s)
-        turns.append(turn)
         try:
-            ids = llm.prompt(event.text)
-            turn.prompt_tokens = len(ids)
-            done = scheduler.submit(ids, llm.params()).result(300.0)
+            out.append((event, turn.on_final(event)))  # times from the decision; re-based in ``record``
         except Exception as exc:  # a failed turn is reported, not fatal to the benchmark
-            turn.error = str(exc)
-            continue
-        times = done.timing.token_times_s
-        turn.first_token_s = times[0] if times else None
-        turn.complete_s = times[-1] if times else None
-        turn.cached_tokens = done.timing.cached_tokens
-        call = tool_call(done.text)
-        if call is not None:
-            turn.call = {"name": call["function"]["name"], "arguments": json.loads(call["function"]["arguments"])}
+            out.append((event, exc))
 
 
 def replay(side: Side, llm: Llm, clip: Clip, block_ms: int) -> RunResult:
-    """``clip`` fed in real time to a new stream of ``side``'s ASR service; each final → the LLM."""
+    """``clip`` fed in real time to a new stream of ``side``'s ASR service, its events to a ``VoiceTurn``."""
     finals: queue.SimpleQueue = queue.SimpleQueue()
-    turns: list[Turn] = []
+    turns: list = []
     counts = {"utterances": 0}
+    turn = side.voice_turn(llm)
 
     def on_event(event) -> None:
+        turn.on_event(event)
         if event.kind in ("final", "error"):
             counts["utterances"] += 1
         if event.kind == "final" and event.text.strip():
             finals.put(event)
 
-    worker = threading.Thread(target=_respond, args=(llm, side.scheduler, finals, turns), daemon=True)
+    worker = threading.Thread(target=_respond, args=(turn, finals, turns), daemon=True)
     worker.start()
     stream = side.service.open_stream(on_event=on_event)
     block = max(1, block_ms * RATE // 1000)
@@ -291,19 +265,28 @@ def replay(side: Side, llm: Llm, clip: Clip, block_ms: int) -> RunResult:
         stream.wait(120.0)
         finals.put(None)
         worker.join(600.0)
+        turn.close()
     assert speech_end_s is not None
-    return RunResult(speech_end_s, turns, counts["utterances"])
+    return RunResult(speech_end_s, turns, counts["utterances"], turn.false_cuts, turn.cancelled)
 
 
 def record(result: RunResult, clip: Clip, side: str, round_: int, index: int) -> dict:
-    """One run's row of the report (times in ms from the end of speech)."""
+    """One run's row of the report: times in ms from the end of speech, of the last delivered turn."""
+    end = result.speech_end_s
+    delivered, errors = [], []
+    for event, turn in result.turns:
+        if isinstance(turn, Exception):
+            errors.append(str(turn))
+        elif turn.delivered:
+            delivered.append((event, turn))
 
-    def ms(t: float | None) -> float | None:
-        return None if t is None else round((t - result.speech_end_s) * 1e3, 1)
+    def since_end(event, ms: float | None) -> float | None:  # ms from the decision → ms from the end of speech
+        decided = event.speech_end_at_s
+        return None if ms is None or decided is None else round(ms + (decided - end) * 1e3, 1)
 
-    last = result.turns[-1] if result.turns else None
-    decided_early = last is not None and last.decided_s is not None and last.decided_s < result.speech_end_s
-    calls = [t.call for t in result.turns if t.call is not None]
+    last_event, last = delivered[-1] if delivered else (None, None)
+    decided_early = any(e.speech_end_at_s is not None and e.speech_end_at_s < end for e, _ in delivered)
+    calls = [t.call for _, t in delivered if t.call is not None]
     u = clip.utterance
     return {
         "round": round_,
@@ -313,16 +296,22 @@ def record(result: RunResult, clip: Clip, side: str, round_: int, index: int) ->
         "voice": u.voice,
         "wpm": u.wpm,
         "pause": u.pause,
-        "heard": [t.text for t in result.turns],
+        "heard": [t.text for _, t in delivered],
         "calls": calls,
-        "endpoint_ms": ms(last.decided_s) if last else None,
-        "turn_first_token_ms": ms(last.first_token_s) if last else None,
-        "turn_complete_ms": ms(last.complete_s) if last else None,
-        "cut": result.asr_utterances > 1 or decided_early,
+        "endpoint_ms": since_end(last_event, 0.0) if last else None,
+        "turn_first_token_ms": since_end(last_event, last.turn_first_token_ms) if last else None,
+        "turn_complete_ms": since_end(last_event, last.turn_complete_ms) if last else None,
+        "early_end": bool(last and last.early_end),
+        # a turn delivered inside the sentence: before the speech ended, or one of several
+        "cut": len(delivered) > 1 or decided_early or result.false_cuts > 0,
         "duplicated_calls": max(0, len(calls) - 1),
-        "hit_tokens": sum(t.cached_tokens for t in result.turns),
-        "prompt_tokens": sum(t.prompt_tokens for t in result.turns),
-        "errors": [t.error for t in result.turns if t.error],
+        "hit_tokens": sum(t.cached_tokens for _, t in delivered),
+        "prompt_tokens": sum(t.prompt_tokens for _, t in delivered),
+        "prefill_ahead": sum(t.prefill_ahead for _, t in delivered),
+        "prefill_wasted": sum(t.prefill_wasted for _, t in delivered),
+        "cancelled": result.cancelled,
+        "asr_utterances": result.asr_utterances,
+        "errors": errors,
     }
 
 
@@ -382,8 +371,8 @@ def run(args: argparse.Namespace) -> int:
     engine = open_configured(settings, args.asr_model)
     llm = Llm(args, settings, tools)
     sides = [
-        Side("default", settings, make_service(engine, settings.audio, settings.batching).start()),
-        Side("baseline", base, make_service(engine, base.audio, base.batching).start()),
+        Side(name, s, _early_end(make_service(engine, s.audio, s.batching), s.audio).start())
+        for name, s in (("default", settings), ("baseline", base))
     ]
     rows: list[dict] = []
     try:
@@ -416,6 +405,15 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot_report(report, Path(args.plot))
     return 0
+
+
+def _early_end(service, audio):
+    """``service`` with the early end of turn on when ``audio`` says so, as ``listen`` sets it."""
+    if getattr(audio, "early_end", False):
+        from ..serving.asr.service import EarlyEnd
+
+        service.set_early_end(EarlyEnd(audio.early_end_silence_ms, audio.early_end_min_prob))
+    return service
 
 
 def _rounds(args, sides: list[Side], llm: Llm, clips: list[Clip], warmup: Clip, block_ms: int) -> list[dict]:

@@ -41,6 +41,10 @@ def side_figures(rows: list[dict]) -> dict:
     out["runs"] = len(rows)
     out["runs_with_call"] = sum(bool(r["calls"]) for r in rows)
     out["failed_turns"] = sum(len(r["errors"]) for r in rows)
+    out["early_ends"] = sum(r["early_end"] for r in rows)
+    out["cancelled_replies"] = sum(r["cancelled"] for r in rows)
+    out["prefills_ahead"] = sum(r["prefill_ahead"] for r in rows)
+    out["prefills_wasted"] = sum(r["prefill_wasted"] for r in rows)
     return out
 
 
@@ -106,7 +110,16 @@ def format_table(report: dict) -> str:
         return f"{c['count']}/{c['of']}"
 
     lines.append(f"{'false_cuts':<26}{cuts(report):>12}{cuts(base):>12}")
-    for key in ("duplicated_calls", "hit_tokens", "prompt_tokens", "runs_with_call"):
+    for key in (
+        "duplicated_calls",
+        "hit_tokens",
+        "prompt_tokens",
+        "early_ends",
+        "cancelled_replies",
+        "prefills_ahead",
+        "prefills_wasted",
+        "runs_with_call",
+    ):
         lines.append(f"{key:<26}{_fmt(report[key]):>12}{_fmt(base[key]):>12}")
     if report.get("missing"):
         lines.append(f"not in this configuration (the baseline cannot turn them off): {', '.join(report['missing'])}")

@@ -43,6 +43,8 @@ def test_bench_voice_reports_default_and_baseline(tmp_path, capsys):
             assert all(isinstance(v, float) for v in side[metric].values())
         assert set(side["false_cuts"]) == {"count", "rate", "of"} and side["false_cuts"]["of"] == 1
         assert isinstance(side["duplicated_calls"], int) and isinstance(side["hit_tokens"], int)
+    assert "prefix_cache.enabled" in report["toggles"] and isinstance(report["missing"], list)
+    assert report["baseline"]["prefills_ahead"] == 0  # the baseline never prefills a partial
     for metric in TIMES:
         for stat in ("p50", "p95"):
             ratio = report["ratios"][metric][stat]
