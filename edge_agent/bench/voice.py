@@ -169,9 +169,10 @@ class Side:
         from ..serving.llm.scheduler import Limits
 
         cache = self.settings.prefix_cache
-        # the voice turn's own scheduler, as ``listen --respond`` makes it: one sequence, no batching wait
+        # the voice turn's own scheduler, as ``listen --respond`` makes it: two rows (the final's request
+        # beside a prefill ahead), no batching wait
         return Limits(
-            max_batch=1, batch_timeout_ms=0, prefix_cache_mb=cache.limit_mb, prefix_block_tokens=cache.block_tokens
+            max_batch=2, batch_timeout_ms=0, prefix_cache_mb=cache.limit_mb, prefix_block_tokens=cache.block_tokens
         )
 
     def voice_turn(self, llm: Llm):

@@ -34,8 +34,9 @@ class Responder:
         )
         self.lm = DecoderLM.open(ref, backend, options)
         pc = settings.prefix_cache
+        # Two rows: the final's request is admitted beside a prefill ahead still running, never behind it.
         limits = Limits(
-            max_batch=1, batch_timeout_ms=0, prefix_cache_mb=pc.limit_mb, prefix_block_tokens=pc.block_tokens
+            max_batch=2, batch_timeout_ms=0, prefix_cache_mb=pc.limit_mb, prefix_block_tokens=pc.block_tokens
         )
         self.scheduler = LLMScheduler(self.lm, limits).start()
         self.tools, self.mode = tools, args.tool_choice

@@ -112,8 +112,9 @@ def messages(body: ChatRequest, tools: Sequence[dict], mode: str | None) -> list
 
 
 def with_tools(chat: list[Message], tools: Sequence[dict], mode: str | None = "required") -> list[Message]:
-    """``chat`` with ``tools`` described at the end of its last user turn (every chat template has
-    user turns; not all take a system turn)."""
+    """``chat`` with ``tools`` described at the start of its first user turn (every chat template has
+    user turns; not all take a system turn). There they are the same prompt prefix for every request and
+    every turn of a conversation with the same tools, which the prefix KV cache prefills once."""
     lines = [
         "You can call these tools:",
         *(
@@ -127,11 +128,11 @@ def with_tools(chat: list[Message], tools: Sequence[dict], mode: str | None = "r
         + ("." if mode == "required" else "; otherwise answer in words."),
     ]
     out = list(chat)
-    last = max((i for i, m in enumerate(out) if m.role == "user"), default=None)
-    if last is None:
+    first = next((i for i, m in enumerate(out) if m.role == "user"), None)
+    if first is None:
         out.append(Message("user", "\n".join(lines)))
     else:
-        out[last] = Message("user", out[last].content + "\n\n" + "\n".join(lines))
+        out[first] = Message("user", "\n".join(lines) + "\n\n" + out[first].content)
     return out
 
 

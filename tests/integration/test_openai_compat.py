@@ -173,9 +173,9 @@ def test_a_cut_off_tool_call_has_the_same_shape_streamed_or_not(client):
         assert (call.function.name, call.function.arguments) == (streamed["name"], streamed["arguments"])
         assert '"name"' not in call.function.arguments  # the arguments alone, never the wrapper
         named += call.function.name == "python"
-        if call.function.arguments:
-            with pytest.raises(json.JSONDecodeError):
-                json.loads(call.function.arguments)  # unfinished
+        # the arguments as far as they were written: a prefix of the wrapper's arguments object (complete
+        # JSON only when the cut fell between their last brace and the wrapper's)
+        assert not call.function.arguments or call.function.arguments.startswith("{")
     assert cut > named > 0  # budgets cut it in the name and after it, so the comparisons above mean something
 
 
