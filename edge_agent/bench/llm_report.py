@@ -5,13 +5,27 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..metrics.timing import LatencyStats, RequestTiming
 
 if TYPE_CHECKING:
+    from ..config import TierConfig
+    from ..engines.resolve import Resolved
     from ..serving.llm.scheduler import Limits
-    from .llm import Served
+
+
+class ServedTier(Protocol):
+    """What the report says of the measured tier (``llm.Served`` is one)."""
+
+    tier: TierConfig
+    resolved: Resolved
+    limits: Limits
+    threads: int
+    config: Any
+
+    def header(self) -> str: ...
+
 
 STAT_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 
@@ -135,7 +149,7 @@ def report_notes(args, limits: Limits, tier_max_new_tokens: int, baseline, genai
     return out
 
 
-def setup_section(args, served: Served, ramp_s: float) -> dict:
+def setup_section(args, served: ServedTier, ramp_s: float) -> dict:
     """The report's first part: what was measured and how (tier, engine, load, limits)."""
     return {
         "header": served.header(),
