@@ -1,0 +1,121 @@
+"""``python -m edge_agent.bench.prefix_soak``: the prefix cache over a long run, memory first.
+
+``--requests`` requests (2,000 by default) are served one after another by one scheduler with the prefix
+cache on, their system prompts rotating over ``--prompts`` distinct ones, more than the cache can hold
+(``--max-mb``), so it hits, stores and evicts all the way through. Every ``--every`` requests the process's
+resident memory and the cache's bytes are sampled. Reported: the cache's largest size against its bound,
+the resident memory of the first sample after the warm-up against the last and the largest (flat means
+bounded), and the cache's hits and evictions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from ..errors import InputError
+from ..models.catalog import resolve_model
+from ..models.sampling import SamplingParams
+from ..progress import Progress
+from ..serving.llm.scheduler import Limits, LLMScheduler
+from .prefix_cache import _open, _prompt, system_prompt
+
+
+def rss_mb() -> float:
+    """This process's resident memory (Linux ``/proc/self/statm``), MiB."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
+def soak(args: argparse.Namespace, show: bool = True) -> dict:
+    """Serve the rotating prompts and sample memory (see the module doc)."""
+    from ..config import load_settings
+
+    cache = Path(args.cache_dir) if args.cache_dir else load_settings(None).models.cache_dir
+    ref = resolve_model(args.model, cache)
+    lm = _open(ref, args.threads)
+    prompts = [_prompt(lm, system_prompt(lm, args.system_tokens, seed), "What now?") for seed in range(args.prompts)]
+    sched = LLMScheduler(lm, Limits(batch_timeout_ms=0, prefix_cache_mb=args.max_mb)).start()
+    params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
+    samples: list[dict] = []
+    cached = 0
+    try:
+        with Progress("prefix cache soak", "requests", enabled=show) as bar:
+            for i in range(args.requests):
+                done = sched.submit(prompts[i % len(prompts)], params).result(600)
+                cached += done.timing.cached_tokens or 0
+                if (i + 1) % args.every == 0 or i + 1 == args.requests:
+                    now = sched.prefix_stats
+                    held = now.bytes if now is not None else 0
+                    samples.append({"requests": i + 1, "rss_mb": round(rss_mb(), 1), "cache_bytes": held})
+                bar.update(i + 1, args.requests)
+        stats = sched.prefix_stats
+    finally:
+        sched.stop()
+        lm.close()
+    after_warmup = samples[1:] or samples
+    return {
+        "model": ref.name,
+        "requests": args.requests,
+        "distinct_prompts": args.prompts,
+        "prompt_tokens": len(prompts[0]),
+        "max_mb": args.max_mb,
+        "cache_bytes_max": max(s["cache_bytes"] for s in samples),
+        "cache_bound_bytes": int(args.max_mb * (1 << 20)),
+        "rss_mb": {
+            "first": after_warmup[0]["rss_mb"],
+            "last": after_warmup[-1]["rss_mb"],
+            "max": max(s["rss_mb"] for s in after_warmup),
+        },
+        "hit_tokens": stats.hit_tokens if stats else 0,
+        "cached_tokens_reported": cached,
+        "evicted_blocks": stats.evictions if stats else 0,
+        "samples": samples,
+    }
+
+
+def format_report(r: dict) -> str:
+    rss = r["rss_mb"]
+    return "\n".join(
+        [
+            f"prefix cache soak: {r['requests']} requests of {r['prompt_tokens']} tokens over {r['distinct_prompts']} "
+            f"system prompts, {r['model']}, bound {r['max_mb']:g} MiB",
+            f"  cache bytes: largest {r['cache_bytes_max']:,} of {r['cache_bound_bytes']:,} allowed",
+            f"  resident memory: {rss['first']} MiB after the first {r['samples'][0]['requests']} requests, "
+            f"{rss['last']} MiB at the end, {rss['max']} MiB at most",
+            f"  hit tokens {r['hit_tokens']:,} (reported per request: {r['cached_tokens_reported']:,}), "
+            f"evicted blocks {r['evicted_blocks']:,}",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m edge_agent.bench.prefix_soak", description=__doc__)
+    p.add_argument("--model", default="demo-phi3", help="demo name or model folder (default demo-phi3)")
+    p.add_argument("--cache-dir", default=None, help="where demo models are generated")
+    p.add_argument("--requests", type=int, default=2000, help="requests in all (default 2000)")
+    p.add_argument("--prompts", type=int, default=40, help="distinct system prompts, rotating (default 40)")
+    p.add_argument("--system-tokens", type=int, default=400, help="system prompt length (default 400 tokens)")
+    p.add_argument("--new-tokens", type=int, default=2, help="tokens each request generates (default 2)")
+    p.add_argument("--max-mb", type=float, default=4.0, help="the prefix cache's bound (default 4 MiB)")
+    p.add_argument("--every", type=int, default=100, help="sample memory every N requests (default 100)")
+    p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
+    p.add_argument("--json", default=None, metavar="OUT", help="also write the report as JSON")
+    args = p.parse_args(argv)
+    if min(args.requests, args.prompts, args.system_tokens, args.new_tokens, args.every) < 1 or args.max_mb <= 0:
+        p.error("the counts must be at least 1 and --max-mb above 0")
+    try:
+        report = soak(args, show=sys.stderr.isatty())
+    except InputError as exc:
+        p.error(str(exc))
+    print(format_report(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
