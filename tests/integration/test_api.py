@@ -240,17 +240,24 @@ def _raw(address: str, data: bytes, timeout_s: float = 5) -> bytes:
 
 
 def test_a_body_that_does_not_arrive_in_time_is_408(bare):
+    import socket
     import time
 
-    t0 = time.monotonic()
-    out = _raw(
-        bare.address,
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b'Content-Length: 100\r\n\r\n{"messages"',
-        timeout_s=15,
-    )
+    host, port = bare.address.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=15) as s:
+        t0 = time.monotonic()
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100\r\n\r\n{"messages"'
+        )
+        out = s.recv(65536)
+        # The answer comes at the body deadline (1 s here), not when the client gives up (15 s); the close
+        # after it is aiohttp's lingering close, which this test does not time.
+        answered_s = time.monotonic() - t0
+        while chunk := s.recv(65536):
+            out += chunk
     assert out.startswith(b"HTTP/1.1 408") and b'"request_timeout"' in out, out[:300]
-    assert time.monotonic() - t0 < 12  # 1 s to read, then aiohttp's lingering close at most
+    assert answered_s < 10, answered_s
 
 
 def test_idle_keepalive_connections_outlive_the_header_timeout(bare):
