@@ -79,6 +79,12 @@ class BindingSession(Session, Protocol):
         ...
 
 
+def is_stateful(session: Session) -> bool:
+    """Whether ``session`` keeps a model's state (an LLM's KV cache) in the runtime, with ``reset_state()``
+    to start a new sequence: OpenVINO's stateful IRs, which the NPU's LLM mode runs."""
+    return bool(getattr(session, "stateful", False)) and hasattr(session, "reset_state")
+
+
 class PreparedRun(Protocol):
     """Runs of one session into buffers bound once; ``run`` binds the inputs and outputs that change."""
 

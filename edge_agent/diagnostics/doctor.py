@@ -22,10 +22,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..backends import npu as npu_backend
 from ..backends.probe import run_probe
+
+if TYPE_CHECKING:
+    from ..config import Settings
 
 SECTIONS = ("system", "python", "jetson", "cuda", "tensorrt", "openvino", "onnxruntime", "audio", "build")
 
@@ -44,12 +47,7 @@ class Entry:
 def collect(timeout_s: float = 20, config: str | Path | None = None) -> dict[str, dict[str, Any]]:
     """Every section of ``SECTIONS``, probed in parallel; each child gets ``timeout_s``. ``config`` (else
     the default file, and the environment) adds what the agent's own settings make of this machine."""
-    try:  # loading it also puts its NPU emulation in the environment the probes inherit
-        from ..config import load_settings
-
-        load_settings(config)
-    except Exception:  # a config that does not load is check-config's to report
-        pass
+    settings = _settings(config)  # loading it also puts its NPU emulation in the environment the probes inherit
     probes: dict[str, Callable[[float], Entry]] = {
         "system": _system,
         "python": _python,
@@ -64,21 +62,34 @@ def collect(timeout_s: float = 20, config: str | Path | None = None) -> dict[str
     with ThreadPoolExecutor(max_workers=len(probes)) as pool:
         futures = {name: pool.submit(_guarded, fn, timeout_s) for name, fn in probes.items()}
         report = {name: asdict(futures[name].result()) for name in SECTIONS}
-    report["system"]["warnings"] += command_channel_warnings(config)
-    report["openvino"]["warnings"] += prefix_cache_notes(config)
+    if settings is not None:
+        report["system"]["warnings"] += _command_channel_warnings(settings)
+        report["openvino"]["warnings"] += _prefix_cache_notes(settings)
     return report
 
 
-def prefix_cache_notes(config: str | Path | None = None) -> list[str]:
-    """The configured LLM tiers that run without the prefix KV cache: a tier on the NPU keeps its KV cache
-    inside the runtime (the plugin's LLM mode), where no cached prefix can be put."""
+def _settings(config: str | Path | None) -> Settings | None:
+    """The agent's own settings (``config``, else the default file, plus the environment); None when they do
+    not load, which is ``check-config``'s to report, not ours."""
     try:
-        from ..backends.npu import is_npu
         from ..config import load_settings
 
-        settings = load_settings(config)
-    except Exception:  # a config that does not load is check-config's to report
-        return []
+        return load_settings(config)
+    except Exception:
+        return None
+
+
+def prefix_cache_notes(config: str | Path | None = None) -> list[str]:
+    """The configured LLM tiers that run without the prefix KV cache (see ``_prefix_cache_notes``)."""
+    settings = _settings(config)
+    return _prefix_cache_notes(settings) if settings is not None else []
+
+
+def _prefix_cache_notes(settings: Settings) -> list[str]:
+    """A tier on the NPU keeps its KV cache inside the runtime (the plugin's LLM mode), where no cached
+    prefix can be put."""
+    from ..backends.npu import is_npu
+
     if not settings.prefix_cache.enabled:
         return []
     return [
@@ -89,15 +100,17 @@ def prefix_cache_notes(config: str | Path | None = None) -> list[str]:
 
 
 def command_channel_warnings(config: str | Path | None = None) -> list[str]:
-    """The agent's own config (``config``, else the default file, plus the environment): can anyone on
-    its broker steer it? A config that does not load is ``check-config``'s to report, not ours."""
+    """Can anyone on the agent's broker steer it (see ``_command_channel_warnings``)?"""
+    settings = _settings(config)
+    return _command_channel_warnings(settings) if settings is not None else []
+
+
+def _command_channel_warnings(settings: Settings) -> list[str]:
     try:
-        from ..config import load_settings
         from ..telemetry.signing import command_channel_warnings as warnings_for
 
-        settings = load_settings(config)
         return warnings_for(settings.mqtt, settings.telemetry)
-    except Exception:
+    except Exception:  # a warning that cannot be worked out must not fail doctor
         return []
 
 

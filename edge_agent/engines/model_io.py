@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backends import Session, SessionOptions, open_session
+from ..backends import Session, SessionOptions, is_stateful, open_session
 from ..errors import InputError, ModelError
 from ..models.catalog import ModelRef
 from .datasets import AudioSample, TextSample
@@ -97,7 +97,7 @@ class LlmProbe:
         """Logits ``[positions, vocab]`` per sample, with the latency of each prefill (of each sample's
         steps, for a stateful model)."""
         outs, lat = [], []
-        stateful = bool(getattr(session, "stateful", False))
+        stateful = is_stateful(session)
         for i, s in enumerate(samples):
             ids = self.token_ids(s)
             t0 = time.perf_counter()

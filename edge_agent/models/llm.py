@@ -35,7 +35,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from ..backends import BindingSession, Session, SessionOptions, npu, open_session
+from ..backends import BindingSession, Session, SessionOptions, is_stateful, npu, open_session
 from ..errors import InputError, ModelError
 from .catalog import ModelRef
 from .grammar import TokenVocab
@@ -91,8 +91,9 @@ class DecoderLM:
         config, _ = genai_config_as_hf(ref.config) if self.shared_kv else (ref.config, None)
         self.config = config  # config.json fields (for genai folders, translated from genai_config.json)
         # a stateful session (the NPU's LLM mode) holds one sequence in its own KV state
-        self.npu_shape: npu.LlmShape | None = getattr(session, "npu_llm", None) if _stateful(session) else None
-        capacity = self.npu_shape.capacity if self.npu_shape else (kv_capacity if _stateful(session) else None)
+        self.stateful = is_stateful(session)
+        self.npu_shape: npu.LlmShape | None = getattr(session, "npu_llm", None) if self.stateful else None
+        capacity = self.npu_shape.capacity if self.npu_shape else (kv_capacity if self.stateful else None)
         self.contract = read_contract(session, config, generation_config, capacity)
         if self.shared_kv:
             self.contract = replace(self.contract, max_context=min(self.contract.max_context, kv_capacity))
@@ -117,7 +118,7 @@ class DecoderLM:
     @property
     def max_rows(self) -> int | None:
         """The most sequences one batch can hold (None: as many as the scheduler's limits say)."""
-        return StatefulBatch.max_rows if self.npu_shape is not None or _stateful(self.session) else None
+        return StatefulBatch.max_rows if self.stateful else None
 
     @property
     def _slot_runs(self) -> SlotRuns:
@@ -336,7 +337,7 @@ class DecoderLM:
         return logits[:, -1]
 
     def _restart(self, batch: StatefulBatch) -> None:
-        self.session.reset_state()  # type: ignore[attr-defined]  # a stateful session (see _stateful)
+        self.session.reset_state()  # type: ignore[attr-defined]  # a stateful session (is_stateful)
         batch.length = 0
 
     def _feed(self, batch: StatefulBatch, ids: Sequence[int]) -> np.ndarray:
@@ -433,7 +434,3 @@ class DecoderLM:
 
     def close(self) -> None:
         self.session.close()
-
-
-def _stateful(session: Session) -> bool:
-    return bool(getattr(session, "stateful", False)) and hasattr(session, "reset_state")
