@@ -12,7 +12,8 @@ Two sides run the same utterances, interleaved per utterance (default first in e
 first in odd ones) so that machine load hits both alike:
 
 - **default**: the settings as configured;
-- **baseline**: a copy with the prefix cache, prefill-ahead and the early end of turn off (each toggle
+- **baseline**: a copy with the prefix cache, prefill-ahead, the early end of turn and jump-forward
+  decoding of the call's forced tokens off: the turn as it was without them (each toggle
   the configuration does not have yet is listed under ``missing`` in the report).
 
 Per run, from the end of speech (when the audio block holding the last voiced sample was fed):
@@ -138,7 +139,12 @@ def require_tools() -> None:
 # -- one side: its settings, ASR service and LLM scheduler ----------------------------------------
 
 # (section, field) turned off for the baseline; a name the configuration lacks is reported missing.
-TOGGLES = (("prefix_cache", "enabled"), ("audio", "prefill_ahead"), ("audio", "early_end"))
+TOGGLES = (
+    ("prefix_cache", "enabled"),
+    ("audio", "prefill_ahead"),
+    ("audio", "early_end"),
+    ("batching", "jump_forward"),
+)
 
 
 def baseline_settings(settings) -> tuple[Any, dict[str, bool], list[str]]:
@@ -166,14 +172,9 @@ class Side:
     scheduler: Any = None
 
     def limits(self):
-        from ..serving.llm.scheduler import Limits
+        from ..serving.voice_turn import turn_limits
 
-        cache = self.settings.prefix_cache
-        # the voice turn's own scheduler, as ``listen --respond`` makes it: two rows (the final's request
-        # beside a prefill ahead), no batching wait
-        return Limits(
-            max_batch=2, batch_timeout_ms=0, prefix_cache_mb=cache.limit_mb, prefix_block_tokens=cache.block_tokens
-        )
+        return turn_limits(self.settings)  # the voice turn's own scheduler, as ``listen --respond`` makes it
 
     def voice_turn(self, llm: Llm):
         """A ``VoiceTurn`` for one stream, with this side's prefill-ahead settings."""
@@ -326,7 +327,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "default settings against the latency features off",
         description="Replay synthesised spoken commands in real time through the configured ASR tier and the "
         "top LLM tier with the home tools, on the default settings and on a baseline with the prefix cache, "
-        "prefill-ahead and the early end of turn off, interleaved; report end of speech → end of turn, first "
+        "prefill-ahead, the early end of turn and jump-forward decoding off, interleaved; report end of speech → end of turn, first "
         "token and complete tool call, false cuts and duplicated calls, with ratios.",
     )
     p.add_argument("--rounds", type=int, default=3, help="rounds over the utterances; medians reported (default 3)")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..serving.voice_turn import TurnResult, VoiceTurn
+from ..serving.voice_turn import TurnResult, VoiceTurn, turn_limits
 
 
 class Responder:
@@ -22,7 +22,7 @@ class Responder:
         from ..backends import SessionOptions
         from ..models.catalog import resolve_model
         from ..models.llm import DecoderLM
-        from ..serving.llm.scheduler import Limits, LLMScheduler
+        from ..serving.llm.scheduler import LLMScheduler
 
         tier = settings.models.llm[0]
         ref = resolve_model(args.llm_model or tier.model, settings.models.cache_dir)
@@ -33,12 +33,7 @@ class Responder:
             cache_dir=settings.engines.cache_dir,
         )
         self.lm = DecoderLM.open(ref, backend, options)
-        pc = settings.prefix_cache
-        # Two rows: the final's request is admitted beside a prefill ahead still running, never behind it.
-        limits = Limits(
-            max_batch=2, batch_timeout_ms=0, prefix_cache_mb=pc.limit_mb, prefix_block_tokens=pc.block_tokens
-        )
-        self.scheduler = LLMScheduler(self.lm, limits).start()
+        self.scheduler = LLMScheduler(self.lm, turn_limits(settings)).start()
         self.tools, self.mode = tools, args.tool_choice
         self.max_new_tokens = args.max_new_tokens or (160 if tools else 48)
         audio = settings.audio

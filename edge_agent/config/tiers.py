@@ -74,6 +74,13 @@ class BatchingConfig(Section):
         "tiers only (a GPU runs a batch of prompts for little more than one; a CPU's prefill is compute bound)",
     )
 
+    jump_forward: bool = Field(
+        True,
+        description="a request with an output format (a tool call, a JSON schema) takes the tokens its format "
+        "forces (key names, punctuation, the rest of a tool's name) in one pass with the token it picked, "
+        "not one decode step each; off: a step per token, as without a format",
+    )
+
     @model_validator(mode="after")
     def _preferred_within_max(self) -> BatchingConfig:
         bad = [b for b in self.preferred_batch_sizes if not 1 <= b <= self.max_batch]

@@ -68,6 +68,7 @@ def llm_limits(settings: Settings, tier: TierConfig) -> Limits:
         prefill_together=b.prefill_together if b.prefill_together is not None else tier.backend == "tensorrt",
         prefix_cache_mb=settings.prefix_cache.limit_mb,
         prefix_block_tokens=settings.prefix_cache.block_tokens,
+        jump_forward=b.jump_forward,
     )
 
 

@@ -157,6 +157,14 @@ class Constraint:
             )
         self.consumed += 1
 
+    def forced(self) -> list[int]:
+        """The tokens the format forces next, whatever the model would say (``{"name": "``, a key, a
+        closing brace): none when it leaves a choice. They are not consumed here."""
+        tokens = self._m.compute_ff_tokens()
+        if self._m.is_error():
+            raise FormatError(f"the requested output format broke after {self.consumed} tokens: {_problem(self._m)}")
+        return list(tokens)
+
     @property
     def stopped(self) -> bool:
         """The grammar is complete and nothing may follow (the request ends here)."""

@@ -88,6 +88,18 @@ class DecodeBatch(Generic[Row]):
         """After a decode step: its ``present`` and its ``step_mask()`` become the cache."""
         self.past, self.mask = present, mask
 
+    def replace_row(self, index: int, past: dict[str, np.ndarray], mask: np.ndarray) -> None:
+        """Row ``index`` grew on its own (a forced run of tokens): its cache is now ``past`` [1, H, Pn, D] and
+        ``mask`` [1, Pn], Pn >= the batch's width; the other rows get pad columns on the left to match."""
+        grow = mask.shape[1] - self.width
+        if grow < 0:
+            raise ValueError("a row's cache can only grow")
+        self.past = {name: _pad_columns(value, 2, grow) for name, value in self.past.items()}
+        self.mask = _pad_columns(self.mask, 1, grow)
+        for name, value in past.items():
+            self.past[name][index] = value[0]
+        self.mask[index] = mask[0]
+
     def remove(self, indices: Sequence[int]) -> list[Row]:
         """Drop rows (finished, cancelled, failed); trim pad-only columns on the left."""
         if not indices:

@@ -191,6 +191,20 @@ class SlotCache(Generic[Row]):
     def advance(self) -> None:
         self.lengths = [n + 1 for n in self.lengths]
 
+    def make_room_for(self, index: int, tokens: int) -> None:
+        """Before row ``index`` takes ``tokens`` more on its own (a forced run): grow the buffers if they
+        would not fit, within the limit; past it, an ``InputError``."""
+        need = self.lengths[index] + tokens
+        if need > self.limit:
+            raise InputError(f"a sequence reached the KV capacity of {self.limit} tokens")
+        if need > self.capacity:
+            self._allocate(self._size_for(need))
+
+    def grow(self, index: int, tokens: int) -> None:
+        """Row ``index`` took ``tokens`` more into its slot (``make_room_for`` first)."""
+        self.lengths[index] += tokens
+        self._mask_row(index, self.lengths[index])
+
     def remove(self, indices: Sequence[int]) -> list[Row]:
         """Drop rows; move the survivors (and a pending row) down so they stay a contiguous prefix."""
         if not indices:

@@ -37,9 +37,24 @@ from typing import Any
 from ..metrics.window import WARMUP
 from ..models.sampling import SamplingParams
 from ..models.tokenizer import Message
+from .llm.admission import Limits
 from .openai_output import tool_call, with_tools
 
 log = logging.getLogger(__name__)
+
+
+def turn_limits(settings: Any) -> Limits:
+    """The limits of the voice turn's own scheduler (``listen --respond``, ``bench voice``): two rows (the
+    final's request is admitted beside a prefill ahead still running, never behind it), no batching wait,
+    the prefix cache and jump-forward decoding as ``settings`` configure them."""
+    cache = settings.prefix_cache
+    return Limits(
+        max_batch=2,
+        batch_timeout_ms=0,
+        prefix_cache_mb=cache.limit_mb,
+        prefix_block_tokens=cache.block_tokens,
+        jump_forward=settings.batching.jump_forward,
+    )
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ class Limits:
     prefill_together: bool = False  # whole prompts of one turn in one batched prefill (else one by one)
     prefix_cache_mb: float = 256.0  # the prefix KV cache's bound (0: no prefix cache; models.prefix_cache)
     prefix_block_tokens: int = 16  # tokens per block the prefix cache matches prompts by
+    jump_forward: bool = True  # an output format's forced tokens go in with the picked one, in one step
 
 
 def plan_admission(

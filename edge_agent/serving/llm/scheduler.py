@@ -84,6 +84,7 @@ class _Sequence:
         self.sampler = Sampler(params)
         self.decoder = decoder
         self.generated: list[int] = []
+        self.feed: list[int] = []  # what the next decode step takes: the last token, and any its format forced
         self.history = list(prompt)  # prompt + generated, kept incrementally for the sampler
         self.emitted = 0  # characters of decoder text already delivered
         self.finish_reason: str | None = None
@@ -289,7 +290,7 @@ class LLMScheduler:
         rows = list(self._batch.rows)
         masks = self._start_masks(rows)
         try:
-            logits = self.lm.decode(self._batch, [s.generated[-1] for s in rows])
+            logits = self.lm.decode_runs(self._batch, [s.feed for s in rows])
         except Exception as exc:
             if not isinstance(exc, EdgeAgentError):
                 log.exception("decode step failed")
@@ -340,22 +341,19 @@ class LLMScheduler:
                 alternatives = tuple((t, vocab.token_bytes(t), v) for t, v in top)
                 logprob = TokenLogprob(token, vocab.token_bytes(token), lp, alternatives)
                 seq.logprobs.append(logprob)
-            seq.generated.append(token)
-            seq.history.append(token)
-            seq.recorder.mark_token(at=now)  # every row's token of this step came out at the same moment
-            reason = self._finish_reason(seq, token, now)
-            if seq.constraint is not None and reason is None:
-                try:  # the mask allowed it, yet llguidance may still break on it (a parser limit)
-                    seq.constraint.consume(token)
-                except FormatError as exc:
-                    broken[i] = exc
-                    continue
-                if seq.constraint.stopped:
-                    reason = "stop"  # the format is complete: nothing may follow
-            self._deliver(seq, token, reason is not None, logprob, now)
-            reason = seq.finish_reason or reason  # delivery may have found a stop string
+            try:  # the mask allowed it, yet llguidance may still break on it (a parser limit)
+                reason = self._take(seq, token, logprob, now)
+                seq.feed = [token]
+                if reason is None and self._jumps(seq):
+                    for forced in seq.constraint.forced():  # type: ignore[union-attr]  # _jumps: it has one
+                        seq.feed.append(forced)
+                        reason = self._take(seq, forced, None, now, forced=True)
+                        if reason:
+                            break
+            except FormatError as exc:
+                broken[i] = exc
+                continue
             if reason:
-                seq.finish_reason = reason
                 finished.append(i)
         gone = sorted([*finished, *broken])
         for i, seq in zip(gone, self._batch.remove(gone)):
@@ -363,6 +361,31 @@ class LLMScheduler:
                 self._format_broke(seq, broken[i])
             else:
                 self._complete(seq, seq.finish_reason or "length")
+
+    def _take(
+        self, seq: _Sequence, token: int, logprob: TokenLogprob | None, now: float, forced: bool = False
+    ) -> str | None:
+        """``seq`` takes ``token`` (picked, or ``forced`` by its output format): recorded, checked, fed to its
+        format and delivered. Returns why the request ends here, or None; a ``FormatError`` if its format
+        breaks on the token."""
+        seq.generated.append(token)
+        seq.history.append(token)
+        seq.recorder.mark_token(at=now)  # every row's token of this step came out at the same moment
+        reason = self._finish_reason(seq, token, now, forced)
+        if seq.constraint is not None and reason is None:
+            seq.constraint.consume(token)
+            if seq.constraint.stopped:
+                reason = "stop"  # the format is complete: nothing may follow
+        self._deliver(seq, token, reason is not None, logprob, now)
+        reason = seq.finish_reason or reason  # delivery may have found a stop string
+        if reason:
+            seq.finish_reason = reason
+        return reason
+
+    def _jumps(self, seq: _Sequence) -> bool:
+        """Whether ``seq`` takes the tokens its format forces without a step each (jump-forward decoding):
+        they need no logits, unless it asked for logprobs."""
+        return self.limits.jump_forward and seq.constraint is not None and seq.params.logprobs is None
 
     def _format_broke(self, seq: _Sequence, exc: FormatError) -> None:
         """``seq``'s own output format broke: it fails with that error, nobody else hears of it."""
@@ -377,7 +400,7 @@ class LLMScheduler:
         )
         self._fail([seq], exc)
 
-    def _finish_reason(self, seq: _Sequence, token: int, now: float) -> str | None:
+    def _finish_reason(self, seq: _Sequence, token: int, now: float, forced: bool = False) -> str | None:
         p = seq.params
         if seq.handle.cancelled:
             return "cancelled"
@@ -385,7 +408,7 @@ class LLMScheduler:
             return "stop"
         if len(seq.generated) >= p.max_new_tokens:
             return "length"
-        if repeated_too_often(seq.generated, p.max_repeats):
+        if not forced and repeated_too_often(seq.generated, p.max_repeats):  # a format's own tokens may repeat
             return "repetition"
         if seq.deadline_s is not None and now >= seq.deadline_s:
             return "deadline"
