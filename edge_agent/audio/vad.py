@@ -279,6 +279,11 @@ class Endpointer:
         return _merge_audio(events)
 
     @property
+    def voiced_samples(self) -> int:
+        """Samples of the current utterance's audio (pre-roll included) up to the end of its last voiced frame."""
+        return self._last_voiced_end - self._utt_start
+
+    @property
     def silence_ms(self) -> float:
         """The trailing silence of the current utterance so far (0 when idle)."""
         return 1000 * self._silence_run * self.frame / self.rate if self.speaking else 0.0
@@ -317,9 +322,7 @@ class Endpointer:
             reason = "silence"
         elif self._frames_in >= self._max_frames:
             reason = "max_length"
-        elif (
-            self._early_ends() and self.complete is not None and self.complete(self._last_voiced_end - self._utt_start)
-        ):
+        elif self._early_ends() and self.complete is not None and self.complete(self.voiced_samples):
             reason = "early"
         if reason:
             events.append(SpeechEnd(self._pos / self.rate, self._last_voiced_end / self.rate, reason))

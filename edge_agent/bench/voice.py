@@ -12,9 +12,9 @@ Two sides run the same utterances, interleaved per utterance (default first in e
 first in odd ones) so that machine load hits both alike:
 
 - **default**: the settings as configured;
-- **baseline**: a copy with the prefix cache, prefill-ahead, the early end of turn and jump-forward
-  decoding of the call's forced tokens off: the turn as it was without them (each toggle
-  the configuration does not have yet is listed under ``missing`` in the report).
+- **baseline**: a copy with the prefix cache, prefill-ahead, the reply ahead on a pause, the early end of
+  turn and jump-forward decoding of the call's forced tokens off: the turn as it was without them (each
+  toggle the configuration does not have yet is listed under ``missing`` in the report).
 
 Per run, from the end of speech (when the audio block holding the last voiced sample was fed):
 ``endpoint_ms`` to the end-of-turn decision, ``turn_first_token_ms`` to the LLM's first token,
@@ -142,6 +142,7 @@ def require_tools() -> None:
 TOGGLES = (
     ("prefix_cache", "enabled"),
     ("audio", "prefill_ahead"),
+    ("audio", "respond_ahead"),
     ("audio", "early_end"),
     ("batching", "jump_forward"),
 )
@@ -176,12 +177,21 @@ class Side:
 
         return turn_limits(self.settings)  # the voice turn's own scheduler, as ``listen --respond`` makes it
 
+    @property
+    def pause_ms(self) -> int | None:
+        """The streams' pause partials (``[audio] pause_ms``) when this side starts replies ahead on them."""
+        audio = self.settings.audio
+        return audio.pause_ms if audio.prefill_ahead and audio.respond_ahead else None
+
     def voice_turn(self, llm: Llm):
         """A ``VoiceTurn`` for one stream, with this side's prefill-ahead settings."""
         from ..serving.voice_turn import VoiceTurn
 
         audio = self.settings.audio
-        options: dict[str, Any] = {"prefill_ahead": getattr(audio, "prefill_ahead", self.name == "default")}
+        options: dict[str, Any] = {
+            "prefill_ahead": getattr(audio, "prefill_ahead", self.name == "default"),
+            "respond_ahead": getattr(audio, "respond_ahead", self.name == "default"),
+        }
         if hasattr(audio, "prefill_stable_ms"):
             options["stable_ms"] = float(audio.prefill_stable_ms)
         return VoiceTurn(
@@ -250,7 +260,7 @@ def replay(side: Side, llm: Llm, clip: Clip, block_ms: int) -> RunResult:
 
     worker = threading.Thread(target=_respond, args=(turn, finals, turns), daemon=True)
     worker.start()
-    stream = side.service.open_stream(on_event=on_event)
+    stream = side.service.open_stream(on_event=on_event, pause_ms=side.pause_ms)
     block = max(1, block_ms * RATE // 1000)
     speech_end_s = None
     start = time.monotonic()
@@ -311,6 +321,7 @@ def record(result: RunResult, clip: Clip, side: str, round_: int, index: int) ->
         "prompt_tokens": sum(t.prompt_tokens for _, t in delivered),
         "prefill_ahead": sum(t.prefill_ahead for _, t in delivered),
         "prefill_wasted": sum(t.prefill_wasted for _, t in delivered),
+        "reply_ahead": sum(t.reply_ahead for _, t in delivered),
         "cancelled": result.cancelled,
         "asr_utterances": result.asr_utterances,
         "errors": errors,
@@ -327,7 +338,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "default settings against the latency features off",
         description="Replay synthesised spoken commands in real time through the configured ASR tier and the "
         "top LLM tier with the home tools, on the default settings and on a baseline with the prefix cache, "
-        "prefill-ahead, the early end of turn and jump-forward decoding off, interleaved; report end of speech → end of turn, first "
+        "prefill-ahead, the reply ahead, the early end of turn and jump-forward decoding off, interleaved; "
+        "report end of speech → end of turn, first "
         "token and complete tool call, false cuts and duplicated calls, with ratios.",
     )
     p.add_argument("--rounds", type=int, default=3, help="rounds over the utterances; medians reported (default 3)")
@@ -373,7 +385,7 @@ def run(args: argparse.Namespace) -> int:
     engine = open_configured(settings, args.asr_model)
     llm = Llm(args, settings, tools)
     sides = [
-        Side(name, s, _early_end(make_service(engine, s.audio, s.batching), s.audio).start())
+        Side(name, s, make_service(engine, s.audio, s.batching, early_end=True).start())
         for name, s in (("default", settings), ("baseline", base))
     ]
     rows: list[dict] = []
@@ -407,15 +419,6 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot_report(report, Path(args.plot))
     return 0
-
-
-def _early_end(service, audio):
-    """``service`` with the early end of turn on when ``audio`` says so, as ``listen`` sets it."""
-    if getattr(audio, "early_end", False):
-        from ..serving.asr.service import EarlyEnd
-
-        service.set_early_end(EarlyEnd(audio.early_end_silence_ms, audio.early_end_min_prob))
-    return service
 
 
 def _rounds(args, sides: list[Side], llm: Llm, clips: list[Clip], warmup: Clip, block_ms: int) -> list[dict]:

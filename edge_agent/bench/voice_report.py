@@ -45,6 +45,7 @@ def side_figures(rows: list[dict]) -> dict:
     out["cancelled_replies"] = sum(r["cancelled"] for r in rows)
     out["prefills_ahead"] = sum(r["prefill_ahead"] for r in rows)
     out["prefills_wasted"] = sum(r["prefill_wasted"] for r in rows)
+    out["replies_ahead_used"] = sum(r.get("reply_ahead", 0) for r in rows)
     return out
 
 
@@ -117,6 +118,7 @@ def format_table(report: dict) -> str:
         "early_ends",
         "cancelled_replies",
         "prefills_ahead",
+        "replies_ahead_used",
         "prefills_wasted",
         "runs_with_call",
     ):

@@ -238,16 +238,14 @@ def cmd_listen(args: argparse.Namespace) -> int:
             responder.turn(event.stream).on_event(event)  # partials prefilled ahead; a resumption cancels
 
     # Several microphones are several streams on one engine: their steps batch together.
-    service = make_service(engine, settings.audio, settings.batching, streams=len(sources))
-    if settings.audio.early_end and not args.no_early_end:
-        from ..serving.asr.service import EarlyEnd
-
-        service.set_early_end(EarlyEnd(settings.audio.early_end_silence_ms, settings.audio.early_end_min_prob))
+    early = not args.no_early_end
+    service = make_service(engine, settings.audio, settings.batching, streams=len(sources), early_end=early)
     service.start()
     turns = RollingWindow(3600.0)
     records: list[dict] = []
     stop = threading.Event()
-    streams = [service.open_stream(on_event=on_event) for _ in sources]
+    pause_ms = responder.pause_ms if responder is not None else None
+    streams = [service.open_stream(on_event=on_event, pause_ms=pause_ms) for _ in sources]
     by_id = {st.id: st for st in streams}
     worker = threading.Thread(target=_consume, args=(finals, responder, records, turns, stop, args, by_id), daemon=True)
     worker.start()

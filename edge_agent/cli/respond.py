@@ -39,6 +39,8 @@ class Responder:
         audio = settings.audio
         self.prefill_ahead = audio.prefill_ahead and not getattr(args, "no_prefill_ahead", False)
         self.stable_ms = audio.prefill_stable_ms
+        self.respond_ahead = self.prefill_ahead and audio.respond_ahead
+        self.pause_ms = audio.pause_ms if self.respond_ahead else None  # the streams' pause partials
         self._turns: dict[int, VoiceTurn] = {}
 
     def turn(self, stream: int) -> VoiceTurn:
@@ -52,6 +54,7 @@ class Responder:
                 tool_choice=self.mode,
                 max_new_tokens=self.max_new_tokens,
                 prefill_ahead=self.prefill_ahead,
+                respond_ahead=self.respond_ahead,
                 stable_ms=self.stable_ms,
             )
         return vt

@@ -111,6 +111,14 @@ class AudioConfig(Section):
         True, description="voice turn: prefill the prompt of a stable partial into the prefix cache while speaking"
     )
     prefill_stable_ms: int = Field(120, ge=0, le=5000, description="how long a partial must stay unchanged first")
+    respond_ahead: bool = Field(
+        True,
+        description="voice turn: when the speaker pauses (pause_ms), generate the whole reply to the partial "
+        "at once and keep it; the final's reply if its text is the same, cancelled otherwise",
+    )
+    pause_ms: int = Field(
+        60, ge=20, le=5000, description="the silence inside an utterance that counts as a pause (respond_ahead)"
+    )
 
     @model_validator(mode="after")
     def _silero_needs_model(self) -> AudioConfig:

@@ -20,7 +20,9 @@ Two model kinds (docs/asr-models.md):
 
 from __future__ import annotations
 
+import copy
 import logging
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -55,6 +57,20 @@ class CtcStream(AudioStream):
         self.features: FeatureStream | None = None  # stateful only
         self.feat_buf = np.zeros((0, 0), np.float32)
         self.state: dict[str, np.ndarray] = {}
+
+    def fork(self) -> CtcStream:
+        """A copy that goes on alone from here: its audio (taken and pending), features, model state and
+        decoder so far, sharing only what every stream shares (the lexicon, the language model, the
+        feature kernel). Ended and stepped, it says what this stream's final would say if it ended now.
+        Only while no step of this stream runs."""
+        shared = [self._lock, getattr(self.decoder, "lexicon", None), getattr(self.decoder, "lm", None)]
+        if self.features is not None:
+            shared += [self.features.cfg, getattr(self.features, "_kernel", None)]
+        memo = {id(o): o for o in shared if o is not None}
+        with self._lock:
+            twin = copy.deepcopy(self, memo)
+        twin._lock = threading.Lock()
+        return twin
 
 
 class CtcRecognizer:

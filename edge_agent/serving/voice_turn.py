@@ -5,7 +5,7 @@
     result = turn.on_final(final_event, speech_end_s)             # blocks until the reply; a TurnResult
     turn.close()
 
-Two things make the turn shorter than "final transcript, then a prefill from zero":
+Three things make the turn shorter than "final transcript, then a prefill from zero":
 
 - **Prefill ahead.** Once a partial transcript has not changed for ``stable_ms``, the prompt made of it
   (the same chat template and tools as the final's) is sent with ``max_new_tokens=1`` and the
@@ -13,14 +13,21 @@ Two things make the turn shorter than "final transcript, then a prefill from zer
   then holds its KV, and the final's request prefills only what comes after the common prefix. At most
   one such prefill is in flight and at most ``max_prefills`` go out per utterance; each is counted, and
   those whose text was not the final's are counted as wasted.
+- **Reply ahead.** When the speaker pauses, the stream brings its partial up to the end of the speech
+  and sends it marked ``paused`` (``open_stream(pause_ms=...)``): its whole reply is started at once,
+  greedy and constrained like the final's, and held. If the final's text is the same, that reply is
+  the final's (the same prompt and parameters give the same tokens) and reaches the caller as soon as
+  the final does; if the final reads otherwise (the speaker went on), a later pause starts another, or
+  the speech resumes after an early end, it is cancelled and counted as wasted.
 - **Early end, safely.** The ASR stream may end an utterance before its full trailing-silence wait
   (``serving/asr/service.py``, ``EarlyEnd``). If the speaker goes on within that wait, the stream
   starts the *same* utterance number again: the early reply is cancelled and never delivered (no
   tool call twice); a reply already delivered by then is a false cut, counted in ``false_cuts``.
 
 Thread use: ``on_event`` / ``on_partial`` / ``on_speech_start`` only record and cancel (they run on
-the ASR threads); prompts are tokenized and prefills submitted by ``tick()``, called every ``tick_s``
-by a small thread of the turn's own, or by the caller when ``tick_s`` is None (tests, fake clocks).
+the ASR threads); prompts are tokenized and requests sent ahead by ``tick()``, called every ``tick_s``
+(at once after a pause's partial) by a small thread of the turn's own, or by the caller when ``tick_s``
+is None (tests, fake clocks).
 ``on_final`` runs on the caller's thread and waits for the reply.
 """
 
@@ -67,6 +74,7 @@ class TurnResult:
     reply: str
     call: dict | None  # with tools: {"name", "arguments"}, or None (words, or cut short)
     delivered: bool  # False: cancelled, the speaker went on after an early end
+    reply_ahead: bool  # the reply was the one started ahead on a pause, on the same text
     early_end: bool  # the utterance was ended before the full trailing-silence wait
     endpoint_ms: float | None  # end of speech → end-of-turn decision (None: end of speech unknown)
     turn_first_token_ms: float | None  # end of speech (else the decision) → first token
@@ -81,10 +89,10 @@ class TurnResult:
 
 
 class VoiceTurn:
-    """One stream's voice turns: prefill ahead on stable partials, the final → the LLM, early replies
-    cancelled when the utterance continues. ``llm_submit(ids, params, tags=...)`` returns a handle
-    (``LLMScheduler.submit``); ``clock`` must be the clock of the ASR events and of the handle's
-    token times (``time.monotonic`` for the real ones)."""
+    """One stream's voice turns: prefill ahead on stable partials, the reply ahead on a pause, the final →
+    the LLM, early replies cancelled when the utterance continues. ``llm_submit(ids, params, tags=...)``
+    returns a handle (``LLMScheduler.submit``); ``clock`` must be the clock of the ASR events and of the
+    handle's token times (``time.monotonic`` for the real ones)."""
 
     def __init__(
         self,
@@ -95,6 +103,7 @@ class VoiceTurn:
         tool_choice: str = "required",
         max_new_tokens: int | None = None,
         prefill_ahead: bool = True,
+        respond_ahead: bool = True,
         stable_ms: float = 120.0,
         max_prefills: int = 3,
         clock: Callable[[], float] = time.monotonic,
@@ -102,12 +111,8 @@ class VoiceTurn:
     ) -> None:
         self.submit, self.tokenizer, self.tools, self.tool_choice = llm_submit, tokenizer, tools, tool_choice
         self.max_new_tokens = max_new_tokens or (160 if tools else 48)
-        self.prefill_ahead, self.stable_ms, self.max_prefills, self.clock = (
-            prefill_ahead,
-            stable_ms,
-            max_prefills,
-            clock,
-        )
+        self.prefill_ahead, self.respond_ahead = prefill_ahead, respond_ahead and prefill_ahead
+        self.stable_ms, self.max_prefills, self.clock = stable_ms, max_prefills, clock
         self.grammar = None
         if tools:
             from ..models import grammar
@@ -119,15 +124,19 @@ class VoiceTurn:
         self._finals: dict[tuple[int, int], int] = {}  # finals taken per (stream, utterance)
         self._replying: dict[tuple[int, int], Any] = {}  # the reply in flight per utterance
         self._delivered: set[tuple[int, int]] = set()  # early replies delivered (a resumption = false cut)
-        self._pending: tuple[tuple[int, int], str, float] | None = None  # latest partial: key, text, since
-        self._prefilled: dict[tuple[int, int], list[str]] = {}  # texts prefilled per utterance
-        self._prefill: Any = None  # the prefill in flight
-        self._prefill_text = ""
+        # the latest partial not yet sent ahead: key, text, since, whether it came with a pause
+        self._pending: tuple[tuple[int, int], str, float, bool] | None = None
+        self._prefilled: dict[tuple[int, int], list[str]] = {}  # texts sent ahead per utterance
+        self._prefill: _Ahead | None = None  # the latest prefill sent ahead
+        self._reply: _Ahead | None = None  # the latest whole reply started on a pause, not yet taken
         self.false_cuts = 0
         self.cancelled = 0
         self.prefills = 0
         self.prefills_wasted = 0
+        self.replies_ahead = 0  # whole replies started on a pause
+        self.replies_ahead_used = 0  # of those, replies that were the final's
         self._closed = threading.Event()
+        self._wake = threading.Event()  # a pause's partial: tick now
         self._ticker: threading.Thread | None = None
         if tick_s is not None and prefill_ahead:
             self._ticker = threading.Thread(target=self._tick_loop, args=(tick_s,), name="voice-turn", daemon=True)
@@ -151,40 +160,79 @@ class VoiceTurn:
             if self._starts[key] == 1:
                 return
             handle = self._replying.pop(key, None)
+            stale = [a.handle for a in self._take_ahead(key) if a is not None]
             if key in self._delivered:
                 self._delivered.discard(key)
                 self.false_cuts += 1
                 log.info("stream %d utterance %d: speech resumed after its reply was delivered", *key)
-        if handle is not None:
-            handle.cancel()
+        for h in (handle, *stale):
+            if h is not None:
+                h.cancel()
 
     def on_partial(self, event: Any) -> None:
-        """A partial transcript: remembered, prefilled by ``tick`` once stable for ``stable_ms``."""
+        """A partial transcript: remembered, prefilled by ``tick`` once stable for ``stable_ms``; one that
+        comes with a pause (``paused``) has its whole reply started ahead at once. (A streaming partial
+        after a pause may still lag the pause's text by a few letters: only the final, a later pause or
+        resumed speech after an early end retire a reply ahead.)"""
         if not self.prefill_ahead or not event.text.strip():
             return
+        paused = bool(getattr(event, "paused", False)) and self.respond_ahead
         with self._lock:
-            self._pending = ((event.stream, event.utterance), event.text, self.clock())
+            self._pending = ((event.stream, event.utterance), event.text, self.clock(), paused)
+        if paused:
+            self._wake.set()
 
     def tick(self) -> bool:
-        """Prefill the pending partial if it has been stable long enough; True when one was sent."""
+        """Send the pending partial ahead if it is due: a pause's at once (its whole reply), another once
+        stable for ``stable_ms`` (its prefill). True when one was sent."""
         with self._lock:
             if self._pending is None:
                 return False
-            key, text, since = self._pending
+            key, text, since, full = self._pending
             done = self._prefilled.setdefault(key, [])
-            if (self.clock() - since) * 1e3 < self.stable_ms or self._finals.get(key, 0) >= self._starts.get(key, 1):
+            if self._finals.get(key, 0) >= self._starts.get(key, 1):
                 return False
-            if (done and done[-1] == text) or len(done) >= self.max_prefills:
-                return False
-            if self._prefill is not None and not self._prefill.done:
-                return False  # one in flight at a time
+            reply = self._reply if self._reply is not None and self._reply.key == key else None
+            if full:
+                self._pending = None
+                if reply is not None and reply.text == text:
+                    return False
+            else:
+                if (self.clock() - since) * 1e3 < self.stable_ms:
+                    return False
+                if (done and done[-1] == text) or len(done) >= self.max_prefills or reply is not None:
+                    return False  # a reply ahead has prefilled this utterance already
+                if self._prefill is not None and not self._prefill.handle.done:
+                    return False  # one in flight at a time
             done.append(text)
             self.prefills += 1
-        params = SamplingParams(max_new_tokens=1, temperature=0.0)
-        handle = self.submit(self.prompt_ids(text), params, tags=(WARMUP,))
+            self.replies_ahead += full
+            replaced = self._reply if full else None
+        if replaced is not None:
+            replaced.handle.cancel()  # an earlier pause's: the speaker went on
+        if full:
+            params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0, grammar=self.grammar)
+        else:
+            params = SamplingParams(max_new_tokens=1, temperature=0.0)
+        ids = self.prompt_ids(text)
+        handle = self.submit(ids, params, tags=(WARMUP,))
+        ahead = _Ahead(key, text, full, handle, len(ids))
         with self._lock:
-            self._prefill, self._prefill_text = handle, text
+            if full:
+                self._reply = ahead
+            else:
+                self._prefill = ahead
         return True
+
+    def _take_ahead(self, key: tuple[int, int]) -> tuple[_Ahead | None, _Ahead | None]:
+        """Under the lock: the prefill and the reply sent ahead for ``key``, no longer this turn's."""
+        prefill = self._prefill if self._prefill is not None and self._prefill.key == key else None
+        reply = self._reply if self._reply is not None and self._reply.key == key else None
+        if prefill is not None:
+            self._prefill = None
+        if reply is not None:
+            self._reply = None
+        return prefill, reply
 
     # -- the final (the caller's thread) ---------------------------------------------------------------
 
@@ -198,7 +246,9 @@ class VoiceTurn:
 
     def on_final(self, event: Any, speech_end_s: float | None = None, on_token: Callable[[str], None] | None = None):
         """The reply to a final transcript (blocks until it is complete or cancelled). ``speech_end_s``:
-        the end of speech on ``clock`` (``AsrStream.endpoint``); without it times run from the decision."""
+        the end of speech on ``clock`` (``AsrStream.endpoint``); without it times run from the decision.
+        A reply started ahead on the same text is this reply; it reaches the caller no earlier than the
+        final does (``event.at_s``)."""
         key = (event.stream, event.utterance)
         early = event.metrics is not None and event.metrics.reason == "early"
         decided = event.speech_end_at_s
@@ -210,20 +260,26 @@ class VoiceTurn:
             sent = list(self._prefilled.get(key, []))
             if self._pending is not None and self._pending[0] == key:
                 self._pending = None
-            # a prefill of another text would only hold the final's request back (one sequence at a time)
-            stale = self._prefill if self._prefill is not None and self._prefill_text != event.text else None
-        if stale is not None:
-            stale.cancel()
+            prefill, reply = self._take_ahead(key)
+        adopted = reply if reply is not None and reply.answers(event.text) else None
+        for ahead in (prefill, reply):
+            if ahead is not None and ahead is not adopted and ahead.text != event.text:
+                ahead.handle.cancel()  # another text's request would only hold the final's back
         wasted = sum(1 for t in sent if t != event.text)
         base = dict(stream=event.stream, utterance=event.utterance, text=event.text, early_end=early)
         base.update(endpoint_ms=endpoint_ms, prefill_ahead=len(sent), prefill_wasted=wasted)
         if superseded or not event.text.strip():
             if superseded:
                 self._count_cancel()
+            if adopted is not None:
+                adopted.handle.cancel()
             return self._empty(base, delivered=False)
-        params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0, grammar=self.grammar)
-        ids = self.prompt_ids(event.text)
-        handle = self.submit(ids, params)
+        if adopted is not None:
+            handle, prompt_tokens = adopted.handle, adopted.prompt_tokens
+        else:
+            params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0, grammar=self.grammar)
+            ids = self.prompt_ids(event.text)
+            handle, prompt_tokens = self.submit(ids, params), len(ids)
         with self._lock:
             if self._starts.get(key, 1) > gen:  # resumed while we tokenized
                 handle.cancel()
@@ -246,20 +302,27 @@ class VoiceTurn:
             if delivered and early:
                 self._delivered.add(key)
             self.prefills_wasted += wasted if delivered else 0
+            self.replies_ahead_used += delivered and adopted is not None
         if not delivered or done is None:
             self._count_cancel()
             return self._empty(base, delivered=False)
         times = done.timing.token_times_s
         reply = done.text
+        floor = event.at_s if adopted is not None else float("-inf")  # a reply ahead waits for the final
+
+        def since_origin(t: float | None) -> float | None:
+            return None if t is None or origin is None else (max(t, floor) - origin) * 1e3
+
         return TurnResult(
             **base,
             reply=reply,
             call=self.call_of(reply) if self.tools else None,
             delivered=True,
-            turn_first_token_ms=None if first is None or origin is None else (first - origin) * 1e3,
-            turn_complete_ms=None if not times or origin is None else (times[-1] - origin) * 1e3,
+            reply_ahead=adopted is not None,
+            turn_first_token_ms=since_origin(first),
+            turn_complete_ms=since_origin(times[-1] if times else None),
             cached_tokens=done.timing.cached_tokens,
-            prompt_tokens=len(ids),
+            prompt_tokens=prompt_tokens,
         )
 
     def _count_cancel(self) -> None:
@@ -273,6 +336,7 @@ class VoiceTurn:
             reply="",
             call=None,
             delivered=delivered,
+            reply_ahead=False,
             turn_first_token_ms=None,
             turn_complete_ms=None,
             cached_tokens=0,
@@ -288,18 +352,42 @@ class VoiceTurn:
         return {"name": call["function"]["name"], "arguments": json.loads(call["function"]["arguments"])}
 
     def close(self) -> None:
-        """Stop the ticker; a prefill still in flight is cancelled."""
+        """Stop the ticker; a request still in flight ahead is cancelled."""
         self._closed.set()
+        self._wake.set()
         if self._ticker is not None:
             self._ticker.join(5.0)
         with self._lock:
-            prefill, self._prefill = self._prefill, None
-        if prefill is not None:
-            prefill.cancel()
+            ahead = [a for a in (self._prefill, self._reply) if a is not None]
+            self._prefill = self._reply = None
+        for a in ahead:
+            a.handle.cancel()
 
     def _tick_loop(self, period_s: float) -> None:
-        while not self._closed.wait(period_s):
+        while not self._closed.is_set():
+            self._wake.wait(period_s)
+            self._wake.clear()
+            if self._closed.is_set():
+                return
             try:
                 self.tick()
-            except Exception:  # a refused prefill (queue full, prompt too long) costs only its gain
-                log.exception("prefill ahead failed")
+            except Exception:  # a refused request ahead (queue full, prompt too long) costs only its gain
+                log.exception("sending ahead failed")
+
+
+@dataclass
+class _Ahead:
+    """A request sent ahead of the final: its utterance and text, whether it is the whole reply (a pause's)
+    or a prefill, and its handle."""
+
+    key: tuple[int, int]
+    text: str
+    full: bool
+    handle: Any
+    prompt_tokens: int
+
+    def answers(self, text: str) -> bool:
+        """Whether it is the reply to a final of ``text``: a whole reply on the same text, not cancelled
+        and not failed."""
+        h = self.handle
+        return self.full and self.text == text and not h.cancelled and not (h.done and h.error is not None)

@@ -205,3 +205,33 @@ def test_engine_failure_is_an_error_event_not_a_hang(engines):
         assert h.wait(10)
         kinds = [e.kind for e in h.events(timeout_s=1)]
     assert "error" in kinds and "final" not in kinds
+
+
+@pytest.mark.parametrize("name", ["demo-asr", "demo-ctc"])
+def test_a_fork_decodes_what_the_stream_would_if_it_ended_there_and_the_stream_goes_on_unchanged(engines, speech, name):
+    """A pause's head start (``CtcStream.fork``): forked mid-utterance (three times, with audio pending) and
+    ended, each copy's final equals that of a stream fed the same audio and ended; the forked stream's own
+    final equals an unforked one's."""
+    engine = engines(name)
+    x = speech[1]
+    cuts = [k * len(x) // 4 + CHUNK // 3 for k in (1, 2, 3)]
+    _, whole = stream_alone(engine, x)
+    s = engine.new_stream()
+    fed = 0
+    for cut in cuts:
+        _, head = stream_alone(engine, x[:cut])
+        while fed < cut:
+            piece = x[fed : min(fed + CHUNK, cut)]
+            s.add_audio(piece)
+            fed += piece.size
+            if piece.size == CHUNK:
+                engine.step([s])  # a short last piece stays pending: the fork must take it too
+        twin = s.fork()
+        twin.end()
+        got = engine.step([twin])[0]
+        assert got is not None and got.final and (got.token_ids, got.text) == (head.token_ids, head.text), cut
+    s.add_audio(x[fed:])
+    engine.step([s])
+    s.end()
+    final = engine.step([s])[0]
+    assert final is not None and final.final and final.token_ids == whole.token_ids

@@ -47,8 +47,20 @@ def final(utt: int, text: str, reason: str = "silence") -> AsrEvent:
     return AsrEvent("final", 0, utt, text, text, 1.0, 0.0, m, 0.0)
 
 
-def turn(scheduler, lm, clock, **kw) -> VoiceTurn:
-    return VoiceTurn(scheduler.submit, lm.tokenizer, TOOLS, clock=clock, tick_s=None, max_new_tokens=48, **kw)
+def turn(scheduler, lm, clock, sent: list | None = None, **kw) -> VoiceTurn:
+    """A VoiceTurn on ``scheduler``; each request it submits is appended to ``sent`` as (params, tags, handle)."""
+
+    def submit(ids, params, tags=()):
+        handle = scheduler.submit(ids, params, tags=tags)
+        if sent is not None:
+            sent.append((params, tags, handle))
+        return handle
+
+    return VoiceTurn(submit, lm.tokenizer, TOOLS, clock=clock, tick_s=None, max_new_tokens=48, **kw)
+
+
+def paused(utt: int, text: str) -> AsrEvent:
+    return AsrEvent("partial", 0, utt, text, text, paused=True)
 
 
 def test_the_call_is_the_same_with_and_without_prefill_ahead_and_early_end(scheduler, lm):
@@ -58,16 +70,18 @@ def test_the_call_is_the_same_with_and_without_prefill_ahead_and_early_end(sched
     plain.close()
     assert base.delivered and base.call is not None
 
-    ahead = turn(scheduler, lm, clock, stable_ms=120)
+    sent: list = []
+    ahead = turn(scheduler, lm, clock, sent, stable_ms=120)
     ahead.on_event(AsrEvent("speech_start", 0, 1))
     ahead.on_event(AsrEvent("partial", 0, 1, "turn on the"))
     clock.t += 0.2
     assert ahead.tick()
     ahead.on_event(AsrEvent("partial", 0, 1, TEXT))
     clock.t += 0.2
-    ahead._prefill.result(60.0)  # the first prefill is done: the next may go
+    sent[-1][2].result(60.0)  # the first prefill is done: the next may go
     assert ahead.tick()
-    ahead._prefill.result(60.0)
+    sent[-1][2].result(60.0)
+    assert [p.max_new_tokens for p, _, _ in sent] == [1, 1]
     early = ahead.on_final(final(1, TEXT, reason="early"))
     ahead.close()
     assert early.call == base.call and early.reply == base.reply
@@ -90,3 +104,38 @@ def test_a_continued_utterance_cancels_the_early_reply_and_yields_one_call(sched
     delivered = [r for r in (out["r"], second) if r.delivered]
     assert [r.text for r in delivered] == [TEXT]  # one call, the continued sentence's
     assert second.call is not None and vt.false_cuts + vt.cancelled == 1
+
+
+def test_a_reply_started_on_a_pause_is_the_final_s_when_the_text_is_the_same(scheduler, lm):
+    clock = Clock()
+    base = turn(scheduler, lm, clock, prefill_ahead=False).on_final(final(0, TEXT))
+    sent: list = []
+    vt = turn(scheduler, lm, clock, sent)
+    vt.on_event(AsrEvent("speech_start", 0, 1))
+    vt.on_event(paused(1, TEXT))
+    assert vt.tick()  # at once: no stable wait for a pause
+    result = vt.on_final(final(1, TEXT, reason="early"))
+    vt.close()
+    assert len(sent) == 1 and sent[0][0].max_new_tokens == 48  # the whole reply went ahead; no second request
+    assert result.reply_ahead and result.delivered
+    assert result.reply == base.reply and result.call == base.call
+    assert vt.replies_ahead == vt.replies_ahead_used == 1 and result.prefill_wasted == 0
+
+
+def test_a_reply_ahead_on_other_words_is_cancelled_and_the_final_gets_its_own(scheduler, lm):
+    """A pause, then more words: the reply ahead is not the final's; the final gets its own, the same as
+    without any reply ahead, and the one ahead is cancelled (if it was still running)."""
+    clock = Clock()
+    base = turn(scheduler, lm, clock, prefill_ahead=False).on_final(final(0, TEXT))
+    sent: list = []
+    vt = turn(scheduler, lm, clock, sent)
+    vt.on_event(AsrEvent("speech_start", 0, 1))
+    vt.on_event(paused(1, "turn on the"))
+    assert vt.tick()
+    vt.on_event(AsrEvent("partial", 0, 1, "turn on the kitchen"))  # the speaker went on
+    result = vt.on_final(final(1, TEXT))
+    vt.close()
+    assert sent[0][2].cancelled or sent[0][2].done  # retired by the final that read otherwise
+    assert not result.reply_ahead and result.reply == base.reply and result.call == base.call
+    assert sent[-1][1] == () and vt.replies_ahead == 1 and vt.replies_ahead_used == 0
+    assert result.prefill_wasted == 1

@@ -160,49 +160,66 @@ def test_an_unfinished_last_word_is_completed_from_the_lexicon(language):
     assert lm.end_probability("turn on the kitchen ligh".split()) == 0.0  # without a lexicon: unknown word
 
 
-def test_the_stream_ends_early_only_from_a_partial_that_covers_the_speech():
-    """AsrService with a fake recogniser: the partial known when the silence starts covers only part of the
-    speech, so a step is asked for; its partial (complete) ends the utterance at the next frame."""
-    from edge_agent.models.recognizer import AudioStream, Hypothesis
+class _Engine:
+    """A recogniser that hears "turn on the lights" up to the audio it has taken (stream time in the text)."""
+
+    name, kind, sample_rate, max_utterance_s = "fake", "fake", RATE, 30.0
+
+    def new_stream(self):
+        from edge_agent.models.recognizer import AudioStream
+
+        return AudioStream(RATE)
+
+    def step(self, streams):
+        from edge_agent.models.recognizer import Hypothesis
+
+        out = []
+        for s in streams:
+            _, ended = s.take()
+            out.append(Hypothesis("turn on the lights", (), ended, "", s.samples_in / RATE))
+        return out
+
+    def close(self):
+        pass
+
+
+def _serve(voiced: list[bool], early_end=None, pause_ms: int | None = None):
+    """``voiced`` fed frame by frame through an AsrService on ``_Engine``, each step asked for by a frame
+    finished before the next: (the stream, its events as (frame index, event))."""
     from edge_agent.serving.asr.batcher import BatchLimits
-    from edge_agent.serving.asr.service import AsrService, EarlyEnd
+    from edge_agent.serving.asr.service import AsrService
 
-    class Engine:
-        name, kind, sample_rate, max_utterance_s = "fake", "fake", RATE, 30.0
-
-        def new_stream(self):
-            return AudioStream(RATE)
-
-        def step(self, streams):
-            out = []
-            for s in streams:
-                _, ended = s.take()
-                out.append(Hypothesis("turn on the lights", (), ended, "", s.samples_in / RATE))
-            return out
-
-        def close(self):
-            pass
-
-    voiced = [True] * frames(1000) + [False] * frames(1000)
     svc = AsrService(
-        Engine(),
+        _Engine(),
         limits=BatchLimits(max_batch=1, batch_timeout_ms=0),
         endpoint=EndpointConfig(60, 500, 100),
         detector_factory=lambda: Script(voiced),
-        chunk_ms=10_000,  # no steps but the first and those the early end asks for
-        early_end=EarlyEnd(200, 0.5),
+        chunk_ms=10_000,  # no steps but the first and those the early end or a pause asks for
+        early_end=early_end,
         end_probability=lambda text: 1.0 if text.endswith("lights") else 0.0,
     ).start()
+    events: list = []
+    frame = [0]
     try:
-        events = []
-        st = svc.open_stream(on_event=events.append)
-        for _ in voiced:
+        st = svc.open_stream(on_event=lambda e: events.append((frame[0], e)), pause_ms=pause_ms)
+        for frame[0] in range(len(voiced)):
             st.feed(np.full(FRAME, 0.1, np.float32))
-            st.wait_steps(10.0)  # a step asked for by this frame finishes before the next frame
+            st.wait_steps(10.0)
         st.close()
         assert st.wait(10.0)
     finally:
         svc.stop()
+    return st, events
+
+
+def test_the_stream_ends_early_only_from_a_partial_that_covers_the_speech():
+    """The partial known when the silence starts covers only part of the speech, so a step is asked for;
+    its partial (complete) ends the utterance at the next frame."""
+    from edge_agent.serving.asr.service import EarlyEnd
+
+    voiced = [True] * frames(1000) + [False] * frames(1000)
+    st, timed = _serve(voiced, early_end=EarlyEnd(200, 0.5))
+    events = [e for _, e in timed]
     (final,) = [e for e in events if e.kind == "final"]
     assert final.metrics.reason == "early"
     speech_end, decided = st.endpoint(final.utterance)
@@ -210,3 +227,21 @@ def test_the_stream_ends_early_only_from_a_partial_that_covers_the_speech():
     # asked at 200 ms of silence, ended once the step's partial covered the speech: well before 500 ms
     partials = [e for e in events if e.kind == "partial"]
     assert partials and final.audio_s - 1.0 < 0.5
+    assert not any(e.paused for e in partials)  # no pause partials unless the stream asks for them
+
+
+def test_a_pause_brings_the_partial_up_to_the_end_of_the_speech_once_per_pause():
+    """With ``pause_ms``, each pause inside an utterance (and its end) gets one partial marked ``paused``,
+    sent at the frame where the silence reaches ``pause_ms``, covering all the speech before it."""
+    # speech, a 200 ms pause, speech, then silence to the end (the 500 ms wait ends the utterance)
+    voiced = [True] * frames(600) + [False] * frames(200) + [True] * frames(400) + [False] * frames(800)
+    _, events = _serve(voiced, pause_ms=60)
+    pauses = [(k, e) for k, e in events if e.kind == "partial" and e.paused]
+    first_pause = frames(600) + frames(60) - 1
+    second_pause = frames(600) + frames(200) + frames(400) + frames(60) - 1
+    assert [k for k, _ in pauses] == [first_pause, second_pause]
+    # each covers the audio up to its pause (the fake engine's stream time: pre-roll + speech + the pause so far)
+    assert [round(e.audio_s, 2) for _, e in pauses] == [round((k + 1) * FRAME / RATE, 2) for k, _ in pauses]
+    (final,) = [e for _, e in events if e.kind == "final"]
+    assert all(e.text == final.text for _, e in pauses)
+    assert max(k for k, _ in pauses) < next(k for k, e in events if e.kind == "final")

@@ -33,3 +33,6 @@ class AsrEvent:
     speech_end_at_s: float | None = None  # final only: clock time of the end-of-speech decision
     error: str | None = None
     code: str | None = None  # error only: overloaded | timeout | cancelled | failed
+    # partial only: the speaker has paused and this text covers all the speech so far (what the final
+    # says if the utterance ends here); asked for with ``open_stream(pause_ms=...)``
+    paused: bool = False

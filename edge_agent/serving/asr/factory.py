@@ -16,13 +16,20 @@ if TYPE_CHECKING:
 
 
 def make_service(
-    engine: Recognizer, audio: AudioConfig, batching: BatchingConfig, streams: int = 1, sla_ms: float = 300.0
+    engine: Recognizer,
+    audio: AudioConfig,
+    batching: BatchingConfig,
+    streams: int = 1,
+    sla_ms: float = 300.0,
+    early_end: bool = False,
 ) -> AsrService:
     """The ASR service for ``engine`` with the ``audio`` and ``batching`` config sections; ``sla_ms`` is
-    the first-partial target the adaptive batching wait leaves room for (``[sla.asr] target_ms``)."""
+    the first-partial target the adaptive batching wait leaves room for (``[sla.asr] target_ms``).
+    ``early_end``: its streams may end a turn early as ``[audio] early_end`` says (the voice turn's
+    paths); off, an utterance always ends after the full trailing silence."""
     from ...audio.vad import EndpointConfig, make_detector
     from .batcher import BatchLimits
-    from .service import AsrService
+    from .service import AsrService, EarlyEnd
 
     limits = BatchLimits(
         max_batch=batching.max_batch,
@@ -40,6 +47,9 @@ def make_service(
         endpoint=endpoint,
         chunk_ms=audio.chunk_ms,
         sla_ms=sla_ms,
+        early_end=EarlyEnd(audio.early_end_silence_ms, audio.early_end_min_prob)
+        if early_end and audio.early_end
+        else None,
         detector_factory=lambda: make_detector(
             audio.vad, model=audio.vad_model, threshold_db=audio.energy_threshold_db
         ),

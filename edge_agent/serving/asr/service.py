@@ -75,6 +75,8 @@ class _Utterance:
         self.audio: list[np.ndarray] | None = None  # its audio, kept with early end (a resumption re-feeds it)
         self.partial_samples = -1  # utterance samples the latest partial covers (-1: none yet)
         self.partial_text = ""
+        self.paused_at = -1  # voiced samples when a pause's partial was last asked for
+        self.pause_due = False  # a pause's fork waits for the step in flight
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,15 +174,19 @@ class AsrService:
         on_event: Callable[[AsrEvent], None] | None = None,
         vad: bool = True,
         complete: Callable[[str], bool] | None = None,
+        pause_ms: int | None = None,
     ) -> AsrStream:
         """A new stream; ``complete(partial_text)`` adds the caller's own completeness check to the
-        recogniser's for an early end (used only when the service has ``early_end``)."""
+        recogniser's for an early end (used only when the service has ``early_end``). ``pause_ms``: after
+        that much silence inside an utterance, a step brings its partial up to the end of the speech and
+        it goes out marked ``paused`` (a voice turn starts its reply ahead on it)."""
         with self._lock:
             sid = self._next_stream
             self._next_stream += 1
         detector = self.detector_factory() if vad else None
         stream = AsrStream(self, sid, Endpointer(detector, self.endpoint, self.engine.sample_rate), on_event)
         stream.set_complete(complete)
+        stream.pause_ms = pause_ms
         return stream
 
     def set_early_end(self, early_end: EarlyEnd | None, end_probability: Callable[[str], float] | None = None) -> None:
@@ -288,6 +294,8 @@ class AsrStream:
         self._complete_extra: Callable[[str], bool] | None = None
         self._checked: tuple[str, bool] = ("", False)  # the last completeness answer, per partial text
         self._endpoints: dict[int, tuple[float, float]] = {}  # utterance → (speech end, decision), clock
+        self.pause_ms: int | None = None  # see ``AsrService.open_stream``
+        self._pausing: _Utterance | None = None  # a pause's one-pass decode in flight
 
     def set_complete(self, complete: Callable[[str], bool] | None) -> None:
         """The caller's completeness check for an early end (see ``AsrService.open_stream``)."""
@@ -311,6 +319,64 @@ class AsrStream:
             self._samples += x.size
             self._arrivals.append((self._samples, now))
             self._handle(self.endpointer.push(x), now)
+            if self.pause_ms is not None:
+                self._pause()
+
+    def _pause(self) -> None:
+        """Under the lock, after a block: in a pause of ``pause_ms``, decode the utterance as if it ended here
+        (the streaming partial holds back its last letters; this is what the final would say) and send that
+        text as a partial marked ``paused``, once per pause. The stream is forked for it (``fork``) once no
+        step of it runs; a recogniser whose streams cannot fork decodes the audio so far in one pass."""
+        u = self._current
+        if u is None or u.done or u.audio is None or self.endpointer.silence_ms < (self.pause_ms or 0):
+            return
+        voiced = self.endpointer.voiced_samples
+        if u.paused_at == voiced:
+            return  # this pause's decode is asked for already
+        u.paused_at = voiced
+        if u.in_flight:
+            u.pause_due = True  # forked when that step is absorbed
+        else:
+            self._fork_pause(u)
+
+    def _fork_pause(self, u: _Utterance) -> None:
+        u.pause_due = False
+        fork = getattr(u.rstream, "fork", None)
+        if fork is not None:
+            twin = fork()
+        else:
+            twin = self.service.engine.new_stream()
+            for block in u.audio or []:
+                twin.add_audio(block)
+        twin.end()
+        self._pause_step(u, _Utterance(self, u.index, twin, u.onset_s, u.voiced_at))
+
+    def _pause_step(self, u: _Utterance, shadow: _Utterance) -> None:
+        try:
+            future = self.service.batcher.submit(shadow, urgent=True)
+        except Exception as exc:  # a pause's partial is only a head start: never worth failing for
+            log.debug("stream %d: no pause partial (%s)", self.id, exc)
+            return
+        self._pausing = shadow
+        future.add_done_callback(functools.partial(self._paused, u, shadow, u.paused_at))
+
+    def _paused(self, u: _Utterance, shadow: _Utterance, voiced: int, future) -> None:
+        """Batcher thread: a pause's one-pass decode ran; its final text goes out as a ``paused`` partial
+        while the utterance is still in that pause."""
+        with self._lock:
+            self._pausing = None
+            self._idle.notify_all()
+            if future.cancelled() or future.exception() is not None:
+                return
+            hyp: Hypothesis | None = future.result()
+            current = not u.done and self._current is u and u.paused_at == voiced
+            if current and (hyp is None or not hyp.final):
+                self._pause_step(u, shadow)  # an engine that takes its audio over several steps
+            elif current and hyp is not None and hyp.text.strip():
+                now = self.service.clock()
+                self._emit(
+                    AsrEvent("partial", self.id, u.index, hyp.text, hyp.text, u.onset_s + hyp.audio_s, now, paused=True)
+                )
 
     def close(self) -> None:
         """End of input: an open utterance ends now (its final still comes as an event)."""
@@ -358,7 +424,9 @@ class AsrStream:
     def wait_steps(self, timeout_s: float | None = None) -> bool:
         """Wait until no recogniser step of this stream is queued or running; False on timeout."""
         with self._idle:
-            return self._idle.wait_for(lambda: not any(u.in_flight for u in self._live), timeout_s)
+            return self._idle.wait_for(
+                lambda: not any(u.in_flight for u in self._live) and self._pausing is None, timeout_s
+            )
 
     def events(self, timeout_s: float | None = None) -> Iterator[AsrEvent]:
         """Events as they come; ends once the stream is closed and all finals are out, or on timeout."""
@@ -409,8 +477,8 @@ class AsrStream:
                 u = _Utterance(self, index, svc.engine.new_stream(), onset_s, self._arrival_of(e.at_s, now))
                 if svc.capture is not None:
                     u.pcm = []
-                if svc.early_end is not None:
-                    u.audio = []
+                if svc.early_end is not None or self.pause_ms is not None:
+                    u.audio = []  # a resumption re-feeds it; a pause decodes it in one pass
                 if resumed is None:
                     self._count += 1
                 else:  # the same utterance goes on: recognised again from its start
@@ -470,6 +538,8 @@ class AsrStream:
                 self._emit(
                     AsrEvent("partial", self.id, u.index, hyp.text, hyp.stable_text, u.onset_s + hyp.audio_s, now)
                 )
+            if u.pause_due and self._current is u and not (hyp is not None and hyp.final):
+                self._fork_pause(u)
             if hyp is not None and hyp.final:
                 self._finish(u, hyp, now)
             elif u.rstream.ended:
