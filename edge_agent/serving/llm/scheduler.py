@@ -345,7 +345,7 @@ class LLMScheduler:
                 reason = self._take(seq, token, logprob, now)
                 seq.feed = [token]
                 if reason is None and self._jumps(seq):
-                    for forced in seq.constraint.forced():  # type: ignore[union-attr]  # _jumps: it has one
+                    for forced in seq.constraint.forced():
                         seq.feed.append(forced)
                         reason = self._take(seq, forced, None, now, forced=True)
                         if reason:
