@@ -185,7 +185,7 @@ class Side:
 
     def voice_turn(self, llm: Llm):
         """A ``VoiceTurn`` for one stream, with this side's prefill-ahead settings."""
-        from ..serving.voice_turn import VoiceTurn
+        from ..serving.voice_turn import VoiceTurn, chat_submit
 
         audio = self.settings.audio
         options: dict[str, Any] = {
@@ -194,9 +194,8 @@ class Side:
         }
         if hasattr(audio, "prefill_stable_ms"):
             options["stable_ms"] = float(audio.prefill_stable_ms)
-        return VoiceTurn(
-            self.scheduler.submit, llm.lm.tokenizer, llm.tools, max_new_tokens=llm.max_new_tokens, **options
-        )
+        submit = chat_submit(self.scheduler, llm.lm.tokenizer)
+        return VoiceTurn(submit, llm.tools, max_new_tokens=llm.max_new_tokens, **options)
 
 
 class Llm:

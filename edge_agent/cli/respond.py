@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..serving.voice_turn import TurnResult, VoiceTurn, turn_limits
+from ..serving.voice_turn import TurnResult, VoiceTurn, chat_submit, turn_limits
 
 
 class Responder:
@@ -48,8 +48,7 @@ class Responder:
         vt = self._turns.get(stream)
         if vt is None:
             vt = self._turns[stream] = VoiceTurn(
-                self.scheduler.submit,
-                self.lm.tokenizer,
+                chat_submit(self.scheduler, self.lm.tokenizer),
                 self.tools,
                 tool_choice=self.mode,
                 max_new_tokens=self.max_new_tokens,

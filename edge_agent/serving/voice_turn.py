@@ -1,6 +1,6 @@
 """The voice turn: a stream's partial and final transcripts → one LLM reply (or tool call), early.
 
-    turn = VoiceTurn(scheduler.submit, lm.tokenizer, tools)      # one per audio stream
+    turn = VoiceTurn(chat_submit(scheduler, lm.tokenizer), tools)  # one per audio stream
     stream = service.open_stream(on_event=turn.on_event)          # speech_start and partial events
     result = turn.on_final(final_event, speech_end_s)             # blocks until the reply; a TurnResult
     turn.close()
@@ -83,21 +83,33 @@ class TurnResult:
     prompt_tokens: int
     prefill_ahead: int  # prefills of a partial sent for this utterance
     prefill_wasted: int  # of those, prefills whose text was not the final's
+    error: str | None = None  # why there is no reply, when the LLM refused the request
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+def chat_submit(scheduler: Any, tokenizer: Any) -> Callable[..., Any]:
+    """``VoiceTurn``'s submit on one scheduler (``LLMScheduler``): the chat in ``tokenizer``'s template
+    (the bare user text for a model without one)."""
+
+    def submit(chat: list[Message], params: SamplingParams, tags: Sequence[str] = ()) -> Any:
+        ids = tokenizer.encode_chat(chat) if tokenizer.chat_template else tokenizer.encode(chat[-1].content)
+        return scheduler.submit(list(ids), params, tags=tags)
+
+    return submit
+
+
 class VoiceTurn:
     """One stream's voice turns: prefill ahead on stable partials, the reply ahead on a pause, the final →
-    the LLM, early replies cancelled when the utterance continues. ``llm_submit(ids, params, tags=...)``
-    returns a handle (``LLMScheduler.submit``); ``clock`` must be the clock of the ASR events and of the
-    handle's token times (``time.monotonic`` for the real ones)."""
+    the LLM, early replies cancelled when the utterance continues. ``llm_submit(chat, params, tags=...)``
+    returns a handle (``chat_submit`` on a scheduler, or the tier ladder's ``TieredLLM.submit``);
+    ``clock`` must be the clock of the ASR events and of the handle's token times (``time.monotonic``
+    for the real ones)."""
 
     def __init__(
         self,
         llm_submit: Callable[..., Any],
-        tokenizer: Any,
         tools: Sequence[dict] | None = None,
         *,
         tool_choice: str = "required",
@@ -109,7 +121,7 @@ class VoiceTurn:
         clock: Callable[[], float] = time.monotonic,
         tick_s: float | None = 0.02,
     ) -> None:
-        self.submit, self.tokenizer, self.tools, self.tool_choice = llm_submit, tokenizer, tools, tool_choice
+        self.submit, self.tools, self.tool_choice = llm_submit, tools, tool_choice
         self.max_new_tokens = max_new_tokens or (160 if tools else 48)
         self.prefill_ahead, self.respond_ahead = prefill_ahead, respond_ahead and prefill_ahead
         self.stable_ms, self.max_prefills, self.clock = stable_ms, max_prefills, clock
@@ -214,9 +226,8 @@ class VoiceTurn:
             params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0, grammar=self.grammar)
         else:
             params = SamplingParams(max_new_tokens=1, temperature=0.0)
-        ids = self.prompt_ids(text)
-        handle = self.submit(ids, params, tags=(WARMUP,))
-        ahead = _Ahead(key, text, full, handle, len(ids))
+        handle = self.submit(self.chat(text), params, tags=(WARMUP,))
+        ahead = _Ahead(key, text, full, handle)
         with self._lock:
             if full:
                 self._reply = ahead
@@ -236,13 +247,10 @@ class VoiceTurn:
 
     # -- the final (the caller's thread) ---------------------------------------------------------------
 
-    def prompt_ids(self, text: str) -> list[int]:
-        """The prompt for ``text``: the user turn with the tools, in the model's chat template."""
-        tok = self.tokenizer
+    def chat(self, text: str) -> list[Message]:
+        """The prompt for ``text``: the user turn, with the tools described at its start."""
         chat = [Message("user", text)]
-        if self.tools:
-            chat = with_tools(chat, self.tools, self.tool_choice)
-        return list(tok.encode_chat(chat) if tok.chat_template else tok.encode(chat[0].content))
+        return with_tools(chat, self.tools, self.tool_choice) if self.tools else chat
 
     def on_final(self, event: Any, speech_end_s: float | None = None, on_token: Callable[[str], None] | None = None):
         """The reply to a final transcript (blocks until it is complete or cancelled). ``speech_end_s``:
@@ -275,11 +283,15 @@ class VoiceTurn:
                 adopted.handle.cancel()
             return self._empty(base, delivered=False)
         if adopted is not None:
-            handle, prompt_tokens = adopted.handle, adopted.prompt_tokens
+            handle = adopted.handle
         else:
             params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0, grammar=self.grammar)
-            ids = self.prompt_ids(event.text)
-            handle, prompt_tokens = self.submit(ids, params), len(ids)
+            try:
+                handle = self.submit(self.chat(event.text), params)
+            except Exception as exc:  # refused (overloaded, shutting down, too long): no reply, counted
+                log.warning("stream %d utterance %d: no reply (%s)", *key, exc)
+                self._count_cancel()
+                return self._empty(base, delivered=False, error=str(exc))
         with self._lock:
             if self._starts.get(key, 1) > gen:  # resumed while we tokenized
                 handle.cancel()
@@ -322,7 +334,7 @@ class VoiceTurn:
             turn_first_token_ms=since_origin(first),
             turn_complete_ms=since_origin(times[-1] if times else None),
             cached_tokens=done.timing.cached_tokens,
-            prompt_tokens=prompt_tokens,
+            prompt_tokens=done.timing.tokens_in,
         )
 
     def _count_cancel(self) -> None:
@@ -330,8 +342,9 @@ class VoiceTurn:
             self.cancelled += 1
 
     @staticmethod
-    def _empty(base: dict, delivered: bool) -> TurnResult:
+    def _empty(base: dict, delivered: bool, error: str | None = None) -> TurnResult:
         return TurnResult(
+            error=error,
             **base,
             reply="",
             call=None,
@@ -384,7 +397,6 @@ class _Ahead:
     text: str
     full: bool
     handle: Any
-    prompt_tokens: int
 
     def answers(self, text: str) -> bool:
         """Whether it is the reply to a final of ``text``: a whole reply on the same text, not cancelled

@@ -15,7 +15,7 @@ from edge_agent.models.llm import DecoderLM
 from edge_agent.serving.asr.events import AsrEvent, UtteranceMetrics
 from edge_agent.serving.llm.scheduler import Limits, LLMScheduler
 from edge_agent.serving.openai_output import load_tools
-from edge_agent.serving.voice_turn import VoiceTurn
+from edge_agent.serving.voice_turn import VoiceTurn, chat_submit
 
 TEXT = "turn on the kitchen lights"
 TOOLS = load_tools(Path(__file__).resolve().parents[2] / "edge_agent" / "demo_models" / "home-tools.json")
@@ -50,13 +50,15 @@ def final(utt: int, text: str, reason: str = "silence") -> AsrEvent:
 def turn(scheduler, lm, clock, sent: list | None = None, **kw) -> VoiceTurn:
     """A VoiceTurn on ``scheduler``; each request it submits is appended to ``sent`` as (params, tags, handle)."""
 
-    def submit(ids, params, tags=()):
-        handle = scheduler.submit(ids, params, tags=tags)
+    on_scheduler = chat_submit(scheduler, lm.tokenizer)
+
+    def submit(chat, params, tags=()):
+        handle = on_scheduler(chat, params, tags=tags)
         if sent is not None:
             sent.append((params, tags, handle))
         return handle
 
-    return VoiceTurn(submit, lm.tokenizer, TOOLS, clock=clock, tick_s=None, max_new_tokens=48, **kw)
+    return VoiceTurn(submit, TOOLS, clock=clock, tick_s=None, max_new_tokens=48, **kw)
 
 
 def paused(utt: int, text: str) -> AsrEvent:

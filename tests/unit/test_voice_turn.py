@@ -36,25 +36,18 @@ class Clock:
         return self.t
 
 
-class Tok:
-    chat_template = None
-
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) for c in text]
-
-
 class FakeLLM:
     """Records every submit; the test finishes each handle when it wants."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[list[int], object, tuple]] = []
+        self.calls: list[tuple[list, object, tuple]] = []
         self.handles: list[RequestHandle] = []
         self.submitted = threading.Condition()
 
-    def __call__(self, ids, params, tags=()):
+    def __call__(self, chat, params, tags=()):
         h = RequestHandle(len(self.handles) + 1)
         with self.submitted:
-            self.calls.append((list(ids), params, tuple(tags)))
+            self.calls.append((list(chat), params, tuple(tags)))
             self.handles.append(h)
             self.submitted.notify_all()
         return h
@@ -90,7 +83,7 @@ def final(utt: int, text: str, decided: float, reason: str = "silence") -> AsrEv
 
 
 def turn(llm, clock, **kw) -> VoiceTurn:
-    return VoiceTurn(llm, Tok(), TOOLS, clock=clock, tick_s=None, **kw)
+    return VoiceTurn(llm, TOOLS, clock=clock, tick_s=None, **kw)
 
 
 def test_a_partial_is_prefilled_once_stable_with_one_token_and_the_warmup_tag():
@@ -102,8 +95,8 @@ def test_a_partial_is_prefilled_once_stable_with_one_token_and_the_warmup_tag():
     assert not vt.tick() and not llm.calls
     clock.t += 0.002
     assert vt.tick()
-    ids, params, tags = llm.calls[0]
-    assert ids == vt.prompt_ids("turn on the kitchen")  # the final's template and tools
+    chat, params, tags = llm.calls[0]
+    assert chat == vt.chat("turn on the kitchen")  # the final's template and tools
     assert params.max_new_tokens == 1 and tags == ("warmup",)
     assert not vt.tick()  # the same text is not prefilled twice
 
