@@ -259,7 +259,7 @@ def replay(side: Side, llm: Llm, clip: Clip, block_ms: int) -> RunResult:
 
     worker = threading.Thread(target=_respond, args=(turn, finals, turns), daemon=True)
     worker.start()
-    stream = side.service.open_stream(on_event=on_event, pause_ms=side.pause_ms)
+    stream = side.service.open_stream(on_event=on_event, pause_ms=side.pause_ms, early_end=True)
     block = max(1, block_ms * RATE // 1000)
     speech_end_s = None
     start = time.monotonic()

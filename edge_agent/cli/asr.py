@@ -245,7 +245,7 @@ def cmd_listen(args: argparse.Namespace) -> int:
     records: list[dict] = []
     stop = threading.Event()
     pause_ms = responder.pause_ms if responder is not None else None
-    streams = [service.open_stream(on_event=on_event, pause_ms=pause_ms) for _ in sources]
+    streams = [service.open_stream(on_event=on_event, pause_ms=pause_ms, early_end=early) for _ in sources]
     by_id = {st.id: st for st in streams}
     worker = threading.Thread(target=_consume, args=(finals, responder, records, turns, stop, args, by_id), daemon=True)
     worker.start()

@@ -183,7 +183,7 @@ class _Engine:
         pass
 
 
-def _serve(voiced: list[bool], early_end=None, pause_ms: int | None = None):
+def _serve(voiced: list[bool], early_end=None, pause_ms: int | None = None, stream_early: bool = True):
     """``voiced`` fed frame by frame through an AsrService on ``_Engine``, each step asked for by a frame
     finished before the next: (the stream, its events as (frame index, event))."""
     from edge_agent.serving.asr.batcher import BatchLimits
@@ -201,7 +201,8 @@ def _serve(voiced: list[bool], early_end=None, pause_ms: int | None = None):
     events: list = []
     frame = [0]
     try:
-        st = svc.open_stream(on_event=lambda e: events.append((frame[0], e)), pause_ms=pause_ms)
+        on_event = lambda e: events.append((frame[0], e))  # noqa: E731
+        st = svc.open_stream(on_event=on_event, pause_ms=pause_ms, early_end=stream_early)
         for frame[0] in range(len(voiced)):
             st.feed(np.full(FRAME, 0.1, np.float32))
             st.wait_steps(10.0)
@@ -228,6 +229,18 @@ def test_the_stream_ends_early_only_from_a_partial_that_covers_the_speech():
     partials = [e for e in events if e.kind == "partial"]
     assert partials and final.audio_s - 1.0 < 0.5
     assert not any(e.paused for e in partials)  # no pause partials unless the stream asks for them
+
+
+def test_a_stream_that_does_not_ask_for_the_early_end_waits_the_full_silence():
+    """The service may end turns early (a voice turn's streams ask for it); a plain stream on it, an API
+    client's transcription, keeps the full trailing-silence wait."""
+    from edge_agent.serving.asr.service import EarlyEnd
+
+    voiced = [True] * frames(1000) + [False] * frames(1000)
+    st, timed = _serve(voiced, early_end=EarlyEnd(200, 0.5), stream_early=False)
+    (final,) = [e for _, e in timed if e.kind == "final"]
+    speech_end, decided = st.endpoint(final.utterance)
+    assert final.metrics.reason == "silence" and round(decided - speech_end, 1) >= 0.5
 
 
 def test_a_pause_brings_the_partial_up_to_the_end_of_the_speech_once_per_pause():

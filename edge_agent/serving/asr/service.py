@@ -39,7 +39,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -175,23 +175,26 @@ class AsrService:
         vad: bool = True,
         complete: Callable[[str], bool] | None = None,
         pause_ms: int | None = None,
+        early_end: bool = False,
     ) -> AsrStream:
-        """A new stream; ``complete(partial_text)`` adds the caller's own completeness check to the
-        recogniser's for an early end (used only when the service has ``early_end``). ``pause_ms``: after
-        that much silence inside an utterance, a step brings its partial up to the end of the speech and
-        it goes out marked ``paused`` (a voice turn starts its reply ahead on it)."""
+        """A new stream. ``early_end``: its utterances may end early, when the service has an ``EarlyEnd``
+        (a voice turn's stream; others always wait the full trailing silence); ``complete(partial_text)``
+        adds the caller's own completeness check to the recogniser's for it. ``pause_ms``: after that
+        much silence inside an utterance, its text as the final would say it goes out as a partial marked
+        ``paused`` (a voice turn starts its reply ahead on it)."""
         with self._lock:
             sid = self._next_stream
             self._next_stream += 1
         detector = self.detector_factory() if vad else None
-        stream = AsrStream(self, sid, Endpointer(detector, self.endpoint, self.engine.sample_rate), on_event)
+        endpoint = self.endpoint if early_end else replace(self.endpoint, early_silence_ms=None)
+        stream = AsrStream(self, sid, Endpointer(detector, endpoint, self.engine.sample_rate), on_event)
         stream.set_complete(complete)
         stream.pause_ms = pause_ms
         return stream
 
     def set_early_end(self, early_end: EarlyEnd | None, end_probability: Callable[[str], float] | None = None) -> None:
-        """Turn the early end on (or off: None) for streams opened from now on. ``end_probability``
-        overrides the recogniser's own language model (tests, tuning)."""
+        """Turn the early end on (or off: None) for streams opened from now on with ``early_end=True``.
+        ``end_probability`` overrides the recogniser's own language model (tests, tuning)."""
         e = self.endpoint
         silence = None if early_end is None else min(early_end.silence_ms, e.trailing_silence_ms)
         self.endpoint = EndpointConfig(
@@ -300,7 +303,7 @@ class AsrStream:
     def set_complete(self, complete: Callable[[str], bool] | None) -> None:
         """The caller's completeness check for an early end (see ``AsrService.open_stream``)."""
         self._complete_extra = complete
-        early = self.service.early_end is not None
+        early = self.service.early_end is not None and self.endpointer.config.early_silence_ms is not None
         has_check = self.service.end_probability is not None or complete is not None
         self.endpointer.complete = self._complete if early and has_check else None
 
@@ -477,7 +480,7 @@ class AsrStream:
                 u = _Utterance(self, index, svc.engine.new_stream(), onset_s, self._arrival_of(e.at_s, now))
                 if svc.capture is not None:
                     u.pcm = []
-                if svc.early_end is not None or self.pause_ms is not None:
+                if self.endpointer.config.early_silence_ms is not None or self.pause_ms is not None:
                     u.audio = []  # a resumption re-feeds it; a pause decodes it in one pass
                 if resumed is None:
                     self._count += 1
