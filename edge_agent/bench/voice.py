@@ -185,15 +185,9 @@ class Side:
 
     def voice_turn(self, llm: Llm):
         """A ``VoiceTurn`` for one stream, with this side's prefill-ahead settings."""
-        from ..serving.voice_turn import VoiceTurn, chat_submit
+        from ..serving.voice_turn import VoiceTurn, chat_submit, turn_options
 
-        audio = self.settings.audio
-        options: dict[str, Any] = {
-            "prefill_ahead": getattr(audio, "prefill_ahead", self.name == "default"),
-            "respond_ahead": getattr(audio, "respond_ahead", self.name == "default"),
-        }
-        if hasattr(audio, "prefill_stable_ms"):
-            options["stable_ms"] = float(audio.prefill_stable_ms)
+        options = turn_options(self.settings.audio)
         submit = chat_submit(self.scheduler, llm.lm.tokenizer)
         return VoiceTurn(submit, llm.tools, max_new_tokens=llm.max_new_tokens, **options)
 

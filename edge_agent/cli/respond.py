@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..serving.voice_turn import TurnResult, VoiceTurn, chat_submit, turn_limits
+from ..serving.voice_turn import TurnResult, VoiceTurn, chat_submit, turn_limits, turn_options
 
 
 class Responder:
@@ -36,11 +36,11 @@ class Responder:
         self.scheduler = LLMScheduler(self.lm, turn_limits(settings)).start()
         self.tools, self.mode = tools, args.tool_choice
         self.max_new_tokens = args.max_new_tokens or (160 if tools else 48)
-        audio = settings.audio
-        self.prefill_ahead = audio.prefill_ahead and not getattr(args, "no_prefill_ahead", False)
-        self.stable_ms = audio.prefill_stable_ms
-        self.respond_ahead = self.prefill_ahead and audio.respond_ahead
-        self.pause_ms = audio.pause_ms if self.respond_ahead else None  # the streams' pause partials
+        self.options = turn_options(settings.audio)
+        if getattr(args, "no_prefill_ahead", False):
+            self.options.update(prefill_ahead=False, respond_ahead=False)
+        ahead = self.options["prefill_ahead"] and self.options["respond_ahead"]
+        self.pause_ms = settings.audio.pause_ms if ahead else None  # the streams' pause partials
         self._turns: dict[int, VoiceTurn] = {}
 
     def turn(self, stream: int) -> VoiceTurn:
@@ -52,9 +52,7 @@ class Responder:
                 self.tools,
                 tool_choice=self.mode,
                 max_new_tokens=self.max_new_tokens,
-                prefill_ahead=self.prefill_ahead,
-                respond_ahead=self.respond_ahead,
-                stable_ms=self.stable_ms,
+                **self.options,
             )
         return vt
 

@@ -37,6 +37,7 @@ from ..serving.llm.scheduler import Limits
 from ..serving.llm.tiers import Tier, TieredLLM
 from ..serving.tier_control import TierController
 from ..serving.tier_policy import policy_from_config
+from ..serving.voice_turn import turn_options
 from ..systemd import LoopHeartbeat, Notifier, Watchdog
 from ..telemetry.health import HealthReader
 from ..telemetry.inventory import InventoryBook, config_digest
@@ -129,6 +130,7 @@ class Agent:
             asr=self.asr,
             health=self.health,
             cors_origins=s.api.cors_origins,
+            voice_options=turn_options(s.audio),
         ).start(s.api.host, s.api.port, unix_socket)
         llm, api = self.llm, self.api
         self.metrics.track_load("llm", lambda: llm.load)

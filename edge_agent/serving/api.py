@@ -72,6 +72,7 @@ class ApiServer:
         header_timeout_s: float = HEADER_TIMEOUT_S,
         body_timeout_s: float = BODY_TIMEOUT_S,
         cors_origins: Iterable[str] = (),
+        voice_options: dict | None = None,
     ) -> None:
         if token is not None and not token.strip():
             raise EdgeAgentError("the API token is empty: give a secret, or None to serve without one")
@@ -81,6 +82,7 @@ class ApiServer:
         self._health = health or (lambda: {})
         self.header_timeout_s, self.body_timeout_s = header_timeout_s, body_timeout_s
         self.cors = http_guard.Cors(cors_origins)
+        self.voice_options = voice_options or {}  # the voice turns of ``/v1/audio/stream?respond=true``
         self.draining = False
         self.ticks = 0  # advanced by the loop every TICK_S: the watchdog's sign that it is not blocked
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -212,7 +214,7 @@ class ApiServer:
         return await api_speech.transcriptions(self.asr, request)
 
     async def _audio_stream(self, request: web.Request) -> web.StreamResponse:
-        return await api_speech.audio_stream(self.asr, request)
+        return await api_speech.audio_stream(self.asr, request, self.llm, self.voice_options)
 
     async def _health_route(self, request: web.Request) -> web.Response:
         """Liveness and, per workload, what is serving: tier, model, load, shedding, switching."""

@@ -3,7 +3,8 @@
     POST /v1/audio/transcriptions multipart file → json / text / srt / vtt / verbose_json (OpenAI's shapes),
                                   decoded on the executor; ``whisper-1`` (``ASR_ALIASES``) is the active
                                   tier, said in ``warnings``; an unknown model is a 404 ``model_not_found``
-    GET  /v1/audio/stream         WebSocket: binary 16 kHz mono PCM16 in, partial/final JSON out
+    GET  /v1/audio/stream         WebSocket: binary 16 kHz mono PCM16 in, partial/final JSON out;
+                                  ``?respond=true``: each final answered by the LLM (``api_voice``)
 
 A live stream is opened before the WebSocket upgrade, so shedding or draining is a plain 503 with
 ``Retry-After``; back-pressure, the stall bound and the close codes are described in ``audio_stream``.
@@ -41,7 +42,8 @@ class SpeechService(Protocol):
     def transcribe_bytes(
         self, data: bytes, filename: str, *, model: str | None = None, language: str | None = None
     ) -> dict: ...
-    def open_stream(self, on_event: Callable[[dict], None]) -> Any: ...  # .push(pcm16: bytes), .close()
+    # .push(pcm16: bytes), .close(), .endpoint(utterance); ``voice``: each event as it is, for a voice turn
+    def open_stream(self, on_event: Callable[[dict], None], voice: Callable[[Any], None] | None = None) -> Any: ...
 
     # what /health reports of the speech workload
     shedding: bool
@@ -104,16 +106,35 @@ async def transcriptions(asr: SpeechService | None, request: web.Request) -> web
     return web.json_response(body, headers=headers)
 
 
-async def audio_stream(asr: SpeechService | None, request: web.Request) -> web.StreamResponse:
-    """``GET /v1/audio/stream``: one live stream on the active ASR tier, events back as JSON."""
+async def audio_stream(
+    asr: SpeechService | None, request: web.Request, llm: Any = None, voice_options: dict | None = None
+) -> web.StreamResponse:
+    """``GET /v1/audio/stream``: one live stream on the active ASR tier, events back as JSON; with
+    ``?respond=true`` a voice turn on ``llm`` answers each final (``api_voice``)."""
     if asr is None:
         return _error(503, "no ASR tier is configured", "server_error", "unavailable")
+    respond = request.query.get("respond", "").lower()
+    if respond not in ("", "0", "false", "1", "true"):
+        return _error(400, f"respond must be true or false, not {respond!r}", "invalid_request_error", None, "respond")
     loop = asyncio.get_running_loop()
     outbox: asyncio.Queue = asyncio.Queue()
+    voice = None
+    if respond in ("1", "true"):
+        if llm is None:
+            return _error(503, "respond needs an LLM tier and none is configured", "server_error", "unavailable")
+        from .api_voice import VoiceSession
+
+        voice = VoiceSession(llm, loop, outbox, voice_options or {})
     try:  # before the upgrade, so shedding or draining is a plain 503 with Retry-After
-        stream = asr.open_stream(lambda event: _post(loop, outbox, event))
+        post = functools.partial(_post, loop, outbox)
+        stream = asr.open_stream(post, voice=voice.on_event) if voice else asr.open_stream(post)
     except Exception as exc:
+        if voice is not None:
+            voice.turn.close()
         return _from_exception(exc)
+    if voice is not None:
+        voice.endpoint = stream.endpoint
+        voice.start()
     ws = web.WebSocketResponse(heartbeat=20)
     sock = request.transport.get_extra_info("socket") if request.transport is not None else None
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -167,6 +188,11 @@ async def audio_stream(asr: SpeechService | None, request: web.Request) -> web.S
             elif msg.type == WSMsgType.TEXT and msg.data.strip() in _END:
                 ended = True
                 break
+            elif msg.type == WSMsgType.TEXT and voice is not None and msg.data.lstrip().startswith("{"):
+                try:
+                    voice.configure(msg.data)
+                except InputError as exc:
+                    await ws.send_json(_stream_error("bad_message", str(exc)))
             elif msg.type == WSMsgType.TEXT:
                 await ws.send_json(_stream_error("bad_message", 'send binary PCM16 frames, then "end"'))
     finally:
@@ -181,6 +207,8 @@ async def audio_stream(asr: SpeechService | None, request: web.Request) -> web.S
             loop.call_soon_threadsafe(outbox.put_nowait, _stream_error("overloaded", overloaded))
         else:  # the client went away: drop its work rather than finish it for nobody
             stream.abort("the client closed the connection")
+        if voice is not None:  # each final's reply, after the finals (or none: the client left)
+            await (voice.finish() if ended else voice.abort())
         loop.call_soon_threadsafe(outbox.put_nowait, None)  # after every event the stream emitted
         await sender
         if overloaded:

@@ -138,7 +138,6 @@ def with_tools(chat: list[Message], tools: Sequence[dict], mode: str | None = "r
 
 def load_tools(path: str | Path) -> list[dict]:
     """OpenAI function tools from a JSON file (a list, or ``{"tools": [...]}``), checked like the API's."""
-    from pydantic import ValidationError
 
     where = str(path)
     try:
@@ -147,6 +146,14 @@ def load_tools(path: str | Path) -> list[dict]:
         raise InputError(f"{where}: cannot read the tools file ({exc.strerror})") from exc
     except json.JSONDecodeError as exc:
         raise InputError(f"{where}: not JSON (line {exc.lineno}: {exc.msg})") from exc
+    return parse_tools(data, where)
+
+
+def parse_tools(data: Any, where: str) -> list[dict]:
+    """OpenAI function tools from decoded JSON (a list, or ``{"tools": [...]}``), checked like the API's;
+    an ``InputError`` naming ``where`` and the field."""
+    from pydantic import ValidationError
+
     items = data.get("tools") if isinstance(data, dict) else data
     if not isinstance(items, list) or not items:
         raise InputError(f'{where}: expected a list of tools, or {{"tools": [...]}}')

@@ -89,6 +89,13 @@ class TurnResult:
         return asdict(self)
 
 
+def turn_options(audio: Any) -> dict[str, Any]:
+    """``VoiceTurn``'s settings from the ``[audio]`` section: prefill ahead, reply ahead, stability wait."""
+    return dict(
+        prefill_ahead=audio.prefill_ahead, respond_ahead=audio.respond_ahead, stable_ms=float(audio.prefill_stable_ms)
+    )
+
+
 def chat_submit(scheduler: Any, tokenizer: Any) -> Callable[..., Any]:
     """``VoiceTurn``'s submit on one scheduler (``LLMScheduler``): the chat in ``tokenizer``'s template
     (the bare user text for a model without one)."""

@@ -122,6 +122,8 @@ class PcmStream:
         *,
         max_backlog_s: float = MAX_BACKLOG_S,
         close_timeout_s: float = CLOSE_TIMEOUT_S,
+        voice: Callable[[AsrEvent], None] | None = None,
+        pause_ms: int | None = None,
     ) -> None:
         self.owner = owner
         self.max_backlog_s, self.close_timeout_s = max_backlog_s, close_timeout_s
@@ -129,9 +131,15 @@ class PcmStream:
 
         def deliver(event: AsrEvent) -> None:
             owner._observe(event)
-            on_event(event_dict(event))
+            if not event.paused:  # a pause's partial is for the voice turn only
+                on_event(event_dict(event))
+            if voice is not None:
+                voice(event)
 
-        self._stream = owner.service.open_stream(deliver)
+        if voice is None:
+            self._stream = owner.service.open_stream(deliver)
+        else:  # a voice turn's stream: turns may end early, and pauses send their text ahead
+            self._stream = owner.service.open_stream(deliver, pause_ms=pause_ms, early_end=True)
         self._carry = b""
 
     @property
@@ -149,6 +157,10 @@ class PcmStream:
 
     def wait_backlog(self, timeout_s: float | None = None) -> bool:
         return self._stream.wait_backlog(self.max_backlog_s, timeout_s)
+
+    def endpoint(self, utterance: int) -> tuple[float, float] | None:
+        """(end of speech, end-of-turn decision) of ``utterance`` (``AsrStream.endpoint``)."""
+        return self._stream.endpoint(utterance)
 
     def end(self) -> None:
         """No more audio: an open utterance ends now; its final (and any other) still comes."""
@@ -202,10 +214,13 @@ class TieredSpeech(Ladder):
         observe: Observer | None = None,
         on_switched: Switched | None = None,
         drain_s: float = 120.0,
+        pause_ms: int | None = None,
     ) -> None:
         """``make_service(engine)`` builds a tier's (unstarted) service; ``on_switched(old, new, load_ms,
-        error)`` is told when a switch completes or fails."""
+        error)`` is told when a switch completes or fails; ``pause_ms``: the silence after which a voice
+        turn's stream sends its text ahead (None: never)."""
         super().__init__(tiers, on_switched)
+        self.pause_ms = pause_ms
         self._make_service = make_service
         self._observe = observe or (lambda obs: None)
         self._drain_s = drain_s
@@ -310,11 +325,17 @@ class TieredSpeech(Ladder):
             tier=loaded.tier.name,
         )
 
-    def open_stream(self, on_event: Callable[[dict], None]) -> PcmStream:
-        """A live stream on the active tier; it finishes there even if the tier switches meanwhile."""
+    def open_stream(
+        self, on_event: Callable[[dict], None], voice: Callable[[AsrEvent], None] | None = None
+    ) -> PcmStream:
+        """A live stream on the active tier; it finishes there even if the tier switches meanwhile.
+        ``voice``: a voice turn's stream, each event also handed over as it is (``AsrEvent``): its turns
+        may end early and its pauses send their text ahead (``[audio] early_end``, ``pause_ms``)."""
         loaded = self._acquire()
         try:
-            return PcmStream(loaded, on_event, on_close=lambda: self._release(loaded))
+            return PcmStream(
+                loaded, on_event, on_close=lambda: self._release(loaded), voice=voice, pause_ms=self.pause_ms
+            )
         except BaseException:
             self._release(loaded)
             raise
@@ -388,14 +409,16 @@ def open_speech(
     """The ASR ladder serving from its top tier, or the first lighter one that loads."""
     from .factory import make_service
 
+    audio = settings.audio
     speech = TieredSpeech(
         speech_tiers(settings),
         lambda engine: make_service(
-            engine, settings.audio, settings.batching, streams=4, sla_ms=settings.sla.asr.target_ms
+            engine, settings.audio, settings.batching, streams=4, sla_ms=settings.sla.asr.target_ms, early_end=True
         ),
         observe,
         on_switched,
         drain_s,
+        pause_ms=audio.pause_ms if audio.prefill_ahead and audio.respond_ahead else None,
     )
     errors = speech.start_first(on_load_failed)
     if speech.active_tier is None:

@@ -190,6 +190,7 @@ class TieredLLM(Ladder):
         params: SamplingParams = DEFAULT_PARAMS,
         deadline_ms: float | None = None,
         raw: bool = False,
+        tags: Sequence[str] = (),
     ) -> RequestHandle:
         with self._lock:
             loaded = self._active
@@ -213,16 +214,16 @@ class TieredLLM(Ladder):
             served, why = spill, f"tier {loaded.tier.name!r} cannot take it: {exc}"
             ids, granted = self._admit(spill, prompt, params, raw)
         with self._lock:
-            tags = [FIRST_AFTER_LOAD] if served.first else []
+            marks = [*tags, FIRST_AFTER_LOAD] if served.first else list(tags)
             served.first = False
         params = granted
         try:
-            handle = served.scheduler.submit(ids, params, deadline_ms=deadline_ms, tags=tags)
+            handle = served.scheduler.submit(ids, params, deadline_ms=deadline_ms, tags=marks)
         except Unavailable:
             if self._active is loaded:  # the ladder itself is stopping
                 raise
             # a switch retired this tier while the prompt was being tokenized: the new tier takes it
-            return self.submit(prompt, params, deadline_ms, raw)
+            return self.submit(prompt, params, deadline_ms, raw, tags)
         handle.tier, handle.model, handle.engine = served.tier.name, served.lm.ref.name, served.engine
         handle.max_new_tokens = params.max_new_tokens
         if why is not None:
