@@ -1,17 +1,16 @@
-"""The demo's voice command turn: a spoken command's final transcript becomes a tool call.
+"""The demo's voice command turn: a spoken command becomes a tool call on the daemon itself.
 
-The transcript goes to ``POST /v1/chat/completions`` with the shipped home-automation tools
-(``demo_models/home-tools.json``) and ``tool_choice: "required"``, so the answer is always one call
-whose arguments follow the tool's schema. ``turn_ms`` runs from the end of speech to the complete
-call: the agent's own end-of-speech → final figure plus what the client waited for the call.
+The command is streamed to ``GET /v1/audio/stream?respond=true`` with the shipped home-automation tools
+(``demo_models/home-tools.json``, ``tool_choice: "required"``) as its reply settings, so each final
+transcript is answered by one ``reply`` event carrying one call whose arguments follow the tool's
+schema: the daemon's voice turn (early end of turn, prefill and reply ahead, the prefix cache).
+``turn_ms`` is the agent's own end of speech → complete call.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
-from typing import Any
 
 HOME_TOOLS = Path(__file__).resolve().parent.parent / "demo_models" / "home-tools.json"
 
@@ -20,25 +19,21 @@ def home_tools() -> list[dict]:
     return json.loads(HOME_TOOLS.read_text())["tools"]
 
 
-async def command_to_call(session: Any, base: str, heard: str, final_ms: float, tools: list[dict]) -> dict:
-    """``{"heard", "call": {"name", "arguments"} | None, "turn_ms", "error"}`` for one spoken command."""
-    start = time.monotonic()
-    body = {
-        "model": "edge-agent",
-        "messages": [{"role": "user", "content": heard}],
-        "tools": tools,
-        "tool_choice": "required",
-        "temperature": 0,
-        "max_tokens": 160,
-    }
-    async with session.post(base + "/v1/chat/completions", json=body) as resp:
-        out = await resp.json()
-    waited_ms = (time.monotonic() - start) * 1e3
-    if resp.status != 200:
-        return {"heard": heard, "call": None, "turn_ms": None, "error": out.get("error", {}).get("message")}
-    calls = out["choices"][0]["message"].get("tool_calls") or []
+def reply_settings(tools: list[dict]) -> str:
+    """The stream's first message: answer each command with one of ``tools``."""
+    return json.dumps({"tools": tools, "tool_choice": "required", "max_tokens": 160})
+
+
+def action_of(final: dict, reply: dict | None) -> dict:
+    """``{"heard", "call": {"name", "arguments"} | None, "turn_ms", "error"}`` for one spoken command: its
+    final event and the ``reply`` (or ``error``) event that answered it."""
+    heard = final.get("text", "")
+    if reply is None or reply.get("kind") != "reply":
+        error = (reply or {}).get("message") or "no reply"
+        return {"heard": heard, "call": None, "turn_ms": None, "error": error}
     call = None
-    if calls:
-        fn = calls[0]["function"]
+    for tc in reply.get("tool_calls") or []:
+        fn = tc["function"]
         call = {"name": fn["name"], "arguments": json.loads(fn["arguments"])}
-    return {"heard": heard, "call": call, "turn_ms": final_ms + waited_ms, "error": None, "tier": out.get("model")}
+        break
+    return {"heard": heard, "call": call, "turn_ms": reply.get("complete_ms"), "error": None}

@@ -45,7 +45,7 @@ def summarize(rec: Record) -> dict:
     }
     if rec.speech:
         out["asr_wer"] = error_rates((s[3], s[2]) for s in rec.speech)[0].rate
-    turns = sorted(a["turn_ms"] for a in rec.actions if a["call"] is not None)
+    turns = sorted(a["turn_ms"] for a in rec.actions if a["call"] is not None and a["turn_ms"] is not None)
     out["tool_calls"] = {
         "commands": len(rec.actions),
         "calls": len(turns),

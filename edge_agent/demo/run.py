@@ -6,7 +6,8 @@
    API on a free port, telemetry every 2 s, state under a temporary folder).
 3. Load: chat requests through the OpenAI-compatible API (streamed, Poisson arrivals, a burst in
    the middle third that pushes the top tier past its SLA), and spoken commands synthesised with
-   espeak-ng, streamed in real time through the ASR WebSocket.
+   espeak-ng, streamed in real time through the ASR WebSocket with its respond option: each command's
+   tool call comes back from the daemon's own voice turn.
 4. Live: every 2 s one line: chat TTFT P95 as clients see it, active tier, ASR final latency, and
    the fleet view's P95/P99 merged from the MQTT histograms.
 5. At the end (``--duration-s`` or Ctrl-C): a summary table and a latency plot (PNG).
@@ -32,7 +33,7 @@ from pathlib import Path
 from ..audio.spoken import synthesize
 from ..errors import EdgeAgentError, InputError
 from ..metrics.window import percentile
-from .actions import command_to_call, home_tools
+from .actions import action_of, home_tools, reply_settings
 from .report import Record, _fmt, format_summary, plot, summarize
 
 log = logging.getLogger(__name__)
@@ -162,8 +163,8 @@ async def speech_load(
 
     from ..audio.wav import read_audio
 
-    ws_url = base.replace("http://", "ws://") + "/v1/audio/stream"
-    tools = home_tools()
+    ws_url = base.replace("http://", "ws://") + "/v1/audio/stream?respond=true"
+    settings = reply_settings(home_tools())
     k = 0
     async with aiohttp.ClientSession() as session:
         while not stop.is_set() and time.monotonic() - t0 < duration - 3:
@@ -173,21 +174,25 @@ async def speech_load(
             pcm = (np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
             start = time.monotonic()
             async with session.ws_connect(ws_url) as ws:
+                await ws.send_str(settings)
                 for i in range(0, len(pcm), 3200):  # 100 ms blocks, paced like a microphone
                     await ws.send_bytes(pcm[i : i + 3200])
                     await asyncio.sleep(0.1)
                 await ws.send_str("end")
-                heard, final_ms = [], None
-                async for msg in ws:  # the server closes the socket once every final is out
+                finals: dict[int, dict] = {}
+                answers: dict[int, dict] = {}
+                async for msg in ws:  # the server closes the socket once every final and reply is out
                     event = json.loads(msg.data)
                     if event.get("kind") == "final":
-                        heard.append(event.get("text", ""))
-                        final_ms = event.get("final_ms")  # end of speech -> final text, measured by the agent
-                if final_ms is not None:
-                    text = " ".join(h for h in heard if h)
+                        finals[event["utterance"]] = event  # an early end that went on: the later final
+                    elif event.get("kind") in ("reply", "error") and "utterance" in event:
+                        answers[event["utterance"]] = event
+                spoken = [f for f in finals.values() if f.get("text")]
+                if spoken:
+                    final_ms = spoken[-1].get("final_ms")  # end of speech -> final text, measured by the agent
+                    text = " ".join(f["text"] for f in spoken)
                     rec.speech.append((start - t0, final_ms, text, said))
-                    if text:
-                        rec.actions.append(await command_to_call(session, base, text, final_ms, tools))
+                    rec.actions.extend(action_of(f, answers.get(f["utterance"])) for f in spoken)
             await asyncio.sleep(1.0)
 
 
