@@ -187,3 +187,39 @@ def test_a_reply_delivered_before_the_speaker_went_on_is_a_false_cut():
     assert out["r"].delivered and out["r"].early_end
     vt.on_speech_start(start(2))
     assert vt.false_cuts == 1
+
+
+def test_a_reply_ahead_is_the_final_s_and_reaches_the_caller_no_earlier_than_the_final():
+    """A pause's reply is finished before the final comes: it is the final's reply (no second request),
+    and its times are those of the final's arrival, never earlier."""
+    clock, llm = Clock(), FakeLLM()
+    vt = turn(llm, clock)
+    vt.on_speech_start(start(0))
+    vt.on_partial(AsrEvent("partial", 0, 0, "turn on the kitchen light", paused=True))
+    assert vt.tick()  # at once, no stable wait
+    chat, params, tags = llm.calls[0]
+    assert chat == vt.chat("turn on the kitchen light") and params.max_new_tokens > 1 and tags == ("warmup",)
+    reply(llm.handles[0], CALL, [10.10, 10.15])  # done before the final arrives (at 10.3)
+    event = AsrEvent("final", 0, 0, "turn on the kitchen light", "", 1.0, 10.3, final(0, "", 10.2).metrics, 10.2)
+    r = vt.on_final(event, speech_end_s=10.0)
+    assert len(llm.calls) == 1 and r.reply_ahead and r.delivered and r.call is not None
+    assert round(r.turn_first_token_ms) == 300 and round(r.turn_complete_ms) == 300  # floored at the final's 10.3
+    assert vt.replies_ahead == vt.replies_ahead_used == 1
+
+
+def test_a_later_pause_replaces_the_reply_ahead_and_a_final_that_reads_otherwise_gets_its_own():
+    clock, llm = Clock(), FakeLLM()
+    vt = turn(llm, clock)
+    vt.on_speech_start(start(0))
+    vt.on_partial(AsrEvent("partial", 0, 0, "turn on the", paused=True))
+    assert vt.tick()
+    vt.on_partial(AsrEvent("partial", 0, 0, "turn on the kitchen", paused=True))  # spoke on, paused again
+    assert vt.tick()
+    assert llm.handles[0].cancelled and not llm.handles[1].cancelled
+    th, out = _run_final(vt, final(0, "turn on the kitchen light", decided=10.5), speech_end_s=10.0)
+    fresh = llm.wait_for(3)
+    assert llm.handles[1].cancelled and llm.calls[2][2] == ()  # the final's own request
+    reply(fresh, CALL, [10.6, 10.7])
+    th.join(10)
+    assert out["r"].delivered and not out["r"].reply_ahead and out["r"].prefill_wasted == 2
+    assert vt.replies_ahead == 2 and vt.replies_ahead_used == 0
