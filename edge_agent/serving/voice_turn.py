@@ -147,7 +147,7 @@ class VoiceTurn:
         self._pending: tuple[tuple[int, int], str, float, bool] | None = None
         self._prefilled: dict[tuple[int, int], list[str]] = {}  # texts sent ahead per utterance
         self._prefill: _Ahead | None = None  # the latest prefill sent ahead
-        self._reply: _Ahead | None = None  # the latest whole reply started on a pause, not yet taken
+        self._replies: dict[tuple[int, int], _Ahead] = {}  # per utterance: its latest reply ahead, not yet taken
         self.false_cuts = 0
         self.cancelled = 0
         self.prefills = 0
@@ -211,7 +211,7 @@ class VoiceTurn:
             done = self._prefilled.setdefault(key, [])
             if self._finals.get(key, 0) >= self._starts.get(key, 1):
                 return False
-            reply = self._reply if self._reply is not None and self._reply.key == key else None
+            reply = self._replies.get(key)
             if full:
                 self._pending = None
                 if reply is not None and reply.text == text:
@@ -226,7 +226,7 @@ class VoiceTurn:
             done.append(text)
             self.prefills += 1
             self.replies_ahead += full
-            replaced = self._reply if full else None
+            replaced = reply if full else None
         if replaced is not None:
             replaced.handle.cancel()  # an earlier pause's: the speaker went on
         if full:
@@ -237,7 +237,7 @@ class VoiceTurn:
         ahead = _Ahead(key, text, full, handle)
         with self._lock:
             if full:
-                self._reply = ahead
+                self._replies[key] = ahead
             else:
                 self._prefill = ahead
         return True
@@ -245,12 +245,9 @@ class VoiceTurn:
     def _take_ahead(self, key: tuple[int, int]) -> tuple[_Ahead | None, _Ahead | None]:
         """Under the lock: the prefill and the reply sent ahead for ``key``, no longer this turn's."""
         prefill = self._prefill if self._prefill is not None and self._prefill.key == key else None
-        reply = self._reply if self._reply is not None and self._reply.key == key else None
         if prefill is not None:
             self._prefill = None
-        if reply is not None:
-            self._reply = None
-        return prefill, reply
+        return prefill, self._replies.pop(key, None)
 
     # -- the final (the caller's thread) ---------------------------------------------------------------
 
@@ -378,8 +375,8 @@ class VoiceTurn:
         if self._ticker is not None:
             self._ticker.join(5.0)
         with self._lock:
-            ahead = [a for a in (self._prefill, self._reply) if a is not None]
-            self._prefill = self._reply = None
+            ahead = [a for a in (self._prefill, *self._replies.values()) if a is not None]
+            self._prefill, self._replies = None, {}
         for a in ahead:
             a.handle.cancel()
 
