@@ -339,31 +339,32 @@ class DecoderLM:
     def decode_runs(self, batch: KvBatch, runs: Sequence[Sequence[int]]) -> np.ndarray:
         """One step in which row i takes the tokens ``runs[i]``: one, or a run its output format forced after
         the one it picked (jump-forward decoding). Last logits [B, V], as ``decode`` gives for one each."""
+        if len(runs) == 1 and len(runs[0]) > 1:  # a lone row: its whole run in one pass
+            return self.extend(batch, 0, runs[0])
         for i, run in enumerate(runs):
             if len(run) > 1:
                 self.extend(batch, i, run[:-1])
         return self.decode(batch, [run[-1] for run in runs])
 
-    def extend(self, batch: KvBatch, index: int, tokens: Sequence[int]) -> None:
-        """Append ``tokens`` to row ``index``'s cache alone, in one forward pass (their logits are not needed)."""
-        if not tokens:
-            return
+    def extend(self, batch: KvBatch, index: int, tokens: Sequence[int]) -> np.ndarray:
+        """Append ``tokens`` (one or more) to row ``index``'s cache alone, in one forward pass: its last
+        logits [1, V]."""
         if isinstance(batch, StatefulBatch):
-            self._feed(batch, tokens)
-            return
+            return self._feed(batch, tokens)
         ids = np.asarray([tokens], dtype=np.int64)
         if isinstance(batch, SlotCache):
             start = batch.lengths[index]
             batch.make_room_for(index, len(tokens))
             mask = np.ones((1, start + len(tokens)), dtype=np.int64)
             positions = np.arange(start, start + len(tokens), dtype=np.int64)[None]
-            self._slot_runs.rows(batch, index, 1, ids, mask, positions)
+            logits = self._slot_runs.rows(batch, index, 1, ids, mask, positions)
             batch.grow(index, len(tokens))
-            return
+            return logits[:, -1]
         mask = np.concatenate([batch.mask[index : index + 1], np.ones_like(ids)], axis=1)
         past = {name: value[index : index + 1] for name, value in batch.past.items()}
-        _, present = self.forward(ids, mask, past)
+        logits, present = self.forward(ids, mask, past)
         batch.replace_row(index, present, mask)
+        return logits[:, -1]
 
     def _restart(self, batch: StatefulBatch) -> None:
         self.session.reset_state()  # type: ignore[attr-defined]  # a stateful session (is_stateful)

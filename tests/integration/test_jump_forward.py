@@ -84,13 +84,13 @@ def _reference(lm: DecoderLM, ids: list[int]) -> np.ndarray:
     return lm.join(batch, [object()], [ids])[0]
 
 
-def test_a_forced_run_in_one_pass_gives_the_logits_of_the_whole_sequence(pair) -> None:
+@pytest.mark.parametrize("rows", [3, 1])
+def test_a_forced_run_in_one_pass_gives_the_logits_of_the_whole_sequence(pair, rows: int) -> None:
     lm, reference = pair
     # two steps in which rows take runs of different lengths; a run of 20 goes past Gemma-2's 16-token window
     steps = [[[5], [6, 7, 8, 9], [10, 11]], [[12, 13, 14], [15], list(range(20, 40))]]
-    if lm.max_rows == 1:  # the NPU's one sequence
-        steps = [[[6, 7, 8, 9]], [list(range(20, 40))]]
-    rows = len(steps[0])
+    if rows == 1 or lm.max_rows == 1:  # a lone row (the NPU's one sequence): its run in one pass
+        rows, steps = 1, [[[6, 7, 8, 9]], [list(range(20, 40))]]
     prompts = [_tokens(lm, n, seed) for seed, n in enumerate((7, 19, 12)[:rows])]
     batch = lm.new_batch(rows)
     lm.join(batch, list(range(rows)), prompts, [len(p) + 40 for p in prompts])
@@ -100,6 +100,10 @@ def test_a_forced_run_in_one_pass_gives_the_logits_of_the_whole_sequence(pair) -
         for i, run in enumerate(runs):
             seen[i] += run
             np.testing.assert_allclose(got[i], _reference(reference, seen[i]), rtol=1e-3, atol=1e-3)
+    # and the cache it left takes an ordinary step as well
+    got = lm.decode(batch, [3] * rows)
+    for i in range(rows):
+        np.testing.assert_allclose(got[i], _reference(reference, seen[i] + [3]), rtol=1e-3, atol=1e-3)
 
 
 def _check_walk(lm: DecoderLM, prompt: list[int], generated: list[int], grammar: str) -> int:
