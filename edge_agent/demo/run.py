@@ -190,8 +190,8 @@ async def speech_load(
                 spoken = [f for f in finals.values() if f.get("text")]
                 if spoken:
                     final_ms = spoken[-1].get("final_ms")  # end of speech -> final text, measured by the agent
-                    text = " ".join(f["text"] for f in spoken)
-                    rec.speech.append((start - t0, final_ms, text, said))
+                    if final_ms is not None:
+                        rec.speech.append((start - t0, float(final_ms), " ".join(f["text"] for f in spoken), said))
                     rec.actions.extend(action_of(f, answers.get(f["utterance"])) for f in spoken)
             await asyncio.sleep(1.0)
 

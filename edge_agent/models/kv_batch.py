@@ -99,6 +99,15 @@ class DecodeBatch(Generic[Row]):
         for name, value in past.items():
             self.past[name][index] = value[0]
         self.mask[index] = mask[0]
+        self._trim()  # the row's own left pads may now be pads in every row
+
+    def _trim(self) -> None:
+        """Drop the columns on the left that hold pads in every row."""
+        used = np.flatnonzero(self.mask.any(axis=0))
+        start = int(used[0]) if used.size else self.mask.shape[1]
+        if start:
+            self.mask = np.ascontiguousarray(self.mask[:, start:])
+            self.past = {name: np.ascontiguousarray(value[:, :, start:]) for name, value in self.past.items()}
 
     def remove(self, indices: Sequence[int]) -> list[Row]:
         """Drop rows (finished, cancelled, failed); trim pad-only columns on the left."""
@@ -111,9 +120,7 @@ class DecodeBatch(Generic[Row]):
         if not keep:
             self.past, self.mask = {}, np.zeros((0, 0), dtype=np.int64)
             return removed
-        mask = self.mask[keep]
-        used = np.flatnonzero(mask.any(axis=0))
-        start = int(used[0]) if used.size else mask.shape[1]
-        self.mask = np.ascontiguousarray(mask[:, start:])
-        self.past = {name: np.ascontiguousarray(value[keep][:, :, start:]) for name, value in self.past.items()}
+        self.mask = self.mask[keep]
+        self.past = {name: value[keep] for name, value in self.past.items()}
+        self._trim()
         return removed

@@ -132,16 +132,22 @@ async def audio_stream(
         if voice is not None:
             voice.turn.close()
         return _from_exception(exc)
-    if voice is not None:
-        voice.endpoint = stream.endpoint
-        voice.start()
     ws = web.WebSocketResponse(heartbeat=20)
     sock = request.transport.get_extra_info("socket") if request.transport is not None else None
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
         # a fixed receive buffer (~2 s of PCM16 at 16 kHz) rather than one autotuned up to tcp_rmem's
         # maximum (tens of MB: minutes of audio), so that back-pressure reaches the client
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-    await ws.prepare(request)
+    try:
+        await ws.prepare(request)
+    except BaseException:  # not a WebSocket after all (or the client left): nothing is kept for it
+        stream.abort("the WebSocket upgrade failed")
+        if voice is not None:
+            await voice.abort()
+        raise
+    if voice is not None:
+        voice.endpoint = stream.endpoint
+        voice.start()
     # Back-pressure: while the stream's unprocessed audio is over its bound this handler does not
     # read the socket (aiohttp then pauses the transport, and TCP slows the client down). A
     # backlog that does not drain within ``stall_s`` (under the heartbeat's 10 s pong wait) means the

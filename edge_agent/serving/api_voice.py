@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..errors import InputError
@@ -49,6 +50,9 @@ class VoiceSession:
         self.endpoint: Any = None  # the stream's ``endpoint(utterance)``, once it is open
         self._finals: asyncio.Queue = asyncio.Queue()
         self._task: asyncio.Task | None = None
+        # its own thread for the blocking ``on_final``: a reply may take seconds, and the loop's default
+        # executor also takes every stream's audio
+        self._replier = ThreadPoolExecutor(1, thread_name_prefix="voice-reply")
 
     def _submit(self, chat, params, tags=()):
         return self.llm.submit(chat, params, tags=tags)
@@ -97,7 +101,7 @@ class VoiceSession:
             ends = self.endpoint(event.utterance) if self.endpoint is not None else None
             speech_end = ends[0] if ends is not None else None
             try:
-                result = await self.loop.run_in_executor(None, self.turn.on_final, event, speech_end)
+                result = await self.loop.run_in_executor(self._replier, self.turn.on_final, event, speech_end)
             except Exception as exc:  # a bug in one turn must not end the stream's replies
                 log.exception("voice turn failed")
                 result = None
@@ -114,6 +118,7 @@ class VoiceSession:
         if self._task is not None:
             await self._task
         self.turn.close()
+        self._replier.shutdown(wait=False)
 
     async def abort(self) -> None:
         """The client left: what is running or ahead is cancelled, nothing more is sent."""
@@ -123,6 +128,7 @@ class VoiceSession:
         self._finals.put_nowait(None)
         if self._task is not None:
             await self._task
+        self._replier.shutdown(wait=False)
 
 
 def reply_event(result: TurnResult) -> dict | None:

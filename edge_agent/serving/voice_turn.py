@@ -196,8 +196,12 @@ class VoiceTurn:
         if not self.prefill_ahead or not event.text.strip():
             return
         paused = bool(getattr(event, "paused", False)) and self.respond_ahead
+        key = (event.stream, event.utterance)
         with self._lock:
-            self._pending = ((event.stream, event.utterance), event.text, self.clock(), paused)
+            waiting = self._pending
+            if not paused and waiting is not None and waiting[0] == key and waiting[3]:
+                return  # a pause's text waits for ``tick``: a lagging streaming partial must not replace it
+            self._pending = (key, event.text, self.clock(), paused)
         if paused:
             self._wake.set()
 
@@ -236,10 +240,15 @@ class VoiceTurn:
         handle = self.submit(self.chat(text), params, tags=(WARMUP,))
         ahead = _Ahead(key, text, full, handle)
         with self._lock:
-            if full:
+            # the final may have been taken (or the turn closed) while this was submitted: nobody would
+            # take the request then
+            late = self._closed.is_set() or self._finals.get(key, 0) >= self._starts.get(key, 1)
+            if not late and full:
                 self._replies[key] = ahead
-            else:
+            elif not late:
                 self._prefill = ahead
+        if late:
+            handle.cancel()
         return True
 
     def _take_ahead(self, key: tuple[int, int]) -> tuple[_Ahead | None, _Ahead | None]:
@@ -288,6 +297,8 @@ class VoiceTurn:
             return self._empty(base, delivered=False)
         if adopted is not None:
             handle = adopted.handle
+        elif self._closed.is_set():
+            return self._empty(base, delivered=False, error="the voice turn is closed")
         else:
             params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0, grammar=self.grammar)
             try:
@@ -369,16 +380,18 @@ class VoiceTurn:
         return {"name": call["function"]["name"], "arguments": json.loads(call["function"]["arguments"])}
 
     def close(self) -> None:
-        """Stop the ticker; a request still in flight ahead is cancelled."""
+        """Stop the ticker; every request still in flight (ahead, or a final's reply) is cancelled, and
+        finals taken from now on get no reply."""
         self._closed.set()
         self._wake.set()
         if self._ticker is not None:
             self._ticker.join(5.0)
         with self._lock:
-            ahead = [a for a in (self._prefill, *self._replies.values()) if a is not None]
+            ahead = [a.handle for a in (self._prefill, *self._replies.values()) if a is not None]
             self._prefill, self._replies = None, {}
-        for a in ahead:
-            a.handle.cancel()
+            replying = list(self._replying.values())
+        for handle in (*ahead, *replying):
+            handle.cancel()
 
     def _tick_loop(self, period_s: float) -> None:
         while not self._closed.is_set():

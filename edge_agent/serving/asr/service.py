@@ -298,7 +298,7 @@ class AsrStream:
         self._checked: tuple[str, bool] = ("", False)  # the last completeness answer, per partial text
         self._endpoints: dict[int, tuple[float, float]] = {}  # utterance → (speech end, decision), clock
         self.pause_ms: int | None = None  # see ``AsrService.open_stream``
-        self._pausing: _Utterance | None = None  # a pause's one-pass decode in flight
+        self._pausing = 0  # pause decodes in flight
 
     def set_complete(self, complete: Callable[[str], bool] | None) -> None:
         """The caller's completeness check for an early end (see ``AsrService.open_stream``)."""
@@ -354,25 +354,29 @@ class AsrStream:
         twin.end()
         self._pause_step(u, _Utterance(self, u.index, twin, u.onset_s, u.voiced_at))
 
+    def _in_pause(self, u: _Utterance, voiced: int) -> bool:
+        """Under the lock: ``u`` is still the open utterance, silent since ``voiced`` samples of speech."""
+        return not u.done and self._current is u and u.paused_at == voiced == self.endpointer.voiced_samples
+
     def _pause_step(self, u: _Utterance, shadow: _Utterance) -> None:
         try:
             future = self.service.batcher.submit(shadow, urgent=True)
         except Exception as exc:  # a pause's partial is only a head start: never worth failing for
             log.debug("stream %d: no pause partial (%s)", self.id, exc)
             return
-        self._pausing = shadow
+        self._pausing += 1
         future.add_done_callback(functools.partial(self._paused, u, shadow, u.paused_at))
 
     def _paused(self, u: _Utterance, shadow: _Utterance, voiced: int, future) -> None:
         """Batcher thread: a pause's one-pass decode ran; its final text goes out as a ``paused`` partial
         while the utterance is still in that pause."""
         with self._lock:
-            self._pausing = None
+            self._pausing -= 1
             self._idle.notify_all()
             if future.cancelled() or future.exception() is not None:
                 return
             hyp: Hypothesis | None = future.result()
-            current = not u.done and self._current is u and u.paused_at == voiced
+            current = self._in_pause(u, voiced)
             if current and (hyp is None or not hyp.final):
                 self._pause_step(u, shadow)  # an engine that takes its audio over several steps
             elif current and hyp is not None and hyp.text.strip():
@@ -428,7 +432,7 @@ class AsrStream:
         """Wait until no recogniser step of this stream is queued or running; False on timeout."""
         with self._idle:
             return self._idle.wait_for(
-                lambda: not any(u.in_flight for u in self._live) and self._pausing is None, timeout_s
+                lambda: not any(u.in_flight for u in self._live) and not self._pausing, timeout_s
             )
 
     def events(self, timeout_s: float | None = None) -> Iterator[AsrEvent]:
@@ -541,7 +545,7 @@ class AsrStream:
                 self._emit(
                     AsrEvent("partial", self.id, u.index, hyp.text, hyp.stable_text, u.onset_s + hyp.audio_s, now)
                 )
-            if u.pause_due and self._current is u and not (hyp is not None and hyp.final):
+            if u.pause_due and self._in_pause(u, u.paused_at) and not (hyp is not None and hyp.final):
                 self._fork_pause(u)
             if hyp is not None and hyp.final:
                 self._finish(u, hyp, now)
