@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from ..serving.command_check import command_check
 
 RATE = 16000
 PAUSE_S = 0.3
@@ -253,7 +254,9 @@ def replay(side: Side, llm: Llm, clip: Clip, block_ms: int) -> RunResult:
 
     worker = threading.Thread(target=_respond, args=(turn, finals, turns), daemon=True)
     worker.start()
-    stream = side.service.open_stream(on_event=on_event, pause_ms=side.pause_ms, early_end=True)
+    stream = side.service.open_stream(
+        on_event=on_event, pause_ms=side.pause_ms, early_end=True, complete=command_check(llm.tools)
+    )
     block = max(1, block_ms * RATE // 1000)
     speech_end_s = None
     start = time.monotonic()

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..models.ctc_lexicon import DECODERS
+from ..serving.command_check import command_check
 from ..serving.openai_output import load_tools
 from .respond import Responder
 
@@ -245,7 +246,10 @@ def cmd_listen(args: argparse.Namespace) -> int:
     records: list[dict] = []
     stop = threading.Event()
     pause_ms = responder.pause_ms if responder is not None else None
-    streams = [service.open_stream(on_event=on_event, pause_ms=pause_ms, early_end=early) for _ in sources]
+    check = command_check(tools) if responder is not None else None  # a whole command ends the turn early
+    streams = [
+        service.open_stream(on_event=on_event, pause_ms=pause_ms, early_end=early, complete=check) for _ in sources
+    ]
     by_id = {st.id: st for st in streams}
     worker = threading.Thread(target=_consume, args=(finals, responder, records, turns, stop, args, by_id), daemon=True)
     worker.start()

@@ -146,7 +146,7 @@ async def audio_stream(
             await voice.abort()
         raise
     if voice is not None:
-        voice.endpoint = stream.endpoint
+        voice.stream = stream
         voice.start()
     # Back-pressure: while the stream's unprocessed audio is over its bound this handler does not
     # read the socket (aiohttp then pauses the transport, and TCP slows the client down). A

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..errors import InputError
 from .asr.events import AsrEvent
+from .command_check import command_check
 from .openai_output import parse_tools, tool_call
 from .voice_turn import TurnResult, VoiceTurn
 
@@ -47,7 +48,7 @@ class VoiceSession:
         self._options = dict(options)
         self.turn = self._turn(None, "required", None)
         self.configured = False
-        self.endpoint: Any = None  # the stream's ``endpoint(utterance)``, once it is open
+        self.stream: Any = None  # the ASR stream (``PcmStream``), once it is open
         self._finals: asyncio.Queue = asyncio.Queue()
         self._task: asyncio.Task | None = None
         # its own thread for the blocking ``on_final``: a reply may take seconds, and the loop's default
@@ -84,6 +85,8 @@ class VoiceSession:
             raise InputError(f"reply settings: max_tokens must be an integer in 1..{MAX_TOKENS}")
         old, self.turn = self.turn, self._turn(tools, choice, limit)
         old.close()
+        if self.stream is not None:  # a whole command for these tools may end a turn early
+            self.stream.set_complete(command_check(tools))
         self.configured = True
 
     def on_event(self, event: AsrEvent) -> None:
@@ -98,7 +101,7 @@ class VoiceSession:
 
     async def _run(self) -> None:
         while (event := await self._finals.get()) is not None:
-            ends = self.endpoint(event.utterance) if self.endpoint is not None else None
+            ends = self.stream.endpoint(event.utterance) if self.stream is not None else None
             speech_end = ends[0] if ends is not None else None
             try:
                 result = await self.loop.run_in_executor(self._replier, self.turn.on_final, event, speech_end)

@@ -183,7 +183,14 @@ class _Engine:
         pass
 
 
-def _serve(voiced: list[bool], early_end=None, pause_ms: int | None = None, stream_early: bool = True):
+def _serve(
+    voiced: list[bool],
+    early_end=None,
+    pause_ms: int | None = None,
+    stream_early: bool = True,
+    complete=None,
+    lm: bool = True,
+):
     """``voiced`` fed frame by frame through an AsrService on ``_Engine``, each step asked for by a frame
     finished before the next: (the stream, its events as (frame index, event))."""
     from edge_agent.serving.asr.batcher import BatchLimits
@@ -196,13 +203,13 @@ def _serve(voiced: list[bool], early_end=None, pause_ms: int | None = None, stre
         detector_factory=lambda: Script(voiced),
         chunk_ms=10_000,  # no steps but the first and those the early end or a pause asks for
         early_end=early_end,
-        end_probability=lambda text: 1.0 if text.endswith("lights") else 0.0,
+        end_probability=(lambda text: 1.0 if text.endswith("lights") else 0.0) if lm else None,
     ).start()
     events: list = []
     frame = [0]
     try:
         on_event = lambda e: events.append((frame[0], e))  # noqa: E731
-        st = svc.open_stream(on_event=on_event, pause_ms=pause_ms, early_end=stream_early)
+        st = svc.open_stream(on_event=on_event, pause_ms=pause_ms, early_end=stream_early, complete=complete)
         for frame[0] in range(len(voiced)):
             st.feed(np.full(FRAME, 0.1, np.float32))
             st.wait_steps(10.0)
@@ -241,6 +248,24 @@ def test_a_stream_that_does_not_ask_for_the_early_end_waits_the_full_silence():
     (final,) = [e for _, e in timed if e.kind == "final"]
     speech_end, decided = st.endpoint(final.utterance)
     assert final.metrics.reason == "silence" and round(decided - speech_end, 1) >= 0.5
+
+
+@pytest.mark.parametrize(
+    ("lm", "check", "reason"),
+    [
+        (True, lambda text: False, "silence"),  # the LM says complete; the stream's check vetoes it
+        (True, lambda text: True, "early"),  # both agree
+        (False, lambda text: True, "early"),  # no language model: the stream's check alone
+        (False, None, "silence"),  # neither: never early
+    ],
+)
+def test_the_stream_s_own_check_is_a_veto_on_the_language_model(lm, check, reason):
+    from edge_agent.serving.asr.service import EarlyEnd
+
+    voiced = [True] * frames(1000) + [False] * frames(1000)
+    _, timed = _serve(voiced, early_end=EarlyEnd(200, 0.5), complete=check, lm=lm)
+    (final,) = [e for _, e in timed if e.kind == "final"]
+    assert final.metrics.reason == reason
 
 
 def test_a_pause_brings_the_partial_up_to_the_end_of_the_speech_once_per_pause():

@@ -21,7 +21,8 @@ Metrics per utterance (the vocabulary of docs/metrics.md), also kept in a rollin
 An early end of turn (``EarlyEnd``, off unless given): the endpointer may end an utterance after
 ``silence_ms`` instead of the full ``trailing_silence_ms`` when the latest partial, covering all of the
 speech, is complete: the recogniser's language model gives the sentence end at least ``min_prob``
-after its words, or the stream's own ``complete`` check (a voice turn's) says so. Speech that comes
+after its words and the stream's own ``complete`` check (a voice turn's: ``command_check``) does not
+object (without a language model, that check alone decides). Speech that comes
 back within the rest of the full wait continues the utterance: a new ``speech_start`` with the same
 ``utterance`` number, then a second ``final`` for it, recognised from the start of the utterance.
 
@@ -82,7 +83,7 @@ class _Utterance:
 @dataclass(frozen=True, slots=True)
 class EarlyEnd:
     """An earlier end of turn: after ``silence_ms`` of silence, end when the partial is complete (the
-    language model's P(end of sentence | words) >= ``min_prob``, or the stream's own check)."""
+    language model's P(end of sentence | words) >= ``min_prob``, and the stream's own check agrees)."""
 
     silence_ms: int = 200
     min_prob: float = 0.15
@@ -179,7 +180,7 @@ class AsrService:
     ) -> AsrStream:
         """A new stream. ``early_end``: its utterances may end early, when the service has an ``EarlyEnd``
         (a voice turn's stream; others always wait the full trailing silence); ``complete(partial_text)``
-        adds the caller's own completeness check to the recogniser's for it. ``pause_ms``: after that
+        is the caller's own completeness check, a veto on the recogniser's (``is_complete``). ``pause_ms``: after that
         much silence inside an utterance, its text as the final would say it goes out as a partial marked
         ``paused`` (a voice turn starts its reply ahead on it)."""
         with self._lock:
@@ -205,12 +206,16 @@ class AsrService:
         self.end_probability = end_probability or (end_probability_of(self.engine) if early_end is not None else None)
 
     def is_complete(self, text: str, extra: Callable[[str], bool] | None = None) -> bool:
-        """Whether ``text`` reads as a whole command (for an early end)."""
+        """Whether ``text`` reads as a whole command (for an early end): the recogniser's language model
+        says the sentence may end here and the stream's own check (``extra``, e.g. the voice turn's tools)
+        does not object; without a language model, that check alone."""
         if self.early_end is None or not text.strip():
             return False
-        if self.end_probability is not None and self.end_probability(text) >= self.early_end.min_prob:
-            return True
-        return extra is not None and extra(text)
+        if extra is not None and not extra(text):
+            return False
+        if self.end_probability is not None:
+            return self.end_probability(text) >= self.early_end.min_prob
+        return extra is not None
 
     def summary(self) -> dict[str, dict]:
         snap = self.window.snapshot()
@@ -303,6 +308,7 @@ class AsrStream:
     def set_complete(self, complete: Callable[[str], bool] | None) -> None:
         """The caller's completeness check for an early end (see ``AsrService.open_stream``)."""
         self._complete_extra = complete
+        self._checked = ("", False)  # answers of the check it replaces
         early = self.service.early_end is not None and self.endpointer.config.early_silence_ms is not None
         has_check = self.service.end_probability is not None or complete is not None
         self.endpointer.complete = self._complete if early and has_check else None

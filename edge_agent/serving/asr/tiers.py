@@ -162,6 +162,10 @@ class PcmStream:
         """(end of speech, end-of-turn decision) of ``utterance`` (``AsrStream.endpoint``)."""
         return self._stream.endpoint(utterance)
 
+    def set_complete(self, complete: Callable[[str], bool] | None) -> None:
+        """A voice turn's own check of a whole command (``AsrStream.set_complete``), before any audio."""
+        self._stream.set_complete(complete)
+
     def end(self) -> None:
         """No more audio: an open utterance ends now; its final (and any other) still comes."""
         self._stream.close()
