@@ -10,8 +10,9 @@ message that sets the reply:
 
 (all optional; without tools the reply is words). After each final with text comes one event
 
-    {"kind": "reply", "utterance": 0, "text": "...", "tool_calls": [...] | null, "endpoint_ms": 200.1,
-     "first_token_ms": 231.5, "complete_ms": 262.0, "cached_tokens": 704, "reply_ahead": true}
+    {"kind": "reply", "utterance": 0, "text": "...", "tool_calls": [...] | null, "finish_reason": "tool_calls",
+     "endpoint_ms": 200.1, "first_token_ms": 231.5, "complete_ms": 262.0, "cached_tokens": 704,
+     "reply_ahead": true}
 
 (times from the end of speech), or ``{"kind": "error", "utterance": 0, "code": "reply_failed", ...}``
 when the LLM refused the request. Replies go out in the order of their finals.
@@ -28,7 +29,7 @@ from typing import Any
 from ..errors import InputError
 from .asr.events import AsrEvent
 from .command_check import command_check
-from .openai_output import parse_tools, tool_call
+from .openai_output import parse_tools, split_tool_call
 from .voice_turn import TurnResult, VoiceTurn
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class VoiceSession:
                 result = None
                 self.outbox.put_nowait(_error(event.utterance, str(exc)))
             if result is not None:
-                out = reply_event(result)
+                out = reply_event(result, bool(self.turn.tools))
                 if out is not None:
                     self.outbox.put_nowait(out)
 
@@ -134,14 +135,17 @@ class VoiceSession:
         self._replier.shutdown(wait=False)
 
 
-def reply_event(result: TurnResult) -> dict | None:
-    """A delivered turn as the stream's ``reply`` event; a refused one as an ``error``; None for a reply
-    cancelled because the speaker went on (its utterance's next final gets the reply)."""
+def reply_event(result: TurnResult, tools: bool) -> dict | None:
+    """A delivered turn as the stream's ``reply`` event (a call as the chat route gives it: cut short by
+    ``max_tokens``, still ``tool_calls`` with the arguments written, ``finish_reason`` ``length``); a
+    refused one as an ``error``; None for a reply cancelled because the speaker went on (its utterance's
+    next final gets the reply)."""
     if result.error is not None:
         return _error(result.utterance, result.error)
     if not result.delivered:
         return None
-    call = tool_call(result.reply) if result.call is not None else None
+    text, call, complete = split_tool_call(result.reply) if tools else (result.reply, None, False)
+    reason = "tool_calls" if complete else ("length" if result.finish_reason == "length" else "stop")
 
     def ms(value: float | None) -> float | None:
         return None if value is None else round(value, 1)
@@ -149,8 +153,9 @@ def reply_event(result: TurnResult) -> dict | None:
     return {
         "kind": "reply",
         "utterance": result.utterance,
-        "text": "" if call else result.reply,
+        "text": text or "",
         "tool_calls": [call] if call else None,
+        "finish_reason": reason,
         "endpoint_ms": ms(result.endpoint_ms),
         "first_token_ms": ms(result.turn_first_token_ms),
         "complete_ms": ms(result.turn_complete_ms),

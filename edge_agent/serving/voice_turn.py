@@ -84,6 +84,7 @@ class TurnResult:
     prefill_ahead: int  # prefills of a partial sent for this utterance
     prefill_wasted: int  # of those, prefills whose text was not the final's
     error: str | None = None  # why there is no reply, when the LLM refused the request
+    finish_reason: str | None = None  # the reply's: stop, length (cut short by its token budget), ...
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -350,6 +351,7 @@ class VoiceTurn:
             turn_complete_ms=since_origin(times[-1] if times else None),
             cached_tokens=done.timing.cached_tokens,
             prompt_tokens=done.timing.tokens_in,
+            finish_reason=done.finish_reason,
         )
 
     def _count_cancel(self) -> None:

@@ -78,18 +78,19 @@ async def talk(url: str, audio: bytes, settings: str | None) -> list[dict]:
     return events
 
 
-async def chat_call(base: str, text: str) -> dict:
+async def chat_call(base: str, text: str, max_tokens: int = 60) -> dict:
     body = {
         "model": "edge-agent",
         "messages": [{"role": "user", "content": text}],
         "tools": TOOLS,
         "tool_choice": "required",
         "temperature": 0,
-        "max_tokens": 60,
+        "max_tokens": max_tokens,
     }
     async with aiohttp.ClientSession() as session, session.post(base + "/v1/chat/completions", json=body) as resp:
         assert resp.status == 200
-        return (await resp.json())["choices"][0]["message"]["tool_calls"][0]["function"]
+        choice = (await resp.json())["choices"][0]
+        return {**choice["message"]["tool_calls"][0]["function"], "finish_reason": choice["finish_reason"]}
 
 
 def test_each_final_gets_the_call_the_chat_route_gives_for_its_text(served):
@@ -110,7 +111,20 @@ def test_each_final_gets_the_call_the_chat_route_gives_for_its_text(served):
         want = asyncio.run(chat_call(api.address, final["text"]))
         assert call["function"]["name"] == want["name"]
         assert json.loads(call["function"]["arguments"]) == json.loads(want["arguments"])
+        assert reply["finish_reason"] == want["finish_reason"] == "tool_calls"
         assert reply["complete_ms"] is not None and reply["complete_ms"] >= reply["first_token_ms"]
+
+
+def test_a_call_cut_short_by_max_tokens_has_the_chat_route_s_shape(served):
+    api, _ = served
+    url = api.address.replace("http", "ws") + "/v1/audio/stream?respond=true"
+    events = asyncio.run(talk(url, pcm("turn on the kitchen lights"), json.dumps({"tools": TOOLS, "max_tokens": 9})))
+    finals = [e for e in events if e["kind"] == "final" and e["text"]]
+    (reply,) = [e for e in events if e["kind"] == "reply"]
+    want = asyncio.run(chat_call(api.address, finals[-1]["text"], max_tokens=9))
+    (call,) = reply["tool_calls"]
+    assert reply["finish_reason"] == want["finish_reason"] == "length"
+    assert (call["function"]["name"], call["function"]["arguments"]) == (want["name"], want["arguments"])
 
 
 def test_bad_reply_settings_are_an_error_and_the_stream_goes_on(served):
