@@ -180,9 +180,9 @@ class AsrService:
     ) -> AsrStream:
         """A new stream. ``early_end``: its utterances may end early, when the service has an ``EarlyEnd``
         (a voice turn's stream; others always wait the full trailing silence); ``complete(partial_text)``
-        is the caller's own completeness check, a veto on the recogniser's (``is_complete``). ``pause_ms``: after that
-        much silence inside an utterance, its text as the final would say it goes out as a partial marked
-        ``paused`` (a voice turn starts its reply ahead on it)."""
+        is the caller's own completeness check, a veto on the recogniser's (``is_complete``).
+        ``pause_ms``: after that much silence inside an utterance, its text as the final would say it goes
+        out as a partial marked ``paused`` (a voice turn starts its reply ahead on it)."""
         with self._lock:
             sid = self._next_stream
             self._next_stream += 1
