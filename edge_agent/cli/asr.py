@@ -387,9 +387,11 @@ def _consume(finals, responder, records, turns, stop, args, streams) -> None:
             stream = streams.get(event.stream)
             ends = stream.endpoint(event.utterance) if stream is not None else None
             r = responder.respond(event, ends[0] if ends else None, quiet=args.json)
-            if not r.delivered:
-                record.update(cancelled=True, early_end=r.early_end)
-                records.append(record)  # the early reply of an utterance that went on: no call, no turn
+            if not r.delivered:  # the early reply of an utterance that went on, or a refused request
+                record.update(cancelled=r.error is None, early_end=r.early_end)
+                if r.error is not None:
+                    record["error"] = r.error
+                records.append(record)  # no call, no turn
                 continue
             # turn_ms: to the first token, or with tools to the complete call (as before)
             turn_ms = r.turn_complete_ms if responder.tools else r.turn_first_token_ms
