@@ -111,7 +111,10 @@ def test_commit_then_lookup_round_trip(cache: EngineCache) -> None:
 def test_a_tampered_entry_is_quarantined_and_not_returned(cache: EngineCache) -> None:
     entry = build(cache, "k1")
     with (entry.path / "model" / "model.onnx").open("r+b") as fh:
-        fh.write(b"X")  # same size, different bytes
+        first = fh.read(1)[0]
+        fh.seek(0)
+        fh.write(bytes([first ^ 0xFF]))  # same size, different bytes (writing a fixed b"X" over random bytes
+        # changed nothing one time in 256: the first byte was an "X" already)
     assert cache.lookup("k1") is None
     assert not entry.path.exists()
     [moved] = list(cache.quarantine_dir.iterdir())
