@@ -51,13 +51,16 @@ def test_bench_serve_counts_match_the_daemon_and_client_ttft_is_not_below_it(tmp
         # Each client TTFT spans its daemon TTFT (HTTP, parsing and tokenizing come on top), so at every
         # bucket bound at least as many daemon TTFTs as client TTFTs lie below it, the exact means
         # (_sum / _count) keep that order, and the client's median is not below the bucket of the daemon's.
+        # A response whose tokens all decode to nothing (random weights can emit ids without text) has no
+        # client TTFT: the bench counts it as no_content; the daemon still timed its first token.
         ttfts = client["ttft_values_ms"]
-        assert len(ttfts) == 6
+        assert len(ttfts) == 6 - client["no_content"] > 0
         for le_ms, count in served["ttft_ms"]["buckets_ms"]:
             below = sum(1 for t in ttfts if le_ms is None or t <= le_ms)
             assert count >= below, (le_ms, count, ttfts)
-        assert client["ttft_ms"]["mean"] >= served["ttft_ms"]["mean"]
-        assert client["ttft_ms"]["p50"] >= served["ttft_ms"]["p50_bucket"][0]
-        assert lv["client_over_daemon"]["ttft_ms"]["mean"] >= 1.0
+        if client["no_content"] == 0:  # the same requests on both sides: their means and medians compare
+            assert client["ttft_ms"]["mean"] >= served["ttft_ms"]["mean"]
+            assert client["ttft_ms"]["p50"] >= served["ttft_ms"]["p50_bucket"][0]
+            assert lv["client_over_daemon"]["ttft_ms"]["mean"] >= 1.0
         # The usage chunks' token counts add up to the daemon's generated tokens.
         assert client["tokens_out"] == served["tokens_out"] > 0
