@@ -213,3 +213,14 @@ class Daemon:
             self.listener.close()
         self.notify.close()
         return self.output()
+
+
+def speech_daemon(tmp: Path, broker_port: int, max_new_tokens: int = 48) -> Daemon:
+    """A ``Daemon`` (not started) serving the test LLM tier (``max_new_tokens`` per reply) and the demo-asr
+    tier, its cache and state under ``tmp``."""
+    api_port = free_port()
+    cfg = config_text(tmp, broker_port, api_port).replace("asr = []\n", "")
+    cfg = cfg.replace("max_new_tokens = 48", f"max_new_tokens = {max_new_tokens}")
+    cfg += '\n[[models.asr]]\nname = "ctc"\nmodel = "demo-asr"\n'
+    env = {"CACHE_DIRECTORY": str(tmp / "cache"), "STATE_DIRECTORY": str(tmp / "state")}
+    return Daemon(tmp, broker_port=broker_port, config=cfg, api_port=api_port, env=env)

@@ -12,8 +12,8 @@ import pytest
 
 from edge_agent.demo.actions import home_tools, reply_settings
 from edge_agent.models.grammar import tool_call_schema
-from tests.daemon_proc import Daemon, config_text
-from tests.mqtt_broker import Broker, free_port
+from tests.daemon_proc import speech_daemon
+from tests.mqtt_broker import Broker
 from tests.speech import require_tools, speech_samples
 
 aiohttp = pytest.importorskip("aiohttp")
@@ -43,17 +43,7 @@ async def _turn(url: str, pcm: bytes, leave_early: bool = False) -> list[dict]:
 def test_spoken_commands_get_tool_calls_from_the_daemon(tmp_path):
     require_tools()
     broker = Broker(tmp_path).start()
-    api_port = free_port()
-    cfg = config_text(tmp_path, broker.port, api_port).replace("asr = []\n", "")
-    cfg = cfg.replace("max_new_tokens = 48", "max_new_tokens = 200")  # room for a whole call
-    cfg += '\n[[models.asr]]\nname = "ctc"\nmodel = "demo-asr"\n'
-    d = Daemon(
-        tmp_path,
-        broker_port=broker.port,
-        config=cfg,
-        api_port=api_port,
-        env={"CACHE_DIRECTORY": str(tmp_path / "cache"), "STATE_DIRECTORY": str(tmp_path / "state")},
-    )
+    d = speech_daemon(tmp_path, broker.port, max_new_tokens=200)  # room for a whole call
     try:
         d.start(timeout_s=240)
         url = d.url("/v1/audio/stream").replace("http", "ws") + "?respond=true"

@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from tests.daemon_proc import Daemon, config_text
-from tests.mqtt_broker import Broker, free_port
+from tests.daemon_proc import Daemon, speech_daemon
+from tests.mqtt_broker import Broker
 from tests.speech import require_tools, speech_samples, speech_wav
 
 aiohttp = pytest.importorskip("aiohttp")
@@ -35,16 +35,7 @@ def daemon(tmp_path_factory):
     require_tools()
     tmp = tmp_path_factory.mktemp("speech-faults")
     broker = Broker(tmp).start()
-    api_port = free_port()
-    cfg = config_text(tmp, broker.port, api_port).replace("asr = []\n", "")
-    cfg += '\n[[models.asr]]\nname = "ctc"\nmodel = "demo-asr"\n'
-    d = Daemon(
-        tmp,
-        broker_port=broker.port,
-        config=cfg,
-        api_port=api_port,
-        env={"CACHE_DIRECTORY": str(tmp / "cache"), "STATE_DIRECTORY": str(tmp / "state")},
-    )
+    d = speech_daemon(tmp, broker.port)
     try:
         d.start(timeout_s=240)
         yield d
