@@ -284,6 +284,11 @@ class Endpointer:
         return self._last_voiced_end - self._utt_start
 
     @property
+    def last_voiced_end(self) -> int:
+        """The stream sample where the latest voiced frame ended (``SpeechEnd.speech_end_s`` × rate)."""
+        return self._last_voiced_end
+
+    @property
     def silence_ms(self) -> float:
         """The trailing silence of the current utterance so far (0 when idle)."""
         return 1000 * self._silence_run * self.frame / self.rate if self.speaking else 0.0

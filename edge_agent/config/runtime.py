@@ -99,13 +99,22 @@ class AudioConfig(Section):
     chunk_ms: int = Field(320, ge=20, le=5000, description="new audio per recogniser step (partial cadence)")
     early_end: bool = Field(
         True,
-        description="end an utterance after early_end_silence_ms instead of trailing_silence_ms when its "
-        "partial is complete (the recogniser's word LM gives the sentence end >= early_end_min_prob); "
+        description="voice turn: end an utterance before trailing_silence_ms when its words are complete "
+        "(a whole command for the turn's tools: after command_end_silence_ms; without tools, the "
+        "recogniser's word LM gives the sentence end >= early_end_min_prob: after early_end_silence_ms); "
         "speech that resumes within trailing_silence_ms continues it",
     )
-    early_end_silence_ms: int = Field(200, ge=20, le=10_000, description="the silence before an early end")
+    early_end_silence_ms: int = Field(
+        200, ge=20, le=10_000, description="the silence before an early end on the language model alone (no tools)"
+    )
     early_end_min_prob: float = Field(
-        0.15, gt=0.0, le=1.0, description="P(end of sentence | the partial's words) that makes it complete"
+        0.15, gt=0.0, le=1.0, description="P(end of sentence | the words) that makes them complete (no tools)"
+    )
+    command_end_silence_ms: int = Field(
+        100, ge=20, le=10_000, description="the silence before an early end on a whole command for the turn's tools"
+    )
+    command_end_min_prob: float = Field(
+        0.02, ge=0.0, le=1.0, description="a whole command ends early unless the word LM's P(end) is below this"
     )
     prefill_ahead: bool = Field(
         True, description="voice turn: prefill the prompt of a stable partial into the prefix cache while speaking"
@@ -124,8 +133,9 @@ class AudioConfig(Section):
     def _silero_needs_model(self) -> AudioConfig:
         if self.vad == "silero" and self.vad_model is None:
             raise ValueError("vad = 'silero' needs vad_model (the path of silero_vad.onnx)")
-        if self.early_end_silence_ms > self.trailing_silence_ms:
-            raise ValueError("early_end_silence_ms must not exceed trailing_silence_ms (the full wait is the bound)")
+        for name in ("early_end_silence_ms", "command_end_silence_ms"):
+            if getattr(self, name) > self.trailing_silence_ms:
+                raise ValueError(f"{name} must not exceed trailing_silence_ms (the full wait is the bound)")
         return self
 
 

@@ -161,9 +161,14 @@ def test_an_unfinished_last_word_is_completed_from_the_lexicon(language):
 
 
 class _Engine:
-    """A recogniser that hears "turn on the lights" up to the audio it has taken (stream time in the text)."""
+    """A recogniser that hears "turn on the lights" up to the audio it has taken (stream time in the text).
+    ``lag``: as a streaming model with look-ahead, its partials hold back the last letters ("turn on the
+    ligh") until the stream has ended."""
 
     name, kind, sample_rate, max_utterance_s = "fake", "fake", RATE, 30.0
+
+    def __init__(self, lag: bool = False, stamp: bool = False) -> None:
+        self.lag, self.stamp = lag, stamp
 
     def new_stream(self):
         from edge_agent.models.recognizer import AudioStream
@@ -176,7 +181,10 @@ class _Engine:
         out = []
         for s in streams:
             _, ended = s.take()
-            out.append(Hypothesis("turn on the lights", (), ended, "", s.samples_in / RATE))
+            text = "turn on the ligh" if self.lag and not ended else "turn on the lights"
+            if self.stamp and ended:  # a decode that reads the trailing silence too: its length in the text
+                text += f" {s.samples_in}"
+            out.append(Hypothesis(text, (), ended, "", s.samples_in / RATE))
         return out
 
     def close(self):
@@ -190,6 +198,9 @@ def _serve(
     stream_early: bool = True,
     complete=None,
     lm: bool = True,
+    p_end: float = 1.0,
+    lag: bool = False,
+    stamp: bool = False,
 ):
     """``voiced`` fed frame by frame through an AsrService on ``_Engine``, each step asked for by a frame
     finished before the next: (the stream, its events as (frame index, event))."""
@@ -197,13 +208,13 @@ def _serve(
     from edge_agent.serving.asr.service import AsrService
 
     svc = AsrService(
-        _Engine(),
+        _Engine(lag, stamp),
         limits=BatchLimits(max_batch=1, batch_timeout_ms=0),
         endpoint=EndpointConfig(60, 500, 100),
         detector_factory=lambda: Script(voiced),
         chunk_ms=10_000,  # no steps but the first and those the early end or a pause asks for
         early_end=early_end,
-        end_probability=(lambda text: 1.0 if text.endswith("lights") else 0.0) if lm else None,
+        end_probability=(lambda text: p_end if text.endswith("lights") else 0.0) if lm else None,
     ).start()
     events: list = []
     frame = [0]
@@ -266,6 +277,74 @@ def test_the_stream_s_own_check_is_a_veto_on_the_language_model(lm, check, reaso
     _, timed = _serve(voiced, early_end=EarlyEnd(200, 0.5), complete=check, lm=lm)
     (final,) = [e for _, e in timed if e.kind == "final"]
     assert final.metrics.reason == reason
+
+
+def _waited_ms(st, final) -> float:
+    speech_end, decided = st.endpoint(final.utterance)
+    return round((decided - speech_end) * 1e3)
+
+
+@pytest.mark.parametrize(
+    ("check", "p_end", "reason", "waited_ms"),
+    [
+        (None, 1.0, "early", 200),  # the language model alone: the longer early silence
+        (lambda text: True, 1.0, "early", 100),  # a whole command the LM agrees with: the shorter one
+        (lambda text: True, 0.05, "early", 100),  # ... or does not rule out (>= command_min_prob)
+        (lambda text: True, 0.01, "silence", 500),  # ... but an LM that rules the end out vetoes it
+        (None, 0.3, "silence", 500),  # the LM alone, under min_prob: the full wait
+    ],
+)
+def test_the_stronger_the_evidence_the_shorter_the_silence(check, p_end, reason, waited_ms):
+    from edge_agent.serving.asr.service import EarlyEnd
+
+    voiced = [True] * frames(1000) + [False] * frames(1000)
+    # pauses decoded at 60 ms: the text covering the speech is known before either silence is reached
+    st, timed = _serve(voiced, early_end=EarlyEnd(200, 0.5, 100, 0.02), pause_ms=60, complete=check, p_end=p_end)
+    (final,) = [e for _, e in timed if e.kind == "final"]
+    assert final.metrics.reason == reason
+    assert _waited_ms(st, final) == waited_ms
+
+
+@pytest.mark.parametrize("pause_ms", [None, 60])
+def test_the_end_is_judged_on_the_pause_s_decode_not_on_a_lagging_partial(pause_ms):
+    """The streaming partial lacks the last letters ("turn on the ligh"), which the whole-command check
+    refuses; the pause's decode reads as the final will ("turn on the lights"), so a stream with pauses
+    ends at the short silence and one without waits the full silence."""
+    from edge_agent.serving.asr.service import EarlyEnd
+
+    voiced = [True] * frames(1000) + [False] * frames(1000)
+    check = lambda text: text.endswith("lights")  # noqa: E731
+    st, timed = _serve(
+        voiced, early_end=EarlyEnd(200, 0.5, 100, 0.02), pause_ms=pause_ms, complete=check, lm=False, lag=True
+    )
+    (final,) = [e for _, e in timed if e.kind == "final"]
+    assert final.text == "turn on the lights"
+    assert (final.metrics.reason, _waited_ms(st, final)) == (("early", 100) if pause_ms else ("silence", 500))
+
+
+@pytest.mark.parametrize("stream_early", [True, False])
+def test_with_no_speech_since_the_pause_its_decode_is_the_final(stream_early):
+    """The final is the pause's decode (what the early end judged and a reply ahead was started on), not a
+    second decode that also reads the later silence, whether the utterance ends early or after the full wait."""
+    from edge_agent.serving.asr.service import EarlyEnd
+
+    voiced = [True] * frames(1000) + [False] * frames(1000)
+    check = lambda text: "lights" in text  # noqa: E731
+    _, timed = _serve(
+        voiced,
+        early_end=EarlyEnd(200, 0.5, 100, 0.02),
+        pause_ms=60,
+        complete=check,
+        lm=False,
+        stamp=True,
+        stream_early=stream_early,
+    )
+    events = [e for _, e in timed]
+    (final,) = [e for e in events if e.kind == "final"]
+    paused = [e for e in events if e.kind == "partial" and e.paused]
+    assert final.metrics.reason == ("early" if stream_early else "silence")
+    assert paused and (final.text, final.audio_s) == (paused[-1].text, paused[-1].audio_s)
+    assert final.metrics.final_ms == 0.0  # known at the decision
 
 
 def test_a_pause_brings_the_partial_up_to_the_end_of_the_speech_once_per_pause():

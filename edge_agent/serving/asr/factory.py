@@ -47,7 +47,12 @@ def make_service(
         endpoint=endpoint,
         chunk_ms=audio.chunk_ms,
         sla_ms=sla_ms,
-        early_end=EarlyEnd(audio.early_end_silence_ms, audio.early_end_min_prob)
+        early_end=EarlyEnd(
+            audio.early_end_silence_ms,
+            audio.early_end_min_prob,
+            audio.command_end_silence_ms,
+            audio.command_end_min_prob,
+        )
         if early_end and audio.early_end
         else None,
         detector_factory=lambda: make_detector(

@@ -78,15 +78,29 @@ class _Utterance:
         self.partial_text = ""
         self.paused_at = -1  # voiced samples when a pause's partial was last asked for
         self.pause_due = False  # a pause's fork waits for the step in flight
+        self.pause_end = -1  # the stream sample where the speech before that pause ended
+        self.paused_hyp: tuple[int, Hypothesis] | None = None  # (voiced samples, its decode) of the latest pause
 
 
 @dataclass(frozen=True, slots=True)
 class EarlyEnd:
-    """An earlier end of turn: after ``silence_ms`` of silence, end when the partial is complete (the
-    language model's P(end of sentence | words) >= ``min_prob``, and the stream's own check agrees)."""
+    """An earlier end of turn, sooner the stronger the evidence that the words are complete:
+
+    - a stream with its own check (a voice turn's tools): when the check says the words are whole (a whole
+      command) and the language model does not rule the sentence end out (P(end | words) >=
+      ``command_min_prob``, or there is no LM), after ``command_silence_ms``;
+    - a stream without one: when the language model's P(end | words) >= ``min_prob``, after ``silence_ms``.
+    """
 
     silence_ms: int = 200
     min_prob: float = 0.15
+    command_silence_ms: int = 100
+    command_min_prob: float = 0.02
+
+    @property
+    def first_ms(self) -> int:
+        """The silence from which the endpointer asks."""
+        return min(self.silence_ms, self.command_silence_ms)
 
 
 def end_probability_of(engine) -> Callable[[str], float] | None:
@@ -197,7 +211,7 @@ class AsrService:
         """Turn the early end on (or off: None) for streams opened from now on with ``early_end=True``.
         ``end_probability`` overrides the recogniser's own language model (tests, tuning)."""
         e = self.endpoint
-        silence = None if early_end is None else min(early_end.silence_ms, e.trailing_silence_ms)
+        silence = None if early_end is None else min(early_end.first_ms, e.trailing_silence_ms)
         self.endpoint = EndpointConfig(
             e.min_speech_ms, e.trailing_silence_ms, e.pre_roll_ms, e.max_utterance_s, silence
         )
@@ -205,17 +219,20 @@ class AsrService:
         # the recogniser's own completeness signal: its word LM
         self.end_probability = end_probability or (end_probability_of(self.engine) if early_end is not None else None)
 
-    def is_complete(self, text: str, extra: Callable[[str], bool] | None = None) -> bool:
-        """Whether ``text`` reads as a whole command (for an early end): the recogniser's language model
-        says the sentence may end here and the stream's own check (``extra``, e.g. the voice turn's tools)
-        does not object; without a language model, that check alone."""
-        if self.early_end is None or not text.strip():
-            return False
-        if extra is not None and not extra(text):
-            return False
-        if self.end_probability is not None:
-            return self.end_probability(text) >= self.early_end.min_prob
-        return extra is not None
+    def end_silence_ms(self, text: str, extra: Callable[[str], bool] | None = None) -> int | None:
+        """The silence after which ``text`` ends the utterance early (``EarlyEnd``), or None: never early.
+        ``extra`` is the stream's own check (the voice turn's whole-command check): a veto, and with the
+        language model not ruling the end out, the shorter ``command_silence_ms``; without ``extra`` the
+        language model alone decides, after ``silence_ms``."""
+        e = self.early_end
+        if e is None or not text.strip():
+            return None
+        p = self.end_probability(text) if self.end_probability is not None else None
+        if extra is not None:
+            if not extra(text):
+                return None
+            return e.command_silence_ms if p is None or p >= e.command_min_prob else None
+        return e.silence_ms if p is not None and p >= e.min_prob else None
 
     def summary(self) -> dict[str, dict]:
         snap = self.window.snapshot()
@@ -300,7 +317,7 @@ class AsrStream:
         self._live: list[_Utterance] = []  # utterances without their final yet
         self._early: _Utterance | None = None  # the last utterance, when it ended early (it may resume)
         self._complete_extra: Callable[[str], bool] | None = None
-        self._checked: tuple[str, bool] = ("", False)  # the last completeness answer, per partial text
+        self._checked: tuple[str, int | None] = ("", None)  # the last end_silence_ms answer, per text
         self._endpoints: dict[int, tuple[float, float]] = {}  # utterance → (speech end, decision), clock
         self.pause_ms: int | None = None  # see ``AsrService.open_stream``
         self._pausing = 0  # pause decodes in flight
@@ -308,7 +325,7 @@ class AsrStream:
     def set_complete(self, complete: Callable[[str], bool] | None) -> None:
         """The caller's completeness check for an early end (see ``AsrService.open_stream``)."""
         self._complete_extra = complete
-        self._checked = ("", False)  # answers of the check it replaces
+        self._checked = ("", None)  # answers of the check it replaces
         early = self.service.early_end is not None and self.endpointer.config.early_silence_ms is not None
         has_check = self.service.end_probability is not None or complete is not None
         self.endpointer.complete = self._complete if early and has_check else None
@@ -342,7 +359,7 @@ class AsrStream:
         voiced = self.endpointer.voiced_samples
         if u.paused_at == voiced:
             return  # this pause's decode is asked for already
-        u.paused_at = voiced
+        u.paused_at, u.pause_end = voiced, self.endpointer.last_voiced_end
         if u.in_flight:
             u.pause_due = True  # forked when that step is absorbed
         else:
@@ -385,7 +402,11 @@ class AsrStream:
             current = self._in_pause(u, voiced)
             if current and (hyp is None or not hyp.final):
                 self._pause_step(u, shadow)  # an engine that takes its audio over several steps
-            elif current and hyp is not None and hyp.text.strip():
+            elif current and hyp is not None:
+                u.paused_hyp = (voiced, hyp)
+                u.compute_s += shadow.compute_s
+                if not hyp.text.strip():
+                    return
                 now = self.service.clock()
                 self._emit(
                     AsrEvent("partial", self.id, u.index, hyp.text, hyp.text, u.onset_s + hyp.audio_s, now, paused=True)
@@ -467,18 +488,27 @@ class AsrStream:
         return default
 
     def _complete(self, voiced_samples: int) -> bool:
-        """The endpointer asks (stream lock held, from ``feed``): is the current utterance complete? Only a
-        partial that covers all of its speech can say so; otherwise a step is asked for to get one."""
+        """The endpointer asks (stream lock held, from ``feed``, each silent frame): may the current
+        utterance end now? Only a text that covers all of its speech can say so: the pause's decode when
+        this pause asked for one (it reads as the final will; the streaming partial lags by the model's
+        look-ahead), else a partial that covers the speech; otherwise a step is asked for to get one.
+        The text's answer (``AsrService.end_silence_ms``) is how much silence it needs."""
         u = self._current
         if u is None or u.done:
             return False
-        if u.partial_samples < voiced_samples:
+        if u.paused_at == voiced_samples:
+            if u.paused_hyp is None or u.paused_hyp[0] != voiced_samples:
+                return False  # the pause's decode is on its way
+            text = u.paused_hyp[1].text
+        elif u.partial_samples < voiced_samples:
             self.service.request_step(u, urgent=False)  # no-op while one is in flight
             return False
-        text = u.partial_text
+        else:
+            text = u.partial_text
         if self._checked[0] != text:
-            self._checked = (text, self.service.is_complete(text, self._complete_extra))
-        return self._checked[1]
+            self._checked = (text, self.service.end_silence_ms(text, self._complete_extra))
+        need = self._checked[1]
+        return need is not None and self.endpointer.silence_ms >= need
 
     def _handle(self, events, now: float) -> None:
         svc = self.service
@@ -513,8 +543,18 @@ class AsrStream:
                 self._endpoints[u.index] = (now - (e.at_s - e.speech_end_s), now)
                 if len(self._endpoints) > 64:
                     self._endpoints.pop(next(iter(self._endpoints)))
-                u.rstream.end()
-                svc.request_step(u, urgent=True)
+                paused = u.paused_hyp
+                if (
+                    paused is not None
+                    and paused[0] == u.paused_at
+                    and u.pause_end == round(e.speech_end_s * self.endpointer.rate)
+                ):
+                    # no speech since the pause: its decode (what the early end judged, what a reply
+                    # ahead was started on) is the final; a second decode could read the silence otherwise
+                    self._finish(u, paused[1], now)
+                else:
+                    u.rstream.end()
+                    svc.request_step(u, urgent=True)
 
     def _add(self, u: _Utterance, audio: np.ndarray) -> None:
         u.rstream.add_audio(audio)
