@@ -227,6 +227,7 @@ class RunResult:
     asr_utterances: int = 0
     false_cuts: int = 0  # VoiceTurn's own count: an early reply delivered, then the speech resumed
     cancelled: int = 0
+    repeats: int = 0  # after a false cut, the whole utterance's same call, not delivered again
 
 
 def _respond(turn, finals: queue.SimpleQueue, out: list) -> None:
@@ -275,7 +276,7 @@ def replay(side: Side, llm: Llm, clip: Clip, block_ms: int) -> RunResult:
         worker.join(600.0)
         turn.close()
     assert speech_end_s is not None
-    return RunResult(speech_end_s, turns, counts["utterances"], turn.false_cuts, turn.cancelled)
+    return RunResult(speech_end_s, turns, counts["utterances"], turn.false_cuts, turn.cancelled, turn.repeats)
 
 
 def record(result: RunResult, clip: Clip, side: str, round_: int, index: int) -> dict:
@@ -319,6 +320,7 @@ def record(result: RunResult, clip: Clip, side: str, round_: int, index: int) ->
         "prefill_wasted": sum(t.prefill_wasted for _, t in delivered),
         "reply_ahead": sum(t.reply_ahead for _, t in delivered),
         "cancelled": result.cancelled,
+        "repeats_withheld": result.repeats,
         "asr_utterances": result.asr_utterances,
         "errors": errors,
     }

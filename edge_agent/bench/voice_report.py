@@ -43,6 +43,7 @@ def side_figures(rows: list[dict]) -> dict:
     out["failed_turns"] = sum(len(r["errors"]) for r in rows)
     out["early_ends"] = sum(r["early_end"] for r in rows)
     out["cancelled_replies"] = sum(r["cancelled"] for r in rows)
+    out["repeats_withheld"] = sum(r.get("repeats_withheld", 0) for r in rows)
     out["prefills_ahead"] = sum(r["prefill_ahead"] for r in rows)
     out["prefills_wasted"] = sum(r["prefill_wasted"] for r in rows)
     out["replies_ahead_used"] = sum(r.get("reply_ahead", 0) for r in rows)
@@ -117,6 +118,7 @@ def format_table(report: dict) -> str:
         "prompt_tokens",
         "early_ends",
         "cancelled_replies",
+        "repeats_withheld",
         "prefills_ahead",
         "replies_ahead_used",
         "prefills_wasted",

@@ -22,7 +22,10 @@ Three things make the turn shorter than "final transcript, then a prefill from z
 - **Early end, safely.** The ASR stream may end an utterance before its full trailing-silence wait
   (``serving/asr/service.py``, ``EarlyEnd``). If the speaker goes on within that wait, the stream
   starts the *same* utterance number again: the early reply is cancelled and never delivered (no
-  tool call twice); a reply already delivered by then is a false cut, counted in ``false_cuts``.
+  tool call twice); a reply already delivered by then is a false cut, counted in ``false_cuts``. After
+  a false cut, the whole utterance's final gets its reply held until complete: when it makes the same tool
+  call as the one delivered, it is not delivered again (``TurnResult.repeated``, counted in ``repeats``);
+  another call (the speaker corrected the command) is delivered.
 
 Thread use: ``on_event`` / ``on_partial`` / ``on_speech_start`` only record and cancel (they run on
 the ASR threads); prompts are tokenized and requests sent ahead by ``tick()``, called every ``tick_s``
@@ -38,7 +41,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..metrics.window import WARMUP
@@ -85,6 +88,7 @@ class TurnResult:
     prefill_wasted: int  # of those, prefills whose text was not the final's
     error: str | None = None  # why there is no reply, when the LLM refused the request
     finish_reason: str | None = None  # the reply's: stop, length (cut short by its token budget), ...
+    repeated: bool = False  # the same call as one delivered before the speaker went on: not delivered again
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -143,13 +147,15 @@ class VoiceTurn:
         self._starts: dict[tuple[int, int], int] = {}  # speech_starts per (stream, utterance)
         self._finals: dict[tuple[int, int], int] = {}  # finals taken per (stream, utterance)
         self._replying: dict[tuple[int, int], Any] = {}  # the reply in flight per utterance
-        self._delivered: set[tuple[int, int]] = set()  # early replies delivered (a resumption = false cut)
+        self._delivered: dict[tuple[int, int], dict | None] = {}  # early replies delivered: their calls
+        self._cut_calls: dict[tuple[int, int], dict] = {}  # the calls of replies delivered before a false cut
         # the latest partial not yet sent ahead: key, text, since, whether it came with a pause
         self._pending: tuple[tuple[int, int], str, float, bool] | None = None
         self._prefilled: dict[tuple[int, int], list[str]] = {}  # texts sent ahead per utterance
         self._prefill: _Ahead | None = None  # the latest prefill sent ahead
         self._replies: dict[tuple[int, int], _Ahead] = {}  # per utterance: its latest reply ahead, not yet taken
         self.false_cuts = 0
+        self.repeats = 0  # replies after a false cut that made the delivered call again (not delivered)
         self.cancelled = 0
         self.prefills = 0
         self.prefills_wasted = 0
@@ -182,7 +188,9 @@ class VoiceTurn:
             handle = self._replying.pop(key, None)
             stale = [a.handle for a in self._take_ahead(key) if a is not None]
             if key in self._delivered:
-                self._delivered.discard(key)
+                call = self._delivered.pop(key)
+                if call is not None:
+                    self._cut_calls[key] = call
                 self.false_cuts += 1
                 log.info("stream %d utterance %d: speech resumed after its reply was delivered", *key)
         for h in (handle, *stale):
@@ -283,6 +291,7 @@ class VoiceTurn:
             if self._pending is not None and self._pending[0] == key:
                 self._pending = None
             prefill, reply = self._take_ahead(key)
+            cut_call = self._cut_calls.pop(key, None)
         adopted = reply if reply is not None and reply.answers(event.text) else None
         for ahead in (prefill, reply):
             if ahead is not None and ahead is not adopted and ahead.text != event.text:
@@ -314,11 +323,14 @@ class VoiceTurn:
             else:
                 self._replying[key] = handle
         first = None
+        held: list[str] | None = [] if cut_call is not None else None  # until it is known not to repeat the call
         try:
             for token in handle:
                 if first is None:
                     first = token.time_s
-                if on_token is not None and token.text:
+                if held is not None:
+                    held.append(token.text)
+                elif on_token is not None and token.text:
                     on_token(token.text)
             done = handle.result(120.0)
         except Exception as exc:  # a cancelled or failed reply
@@ -327,13 +339,24 @@ class VoiceTurn:
         with self._lock:
             self._replying.pop(key, None)
             delivered = done is not None and not handle.cancelled and self._starts.get(key, 1) <= gen
-            if delivered and early:
-                self._delivered.add(key)
+            call = self.call_of(done.text) if delivered and self.tools else None
+            repeated = delivered and cut_call is not None and call == cut_call
+            if repeated:
+                self.repeats += 1
+                delivered = False
+            elif delivered and early:
+                self._delivered[key] = call
             self.prefills_wasted += wasted if delivered else 0
             self.replies_ahead_used += delivered and adopted is not None
+        if repeated:
+            log.info("stream %d utterance %d: the same call as before the speaker went on, not repeated", *key)
+            return replace(self._empty(base, delivered=False), reply=done.text, call=call, repeated=True)
         if not delivered or done is None:
             self._count_cancel()
             return self._empty(base, delivered=False)
+        for text in held or ():
+            if on_token is not None and text:
+                on_token(text)
         times = done.timing.token_times_s
         reply = done.text
         floor = event.at_s if adopted is not None else float("-inf")  # a reply ahead waits for the final
@@ -344,7 +367,7 @@ class VoiceTurn:
         return TurnResult(
             **base,
             reply=reply,
-            call=self.call_of(reply) if self.tools else None,
+            call=call,
             delivered=True,
             reply_ahead=adopted is not None,
             turn_first_token_ms=since_origin(first),

@@ -189,6 +189,49 @@ def test_a_reply_delivered_before_the_speaker_went_on_is_a_false_cut():
     assert vt.false_cuts == 1
 
 
+def _false_cut_then_final(vt, llm, second_call: str):
+    """Utterance 2 ends early, its call is delivered, the speaker goes on; the whole utterance's final
+    then gets ``second_call``: (the second TurnResult, the texts its reply streamed to ``on_token``)."""
+    vt.on_speech_start(start(2))
+    th, out = _run_final(vt, final(2, "turn on the kitchen", decided=5.2, reason="early"), speech_end_s=5.0)
+    reply(llm.wait_for(1), CALL, [5.4])
+    th.join(10)
+    assert out["r"].delivered
+    vt.on_speech_start(start(2))
+    streamed: list[str] = []
+    done: dict = {}
+
+    def run() -> None:
+        done["r"] = vt.on_final(final(2, "turn on the kitchen light", decided=6.5), 6.0, on_token=streamed.append)
+
+    th = threading.Thread(target=run)
+    th.start()
+    h = llm.wait_for(2)
+    h.push(TokenEvent(0, second_call[:10], 6.6))
+    assert not streamed  # held until it is known whether it repeats the delivered call
+    h.push(TokenEvent(1, second_call[10:], 6.7))
+    h.finish(Completion(second_call, (0, 1), "stop", RequestTiming(6.5, 6.5, (6.6, 6.7), 6.7, 100)))
+    th.join(10)
+    return done["r"], streamed
+
+
+def test_after_a_false_cut_the_same_call_is_not_delivered_twice():
+    clock, llm = Clock(), FakeLLM()
+    vt = turn(llm, clock)
+    r, streamed = _false_cut_then_final(vt, llm, CALL)
+    assert vt.false_cuts == 1 and vt.repeats == 1
+    assert not r.delivered and r.repeated and r.call == json.loads(CALL) and not streamed
+
+
+def test_after_a_false_cut_a_corrected_call_is_delivered():
+    clock, llm = Clock(), FakeLLM()
+    vt = turn(llm, clock)
+    other = json.dumps({"name": "set_light", "arguments": {"room": "kitchen", "on": False}})
+    r, streamed = _false_cut_then_final(vt, llm, other)
+    assert vt.false_cuts == 1 and vt.repeats == 0
+    assert r.delivered and not r.repeated and r.call == json.loads(other) and "".join(streamed) == other
+
+
 def test_a_reply_ahead_is_the_final_s_and_reaches_the_caller_no_earlier_than_the_final():
     """A pause's reply is finished before the final comes: it is the final's reply (no second request),
     and its times are those of the final's arrival, never earlier."""
