@@ -18,11 +18,13 @@ Metrics per utterance (the vocabulary of docs/metrics.md), also kept in a rollin
 - ``final_ms``: the end-of-speech decision → the final text;
 - ``rtf``: engine time spent on the utterance (a batch's time shared equally by its rows) / its audio.
 
-An early end of turn (``EarlyEnd``, off unless given): the endpointer may end an utterance after
-``silence_ms`` instead of the full ``trailing_silence_ms`` when the latest partial, covering all of the
-speech, is complete: the recogniser's language model gives the sentence end at least ``min_prob``
-after its words and the stream's own ``complete`` check (a voice turn's: ``command_check``) does not
-object (without a language model, that check alone decides). Speech that comes
+An early end of turn (``EarlyEnd``, off unless given, and only for streams that ask for it): the
+endpointer may end an utterance before the full ``trailing_silence_ms`` when its words, covering all of
+the speech, are complete; the stronger the evidence, the shorter the silence (``end_silence_ms``): a
+whole command for the stream's own ``complete`` check (a voice turn's ``command_check``) that the
+recogniser's language model does not rule out, or the language model alone. The words judged are the
+pause's decode when the stream asked for pauses (it reads as the final will), which with no speech since
+is the final itself. Speech that comes
 back within the rest of the full wait continues the utterance: a new ``speech_start`` with the same
 ``utterance`` number, then a second ``final`` for it, recognised from the start of the utterance.
 
@@ -193,8 +195,8 @@ class AsrService:
         early_end: bool = False,
     ) -> AsrStream:
         """A new stream. ``early_end``: its utterances may end early, when the service has an ``EarlyEnd``
-        (a voice turn's stream; others always wait the full trailing silence); ``complete(partial_text)``
-        is the caller's own completeness check, a veto on the recogniser's (``is_complete``).
+        (a voice turn's stream; others always wait the full trailing silence); ``complete(text)`` is the
+        caller's own completeness check (``end_silence_ms``).
         ``pause_ms``: after that much silence inside an utterance, its text as the final would say it goes
         out as a partial marked ``paused`` (a voice turn starts its reply ahead on it)."""
         with self._lock:
