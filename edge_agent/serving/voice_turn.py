@@ -285,13 +285,14 @@ class VoiceTurn:
         origin = speech_end_s if speech_end_s is not None else decided
         endpoint_ms = (decided - speech_end_s) * 1e3 if speech_end_s is not None and decided is not None else None
         with self._lock:
+            self._forget_before(key)
             self._finals[key] = gen = self._finals.get(key, 0) + 1
             superseded = self._starts.get(key, 1) > gen
             sent = list(self._prefilled.get(key, []))
             if self._pending is not None and self._pending[0] == key:
                 self._pending = None
             prefill, reply = self._take_ahead(key)
-            cut_call = self._cut_calls.pop(key, None)
+            cut_call = self._cut_calls.get(key)  # the call a false cut delivered: not to be made twice
         adopted = reply if reply is not None and reply.answers(event.text) else None
         for ahead in (prefill, reply):
             if ahead is not None and ahead is not adopted and ahead.text != event.text:
@@ -344,8 +345,10 @@ class VoiceTurn:
             if repeated:
                 self.repeats += 1
                 delivered = False
-            elif delivered and early:
-                self._delivered[key] = call
+            elif delivered:
+                self._cut_calls.pop(key, None)  # this call is the utterance's latest delivered one now
+                if early:
+                    self._delivered[key] = call
             self.prefills_wasted += wasted if delivered else 0
             self.replies_ahead_used += delivered and adopted is not None
         if repeated:
@@ -376,6 +379,14 @@ class VoiceTurn:
             prompt_tokens=done.timing.tokens_in,
             finish_reason=done.finish_reason,
         )
+
+    def _forget_before(self, key: tuple[int, int], keep: int = 16) -> None:
+        """Under the lock: drop what is kept per utterance for the stream's utterances ``keep`` or more
+        before ``key``'s (only the latest can still resume), so a long-lived stream holds a bounded amount."""
+        stream, utterance = key
+        for kept in (self._starts, self._finals, self._prefilled, self._delivered, self._cut_calls):
+            for old in [k for k in kept if k[0] == stream and k[1] <= utterance - keep]:
+                del kept[old]
 
     def _count_cancel(self) -> None:
         with self._lock:

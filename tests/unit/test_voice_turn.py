@@ -266,3 +266,18 @@ def test_a_later_pause_replaces_the_reply_ahead_and_a_final_that_reads_otherwise
     th.join(10)
     assert out["r"].delivered and not out["r"].reply_ahead and out["r"].prefill_wasted == 2
     assert vt.replies_ahead == 2 and vt.replies_ahead_used == 0
+
+
+def test_a_long_lived_stream_keeps_a_bounded_amount_per_utterance():
+    clock, llm = Clock(), FakeLLM()
+    vt = turn(llm, clock, prefill_ahead=False)
+    for utt in range(100):
+        vt.on_speech_start(start(utt))
+        th, out = _run_final(vt, final(utt, "turn on the kitchen light", decided=5.0 + utt, reason="early"))
+        reply(llm.wait_for(utt + 1), CALL, [5.1 + utt])
+        th.join(10)
+        assert out["r"].delivered
+    kept = (vt._starts, vt._finals, vt._delivered)
+    assert all(len(d) <= 17 for d in kept) and all((0, 99) in d for d in kept)
+    vt.on_speech_start(start(99))  # the latest utterance can still resume: its early reply was a false cut
+    assert vt.false_cuts == 1
