@@ -2,7 +2,8 @@
 baseline, the printed table and the plot of the turn-time distributions.
 
 Report keys: ``turn_first_token_ms``, ``turn_complete_ms`` and ``endpoint_ms`` as ``{p50, p95}`` (taken
-per round over the utterances, the median of the rounds reported), ``false_cuts`` as ``{count, rate,
+per round over the utterances, the median of the rounds reported; ``spread`` holds each one's
+``[min, max]`` over the rounds), ``false_cuts`` as ``{count, rate,
 of}`` (runs of utterances with a pause, all rounds), ``duplicated_calls`` and ``hit_tokens`` (totals, all
 rounds); the default side's at the top level, the baseline's under ``baseline``, and ``ratios``.
 """
@@ -26,10 +27,11 @@ def _pct(values: list[float]) -> dict[str, float | None]:
 def side_figures(rows: list[dict]) -> dict:
     """One side's figures from its rows (every round)."""
     rounds = sorted({r["round"] for r in rows})
-    out: dict = {}
+    out: dict = {"spread": {}}
     for metric in TIMES:
         per_round = [_pct([r[metric] for r in rows if r["round"] == k and r[metric] is not None]) for k in rounds]
         out[metric] = {stat: _median([p[stat] for p in per_round]) for stat in ("p50", "p95")}
+        out["spread"][metric] = {stat: _range([p[stat] for p in per_round]) for stat in ("p50", "p95")}
     paused = [r for r in rows if r["pause"]]
     cuts = sum(r["cut"] for r in paused)
     out["false_cuts"] = {"count": cuts, "rate": cuts / len(paused) if paused else None, "of": len(paused)}
@@ -48,6 +50,11 @@ def side_figures(rows: list[dict]) -> dict:
     out["prefills_wasted"] = sum(r["prefill_wasted"] for r in rows)
     out["replies_ahead_used"] = sum(r.get("reply_ahead", 0) for r in rows)
     return out
+
+
+def _range(values: list[float | None]) -> list[float] | None:
+    present = [v for v in values if v is not None]
+    return [round(min(present), 1), round(max(present), 1)] if present else None
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -97,14 +104,20 @@ def format_table(report: dict) -> str:
         f"bench voice: {report['asr_model']} → {report['llm_model']} ({report['llm_backend']}) · "
         f"{report['utterances']} utterances ({report['with_pause']} with a {report['pause_ms']:.0f} ms pause) · "
         f"{report['rounds']} round(s), medians",
-        f"{'metric':<26}{'default':>12}{'baseline':>12}{'default/baseline':>18}",
+        f"{'metric':<26}{'default':>12}{'baseline':>12}{'default/baseline':>18}   rounds' range: default · baseline",
     ]
+
+    def span(side: dict, metric: str, stat: str) -> str:
+        r = side["spread"][metric][stat]
+        return "—" if r is None else f"{r[0]:.1f}–{r[1]:.1f}"
+
     for metric in TIMES:
         for stat in ("p50", "p95"):
             ratio = report["ratios"][metric][stat]
             lines.append(
                 f"{metric + ' ' + stat:<26}{_fmt(report[metric][stat]):>12}{_fmt(base[metric][stat]):>12}"
-                f"{(f'{ratio:.3f}' if ratio is not None else '—'):>18}"
+                f"{(f'{ratio:.3f}' if ratio is not None else '—'):>18}   "
+                f"{span(report, metric, stat)} · {span(base, metric, stat)}"
             )
 
     def cuts(side: dict) -> str:

@@ -41,6 +41,8 @@ def test_bench_voice_reports_default_and_baseline(tmp_path, capsys):
         for metric in TIMES:
             assert set(side[metric]) == {"p50", "p95"}
             assert all(isinstance(v, float) for v in side[metric].values())
+            for stat in ("p50", "p95"):  # one round: its range is the value itself
+                assert side["spread"][metric][stat] == [side[metric][stat]] * 2
         assert set(side["false_cuts"]) == {"count", "rate", "of"} and side["false_cuts"]["of"] == 1
         assert isinstance(side["duplicated_calls"], int) and isinstance(side["hit_tokens"], int)
     assert "prefix_cache.enabled" in report["toggles"] and isinstance(report["missing"], list)
