@@ -387,8 +387,10 @@ def _consume(finals, responder, records, turns, stop, args, streams) -> None:
             stream = streams.get(event.stream)
             ends = stream.endpoint(event.utterance) if stream is not None else None
             r = responder.respond(event, ends[0] if ends else None, quiet=args.json)
-            if not r.delivered:  # the early reply of an utterance that went on, or a refused request
-                record.update(cancelled=r.error is None, early_end=r.early_end)
+            if not r.delivered:  # the early reply of an utterance that went on, a repeat, or a refused request
+                record.update(cancelled=r.error is None and not r.repeated, early_end=r.early_end)
+                if r.repeated:
+                    record["repeated_call"] = r.call
                 if r.error is not None:
                     record["error"] = r.error
                 records.append(record)  # no call, no turn

@@ -64,7 +64,12 @@ class Responder:
             if self.tools:
                 call = result.call
                 shown = f"{call['name']} {json.dumps(call['arguments'])}" if call else f"(no call) {result.reply}"
-                _write(f"→ {shown}" if result.delivered else "(cancelled: the utterance went on)")
+                if result.delivered:
+                    _write(f"→ {shown}")
+                elif result.repeated:
+                    _write(f"(not repeated: {shown}, made before the utterance went on)")
+                else:
+                    _write("(cancelled: the utterance went on)")
             ms = result.turn_complete_ms if self.tools else result.turn_first_token_ms
             _write(f"\n[turn {ms:.0f} ms]\n" if ms is not None else "\n")
         return result
