@@ -64,7 +64,8 @@ def test_a_whole_command_ends_after_the_command_silence_and_its_pause_decode_is_
     assert final.metrics.reason == "early"
     frame_ms = AudioConfig().block_ms
     assert AudioConfig().command_end_silence_ms <= waited_ms <= AudioConfig().command_end_silence_ms + frame_ms
-    assert paused and final.text == paused[-1].text and final.metrics.final_ms == 0.0
+    assert paused and final.text == paused[-1].text
+    assert final.metrics.final_ms > 0.0  # the pause decode's own time, not the 0 ms from the decision
 
 
 def test_without_tools_the_language_model_alone_waits_the_longer_silence(service):

@@ -167,8 +167,8 @@ class _Engine:
 
     name, kind, sample_rate, max_utterance_s = "fake", "fake", RATE, 30.0
 
-    def __init__(self, lag: bool = False, stamp: bool = False) -> None:
-        self.lag, self.stamp = lag, stamp
+    def __init__(self, lag: bool = False, stamp: bool = False, clock=None) -> None:
+        self.lag, self.stamp, self.clock = lag, stamp, clock
 
     def new_stream(self):
         from edge_agent.models.recognizer import AudioStream
@@ -178,6 +178,8 @@ class _Engine:
     def step(self, streams):
         from edge_agent.models.recognizer import Hypothesis
 
+        if self.clock is not None:
+            self.clock.t += 0.03  # each step takes 30 ms on the service's clock
         out = []
         for s in streams:
             _, ended = s.take()
@@ -191,6 +193,16 @@ class _Engine:
         pass
 
 
+class _Clock:
+    """The service's clock: only the fake engine's steps move it."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def _serve(
     voiced: list[bool],
     early_end=None,
@@ -201,6 +213,7 @@ def _serve(
     p_end: float = 1.0,
     lag: bool = False,
     stamp: bool = False,
+    clock=None,
 ):
     """``voiced`` fed frame by frame through an AsrService on ``_Engine``, each step asked for by a frame
     finished before the next: (the stream, its events as (frame index, event))."""
@@ -208,13 +221,14 @@ def _serve(
     from edge_agent.serving.asr.service import AsrService
 
     svc = AsrService(
-        _Engine(lag, stamp),
+        _Engine(lag, stamp, clock),
         limits=BatchLimits(max_batch=1, batch_timeout_ms=0),
         endpoint=EndpointConfig(60, 500, 100),
         detector_factory=lambda: Script(voiced),
         chunk_ms=10_000,  # no steps but the first and those the early end or a pause asks for
         early_end=early_end,
         end_probability=(lambda text: p_end if text.endswith("lights") else 0.0) if lm else None,
+        **({"clock": clock} if clock is not None else {}),
     ).start()
     events: list = []
     frame = [0]
@@ -330,6 +344,7 @@ def test_with_no_speech_since_the_pause_its_decode_is_the_final(stream_early):
 
     voiced = [True] * frames(1000) + [False] * frames(1000)
     check = lambda text: "lights" in text  # noqa: E731
+    clock = _Clock()
     _, timed = _serve(
         voiced,
         early_end=EarlyEnd(200, 0.5, 100, 0.02),
@@ -338,13 +353,15 @@ def test_with_no_speech_since_the_pause_its_decode_is_the_final(stream_early):
         lm=False,
         stamp=True,
         stream_early=stream_early,
+        clock=clock,
     )
     events = [e for _, e in timed]
     (final,) = [e for e in events if e.kind == "final"]
     paused = [e for e in events if e.kind == "partial" and e.paused]
     assert final.metrics.reason == ("early" if stream_early else "silence")
     assert paused and (final.text, final.audio_s) == (paused[-1].text, paused[-1].audio_s)
-    assert final.metrics.final_ms == 0.0  # known at the decision
+    # its final_ms is that decode's time (one 30 ms step), not the 0 ms from the decision to the final
+    assert final.metrics.final_ms == pytest.approx(30.0)
 
 
 def test_a_pause_brings_the_partial_up_to_the_end_of_the_speech_once_per_pause():

@@ -15,7 +15,8 @@ breach.
 Metrics per utterance (the vocabulary of docs/metrics.md), also kept in a rolling window:
 - ``first_partial_ms``: arrival of the first voiced audio (the block holding the onset) → first
   non-empty partial;
-- ``final_ms``: the end-of-speech decision → the final text;
+- ``final_ms``: the end-of-speech decision → the final text: the recogniser's time to finish the
+  transcript (for a final that is a pause's decode, see below: that pause → its decode);
 - ``rtf``: engine time spent on the utterance (a batch's time shared equally by its rows) / its audio.
 
 An early end of turn (``EarlyEnd``, off unless given, and only for streams that ask for it): the
@@ -24,7 +25,7 @@ the speech, are complete; the stronger the evidence, the shorter the silence (``
 whole command for the stream's own ``complete`` check (a voice turn's ``command_check``) that the
 recogniser's language model does not rule out, or the language model alone. The words judged are the
 pause's decode when the stream asked for pauses (it reads as the final will), which with no speech since
-is the final itself. Speech that comes
+is the final itself (its ``final_ms``: that decode's time). Speech that comes
 back within the rest of the full wait continues the utterance: a new ``speech_start`` with the same
 ``utterance`` number, then a second ``final`` for it, recognised from the start of the utterance.
 
@@ -81,7 +82,9 @@ class _Utterance:
         self.paused_at = -1  # voiced samples when a pause's partial was last asked for
         self.pause_due = False  # a pause's fork waits for the step in flight
         self.pause_end = -1  # the stream sample where the speech before that pause ended
-        self.paused_hyp: tuple[int, Hypothesis] | None = None  # (voiced samples, its decode) of the latest pause
+        self.pause_asked_at = 0.0  # clock: when that pause's decode was asked for
+        # (voiced samples, decode, ms from asking to the decode) of the latest pause
+        self.paused_hyp: tuple[int, Hypothesis, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,6 +365,7 @@ class AsrStream:
         if u.paused_at == voiced:
             return  # this pause's decode is asked for already
         u.paused_at, u.pause_end = voiced, self.endpointer.last_voiced_end
+        u.pause_asked_at = self.service.clock()
         if u.in_flight:
             u.pause_due = True  # forked when that step is absorbed
         else:
@@ -405,7 +409,7 @@ class AsrStream:
             if current and (hyp is None or not hyp.final):
                 self._pause_step(u, shadow)  # an engine that takes its audio over several steps
             elif current and hyp is not None:
-                u.paused_hyp = (voiced, hyp)
+                u.paused_hyp = (voiced, hyp, (self.service.clock() - u.pause_asked_at) * 1e3)
                 u.compute_s += shadow.compute_s
                 if not hyp.text.strip():
                     return
@@ -553,7 +557,7 @@ class AsrStream:
                 ):
                     # no speech since the pause: its decode (what the early end judged, what a reply
                     # ahead was started on) is the final; a second decode could read the silence otherwise
-                    self._finish(u, paused[1], now)
+                    self._finish(u, paused[1], now, final_ms=paused[2])
                 else:
                     u.rstream.end()
                     svc.request_step(u, urgent=True)
@@ -602,12 +606,15 @@ class AsrStream:
             elif u.unsent >= self.service.step_samples(u):
                 self.service.request_step(u, urgent=False)
 
-    def _finish(self, u: _Utterance, hyp: Hypothesis, now: float) -> None:
+    def _finish(self, u: _Utterance, hyp: Hypothesis, now: float, final_ms: float | None = None) -> None:
+        """``final_ms``: given for a pause's decode (the time it took); else the decision → now."""
         u.done = True
         audio_s = max(hyp.audio_s, 1e-9)
         end_at = u.end_at if u.end_at is not None else now
+        if final_ms is None:
+            final_ms = (now - end_at) * 1e3
         m = UtteranceMetrics(
-            u.first_partial_ms, (now - end_at) * 1e3, u.compute_s / audio_s, hyp.audio_s, u.compute_s * 1e3, u.reason
+            u.first_partial_ms, final_ms, u.compute_s / audio_s, hyp.audio_s, u.compute_s * 1e3, u.reason
         )
         self.service.record(m)
         event = AsrEvent("final", self.id, u.index, hyp.text, hyp.text, u.onset_s + hyp.audio_s, now, m, end_at)
