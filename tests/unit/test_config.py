@@ -295,3 +295,19 @@ def test_prompts_are_prefilled_together_on_tensorrt_tiers_only_unless_configured
     for value in (True, False):
         s = Settings(batching={"prefill_together": value})
         assert llm_limits(s, cpu).prefill_together is value and llm_limits(s, gpu).prefill_together is value
+
+
+@pytest.mark.parametrize("key", ["command_end_silence_ms", "early_end_silence_ms"])
+def test_an_early_end_longer_than_the_full_wait_is_refused_by_name(tmp_path, key):
+    path = write(tmp_path, f"[audio]\ntrailing_silence_ms = 300\n{key} = 400\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    ((where, msg),) = err.value.problems
+    assert where == "audio" and key in msg and "trailing_silence_ms" in msg
+
+
+def test_the_end_of_turn_keys_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("EDGE_AGENT_AUDIO__COMMAND_END_SILENCE_MS", "140")
+    monkeypatch.setenv("EDGE_AGENT_AUDIO__COMMAND_END_MIN_PROB", "0")
+    audio = load_settings(None).audio
+    assert (audio.command_end_silence_ms, audio.command_end_min_prob) == (140, 0.0)
