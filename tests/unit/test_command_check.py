@@ -46,7 +46,9 @@ def test_not_yet_whole(text):
     assert not names_a_command(text, HOME)
 
 
-def test_free_strings_and_tools_without_required_parameters():
+def test_tools_whose_required_values_cannot_be_heard_cannot_tell():
+    """A free string, or no required parameter at all, would make every utterance whole: the check says
+    None (cannot tell), and True only for a tool with a required value heard in the words."""
     music = {
         "type": "function",
         "function": {
@@ -58,9 +60,12 @@ def test_free_strings_and_tools_without_required_parameters():
             },
         },
     }
-    assert names_a_command("play something by anyone", [music])  # a free string cannot be told from words
     stop = {"type": "function", "function": {"name": "stop", "parameters": {"type": "object", "properties": {}}}}
-    assert names_a_command("stop", [stop])
+    assert names_a_command("play something by anyone", [music]) is None
+    assert names_a_command("stop", [stop]) is None
+    assert names_a_command("turn on the", [*HOME, stop]) is None  # not whole for the home tools
+    assert names_a_command("turn on the kitchen lights", [*HOME, stop]) is True
+    assert names_a_command("", [stop]) is False
     assert command_check(None) is None and command_check([]) is None
     check = command_check(HOME)
-    assert check is not None and check("turn off the hallway light") and not check("turn off the")
+    assert check is not None and check("turn off the hallway light") is True and check("turn off the") is False

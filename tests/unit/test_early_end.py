@@ -306,6 +306,8 @@ def _waited_ms(st, final) -> float:
         (lambda text: True, 0.05, "early", 100),  # ... or does not rule out (>= command_min_prob)
         (lambda text: True, 0.01, "silence", 500),  # ... but an LM that rules the end out vetoes it
         (None, 0.3, "silence", 500),  # the LM alone, under min_prob: the full wait
+        (lambda text: None, 1.0, "early", 200),  # a check that cannot tell leaves the LM alone
+        (lambda text: None, 0.3, "silence", 500),
     ],
 )
 def test_the_stronger_the_evidence_the_shorter_the_silence(check, p_end, reason, waited_ms):

@@ -193,7 +193,7 @@ class AsrService:
         self,
         on_event: Callable[[AsrEvent], None] | None = None,
         vad: bool = True,
-        complete: Callable[[str], bool] | None = None,
+        complete: Callable[[str], bool | None] | None = None,
         pause_ms: int | None = None,
         early_end: bool = False,
     ) -> AsrStream:
@@ -224,20 +224,21 @@ class AsrService:
         # the recogniser's own completeness signal: its word LM
         self.end_probability = end_probability or (end_probability_of(self.engine) if early_end is not None else None)
 
-    def end_silence_ms(self, text: str, extra: Callable[[str], bool] | None = None) -> int | None:
+    def end_silence_ms(self, text: str, extra: Callable[[str], bool | None] | None = None) -> int | None:
         """The silence after which ``text`` ends the utterance early (``EarlyEnd``), or None: never early.
-        ``extra`` is the stream's own check (the voice turn's whole-command check): a veto, and with the
-        language model not ruling the end out, the shorter ``command_silence_ms``; without ``extra`` the
-        language model alone decides, after ``silence_ms``."""
+        ``extra`` is the stream's own check (the voice turn's whole-command check): False vetoes; True
+        (whole), with the language model not ruling the end out, gives the shorter ``command_silence_ms``;
+        None (it cannot tell) or no check leaves the language model alone, after ``silence_ms``."""
         e = self.early_end
         if e is None or not text.strip():
             return None
         p = self.end_probability(text) if self.end_probability is not None else None
-        if extra is not None:
-            if not extra(text):
-                return None
+        verdict = extra(text) if extra is not None else None
+        if verdict is False:
+            return None
+        if verdict:
             return e.command_silence_ms if p is None or p >= e.command_min_prob else None
-        return e.silence_ms if p is not None and p >= e.min_prob else None
+        return e.silence_ms if p is not None and p >= e.min_prob else None  # the words alone cannot tell
 
     def summary(self) -> dict[str, dict]:
         snap = self.window.snapshot()
@@ -321,13 +322,13 @@ class AsrStream:
         self.closed = False
         self._live: list[_Utterance] = []  # utterances without their final yet
         self._early: _Utterance | None = None  # the last utterance, when it ended early (it may resume)
-        self._complete_extra: Callable[[str], bool] | None = None
+        self._complete_extra: Callable[[str], bool | None] | None = None
         self._checked: tuple[str, int | None] = ("", None)  # the last end_silence_ms answer, per text
         self._endpoints: dict[int, tuple[float, float]] = {}  # utterance → (speech end, decision), clock
         self.pause_ms: int | None = None  # see ``AsrService.open_stream``
         self._pausing = 0  # pause decodes in flight
 
-    def set_complete(self, complete: Callable[[str], bool] | None) -> None:
+    def set_complete(self, complete: Callable[[str], bool | None] | None) -> None:
         """The caller's completeness check for an early end (see ``AsrService.open_stream``)."""
         self._complete_extra = complete
         self._checked = ("", None)  # answers of the check it replaces

@@ -162,7 +162,7 @@ class PcmStream:
         """(end of speech, end-of-turn decision) of ``utterance`` (``AsrStream.endpoint``)."""
         return self._stream.endpoint(utterance)
 
-    def set_complete(self, complete: Callable[[str], bool] | None) -> None:
+    def set_complete(self, complete: Callable[[str], bool | None] | None) -> None:
         """A voice turn's own check of a whole command (``AsrStream.set_complete``), before any audio."""
         self._stream.set_complete(complete)
 
