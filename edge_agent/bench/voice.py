@@ -181,8 +181,9 @@ class Side:
     @property
     def pause_ms(self) -> int | None:
         """The streams' pause partials (``[audio] pause_ms``) when this side starts replies ahead on them."""
-        audio = self.settings.audio
-        return audio.pause_ms if audio.prefill_ahead and audio.respond_ahead else None
+        from ..serving.voice_turn import turn_pause_ms
+
+        return turn_pause_ms(self.settings.audio)
 
     def voice_turn(self, llm: Llm):
         """A ``VoiceTurn`` for one stream, with this side's prefill-ahead settings."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..serving.voice_turn import TurnResult, VoiceTurn, chat_submit, turn_limits, turn_options
+from ..serving.voice_turn import TurnResult, VoiceTurn, chat_submit, turn_limits, turn_options, turn_pause_ms
 
 
 class Responder:
@@ -39,8 +39,7 @@ class Responder:
         self.options = turn_options(settings.audio)
         if getattr(args, "no_prefill_ahead", False):
             self.options.update(prefill_ahead=False, respond_ahead=False)
-        ahead = self.options["prefill_ahead"] and self.options["respond_ahead"]
-        self.pause_ms = settings.audio.pause_ms if ahead else None  # the streams' pause partials
+        self.pause_ms = turn_pause_ms(settings.audio, self.options)  # the streams' pause partials
         self._turns: dict[int, VoiceTurn] = {}
 
     def turn(self, stream: int) -> VoiceTurn:

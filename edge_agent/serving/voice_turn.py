@@ -101,6 +101,13 @@ def turn_options(audio: Any) -> dict[str, Any]:
     )
 
 
+def turn_pause_ms(audio: Any, options: dict[str, Any] | None = None) -> int | None:
+    """The pause after which a voice turn's stream sends its text ahead (``open_stream(pause_ms=...)``):
+    ``[audio] pause_ms`` when ``options`` (default ``turn_options(audio)``) start replies ahead, else None."""
+    o = options if options is not None else turn_options(audio)
+    return audio.pause_ms if o["prefill_ahead"] and o["respond_ahead"] else None
+
+
 def chat_submit(scheduler: Any, tokenizer: Any) -> Callable[..., Any]:
     """``VoiceTurn``'s submit on one scheduler (``LLMScheduler``): the chat in ``tokenizer``'s template
     (the bare user text for a model without one)."""
@@ -337,10 +344,10 @@ class VoiceTurn:
         except Exception as exc:  # a cancelled or failed reply
             log.info("stream %d utterance %d: reply not delivered (%s)", *key, exc)
             done = None
+        call = self.call_of(done.text) if done is not None and self.tools else None
         with self._lock:
             self._replying.pop(key, None)
             delivered = done is not None and not handle.cancelled and self._starts.get(key, 1) <= gen
-            call = self.call_of(done.text) if delivered and self.tools else None
             repeated = delivered and cut_call is not None and call == cut_call
             if repeated:
                 self.repeats += 1

@@ -232,10 +232,10 @@ class AsrService:
         e = self.early_end
         if e is None or not text.strip():
             return None
-        p = self.end_probability(text) if self.end_probability is not None else None
         verdict = extra(text) if extra is not None else None
         if verdict is False:
-            return None
+            return None  # vetoed: the language model need not be asked
+        p = self.end_probability(text) if self.end_probability is not None else None
         if verdict:
             return e.command_silence_ms if p is None or p >= e.command_min_prob else None
         return e.silence_ms if p is not None and p >= e.min_prob else None  # the words alone cannot tell
