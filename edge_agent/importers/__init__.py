@@ -1,0 +1,78 @@
+"""Imported formats: a model file in another ecosystem's format becomes an ordinary model folder.
+
+``edge-agent models import SRC`` picks the importer by what SRC is:
+
+- a ``.gguf`` file (llama.cpp's format): ``gguf.import_gguf`` writes a decoder folder in the export
+  contract of docs/models.md (``model.onnx`` with KV-cache inputs and outputs, ``config.json``,
+  ``tokenizer.json`` built from the file's own vocabulary, ``generation_config.json``);
+- a CTranslate2 Whisper folder (faster-whisper's format: ``model.bin`` + ``config.json`` +
+  ``vocabulary.*``/``tokenizer.json``): ``ct2_whisper.import_ct2_whisper`` writes a Whisper folder
+  (encoder, decoder, decoder with past).
+
+Weights are read and dequantized with numpy (and the ``gguf`` package); neither torch nor the source
+runtime is needed. Every importer writes into a staging folder beside the destination and renames it
+into place only when complete (``staging.staged_folder``), so a failed import leaves nothing behind.
+Imported folders live under ``<models cache>/imported/<name>`` unless ``--out`` says otherwise, and are
+then addressable by that name wherever a model is taken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ModelError
+
+ProgressFn = Callable[[int, int], None]  # (done, total) in the importer's own unit
+
+
+@dataclass(frozen=True, slots=True)
+class ImportResult:
+    """What an import wrote: the folder, the name it is addressable by, the source format, a summary."""
+
+    name: str
+    path: Path
+    source_format: str  # "gguf" | "ctranslate2-whisper"
+    architecture: str  # e.g. "gemma3", "whisper"
+    details: dict
+
+
+def imported_dir(cache_dir: Path) -> Path:
+    """Where imported models live by default: addressable by their folder's name."""
+    return Path(cache_dir) / "imported"
+
+
+def detect_format(src: Path) -> str:
+    """``gguf`` or ``ctranslate2-whisper``; anything else raises ``ModelError`` saying what was expected."""
+    src = Path(src)
+    if src.is_file():
+        with src.open("rb") as fh:
+            magic = fh.read(4)
+        if magic == b"GGUF":
+            return "gguf"
+        raise ModelError(f"{src}: not a GGUF file (it does not start with 'GGUF'); models import takes a .gguf file")
+    if src.is_dir():
+        names = {p.name for p in src.iterdir()}
+        if "model.bin" in names and "config.json" in names:
+            return "ctranslate2-whisper"
+        raise ModelError(
+            f"{src}: not a CTranslate2 model folder (no model.bin and config.json); "
+            "models import takes a .gguf file or a CTranslate2 Whisper folder"
+        )
+    raise ModelError(f"{src}: no such file or folder")
+
+
+def import_model(
+    src: Path, out: Path | None, cache_dir: Path, name: str | None = None, progress: ProgressFn | None = None
+) -> ImportResult:
+    """Import ``src`` into ``out`` (default: ``<cache_dir>/imported/<name>``); see the module docstring."""
+    src = Path(src).expanduser()
+    fmt = detect_format(src)
+    if fmt == "gguf":
+        from .gguf import import_gguf
+
+        return import_gguf(src, out, cache_dir, name=name, progress=progress)
+    from .ct2_whisper import import_ct2_whisper
+
+    return import_ct2_whisper(src, out, cache_dir, name=name, progress=progress)

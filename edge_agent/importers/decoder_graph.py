@@ -1,0 +1,293 @@
+"""The decoder ONNX graph of a ``DecoderSpec`` in the export contract the agent serves (docs/models.md).
+
+    input_ids [B, S] int64, attention_mask [B, T] int64 (T = P + S), position_ids [B, S] int64,
+    past_key_values.{i}.key/value [B, H_kv, P, D] float32
+      -> logits [B, S', V] float32, present.{i}.key/value [B, H_kv, T, D]
+    logits_to_keep: an optional int64 scalar input (default 0 = every position; k > 0 = the last k
+      positions, S' = k). Serving asks for the last position only, which spares a 262k-row head a
+      matmul per prompt token; scoring text (perplexity) leaves it at its default.
+
+Only standard ONNX ops (opset 17), so ONNX Runtime, OpenVINO (and its NPU plugin) and TensorRT all
+read it. Every layer's present is past + new: a sliding-window layer keeps the whole cache and applies
+its window in the mask. Both masks come from positions, never from tensor shapes: a key at cache index
+j has position ``cumsum(attention_mask)[j] - 1``, a query has its ``position_ids``; a key is visible
+when its mask bit is set, its position is not after the query's and (sliding layers) it lies less
+than the window behind. That holds for left padding, for chunked prefill and for a fixed-size cache
+with unused slots masked out. Norms are RMS norms with the stored multiplier (Gemma's ``1 +`` is in
+the weights). Grouped-query attention groups query heads per KV head by reshaping (no copies of K/V).
+
+Weights go to ``model.onnx.data`` as they are produced (page-aligned external data), so an import
+holds one tensor at a time in memory besides the graph.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ModelError
+from .gguf_arch import DecoderSpec
+
+OPSET = 17
+DATA_FILE = "model.onnx.data"
+_ALIGN = 4096
+MASK_MIN = float(np.finfo(np.float32).min)
+
+
+class WeightFile:
+    """Appends float32 tensors to the external data file and hands back ONNX initializers pointing at them."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fh = path.open("wb")
+        self.bytes = 0
+
+    def tensor(self, name: str, value: np.ndarray) -> Any:
+        import onnx
+
+        value = np.ascontiguousarray(value, dtype=np.float32)
+        pad = (-self.bytes) % _ALIGN
+        if pad:
+            self._fh.write(bytes(pad))
+            self.bytes += pad
+        offset = self.bytes
+        self._fh.write(value.tobytes())
+        self.bytes += value.nbytes
+        t = onnx.TensorProto()
+        t.name = name
+        t.data_type = onnx.TensorProto.FLOAT
+        t.dims.extend(value.shape)
+        t.data_location = onnx.TensorProto.EXTERNAL
+        for key, val in (("location", self.path.name), ("offset", str(offset)), ("length", str(value.nbytes))):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, val
+        return t
+
+    def close(self) -> None:
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+
+
+class _Graph:
+    def __init__(self, weights: WeightFile) -> None:
+        from onnx import helper, numpy_helper
+
+        self.h, self.nh, self.weights = helper, numpy_helper, weights
+        self.nodes: list[Any] = []
+        self.inits: list[Any] = []
+        self._consts: dict[tuple, str] = {}
+        self._n = 0
+
+    def weight(self, name: str, value: np.ndarray) -> str:
+        self.inits.append(self.weights.tensor(name, value))
+        return name
+
+    def const(self, value: Any, dtype: Any = np.float32) -> str:
+        arr = np.asarray(value, dtype=dtype)
+        key = (arr.dtype.str, arr.shape, arr.tobytes())
+        if key not in self._consts:
+            name = f"const_{len(self._consts)}"
+            self.inits.append(self.nh.from_array(arr, name))
+            self._consts[key] = name
+        return self._consts[key]
+
+    def op(self, op: str, *inputs: str, out: str | None = None, **attrs: Any) -> str:
+        self._n += 1
+        name = out or f"{op}_{self._n}"
+        self.nodes.append(self.h.make_node(op, list(inputs), [name], name=f"n{self._n}_{op}", **attrs))
+        return name
+
+    def rms(self, x: str, w: str, eps: float) -> str:
+        ms = self.op("ReduceMean", self.op("Mul", x, x), axes=[-1], keepdims=1)
+        return self.op("Mul", self.op("Div", x, self.op("Sqrt", self.op("Add", ms, self.const(eps)))), w)
+
+
+WeightFn = Callable[[str], np.ndarray]  # GGUF tensor name -> float32, rows first
+
+
+def build_decoder(spec: DecoderSpec, get: WeightFn, folder: Path, progress: Callable[[int], None] | None = None) -> Any:
+    """Write ``folder/model.onnx.data`` and return the ``onnx.ModelProto`` (save it next to the data)."""
+    from onnx import TensorProto, helper
+
+    if spec.rotary_dim != spec.head_dim:
+        raise ModelError(f"partial rotary embeddings ({spec.rotary_dim} of {spec.head_dim}) are not supported")
+    if spec.heads % spec.kv_heads:
+        raise ModelError(f"{spec.heads} query heads do not group over {spec.kv_heads} KV heads")
+    wf = WeightFile(folder / DATA_FILE)
+    g = _Graph(wf)
+    H, KV, D = spec.heads, spec.kv_heads, spec.head_dim
+    groups = H // KV
+    try:
+        # embeddings
+        embed = g.weight("model.embed_tokens.weight", get("token_embd.weight"))
+        x = g.op("Gather", embed, "input_ids", axis=0)
+        if spec.embed_scale is not None:
+            x = g.op("Mul", x, g.const(np.float32(spec.embed_scale)))
+        # masks: key positions from the attention mask, query positions as given
+        key_pos = g.op("Sub", g.op("CumSum", "attention_mask", g.const(1, np.int64)), g.const(1, np.int64))
+        key_pos = g.op("Unsqueeze", key_pos, g.const([1], np.int64))  # [B, 1, T]
+        q_pos = g.op("Unsqueeze", "position_ids", g.const([2], np.int64))  # [B, S, 1]
+        visible = g.op(
+            "And",
+            g.op("LessOrEqual", key_pos, q_pos),
+            g.op("Unsqueeze", g.op("Equal", "attention_mask", g.const(1, np.int64)), g.const([1], np.int64)),
+        )  # [B, S, T]
+        masks: dict[int, str] = {}
+        for window in sorted(set(spec.windows)):
+            allowed = visible
+            if window > 0:
+                behind = g.op("Sub", q_pos, key_pos)
+                allowed = g.op("And", visible, g.op("Less", behind, g.const(window, np.int64)))
+            additive = g.op("Where", allowed, g.const(0.0), g.const(MASK_MIN))
+            masks[window] = g.op("Unsqueeze", additive, g.const([1], np.int64))  # [B, 1, S, T]
+        # rotary tables per (base, scale)
+        pos_f = g.op("Cast", "position_ids", to=TensorProto.FLOAT)
+        ropes: dict[tuple[float, float], tuple[str, str]] = {}
+        for base, scale in sorted(set(zip(spec.rope_bases, spec.rope_scale))):
+            exponents = np.arange(0, D, 2, dtype=np.int64).astype(np.float32) / np.float32(D)
+            inv_freq = (np.float32(1.0) / (np.float32(base) ** exponents)).astype(np.float32)
+            p = pos_f if scale == 1.0 else g.op("Div", pos_f, g.const(np.float32(scale)))
+            freqs = g.op("Mul", g.op("Unsqueeze", p, g.const([2], np.int64)), g.const(inv_freq))  # [B, S, D/2]
+            emb = g.op("Concat", freqs, freqs, axis=-1)
+            ropes[(base, scale)] = (
+                g.op("Unsqueeze", g.op("Cos", emb), g.const([1], np.int64)),
+                g.op("Unsqueeze", g.op("Sin", emb), g.const([1], np.int64)),
+            )
+        half = D // 2
+
+        def rotate(t: str, cos: str, sin: str) -> str:
+            x1 = g.op("Slice", t, g.const([0], np.int64), g.const([half], np.int64), g.const([-1], np.int64))
+            x2 = g.op("Slice", t, g.const([half], np.int64), g.const([D], np.int64), g.const([-1], np.int64))
+            rotated = g.op("Concat", g.op("Neg", x2), x1, axis=-1)
+            return g.op("Add", g.op("Mul", t, cos), g.op("Mul", rotated, sin))
+
+        def heads(t: str, n: int, norm: str | None) -> str:
+            t = g.op("Reshape", t, g.const([0, 0, n, D], np.int64))
+            if norm is not None:
+                t = g.rms(t, norm, spec.eps)
+            return g.op("Transpose", t, perm=[0, 2, 1, 3])  # [B, n, S, D]
+
+        def linear(prefix: str, name: str, h: str, w: np.ndarray, bias: str | None = None) -> str:
+            out = g.op("MatMul", h, g.weight(f"{prefix}.{name}.weight", np.ascontiguousarray(w.T)))
+            if bias is not None:
+                out = g.op("Add", out, g.weight(f"{prefix}.{name}.bias", get(bias)))
+            return out
+
+        for i in range(spec.layers):
+            blk, pre = f"blk.{i}", f"model.layers.{i}"
+            norm_w = g.weight(f"{pre}.input_layernorm.weight", get(f"{blk}.attn_norm.weight"))
+            h = g.rms(x, norm_w, spec.eps)
+            if spec.arch == "phi3":
+                qkv = get(f"{blk}.attn_qkv.weight")
+                wq, wk, wv = np.split(qkv, [H * D, H * D + KV * D], axis=0)
+            else:
+                wq, wk, wv = (get(f"{blk}.attn_{n}.weight") for n in ("q", "k", "v"))
+            if spec.llama_permuted_qk:
+                wq, wk = _unpermute(wq, H), _unpermute(wk, KV)
+            bias = {n: f"{blk}.attn_{n}.bias" if spec.qkv_bias else None for n in "qkv"}
+            q = linear(f"{pre}.self_attn", "q_proj", h, wq, bias["q"])
+            k = linear(f"{pre}.self_attn", "k_proj", h, wk, bias["k"])
+            v = linear(f"{pre}.self_attn", "v_proj", h, wv, bias["v"])
+            q_norm = k_norm = None
+            if spec.qk_norm:
+                q_norm = g.weight(f"{pre}.self_attn.q_norm.weight", get(f"{blk}.attn_q_norm.weight"))
+                k_norm = g.weight(f"{pre}.self_attn.k_norm.weight", get(f"{blk}.attn_k_norm.weight"))
+            cos, sin = ropes[(spec.rope_bases[i], spec.rope_scale[i])]
+            q = rotate(heads(q, H, q_norm), cos, sin)
+            k = rotate(heads(k, KV, k_norm), cos, sin)
+            v = heads(v, KV, None)
+            k = g.op("Concat", f"past_key_values.{i}.key", k, axis=2, out=f"present.{i}.key")
+            v = g.op("Concat", f"past_key_values.{i}.value", v, axis=2, out=f"present.{i}.value")
+            kt = g.op("Transpose", k, perm=[0, 1, 3, 2])  # [B, KV, D, T]
+            if groups > 1:
+                q = g.op("Reshape", q, g.const([0, KV, -1, D], np.int64))  # [B, KV, G*S, D]
+            scores = g.op("Mul", g.op("MatMul", q, kt), g.const(np.float32(spec.attn_scale)))
+            if groups > 1:
+                scores = g.op("Reshape", scores, g.const([0, H, -1, 0], np.int64))  # [B, H, S, T]
+            probs = g.op("Softmax", g.op("Add", scores, masks[spec.windows[i]]), axis=-1)
+            if groups > 1:
+                probs = g.op("Reshape", probs, g.const([0, KV, -1, 0], np.int64))
+            ctx = g.op("MatMul", probs, v)
+            if groups > 1:
+                ctx = g.op("Reshape", ctx, g.const([0, H, -1, D], np.int64))
+            ctx = g.op("Reshape", g.op("Transpose", ctx, perm=[0, 2, 1, 3]), g.const([0, 0, H * D], np.int64))
+            attn = linear(f"{pre}.self_attn", "o_proj", ctx, get(f"{blk}.attn_output.weight"))
+            if spec.sandwich_norms:
+                post = g.weight(f"{pre}.post_attention_layernorm.weight", get(f"{blk}.post_attention_norm.weight"))
+                attn = g.rms(attn, post, spec.eps)
+            x = g.op("Add", x, attn)
+
+            ffn_w = g.weight(f"{pre}.pre_feedforward_layernorm.weight", get(f"{blk}.ffn_norm.weight"))
+            h = g.rms(x, ffn_w, spec.eps)
+            if spec.arch == "phi3":
+                w_gate, w_up = np.split(get(f"{blk}.ffn_up.weight"), 2, axis=0)
+            else:
+                w_gate, w_up = get(f"{blk}.ffn_gate.weight"), get(f"{blk}.ffn_up.weight")
+            gate = linear(f"{pre}.mlp", "gate_proj", h, w_gate)
+            up = linear(f"{pre}.mlp", "up_proj", h, w_up)
+            act = _gelu_tanh(g, gate) if spec.activation == "gelu_tanh" else g.op("Mul", gate, g.op("Sigmoid", gate))
+            mlp = linear(f"{pre}.mlp", "down_proj", g.op("Mul", act, up), get(f"{blk}.ffn_down.weight"))
+            if spec.sandwich_norms:
+                post = g.weight(f"{pre}.post_feedforward_layernorm.weight", get(f"{blk}.post_ffw_norm.weight"))
+                mlp = g.rms(mlp, post, spec.eps)
+            x = g.op("Add", x, mlp)
+            if progress is not None:
+                progress(i + 1)
+
+        final = g.weight("model.norm.weight", get("output_norm.weight"))
+        x = g.rms(x, final, spec.eps)
+        keep = g.op("Neg", g.op("Reshape", "logits_to_keep", g.const([1], np.int64)))
+        x = g.op("Slice", x, keep, g.const([np.iinfo(np.int64).max], np.int64), g.const([1], np.int64))
+        if spec.tied_head:
+            head = g.op("Transpose", embed, perm=[1, 0])
+        else:
+            head = g.weight("lm_head.weight", np.ascontiguousarray(get("output.weight").T))
+        g.op("MatMul", x, head, out="logits")
+    finally:
+        wf.close()
+
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]),
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+    ]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "logits_length", spec.vocab])]
+    for i in range(spec.layers):
+        for kind in ("key", "value"):
+            inputs.append(
+                helper.make_tensor_value_info(
+                    f"past_key_values.{i}.{kind}", TensorProto.FLOAT, ["batch_size", KV, "past_sequence_length", D]
+                )
+            )
+            outputs.append(
+                helper.make_tensor_value_info(
+                    f"present.{i}.{kind}", TensorProto.FLOAT, ["batch_size", KV, "total_sequence_length", D]
+                )
+            )
+    inputs.append(helper.make_tensor_value_info("logits_to_keep", TensorProto.INT64, []))
+    g.inits.append(g.nh.from_array(np.array(0, dtype=np.int64), "logits_to_keep"))  # the input's default
+    graph = helper.make_graph(g.nodes, "decoder", inputs, outputs, initializer=g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="edge-agent")
+    model.ir_version = 8
+    return model
+
+
+def _gelu_tanh(g: _Graph, x: str) -> str:
+    cube = g.op("Mul", g.op("Mul", x, x), x)
+    inner = g.op(
+        "Mul", g.op("Add", x, g.op("Mul", cube, g.const(np.float32(0.044715)))), g.const(np.float32(0.7978845608028654))
+    )
+    return g.op(
+        "Mul", g.op("Mul", x, g.const(np.float32(0.5))), g.op("Add", g.op("Tanh", inner), g.const(np.float32(1.0)))
+    )
+
+
+def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's converter's q/k row permutation (interleaved RoPE pairs back to halves)."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)

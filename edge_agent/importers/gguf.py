@@ -1,0 +1,138 @@
+"""``edge-agent models import FILE.gguf``: a GGUF decoder becomes a model folder in the export contract.
+
+The folder holds ``model.onnx`` + ``model.onnx.data`` (float32 weights, dequantized from the file's
+blocks), ``config.json`` and ``generation_config.json`` in transformers' words, ``tokenizer.json`` and
+``tokenizer_config.json`` rebuilt from the file's vocabulary, and ``import.json`` (the source file, its
+sha256, the block types it held). It is an ordinary model folder: every backend, recipe, engine build
+and accuracy gate applies to it. Nothing is written at the destination unless the whole import succeeds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+
+from ..errors import ModelError
+from . import ImportResult, ProgressFn, imported_dir
+from .gguf_arch import DecoderSpec, hf_config, read_spec
+from .gguf_file import GgufFile
+from .staging import staged_folder
+
+IMPORT_RECORD = "import.json"
+
+
+def default_name(f: GgufFile) -> str:
+    """A folder name from the file's ``general.name`` (``Gemma 3 270m`` -> ``gemma-3-270m``), else its stem."""
+    raw = str(f.get("general.name", "") or "") or f.path.stem
+    return re.sub(r"[^a-z0-9.]+", "-", raw.lower()).strip("-.") or "imported-model"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fp32_bytes(spec: DecoderSpec) -> int:
+    """The float32 weights' size in bytes (what the folder's data file will hold, before alignment)."""
+    attn = spec.hidden * spec.head_dim * (2 * spec.heads + 2 * spec.kv_heads)
+    mlp = 3 * spec.hidden * spec.ffn
+    norms = spec.hidden * (4 if spec.sandwich_norms else 2) + (2 * spec.head_dim if spec.qk_norm else 0)
+    head = 0 if spec.tied_head else spec.vocab * spec.hidden
+    return 4 * (spec.vocab * spec.hidden + head + spec.layers * (attn + mlp + norms) + spec.hidden)
+
+
+def import_gguf(
+    src: Path, out: Path | None, cache_dir: Path, name: str | None = None, progress: ProgressFn | None = None
+) -> ImportResult:
+    """Import the GGUF ``src`` into ``out`` (default ``<cache_dir>/imported/<name>``)."""
+    started = time.monotonic()
+    f = GgufFile(src)
+    spec = read_spec(f)
+    n_tokens = len(f.get("tokenizer.ggml.tokens")) if f.has("tokenizer.ggml.tokens") else None
+    if n_tokens is None:
+        raise ModelError(f"{src}: no tokenizer in the file (metadata tokenizer.ggml.tokens is missing)")
+    if n_tokens != spec.vocab:
+        raise ModelError(
+            f"{src}: the vocabulary has {n_tokens:,} tokens but the embedding table has {spec.vocab:,} rows"
+        )
+    name = name or default_name(f)
+    dest = Path(out).expanduser() if out is not None else imported_dir(cache_dir) / name
+    need = fp32_bytes(spec) + (64 << 20)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(dest.parent).free
+    if free < need:
+        raise ModelError(
+            f"{dest.parent}: {free / 2**20:,.0f} MiB free, the imported model needs {need / 2**20:,.0f} MiB"
+        )
+    total = spec.layers + 3  # tokenizer, layers, head, checksum
+    done = 0
+
+    def step(n: int = 1) -> None:
+        nonlocal done
+        done += n
+        if progress is not None:
+            progress(done, total)
+
+    with staged_folder(dest) as folder:
+        from tokenizers import Tokenizer
+
+        from .decoder_graph import DATA_FILE, build_decoder
+        from .gguf_tokenizer import write_tokenizer
+
+        tok_config = write_tokenizer(f, spec.arch, folder)
+        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        step()
+        bos = f.get("tokenizer.ggml.bos_token_id", None)
+        eos = f.get("tokenizer.ggml.eos_token_id", None)
+        pad = f.get("tokenizer.ggml.padding_token_id", None)
+        eos_ids = [int(eos)] if eos is not None else []
+        end_of_turn = tok.token_to_id("<end_of_turn>") if spec.arch == "gemma3" else None
+        if end_of_turn is not None and end_of_turn not in eos_ids:
+            eos_ids.append(end_of_turn)  # chat turns end there (what Gemma's generation config lists)
+        config = hf_config(spec, int(bos) if bos is not None else None, eos_ids, int(pad) if pad is not None else None)
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": eos_ids, "pad_token_id": pad}
+        (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+
+        import onnx
+
+        model = build_decoder(spec, f.tensor, folder, progress=lambda layer: step())
+        onnx.save_model(model, str(folder / "model.onnx"))
+        step()
+        source_sha = _sha256(f.path)
+        step()
+        record = {
+            "format": 1,
+            "source": {
+                "format": "gguf",
+                "file": f.path.name,
+                "bytes": f.size_bytes,
+                "sha256": source_sha,
+                "gguf_version": f.version,
+                "block_types": dict(Counter(t.block_type for t in f.tensor_infos())),
+            },
+            "architecture": spec.arch,
+            "name": name,
+            "weights": {"file": DATA_FILE, "dtype": "float32", "bytes": (folder / DATA_FILE).stat().st_size},
+            "tokenizer": {"tokens": n_tokens, "add_bos_token": tok_config["add_bos_token"]},
+            "import_s": round(time.monotonic() - started, 1),
+        }
+        (folder / IMPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    details = {
+        "layers": spec.layers,
+        "hidden": spec.hidden,
+        "vocab": spec.vocab,
+        "parameters": fp32_bytes(spec) // 4,
+        "source_sha256": source_sha,
+        "block_types": record["source"]["block_types"],
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    return ImportResult(name, dest, "gguf", spec.arch, details)

@@ -1,0 +1,179 @@
+"""What a GGUF's metadata says about the decoder, as one ``DecoderSpec`` and a Hugging Face ``config.json``.
+
+Supported architectures (``general.architecture``), all one family of decoder graph (pre-norm, RoPE,
+grouped-query attention, gated MLP), told apart by flags:
+
+- gemma3: GQA with q/k RMS norms, 5 sliding-window layers to 1 global, pre and post norms around
+  attention and MLP (sandwich), GELU (tanh); RoPE base 10,000 on sliding layers and ``rope.freq_base``
+  on global ones; embeddings scaled by sqrt(hidden); head tied to the embedding table.
+- llama: GQA, pre-norms, SiLU; llama.cpp's converter stores q/k rows permuted (interleaved RoPE
+  pairs): undone here.
+- qwen2: as llama, with q/k/v biases and no permutation; qwen3: as llama, with q/k RMS norms.
+- phi3: fused qkv and fused gate+up weights, split here.
+
+What the GGUF does not carry comes from the architecture's definition in transformers (Gemma 3: the
+layer pattern, the local RoPE base, ``query_pre_attn_scalar`` = head size, no soft-capping). Norm
+weights are stored as the multipliers themselves (llama.cpp's converter adds Gemma's ``1 +`` in).
+Anything else is refused naming the architecture and this list.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import ModelError
+from .gguf_file import GgufFile
+
+SUPPORTED = ("gemma3", "llama", "qwen2", "qwen3", "phi3")
+_HF = {
+    "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
+    "llama": ("llama", "LlamaForCausalLM"),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "phi3": ("phi3", "Phi3ForCausalLM"),
+}
+GEMMA3_SLIDING_PATTERN = 6  # every 6th layer attends globally (transformers' Gemma3TextConfig)
+GEMMA3_LOCAL_ROPE_BASE = 10_000.0
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderSpec:
+    """The decoder graph's shape and flags, per layer where layers differ."""
+
+    arch: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    eps: float
+    context: int
+    activation: str  # gelu_tanh | silu
+    rope_bases: tuple[float, ...]  # per layer
+    rope_scale: tuple[float, ...]  # per layer: positions are divided by this (linear RoPE scaling)
+    rotary_dim: int
+    windows: tuple[int, ...]  # per layer: sliding window in tokens, -1 = global
+    attn_scale: float
+    embed_scale: float | None  # Gemma: sqrt(hidden)
+    qk_norm: bool
+    sandwich_norms: bool  # Gemma 3: post-attention and pre/post feed-forward norms
+    qkv_bias: bool
+    tied_head: bool
+    llama_permuted_qk: bool
+
+
+def read_spec(f: GgufFile) -> DecoderSpec:
+    """The ``DecoderSpec`` of ``f``; an unsupported architecture or a missing key raises ``ModelError``."""
+    arch = str(f.get("general.architecture"))
+    if arch not in SUPPORTED:
+        raise ModelError(
+            f"{f.path}: architecture {arch!r} is not supported by models import (supported: {', '.join(SUPPORTED)})"
+        )
+
+    def key(name: str, default: object = ...) -> object:
+        return f.get(f"{arch}.{name}", default)
+
+    layers = int(key("block_count"))  # type: ignore[call-overload]  # metadata values are untyped
+    hidden = int(key("embedding_length"))  # type: ignore[call-overload]
+    heads = _per_layer_constant(f, key("attention.head_count"), "attention.head_count")
+    kv_heads = _per_layer_constant(f, key("attention.head_count_kv", heads), "attention.head_count_kv")
+    head_dim = int(key("attention.key_length", hidden // heads))  # type: ignore[call-overload]
+    if int(key("attention.value_length", head_dim)) != head_dim:  # type: ignore[call-overload]
+        raise ModelError(f"{f.path}: key and value head sizes differ; models import supports equal ones")
+    ffn = _per_layer_constant(f, key("feed_forward_length"), "feed_forward_length")
+    embd = f.info("token_embd.weight")
+    vocab = embd.shape[0]
+    if embd.shape[1] != hidden:
+        raise ModelError(f"{f.path}: token_embd.weight is {embd.shape}, expected [vocab, {hidden}]")
+    eps = float(key("attention.layer_norm_rms_epsilon"))  # type: ignore[arg-type]
+    context = int(key("context_length", 4096))  # type: ignore[call-overload]
+    base = float(key("rope.freq_base", 10_000.0))  # type: ignore[arg-type]
+    scaling = str(key("rope.scaling.type", "none"))
+    factor = float(key("rope.scaling.factor", 1.0))  # type: ignore[arg-type]
+    if scaling not in ("none", "linear") and factor != 1.0:
+        raise ModelError(f"{f.path}: RoPE scaling {scaling!r} is not supported by models import (linear only)")
+    factor = factor if scaling == "linear" else 1.0
+    rotary_dim = int(key("rope.dimension_count", head_dim))  # type: ignore[call-overload]
+    tied = not f.has_tensor("output.weight")
+
+    if arch == "gemma3":
+        window = int(key("attention.sliding_window"))  # type: ignore[call-overload]
+        globals_ = [(i + 1) % GEMMA3_SLIDING_PATTERN == 0 for i in range(layers)]
+        return DecoderSpec(
+            arch, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, eps, context, "gelu_tanh",
+            rope_bases=tuple(base if g else GEMMA3_LOCAL_ROPE_BASE for g in globals_),
+            rope_scale=tuple(factor if g else 1.0 for g in globals_),
+            rotary_dim=rotary_dim,
+            windows=tuple(-1 if g else window for g in globals_),
+            attn_scale=head_dim**-0.5,  # query_pre_attn_scalar = head size for Gemma 3
+            embed_scale=math.sqrt(hidden),
+            qk_norm=True, sandwich_norms=True, qkv_bias=False, tied_head=tied, llama_permuted_qk=False,
+        )  # fmt: skip
+    window = int(key("attention.sliding_window", 0) or 0)  # type: ignore[call-overload]
+    return DecoderSpec(
+        arch, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, eps, context, "silu",
+        rope_bases=(base,) * layers,
+        rope_scale=(factor,) * layers,
+        rotary_dim=rotary_dim,
+        windows=(window if window > 0 and arch == "phi3" else -1,) * layers,
+        attn_scale=head_dim**-0.5,
+        embed_scale=None,
+        qk_norm=arch == "qwen3", sandwich_norms=False, qkv_bias=arch == "qwen2", tied_head=tied,
+        llama_permuted_qk=arch == "llama",
+    )  # fmt: skip
+
+
+def _per_layer_constant(f: GgufFile, value: object, name: str) -> int:
+    if isinstance(value, list):
+        if len(set(value)) != 1:
+            raise ModelError(f"{f.path}: {name} differs between layers; models import supports uniform layers")
+        value = value[0]
+    return int(value)  # type: ignore[call-overload]
+
+
+def hf_config(spec: DecoderSpec, bos_id: int | None, eos_ids: list[int], pad_id: int | None) -> dict:
+    """A ``config.json`` in transformers' words for this decoder (what the agent and other tools read)."""
+    model_type, cls = _HF[spec.arch]
+    cfg: dict = {
+        "architectures": [cls],
+        "model_type": model_type,
+        "hidden_size": spec.hidden,
+        "intermediate_size": spec.ffn,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads,
+        "head_dim": spec.head_dim,
+        "vocab_size": spec.vocab,
+        "rms_norm_eps": spec.eps,
+        "max_position_embeddings": spec.context,
+        "hidden_act": "gelu_pytorch_tanh" if spec.activation == "gelu_tanh" else "silu",
+        "tie_word_embeddings": spec.tied_head,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_ids[0] if len(eos_ids) == 1 else eos_ids,
+        "pad_token_id": pad_id,
+        "torch_dtype": "float32",
+        "use_cache": True,
+    }
+    if spec.arch == "gemma3":
+        window = next(w for w in spec.windows if w > 0)
+        global_base = next(b for b, w in zip(spec.rope_bases, spec.windows) if w < 0) if -1 in spec.windows else None
+        cfg.update(
+            {
+                "sliding_window": window,
+                "layer_types": ["full_attention" if w < 0 else "sliding_attention" for w in spec.windows],
+                "rope_theta": global_base or GEMMA3_LOCAL_ROPE_BASE,
+                "rope_local_base_freq": GEMMA3_LOCAL_ROPE_BASE,
+                "query_pre_attn_scalar": spec.head_dim,
+                "attn_logit_softcapping": None,
+                "final_logit_softcapping": None,
+                "hidden_activation": "gelu_pytorch_tanh",
+            }
+        )
+    else:
+        cfg["rope_theta"] = spec.rope_bases[0]
+        if spec.arch == "phi3" and spec.windows[0] > 0:
+            cfg["sliding_window"] = spec.windows[0]
+    return cfg

@@ -1,0 +1,147 @@
+"""A ``tokenizer.json`` (Hugging Face ``tokenizers``) rebuilt from a GGUF's own vocabulary.
+
+A GGUF stores the tokenizer as metadata: ``tokenizer.ggml.model`` (``llama`` = SentencePiece BPE with
+byte fallback, ``gpt2`` = byte-level BPE), the tokens, their scores and types (1 normal, 2 unknown,
+3 control, 4 user-defined, 5 unused, 6 byte), merges for byte-level vocabularies, and the special ids.
+
+- SentencePiece vocabularies list no merges: they are recovered from the vocabulary itself, every
+  split of a token into two tokens of the vocabulary being a merge, ranked by the merged token's
+  priority. For Gemma that priority is the token's position in the file (Gemma's scores do not follow
+  its merge order); for other SentencePiece models it is the token's score. Gemma files also spell a
+  token of several spaces with real spaces, where the tokenizer looks for ``▁``: respelled here.
+- Gemma: spaces become ``▁`` (normalizer), no prefix space; Llama/Phi-3 SentencePiece: a ``▁`` is
+  prepended to the text.
+- Byte-level vocabularies keep their merges and get the pre-tokenizer split their ``tokenizer.ggml.pre``
+  names (llama-3, qwen2 styles).
+- Control tokens become special added tokens (never split, dropped when decoding with
+  ``skip_special_tokens``); user-defined ones plain added tokens, matched whole.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelError
+from .gguf_file import GgufFile
+
+CONTROL, USER_DEFINED = 3, 4
+_WORDS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|"
+_REST = r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_SPLITS = {"llama3": _WORDS + r"\p{N}{1,3}" + _REST, "qwen2": _WORDS + r"\p{N}" + _REST}
+_SPLITS["llama-bpe"] = _SPLITS["llama-v3"] = _SPLITS["llama3"]
+
+
+def _sentencepiece_merges(tokens: list[str], priority: dict[str, float]) -> list[tuple[str, str]]:
+    """Every (left, right) split of a token into two vocabulary tokens, best merged token first."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    found: list[tuple[float, int, int, int, int, str, str]] = []
+    for piece, score in priority.items():
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in vocab and right in vocab:
+                found.append((-score, -len(left), -len(right), vocab[left], vocab[right], left, right))
+    found.sort()
+    return [(left, right) for *_, left, right in found]
+
+
+def build_tokenizer(f: GgufFile, arch: str) -> tuple[Any, dict]:
+    """The ``tokenizers.Tokenizer`` and the ``tokenizer_config.json`` fields of ``f``'s vocabulary."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import BPE
+
+    if not f.has("tokenizer.ggml.tokens"):
+        raise ModelError(f"{f.path}: no tokenizer in the file (metadata tokenizer.ggml.tokens is missing)")
+    kind = str(f.get("tokenizer.ggml.model"))
+    tokens = [str(t) for t in f.get("tokenizer.ggml.tokens")]
+    types = [int(t) for t in f.get("tokenizer.ggml.token_type", [1] * len(tokens))]
+    if len(types) != len(tokens):
+        raise ModelError(f"{f.path}: {len(tokens)} tokens but {len(types)} token types")
+    gemma = arch.startswith("gemma")
+    if kind == "llama":
+        if gemma:
+            tokens = ["▁" * len(t) if t and not t.strip(" ") else t for t in tokens]
+            priority: dict[str, float] = {t: -i for i, t in enumerate(tokens)}
+        else:
+            scores = [float(s) for s in f.get("tokenizer.ggml.scores")]
+            priority = dict(zip(tokens, scores))
+        vocab = {t: i for i, t in enumerate(tokens)}
+        if len(vocab) != len(tokens):
+            raise ModelError(f"{f.path}: the vocabulary repeats tokens ({len(tokens) - len(vocab)} duplicates)")
+        unk_id = f.get("tokenizer.ggml.unknown_token_id", None)
+        unk = tokens[int(unk_id)] if unk_id is not None else None
+        tok = Tokenizer(
+            BPE(vocab, _sentencepiece_merges(tokens, priority), unk_token=unk, fuse_unk=True, byte_fallback=True)
+        )
+        if gemma:
+            tok.normalizer = normalizers.Replace(" ", "▁")
+            tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+            tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+        else:
+            tok.normalizer = None
+            tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+            tok.decoder = decoders.Sequence(
+                [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+            )
+    elif kind == "gpt2":
+        if not f.has("tokenizer.ggml.merges"):
+            raise ModelError(f"{f.path}: a byte-level (gpt2) vocabulary without tokenizer.ggml.merges")
+        merges = [tuple(str(m).split(" ", 1)) for m in f.get("tokenizer.ggml.merges")]
+        vocab = {t: i for i, t in enumerate(tokens)}
+        tok = Tokenizer(BPE(vocab, merges, ignore_merges=False))
+        split = _SPLITS.get(str(f.get("tokenizer.ggml.pre", "")), _SPLITS["llama3"])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+        tok.decoder = decoders.ByteLevel()
+    else:
+        raise ModelError(f"{f.path}: tokenizer model {kind!r} is not supported (supported: llama, gpt2)")
+
+    tok.add_special_tokens(
+        [AddedToken(t, normalized=False, special=True) for t, k in zip(tokens, types) if k == CONTROL]
+    )
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t, k in zip(tokens, types) if k == USER_DEFINED])
+
+    def special(key: str) -> str | None:
+        value = f.get(f"tokenizer.ggml.{key}", None)
+        return tokens[int(value)] if value is not None and 0 <= int(value) < len(tokens) else None
+
+    bos = special("bos_token_id")
+    add_bos = bool(f.get("tokenizer.ggml.add_bos_token", kind == "llama"))
+    add_eos = bool(f.get("tokenizer.ggml.add_eos_token", False))
+    eos = special("eos_token_id")
+    single, pair = "$A:0", "$A:0 $B:1"
+    specials = []
+    if add_bos and bos is not None:
+        single, pair = f"{bos}:0 {single}", f"{bos}:0 $A:0 {bos}:1 $B:1"
+        specials.append((bos, tokens.index(bos)))
+    if add_eos and eos is not None:
+        single, pair = f"{single} {eos}:0", f"{pair} {eos}:1"
+        specials.append((eos, tokens.index(eos)))
+    tok.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
+    config = {
+        "add_bos_token": add_bos,
+        "add_eos_token": add_eos,
+        "bos_token": bos,
+        "eos_token": eos,
+        "unk_token": special("unknown_token_id"),
+        "pad_token": special("padding_token_id"),
+        "model_max_length": int(f.get(f"{arch}.context_length", 4096)),
+        "tokenizer_class": "GemmaTokenizer" if gemma else "PreTrainedTokenizerFast",
+    }
+    template = f.get("tokenizer.chat_template", None)
+    if template:
+        config["chat_template"] = str(template)
+    return tok, config
+
+
+def write_tokenizer(f: GgufFile, arch: str, folder: Path) -> dict:
+    """Write ``tokenizer.json`` and ``tokenizer_config.json`` into ``folder``; returns the config."""
+    tok, config = build_tokenizer(f, arch)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    return config

@@ -1,0 +1,57 @@
+"""Write a model folder all or nothing: a staging folder beside the destination, renamed into place when done.
+
+A crash, an exception or Ctrl-C mid-import leaves at most a ``.<name>.importing-*`` folder, which the next
+import of the same destination removes; the destination itself is either the old complete folder or the
+new complete one. Files are fsynced before the rename, so a power loss cannot leave a renamed folder with
+empty files in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def staged_folder(dest: Path, replace: bool = True) -> Iterator[Path]:
+    """Yield an empty staging folder; on a clean exit it becomes ``dest`` (an existing ``dest`` is replaced)."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    for stale in dest.parent.glob(f".{dest.name}.importing-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.importing-", dir=dest.parent))
+    try:
+        yield staging
+        _fsync_tree(staging)
+        if dest.exists():
+            if not replace:
+                raise FileExistsError(f"{dest} exists")
+            old = dest.parent / f".{dest.name}.importing-old"
+            shutil.rmtree(old, ignore_errors=True)
+            dest.rename(old)
+            staging.rename(dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            staging.rename(dest)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
