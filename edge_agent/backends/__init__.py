@@ -79,6 +79,12 @@ class BindingSession(Session, Protocol):
         ...
 
 
+def optional_inputs(session: Session) -> frozenset[str]:
+    """Inputs ``session`` takes but has a default for (ONNX Runtime: initializers listed as graph inputs, such
+    as an imported decoder's ``logits_to_keep``); other backends fold such defaults into constants."""
+    return frozenset(s.name for s in getattr(session, "optional_inputs", ()))
+
+
 def is_stateful(session: Session) -> bool:
     """Whether ``session`` keeps a model's state (an LLM's KV cache) in the runtime, with ``reset_state()``
     to start a new sequence: OpenVINO's stateful IRs, which the NPU's LLM mode runs."""
@@ -201,14 +207,19 @@ def _generic_warmup(session: Session) -> None:
         log.debug("generic warm-up skipped for %s: %s", getattr(session, "path", "this model"), exc)
 
 
-def check_feeds(specs: Sequence[TensorSpec], feeds: Mapping[str, np.ndarray], complete: bool = True) -> None:
-    """Reject feeds with unknown or missing names (``complete``: every input must be there), wrong dtypes
-    or ranks, or wrong fixed dims."""
-    by_name = {s.name: s for s in specs}
+def check_feeds(
+    specs: Sequence[TensorSpec],
+    feeds: Mapping[str, np.ndarray],
+    complete: bool = True,
+    optional: Sequence[TensorSpec] = (),
+) -> None:
+    """Reject feeds with unknown or missing names (``complete``: every input of ``specs`` must be there; those
+    of ``optional`` may be left out), wrong dtypes or ranks, or wrong fixed dims."""
+    by_name = {s.name: s for s in (*specs, *optional)}
     unknown = [n for n in feeds if n not in by_name]
     if unknown:
         raise InputError(f"unknown input(s) {unknown}; the model takes {sorted(by_name)}")
-    missing = [n for n in by_name if n not in feeds] if complete else []
+    missing = [s.name for s in specs if s.name not in feeds] if complete else []
     if missing:
         raise InputError(f"missing input(s) {missing}")
     for name, value in feeds.items():

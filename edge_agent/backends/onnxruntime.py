@@ -97,12 +97,14 @@ class OrtSession:
         self._session = session
         self.path = path
         self.inputs = tuple(_spec(a) for a in session.get_inputs())
+        # initializers listed as graph inputs: defaults a caller may override (backends.optional_inputs)
+        self.optional_inputs = tuple(_spec(a) for a in session.get_overridable_initializers())
         self.outputs = tuple(_spec(a) for a in session.get_outputs())
         self._output_names = [o.name for o in self.outputs]
         self.providers = tuple(session.get_providers())
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-        check_feeds(self.inputs, feeds)
+        check_feeds(self.inputs, feeds, optional=self.optional_inputs)
         names = list(output_names) if output_names is not None else self._output_names
         try:
             values = self._session.run(names, dict(feeds))
@@ -180,6 +182,10 @@ def open(path: Path, options: SessionOptions) -> OrtSession:
     if not path.is_file():
         raise ModelError(f"model file not found: {path}")
     so = ort.SessionOptions()
+    # Warnings off: ONNX Runtime prints them straight to stderr, bypassing the agent's logging, and the
+    # one every imported decoder would get (its optional logits_to_keep input, an initializer listed as
+    # a graph input) is by design. Errors still surface as exceptions.
+    so.log_severity_level = 3
     if options.threads:
         so.intra_op_num_threads = options.threads
         so.inter_op_num_threads = 1

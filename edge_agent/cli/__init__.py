@@ -8,7 +8,8 @@
     bench.py     bench llm/tiers/asr/telemetry
     fleet.py     fleet watch/keygen/sign
     demo.py      demo
-    doctor.py    check-config, doctor, models list (diagnostics/)
+    doctor.py    check-config, doctor (diagnostics/)
+    models.py    models list/import/fetch (importers/)
 
 Every command that reports takes ``--json``; a failure prints one line on stderr (a traceback
 only with ``--debug``) and exits non-zero: 2 for bad usage or config, 1 for everything else.
@@ -25,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 from .. import __version__
 from ..errors import ConfigError, EdgeAgentError
-from . import asr, bench, demo, doctor, engines, eval, fleet, generate, run
+from . import asr, bench, demo, doctor, engines, eval, fleet, generate, models, run
 
 log = logging.getLogger("edge_agent")
 
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     # The order is the order of `edge-agent --help`.
     doctor.add_commands(sub)
+    models.add_commands(sub)
     generate.add_commands(sub)
     fleet.add_commands(sub)
     eval.add_commands(sub)

@@ -18,9 +18,9 @@ from collections import Counter
 from pathlib import Path
 
 from ..errors import ModelError
-from . import ImportResult, ProgressFn, imported_dir
 from .gguf_arch import DecoderSpec, hf_config, read_spec
 from .gguf_file import GgufFile
+from .result import ImportResult, ProgressFn, imported_dir
 from .staging import staged_folder
 
 IMPORT_RECORD = "import.json"
@@ -132,7 +132,7 @@ def import_gguf(
         "vocab": spec.vocab,
         "parameters": fp32_bytes(spec) // 4,
         "source_sha256": source_sha,
-        "block_types": record["source"]["block_types"],
+        "block_types": dict(Counter(t.block_type for t in f.tensor_infos())),
         "seconds": round(time.monotonic() - started, 1),
     }
     return ImportResult(name, dest, "gguf", spec.arch, details)

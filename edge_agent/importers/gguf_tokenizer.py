@@ -87,7 +87,7 @@ def build_tokenizer(f: GgufFile, arch: str) -> tuple[Any, dict]:
     elif kind == "gpt2":
         if not f.has("tokenizer.ggml.merges"):
             raise ModelError(f"{f.path}: a byte-level (gpt2) vocabulary without tokenizer.ggml.merges")
-        merges = [tuple(str(m).split(" ", 1)) for m in f.get("tokenizer.ggml.merges")]
+        merges = [(a, b) for a, _, b in (str(m).partition(" ") for m in f.get("tokenizer.ggml.merges"))]
         vocab = {t: i for i, t in enumerate(tokens)}
         tok = Tokenizer(BPE(vocab, merges, ignore_merges=False))
         split = _SPLITS.get(str(f.get("tokenizer.ggml.pre", "")), _SPLITS["llama3"])

@@ -39,6 +39,7 @@ def staged_folder(dest: Path, replace: bool = True) -> Iterator[Path]:
     for stale in dest.parent.glob(f".{dest.name}.importing-*"):
         shutil.rmtree(stale, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.importing-", dir=dest.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; a model folder is read by the service user too
     try:
         yield staging
         _fsync_tree(staging)

@@ -12,6 +12,9 @@ the files real exporters write:
 - stateful streaming CTC (``config.json`` ``model_type`` ``streaming-ctc``, docs/asr-models.md):
   ``model.onnx`` + ``vocab.json`` + ``preprocessor_config.json``: ``asr-ctc-streaming``.
 
+Imported models (``edge-agent models import`` / ``models fetch``) live in ``<cache>/imported/<name>`` and
+are addressable by that name too.
+
 ``demo-phi3-small`` is too big to commit (115 MB): its graph and a weight recipe ship with the
 package and the weights are generated with numpy on first use, into the model cache.
 """
@@ -30,6 +33,7 @@ from ..errors import ModelError, ModelNotFound
 log = logging.getLogger(__name__)
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo_models"
+IMPORTED = "imported"  # <models cache>/imported/<name>: what models import and models fetch write
 Kind = Literal["llm", "asr-whisper", "asr-ctc", "asr-ctc-streaming"]
 
 
@@ -106,8 +110,22 @@ def resolve_model(
     if path.is_dir():
         return inspect_folder(path)
     if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            raise ModelError(f"{path} is a GGUF file: import it first (edge-agent models import {path})")
         raise ModelError(f"{path} is a file; give the model folder that contains it (with config.json)")
-    raise ModelNotFound(f"no model {text!r}: not a demo model ({', '.join(DEMO_MODELS)}) and no such folder")
+    imported = Path(cache_dir) / IMPORTED / text
+    if "/" not in text and imported.is_dir():
+        return inspect_folder(imported, name=text)
+    raise ModelNotFound(
+        f"no model {text!r}: not a demo model ({', '.join(DEMO_MODELS)}), not an imported model in "
+        f"{Path(cache_dir) / IMPORTED} and no such folder (real weights: edge-agent models fetch NAME)"
+    )
+
+
+def imported_models(cache_dir: Path) -> list[Path]:
+    """The folders ``models import`` / ``models fetch`` wrote, addressable by name."""
+    root = Path(cache_dir) / IMPORTED
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []
 
 
 def _materialize(src: Path, dst: Path, progress: Callable[[int, int], None] | None) -> Path:

@@ -35,7 +35,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from ..backends import BindingSession, Session, SessionOptions, is_stateful, npu, open_session
+from ..backends import BindingSession, Session, SessionOptions, is_stateful, npu, open_session, optional_inputs
 from ..errors import InputError, ModelError
 from .catalog import ModelRef
 from .grammar import TokenVocab
@@ -114,6 +114,11 @@ class DecoderLM:
         self._token_vocab: TokenVocab | None = None
         self._vocab_lock = threading.Lock()
         self._slots = SlotRuns(binding, self._vocab, self.contract.has_position_ids) if binding else None
+        # Serving reads the last position's logits only: an export that can skip the rest (an imported
+        # decoder's logits_to_keep) is told so, sparing the head a matmul per prompt token.
+        self._last_only = (
+            {"logits_to_keep": np.array(1, dtype=np.int64)} if "logits_to_keep" in optional_inputs(session) else {}
+        )
 
     @property
     def max_rows(self) -> int | None:
@@ -397,9 +402,14 @@ class DecoderLM:
         empty = np.zeros(shape, dtype=np.dtype(c.kv_dtype))
         return {f"past_key_values.{i}.{kv}": empty for i in range(c.num_layers) for kv in ("key", "value")}
 
-    def forward(self, ids: np.ndarray, mask: np.ndarray, past: dict[str, np.ndarray]) -> tuple[np.ndarray, dict]:
-        """One forward pass. ``ids`` [B, S]; ``mask`` [B, P+S]; returns logits [B, S, V] and the new past."""
+    def forward(
+        self, ids: np.ndarray, mask: np.ndarray, past: dict[str, np.ndarray], every_position: bool = False
+    ) -> tuple[np.ndarray, dict]:
+        """One forward pass. ``ids`` [B, S]; ``mask`` [B, P+S]; returns logits [B, S, V] (``every_position``)
+        or at least the last position's ([B, 1, V] where the export can skip the rest), and the new past."""
         feeds = {"input_ids": ids, "attention_mask": mask, **past}
+        if not every_position:
+            feeds.update(self._last_only)
         if self.contract.has_position_ids:
             # Left padding: positions count real tokens only.
             positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -ids.shape[1] :]

@@ -32,7 +32,12 @@ GEMMA_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
 )
-FALLBACK_TEMPLATES = {"phi3": PHI3_TEMPLATE, "gemma": GEMMA_TEMPLATE, "gemma2": GEMMA_TEMPLATE}
+FALLBACK_TEMPLATES = {
+    "phi3": PHI3_TEMPLATE,
+    "gemma": GEMMA_TEMPLATE,
+    "gemma2": GEMMA_TEMPLATE,
+    "gemma3_text": GEMMA_TEMPLATE,
+}
 ROLES = ("system", "user", "assistant")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
