@@ -1,0 +1,126 @@
+"""models import of a CTranslate2 Whisper folder: a tiny random Whisper written in CTranslate2's format
+(float32, float16, int8), imported, and its ONNX graphs checked against Whisper in numpy on the same
+(dequantized) weights; the recogniser serves the folder; bad files are refused and leave nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge_agent.errors import ModelError
+from edge_agent.importers import detect_format, import_model
+from tests import ct2_whisper_tiny as tiny
+
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+
+
+def _session(path: Path):
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+@pytest.fixture(scope="module", params=["float32", "float16", "int8"])
+def imported(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"ct2-{request.param}")
+    eff = tiny.write_folder(root / "src", request.param)
+    result = import_model(root / "src", None, root / "cache")
+    return result, eff
+
+
+def test_import_writes_the_whisper_contract(imported):
+    result, _ = imported
+    assert result.source_format == "ctranslate2-whisper" and result.architecture == "whisper"
+    assert result.path == result.path.parent.parent / "imported" / result.name
+    names = {p.name for p in result.path.iterdir()}
+    assert {
+        "encoder_model.onnx",
+        "decoder_model.onnx",
+        "decoder_with_past_model.onnx",
+        "tokenizer.json",
+        "preprocessor_config.json",
+        "config.json",
+        "generation_config.json",
+        "import.json",
+    } <= names
+    gen = json.loads((result.path / "generation_config.json").read_text())
+    demo = json.loads((tiny.DEMO_WHISPER / "generation_config.json").read_text())
+    # token ids read from the tokenizer agree with the ones transformers wrote for the same tokenizer
+    for key in ("decoder_start_token_id", "eos_token_id", "no_timestamps_token_id", "lang_to_id", "task_to_id"):
+        assert gen[key] == demo[key], key
+    assert gen["suppress_tokens"] == demo["suppress_tokens"]
+    record = json.loads((result.path / "import.json").read_text())
+    assert record["source"]["spec"] == "WhisperSpec"
+
+
+def test_encoder_and_decoders_match_numpy_whisper(imported):
+    result, w = imported
+    rng = np.random.default_rng(1)
+    feats = rng.standard_normal((1, tiny.MELS, 3000)).astype(np.float32) * 0.5
+    hidden = _session(result.path / "encoder_model.onnx").run(None, {"input_features": feats})[0]
+    want = tiny.encode(w, feats[0])
+    assert hidden.shape == (1, tiny.SRC, tiny.D)
+    np.testing.assert_allclose(hidden[0], want, atol=2e-4, rtol=0)
+
+    ids = [513, 514, 523, 527, 40, 41, 300, 7]
+    ref = tiny.decode_logits(w, want, ids)
+    dec = _session(result.path / "decoder_model.onnx")
+    names = [o.name for o in dec.get_outputs()]
+    out = dict(zip(names, dec.run(None, {"input_ids": np.array([ids[:4]], np.int64), "encoder_hidden_states": hidden})))
+    np.testing.assert_allclose(out["logits"][0], ref[:4], atol=2e-4, rtol=0)
+    # then one token at a time with the cache: each step's logits are the full pass's row
+    past = {k.replace("present.", "past_key_values."): v for k, v in out.items() if k != "logits"}
+    step = _session(result.path / "decoder_with_past_model.onnx")
+    step_names = [o.name for o in step.get_outputs()]
+    for t in range(4, len(ids)):
+        res = dict(zip(step_names, step.run(None, {"input_ids": np.array([[ids[t]]], np.int64), **past})))
+        np.testing.assert_allclose(res["logits"][0, 0], ref[t], atol=2e-4, rtol=0)
+        for k, v in res.items():
+            if k != "logits":
+                past[k.replace("present.", "past_key_values.")] = v
+        assert past["past_key_values.0.decoder.key"].shape[2] == t + 1
+
+
+def test_recogniser_serves_the_imported_folder(imported):
+    from edge_agent.models.asr import open_recognizer
+    from edge_agent.models.catalog import resolve_model
+
+    result, w = imported
+    cache = result.path.parent.parent
+    ref = resolve_model(result.name, cache)  # addressable by its folder name under <cache>/imported
+    assert ref.kind == "asr-whisper"
+    rec = open_recognizer(ref, language="en")
+    x = np.random.default_rng(2).standard_normal(16000).astype(np.float32) * 0.05
+    hyp = rec.transcribe(x)
+    # greedy from numpy: the recogniser's ids are the argmax of the reference logits at each step,
+    # under the same suppression (specials, timestamps, suppress_tokens, begin_suppress at the start)
+    from edge_agent.models.whisper_features import log_mel_spectrogram
+
+    hidden = tiny.encode(w, log_mel_spectrogram(x))
+    prompt = rec.prompt("en")
+    ids: list[int] = []
+    for _ in hyp.token_ids:
+        logits = tiny.decode_logits(w, hidden, prompt + ids)[-1]
+        mask = rec._begin_mask if not ids else rec._suppress_mask
+        ids.append(int(np.argmax(np.where(mask, -np.inf, logits))))
+    assert list(hyp.token_ids) == ids
+    rec.close()
+
+
+def test_truncated_or_foreign_model_bin_is_refused_and_leaves_nothing(tmp_path):
+    src = tmp_path / "src"
+    tiny.write_folder(src, "float16")
+    data = (src / "model.bin").read_bytes()
+    (src / "model.bin").write_bytes(data[: len(data) // 2])
+    out = tmp_path / "out" / "whisper"
+    with pytest.raises(ModelError, match="truncated"):
+        import_model(src, out, tmp_path / "cache")
+    assert not out.exists() and not list(out.parent.glob(".whisper.importing-*"))
+
+    variables, _ = tiny.stored(tiny.random_weights(), "float16")
+    tiny.write_model_bin(src / "model.bin", variables, {}, spec="TransformerSpec")
+    with pytest.raises(ModelError, match="not a WhisperSpec"):
+        import_model(src, out, tmp_path / "cache")
+    assert detect_format(src) == "ctranslate2-whisper"
