@@ -12,7 +12,9 @@ The agent registers the consumers once, at composition:
 The record says which workload, tier and model served it (no string tags to parse), its samples
 per metric (milliseconds; ``rtf`` is a ratio), and whether it is the first after a model load or a
 warm-up: such a sample stays out of SLA windows and fleet histograms (it measures loading, not
-serving), while Prometheus counts every request. ``deliver`` runs on the device thread that
+serving); Prometheus counts every request but a warm-up (a voice turn's prefill ahead is no client's
+request). A request served beside a one-sequence tier says which tier it spilled from
+(``spilled_from``): that tier's controller counts it as its own. ``deliver`` runs on the device thread that
 finished the work: an observer must not block (a lock and a few counters), and one that raises is
 logged without stopping the others or the serving thread.
 """
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .metrics.timing import RequestTiming
-from .metrics.window import FIRST_AFTER_LOAD, SLA_EXCLUDED_TAGS
+from .metrics.window import FIRST_AFTER_LOAD, SLA_EXCLUDED_TAGS, WARMUP
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,8 @@ class Observation:
     first_after_load: bool = False  # or a warm-up: out of SLA windows and fleet histograms
     tokens_in: int = 0
     tokens_out: int = 0
+    warmup: bool = False  # a warm-up (``WARMUP`` tag): out of /metrics as well
+    spilled_from: str | None = None  # served by the spill tier of this tier (``serving.llm.tiers``)
 
     @classmethod
     def of_request(cls, timing: RequestTiming, tier: str, model: str, engine: str | None = None) -> Observation:
@@ -58,6 +62,7 @@ class Observation:
             not SLA_EXCLUDED_TAGS.isdisjoint(timing.tags),
             timing.tokens_in,
             timing.tokens_out,
+            WARMUP in timing.tags,
         )
 
     @property

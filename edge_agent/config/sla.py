@@ -115,6 +115,12 @@ class SlaConfig(_SlaPolicy):
     min_batch: int = Field(1, ge=1)
     min_token_cap_ratio: float = Field(0.25, gt=0, le=1)
     max_temp_c: float | None = Field(None, gt=0, le=150, description="opt-in: a lighter tier at this temperature")
+    spill_ttft_ms: float | None = Field(
+        None,
+        gt=0,
+        description="a busy NPU tier hands a request to the tier beside it when its expected first token is "
+        "later than this; default: target_ms for ttft_ms and e2e_ms, else 387 (docs/npu.md)",
+    )
     asr: AsrSlaConfig = Field(default_factory=AsrSlaConfig)
 
     @field_validator("metric")

@@ -269,7 +269,12 @@ class Agent:
             observe=self.observers.deliver,
             on_switched=functools.partial(self._switched, "llm"),
             drain_s=self.drain_s,
-            spill_slack_ms=s.sla.target_ms,  # a one-sequence tier (the NPU) spills what would miss it
+        )
+        policy = policy_from_config(s.sla, max(t.max_batch for t in s.models.llm))
+        # A one-sequence tier (the NPU) spills what would miss the SLA in force: read at each decision, so
+        # a reload, a set_sla and a desired (all through the controller's set_policy) change it at once.
+        served.spill_threshold = lambda: (
+            (self.controller.policy if self.controller is not None else policy).spill_threshold_ms
         )
         for t in s.models.llm:  # each tier's prefix cache, in /metrics while the tier is loaded
             self.metrics.track_prefix_cache(t.name, functools.partial(served.prefix_stats, t.name))
@@ -278,7 +283,6 @@ class Agent:
         )
         if served.active_tier is None:  # no tier loads: build an engine for one, then serve it
             self.tier_engines().build_then_start(served, s.models.llm, errors)
-        policy = policy_from_config(s.sla, max(t.max_batch for t in s.models.llm))
         self.controller = TierController(
             served,
             policy,

@@ -161,7 +161,10 @@ class PrometheusMetrics:
         )
 
     def observe(self, obs: Observation) -> None:
-        """One finished request or utterance, first-after-load included (every request is served)."""
+        """One finished request or utterance, first-after-load included (every request is served); a warm-up
+        is no client's request and is left out."""
+        if obs.warmup:
+            return
         if obs.workload == "asr":
             for metric, histogram in (("first_partial_ms", self.asr_first_partial), ("final_ms", self.asr_final)):
                 for value in obs.samples.get(metric, ()):

@@ -57,7 +57,9 @@ class VoiceSession:
         self._replier = ThreadPoolExecutor(1, thread_name_prefix="voice-reply")
 
     def _submit(self, chat, params, tags=()):
-        return self.llm.submit(chat, params, tags=tags)
+        # a prefill ahead (one token) is routed as the reply it warms: it fills the cache of the tier that
+        # will serve the reply (``TieredLLM.submit``)
+        return self.llm.submit(chat, params, tags=tags, route_new_tokens=self.turn.max_new_tokens)
 
     def _turn(self, tools: list[dict] | None, tool_choice: str, max_tokens: int | None) -> VoiceTurn:
         return VoiceTurn(self._submit, tools, tool_choice=tool_choice, max_new_tokens=max_tokens, **self._options)

@@ -88,8 +88,11 @@ class TierController:
     def observe(self, obs: Observation) -> None:
         """Record one finished request or utterance (an ``Observers`` consumer); only the active
         tier of this controller's workload counts."""
-        if obs.workload != self.workload or obs.tier != self.served.tiers[self.state.tier].name:
-            return  # work finishing on a tier being drained says nothing about the new one
+        active = self.served.tiers[self.state.tier].name
+        if obs.workload != self.workload or active not in (obs.tier, obs.spilled_from):
+            # work finishing on a tier being drained says nothing about the new one; a request the active
+            # tier handed to its spill tier is what the active tier gave it
+            return
         values = obs.samples.get(self.policy.metric, ())
         if values:
             self.window.record_many(self.policy.metric, values, obs.tags)

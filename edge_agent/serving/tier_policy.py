@@ -49,6 +49,9 @@ THERMAL_MARGIN_C = 5.0
 Action = Literal["hold", "downgrade", "upgrade", "pin", "unpin", "probe", "insufficient"]
 
 
+DEFAULT_SPILL_TTFT_MS = 387.0  # the default SLA's first-token target (config.sla.SLA_PRESETS["default"])
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     """What the controller aims for (metric, percentile, target) and how it gets there (hysteresis,
@@ -70,6 +73,19 @@ class Policy:
     shed_after: int = 3
     forget_after_s: float = 600.0
     max_temp_c: float | None = None  # opt-in: step down before the kernel throttles (None: temperature ignored)
+    spill_ttft_ms: float | None = (
+        None  # the spill's own first-token threshold (None: ``spill_threshold_ms`` derives it)
+    )
+
+    @property
+    def spill_threshold_ms(self) -> float:
+        """The expected first-token time above which a busy one-sequence tier (the NPU) hands a request to
+        the tier beside it: ``spill_ttft_ms`` when set; else the target when the metric bounds the first
+        token (``ttft_ms``; ``e2e_ms``, which a later first token misses too); else (``itl_ms``, ``tpot_ms``,
+        which a wait in the queue does not change) the default first-token target, ``DEFAULT_SPILL_TTFT_MS``."""
+        if self.spill_ttft_ms is not None:
+            return self.spill_ttft_ms
+        return self.target_ms if self.metric in ("ttft_ms", "e2e_ms") else DEFAULT_SPILL_TTFT_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +290,7 @@ def policy_from_config(sla: SlaConfig | AsrSlaConfig, max_batch: int | None = No
             "max_batch": max_batch,
             "min_token_cap_ratio": sla.min_token_cap_ratio,
             "max_temp_c": sla.max_temp_c,
+            "spill_ttft_ms": sla.spill_ttft_ms,
         }
     return Policy(metric=sla.metric, target_ms=sla.target_ms, **knobs(sla), **relief)
 

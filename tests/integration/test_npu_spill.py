@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from edge_agent.backends import SessionOptions, npu
+from edge_agent.metrics.window import WARMUP
 from edge_agent.models.catalog import resolve_model
 from edge_agent.models.llm import DecoderLM
 from edge_agent.models.sampling import SamplingParams
@@ -83,10 +84,10 @@ def test_a_busy_npu_spills_the_next_request_to_the_cpu_tier_at_once(ladder) -> N
     a_text, b_text, c_text = "turn on the lights", "what is the time", "play some music"
     a = served.submit(a_text, GREEDY, raw=True)
     assert a.tier == "npu" and a.spill is None
-    a_done = a.result()  # the NPU tier now has a recent request time to estimate a queue with
-    # The slack between a's first-token time and its whole time: an idle NPU (expected: a's first-token
-    # time) keeps the next request; a busy one (expected: a's whole time and its first-token time) does not.
-    served.spill_slack_ms = (a_done.timing.ttft_ms + a_done.timing.e2e_ms) / 2
+    a_done = a.result()  # the NPU tier now has recent rates to estimate a queue with
+    # A threshold no queue meets: an idle NPU still keeps the next request (an idle tier takes every
+    # request it can hold); a busy one does not.
+    served.spill_slack_ms = 1e-3
 
     held.hold.set()
     b = served.submit(b_text, GREEDY, raw=True)
@@ -126,3 +127,21 @@ def test_a_switch_down_takes_the_spill_tier_over_and_a_switch_up_keeps_it(ladder
     assert served.active_tier == "npu" and served.spill_tier == "cpu" and opens["cpu"] == 1  # kept
     handle = served.submit("hello there", GREEDY, raw=True)
     assert handle.result().finish_reason == "length"
+
+
+def test_a_warm_up_goes_where_the_request_it_warms_will_go(ladder) -> None:
+    # A voice turn's prefill ahead asks one token, which the NPU could hold; the reply it warms asks 48, with
+    # a prompt the NPU's 127-token cache cannot hold with them: the warm-up fills the CPU tier's cache.
+    served, _held, _reference, _opens = ladder
+    text = " ".join(["lights"] * 90)
+    one = SamplingParams(max_new_tokens=1, temperature=0.0)
+    warm = served.submit(text, one, raw=True, tags=(WARMUP,), route_new_tokens=48)
+    warm.result()
+    reply = served.submit(text, SamplingParams(max_new_tokens=48, temperature=0.0), raw=True)
+    reply.result()
+    assert (warm.tier, reply.tier) == ("cpu", "cpu")
+    assert warm.spill is not None and "cannot take it" in warm.spill["reason"]
+    assert reply.result().timing.cached_tokens > 0  # the warm-up's prefix served the reply
+    small = served.submit("lights on", one, raw=True, tags=(WARMUP,), route_new_tokens=8)
+    assert small.tier == "npu"  # a reply that fits the NPU: its warm-up goes there too
+    small.result()

@@ -96,6 +96,10 @@ class Prefills(Generic[Row]):
     def __len__(self) -> int:
         return len(self._states)
 
+    def pending(self) -> list[tuple[Row, int]]:
+        """Each sequence with the prompt tokens it has still to prefill (any thread: a snapshot)."""
+        return [(s.row, s.remaining) for s in list(self._states)]
+
     def add(
         self, rows: Sequence[Row], prompts: Sequence[Sequence[int]], reach: Sequence[int | None] | None = None
     ) -> None:

@@ -12,11 +12,17 @@ Relief from the controller applies to new requests: ``token_cap_ratio`` truncate
 
 **Spill.** A tier that holds one sequence at a time (the NPU's LLM mode) is served with the next tier
 beside it, loaded with it: a request goes there instead when the active tier cannot take it (its prompt
-does not fit the NPU's context, or is too short for its prefill) or when the requests queued before it
-would make it miss the SLA's slack (queued and running requests × the tier's recent request time, plus
-its recent first-token time, above ``spill_slack_ms``). The handle says so (``spill``: the tier it left
-and why), the request is observed under the tier that served it, and the controller switches on the SLA
-as before; a switch to the spill tier takes the loaded copy over instead of loading it again.
+does not fit the NPU's context, or is too short for its prefill) or when the work already on it would
+make its first token later than the spill threshold (``spill.decide``: an idle tier takes every request
+it can hold; a busy one is judged per token, at rates that age out). The threshold is read at each
+decision (``spill_threshold``, set by the agent to follow the SLA in force), and the decision and the
+hand-over to the scheduler are one step under one lock, so requests arriving together never all see an
+idle tier. The handle says so (``spill``: the tier it left and why); the request is observed under the
+tier that served it, marked as spilled from the active tier, so the active tier's controller still sees
+what its requests got, and the controller switches on the SLA as before; a switch to the spill tier takes
+the loaded copy over instead of loading it again. A warm-up (``warmup`` tag: a voice turn's prefill
+ahead) is routed as the request it warms (``route_new_tokens``), so it fills the cache of the tier that
+will serve that request.
 
 A prompt is measured before it is tokenized: longer than the tier's context (``max_context``
 tokens) times ``MAX_CHARS_PER_TOKEN`` characters, or with more messages than the context has
@@ -29,12 +35,13 @@ long runs of one repeated character come near 16; every message renders to at le
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from ...errors import InputError, Unavailable
-from ...metrics.window import FIRST_AFTER_LOAD
+from ...metrics.window import FIRST_AFTER_LOAD, WARMUP
 from ...models.llm import DecoderLM
 from ...models.prefix_cache import PrefixStats
 from ...models.sampling import SamplingParams
@@ -42,9 +49,10 @@ from ...models.tokenizer import Message
 from ...observe import Observation, Observer
 from ..tier_ladder import Ladder
 from .scheduler import DEFAULT_PARAMS, Limits, LLMScheduler, RequestHandle
+from .spill import Rates, Verdict, Work, decide
 
 MAX_CHARS_PER_TOKEN = 32
-_EWMA = 0.2  # weight of the newest request in a tier's recent request and first-token times
+SPILLED_FROM = "spilled_from:"  # a request tag: served by the spill tier of the tier named after it
 log = logging.getLogger(__name__)
 
 
@@ -72,24 +80,27 @@ class _Loaded:
         # The tier is known here, where the scheduler is made: each observation says so, typed, with
         # the engine it opened (asked once, now that it is open: a later build does not rename this one).
         engine = self.engine = tier.engine() if tier.engine is not None else None
-        self.recent_e2e_ms = self.recent_ttft_ms = 0.0  # moving averages, for the spill's queue estimate
+        self.rates = Rates()  # per token, for the spill decision when this tier holds one sequence
+        self.rates_lock = threading.Lock()
 
         def finished(timing) -> None:
-            if timing.e2e_ms is not None and timing.ttft_ms is not None:
-                weight = _EWMA if self.recent_e2e_ms else 1.0  # the first request sets them
-                self.recent_e2e_ms += weight * (timing.e2e_ms - self.recent_e2e_ms)
-                self.recent_ttft_ms += weight * (timing.ttft_ms - self.recent_ttft_ms)
-            observe(Observation.of_request(timing, tier.name, tier.model, engine))
+            with self.rates_lock:
+                self.rates.learn(timing)
+            obs = Observation.of_request(timing, tier.name, tier.model, engine)
+            spilled = [t[len(SPILLED_FROM) :] for t in timing.tags if t.startswith(SPILLED_FROM)]
+            observe(replace(obs, spilled_from=spilled[0]) if spilled else obs)
 
         self.scheduler = LLMScheduler(lm, tier.limits, clock=clock, on_finished=finished).start()
         self.first = True  # the next request is the first after a load: excluded from SLA windows
         self.spill: _Loaded | None = None  # the next tier, beside a one-sequence tier (see the module doc)
         self.adopted = False  # swapped out, but kept as the new active tier's spill tier
 
-    def expected_ttft_ms(self) -> float:
-        """What a request admitted now would wait for its first token: everything before it, then its own."""
-        waiting, running = self.scheduler.load
-        return (waiting + running) * self.recent_e2e_ms + self.recent_ttft_ms
+    def verdict(self, prompt_tokens: int, threshold_ms: float | None, now: float) -> Verdict:
+        """Whether this one-sequence tier takes a prompt of ``prompt_tokens`` now (``spill.decide``)."""
+        ahead = [Work(p, n) for p, n in self.scheduler.backlog()]
+        with self.rates_lock:
+            rates = self.rates.current(now)
+        return decide(ahead, Work(prompt_tokens, 0), rates, threshold_ms)
 
     def close(self, drain_s: float) -> None:
         self.scheduler.stop(drain_s)
@@ -113,13 +124,16 @@ class TieredLLM(Ladder):
         spill_slack_ms: float | None = None,
     ) -> None:
         """``on_switched(old, new, load_ms, error)`` is told when a switch completes or fails;
-        ``spill_slack_ms``: the expected first-token time above which a one-sequence tier's request
-        goes to its spill tier (None: only requests it cannot take)."""
+        ``spill_slack_ms``: the expected first-token time above which a busy one-sequence tier's request
+        goes to its spill tier (None: only requests it cannot take); ``spill_threshold``, when set, is
+        asked instead at each decision."""
         super().__init__(tiers, on_switched)
         self._observe = observe or (lambda obs: None)
         self._clock = clock
         self._drain_s = drain_s
         self.spill_slack_ms = spill_slack_ms
+        self.spill_threshold: Callable[[], float | None] | None = None  # e.g. the SLA in force's (daemon.app)
+        self._spill_lock = threading.Lock()  # one spill decision and its hand-over at a time
         self.token_cap_ratio = 1.0
         self.shedding = False
         # [calibration] capture: told each admitted request's prompt or messages; it never blocks
@@ -184,6 +198,10 @@ class TieredLLM(Ladder):
         loaded = self._active
         return loaded.lm.ref.name if loaded is not None else ""
 
+    def current_spill_threshold_ms(self) -> float | None:
+        """The expected first-token time above which a busy one-sequence tier's request spills, now."""
+        return self.spill_threshold() if self.spill_threshold is not None else self.spill_slack_ms
+
     def submit(
         self,
         prompt: str | Sequence[Message],
@@ -191,7 +209,10 @@ class TieredLLM(Ladder):
         deadline_ms: float | None = None,
         raw: bool = False,
         tags: Sequence[str] = (),
+        route_new_tokens: int | None = None,
     ) -> RequestHandle:
+        """``route_new_tokens``: for a warm-up, the ``max_new_tokens`` of the request it warms; the tier is
+        chosen as for that request (see the module doc)."""
         with self._lock:
             loaded = self._active
             assert loaded is not None, "start() first"
@@ -201,33 +222,48 @@ class TieredLLM(Ladder):
                     "lighter tier is left; retry in a few seconds"
                 )
         spill = loaded.spill
-        served, why = loaded, None
-        if spill is not None and self.spill_slack_ms is not None:
-            expected = loaded.expected_ttft_ms()
-            if expected > self.spill_slack_ms:
-                served, why = spill, f"queue: expected first token in {expected:.0f} ms > {self.spill_slack_ms:.0f} ms"
+        room = route_new_tokens if WARMUP in tags else None
         try:
-            ids, granted = self._admit(served, prompt, params, raw)
-        except InputError as exc:
-            if spill is None or served is spill:
-                raise
-            served, why = spill, f"tier {loaded.tier.name!r} cannot take it: {exc}"
+            if spill is None:
+                ids, granted = self._admit(loaded, prompt, params, raw)
+                return self._hand_over(loaded, ids, granted, deadline_ms, tags, prompt)
+            why: str | None
+            try:
+                ids, granted = self._admit(loaded, prompt, params, raw, room)
+            except InputError as exc:
+                why = f"tier {loaded.tier.name!r} cannot take it: {exc}"
+            else:
+                with self._spill_lock:  # the decision and the hand-over are one step (see the module doc)
+                    verdict = loaded.verdict(len(ids), self.current_spill_threshold_ms(), self._clock())
+                    if verdict.take:
+                        return self._hand_over(loaded, ids, granted, deadline_ms, tags, prompt)
+                why = verdict.reason
             ids, granted = self._admit(spill, prompt, params, raw)
-        with self._lock:
-            marks = [*tags, FIRST_AFTER_LOAD] if served.first else list(tags)
-            served.first = False
-        params = granted
-        try:
-            handle = served.scheduler.submit(ids, params, deadline_ms=deadline_ms, tags=marks)
+            handle = self._hand_over(spill, ids, granted, deadline_ms, [*tags, SPILLED_FROM + loaded.tier.name], prompt)
         except Unavailable:
             if self._active is loaded:  # the ladder itself is stopping
                 raise
             # a switch retired this tier while the prompt was being tokenized: the new tier takes it
-            return self.submit(prompt, params, deadline_ms, raw, tags)
+            return self.submit(prompt, params, deadline_ms, raw, tags, route_new_tokens)
+        handle.spill = {"from": loaded.tier.name, "reason": why or "spilled"}
+        return handle
+
+    def _hand_over(
+        self,
+        served: _Loaded,
+        ids: list[int],
+        params: SamplingParams,
+        deadline_ms: float | None,
+        tags: Sequence[str],
+        prompt: str | Sequence[Message],
+    ) -> RequestHandle:
+        """``served``'s scheduler takes the tokenized request; the handle says who serves it."""
+        with self._lock:
+            marks = [*tags, FIRST_AFTER_LOAD] if served.first else list(tags)
+            served.first = False
+        handle = served.scheduler.submit(ids, params, deadline_ms=deadline_ms, tags=marks)
         handle.tier, handle.model, handle.engine = served.tier.name, served.lm.ref.name, served.engine
         handle.max_new_tokens = params.max_new_tokens
-        if why is not None:
-            handle.spill = {"from": loaded.tier.name, "reason": why}
         if self.capture is not None:
             try:
                 self.capture(prompt)
@@ -236,11 +272,20 @@ class TieredLLM(Ladder):
         return handle
 
     def _admit(
-        self, loaded: _Loaded, prompt: str | Sequence[Message], params: SamplingParams, raw: bool
+        self,
+        loaded: _Loaded,
+        prompt: str | Sequence[Message],
+        params: SamplingParams,
+        raw: bool,
+        room: int | None = None,
     ) -> tuple[list[int], SamplingParams]:
-        """The prompt as ``loaded`` tokenizes it and the params its cap grants; what it cannot take raises."""
+        """The prompt as ``loaded`` tokenizes it and the params its cap grants; what it cannot take raises.
+        ``room``: the new tokens to find room for, when more than granted (a warm-up's request's)."""
         cap = max(1, int(loaded.tier.max_new_tokens * self.token_cap_ratio))
         params = replace(params, max_new_tokens=min(params.max_new_tokens, cap))
+        if room is not None and min(room, cap) > params.max_new_tokens:
+            fitted, _ = self._admit(loaded, prompt, replace(params, max_new_tokens=min(room, cap)), raw)
+            return fitted, params
         context = loaded.lm.contract.max_context
         _check_size(prompt, context, loaded.tier.name)
         tok = loaded.lm.tokenizer
