@@ -65,13 +65,22 @@ class VoiceSession:
         return VoiceTurn(self._submit, tools, tool_choice=tool_choice, max_new_tokens=max_tokens, **self._options)
 
     def configure(self, text: str) -> None:
-        """The client's reply settings (see the module doc); an ``InputError`` saying what is wrong."""
+        """The client's reply settings (see the module doc); an ``InputError`` saying what is wrong, whatever
+        the text (nesting deeper than the parser's stack and integers longer than Python reads included)."""
         if self.configured:
             raise InputError("the reply settings come once, before any audio")
+        try:
+            self._configure(text)
+        except RecursionError as exc:  # anywhere in reading or checking them: the stream goes on
+            raise InputError("reply settings: nested too deeply to read") from exc
+
+    def _configure(self, text: str) -> None:
         try:
             body = json.loads(text)
         except json.JSONDecodeError as exc:
             raise InputError(f"reply settings: not JSON (line {exc.lineno}: {exc.msg})") from exc
+        except ValueError as exc:  # an integer of more digits than int() converts
+            raise InputError(f"reply settings: not readable JSON ({exc})") from exc
         if not isinstance(body, dict):
             raise InputError("reply settings: expected a JSON object")
         unknown = sorted(set(body) - {"tools", "tool_choice", "max_tokens"})

@@ -180,8 +180,8 @@ def tool_call(text: str, call_id: str | None = None) -> dict | None:
         return None
     try:
         call = json.loads(text)
-    except json.JSONDecodeError:
-        return None  # cut short (max_tokens): no call was made
+    except (json.JSONDecodeError, RecursionError):
+        return None  # cut short (max_tokens), or nested deeper than the parser reads: no call was made
     return {
         "id": call_id or new_call_id(),
         "type": "function",
@@ -257,7 +257,7 @@ class ToolCallStream:
 def _parses(text: str) -> bool:
     try:
         json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return False
     return True
 

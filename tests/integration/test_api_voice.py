@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import jsonschema
 import numpy as np
@@ -154,3 +155,24 @@ def test_respond_needs_an_llm_and_a_yes_or_no(served):
     assert asyncio.run(status(bare.address, "?respond=true")) == 503
     assert asyncio.run(status(api.address, "?respond=maybe")) == 400
     assert asyncio.run(status(api.address, "?respond=false")) == 101
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        '{"tools": ' + "[" * 5000 + "]" * 5000 + "}",  # 10 KB, deeper than the JSON parser's stack
+        '{"max_tokens": ' + "9" * 5000 + "}",  # an integer longer than Python reads
+    ],
+    ids=["nested-5000", "long-integer"],
+)
+def test_unreadable_reply_settings_are_a_bad_message_and_the_stream_goes_on(served, settings, caplog):
+    api, _ = served
+    url = api.address.replace("http", "ws") + "/v1/audio/stream?respond=true"
+    with caplog.at_level(logging.DEBUG):
+        events = asyncio.run(talk(url, pcm("turn on the kitchen lights"), settings))
+    errors = [e for e in events if e["kind"] == "error"]
+    assert [e["code"] for e in errors] == ["bad_message"], events
+    finals = [e for e in events if e["kind"] == "final" and e["text"]]
+    replies = [e for e in events if e["kind"] == "reply"]
+    assert finals and len(replies) == len(finals)  # transcribed and answered: the stream went on
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records if r.exc_info]

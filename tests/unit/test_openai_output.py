@@ -88,3 +88,10 @@ def test_a_mask_leaves_only_allowed_tokens_and_logprobs_renormalise_over_them():
 def test_out_of_range_knobs_are_refused(bad):
     with pytest.raises(Exception, match="must lie in"):
         SamplingParams(**bad)
+
+
+def test_a_generated_call_nested_deeper_than_the_parser_reads_is_no_call() -> None:
+    # the model writes what the prompt asks; arguments 5,000 arrays deep cannot be read back
+    text = '{"name": "f", "arguments": ' + "[" * 5000 + "]" * 5000 + "}"
+    assert tool_call(text) is None
+    assert split_tool_call(text)[2] is False  # not a complete call: its arguments cannot be read
