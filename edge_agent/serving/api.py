@@ -127,7 +127,7 @@ class ApiServer:
         except DISCONNECTS:
             if request.transport is not None and not request.transport.is_closing():
                 raise  # not the client's connection: a real error, logged as one
-            log.info("client went away during %s %s", request.method, request.path)
+            http_guard.client_left(" during %s %s", request.method, request.path)
             return web.Response(status=499)  # never delivered: aiohttp drops it quietly
         finally:
             if connection is not None:
@@ -176,6 +176,8 @@ class ApiServer:
             body = await api_llm.read_request(
                 request, ChatRequest if chat else CompletionRequest, MAX_BODY, self.body_timeout_s
             )
+        except DISCONNECTS:  # the client left while its body arrived: the guard says so, in one line
+            raise
         except Exception as exc:
             return _from_exception(exc)
         refused = self._check_model(body.model)

@@ -202,7 +202,7 @@ class _Reply:
         except DISCONNECTS:  # the client went away: free its batch slots, say so once, no traceback
             if not all(h.cancelled for h in self.handles):
                 self._cancel()
-                log.info("client went away: %s cancelled", self.ident)
+                http_guard.client_left(": %s cancelled", self.ident)
         except asyncio.CancelledError:
             self._cancel()
             raise
@@ -316,7 +316,7 @@ async def _cancel_on_disconnect(request: web.Request, handles: list[RequestHandl
             if not all(h.cancelled for h in handles):
                 for handle in handles:
                     handle.cancel()
-                log.info("client went away: %s cancelled", ident)
+                http_guard.client_left(": %s cancelled", ident)
             return
 
 

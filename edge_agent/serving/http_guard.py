@@ -11,6 +11,8 @@
 - ``release_memory`` hands freed heap back to the OS after a large body (glibc keeps it otherwise).
 - ``Cors``: which browser origins may call the API (``[api] cors_origins``), the preflight's answer
   and the headers a response to an allowed origin carries. No origin configured: no CORS headers.
+- ``client_left``: a client that goes away (while its body arrives, while it waits, mid-response) is one
+  log line without a traceback, at most one per ``LOG_EVERY_S`` however many clients leave.
 """
 
 from __future__ import annotations
@@ -27,8 +29,17 @@ from contextvars import ContextVar
 from typing import Any
 
 from ..errors import EdgeAgentError
+from ..logsetup import LogLimiter
 
 log = logging.getLogger(__name__)
+DEPARTURES = LogLimiter(logger=logging.getLogger("edge_agent.serving.api"))  # see client_left
+
+
+def client_left(fmt: str, *args: Any) -> None:
+    """Say that a client went away (``fmt`` goes on from "client went away"): one line a period (module doc)."""
+    DEPARTURES(logging.INFO, "client_left", "client went away" + fmt, *args)
+
+
 body_bytes: ContextVar[int] = ContextVar("body_bytes", default=0)  # of the request this task serves
 
 

@@ -381,3 +381,56 @@ def test_a_unix_socket_in_use_is_refused_a_stale_one_removed(tmp_path):
     path.write_text("not a socket")
     with pytest.raises(EdgeAgentError, match="not a socket"):
         claim_unix_socket(str(path))
+
+
+def test_clients_that_leave_while_their_body_arrives_cost_one_line_not_a_traceback(server, caplog, monkeypatch):
+    import logging
+    import socket
+    import struct
+    import threading
+
+    from edge_agent.logsetup import LogLimiter
+    from edge_agent.serving import http_guard
+
+    clients = 30
+    if hasattr(http_guard, "DEPARTURES"):  # one period for the whole test: the limiter's clock stands still
+        monkeypatch.setattr(http_guard, "DEPARTURES", LogLimiter(clock=lambda: 0.0, logger=http_guard.DEPARTURES.log))
+    reading, answered = threading.Semaphore(0), threading.Semaphore(0)
+
+    class Probe(ApiServer):
+        async def _generate(self, request, chat):
+            reading.release()  # its head is in; its body is still arriving
+            try:
+                return await super()._generate(request, chat)
+            finally:
+                answered.release()
+
+    api = Probe(server[1], token=TOKEN).start("127.0.0.1", 0)
+    host, port = api.address.removeprefix("http://").rsplit(":", 1)
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+    ).encode()
+    socks = []
+    try:
+        with caplog.at_level(logging.INFO):
+            for _ in range(clients):
+                s = socket.create_connection((host, int(port)), timeout=5)
+                s.sendall(head + b'{"messages": [{"role": "user", "content": "' + b"x" * 1000)
+                socks.append(s)
+            for _ in range(clients):
+                assert reading.acquire(timeout=30), "a request never reached its handler"
+            for i, s in enumerate(socks):
+                if i % 2:  # half reset the connection, half close it
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                s.close()
+            for _ in range(clients):
+                assert answered.acquire(timeout=30), "a handler never finished"
+    finally:
+        for s in socks:
+            s.close()
+        api.stop()
+    noisy = [r.getMessage() for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING]
+    assert not noisy, f"{len(noisy)} lines like: {noisy[:1]}"
+    left = [r.getMessage() for r in caplog.records if "went away" in r.getMessage()]
+    assert left == ["client went away during POST /v1/chat/completions"]
