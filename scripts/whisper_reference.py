@@ -13,8 +13,9 @@ IN.npz holds ``features`` float32 [N, mels, 3000] (log-mel computed by the agent
 - ``step_logits_<n>`` [steps, V]: the logits CTranslate2 computed at each of those steps
   (``return_logits_vocab``), suppressed entries included as it returns them;
 
-and ``texts`` from faster-whisper's ``WhisperModel.transcribe`` of each WAV (its own features, greedy:
-beam 1, temperature 0, no timestamps, no VAD filter, not conditioned on previous text, language en).
+and, when ``wavs`` is not empty, ``texts`` from faster-whisper's ``WhisperModel.transcribe`` of each WAV
+(its own features, greedy: beam 1, temperature 0, no timestamps, no VAD filter, not conditioned on
+previous text, language en).
 """
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ def main() -> int:
         out[f"greedy_ids_{i}"] = np.asarray(res.sequences_ids[0], np.int64)
         out[f"step_logits_{i}"] = np.stack([np.array(x).reshape(-1) for x in res.logits[0]]).astype(np.float32)
     out["encoder"] = np.stack(enc).astype(np.float32)
-    fw = WhisperModel(ct2_dir, device="cpu", compute_type="float32", cpu_threads=2)
     texts = []
+    fw = WhisperModel(ct2_dir, device="cpu", compute_type="float32", cpu_threads=2) if wavs else None
     for w in wavs:
+        assert fw is not None
         segments, _ = fw.transcribe(
             w,
             beam_size=1,
