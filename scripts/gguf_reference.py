@@ -31,7 +31,7 @@ TOKENIZER_TEXTS = [
     "tabs\tbetween\twords\t\tand a double tab",
     "new\nlines\n\n\nblank ones\r\nand CRLF\n",
     "Café, naïve, façade, Ångström, Zürich, São Paulo, Łódź",
-    "中文分词测试，日本語のテキスト、한국어 문장입니다.",
+    "中文分词测试，日本語のテキスト、한국어 문장입니다.",  # noqa: RUF001  (full-width punctuation is the point)
     "emoji 😀🎉👍🏽 and a family 👨‍👩‍👧 in one",
     "<start_of_turn>user\nTurn on the kitchen light<end_of_turn>\n<start_of_turn>model\n",
     "<bos> inside text, <eos> and <pad> and <unk> too",
@@ -96,7 +96,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("gguf", type=Path)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--text", type=Path, default=Path(__file__).resolve().parent.parent / "calibration/llm/text/python-reference.txt")
+    heldout = Path(__file__).resolve().parent.parent / "calibration/llm/text/python-reference.txt"
+    ap.add_argument("--text", type=Path, default=heldout)
     ap.add_argument("--perplexity", action="store_true", help="also the perplexity of --text (minutes)")
     ap.add_argument("--max-tokens", type=int, default=0, help="perplexity of the text's first N tokens only")
     ap.add_argument("--threads", type=int, default=2)
@@ -105,7 +106,9 @@ def main() -> None:
     started = time.monotonic()
     folder, name = str(args.gguf.parent), args.gguf.name
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32, attn_implementation="eager")
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name, dtype=torch.float32, attn_implementation="eager"
+    )
     model.eval()
     print(f"loaded in {time.monotonic() - started:.0f} s: {type(model).__name__}", flush=True)
     data: dict[str, np.ndarray] = {}
