@@ -21,7 +21,8 @@ class PrefixCacheConfig(Section):
         256.0,
         gt=0,
         le=1024 * 1024,
-        description="the most memory each tier's cache holds, in MiB; least recently used blocks are evicted first",
+        description="the most memory each tier's cache holds, in MiB; least recently used blocks are evicted first; "
+        "at least one block of each tier's model (check-config and the start refuse less)",
     )
     block_tokens: int = Field(
         16,

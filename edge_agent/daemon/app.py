@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..config import Settings, TierConfig
-from ..errors import EdgeAgentError
+from ..diagnostics.preflight import prefix_cache_problems
+from ..errors import ConfigError, EdgeAgentError
 from ..metrics.prometheus import PrometheusMetrics
 from ..models.llm import DecoderLM
 from ..observe import Observers
@@ -108,6 +109,9 @@ class Agent:
 
     def start(self) -> Agent:
         s = self.settings
+        problems = prefix_cache_problems(s)  # a bound that could cache nothing is refused before anything starts
+        if problems:
+            raise ConfigError(problems)
         engines = self.tier_engines()
         self.notifier.status("starting: telemetry")
         self.telemetry = self._start_telemetry()

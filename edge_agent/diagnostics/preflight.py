@@ -13,7 +13,8 @@ from typing import Any
 from ..backends import BACKENDS, is_installed
 from ..config import ENV_PREFIX, INTERNAL_BACKENDS, Settings, load_settings, read_toml, resolve_config_path
 from ..errors import ConfigError, ModelError
-from ..models.catalog import DEMO_DIR, DEMO_MODELS, inspect_folder
+from ..models.catalog import DEMO_DIR, DEMO_MODELS, IMPORTED, inspect_folder
+from ..models.llm_contract import folder_kv_bytes_per_token
 
 
 def config_problems(config: str | Path | None) -> list[tuple[str, str]]:
@@ -89,7 +90,47 @@ def settings_problems(settings: Settings) -> list[tuple[str, str]]:
                 problems.append((f"mqtt.tls.{key}", f"file not found: {path}"))
     if settings.mqtt.password is not None and settings.mqtt.username is None:
         problems.append(("mqtt.password", "a password needs mqtt.username"))
+    return problems + prefix_cache_problems(settings)
+
+
+def prefix_cache_problems(settings: Settings) -> list[tuple[str, str]]:
+    """A prefix cache bound below one block of a tier's model: such a cache could never store a block,
+    so it would cache nothing. Each LLM tier that keeps a cache (not on the NPU), its block's bytes read
+    from its model folder (``folder_kv_bytes_per_token``); ``run`` refuses to start on these too."""
+    from ..backends.npu import is_npu
+
+    pc = settings.prefix_cache
+    if not pc.enabled:
+        return []
+    problems: list[tuple[str, str]] = []
+    for tier in settings.models.llm:
+        if tier.backend == "openvino" and is_npu(tier.device):
+            continue  # runs without the cache (its KV stays inside the runtime)
+        folder = _model_folder(tier.model, Path(settings.models.cache_dir))
+        per_token = folder_kv_bytes_per_token(folder) if folder is not None else None
+        if per_token is None:
+            continue  # not a plain ONNX export: the scheduler checks the loaded model at start
+        block = per_token * pc.block_tokens
+        if pc.max_mb * 2**20 < block:
+            problems.append(
+                (
+                    "prefix_cache.max_mb",
+                    f"{pc.max_mb:g} MiB is below one block of LLM tier {tier.name!r} ({pc.block_tokens} tokens of "
+                    f"{tier.model}: {block / 2**20:.3g} MiB), so its prefix cache could hold nothing; set "
+                    f"max_mb to at least {block / 2**20:.3g} (a useful cache holds many blocks), or "
+                    "prefix_cache.enabled = false",
+                )
+            )
     return problems
+
+
+def _model_folder(model: str, cache_dir: Path) -> Path | None:
+    if model in DEMO_MODELS:
+        return DEMO_DIR / model
+    for folder in (Path(model).expanduser(), cache_dir / IMPORTED / model):
+        if folder.is_dir():
+            return folder
+    return None
 
 
 def _model_problems(path: str, model: str, workload: str) -> list[tuple[str, str]]:

@@ -9,8 +9,10 @@ its config: layers, KV heads and head size, the KV dtype, position ids, the cont
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..backends import Session
 from ..errors import ModelError
@@ -104,3 +106,42 @@ def genai_config_as_hf(genai: dict) -> tuple[dict, str]:
         return config, dec.get("filename", "model.onnx")
     except (KeyError, TypeError) as exc:
         raise ModelError(f"genai_config.json lacks {exc} (is it an onnxruntime-genai decoder config?)") from exc
+
+
+_ONNX_ITEMSIZE = {1: 4, 10: 2, 16: 2, 11: 8}  # float32, float16, bfloat16, float64
+
+
+def kv_bytes_per_token(contract: LlmContract) -> int:
+    """The bytes one token's keys and values take in a loaded model's KV cache (every layer)."""
+    import numpy as np
+
+    itemsize = np.dtype(contract.kv_dtype).itemsize
+    return 2 * contract.num_layers * contract.num_kv_heads * contract.head_dim * itemsize
+
+
+def folder_kv_bytes_per_token(folder: Path) -> int | None:
+    """``kv_bytes_per_token`` of the plain ONNX export in ``folder``, read from its graph's
+    ``past_key_values`` inputs and its config.json without loading it; None for any other folder (an
+    onnxruntime-genai folder, an OpenVINO IR, a graph without a KV cache)."""
+    graph = folder / "model.onnx"
+    if not graph.is_file() or not (folder / "config.json").is_file():
+        return None
+    import onnx
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        inputs = onnx.load(str(graph), load_external_data=False).graph.input
+    except Exception:  # an unreadable folder: its own check (the model's) says why
+        return None
+    keys = [i for i in inputs if (m := _PAST.match(i.name)) and m.group(2) == "key"]
+    if not keys:
+        return None
+    tensor = keys[0].type.tensor_type
+    itemsize = _ONNX_ITEMSIZE.get(tensor.elem_type)
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+    if itemsize is None or len(dims) != 4:
+        return None
+    n_heads = int(config.get("num_attention_heads") or 1)
+    heads = dims[1] or int(config.get("num_key_value_heads") or n_heads)
+    head_dim = dims[3] or int(config.get("head_dim") or int(config.get("hidden_size", n_heads)) // n_heads)
+    return 2 * len(keys) * heads * head_dim * itemsize

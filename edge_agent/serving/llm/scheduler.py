@@ -38,11 +38,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from ...errors import DeadlineExceeded, EdgeAgentError, Overloaded, Unavailable
+from ...errors import ConfigError, DeadlineExceeded, EdgeAgentError, Overloaded, Unavailable
 from ...logsetup import LogLimiter
 from ...metrics.timing import RequestTiming, TimingRecorder
 from ...models.grammar import Constraint, FormatError
 from ...models.llm import DecoderLM, KvBatch
+from ...models.llm_contract import kv_bytes_per_token
 from ...models.prefix_cache import PrefixCache, PrefixStats
 from ...models.sampling import Sampler, SamplingParams, find_stop, logprobs_of, repeated_too_often
 from ...models.tokenizer import StreamDecoder
@@ -481,6 +482,18 @@ def _prefix_cache(lm: DecoderLM, limits: Limits) -> PrefixCache | None:
             lm.ref.name,
         )
         return None
+    block = kv_bytes_per_token(lm.contract) * limits.prefix_block_tokens
+    if limits.prefix_cache_mb * 2**20 < block:  # it could never store a block: refused, never silently empty
+        raise ConfigError(
+            [
+                (
+                    "prefix_cache.max_mb",
+                    f"{limits.prefix_cache_mb:g} MiB is below one block of {lm.ref.name} ({limits.prefix_block_tokens} "
+                    f"tokens: {block / 2**20:.3g} MiB), so its prefix cache could hold nothing; set max_mb to at "
+                    f"least {block / 2**20:.3g}, or prefix_cache.enabled = false",
+                )
+            ]
+        )
     log.info(
         "%s: prefix cache of %g MB, prompts matched in blocks of %d tokens",
         lm.ref.name,
