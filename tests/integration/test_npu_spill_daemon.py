@@ -10,6 +10,7 @@ requests "arriving together" meet in the NPU tokenizer before any of them goes o
 from __future__ import annotations
 
 import functools
+import json
 import threading
 from pathlib import Path
 
@@ -238,7 +239,12 @@ def test_every_way_of_changing_the_sla_changes_the_spill_at_once(npu_agent) -> N
     agent.remote.set_sla("llm", SlaSpec(target_ms=100))
     fleet = _chat(agent)
     assert fleet.tier == "cpu" and fleet.spill["reason"].endswith("> 100 ms")
-    _unhold(npu, running, before, queued, fleet)
+
+    desired = {"version": 1, "sla": {"llm": {"target_ms": 20_000}}}
+    assert agent.telemetry.commands.apply_desired(json.dumps(desired).encode())
+    wanted = _chat(agent)  # 470 ms left, the queued request (60 + 8 × 10 ms), its own 60 ms: 670 ms < 20 s
+    assert wanted.tier == "npu" and wanted.spill is None
+    _unhold(npu, running, before, queued, fleet, wanted)
 
 
 def test_an_itl_sla_does_not_spill_a_first_token_that_meets_the_first_token_threshold(npu_agent) -> None:
