@@ -1,5 +1,6 @@
-"""``edge-agent eval asr``: WER/CER and latency of a speech model over an audio manifest (the
-evaluation itself is ``edge_agent/bench/eval_asr.py``)."""
+"""``edge-agent eval asr``: WER/CER and latency of a speech model over an audio manifest; ``edge-agent eval
+llm``: perplexity of an LLM over held-out text (the evaluations themselves are ``edge_agent/bench/eval_asr.py``
+and ``edge_agent/bench/eval_llm.py``)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,51 @@ def cmd_eval_asr(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_llm(report: dict) -> None:
+    limit = f", first {report['max_tokens']}" if report["max_tokens"] else ""
+    bos = "first in every window" if report["bos"] is not None else "none"
+    print(
+        f"{report['model']} on {report['text']} ({report['text_tokens']} tokens{limit}; window "
+        f"{report['window']}, stride {report['stride']}, BOS {bos}; "
+        f"{report['backend']}, {report['threads']} thread(s))"
+    )
+    print(
+        f"perplexity {report['perplexity']:.4f} over {report['tokens']} tokens scored ({report['windows']} windows, "
+        f"{report['forwarded_tokens']} tokens fed) in {report['seconds']:.1f} s: {report['tokens_per_s']:.1f} tokens/s"
+    )
+
+
+def cmd_eval_llm(args: argparse.Namespace) -> int:
+    from ..bench.eval_llm import evaluate
+    from ..config import load_settings
+    from ..progress import Progress
+
+    settings = load_settings(args.config)
+    model = args.model or settings.models.llm[0].model
+    with Progress("perplexity", "tokens", enabled=args.json != "-") as bar:
+        report = evaluate(
+            model,
+            Path(args.text),
+            window=args.window,
+            stride=args.stride,
+            max_tokens=args.max_tokens,
+            chunk=args.chunk,
+            backend=args.backend,
+            threads=args.threads,
+            cache_dir=settings.models.cache_dir,
+            progress=bar.update,
+        )
+    if args.json is None:
+        _print_llm(report)
+    elif args.json == "-":
+        json.dump(report, sys.stdout, indent=2)
+        print()
+    else:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        _print_llm(report)
+    return 0
+
+
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("eval", help="accuracy of a model over a data manifest")
     esub = p.add_subparsers(dest="eval_command", metavar="WORKLOAD", required=True)
@@ -87,3 +133,34 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     q.add_argument("--limit", type=int, help="score only the first N utterances")
     q.set_defaults(func=cmd_eval_asr)
+
+    m = esub.add_parser(
+        "llm",
+        help="perplexity of an LLM over held-out text (sliding windows, BOS first in each, KV cache carried)",
+    )
+    m.add_argument("--config", metavar="FILE", help="TOML config (default /etc/edge-agent/agent.toml if present)")
+    m.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="OUT",
+        help="write the report as JSON to OUT (or, without OUT, print only JSON on stdout)",
+    )
+    m.add_argument(
+        "--model", help="demo or imported model name, or model folder (default: the top configured LLM tier)"
+    )
+    m.add_argument(
+        "--text",
+        required=True,
+        metavar="FILE",
+        help='a UTF-8 text file, or a JSONL manifest of {"text"} / {"prompt"} lines',
+    )
+    m.add_argument("--window", type=int, default=1024, help="tokens per window, BOS not counted (default 1024)")
+    m.add_argument(
+        "--stride", type=int, default=512, help="tokens between window starts, at most --window (default 512)"
+    )
+    m.add_argument("--max-tokens", type=int, metavar="N", help="score only the text's first N tokens")
+    m.add_argument("--chunk", type=int, default=256, help="tokens fed per model call, KV cache carried (default 256)")
+    m.add_argument("--backend", choices=["onnxruntime", "openvino"], default="onnxruntime")
+    m.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
+    m.set_defaults(func=cmd_eval_llm)

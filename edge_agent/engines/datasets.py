@@ -215,3 +215,40 @@ def manifest_digest(path: Path, limit: int | None = None) -> str:
             if file.is_file():
                 h.update(hashlib.sha256(file.read_bytes()).digest())
     return h.hexdigest()
+
+
+def read_text_corpus(path: Path) -> str:
+    """Held-out text for perplexity: a text file as it is (UTF-8), or a JSONL manifest (``.jsonl``) whose
+    lines are ``{"text": "..."}`` or ``{"prompt": "..."}``, joined by blank lines. Missing, unreadable,
+    not UTF-8 or empty: an error naming the file (and the line, for a manifest)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{path}: text file not found") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: a directory, not a text file or JSONL manifest") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the text ({exc.strerror or exc})") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        at = raw[: exc.start].count(b"\n") + 1
+        raise InputError(f"{path}:{at}: not UTF-8 text (byte {exc.start})") from None
+    if path.suffix.lower() == ".jsonl":
+        parts = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            value = item.get("text", item.get("prompt")) if isinstance(item, dict) else None
+            if not isinstance(value, str):
+                raise InputError(f'{path}:{number}: expected {{"text": "..."}} or {{"prompt": "..."}}')
+            if value.strip():
+                parts.append(value)
+        text = "\n\n".join(parts)
+    if not text.strip():
+        raise InputError(f"{path}: the text is empty")
+    return text
