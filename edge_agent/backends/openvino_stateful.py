@@ -61,7 +61,7 @@ def make_stateful(model: ov.Model, sliding_window: int | None = None, capacity: 
             "be traced to a rotary embedding to feed them"
         )
     windows = _rewrite_sliding_window(model, sliding_window) if sliding_window else 0
-    on_positions = bool(sliding_window) and not windows and _window_on_positions(model, sliding_window)
+    on_positions = bool(sliding_window and not windows and _window_on_positions(model, sliding_window))
     if sliding_window and not windows and not on_positions and (capacity is None or sliding_window < capacity):
         raise ModelError(
             f"the export's sliding window of {sliding_window} tokens is narrower than the NPU's cache"
