@@ -15,10 +15,16 @@ from edge_agent.engines.recipes import AccuracyBudget
 
 def expected_pass(workload: str, metrics: dict[str, float], budget: AccuracyBudget) -> bool:
     if workload == "llm":
+        # With a perplexity budget, the logits metrics count only where the recipe sets them.
+        gated = budget.model_fields_set if budget.judges_perplexity else {"min_cosine", "min_top1", "max_kl"}
+        ppl = budget.max_ppl_increase_pct
+        greedy = budget.min_greedy_agreement
         return (
-            metrics["cosine"] >= budget.min_cosine
-            and metrics["top1"] >= budget.min_top1
-            and metrics["kl"] <= budget.max_kl
+            ("min_cosine" not in gated or metrics["cosine"] >= budget.min_cosine)
+            and ("min_top1" not in gated or metrics["top1"] >= budget.min_top1)
+            and ("max_kl" not in gated or metrics["kl"] <= budget.max_kl)
+            and (ppl is None or 100 * (metrics["perplexity"] / metrics["perplexity_fp32"] - 1) <= ppl)
+            and (greedy is None or metrics["greedy_agreement"] >= greedy)
         )
     return metrics["wer_delta"] <= budget.max_wer_delta
 

@@ -1,8 +1,9 @@
 """``--plot`` of ``build`` and ``calibrate``: accuracy against speed per candidate, the frontier at a glance.
 
 One point per row of the report (the FP32 source at 1.0x): x is the speed against the paired FP32
-timing, y the gated accuracy metric (logits cosine for an LLM, ΔWER for speech), the budget as a
-dashed line, refused candidates as crosses and the chosen one as a star.
+timing, y the gated accuracy metric (logits cosine for an LLM, its Δperplexity in percent when the
+recipe gates perplexity, ΔWER for speech), the budget as a dashed line, refused candidates as crosses
+and the chosen one as a star.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ def plot_decision(report: dict[str, Any], workload: str, path: Path) -> Path:
         if workload == "llm"
         else ("wer_delta", "ΔWER against FP32 (lower is better)", "max_wer_delta")
     )
+    if workload == "llm" and any("ppl_increase_pct" in r["metrics"] for r in report["rows"]):
+        metric, label = "ppl_increase_pct", "Δperplexity against FP32, % (lower is better)"
+        budget_key = "max_ppl_increase_pct"
     budget = None
     for i, r in enumerate(report["rows"]):
         x, y = r.get("speedup"), r["metrics"].get(metric)

@@ -2,8 +2,11 @@
 
 LLM metrics are per step (one teacher-forced position = one next-token prediction):
 ``cosine`` (mean logits cosine), ``top1`` (argmax agreement), ``kl`` (mean KL(FP32 || candidate),
-nats). ASR: ``wer`` of both against the reference transcripts and ``wer_delta``. A candidate beyond
-the recipe's budget is refused, with the numbers that broke it.
+nats). With a recipe's ``[perplexity]`` text also ``perplexity`` against FP32's (``ppl_increase_pct``)
+and ``greedy_agreement`` (the share of scored tokens whose argmax is FP32's: where greedy decoding
+would pick the same token); with a perplexity budget the logits metrics are then gated only where the
+recipe sets them. ASR: ``wer`` of both against the reference transcripts and ``wer_delta``. A
+candidate beyond the recipe's budget is refused, with the numbers that broke it.
 
 ``choose`` picks the engine to use among measured candidates: the fastest that passed (by latency
 relative to its paired FP32 measurement where there is one), except
@@ -77,6 +80,44 @@ def llm_metrics(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray]
     }
 
 
+def perplexity_metrics(
+    reference_ppl: float, candidate_ppl: float, reference_argmax: np.ndarray, candidate_argmax: np.ndarray
+) -> dict[str, float]:
+    """A candidate's perplexity on the held-out text against FP32's, and its greedy agreement with FP32."""
+    if len(reference_argmax) != len(candidate_argmax) or not len(reference_argmax):
+        raise ValueError("reference and candidate must score the same, non-zero number of tokens")
+    return {
+        "perplexity": candidate_ppl,
+        "perplexity_fp32": reference_ppl,
+        "ppl_increase_pct": 100.0 * (candidate_ppl / reference_ppl - 1.0),
+        "greedy_agreement": float(np.mean(np.asarray(reference_argmax) == np.asarray(candidate_argmax))),
+        "ppl_tokens": float(len(reference_argmax)),
+    }
+
+
+def _perplexity_reasons(metrics: dict[str, float], budget: AccuracyBudget) -> tuple[dict[str, float], list[str]]:
+    limits: dict[str, float] = {}
+    reasons = []
+    if budget.max_ppl_increase_pct is not None:
+        limits["max_ppl_increase_pct"] = budget.max_ppl_increase_pct
+        if "ppl_increase_pct" not in metrics:
+            reasons.append("no perplexity measured (the recipe's budget needs [perplexity])")
+        elif metrics["ppl_increase_pct"] > budget.max_ppl_increase_pct:
+            reasons.append(
+                f"perplexity {metrics['perplexity']:.4f} is {metrics['ppl_increase_pct']:+.2f}% over FP32's "
+                f"{metrics['perplexity_fp32']:.4f} (budget +{budget.max_ppl_increase_pct}%)"
+            )
+    if budget.min_greedy_agreement is not None:
+        limits["min_greedy_agreement"] = budget.min_greedy_agreement
+        if "greedy_agreement" not in metrics:
+            reasons.append("no greedy agreement measured (the recipe's budget needs [perplexity])")
+        elif metrics["greedy_agreement"] < budget.min_greedy_agreement:
+            reasons.append(
+                f"greedy agreement with FP32 {metrics['greedy_agreement']:.4f} < {budget.min_greedy_agreement}"
+            )
+    return limits, reasons
+
+
 def asr_metrics(
     references: Sequence[str], fp32_texts: Sequence[str], candidate_texts: Sequence[str]
 ) -> dict[str, float]:
@@ -98,14 +139,17 @@ def asr_metrics(
 def judge(
     workload: str, metrics: dict[str, float], budget: AccuracyBudget, precision: str, backend: str, flavour: str = ""
 ) -> Verdict:
-    reasons = []
+    reasons: list[str] = []
+    limits: dict[str, float]
     if workload == "llm":
-        limits = {"min_cosine": budget.min_cosine, "min_top1": budget.min_top1, "max_kl": budget.max_kl}
-        if metrics["cosine"] < budget.min_cosine:
+        limits, reasons = _perplexity_reasons(metrics, budget)
+        logits = budget.logits_limits()
+        limits.update(logits)
+        if "min_cosine" in logits and metrics["cosine"] < budget.min_cosine:
             reasons.append(f"logits cosine {metrics['cosine']:.4f} < {budget.min_cosine}")
-        if metrics["top1"] < budget.min_top1:
+        if "min_top1" in logits and metrics["top1"] < budget.min_top1:
             reasons.append(f"top-1 agreement {metrics['top1']:.3f} < {budget.min_top1}")
-        if metrics["kl"] > budget.max_kl:
+        if "max_kl" in logits and metrics["kl"] > budget.max_kl:
             reasons.append(f"KL per step {metrics['kl']:.4f} > {budget.max_kl}")
     else:
         limits = {"max_wer_delta": budget.max_wer_delta}

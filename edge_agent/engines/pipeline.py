@@ -201,6 +201,7 @@ class Pipeline:
             # Intermediates stay out of the entry: only the model folder is served.
             shutil.rmtree(staged / "work", ignore_errors=True)
             (staged / "reference.npz").unlink(missing_ok=True)
+            (staged / "reference_argmax.npy").unlink(missing_ok=True)
             manifest = {
                 "artifact": "model",
                 "graph": f"model/{graph_name(parts['backend'])}",
@@ -323,9 +324,28 @@ class Pipeline:
                 handle.close()
             np.savez(staged / "reference.npz", *outs)
             refs = [s.text for s in self._heldout()] if self.recipe.workload == "asr" else []
-            return {"backend": backend, "latency_ms": float(np.median(lat)), "texts": texts, "references": refs}
+            out = {"backend": backend, "latency_ms": float(np.median(lat)), "texts": texts, "references": refs}
+            if self.recipe.perplexity is not None:
+                out["perplexity"] = self._reference_perplexity(staged, parts, backend)
+            return out
 
         return self._step(staged, "reference", run)
+
+    def _reference_perplexity(self, staged: Path, parts: dict, backend: str) -> dict:
+        """FP32's perplexity on the recipe's text (kept once per model, text and runtime in the cache) and
+        its argmax per scored token, staged as ``reference_argmax.npy`` for the gate."""
+        from . import perplexity_gate as pg
+
+        version = parts["runtime_version"] if backend == parts["backend"] else runtime_version(backend)
+        memo = (
+            self.cache.root / "perplexity" / f"{pg.reference_key(self.recipe, self.model_hash, backend, version)}.npz"
+        )
+        with self.hb.bar(f"fp32 perplexity ({backend})", "tokens") as bar:
+            report, argmax = pg.reference(
+                self.recipe, self.ref, lambda: self._open_reference(backend), memo, self.hb.callback(bar)
+            )
+        np.save(staged / "reference_argmax.npy", argmax)
+        return report
 
     def _open_reference(self, backend: str):
         graph = self.ref.path / self.recipe.onnx_file
@@ -343,8 +363,14 @@ class Pipeline:
                 "run edge-agent build on the device"
             )
         handle = open_candidate(self.stage_context(), staged / "model", parts)
+        ppl = None
         try:
             outs, _lat, texts = self._run_held_out(handle, f"gate {parts['backend']}/{parts['precision']}")
+            if self.recipe.perplexity is not None:
+                from .perplexity_gate import measure
+
+                with self.hb.bar(f"perplexity {parts['backend']}/{parts['precision']}", "tokens") as bar:
+                    ppl = measure(self.recipe, self.ref, handle, self.hb.callback(bar))
         finally:
             handle.close()
         if self.recipe.workload == "llm":
@@ -353,6 +379,11 @@ class Pipeline:
             if outs and len(outs[0]) == len(ref_outs[0]) - 1:  # a stateful model's steps start at position 1
                 ref_outs = [r[1:] for r in ref_outs]
             metrics = gates.llm_metrics(ref_outs, outs)
+            if ppl is not None:
+                ref_ppl = reference["perplexity"]["perplexity"]
+                ref_argmax = np.load(staged / "reference_argmax.npy")
+                metrics.update(gates.perplexity_metrics(ref_ppl, ppl.perplexity, ref_argmax, ppl.argmax))
+                metrics["ppl_tokens_per_s"] = ppl.tokens_per_s
         else:
             metrics = gates.asr_metrics(reference["references"], reference["texts"], texts)
         verdict = gates.judge(

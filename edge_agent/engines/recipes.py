@@ -32,6 +32,15 @@ shape profiles, which calibration and held-out data, and how much accuracy an en
     min_top1 = 0.90
     max_kl = 0.05
     max_wer_delta = 0.02
+    max_ppl_increase_pct = 1.0         # LLM with [perplexity]: perplexity at most 1 % over FP32's
+    min_greedy_agreement = 0.95        # LLM with [perplexity]: share of scored tokens whose argmax is FP32's
+
+    [perplexity]                       # LLM: held-out text the gate scores by perplexity (as `eval llm`)
+    data = "../calibration/llm/text/python-reference.txt"   # a text file or a {"text"} JSONL manifest
+    max_tokens = 4096                  # score the text's first N tokens (0: all of it)
+    window = 1024                      # tokens per window (BOS first in each), a new window every stride
+    stride = 512
+    chunk = 256                        # tokens per model call, KV cache carried
 
     [[profiles]]                       # one optimization profile: named dims -> [min, opt, max]
     name = "prefill"
@@ -112,6 +121,42 @@ class AccuracyBudget(_Strict):
     min_top1: float = Field(0.90, ge=0.0, le=1.0, description="LLM: top-1 agreement with FP32")
     max_kl: float = Field(0.05, ge=0.0, description="LLM: mean KL(FP32 || candidate) per step, nats")
     max_wer_delta: float = Field(0.02, ge=0.0, le=1.0, description="ASR: WER increase allowed over FP32")
+    max_ppl_increase_pct: float | None = Field(
+        None, ge=0.0, description="LLM with [perplexity]: perplexity increase over FP32 allowed, percent"
+    )
+    min_greedy_agreement: float | None = Field(
+        None, ge=0.0, le=1.0, description="LLM with [perplexity]: share of scored tokens whose argmax is FP32's"
+    )
+
+    @property
+    def judges_perplexity(self) -> bool:
+        """A perplexity budget is set: then the logits metrics are gated only where the recipe sets them."""
+        return self.max_ppl_increase_pct is not None or self.min_greedy_agreement is not None
+
+    def logits_limits(self) -> dict[str, float]:
+        """The logits budgets to gate: all three, or with a perplexity budget only those the recipe sets."""
+        limits = {"min_cosine": self.min_cosine, "min_top1": self.min_top1, "max_kl": self.max_kl}
+        if self.judges_perplexity:
+            return {k: v for k, v in limits.items() if k in self.model_fields_set}
+        return limits
+
+
+class PerplexitySpec(_Strict):
+    """Held-out text the gate scores by perplexity (LLMs), with the windows of ``edge-agent eval llm``."""
+
+    data: Path = Field(description="a UTF-8 text file or a JSONL manifest of {text} lines, relative to the recipe")
+    max_tokens: int = Field(4096, ge=0, description="score the text's first N tokens (0: all of it)")
+    window: int = Field(
+        1024, ge=1, le=131072, description="tokens per window; BOS first in each when the model has one"
+    )
+    stride: int = Field(512, ge=1, le=131072, description="tokens between window starts (at most window)")
+    chunk: int = Field(256, ge=1, le=8192, description="tokens per model call, the KV cache carried")
+
+    @model_validator(mode="after")
+    def _covered(self) -> PerplexitySpec:
+        if self.stride > self.window:
+            raise ValueError(f"stride {self.stride} > window {self.window} would leave tokens out of every window")
+        return self
 
 
 class WeightOnlySpec(_Strict):
@@ -182,6 +227,7 @@ class Recipe(_Strict):
     precisions: list[BuildPrecision] = Field(min_length=1)
     calibration: CalibrationSpec | None = None
     heldout: DataRef | None = None
+    perplexity: PerplexitySpec | None = Field(None, description="LLM: held-out text scored by perplexity")
     accuracy: AccuracyBudget = Field(default_factory=AccuracyBudget)
     weight_only: WeightOnlySpec | None = Field(None, description="int8w / int4 settings (defaults when absent)")
     profiles: list[Profile] = Field(default_factory=list)
@@ -209,6 +255,12 @@ class Recipe(_Strict):
             raise ValueError(
                 "target intel-npu compiles static shapes only: add a profile with min = max for every "
                 'dim (targets = ["intel-npu"])'
+            )
+        if self.perplexity is not None and self.workload != "llm":
+            raise ValueError("[perplexity] scores LLMs; remove it from an ASR recipe")
+        if self.accuracy.judges_perplexity and self.perplexity is None:
+            raise ValueError(
+                "accuracy.max_ppl_increase_pct / min_greedy_agreement need a [perplexity] section (held-out text)"
             )
         if self.npu_llm is not None and self.workload != "llm":
             raise ValueError("[npu_llm] configures the NPU's LLM mode; remove it from an ASR recipe")
@@ -259,8 +311,14 @@ class Recipe(_Strict):
         """What about the recipe changes an engine (the cache key part): everything but its file path.
         An absent ``[weight_only]`` is left out, so recipes without one keep the keys they had."""
         # kv_layout is in the key as key_parts["layout"], only for builds that convert.
-        exclude = {"source", "kv_layout"} | ({"weight_only"} if self.weight_only is None else set())
-        exclude |= {"npu_llm"} if self.npu_llm is None else set()
+        exclude: dict = dict.fromkeys(
+            {"source", "kv_layout"} | ({"weight_only"} if self.weight_only is None else set()), True
+        )
+        exclude |= {"npu_llm": True} if self.npu_llm is None else {}
+        exclude |= {"perplexity": True} if self.perplexity is None else {}
+        unset = {k for k in ("max_ppl_increase_pct", "min_greedy_agreement") if getattr(self.accuracy, k) is None}
+        if unset:  # recipes without a perplexity budget keep the keys they had
+            exclude["accuracy"] = dict.fromkeys(unset, True)
         return json.loads(self.model_dump_json(exclude=exclude))
 
 

@@ -21,6 +21,9 @@ _QUANTIZED = ("int8", *WEIGHT_ONLY)
 LEGEND = {
     "llm": "cosine: mean logits cosine with FP32; top-1: share of steps whose next token agrees with FP32's; "
     "KL: mean KL(FP32 || candidate) per step, nats",
+    "llm-ppl": "cosine: mean logits cosine with FP32; top-1: share of steps whose next token agrees with FP32's; "
+    "KL: mean KL(FP32 || candidate) per step, nats; ppl: perplexity on the recipe's held-out text and its "
+    "change over FP32's (Δppl); greedy: share of the text's scored tokens whose argmax is FP32's",
     "asr": "WER: word error rate against the reference transcripts; ΔWER: minus FP32's WER, against the budget; "
     "agree: share of utterances whose text is identical to FP32's (reported, not gated)",
 }
@@ -51,6 +54,10 @@ def source_verdicts(verdicts: Sequence[Verdict], workload: str) -> list[Verdict]
         lat = sorted(v.reference_latency_ms or 0.0 for v in mine)[len(mine) // 2]
         if workload == "llm":
             metrics = {"cosine": 1.0, "top1": 1.0, "kl": 0.0}
+            fp32_ppl = mine[0].metrics.get("perplexity_fp32")
+            if fp32_ppl is not None:
+                metrics |= {"perplexity": fp32_ppl, "perplexity_fp32": fp32_ppl, "ppl_increase_pct": 0.0}
+                metrics |= {"greedy_agreement": 1.0}
         else:
             wer = mine[0].metrics.get("wer_fp32", 0.0)
             metrics = {"wer": wer, "wer_fp32": wer, "wer_delta": 0.0, "text_agreement": 1.0}
@@ -103,6 +110,15 @@ def checks(v: Verdict, workload: str) -> dict[str, str]:
             out["top-1"] += f" {'≥' if m['top1'] >= b['min_top1'] else '<'} {b['min_top1']}"
         if "max_kl" in b:
             out["KL"] += f" {'≤' if m['kl'] <= b['max_kl'] else '>'} {b['max_kl']}"
+        if "ppl_increase_pct" in m:
+            pct = m["ppl_increase_pct"]
+            out["ppl"] = f"{m['perplexity']:.3f} {pct:+.2f}%"
+            if "max_ppl_increase_pct" in b:
+                out["ppl"] += f" {'≤' if pct <= b['max_ppl_increase_pct'] else '>'} {b['max_ppl_increase_pct']}%"
+            out["greedy"] = f"{m['greedy_agreement']:.3f}"
+            if "min_greedy_agreement" in b:
+                ok = m["greedy_agreement"] >= b["min_greedy_agreement"]
+                out["greedy"] += f" {'≥' if ok else '<'} {b['min_greedy_agreement']}"
         return out
     out = {"WER": f"{m['wer']:.3f}", "ΔWER": f"{m['wer_delta']:+.3f}", "agree": f"{m['text_agreement']:.3f}"}
     if "max_wer_delta" in b:
@@ -221,10 +237,21 @@ def decide(
         "chosen": chosen.to_dict() if chosen else None,
         "rows": rows,
         "skipped": list(skipped),
-        "legend": [LEGEND[workload], TIMING_LLM if any(r["timing"] == "decode" for r in rows) else TIMING],
+        "legend": [
+            LEGEND[_legend(workload, rows)],
+            TIMING_LLM if any(r["timing"] == "decode" for r in rows) else TIMING,
+        ],
         "engines": list(reports),
         "table": [v.to_dict() for v, _ in by_verdict],
     }
+
+
+def _with_ppl(rows: Sequence[dict]) -> bool:
+    return any("ppl_increase_pct" in r["metrics"] for r in rows)
+
+
+def _legend(workload: str, rows: Sequence[dict]) -> str:
+    return "llm-ppl" if workload == "llm" and _with_ppl(rows) else workload
 
 
 def _cell(x: float | None, fmt: str) -> str:
@@ -255,6 +282,8 @@ def render(report: dict[str, Any], workload: str) -> str:
     """The text of ``decide``'s JSON: verdict line, table, legend, skipped precisions."""
     cols = ["cosine", "top-1", "KL"] if workload == "llm" else ["WER", "ΔWER", "agree"]
     widths = [16, 13, 15] if workload == "llm" else [7, 14, 7]
+    if workload == "llm" and _with_ppl(report["rows"]):  # the perplexity gate: Δppl and greedy agreement
+        cols, widths = [*cols, "ppl", "greedy"], [*widths, 24, 14]
     decode = any(r.get("timing") == "decode" for r in report["rows"])
     timing_head = (
         f" {'tok/s':>8} {'fp32 tok/s':>10} {'speed':>6} {'prefill':>7} {'bytes/tok':>9}"
@@ -272,7 +301,7 @@ def render(report: dict[str, Any], workload: str) -> str:
         verdict = "← chosen" if r["chosen"] else ("PASS, not chosen: " if r["passed"] else "") + r["why_not_chosen"]
         lines.append(
             f"{r['candidate']:<26} "
-            + " ".join(f"{r['checks'][c]:<{w}}" for c, w in zip(cols, widths))
+            + " ".join(f"{r['checks'].get(c, ''):<{w}}" for c, w in zip(cols, widths))
             + _speed_cells(r, decode)
             + f" {_cell(r['build_s'], '.1f'):>8} {_cell(r['calibration_s'], '.1f'):>8}"
             f" {_cell(r['load_ms'], '.0f'):>8}  {verdict}"

@@ -104,3 +104,54 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path: Path, monkeypatch, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0]
     assert str(path) in err[0] or model in err[0]
+
+
+PPL_RECIPE = """
+name = "tiny-gemma-ppl"
+model = "demo-gemma"
+workload = "llm"
+targets = ["cpu"]
+precisions = ["fp32", "int8w", "int4"]
+[heldout]
+data = "{heldout}"
+samples = 3
+[perplexity]
+data = "{text}"
+max_tokens = 300
+window = 128
+stride = 64
+chunk = 48
+[accuracy]
+max_ppl_increase_pct = 1.0
+min_greedy_agreement = 0.9
+"""
+
+
+@pytest.mark.slow
+def test_the_build_gates_by_perplexity_against_its_own_budget(tmp_path: Path) -> None:
+    from edge_agent.engines.cache import EngineCache
+    from edge_agent.engines.pipeline import BuildRequest, Heartbeat, Pipeline
+    from edge_agent.engines.recipes import load_recipe
+    from edge_agent.systemd import Notifier
+    from tests.gate_checks import assert_gate_decided, build_gated
+
+    path = tmp_path / "tiny-gemma-ppl.toml"
+    path.write_text(PPL_RECIPE.format(heldout=ROOT / "calibration/llm/heldout.jsonl", text=TEXT))
+    recipe = load_recipe(path)
+    cache = EngineCache(tmp_path / "engines", 1 << 30)
+    pipe = Pipeline(recipe, cache, tmp_path / "models", heartbeat=Heartbeat(enabled=False, notifier=Notifier({})))
+    fp32 = build_gated(pipe, BuildRequest("cpu", "fp32"))
+    m = fp32["accuracy"]["metrics"]
+    # The optimized FP32 graph against the source: the same perplexity and the same greedy choices.
+    assert m["ppl_increase_pct"] == pytest.approx(0.0, abs=1e-3) and m["greedy_agreement"] == 1.0
+    assert m["ppl_tokens"] == 300 and fp32["accuracy"]["passed"]
+    assert len(list((cache.root / "perplexity").glob("*.npz"))) == 1  # FP32's result, kept for the others
+    for precision in ("int8w", "int4"):
+        report = build_gated(pipe, BuildRequest("cpu", precision))
+        acc = report["accuracy"]
+        assert_gate_decided(acc, recipe.accuracy)
+        assert acc["metrics"]["perplexity_fp32"] == m["perplexity_fp32"]
+        assert acc["budget"] == {"max_ppl_increase_pct": 1.0, "min_greedy_agreement": 0.9}
+        for reason in acc["reasons"]:
+            assert any(f"{acc['metrics'][k]:.4f}" in reason for k in ("perplexity", "greedy_agreement"))
+    assert len(list((cache.root / "perplexity").glob("*.npz"))) == 1
