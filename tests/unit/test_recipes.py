@@ -42,7 +42,7 @@ def problems(tmp_path: Path, text: str) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("name", ["demo-phi3-small", "demo-asr", "phi3-mini", "gemma2-2b"])
+@pytest.mark.parametrize("name", ["demo-phi3-small", "demo-asr", "phi3-mini", "gemma2-2b", "gemma-3-270m"])
 def test_shipped_recipes_are_valid(name: str) -> None:
     recipe = load_recipe(ROOT / "engines" / f"{name}.toml")
     assert recipe.name == name
