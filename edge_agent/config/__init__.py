@@ -29,6 +29,7 @@ from .runtime import AudioConfig, CalibrationConfig, EnginesConfig, LoggingConfi
 from .settings import ENV_PREFIX, Settings
 from .sla import ASR_SLA_METRICS, SLA_PRESETS, AsrSlaConfig, AsrSlaMetric, SlaConfig, SlaPreset
 from .tiers import BatchingConfig, ModelsConfig, TierConfig
+from .wyoming import WyomingConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -64,6 +65,7 @@ __all__ = [
     "TelemetryConfig",
     "TierConfig",
     "TlsConfig",
+    "WyomingConfig",
     "default_cache_dir",
     "load_settings",
     "read_toml",

@@ -13,6 +13,7 @@ from .prefix_cache import PrefixCacheConfig
 from .runtime import AudioConfig, CalibrationConfig, EnginesConfig, LoggingConfig
 from .sla import SlaConfig
 from .tiers import BatchingConfig, ModelsConfig
+from .wyoming import WyomingConfig
 
 ENV_PREFIX = "EDGE_AGENT_"
 
@@ -34,6 +35,7 @@ class Settings(BaseSettings):
     api: ApiConfig = Field(default_factory=ApiConfig)
     audio: AudioConfig = Field(default_factory=AudioConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    wyoming: WyomingConfig = Field(default_factory=WyomingConfig)
 
     @classmethod
     def settings_customise_sources(

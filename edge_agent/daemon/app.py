@@ -49,6 +49,7 @@ from .serving_inventory import InventoryFeed
 if TYPE_CHECKING:
     from ..engines.background import TierEngines
     from ..engines.resolve import Resolved
+    from ..serving.wyoming_server import WyomingServer
     from ..telemetry.service import Telemetry
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ class Agent:
         self.asr = None
         self.asr_controller: TierController | None = None  # only with two or more ASR tiers
         self.capture: Capture | None = None  # [calibration] capture, when capture_dir is set
+        self.wyoming: WyomingServer | None = None  # [wyoming] enabled: Home Assistant's voice pipeline
         self._engines: TierEngines | None = None  # made on first use
         self.watchdog: Watchdog | None = None
         # Every finished request and utterance, to Prometheus, the controllers and the telemetry.
@@ -136,12 +138,15 @@ class Agent:
             cors_origins=s.api.cors_origins,
             voice_options=turn_options(s.audio),
         ).start(s.api.host, s.api.port, unix_socket)
-        llm, api = self.llm, self.api
+        self.wyoming = self._start_wyoming()
+        llm, api, wyoming = self.llm, self.api, self.wyoming
         self.metrics.track_load("llm", lambda: llm.load)
         heartbeats = [
             LoopHeartbeat(lambda: llm.steps, lambda: llm.load != (0, 0)),
             LoopHeartbeat(lambda: api.ticks, lambda: True),
         ]  # the API loop never blocks
+        if wyoming is not None:  # nor does the Wyoming server's
+            heartbeats.append(LoopHeartbeat(lambda: wyoming.ticks, lambda: True))
         self.watchdog = Watchdog(self.notifier, lambda: all(h() for h in heartbeats)).start()
         status = f"serving: llm tier {self.llm.tiers[self.llm.active].name} ({self.llm.model_name})"
         if self.asr is not None:
@@ -178,6 +183,8 @@ class Agent:
         self.notifier.stopping("draining in-flight requests")
         if self.api is not None:
             self.api.draining = True  # new requests get 503 + Retry-After while the rest finish
+        if self.wyoming is not None:
+            self.wyoming.draining = True  # new connections are closed; open ones finish within the drain
         for controller in (self.controller, self.asr_controller):
             if controller is not None:
                 controller.stop()
@@ -207,6 +214,8 @@ class Agent:
             self.watchdog.stop()
         if self.api is not None:
             self.api.stop()
+        if self.wyoming is not None:
+            self.wyoming.stop()
         if self.telemetry is not None:
             self.notifier.status("stopping: flushing telemetry")
             self.telemetry.stop()
@@ -235,6 +244,15 @@ class Agent:
         )
         telemetry.calibration_capture = self.settings.calibration.summary()  # meta says whether it is on
         return telemetry.start()
+
+    def _start_wyoming(self) -> WyomingServer | None:
+        """[wyoming] enabled: the Wyoming server on the same ladders as the HTTP API (docs/wyoming.md)."""
+        cfg = self.settings.wyoming
+        if not cfg.enabled:
+            return None
+        from ..serving.wyoming_server import WyomingServer
+
+        return WyomingServer(cfg, self.asr, self.llm, self.metrics.wyoming_request, __version__).start()
 
     def _start_capture(self) -> Capture | None:
         """[calibration] capture, when configured: the LLM ladder and the ASR tiers tell it their traffic."""

@@ -146,6 +146,12 @@ class PrometheusMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.wyoming = Counter(
+            "edge_agent:wyoming_requests",
+            "Wyoming protocol requests (describe, transcribe, handle, connection) by outcome",
+            ("kind", "outcome"),
+            registry=r,
+        )
         self._load: list[tuple[str, Callable[[], tuple[int, int]]]] = []
         self._prefix: list[tuple[str, Callable[[], Any]]] = []
         r.register(_PrefixCacheCollector(self._prefix))
@@ -183,6 +189,10 @@ class PrometheusMetrics:
         self.prompt_tokens.labels(*lab).inc(obs.tokens_in)
         self.generation_tokens.labels(*lab).inc(obs.tokens_out)
         self.requests.labels(*lab).inc()
+
+    def wyoming_request(self, kind: str, outcome: str) -> None:
+        """One Wyoming request (``serving/wyoming_server.py``); ``kind`` and ``outcome`` come from fixed sets."""
+        self.wyoming.labels(kind, outcome).inc()
 
     def failed(self, workload: str, reason: str) -> None:
         self.failures.labels(workload, reason).inc()

@@ -265,6 +265,12 @@ class TieredSpeech(Ladder):
         return self._active.service
 
     @property
+    def active_engine(self) -> Recognizer | None:
+        """The active tier's recogniser (its sample rate and language: what a stream is fed), or None."""
+        with self._lock:
+            return self._active.engine if self._active is not None else None
+
+    @property
     def open_streams(self) -> dict[str, int]:
         """Open streams per tier in memory (the draining one included)."""
         with self._lock:

@@ -1,0 +1,110 @@
+"""What the Wyoming server says it serves (``describe`` -> ``info``) and which requests it takes.
+
+``info`` lists one ASR program, ``name`` from ``[wyoming]``, whose models are the ASR ladder's tiers (each
+with the languages the active recogniser transcribes: Whisper set to ``auto`` lists every language it
+knows) and ``supports_transcript_streaming``; and, when the LLM is offered, one ``handle`` program whose
+models are the LLM ladder's tiers, ``supports_handled_streaming``. A ``transcribe`` may name the program,
+``edge-agent`` or a tier (the active tier serves it, as on the HTTP API) and a language the tier transcribes
+(``en``, ``en-US`` and ``en_GB`` are all English); anything else is refused naming what is served.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import InputError
+
+URL = ""  # the attribution's address: the project names none
+
+
+class RequestRefused(InputError):
+    """A ``transcribe`` this server cannot honour; ``code`` is the Wyoming error's code."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def asr_language(engine: Any) -> str:
+    from .asr.upload import model_language
+
+    return model_language(engine) if engine is not None else "en"
+
+
+def asr_languages(engine: Any) -> list[str]:
+    lang = asr_language(engine)
+    if lang == "auto":
+        return sorted(getattr(engine, "lang_to_id", {}) or {}) or ["auto"]
+    return [lang]
+
+
+def check_request(request: Any, asr: Any, language: str) -> None:
+    """Refuse (``RequestRefused``) a ``Transcribe`` naming a model or a language that is not served."""
+    if request is None:
+        return
+    names = ["edge-agent", *(t.name for t in asr.tiers)]
+    if request.name and request.name not in names:
+        raise RequestRefused(f"no ASR model {request.name!r} here; served: {', '.join(names)}", "model")
+    if request.language and language != "auto":
+        asked = request.language.replace("_", "-").split("-")[0].strip().lower()
+        if asked != language.lower():
+            raise RequestRefused(
+                f"ASR tier {asr.active_tier!r} transcribes {language!r}, not {request.language!r}", "language"
+            )
+
+
+def server_info(server: Any) -> Any:
+    """The ``info`` event's ``Info`` for ``server`` (a ``WyomingServer``)."""
+    from wyoming.info import AsrModel, AsrProgram, Attribution, HandleModel, HandleProgram, Info
+
+    attribution = Attribution(name="edge-agent", url=URL)
+    name, version = server.config.name, server.version or None
+    asr_programs, handle_programs = [], []
+    if server.asr is not None:
+        engine = server.asr.active_engine
+        languages = asr_languages(engine)
+        models = [
+            AsrModel(
+                name=tier.name,
+                attribution=attribution,
+                installed=True,
+                description=f"ASR tier {tier.name}" + (" (active)" if tier.name == server.asr.active_tier else ""),
+                version=version,
+                languages=languages,
+            )
+            for tier in server.asr.tiers
+        ]
+        asr_programs.append(
+            AsrProgram(
+                name=name,
+                attribution=attribution,
+                installed=True,
+                description="edge-agent speech recognition: the daemon's ASR tier ladder",
+                version=version,
+                models=models,
+                supports_transcript_streaming=True,
+            )
+        )
+    if server.llm is not None and server.config.handle:
+        handle_programs.append(
+            HandleProgram(
+                name=name,
+                attribution=attribution,
+                installed=True,
+                description="edge-agent conversation agent: the daemon's LLM tier ladder",
+                version=version,
+                models=[
+                    HandleModel(
+                        name=tier.name,
+                        attribution=attribution,
+                        installed=True,
+                        description=f"LLM tier {tier.name}",
+                        version=version,
+                        languages=["en"],
+                    )
+                    for tier in server.llm.tiers
+                ],
+                supports_handled_streaming=True,
+            )
+        )
+    return Info(asr=asr_programs, handle=handle_programs)

@@ -1,0 +1,185 @@
+"""The Wyoming protocol server in the daemon: Home Assistant's voice pipeline on the agent's tiers (docs/wyoming.md).
+
+Wyoming is JSON lines with optional binary payloads over TCP. This server speaks it with the ``wyoming``
+library's events on its own thread and asyncio loop, as a thin adapter over the same serving layer as
+the HTTP API (``wyoming_session``): ``describe`` -> ``info``; ``transcribe`` + ``audio-start`` /
+``audio-chunk`` / ``audio-stop`` -> ``transcript-start``, ``transcript-chunk`` …, ``transcript``,
+``transcript-stop`` on the ASR ladder; ``transcript`` -> ``handled-start``, ``handled-chunk`` …,
+``handled``, ``handled-stop`` (or ``not-handled``) on the LLM ladder.
+
+What one connection cannot do to the others (each is closed with one log line saying why):
+
+- a header line over ``MAX_LINE`` bytes, one that is not a JSON object with a ``type``, ``data`` over
+  ``MAX_DATA`` bytes or a payload over ``MAX_PAYLOAD`` bytes (nothing is read into memory first);
+- audio that cannot be what its header says (``wyoming_audio.BadAudio``), audio before ``audio-start``,
+  more than ``max_audio_s`` of audio in one request;
+- sending nothing for ``idle_timeout_s`` (a client that vanished without closing, an idle socket);
+- a client that stops reading: a write that cannot finish within ``WRITE_TIMEOUT_S``.
+
+Past ``max_connections`` a new connection is closed at once (logged, at most a line per second with
+the count held back). Memory per connection is bounded by these limits and the ASR stream's backlog
+bound (``serving/asr/tiers.py``), so the server's memory is bounded by ``max_connections``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..config import WyomingConfig
+from ..errors import EdgeAgentError
+from ..logsetup import LogLimiter
+from .wyoming_audio import BadAudio
+from .wyoming_protocol import MAX_LINE, ProtocolError, wyoming_events
+from .wyoming_session import Session
+
+log = logging.getLogger(__name__)
+TICK_S = 0.1  # as the API loop: the watchdog checks every loop advanced since its last look
+
+
+class WyomingServer:
+    """The Wyoming server on a thread of its own (see the module doc): ``start()``, ``address``, ``stop()``."""
+
+    def __init__(
+        self,
+        config: WyomingConfig,
+        asr: Any = None,
+        llm: Any = None,
+        count: Callable[[str, str], None] | None = None,
+        version: str = "",
+    ) -> None:
+        """``asr``: the ASR ladder (``TieredSpeech``) or None; ``llm``: the LLM ladder (``TieredLLM``) or
+        None; ``count(kind, outcome)``: each Wyoming request, for ``/metrics``."""
+        self.config, self.asr, self.llm, self.version = config, asr, llm, version
+        self.count = count or (lambda kind, outcome: None)
+        self.address: tuple[str, int] | None = None
+        self.ticks = 0  # advanced by the loop every TICK_S: the watchdog's sign that it is not blocked
+        self.connections = 0
+        self.draining = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._limited = LogLimiter(1.0, logger=log)
+        self._zeroconf: Any = None
+
+    def start(self) -> WyomingServer:
+        wyoming_events()
+        cfg = self.config
+        ready, failure = threading.Event(), []
+
+        def serve() -> None:
+            loop = self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            try:
+                self._server = loop.run_until_complete(
+                    asyncio.start_server(self._accept, cfg.host, cfg.port, limit=MAX_LINE, reuse_address=True)
+                )
+                name = self._server.sockets[0].getsockname()
+                self.address = (name[0], name[1])
+                if cfg.announce:
+                    self._zeroconf = loop.run_until_complete(self._announce())
+            except BaseException as exc:  # the port is taken, zeroconf is missing
+                failure.append(exc)
+                ready.set()
+                return
+            self._tick()
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self._shutdown())
+            loop.close()
+
+        self._thread = threading.Thread(target=serve, name="wyoming", daemon=True)
+        self._thread.start()
+        ready.wait(30)
+        if failure:
+            raise EdgeAgentError(f"the Wyoming server could not listen on {cfg.host}:{cfg.port}: {failure[0]}")
+        if not self._is_loopback():
+            log.warning(
+                "SECURITY: the Wyoming server on %s:%d is reachable from other machines and the protocol has no "
+                "authentication (wyoming.allow_remote = true)",
+                *self.address,  # type: ignore[misc]  # set once listening
+            )
+        log.info("Wyoming server on tcp://%s:%d", *self.address)  # type: ignore[misc]
+        return self
+
+    def _is_loopback(self) -> bool:
+        from ..config import ApiConfig
+
+        return ApiConfig.is_loopback(self.config.host)
+
+    async def _announce(self) -> Any:
+        try:
+            from wyoming.zeroconf import HomeAssistantZeroconf
+        except ImportError as exc:
+            raise EdgeAgentError("wyoming.announce needs the 'zeroconf' package: pip install zeroconf") from exc
+        assert self.address is not None
+        host = None if self.address[0] in ("0.0.0.0", "::") else self.address[0]
+        zc = HomeAssistantZeroconf(port=self.address[1], name=self.config.name, host=host)
+        await zc.register_server()
+        log.info("Wyoming server announced over zeroconf as %s._wyoming._tcp.local.", self.config.name)
+        return zc
+
+    def _tick(self) -> None:
+        self.ticks += 1
+        assert self._loop is not None
+        self._loop.call_later(TICK_S, self._tick)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        who = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "a client"
+        if self.draining or self.connections >= self.config.max_connections:
+            why = "the server is stopping" if self.draining else f"{self.config.max_connections} connections are open"
+            self._limited(logging.WARNING, "refused", "Wyoming connection from %s closed: %s", who, why)
+            self.count("connection", "refused")
+            writer.close()
+            return
+        self.connections += 1
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        session = Session(self, reader, writer, who)
+        logged = True
+        try:
+            await session.run()
+            logged = False
+        except ProtocolError as exc:
+            log.warning("Wyoming connection from %s closed: %s", who, exc)
+            self.count("connection", "protocol_error")
+        except BadAudio as exc:
+            log.warning("Wyoming connection from %s closed: bad audio: %s", who, exc)
+            self.count("connection", "bad_audio")
+        except (ConnectionError, asyncio.TimeoutError) as exc:
+            log.info("Wyoming connection from %s closed: the client went away (%s)", who, type(exc).__name__)
+            logged = False  # what it left behind is said next
+        except Exception:
+            log.exception("Wyoming connection from %s closed: an internal error", who)
+        finally:
+            await session.close(logged)
+            self.connections -= 1
+            if task is not None:
+                self._tasks.discard(task)
+            writer.close()
+
+    async def _shutdown(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=5)
+        if self._zeroconf is not None:
+            try:
+                await self._zeroconf._aiozc.async_close()
+            except Exception:
+                log.debug("zeroconf close failed", exc_info=True)
+
+    def stop(self) -> None:
+        self.draining = True
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
