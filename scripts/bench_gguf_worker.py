@@ -56,6 +56,7 @@ class LlamaCpp:
     def __init__(self, path: str, threads: int, n_ctx: int, logits_all: bool = False) -> None:
         from llama_cpp import Llama
 
+        self.threads, self.n_ctx = threads, n_ctx
         self.llm = Llama(
             model_path=path,
             n_threads=threads,
@@ -82,8 +83,14 @@ class LlamaCpp:
         import llama_cpp as L
 
         llm = self.llm
-        ctx = llm.ctx
-        L.llama_memory_clear(L.llama_get_memory(ctx), True)
+        # a context of its own with one slot per sequence and one unified KV cache (llama-server -np 4 -kvu)
+        params = L.llama_context_default_params()
+        params.n_ctx, params.n_batch, params.n_ubatch = self.n_ctx, 1024, 512
+        params.n_seq_max, params.kv_unified = len(prompts), True
+        params.n_threads = params.n_threads_batch = self.threads
+        ctx = L.llama_init_from_model(llm.model, params)
+        if not ctx:
+            raise RuntimeError("llama.cpp could not make a 4-sequence context")
         batch = L.llama_batch_init(sum(map(len, prompts)) + len(prompts), 0, len(prompts))
         vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(llm.model))
         try:
@@ -115,6 +122,7 @@ class LlamaCpp:
             return time.perf_counter() - t0
         finally:
             L.llama_batch_free(batch)
+            L.llama_free(ctx)
 
     def perplexity(self, ids: list[int], bos: int) -> tuple[float, int]:
         nll, scored = 0.0, 0
