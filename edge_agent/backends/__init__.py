@@ -20,7 +20,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..errors import BackendError, BackendUnavailable, InputError
+from ..errors import BackendError, BackendUnavailable, InputError, ModelError
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +167,7 @@ def open_session(
         module = importlib.import_module(info.module)
     except ImportError as exc:  # installed but broken (e.g. a missing shared library)
         raise BackendUnavailable(f"backend {backend!r} failed to import: {exc}. {info.install_hint}") from exc
+    check_fits_memory(Path(model_path))
     session: Session = module.open(Path(model_path), options or SessionOptions())
     start = time.perf_counter()
     try:
@@ -181,6 +182,36 @@ def open_session(
         raise
     log.debug("%s warm-up of %s took %.1f ms", backend, model_path, (time.perf_counter() - start) * 1e3)
     return session
+
+
+def weight_bytes(model_path: Path) -> int:
+    """The bytes of a model file and the weights stored beside it (ONNX external data, an OpenVINO .bin)."""
+    files = [model_path, model_path.with_name(model_path.name + ".data"), model_path.with_suffix(".bin")]
+    return sum(f.stat().st_size for f in files if f.is_file())
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (what can be allocated without swapping); None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_fits_memory(model_path: Path, available: int | None = None) -> None:
+    """Refuse, before loading, a model whose weights alone exceed the memory this machine has free: a
+    runtime would otherwise allocate until the kernel's OOM killer ends the daemon (Jetson's GPU shares it)."""
+    need = weight_bytes(model_path)
+    free = available_memory_bytes() if available is None else available
+    if free is not None and need > free:
+        raise ModelError(
+            f"{model_path}: its weights need {need / 2**20:,.0f} MiB of memory and this machine has "
+            f"{free / 2**20:,.0f} MiB available: serve a smaller model or a quantized engine of it "
+            "(edge-agent build --precision int8w|int4)"
+        )
 
 
 def dummy_feeds(
