@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 STALL_S = 5.0  # the recogniser this far behind a stream (after its backlog bound) is overloaded
+HOLD_MAX_S = 30.0  # audio of a client faster than real time gathered before it is fed (Whisper's window)
 
 
 class Session:
@@ -65,6 +66,9 @@ class Session:
         self._asr_events: asyncio.Queue = asyncio.Queue()
         self._pump: asyncio.Task | None = None
         self._reply: Any = None  # the LLM request in progress
+        self._held: list[bytes] = []  # converted audio of a client sending faster than real time
+        self._held_s = 0.0
+        self._last_chunk_at = 0.0
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -155,6 +159,7 @@ class Session:
             await self.error(str(exc), "unavailable")
             return
         self.refused = False
+        self._held, self._held_s, self._last_chunk_at = [], 0.0, self.loop.time()
         self._finals: dict[int, str] = {}
         self._sent: dict[int, str] = {}
         self._errors: list[dict] = []
@@ -180,9 +185,31 @@ class Session:
             raise ProtocolError(f"more than {self.cfg.max_audio_s:g} s of audio in one request (wyoming.max_audio_s)")
         if self.refused or self.stream is None:
             return
+        # A client sending faster than real time (a recording, not a microphone) would have each piece
+        # of its audio decoded as a partial nobody waits for: its audio is gathered (up to HOLD_MAX_S)
+        # and fed at once, recognised in one pass at its end. A client in real time is fed as it speaks.
+        now, chunk_s = self.loop.time(), len(pcm) / 2 / self.converter.target_rate
+        fast = now - self._last_chunk_at < 0.5 * chunk_s
+        self._last_chunk_at = now
+        if fast and self._held_s + chunk_s <= HOLD_MAX_S:
+            self._held.append(pcm)
+            self._held_s += chunk_s
+            return
+        if self._held:
+            pcm, self._held, self._held_s = b"".join([*self._held, pcm]), [], 0.0
+        await self._push(pcm)
+
+    async def _push(self, pcm: bytes, end: bool = False) -> None:
         stream = self.stream
-        await self.loop.run_in_executor(None, stream.push, pcm)
-        if stream.over_backlog:
+        assert stream is not None
+
+        def push() -> None:
+            stream.push(pcm)
+            if end:  # in the same call: a step that starts meanwhile finds the end with the audio
+                stream.end()
+
+        await self.loop.run_in_executor(None, push)
+        if not end and stream.over_backlog:
             deadline = self.loop.time() + STALL_S
             while stream.over_backlog and self.loop.time() < deadline:
                 await asyncio.sleep(0.02)
@@ -199,15 +226,14 @@ class Session:
     async def audio_stop(self) -> None:
         if self.converter is None:
             raise ProtocolError("audio-stop before audio-start")
-        converter, self.converter = self.converter, None
-        stream, self.stream = self.stream, None
-        if self.refused or stream is None:
-            self.refused = False
+        converter = self.converter
+        if self.refused or self.stream is None:
+            self.refused, self.converter, self.stream = False, None, None
             return
-        tail = converter.flush()
-        if tail:
-            await self.loop.run_in_executor(None, stream.push, tail)
-        stream.end()
+        await self._push(b"".join([*self._held, converter.flush()]), end=True)
+        self._held, self._held_s, self.converter = [], 0.0, None
+        stream, self.stream = self.stream, None
+        assert stream is not None
         deadline = self.loop.time() + stream.close_timeout_s
         while not stream.finished and self.loop.time() < deadline:
             await asyncio.sleep(0.005)

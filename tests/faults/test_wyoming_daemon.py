@@ -64,20 +64,39 @@ def _pcm16(x: np.ndarray) -> bytes:
     return (np.clip(x, -1, 1) * 32767).astype("<i2").tobytes()
 
 
-async def _transcribe(port: int, pcm: bytes, rate: int, width: int, channels: int, chunk_ms: int = 100) -> dict:
-    """One request; every event back, in order, with the time each came."""
+async def _transcribe(
+    port: int, pcm: bytes, rate: int, width: int, channels: int, chunk_ms: int = 100, real_time: bool = False
+) -> dict:
+    """One request; every event back, in order (``before_stop``: those that came before audio-stop was sent).
+    ``real_time``: chunks paced as a microphone sends them."""
     client = AsyncTcpClient("127.0.0.1", port)
     await client.connect()
     events: list = []
+    early: list = []
+
+    async def read_early() -> None:
+        while True:
+            event = await client.read_event()
+            if event is None:
+                return
+            early.append(event)
+
     try:
         await client.write_event(Transcribe(language="en").event())
         await client.write_event(AudioStart(rate=rate, width=width, channels=channels).event())
+        reader = asyncio.create_task(read_early()) if real_time else None
         step = rate * width * channels * chunk_ms // 1000
         step -= step % (width * channels)
         for i in range(0, len(pcm), step):
             await client.write_event(
                 AudioChunk(rate=rate, width=width, channels=channels, audio=pcm[i : i + step]).event()
             )
+            if real_time:
+                await asyncio.sleep(chunk_ms / 1000)
+        if reader is not None:
+            reader.cancel()
+            events.extend(early)
+        before_stop = [e.type for e in events]
         sent = time.monotonic()
         await client.write_event(AudioStop().event())
         while True:
@@ -90,7 +109,13 @@ async def _transcribe(port: int, pcm: bytes, rate: int, width: int, channels: in
         await client.disconnect()
     final = next((Transcript.from_event(e).text for e in events if Transcript.is_type(e.type)), None)
     chunks = [TranscriptChunk.from_event(e).text for e in events if TranscriptChunk.is_type(e.type)]
-    return {"types": [e.type for e in events], "text": final, "chunks": chunks, "after_stop_s": time.monotonic() - sent}
+    return {
+        "types": [e.type for e in events],
+        "before_stop": before_stop,
+        "text": final,
+        "chunks": chunks,
+        "after_stop_s": time.monotonic() - sent,
+    }
 
 
 def _words(text: str) -> list[str]:
@@ -164,6 +189,14 @@ def test_transcripts_in_any_format_equal_the_http_route(daemon):
         _transcribe(daemon.wyoming_port, (np.clip(x8, -1, 1) * 127).astype(np.int8).tobytes(), 8000, 1, 1)
     )
     assert res8["types"][-2:] == ["transcript", "transcript-stop"]
+
+
+def test_a_speaker_in_real_time_gets_chunks_while_speaking(daemon):
+    x = np.concatenate([speech_samples(SENTENCE), np.zeros(8000, np.float32), speech_samples("what time is it")])
+    res = asyncio.run(_transcribe(daemon.wyoming_port, _pcm16(x), 16000, 2, 1, real_time=True))
+    assert "transcript-chunk" in res["before_stop"]  # text of the first sentence before the audio ended
+    assert _words(res["text"]) == _words(SENTENCE) + _words("what time is it")
+    assert _words("".join(res["chunks"])) == _words(res["text"])
 
 
 def test_four_streams_at_once_lose_nothing(daemon):
