@@ -1,0 +1,420 @@
+"""The GGUF importer on tiny decoders of every supported architecture, against a numpy reference.
+
+``tests/gguf_files.py`` writes each file the way llama.cpp's converter does (llama's permuted q/k rows,
+Gemma's ``1 + w`` norms, phi3's fused weights, qwen2's biases, some tensors as F16 and Q8_0);
+``tests/gguf_reference.py`` computes the logits from the Hugging Face layout weights drawn before the
+file was written, following transformers' modelling code. The imported ``model.onnx`` runs on ONNX
+Runtime (and, for Gemma 3, OpenVINO CPU at f32) and must agree:
+
+- one pass over a prompt longer than the sliding window, every position's logits;
+- the same prompt in chunks with the KV cache carried and ``logits_to_keep = 1``;
+- a left-padded batch of two prompts of different lengths, each row as the prompt alone.
+
+Configurations beyond the real Gemma 3 270M: grouped query heads (4 over 2, 4 over 1), MHA, head sizes
+other than hidden / heads, 7 Gemma 3 layers (layer 5 global, the rest sliding over 4 tokens), phi3's
+sliding window, tied and untied heads. Also the tokenizer against sentencepiece's BPE, and bad files:
+each a ``ModelError`` naming the file, nothing at the destination.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+from tests.gguf_files import (
+    Q,
+    TinyConfig,
+    add_vocab,
+    gemma3_global,
+    gpt2_vocab,
+    make_weights,
+    spm_vocab,
+    write_gguf,
+)
+from tests.gguf_reference import reference_logits, spm_bpe_encode
+
+# float32 on both sides over the same weights: the differences are summation order (ONNX Runtime's and
+# OpenVINO's GEMMs and fused ops against numpy's) through at most 7 layers. Measured: at most 1.7e-5 on
+# logits up to 56 in magnitude, over every architecture and path below.
+LOGIT_TOL = 1e-4
+
+CONFIGS = {
+    "gemma3": TinyConfig(
+        "gemma3", layers=7, hidden=64, heads=4, kv_heads=2, head_dim=32, ffn=128, vocab=spm_vocab(), tied=True,
+        rope_base=1_000_000.0, window=4, seed=1,
+        types={"token_embd": Q.Q8_0, "attn_q": Q.Q8_0, "attn_k": Q.F16, "ffn_up": Q.Q8_0, "ffn_down": Q.F16},
+    ),
+    "llama": TinyConfig(
+        "llama", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=96, vocab=spm_vocab(), tied=False,
+        eps=1e-5, seed=2, types={"attn_q": Q.Q8_0, "attn_k": Q.Q8_0, "output": Q.F16, "ffn_gate": Q.Q8_0},
+    ),
+    "qwen2": TinyConfig(
+        "qwen2", layers=2, hidden=64, heads=4, kv_heads=4, head_dim=16, ffn=96, vocab=gpt2_vocab(), tied=True,
+        rope_base=1_000_000.0, seed=3, types={"token_embd": Q.F16, "attn_v": Q.Q8_0},
+    ),
+    "qwen3": TinyConfig(
+        "qwen3", layers=2, hidden=64, heads=4, kv_heads=1, head_dim=32, ffn=96, vocab=gpt2_vocab(), tied=False,
+        seed=4, types={"attn_k": Q.Q8_0, "output": Q.Q8_0, "ffn_down": Q.F16},
+    ),
+    "phi3": TinyConfig(
+        "phi3", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=96, vocab=spm_vocab(), tied=False,
+        eps=1e-5, window=5, seed=5, types={"attn_q": Q.Q8_0, "ffn_up": Q.F16},
+    ),
+}  # fmt: skip
+PROMPT_LEN = 11  # longer than every window above
+
+
+@dataclass
+class Imported:
+    cfg: TinyConfig
+    weights: dict[str, np.ndarray]
+    folder: Path
+    session: object
+
+
+def _import(cfg: TinyConfig, root: Path) -> tuple[dict[str, np.ndarray], Path]:
+    from edge_agent.importers import import_model
+
+    weights = make_weights(cfg)
+    src = write_gguf(root / f"tiny-{cfg.arch}.gguf", cfg, weights)
+    result = import_model(src, root / cfg.arch, root / "cache")
+    assert result.architecture == cfg.arch
+    return weights, result.path
+
+
+def _session(folder: Path, backend: str = "onnxruntime", device: str = "cpu"):
+    from edge_agent.backends import SessionOptions, open_session
+
+    return open_session(folder / "model.onnx", backend, SessionOptions(device=device, threads=1))
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def imported(request, tmp_path_factory) -> Imported:
+    cfg = CONFIGS[request.param]
+    weights, folder = _import(cfg, tmp_path_factory.mktemp(cfg.arch))
+    session = _session(folder)
+    yield Imported(cfg, weights, folder, session)
+    session.close()
+
+
+def _prompt(cfg: TinyConfig, n: int = PROMPT_LEN, seed: int = 0) -> list[int]:
+    return np.random.default_rng(100 + seed).integers(0, cfg.n_vocab, size=n).tolist()
+
+
+def _empty_past(cfg: TinyConfig, batch: int = 1) -> dict[str, np.ndarray]:
+    empty = np.zeros((batch, cfg.kv_heads, 0, cfg.head_dim), dtype=np.float32)
+    return {f"past_key_values.{i}.{kv}": empty for i in range(cfg.layers) for kv in ("key", "value")}
+
+
+def _run(session, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: dict, keep: int | None = None):
+    feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **past}
+    if keep is not None:
+        feeds["logits_to_keep"] = np.array(keep, dtype=np.int64)
+    out = session.run(feeds)
+    present = {k.replace("present.", "past_key_values.", 1): v for k, v in out.items() if k.startswith("present.")}
+    return out["logits"], present
+
+
+def _one_pass(session, cfg: TinyConfig, ids: list[int]) -> np.ndarray:
+    n = len(ids)
+    logits, _ = _run(
+        session,
+        np.asarray([ids], dtype=np.int64),
+        np.ones((1, n), dtype=np.int64),
+        np.arange(n, dtype=np.int64)[None],
+        _empty_past(cfg),
+    )
+    return logits[0]
+
+
+def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+
+
+def test_one_pass_logits_equal_the_reference_at_every_position(imported):
+    cfg = imported.cfg
+    ids = _prompt(cfg)
+    want = reference_logits(cfg, imported.weights, ids)
+    got = _one_pass(imported.session, cfg, ids)
+    assert got.shape == (PROMPT_LEN, cfg.n_vocab)
+    assert np.abs(want).max() > 1.0  # logits large enough for the tolerance to mean something
+    assert _max_diff(got, want) < LOGIT_TOL
+
+
+def test_chunked_prefill_with_the_cache_carried_equals_the_reference(imported):
+    cfg = imported.cfg
+    ids = _prompt(cfg, seed=1)
+    want = reference_logits(cfg, imported.weights, ids)
+    past, done = _empty_past(cfg), 0
+    for size in (3, 4, 1, 3):  # chunk boundaries inside and across every window
+        chunk = ids[done : done + size]
+        logits, past = _run(
+            imported.session,
+            np.asarray([chunk], dtype=np.int64),
+            np.ones((1, done + size), dtype=np.int64),
+            np.arange(done, done + size, dtype=np.int64)[None],
+            past,
+            keep=1,
+        )
+        done += size
+        assert logits.shape == (1, 1, cfg.n_vocab)
+        assert _max_diff(logits[0, -1], want[done - 1]) < LOGIT_TOL, f"after {done} tokens"
+        assert past["past_key_values.0.key"].shape == (1, cfg.kv_heads, done, cfg.head_dim)
+    assert done == len(ids)
+
+
+def test_left_padded_batch_rows_equal_each_prompt_alone(imported):
+    cfg = imported.cfg
+    long, short = _prompt(cfg, seed=2), _prompt(cfg, n=6, seed=3)
+    pad = len(long) - len(short)
+    ids = np.asarray([long, [0] * pad + short], dtype=np.int64)
+    mask = np.ones_like(ids)
+    mask[1, :pad] = 0
+    positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
+    logits, present = _run(imported.session, ids, mask, positions, _empty_past(cfg, batch=2))
+    assert _max_diff(logits[0], reference_logits(cfg, imported.weights, long)) < LOGIT_TOL
+    assert _max_diff(logits[1, pad:], reference_logits(cfg, imported.weights, short)) < LOGIT_TOL
+    # one decode step each, the padded cache carried
+    nxt = np.asarray([[5], [7]], dtype=np.int64)
+    mask2 = np.concatenate([mask, np.ones((2, 1), dtype=np.int64)], axis=1)
+    step, _ = _run(imported.session, nxt, mask2, positions[:, -1:] + 1, present, keep=1)
+    assert _max_diff(step[0, 0], reference_logits(cfg, imported.weights, [*long, 5])[-1]) < LOGIT_TOL
+    assert _max_diff(step[1, 0], reference_logits(cfg, imported.weights, [*short, 7])[-1]) < LOGIT_TOL
+
+
+def test_config_json_describes_the_decoder(imported):
+    cfg = imported.cfg
+    config = json.loads((imported.folder / "config.json").read_text())
+    assert config["num_hidden_layers"] == cfg.layers
+    assert config["num_attention_heads"] == cfg.heads
+    assert config["num_key_value_heads"] == cfg.kv_heads
+    assert config["head_dim"] == cfg.head_dim
+    assert config["vocab_size"] == cfg.n_vocab
+    assert config["tie_word_embeddings"] == cfg.tied
+    if cfg.arch == "gemma3":
+        want = ["full_attention" if gemma3_global(i) else "sliding_attention" for i in range(cfg.layers)]
+        assert config["layer_types"] == want
+        assert config["sliding_window"] == cfg.window
+        assert config["rope_theta"] == cfg.rope_base
+    record = json.loads((imported.folder / "import.json").read_text())
+    stored = {t.name for t in cfg.types.values()} | {"F32"}
+    assert set(record["source"]["block_types"]) == stored
+
+
+def test_gemma3_on_openvino_cpu_equals_the_reference(tmp_path):
+    pytest.importorskip("openvino")
+    cfg = CONFIGS["gemma3"]
+    weights, folder = _import(cfg, tmp_path)
+    # precision "auto" pins INFERENCE_PRECISION_HINT=f32 (backends/openvino.py), so no silent bf16
+    session = _session(folder, "openvino", "CPU")
+    try:
+        ids = _prompt(cfg)
+        got = _one_pass(session, cfg, ids)
+        assert _max_diff(got, reference_logits(cfg, weights, ids)) < LOGIT_TOL
+    finally:
+        session.close()
+
+
+# --- the tokenizer -------------------------------------------------------------------------------
+
+TEXTS = [
+    "the water boils",
+    "hello world and the oil is cold",
+    "standing, boiling: is it?",
+    "Water boils at 100 degrees!",
+    "héllo wörld 🙂 日本",
+    "x",
+    "tab\tand\nnewline",
+    "two  spaces",
+]
+
+
+def _spm_reference(vocab, text: str, dummy_prefix: bool) -> list[int]:
+    pieces = {t: i for i, t in enumerate(vocab.tokens)}
+    scores = {t: s for t, s, k in zip(vocab.tokens, vocab.scores, vocab.types) if k == 1}
+    return spm_bpe_encode(text, pieces, scores, dummy_prefix)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_sentencepiece_tokenizer_equals_sentencepiece_bpe_and_round_trips(arch, tmp_path):
+    from tokenizers import Tokenizer
+
+    cfg = replace(CONFIGS[arch], layers=1)
+    _, folder = _import(cfg, tmp_path)
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    vocab = cfg.vocab
+    dummy_prefix = arch != "gemma3"  # Gemma's sentencepiece model adds no dummy prefix; Llama's does
+    for text in TEXTS:
+        ids = tok.encode(text, add_special_tokens=False).ids
+        assert ids == _spm_reference(vocab, text, dummy_prefix), text
+        assert tok.decode(ids) == text
+        with_bos = tok.encode(text).ids
+        assert with_bos == [vocab.bos, *ids]
+        assert tok.decode(with_bos, skip_special_tokens=True) == text
+    # control and user-defined tokens are one id each, never split
+    end, tool = vocab.id("<|end|>"), vocab.id("<|tool|>")
+    ids = tok.encode("the water<|end|>", add_special_tokens=False).ids
+    assert ids == [*_spm_reference(vocab, "the water", dummy_prefix), end]
+    assert tok.encode("<|tool|>", add_special_tokens=False).ids == [tool]
+    assert tok.decode([*_spm_reference(vocab, "hello", dummy_prefix), end], skip_special_tokens=True) == "hello"
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    assert (config["bos_token"], config["eos_token"], config["add_bos_token"]) == ("<s>", "</s>", True)
+
+
+def test_byte_level_tokenizer_keeps_the_files_merges(tmp_path):
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+
+    cfg = replace(CONFIGS["qwen2"], layers=1)
+    _, folder = _import(cfg, tmp_path)
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    vocab = cfg.vocab
+    n_plain = len(vocab.tokens) - 3
+    ref = Tokenizer(
+        BPE({t: i for i, t in enumerate(vocab.tokens[:n_plain])}, [tuple(m.split(" ")) for m in vocab.merges])
+    )
+    ref.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    ref.decoder = decoders.ByteLevel()
+    for text in ["the and then", "hand in hand", "héllo 🙂"]:  # words GPT-2's and qwen2's splits cut alike
+        ids = tok.encode(text).ids
+        assert ids == ref.encode(text).ids, text
+        assert tok.decode(ids) == text
+    assert tok.encode("<|im_start|>the", add_special_tokens=False).ids[0] == vocab.id("<|im_start|>")
+
+
+# --- bad files -----------------------------------------------------------------------------------
+
+
+def _good_file(path: Path, **changes) -> Path:
+    cfg = replace(CONFIGS["llama"], layers=1, **changes)
+    return write_gguf(path, cfg, make_weights(cfg))
+
+
+def _expect_refused(src: Path, tmp_path: Path, *needles: str) -> str:
+    from edge_agent.errors import ModelError
+    from edge_agent.importers import import_model
+
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    with pytest.raises(ModelError) as err:
+        import_model(src, out / "model", tmp_path / "cache")
+    message = str(err.value)
+    assert str(src) in message
+    for needle in needles:
+        assert needle in message, message
+    assert list(out.iterdir()) == []  # no folder, no .model.importing-* staging folder
+    assert not (tmp_path / "cache" / "imported").exists()
+    return message
+
+
+def _truncate(src: Path, dst: Path, size: int) -> Path:
+    dst.write_bytes(src.read_bytes()[:size])
+    return dst
+
+
+def test_truncated_in_the_tensor_data(tmp_path):
+    good = _good_file(tmp_path / "good.gguf")
+    bad = _truncate(good, tmp_path / "cut-data.gguf", good.stat().st_size - 1000)
+    _expect_refused(bad, tmp_path, "truncated")
+
+
+def test_truncated_in_the_header(tmp_path):
+    good = _good_file(tmp_path / "good.gguf")
+    for size in (6, 30, 400):
+        _expect_refused(_truncate(good, tmp_path / f"cut-{size}.gguf", size), tmp_path)
+
+
+def test_garbage_after_the_magic(tmp_path):
+    bad = tmp_path / "garbage.gguf"
+    bad.write_bytes(b"GGUF" + np.random.default_rng(0).integers(0, 256, size=4096, dtype=np.uint8).tobytes())
+    _expect_refused(bad, tmp_path)
+
+
+def test_not_a_gguf_file(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_text("this is a text file\n")
+    _expect_refused(bad, tmp_path, "not a GGUF")
+
+
+def test_unsupported_architecture_names_it_and_the_supported_list(tmp_path):
+    import gguf
+
+    bad = tmp_path / "mamba.gguf"
+    writer = gguf.GGUFWriter(str(bad), "mamba")
+    writer.add_block_count(1)
+    add_vocab(writer, spm_vocab())
+    writer.add_tensor("token_embd.weight", np.zeros((len(spm_vocab().tokens), 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    _expect_refused(bad, tmp_path, "'mamba'", "gemma3, llama, qwen2, qwen3, phi3")
+
+
+def test_vocabulary_size_differs_from_the_embedding_rows(tmp_path):
+    vocab = spm_vocab()
+    cfg = replace(CONFIGS["llama"], layers=1)
+    weights = make_weights(cfg)
+    short = replace(vocab, tokens=vocab.tokens[:-1], scores=vocab.scores[:-1], types=vocab.types[:-1])
+    bad = write_gguf(tmp_path / "vocab.gguf", replace(cfg, vocab=short), weights)
+    _expect_refused(bad, tmp_path, f"{len(vocab.tokens) - 1:,} tokens", f"{len(vocab.tokens):,} rows")
+
+
+def test_no_tokenizer_metadata(tmp_path, monkeypatch):
+    import tests.gguf_files as files
+
+    monkeypatch.setattr(files, "add_vocab", lambda writer, vocab: None)
+    _expect_refused(_good_file(tmp_path / "no-vocab.gguf"), tmp_path, "tokenizer")
+
+
+def test_block_type_the_gguf_package_cannot_dequantize(tmp_path, monkeypatch):
+    import gguf
+
+    # Q8_1 is a block type GGUF can hold (llama.cpp's intermediate for dot products) but no converter
+    # writes and the gguf package has no dequantizer for: raw blocks of the right size stand in for it.
+    cfg = replace(CONFIGS["llama"], layers=1)
+    weights = make_weights(cfg)
+    real_add = gguf.GGUFWriter.add_tensor
+
+    def add_tensor(self, name, tensor, raw_shape=None, raw_dtype=None, tensor_endianess=None):
+        if name == "blk.0.attn_v.weight":
+            block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_1]
+            rows, cols = tensor.shape
+            blocks = np.zeros((rows, cols // block * size), dtype=np.uint8)
+            return real_add(self, name, blocks, raw_dtype=gguf.GGMLQuantizationType.Q8_1)
+        return real_add(self, name, tensor, raw_shape, raw_dtype, tensor_endianess)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "add_tensor", add_tensor)
+    bad = write_gguf(tmp_path / "q8_1.gguf", cfg, weights)
+    monkeypatch.undo()
+    _expect_refused(bad, tmp_path, "Q8_1", "blk.0.attn_v.weight")
+
+
+def test_cli_refuses_a_bad_file_with_one_line(tmp_path):
+    good = _good_file(tmp_path / "good.gguf")
+    bad = _truncate(good, tmp_path / "bad.gguf", good.stat().st_size - 1000)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_AGENT_")}
+    env.update({"CACHE_DIRECTORY": str(tmp_path / "cache"), "STATE_DIRECTORY": str(tmp_path / "state")})
+    run = subprocess.run(
+        [sys.executable, "-m", "edge_agent", "models", "import", str(bad), "--out", str(tmp_path / "out" / "m")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO,
+    )
+    assert run.returncode != 0
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert "Traceback" not in run.stderr
+    assert str(bad) in lines[0]
+    assert not (tmp_path / "out" / "m").exists()
