@@ -40,6 +40,7 @@ class Vocab:
     pad: int | None = None
     add_bos: bool = True
     pre: str | None = None
+    space_prefix: bool | None = None  # tokenizer.ggml.add_space_prefix, written when set
 
     def id(self, token: str) -> int:
         return self.tokens.index(token)
@@ -301,3 +302,5 @@ def add_vocab(writer: gguf.GGUFWriter, vocab: Vocab) -> None:
         if value is not None:
             getattr(writer, f"add_{key}_token_id")(value)
     writer.add_add_bos_token(vocab.add_bos)
+    if vocab.space_prefix is not None:
+        writer.add_add_space_prefix(vocab.space_prefix)

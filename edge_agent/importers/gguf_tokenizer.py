@@ -10,7 +10,8 @@ byte fallback, ``gpt2`` = byte-level BPE), the tokens, their scores and types (1
   its merge order); for other SentencePiece models it is the token's score. Gemma files also spell a
   token of several spaces with real spaces, where the tokenizer looks for ``▁``: respelled here.
 - Gemma: spaces become ``▁`` (normalizer), no prefix space; Llama/Phi-3 SentencePiece: a ``▁`` is
-  prepended to the text.
+  prepended to the text and to each stretch of it after a special token, as sentencepiece's
+  ``add_dummy_prefix`` and llama.cpp do, unless ``tokenizer.ggml.add_space_prefix`` is false.
 - Byte-level vocabularies keep their merges and get the pre-tokenizer split their ``tokenizer.ggml.pre``
   names (llama-3, qwen2 styles).
 - Control tokens become special added tokens (never split, dropped when decoding with
@@ -79,11 +80,14 @@ def build_tokenizer(f: GgufFile, arch: str) -> tuple[Any, dict]:
             tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
             tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
         else:
-            tok.normalizer = None
-            tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-            tok.decoder = decoders.Sequence(
-                [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
-            )
+            # sentencepiece's add_dummy_prefix: a "▁" before the text even when it starts with a space, and
+            # (as llama.cpp does) before each stretch of text after a special token. Metaspace's "first"
+            # scheme would skip both.
+            prefix = bool(f.get("tokenizer.ggml.add_space_prefix", True))
+            replace = normalizers.Replace(" ", "▁")
+            tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), replace]) if prefix else replace
+            steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+            tok.decoder = decoders.Sequence([*steps, decoders.Strip(" ", 1, 0)] if prefix else steps)
     elif kind == "gpt2":
         if not f.has("tokenizer.ggml.merges"):
             raise ModelError(f"{f.path}: a byte-level (gpt2) vocabulary without tokenizer.ggml.merges")

@@ -235,6 +235,7 @@ TEXTS = [
     "x",
     "tab\tand\nnewline",
     "two  spaces",
+    " a leading space",
 ]
 
 
@@ -244,15 +245,16 @@ def _spm_reference(vocab, text: str, dummy_prefix: bool) -> list[int]:
     return spm_bpe_encode(text, pieces, scores, dummy_prefix)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_sentencepiece_tokenizer_equals_sentencepiece_bpe_and_round_trips(arch, tmp_path):
+@pytest.mark.parametrize(("arch", "space_prefix"), [("llama", None), ("llama", False), ("gemma3", None)])
+def test_sentencepiece_tokenizer_equals_sentencepiece_bpe_and_round_trips(arch, space_prefix, tmp_path):
     from tokenizers import Tokenizer
 
-    cfg = replace(CONFIGS[arch], layers=1)
+    vocab = replace(CONFIGS[arch].vocab, space_prefix=space_prefix)
+    cfg = replace(CONFIGS[arch], layers=1, vocab=vocab)
     _, folder = _import(cfg, tmp_path)
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    vocab = cfg.vocab
-    dummy_prefix = arch != "gemma3"  # Gemma's sentencepiece model adds no dummy prefix; Llama's does
+    # Gemma's sentencepiece model adds no dummy prefix; Llama's does unless the file says otherwise
+    dummy_prefix = arch != "gemma3" and space_prefix is not False
     for text in TEXTS:
         ids = tok.encode(text, add_special_tokens=False).ids
         assert ids == _spm_reference(vocab, text, dummy_prefix), text
@@ -265,6 +267,10 @@ def test_sentencepiece_tokenizer_equals_sentencepiece_bpe_and_round_trips(arch, 
     ids = tok.encode("the water<|end|>", add_special_tokens=False).ids
     assert ids == [*_spm_reference(vocab, "the water", dummy_prefix), end]
     assert tok.encode("<|tool|>", add_special_tokens=False).ids == [tool]
+    # text after a special token starts a new piece of text: llama.cpp gives it the dummy prefix too
+    ids = tok.encode("<|end|>the water<|tool|>is cold", add_special_tokens=False).ids
+    spm = [_spm_reference(vocab, t, dummy_prefix) for t in ("the water", "is cold")]
+    assert ids == [end, *spm[0], tool, *spm[1]]
     assert tok.decode([*_spm_reference(vocab, "hello", dummy_prefix), end], skip_special_tokens=True) == "hello"
     config = json.loads((folder / "tokenizer_config.json").read_text())
     assert (config["bos_token"], config["eos_token"], config["add_bos_token"]) == ("<s>", "</s>", True)
