@@ -1,6 +1,7 @@
 """models import of a CTranslate2 Whisper folder: a tiny random Whisper written in CTranslate2's format
 (float32, float16, int8), imported, and its ONNX graphs checked against Whisper in numpy on the same
-(dequantized) weights; the recogniser serves the folder; bad files are refused and leave nothing."""
+(dequantized) weights; the recogniser serves the folder on ONNX Runtime and OpenVINO (CPU) with the
+greedy ids of the numpy model; bad files are refused and leave nothing."""
 
 from __future__ import annotations
 
@@ -83,15 +84,18 @@ def test_encoder_and_decoders_match_numpy_whisper(imported):
         assert past["past_key_values.0.decoder.key"].shape[2] == t + 1
 
 
-def test_recogniser_serves_the_imported_folder(imported):
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_recogniser_serves_the_imported_folder(imported, backend):
     from edge_agent.models.asr import open_recognizer
     from edge_agent.models.catalog import resolve_model
 
+    if backend == "openvino":
+        pytest.importorskip("openvino")
     result, w = imported
     cache = result.path.parent.parent
     ref = resolve_model(result.name, cache)  # addressable by its folder name under <cache>/imported
     assert ref.kind == "asr-whisper"
-    rec = open_recognizer(ref, language="en")
+    rec = open_recognizer(ref, backend, language="en")
     x = np.random.default_rng(2).standard_normal(16000).astype(np.float32) * 0.05
     hyp = rec.transcribe(x)
     # greedy from numpy: the recogniser's ids are the argmax of the reference logits at each step,
