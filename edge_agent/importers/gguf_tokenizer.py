@@ -93,7 +93,10 @@ def build_tokenizer(f: GgufFile, arch: str) -> tuple[Any, dict]:
             raise ModelError(f"{f.path}: a byte-level (gpt2) vocabulary without tokenizer.ggml.merges")
         merges = [(a, b) for a, _, b in (str(m).partition(" ") for m in f.get("tokenizer.ggml.merges"))]
         vocab = {t: i for i, t in enumerate(tokens)}
-        tok = Tokenizer(BPE(vocab, merges, ignore_merges=False))
+        try:
+            tok = Tokenizer(BPE(vocab, merges, ignore_merges=False))
+        except Exception as exc:  # tokenizers raises a bare Exception for a merge of unknown tokens
+            raise ModelError(f"{f.path}: tokenizer.ggml.merges do not fit the vocabulary ({exc})") from exc
         split = _SPLITS.get(str(f.get("tokenizer.ggml.pre", "")), _SPLITS["llama3"])
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [

@@ -424,3 +424,10 @@ def test_cli_refuses_a_bad_file_with_one_line(tmp_path):
     assert "Traceback" not in run.stderr
     assert str(bad) in lines[0]
     assert not (tmp_path / "out" / "m").exists()
+
+
+def test_byte_level_merges_naming_a_token_not_in_the_vocabulary(tmp_path):
+    vocab = gpt2_vocab()
+    cfg = replace(CONFIGS["qwen2"], layers=1, vocab=replace(vocab, merges=[*vocab.merges, "Ġw ater"]))
+    bad = write_gguf(tmp_path / "merges.gguf", cfg, make_weights(cfg))
+    _expect_refused(bad, tmp_path, "merges")
