@@ -14,6 +14,7 @@ byte fallback, ``gpt2`` = byte-level BPE), the tokens, their scores and types (1
   ``add_dummy_prefix`` and llama.cpp do, unless ``tokenizer.ggml.add_space_prefix`` is false.
 - Byte-level vocabularies keep their merges and get the pre-tokenizer split their ``tokenizer.ggml.pre``
   names (llama-3, qwen2 styles).
+- A special id (BOS, EOS, unknown, padding) outside the vocabulary is refused.
 - Control tokens become special added tokens (never split, dropped when decoding with
   ``skip_special_tokens``); user-defined ones plain added tokens, matched whole.
 """
@@ -59,6 +60,12 @@ def build_tokenizer(f: GgufFile, arch: str) -> tuple[Any, dict]:
     types = [int(t) for t in f.get("tokenizer.ggml.token_type", [1] * len(tokens))]
     if len(types) != len(tokens):
         raise ModelError(f"{f.path}: {len(tokens)} tokens but {len(types)} token types")
+    for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
+        value = f.get(f"tokenizer.ggml.{key}", None)
+        if value is not None and not 0 <= int(value) < len(tokens):
+            raise ModelError(
+                f"{f.path}: tokenizer.ggml.{key} is {int(value)}, outside the vocabulary of {len(tokens):,} tokens"
+            )
     gemma = arch.startswith("gemma")
     if kind == "llama":
         if gemma:
@@ -115,7 +122,7 @@ def build_tokenizer(f: GgufFile, arch: str) -> tuple[Any, dict]:
 
     def special(key: str) -> str | None:
         value = f.get(f"tokenizer.ggml.{key}", None)
-        return tokens[int(value)] if value is not None and 0 <= int(value) < len(tokens) else None
+        return tokens[int(value)] if value is not None else None
 
     bos = special("bos_token_id")
     add_bos = bool(f.get("tokenizer.ggml.add_bos_token", kind == "llama"))

@@ -431,3 +431,11 @@ def test_byte_level_merges_naming_a_token_not_in_the_vocabulary(tmp_path):
     cfg = replace(CONFIGS["qwen2"], layers=1, vocab=replace(vocab, merges=[*vocab.merges, "Ġw ater"]))
     bad = write_gguf(tmp_path / "merges.gguf", cfg, make_weights(cfg))
     _expect_refused(bad, tmp_path, "merges")
+
+
+@pytest.mark.parametrize("key", ["unk", "bos", "eos"])
+def test_special_token_id_outside_the_vocabulary(tmp_path, key):
+    vocab = spm_vocab()
+    cfg = replace(CONFIGS["llama"], layers=1, vocab=replace(vocab, **{key: len(vocab.tokens)}))
+    bad = write_gguf(tmp_path / f"{key}.gguf", cfg, make_weights(cfg))
+    _expect_refused(bad, tmp_path, f"{len(vocab.tokens)}", "outside the vocabulary")
