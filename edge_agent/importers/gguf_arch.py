@@ -98,6 +98,10 @@ def read_spec(f: GgufFile) -> DecoderSpec:
     factor = factor if scaling == "linear" else 1.0
     rotary_dim = int(key("rope.dimension_count", head_dim))  # type: ignore[call-overload]
     tied = not f.has_tensor("output.weight")
+    if rotary_dim != head_dim:
+        raise ModelError(f"{f.path}: partial rotary embeddings ({rotary_dim} of {head_dim} per head) are not supported")
+    if heads % kv_heads:
+        raise ModelError(f"{f.path}: {heads} query heads do not group over {kv_heads} KV heads")
 
     if arch == "gemma3":
         window = int(key("attention.sliding_window"))  # type: ignore[call-overload]

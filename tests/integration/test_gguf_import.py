@@ -439,3 +439,22 @@ def test_special_token_id_outside_the_vocabulary(tmp_path, key):
     cfg = replace(CONFIGS["llama"], layers=1, vocab=replace(vocab, **{key: len(vocab.tokens)}))
     bad = write_gguf(tmp_path / f"{key}.gguf", cfg, make_weights(cfg))
     _expect_refused(bad, tmp_path, f"{len(vocab.tokens)}", "outside the vocabulary")
+
+
+def test_partial_rotary_embeddings(tmp_path, monkeypatch):
+    import gguf
+
+    # phi2-style partial RoPE: the decoder graph rotates whole heads only
+    def half_rotary(writer, n: int) -> None:
+        writer.add_uint32("phi3.rope.dimension_count", n // 2)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "add_rope_dimension_count", half_rotary)
+    cfg = replace(CONFIGS["phi3"], layers=1)
+    bad = write_gguf(tmp_path / "partial-rope.gguf", cfg, make_weights(cfg))
+    _expect_refused(bad, tmp_path, "rotary")
+
+
+def test_query_heads_that_do_not_group_over_the_kv_heads(tmp_path):
+    cfg = replace(CONFIGS["qwen2"], layers=1, heads=4, kv_heads=3, head_dim=16)
+    bad = write_gguf(tmp_path / "heads.gguf", cfg, make_weights(cfg))
+    _expect_refused(bad, tmp_path, "4 query heads", "3 KV heads")
