@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from ..errors import ModelError
-from .gguf_arch import DecoderSpec, hf_config, read_spec
+from .gguf_arch import DecoderSpec, check_tensors, hf_config, read_spec
 from .gguf_file import GgufFile
 from .result import ImportResult, ProgressFn, imported_dir
 from .staging import staged_folder
@@ -57,6 +57,7 @@ def import_gguf(
     started = time.monotonic()
     f = GgufFile(src)
     spec = read_spec(f)
+    check_tensors(f, spec)
     n_tokens = len(f.get("tokenizer.ggml.tokens")) if f.has("tokenizer.ggml.tokens") else None
     if n_tokens is None:
         raise ModelError(f"{src}: no tokenizer in the file (metadata tokenizer.ggml.tokens is missing)")

@@ -14,7 +14,9 @@ grouped-query attention, gated MLP), told apart by flags:
 What the GGUF does not carry comes from the architecture's definition in transformers (Gemma 3: the
 layer pattern, the local RoPE base, ``query_pre_attn_scalar`` = head size, no soft-capping). Norm
 weights are stored as the multipliers themselves (llama.cpp's converter adds Gemma's ``1 +`` in).
-Anything else is refused naming the architecture and this list.
+Anything else is refused naming the architecture and this list. So are partial rotary embeddings, query
+heads that do not group over the KV heads, and a tensor missing or shaped otherwise than the metadata
+implies (``check_tensors``, before anything is written).
 """
 
 from __future__ import annotations
@@ -128,6 +130,43 @@ def read_spec(f: GgufFile) -> DecoderSpec:
         qk_norm=arch == "qwen3", sandwich_norms=False, qkv_bias=arch == "qwen2", tied_head=tied,
         llama_permuted_qk=arch == "llama",
     )  # fmt: skip
+
+
+def tensor_shapes(spec: DecoderSpec) -> dict[str, tuple[int, ...]]:
+    """Every tensor the decoder graph reads, by GGUF name, with the shape (rows first) the metadata implies."""
+    H, KV, D, E, F, V = spec.heads, spec.kv_heads, spec.head_dim, spec.hidden, spec.ffn, spec.vocab
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (V, E), "output_norm.weight": (E,)}
+    if not spec.tied_head:
+        shapes["output.weight"] = (V, E)
+    for i in range(spec.layers):
+        b = f"blk.{i}"
+        shapes[f"{b}.attn_norm.weight"] = shapes[f"{b}.ffn_norm.weight"] = (E,)
+        if spec.arch == "phi3":
+            shapes[f"{b}.attn_qkv.weight"] = ((H + 2 * KV) * D, E)
+            shapes[f"{b}.ffn_up.weight"] = (2 * F, E)
+        else:
+            shapes.update({f"{b}.attn_q.weight": (H * D, E), f"{b}.attn_k.weight": (KV * D, E)})
+            shapes.update(
+                {f"{b}.attn_v.weight": (KV * D, E), f"{b}.ffn_gate.weight": (F, E), f"{b}.ffn_up.weight": (F, E)}
+            )
+        if spec.qkv_bias:
+            shapes.update({f"{b}.attn_q.bias": (H * D,), f"{b}.attn_k.bias": (KV * D,), f"{b}.attn_v.bias": (KV * D,)})
+        if spec.qk_norm:
+            shapes[f"{b}.attn_q_norm.weight"] = shapes[f"{b}.attn_k_norm.weight"] = (D,)
+        if spec.sandwich_norms:
+            shapes[f"{b}.post_attention_norm.weight"] = shapes[f"{b}.post_ffw_norm.weight"] = (E,)
+        shapes[f"{b}.attn_output.weight"] = (E, H * D)
+        shapes[f"{b}.ffn_down.weight"] = (E, F)
+    return shapes
+
+
+def check_tensors(f: GgufFile, spec: DecoderSpec) -> None:
+    """Every tensor the graph reads is in ``f`` with the shape the metadata implies, else a ``ModelError``
+    naming the tensor (checked before anything is written: a graph built otherwise fails at its first run)."""
+    for name, want in tensor_shapes(spec).items():
+        got = f.info(name).shape  # a missing tensor raises, naming it
+        if got != want:
+            raise ModelError(f"{f.path}: tensor {name!r} is {list(got)}, the metadata implies {list(want)}")
 
 
 def _per_layer_constant(f: GgufFile, value: object, name: str) -> int:

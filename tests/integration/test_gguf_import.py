@@ -458,3 +458,11 @@ def test_query_heads_that_do_not_group_over_the_kv_heads(tmp_path):
     cfg = replace(CONFIGS["qwen2"], layers=1, heads=4, kv_heads=3, head_dim=16)
     bad = write_gguf(tmp_path / "heads.gguf", cfg, make_weights(cfg))
     _expect_refused(bad, tmp_path, "4 query heads", "3 KV heads")
+
+
+def test_tensor_shape_that_the_metadata_contradicts(tmp_path):
+    # the K and V projections of 4 KV heads under metadata saying 2: a graph built from it would fail at
+    # its first run, not at import
+    cfg = replace(CONFIGS["qwen2"], layers=1, kv_heads=2)
+    bad = write_gguf(tmp_path / "shapes.gguf", cfg, make_weights(replace(cfg, kv_heads=4)))
+    _expect_refused(bad, tmp_path, "blk.0.attn_k.weight", "[64, 64]", "[32, 64]")
