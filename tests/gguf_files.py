@@ -132,6 +132,7 @@ class TinyConfig:
     rope_base: float = 10_000.0
     window: int = 0  # gemma3: sliding layers' window; phi3: every layer's (0 = none)
     context: int = 512
+    rope_linear: float = 1.0  # linear RoPE scaling factor (rope.scaling.*); Gemma 3: global layers only
     seed: int = 0
     types: dict[str, Q] = field(default_factory=dict)  # GGUF tensor kind (attn_q, ffn_up, token_embd …) -> type
 
@@ -222,6 +223,9 @@ def write_gguf(path: Path, cfg: TinyConfig, w: dict[str, np.ndarray], *, name: s
     writer.add_head_count_kv(cfg.kv_heads)
     writer.add_layer_norm_rms_eps(cfg.eps)
     writer.add_rope_freq_base(cfg.rope_base)
+    if cfg.rope_linear != 1.0:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(cfg.rope_linear)
     if arch in ("gemma3", "qwen3") or cfg.head_dim != cfg.hidden // cfg.heads:
         writer.add_key_length(cfg.head_dim)
         writer.add_value_length(cfg.head_dim)

@@ -22,10 +22,11 @@ def _rms(x: np.ndarray, mult: np.ndarray, eps: float) -> np.ndarray:
     return (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(eps)) * mult).astype(np.float32)
 
 
-def _rope(x: np.ndarray, base: float) -> np.ndarray:
-    """``x`` [heads, S, D] rotated the rotate-half way (``apply_rotary_pos_emb``) at positions 0…S-1."""
+def _rope(x: np.ndarray, base: float, linear: float = 1.0) -> np.ndarray:
+    """``x`` [heads, S, D] rotated the rotate-half way (``apply_rotary_pos_emb``) at positions 0…S-1
+    (divided by ``linear``: transformers' "linear" rope_type divides the inverse frequencies by it)."""
     d = x.shape[-1]
-    inv_freq = 1.0 / (base ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))
+    inv_freq = 1.0 / (base ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d)) / linear
     freqs = np.arange(x.shape[1], dtype=np.float32)[:, None] * inv_freq.astype(np.float32)[None, :]
     emb = np.concatenate([freqs, freqs], axis=-1)
     cos, sin = np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
@@ -62,9 +63,9 @@ def reference_logits(cfg: TinyConfig, w: dict[str, np.ndarray], ids: list[int]) 
     behind = pos[:, None] - pos[None, :]  # query position - key position
     for i in range(cfg.layers):
         p = f"model.layers.{i}"
-        window, base = 0, cfg.rope_base
+        window, base, linear = 0, cfg.rope_base, cfg.rope_linear
         if gemma and not gemma3_global(i):
-            window, base = cfg.window, GEMMA3_LOCAL_BASE
+            window, base, linear = cfg.window, GEMMA3_LOCAL_BASE, 1.0  # the local rotary embedding is unscaled
         elif cfg.arch == "phi3":
             window = cfg.window
         visible = behind >= 0
@@ -77,7 +78,7 @@ def reference_logits(cfg: TinyConfig, w: dict[str, np.ndarray], ids: list[int]) 
         if f"{p}.self_attn.q_norm.weight" in w:
             q = _rms(q, norm(f"{p}.self_attn.q_norm.weight"), cfg.eps)
             k = _rms(k, norm(f"{p}.self_attn.k_norm.weight"), cfg.eps)
-        q, k = _rope(q, base), _rope(k, base)
+        q, k = _rope(q, base, linear), _rope(k, base, linear)
         k, v = np.repeat(k, H // KV, axis=0), np.repeat(v, H // KV, axis=0)  # repeat_kv
         scores = (q @ k.transpose(0, 2, 1)) * np.float32(D**-0.5)
         scores = np.where(visible[None], scores, -np.inf)

@@ -224,6 +224,21 @@ def test_gemma3_on_openvino_cpu_equals_the_reference(tmp_path):
         session.close()
 
 
+@pytest.mark.parametrize("arch", ["gemma3", "llama"])
+def test_linear_rope_scaling(arch, tmp_path):
+    # Gemma 3 4B and up scale the global layers' RoPE linearly (factor 8); the local layers stay unscaled
+    cfg = replace(CONFIGS[arch], rope_linear=8.0)
+    weights, folder = _import(cfg, tmp_path)
+    session = _session(folder)
+    try:
+        ids = _prompt(cfg)
+        got = _one_pass(session, cfg, ids)
+        assert _max_diff(got, reference_logits(cfg, weights, ids)) < LOGIT_TOL
+        assert _max_diff(got, reference_logits(replace(cfg, rope_linear=1.0), weights, ids)) > 100 * LOGIT_TOL
+    finally:
+        session.close()
+
+
 # --- the tokenizer -------------------------------------------------------------------------------
 
 TEXTS = [
