@@ -200,6 +200,9 @@ def hf_config(spec: DecoderSpec, bos_id: int | None, eos_ids: list[int], pad_id:
         "torch_dtype": "float32",
         "use_cache": True,
     }
+    factor = max(spec.rope_scale)  # Gemma 3 scales its global layers only, which is what transformers reads
+    if factor != 1.0:
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": factor}
     if spec.arch == "gemma3":
         window = next(w for w in spec.windows if w > 0)
         global_base = next(b for b, w in zip(spec.rope_bases, spec.windows) if w < 0) if -1 in spec.windows else None

@@ -237,6 +237,8 @@ def test_linear_rope_scaling(arch, tmp_path):
         assert _max_diff(got, reference_logits(replace(cfg, rope_linear=1.0), weights, ids)) > 100 * LOGIT_TOL
     finally:
         session.close()
+    config = json.loads((folder / "config.json").read_text())
+    assert config["rope_scaling"] == {"rope_type": "linear", "factor": 8.0}
 
 
 # --- the tokenizer -------------------------------------------------------------------------------
