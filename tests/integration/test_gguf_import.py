@@ -483,3 +483,24 @@ def test_tensor_shape_that_the_metadata_contradicts(tmp_path):
     cfg = replace(CONFIGS["qwen2"], layers=1, kv_heads=2)
     bad = write_gguf(tmp_path / "shapes.gguf", cfg, make_weights(replace(cfg, kv_heads=4)))
     _expect_refused(bad, tmp_path, "blk.0.attn_k.weight", "[64, 64]", "[32, 64]")
+
+
+def test_failed_import_over_an_existing_folder_keeps_it(tmp_path, monkeypatch):
+    from edge_agent.errors import ModelError
+    from edge_agent.importers import import_model
+
+    out = tmp_path / "out"
+    good = _good_file(tmp_path / "good.gguf")
+    import_model(good, out / "model", tmp_path / "cache")
+    before = {p.name: p.read_bytes() for p in (out / "model").iterdir()}
+    from edge_agent.importers.gguf_file import GgufFile
+
+    def unreadable(self, name: str):
+        raise ModelError(f"{self.path}: tensor {name!r} cannot be read")
+
+    # fails once the staging folder holds the tokenizer, configs and the weights file
+    monkeypatch.setattr(GgufFile, "tensor", unreadable)
+    with pytest.raises(ModelError, match="cannot be read"):
+        import_model(good, out / "model", tmp_path / "cache")
+    assert [p.name for p in out.iterdir()] == ["model"]  # no .model.importing-* left
+    assert {p.name: p.read_bytes() for p in (out / "model").iterdir()} == before
