@@ -4,7 +4,8 @@
 Gemma's ``1 + w`` norms, phi3's fused weights, qwen2's biases, some tensors as F16 and Q8_0);
 ``tests/gguf_reference.py`` computes the logits from the Hugging Face layout weights drawn before the
 file was written, following transformers' modelling code. The imported ``model.onnx`` runs on ONNX
-Runtime (and, for Gemma 3, OpenVINO CPU at f32) and must agree:
+Runtime (and, for Gemma 3, OpenVINO CPU at f32, where ``logits_to_keep`` is folded to its default) and
+must agree:
 
 - one pass over a prompt longer than the sliding window, every position's logits;
 - the same prompt in chunks with the KV cache carried and ``logits_to_keep = 1``;
@@ -140,55 +141,64 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
 
 
-def test_one_pass_logits_equal_the_reference_at_every_position(imported):
-    cfg = imported.cfg
+def _check_one_pass(session, cfg: TinyConfig, weights: dict[str, np.ndarray]) -> None:
     ids = _prompt(cfg)
-    want = reference_logits(cfg, imported.weights, ids)
-    got = _one_pass(imported.session, cfg, ids)
+    want = reference_logits(cfg, weights, ids)
+    got = _one_pass(session, cfg, ids)
     assert got.shape == (PROMPT_LEN, cfg.n_vocab)
     assert np.abs(want).max() > 1.0  # logits large enough for the tolerance to mean something
     assert _max_diff(got, want) < LOGIT_TOL
 
 
-def test_chunked_prefill_with_the_cache_carried_equals_the_reference(imported):
-    cfg = imported.cfg
+def _check_chunked(session, cfg: TinyConfig, weights: dict[str, np.ndarray], keep: int | None = 1) -> None:
     ids = _prompt(cfg, seed=1)
-    want = reference_logits(cfg, imported.weights, ids)
+    want = reference_logits(cfg, weights, ids)
     past, done = _empty_past(cfg), 0
     for size in (3, 4, 1, 3):  # chunk boundaries inside and across every window
         chunk = ids[done : done + size]
         logits, past = _run(
-            imported.session,
+            session,
             np.asarray([chunk], dtype=np.int64),
             np.ones((1, done + size), dtype=np.int64),
             np.arange(done, done + size, dtype=np.int64)[None],
             past,
-            keep=1,
+            keep=keep,
         )
         done += size
-        assert logits.shape == (1, 1, cfg.n_vocab)
+        assert logits.shape == (1, keep or size, cfg.n_vocab)
         assert _max_diff(logits[0, -1], want[done - 1]) < LOGIT_TOL, f"after {done} tokens"
         assert past["past_key_values.0.key"].shape == (1, cfg.kv_heads, done, cfg.head_dim)
     assert done == len(ids)
 
 
-def test_left_padded_batch_rows_equal_each_prompt_alone(imported):
-    cfg = imported.cfg
+def _check_left_padded(session, cfg: TinyConfig, weights: dict[str, np.ndarray]) -> None:
     long, short = _prompt(cfg, seed=2), _prompt(cfg, n=6, seed=3)
     pad = len(long) - len(short)
     ids = np.asarray([long, [0] * pad + short], dtype=np.int64)
     mask = np.ones_like(ids)
     mask[1, :pad] = 0
     positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
-    logits, present = _run(imported.session, ids, mask, positions, _empty_past(cfg, batch=2))
-    assert _max_diff(logits[0], reference_logits(cfg, imported.weights, long)) < LOGIT_TOL
-    assert _max_diff(logits[1, pad:], reference_logits(cfg, imported.weights, short)) < LOGIT_TOL
+    logits, present = _run(session, ids, mask, positions, _empty_past(cfg, batch=2))
+    assert _max_diff(logits[0], reference_logits(cfg, weights, long)) < LOGIT_TOL
+    assert _max_diff(logits[1, pad:], reference_logits(cfg, weights, short)) < LOGIT_TOL
     # one decode step each, the padded cache carried
     nxt = np.asarray([[5], [7]], dtype=np.int64)
     mask2 = np.concatenate([mask, np.ones((2, 1), dtype=np.int64)], axis=1)
-    step, _ = _run(imported.session, nxt, mask2, positions[:, -1:] + 1, present, keep=1)
-    assert _max_diff(step[0, 0], reference_logits(cfg, imported.weights, [*long, 5])[-1]) < LOGIT_TOL
-    assert _max_diff(step[1, 0], reference_logits(cfg, imported.weights, [*short, 7])[-1]) < LOGIT_TOL
+    step, _ = _run(session, nxt, mask2, positions[:, -1:] + 1, present)
+    assert _max_diff(step[0, 0], reference_logits(cfg, weights, [*long, 5])[-1]) < LOGIT_TOL
+    assert _max_diff(step[1, 0], reference_logits(cfg, weights, [*short, 7])[-1]) < LOGIT_TOL
+
+
+def test_one_pass_logits_equal_the_reference_at_every_position(imported):
+    _check_one_pass(imported.session, imported.cfg, imported.weights)
+
+
+def test_chunked_prefill_with_the_cache_carried_equals_the_reference(imported):
+    _check_chunked(imported.session, imported.cfg, imported.weights)
+
+
+def test_left_padded_batch_rows_equal_each_prompt_alone(imported):
+    _check_left_padded(imported.session, imported.cfg, imported.weights)
 
 
 def test_config_json_describes_the_decoder(imported):
@@ -217,9 +227,9 @@ def test_gemma3_on_openvino_cpu_equals_the_reference(tmp_path):
     # precision "auto" pins INFERENCE_PRECISION_HINT=f32 (backends/openvino.py), so no silent bf16
     session = _session(folder, "openvino", "CPU")
     try:
-        ids = _prompt(cfg)
-        got = _one_pass(session, cfg, ids)
-        assert _max_diff(got, reference_logits(cfg, weights, ids)) < LOGIT_TOL
+        _check_one_pass(session, cfg, weights)
+        _check_chunked(session, cfg, weights, keep=None)  # OpenVINO folds logits_to_keep to its default
+        _check_left_padded(session, cfg, weights)
     finally:
         session.close()
 
