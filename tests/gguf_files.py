@@ -132,6 +132,7 @@ class TinyConfig:
     rope_base: float = 10_000.0
     window: int = 0  # gemma3: sliding layers' window; phi3: every layer's (0 = none)
     context: int = 512
+    per_layer_arrays: bool = False  # head counts and FFN width as one value per layer (arrays), as some files do
     rope_linear: float = 1.0  # linear RoPE scaling factor (rope.scaling.*); Gemma 3: global layers only
     seed: int = 0
     types: dict[str, Q] = field(default_factory=dict)  # GGUF tensor kind (attn_q, ffn_up, token_embd …) -> type
@@ -218,9 +219,14 @@ def write_gguf(path: Path, cfg: TinyConfig, w: dict[str, np.ndarray], *, name: s
     writer.add_context_length(cfg.context)
     writer.add_embedding_length(cfg.hidden)
     writer.add_block_count(cfg.layers)
-    writer.add_feed_forward_length(cfg.ffn)
-    writer.add_head_count(cfg.heads)
-    writer.add_head_count_kv(cfg.kv_heads)
+    if cfg.per_layer_arrays:
+        writer.add_feed_forward_length([cfg.ffn] * cfg.layers)
+        writer.add_head_count([cfg.heads] * cfg.layers)
+        writer.add_head_count_kv([cfg.kv_heads] * cfg.layers)
+    else:
+        writer.add_feed_forward_length(cfg.ffn)
+        writer.add_head_count(cfg.heads)
+        writer.add_head_count_kv(cfg.kv_heads)
     writer.add_layer_norm_rms_eps(cfg.eps)
     writer.add_rope_freq_base(cfg.rope_base)
     if cfg.rope_linear != 1.0:

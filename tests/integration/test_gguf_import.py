@@ -63,7 +63,7 @@ CONFIGS = {
     ),
     "qwen3": TinyConfig(
         "qwen3", layers=2, hidden=64, heads=4, kv_heads=1, head_dim=32, ffn=96, vocab=gpt2_vocab(), tied=False,
-        seed=4, types={"attn_k": Q.Q8_0, "output": Q.Q8_0, "ffn_down": Q.F16},
+        seed=4, types={"attn_k": Q.Q8_0, "output": Q.Q8_0, "ffn_down": Q.F16}, per_layer_arrays=True,
     ),
     "phi3": TinyConfig(
         "phi3", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=96, vocab=spm_vocab(), tied=False,
@@ -514,3 +514,17 @@ def test_failed_import_over_an_existing_folder_keeps_it(tmp_path, monkeypatch):
         import_model(good, out / "model", tmp_path / "cache")
     assert [p.name for p in out.iterdir()] == ["model"]  # no .model.importing-* left
     assert {p.name: p.read_bytes() for p in (out / "model").iterdir()} == before
+
+
+def test_head_counts_that_differ_between_layers(tmp_path, monkeypatch):
+    import gguf
+
+    real = gguf.GGUFWriter.add_head_count_kv
+
+    def varying(writer, counts) -> None:
+        real(writer, [counts[0], counts[0] // 2])
+
+    monkeypatch.setattr(gguf.GGUFWriter, "add_head_count_kv", varying)
+    cfg = replace(CONFIGS["qwen3"], layers=2, kv_heads=2)
+    bad = write_gguf(tmp_path / "varying.gguf", cfg, make_weights(cfg))
+    _expect_refused(bad, tmp_path, "attention.head_count_kv", "differs between layers")
