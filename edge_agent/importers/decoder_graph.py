@@ -16,6 +16,11 @@ than the window behind. That holds for left padding, for chunked prefill and for
 with unused slots masked out. Norms are RMS norms with the stored multiplier (Gemma's ``1 +`` is in
 the weights). Grouped-query attention groups query heads per KV head by reshaping (no copies of K/V).
 
+Nodes are named after transformers' modules the way ``torch.onnx.export`` names them
+(``/model/layers.3/self_attn/q_proj/MatMul``, a norm's weight product ``…/input_layernorm/Mul_1``,
+``/model/embed_tokens/Gather``, ``/lm_head/MatMul``), so ``engines.inplace_kv_weights`` recovers the
+weights of an imported folder as it does those of a torch export.
+
 Weights go to ``model.onnx.data`` as they are produced (page-aligned external data), so an import
 holds one tensor at a time in memory besides the graph.
 """
@@ -82,6 +87,8 @@ class _Graph:
         self.inits: list[Any] = []
         self._consts: dict[tuple, str] = {}
         self._n = 0
+        self._names: dict[str, int] = {}
+        self.scope = ""  # the module the next nodes belong to, named as torch.onnx names them
 
     def weight(self, name: str, value: np.ndarray) -> str:
         self.inits.append(self.weights.tensor(name, value))
@@ -99,12 +106,27 @@ class _Graph:
     def op(self, op: str, *inputs: str, out: str | None = None, **attrs: Any) -> str:
         self._n += 1
         name = out or f"{op}_{self._n}"
-        self.nodes.append(self.h.make_node(op, list(inputs), [name], name=f"n{self._n}_{op}", **attrs))
+        self.nodes.append(self.h.make_node(op, list(inputs), [name], name=self._node_name(op), **attrs))
         return name
 
-    def rms(self, x: str, w: str, eps: float) -> str:
+    def _node_name(self, op: str) -> str:
+        """``{scope}/{op}``, then ``_1``, ``_2``… for the next of that op in the scope (torch.onnx's names,
+        which ``engines.inplace_kv_weights`` reads the modules from)."""
+        if not self.scope:
+            return f"n{self._n}_{op}"
+        base = f"{self.scope}/{op}"
+        count = self._names.get(base, 0)
+        self._names[base] = count + 1
+        return base if count == 0 else f"{base}_{count}"
+
+    def rms(self, x: str, w: str, eps: float, scope: str) -> str:
+        """RMS norm of ``x`` times ``w``, its nodes in module ``scope`` (the weight product is ``Mul_1``)."""
+        outer, self.scope = self.scope, scope
         ms = self.op("ReduceMean", self.op("Mul", x, x), axes=[-1], keepdims=1)
-        return self.op("Mul", self.op("Div", x, self.op("Sqrt", self.op("Add", ms, self.const(eps)))), w)
+        out = self.op("Div", x, self.op("Sqrt", self.op("Add", ms, self.const(eps))))
+        out = self.op("Mul", out, w)
+        self.scope = outer
+        return out
 
 
 WeightFn = Callable[[str], np.ndarray]  # GGUF tensor name -> float32, rows first
@@ -125,10 +147,12 @@ def build_decoder(spec: DecoderSpec, get: WeightFn, folder: Path, progress: Call
     try:
         # embeddings
         embed = g.weight("model.embed_tokens.weight", get("token_embd.weight"))
+        g.scope = "/model/embed_tokens"
         x = g.op("Gather", embed, "input_ids", axis=0)
         if spec.embed_scale is not None:
             x = g.op("Mul", x, g.const(np.float32(spec.embed_scale)))
         # masks: key positions from the attention mask, query positions as given
+        g.scope = "/model/attn_mask"
         key_pos = g.op("Sub", g.op("CumSum", "attention_mask", g.const(1, np.int64)), g.const(1, np.int64))
         key_pos = g.op("Unsqueeze", key_pos, g.const([1], np.int64))  # [B, 1, T]
         q_pos = g.op("Unsqueeze", "position_ids", g.const([2], np.int64))  # [B, S, 1]
@@ -146,6 +170,7 @@ def build_decoder(spec: DecoderSpec, get: WeightFn, folder: Path, progress: Call
             additive = g.op("Where", allowed, g.const(0.0), g.const(MASK_MIN))
             masks[window] = g.op("Unsqueeze", additive, g.const([1], np.int64))  # [B, 1, S, T]
         # rotary tables per (base, scale)
+        g.scope = "/model/rotary_emb"
         pos_f = g.op("Cast", "position_ids", to=TensorProto.FLOAT)
         ropes: dict[tuple[float, float], tuple[str, str]] = {}
         for base, scale in sorted(set(zip(spec.rope_bases, spec.rope_scale))):
@@ -166,22 +191,28 @@ def build_decoder(spec: DecoderSpec, get: WeightFn, folder: Path, progress: Call
             rotated = g.op("Concat", g.op("Neg", x2), x1, axis=-1)
             return g.op("Add", g.op("Mul", t, cos), g.op("Mul", rotated, sin))
 
-        def heads(t: str, n: int, norm: str | None) -> str:
+        def heads(t: str, n: int, norm: str | None, norm_scope: str = "") -> str:
             t = g.op("Reshape", t, g.const([0, 0, n, D], np.int64))
             if norm is not None:
-                t = g.rms(t, norm, spec.eps)
+                t = g.rms(t, norm, spec.eps, norm_scope)
             return g.op("Transpose", t, perm=[0, 2, 1, 3])  # [B, n, S, D]
 
         def linear(prefix: str, name: str, h: str, w: np.ndarray, bias: str | None = None) -> str:
+            # prefix "model.layers.3.self_attn" -> nodes "/model/layers.3/self_attn/{name}/MatMul"
+            outer = g.scope
+            head, _, rest = prefix.partition(".layers.")
+            layer, _, module = rest.partition(".")
+            g.scope = f"/{head}/layers.{layer}/{module}/{name}"
             out = g.op("MatMul", h, g.weight(f"{prefix}.{name}.weight", np.ascontiguousarray(w.T)))
             if bias is not None:
                 out = g.op("Add", out, g.weight(f"{prefix}.{name}.bias", get(bias)))
+            g.scope = outer
             return out
 
         for i in range(spec.layers):
-            blk, pre = f"blk.{i}", f"model.layers.{i}"
+            blk, pre, mod = f"blk.{i}", f"model.layers.{i}", f"/model/layers.{i}"
             norm_w = g.weight(f"{pre}.input_layernorm.weight", get(f"{blk}.attn_norm.weight"))
-            h = g.rms(x, norm_w, spec.eps)
+            h = g.rms(x, norm_w, spec.eps, f"{mod}/input_layernorm")
             if spec.arch == "phi3":
                 qkv = get(f"{blk}.attn_qkv.weight")
                 wq, wk, wv = np.split(qkv, [H * D, H * D + KV * D], axis=0)
@@ -198,8 +229,9 @@ def build_decoder(spec: DecoderSpec, get: WeightFn, folder: Path, progress: Call
                 q_norm = g.weight(f"{pre}.self_attn.q_norm.weight", get(f"{blk}.attn_q_norm.weight"))
                 k_norm = g.weight(f"{pre}.self_attn.k_norm.weight", get(f"{blk}.attn_k_norm.weight"))
             cos, sin = ropes[(spec.rope_bases[i], spec.rope_scale[i])]
-            q = rotate(heads(q, H, q_norm), cos, sin)
-            k = rotate(heads(k, KV, k_norm), cos, sin)
+            g.scope = f"{mod}/self_attn"
+            q = rotate(heads(q, H, q_norm, f"{mod}/self_attn/q_norm"), cos, sin)
+            k = rotate(heads(k, KV, k_norm, f"{mod}/self_attn/k_norm"), cos, sin)
             v = heads(v, KV, None)
             k = g.op("Concat", f"past_key_values.{i}.key", k, axis=2, out=f"present.{i}.key")
             v = g.op("Concat", f"past_key_values.{i}.value", v, axis=2, out=f"present.{i}.value")
@@ -219,30 +251,38 @@ def build_decoder(spec: DecoderSpec, get: WeightFn, folder: Path, progress: Call
             attn = linear(f"{pre}.self_attn", "o_proj", ctx, get(f"{blk}.attn_output.weight"))
             if spec.sandwich_norms:
                 post = g.weight(f"{pre}.post_attention_layernorm.weight", get(f"{blk}.post_attention_norm.weight"))
-                attn = g.rms(attn, post, spec.eps)
+                attn = g.rms(attn, post, spec.eps, f"{mod}/post_attention_layernorm")
+            g.scope = mod
             x = g.op("Add", x, attn)
 
             ffn_w = g.weight(f"{pre}.pre_feedforward_layernorm.weight", get(f"{blk}.ffn_norm.weight"))
-            h = g.rms(x, ffn_w, spec.eps)
+            # transformers' module: the pre-MLP norm is post_attention_layernorm unless the layer has sandwich norms
+            ffn_scope = "pre_feedforward_layernorm" if spec.sandwich_norms else "post_attention_layernorm"
+            h = g.rms(x, ffn_w, spec.eps, f"{mod}/{ffn_scope}")
             if spec.arch == "phi3":
                 w_gate, w_up = np.split(get(f"{blk}.ffn_up.weight"), 2, axis=0)
             else:
                 w_gate, w_up = get(f"{blk}.ffn_gate.weight"), get(f"{blk}.ffn_up.weight")
             gate = linear(f"{pre}.mlp", "gate_proj", h, w_gate)
             up = linear(f"{pre}.mlp", "up_proj", h, w_up)
+            g.scope = f"{mod}/mlp/act_fn"
             act = _gelu_tanh(g, gate) if spec.activation == "gelu_tanh" else g.op("Mul", gate, g.op("Sigmoid", gate))
+            g.scope = f"{mod}/mlp"
             mlp = linear(f"{pre}.mlp", "down_proj", g.op("Mul", act, up), get(f"{blk}.ffn_down.weight"))
             if spec.sandwich_norms:
                 post = g.weight(f"{pre}.post_feedforward_layernorm.weight", get(f"{blk}.post_ffw_norm.weight"))
-                mlp = g.rms(mlp, post, spec.eps)
+                mlp = g.rms(mlp, post, spec.eps, f"{mod}/post_feedforward_layernorm")
+            g.scope = mod
             x = g.op("Add", x, mlp)
             if progress is not None:
                 progress(i + 1)
 
         final = g.weight("model.norm.weight", get("output_norm.weight"))
-        x = g.rms(x, final, spec.eps)
+        x = g.rms(x, final, spec.eps, "/model/norm")
+        g.scope = "/model"
         keep = g.op("Neg", g.op("Reshape", "logits_to_keep", g.const([1], np.int64)))
         x = g.op("Slice", x, keep, g.const([np.iinfo(np.int64).max], np.int64), g.const([1], np.int64))
+        g.scope = "/lm_head"
         if spec.tied_head:
             head = g.op("Transpose", embed, perm=[1, 0])
         else:

@@ -24,7 +24,7 @@ from .result import ImportResult, ProgressFn, imported_dir
 from .staging import staged_folder
 
 IMPORT_RECORD = "import.json"
-IMPORTER_VERSION = 2  # bumped when the folder this import writes changes (graph, tokenizer, config)
+IMPORTER_VERSION = 3  # bumped when the folder this import writes changes (graph, tokenizer, config)
 
 
 def default_name(f: GgufFile) -> str:
