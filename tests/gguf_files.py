@@ -83,7 +83,7 @@ def spm_vocab(extra_pieces: int = 0) -> Vocab:
     return Vocab("llama", tokens, scores, types, bos=1, eos=2, unk=0, pad=0, add_bos=True)
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte-to-character table (printable bytes map to themselves, the rest above U+0100)."""
     keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
     chars = keep[:]
@@ -104,7 +104,7 @@ GPT2_MERGES = [
 
 def gpt2_vocab(extra: int = 0) -> Vocab:
     """A byte-level vocabulary: the 256 byte characters, the merged pieces of ``GPT2_MERGES``, control tokens."""
-    table = _bytes_to_unicode()
+    table = bytes_to_unicode()
     tokens = [table[b] for b in range(256)] + [a + b for a, b in GPT2_MERGES]
     tokens += [f"[extra{i}]" for i in range(extra)] + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     types = [NORMAL] * (len(tokens) - 3) + [CONTROL] * 3

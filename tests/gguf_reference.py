@@ -9,11 +9,13 @@ in float32, and returns every position's logits.
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
 
 import numpy as np
 
-from tests.gguf_files import TinyConfig, gemma3_global
+from tests.gguf_files import TinyConfig, bytes_to_unicode, gemma3_global
 
 GEMMA3_LOCAL_BASE = 10_000.0  # transformers' Gemma3TextConfig.rope_local_base_freq
 
@@ -128,4 +130,31 @@ def spm_bpe_encode(text: str, pieces: dict[str, int], scores: dict[str, float], 
             ids.append(pieces[s])
         else:
             ids.extend(pieces[f"<0x{b:02X}>"] for b in s.encode("utf-8"))
+    return ids
+
+
+# The pre-tokenizer splits of byte-level vocabularies (tokenizer.ggml.pre), from the models' own tokenizer
+# definitions, in Python's re: letters are [^\W\d_], numbers \d (equal to \p{L} and \p{N} on text without
+# underscores or non-decimal digits, which is what the tests feed).
+_L = r"[^\W\d_]"
+_BYTE_LEVEL_SPLITS = {
+    "qwen2": rf"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\w]?{_L}+|\d| ?[^\s\w]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "llama-bpe": rf"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\w]?{_L}+|\d{{1,3}}| ?[^\s\w]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+}
+
+
+def byte_level_bpe_encode(text: str, pre: str, vocab: dict[str, int], merges: list[tuple[str, str]]) -> list[int]:
+    """GPT-2's byte-level BPE: the pre-tokenizer's split, each piece's UTF-8 bytes as GPT-2's byte characters,
+    then again and again the adjacent pair of lowest merge rank merged (the leftmost on a tie)."""
+    table = bytes_to_unicode()
+    ranks = {pair: i for i, pair in enumerate(merges)}
+    ids: list[int] = []
+    for word in re.findall(_BYTE_LEVEL_SPLITS[pre], text):
+        parts = [table[b] for b in word.encode("utf-8")]
+        while len(parts) > 1:
+            rank, j = min((ranks.get((a, b), len(ranks)), j) for j, (a, b) in enumerate(itertools.pairwise(parts)))
+            if rank == len(ranks):
+                break
+            parts[j : j + 2] = [parts[j] + parts[j + 1]]
+        ids.extend(vocab[p] for p in parts)
     return ids

@@ -40,7 +40,7 @@ from tests.gguf_files import (
     spm_vocab,
     write_gguf,
 )
-from tests.gguf_reference import reference_logits, spm_bpe_encode
+from tests.gguf_reference import byte_level_bpe_encode, reference_logits, spm_bpe_encode
 
 # float32 on both sides over the same weights: the differences are summation order (ONNX Runtime's and
 # OpenVINO's GEMMs and fused ops against numpy's) through at most 7 layers. Measured: at most 1.7e-5 on
@@ -303,25 +303,30 @@ def test_sentencepiece_tokenizer_equals_sentencepiece_bpe_and_round_trips(arch, 
     assert (config["bos_token"], config["eos_token"], config["add_bos_token"]) == ("<s>", "</s>", True)
 
 
-def test_byte_level_tokenizer_keeps_the_files_merges(tmp_path):
-    from tokenizers import Tokenizer, decoders, pre_tokenizers
-    from tokenizers.models import BPE
+@pytest.mark.parametrize("pre", ["qwen2", "llama-bpe"])
+def test_byte_level_tokenizer_equals_byte_level_bpe_with_the_files_split(pre, tmp_path):
+    from tokenizers import Tokenizer
 
-    cfg = replace(CONFIGS["qwen2"], layers=1)
+    vocab = replace(gpt2_vocab(), pre=pre)
+    cfg = replace(CONFIGS["qwen2"], layers=1, vocab=vocab)
     _, folder = _import(cfg, tmp_path)
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    vocab = cfg.vocab
-    n_plain = len(vocab.tokens) - 3
-    ref = Tokenizer(
-        BPE({t: i for i, t in enumerate(vocab.tokens[:n_plain])}, [tuple(m.split(" ")) for m in vocab.merges])
-    )
-    ref.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    ref.decoder = decoders.ByteLevel()
-    for text in ["the and then", "hand in hand", "héllo 🙂"]:  # words GPT-2's and qwen2's splits cut alike
+    ids_of = {t: i for i, t in enumerate(vocab.tokens)}
+    merges = [tuple(m.split(" ")) for m in vocab.merges]
+    texts = [
+        "the and then",
+        "hand in hand 12345 and 7",
+        "don't stop, THEN!\n\n  go",
+        "héllo 🙂 wörld",
+        "  two  spaces ",
+    ]
+    for text in texts:
         ids = tok.encode(text).ids
-        assert ids == ref.encode(text).ids, text
+        assert ids == byte_level_bpe_encode(text, pre, ids_of, merges), text
         assert tok.decode(ids) == text
-    assert tok.encode("<|im_start|>the", add_special_tokens=False).ids[0] == vocab.id("<|im_start|>")
+    start, end = vocab.id("<|im_start|>"), vocab.id("<|im_end|>")
+    ids = tok.encode("<|im_start|>the hand<|im_end|>", add_special_tokens=False).ids
+    assert ids == [start, *byte_level_bpe_encode("the hand", pre, ids_of, merges), end]
 
 
 # --- bad files -----------------------------------------------------------------------------------
