@@ -1,7 +1,8 @@
 """The GGUF importer on tiny decoders of every supported architecture, against a numpy reference.
 
 ``tests/gguf_files.py`` writes each file the way llama.cpp's converter does (llama's permuted q/k rows,
-Gemma's ``1 + w`` norms, phi3's fused weights, qwen2's biases, some tensors as F16 and Q8_0);
+Gemma's ``1 + w`` norms, phi3's fused weights, qwen2's biases, tensors as F32, F16, BF16, Q8_0, Q4_0,
+Q4_1, Q5_0 and Q5_1);
 ``tests/gguf_reference.py`` computes the logits from the Hugging Face layout weights drawn before the
 file was written, following transformers' modelling code. The imported ``model.onnx`` runs on ONNX
 Runtime (and, for Gemma 3, OpenVINO CPU at f32, where ``logits_to_keep`` is folded to its default) and
@@ -51,15 +52,21 @@ CONFIGS = {
     "gemma3": TinyConfig(
         "gemma3", layers=7, hidden=64, heads=4, kv_heads=2, head_dim=32, ffn=128, vocab=spm_vocab(), tied=True,
         rope_base=1_000_000.0, window=4, seed=1,
-        types={"token_embd": Q.Q8_0, "attn_q": Q.Q8_0, "attn_k": Q.F16, "ffn_up": Q.Q8_0, "ffn_down": Q.F16},
+        types={
+            "token_embd": Q.Q8_0, "attn_q": Q.Q8_0, "attn_k": Q.F16, "attn_v": Q.Q4_1, "ffn_up": Q.Q8_0,
+            "ffn_down": Q.F16,
+        },
     ),
     "llama": TinyConfig(
         "llama", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=96, vocab=spm_vocab(), tied=False,
-        eps=1e-5, seed=2, types={"attn_q": Q.Q8_0, "attn_k": Q.Q8_0, "output": Q.F16, "ffn_gate": Q.Q8_0},
+        eps=1e-5, seed=2, types={
+            "attn_q": Q.Q8_0, "attn_k": Q.Q8_0, "attn_v": Q.Q4_0, "output": Q.F16, "ffn_gate": Q.Q8_0,
+            "ffn_down": Q.BF16,
+        },
     ),
     "qwen2": TinyConfig(
         "qwen2", layers=2, hidden=64, heads=4, kv_heads=4, head_dim=16, ffn=96, vocab=gpt2_vocab(), tied=True,
-        rope_base=1_000_000.0, seed=3, types={"token_embd": Q.F16, "attn_v": Q.Q8_0},
+        rope_base=1_000_000.0, seed=3, types={"token_embd": Q.F16, "attn_v": Q.Q8_0, "ffn_gate": Q.Q5_0},
     ),
     "qwen3": TinyConfig(
         "qwen3", layers=2, hidden=64, heads=4, kv_heads=1, head_dim=32, ffn=96, vocab=gpt2_vocab(), tied=False,
@@ -67,7 +74,7 @@ CONFIGS = {
     ),
     "phi3": TinyConfig(
         "phi3", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=96, vocab=spm_vocab(), tied=False,
-        eps=1e-5, window=5, seed=5, types={"attn_q": Q.Q8_0, "ffn_up": Q.F16},
+        eps=1e-5, window=5, seed=5, types={"attn_q": Q.Q8_0, "ffn_up": Q.F16, "attn_output": Q.Q5_1},
     ),
 }  # fmt: skip
 PROMPT_LEN = 11  # longer than every window above
@@ -424,7 +431,7 @@ def test_block_type_the_gguf_package_cannot_dequantize(tmp_path, monkeypatch):
     real_add = gguf.GGUFWriter.add_tensor
 
     def add_tensor(self, name, tensor, raw_shape=None, raw_dtype=None, tensor_endianess=None):
-        if name == "blk.0.attn_v.weight":
+        if name == "blk.0.attn_output.weight":
             block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_1]
             rows, cols = tensor.shape
             blocks = np.zeros((rows, cols // block * size), dtype=np.uint8)
@@ -434,7 +441,7 @@ def test_block_type_the_gguf_package_cannot_dequantize(tmp_path, monkeypatch):
     monkeypatch.setattr(gguf.GGUFWriter, "add_tensor", add_tensor)
     bad = write_gguf(tmp_path / "q8_1.gguf", cfg, weights)
     monkeypatch.undo()
-    _expect_refused(bad, tmp_path, "Q8_1", "blk.0.attn_v.weight")
+    _expect_refused(bad, tmp_path, "Q8_1", "blk.0.attn_output.weight")
 
 
 def test_cli_refuses_a_bad_file_with_one_line(tmp_path):
