@@ -14,8 +14,13 @@ must agree:
 
 Configurations beyond the real Gemma 3 270M: grouped query heads (4 over 2, 4 over 1), MHA, head sizes
 other than hidden / heads, 7 Gemma 3 layers (layer 5 global, the rest sliding over 4 tokens), phi3's
-sliding window, tied and untied heads. Also the tokenizer against sentencepiece's BPE, and bad files:
-each a ``ModelError`` naming the file, nothing at the destination.
+sliding window, tied and untied heads, linear RoPE scaling, per-layer metadata arrays.
+
+The tokenizer: ``tokenizer.json`` against sentencepiece's BPE (SentencePiece vocabularies) and GPT-2's
+byte-level BPE with the file's split (byte-level ones), both written out in ``tests/gguf_reference.py``.
+
+Bad files: each a ``ModelError`` naming the file, nothing at the destination; through the command line
+one line on stderr.
 """
 
 from __future__ import annotations
