@@ -1,6 +1,6 @@
 """Convert a plain decoder export into an in-place KV folder, and prove it decodes like the source.
 
-A plain Phi-3 / Gemma / Gemma-2 export (inputs ``input_ids``, ``attention_mask``, ``position_ids``,
+A plain Phi-3 / Gemma / Gemma-2 / Gemma 3 export (inputs ``input_ids``, ``attention_mask``, ``position_ids``,
 ``past_key_values.N.key/value``; outputs ``logits``, ``present.N.key/value``) returns a new present
 tensor each step, so the agent copies the whole cache per token. The converted folder has the
 onnxruntime-genai layout instead (``genai_config.json`` + a GroupQueryAttention ``model.onnx`` whose
@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import ModelError
 from .inplace_kv_graph import build_graph
-from .inplace_kv_weights import Arch, read_arch, recover
+from .inplace_kv_weights import FAMILIES, Arch, read_arch, recover
 
 SIDECARS = (
     "config.json",
@@ -67,7 +67,7 @@ def is_plain_decoder(folder: Path) -> bool:
     if (folder / "genai_config.json").is_file() or not (folder / "model.onnx").is_file():
         return False
     try:
-        return json.loads((folder / "config.json").read_text()).get("model_type") in ("phi3", "gemma", "gemma2")
+        return json.loads((folder / "config.json").read_text()).get("model_type") in FAMILIES
     except (OSError, ValueError):
         return False
 

@@ -9,11 +9,15 @@ The layout is onnxruntime-genai's builder's (``Model.make_group_query_attention`
     per layer: SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization (the residual adds ride on it),
                MatMul qkv (packed) -> com.microsoft.GroupQueryAttention (do_rotary with cos/sin caches, scale,
                softcap, local_window_size) -> MatMul o; MatMul gate, MatMul up -> act(gate) * up -> MatMul down
-               (Gemma-2: post-attention and pre/post-feed-forward norms)
+               (Gemma-2, Gemma 3: post-attention and pre/post-feed-forward norms; Gemma 3: separate q, k, v
+               products, each head of q and k RMS-normed before GroupQueryAttention rotates it)
     final norm -> MatMul lm_head (-> tanh soft-cap) -> logits [B, S, V]
 
 There is no position_ids input: GroupQueryAttention rotates each row at its own positions, read from
-``seqlens_k``. Norm weights are the effective multipliers (Gemma's ``1 + w`` already applied).
+``seqlens_k``. Norm weights are the effective multipliers (Gemma's ``1 + w`` already applied). Each
+distinct rotary base has its own cos/sin caches (Gemma 3: local on sliding layers, global on full ones).
+A sliding window of ``w`` tokens (the query's own key included, as transformers counts it) is
+GroupQueryAttention's ``local_window_size`` ``w`` (ONNX Runtime 1.32 counts the same way).
 """
 
 from __future__ import annotations
@@ -25,12 +29,11 @@ from .inplace_kv_weights import Arch, DecoderWeights
 OPSET = 17
 
 
-def rotary_caches(arch: Arch) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin [context, rotary_dim / 2] in float32, as Hugging Face's default rotary embedding computes them."""
+def rotary_caches(arch: Arch, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [context, rotary_dim / 2] in float32 for base ``theta``, as Hugging Face's default rotary
+    embedding computes them."""
     dim = arch.rotary_dim
-    inv_freq = (1.0 / (arch.rope_theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))).astype(
-        np.float32
-    )
+    inv_freq = (1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))).astype(np.float32)
     t = np.arange(arch.context, dtype=np.float32)
     freqs = np.outer(t, inv_freq).astype(np.float32)
     return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
@@ -76,13 +79,25 @@ def build_graph(arch: Arch, w: DecoderWeights):
 
 def _constants(g: _Graph, arch: Arch) -> str:
     """The initializers every layer shares: the int64 ones the mask subgraph uses (the name of the
-    [1] one is returned) and the rotary cos/sin caches GroupQueryAttention reads."""
+    [1] one is returned) and the rotary cos/sin caches GroupQueryAttention reads (``cache_names``)."""
     one = g.init("/model/constants/INT64/[1]", np.array([1], dtype=np.int64))
     g.init("/model/constants/INT64/1", np.array(1, dtype=np.int64))
-    cos, sin = rotary_caches(arch)
-    g.init("cos_cache", cos)
-    g.init("sin_cache", sin)
+    for theta, (cos_name, sin_name) in cache_names(arch).items():
+        cos, sin = rotary_caches(arch, theta)
+        g.init(cos_name, cos)
+        g.init(sin_name, sin)
     return one
+
+
+def cache_names(arch: Arch) -> dict[float, tuple[str, str]]:
+    """Rotary base -> the (cos, sin) cache initializers: ``cos_cache`` for the first layer's base, then
+    ``cos_cache_1``… for each other base in layer order."""
+    names: dict[float, tuple[str, str]] = {}
+    for theta in arch.rope_thetas:
+        if theta not in names:
+            suffix = f"_{len(names)}" if names else ""
+            names[theta] = (f"cos_cache{suffix}", f"sin_cache{suffix}")
+    return names
 
 
 def _mask_lengths(g: _Graph, one: str) -> tuple[str, str]:
@@ -146,26 +161,32 @@ def _layer(
     else:
         x, residual = _norm(g, arch, f"{p}.input_layernorm", delta, lw["input_layernorm"], residual)
     o = _attention(g, arch, i, lw, x, seqlens_k, total_len)
-    if arch.family == "gemma2":
+    if arch.sandwich:
         o, _ = _norm(g, arch, f"{p}.post_attention_layernorm", o, lw["post_attention_layernorm"], None)
         x, residual = _norm(g, arch, f"{p}.pre_feedforward_layernorm", o, lw["pre_feedforward_layernorm"], residual)
     else:
         x, residual = _norm(g, arch, f"{p}.post_attention_layernorm", o, lw["post_attention_layernorm"], residual)
     delta = _mlp(g, arch, p, lw, x)
-    if arch.family == "gemma2":
+    if arch.sandwich:
         delta, _ = _norm(g, arch, f"{p}.post_feedforward_layernorm", delta, lw["post_feedforward_layernorm"], None)
     return delta, residual
 
 
 def _attention(g: _Graph, arch: Arch, i: int, lw: dict[str, np.ndarray], x: str, seqlens_k: str, total_len: str) -> str:
-    """Layer ``i``'s attention on ``x``: the packed qkv product, GroupQueryAttention appending to the
-    layer's KV buffers in place (``past_key_values.{i}.*`` in, ``present.{i}.*`` out), the o product."""
+    """Layer ``i``'s attention on ``x``: the packed qkv product (Gemma 3: q, k, v products and the q/k
+    norms), GroupQueryAttention appending to the layer's KV buffers in place (``past_key_values.{i}.*``
+    in, ``present.{i}.*`` out), the o product."""
     p = f"layers.{i}"
-    (qkv,) = g.node("MatMul", [x, g.init(f"{p}.attn.qkv_proj.weight", lw["qkv"])], f"/model/{p}/attn/qkv_proj/MatMul")
+    if arch.qk_norm:
+        qkv_in = _qkv_normed(g, arch, p, lw, x)
+    else:
+        w_qkv = g.init(f"{p}.attn.qkv_proj.weight", lw["qkv"])
+        qkv_in = [g.node("MatMul", [x, w_qkv], f"/model/{p}/attn/qkv_proj/MatMul")[0], "", ""]
     past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
+    cos, sin = cache_names(arch)[arch.rope_thetas[i]]
     attn = g.node(
         "GroupQueryAttention",
-        [qkv, "", "", past_k, past_v, seqlens_k, total_len, "cos_cache", "sin_cache"],
+        [*qkv_in, past_k, past_v, seqlens_k, total_len, cos, sin],
         f"/model/{p}/attn/GroupQueryAttention",
         outputs=1,
         domain="com.microsoft",
@@ -179,6 +200,28 @@ def _attention(g: _Graph, arch: Arch, i: int, lw: dict[str, np.ndarray], x: str,
     )[0]
     g.nodes[-1].output.extend([f"present.{i}.key", f"present.{i}.value"])
     return g.node("MatMul", [attn, g.init(f"{p}.attn.o_proj.weight", lw["o"])], f"/model/{p}/attn/o_proj/MatMul")[0]
+
+
+def _qkv_normed(g: _Graph, arch: Arch, p: str, lw: dict[str, np.ndarray], x: str) -> list[str]:
+    """Query, key and value of ``x`` as GroupQueryAttention's three inputs ([B, S, heads * head_dim]), each
+    head of the query and the key RMS-normed (``SimplifiedLayerNormalization`` over [B, S, heads, head_dim])."""
+    hq, hkv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    w = lw["qkv"]
+    out = []
+    for name, cols, heads in (("q", slice(0, hq), arch.heads), ("k", slice(hq, hq + hkv), arch.kv_heads)):
+        mod = f"/model/{p}/attn/{name}_proj"
+        (y,) = g.node("MatMul", [x, g.init(f"{p}.attn.{name}_proj.weight", w[:, cols])], f"{mod}/MatMul")
+        split = g.init(f"{p}.attn.{name}_heads_shape", np.array([0, 0, heads, arch.head_dim], dtype=np.int64))
+        (y,) = g.node("Reshape", [y, split], f"/model/{p}/attn/{name}_norm/Reshape")
+        wn = g.init(f"{p}.attn.{name}_norm.weight", lw[f"self_attn.{name}_norm"])
+        (y,) = g.node(
+            "SimplifiedLayerNormalization", [y, wn], f"/model/{p}/attn/{name}_norm/LayerNorm", axis=-1, epsilon=arch.eps
+        )
+        merge = g.init(f"{p}.attn.{name}_merged_shape", np.array([0, 0, heads * arch.head_dim], dtype=np.int64))
+        out.append(g.node("Reshape", [y, merge], f"/model/{p}/attn/{name}_norm/Reshape_1")[0])
+    w_v = g.init(f"{p}.attn.v_proj.weight", w[:, hq + hkv :])
+    out.append(g.node("MatMul", [x, w_v], f"/model/{p}/attn/v_proj/MatMul")[0])
+    return out
 
 
 def _mlp(g: _Graph, arch: Arch, p: str, lw: dict[str, np.ndarray], x: str) -> str:

@@ -1,4 +1,4 @@
-"""The weights and architecture of a plain Phi-3 / Gemma / Gemma-2 decoder export, recovered without torch.
+"""The weights and architecture of a plain Phi-3 / Gemma / Gemma-2 / Gemma 3 decoder export, recovered without torch.
 
 A plain export (``optimum-cli export onnx`` / ``torch.onnx.export``) names its nodes after the
 PyTorch modules (``/model/model/layers.0/self_attn/q_proj/MatMul``, optimum: ``/model/layers.0/…``);
@@ -8,7 +8,9 @@ weights may be shared between norms, reached through ``Identity`` nodes, or fold
 that node actually multiplies with (constant subgraphs are evaluated), which covers the usual
 variants: fused ``qkv_proj`` / ``gate_up_proj`` (Phi-3) or separate q/k/v and gate/up (Gemma), tied
 embeddings (``MatMul(x, Transpose(table))``), Gemma's embedding scale (the ``Mul`` after the
-``Gather``). The architecture (heads, rope, soft-caps, sliding windows) comes from ``config.json``;
+``Gather``), Gemma 3's per-head q/k norms (weights of the head size) and four norms per layer. The
+architecture (heads, rope bases per layer, soft-caps, sliding windows) comes from ``config.json``
+(``gemma3``'s multimodal config: its ``text_config``);
 what this converter cannot reproduce is refused with a ``ModelError`` naming the key or the module.
 """
 
@@ -27,14 +29,17 @@ from ..errors import ModelError
 _LAYER = re.compile(r"^layers\.(\d+)$")
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
 _ACTIVATIONS.update({"gelu_fast": "gelu_tanh", "gelu": "gelu"})
-FAMILIES = ("phi3", "gemma", "gemma2")
+FAMILIES = ("phi3", "gemma", "gemma2", "gemma3_text", "gemma3")
+GEMMA3 = ("gemma3_text", "gemma3")
+SANDWICH = ("gemma2", *GEMMA3)  # post-attention, pre- and post-feed-forward norms around each block
+GEMMA3_SLIDING_PATTERN = 6  # before layer_types: every 6th layer attends globally (transformers' Gemma3TextConfig)
 
 
 @dataclass(frozen=True, slots=True)
 class Arch:
     """What the in-place graph needs from ``config.json`` (validated: unsupported keys are refused)."""
 
-    family: str  # phi3 | gemma | gemma2
+    family: str  # one of FAMILIES
     layers: int
     hidden: int
     heads: int
@@ -43,13 +48,23 @@ class Arch:
     vocab: int
     eps: float
     activation: str  # silu | gelu_tanh | gelu
-    rope_theta: float
+    rope_thetas: tuple[float, ...]  # per layer (Gemma 3: a local base on sliding layers, the global one on full)
     rotary_dim: int
     context: int
     scale: float  # attention logit scale
     attn_softcap: float  # 0 = none
     final_softcap: float  # 0 = none
-    windows: tuple[int, ...]  # per layer: sliding window in tokens, -1 = global
+    windows: tuple[int, ...]  # per layer: sliding window in tokens (its own key included), -1 = global
+
+    @property
+    def qk_norm(self) -> bool:
+        """Per-head RMS norms of the queries and keys before the rotary embedding (Gemma 3)."""
+        return self.family in GEMMA3
+
+    @property
+    def sandwich(self) -> bool:
+        """Norms after the attention and the MLP as well as before them (Gemma-2, Gemma 3)."""
+        return self.family in SANDWICH
 
 
 @dataclass(slots=True)
@@ -71,6 +86,8 @@ def read_arch(folder: Path) -> Arch:
     except (OSError, ValueError) as exc:
         raise ModelError(f"{path}: cannot read the model config ({exc})") from exc
     family = cfg.get("model_type")
+    if family == "gemma3" and isinstance(cfg.get("text_config"), dict):
+        cfg = {**cfg["text_config"], "model_type": family}  # Gemma3ForConditionalGeneration: the text decoder's
     if family not in FAMILIES:
         raise ModelError(f"{path}: model_type {family!r} has no in-place KV conversion (supported: {FAMILIES})")
     try:
@@ -88,19 +105,24 @@ def read_arch(folder: Path) -> Arch:
             f"{path}: {act_key} = {cfg.get(act_key)!r} is not supported (supported: {sorted(_ACTIVATIONS)})"
         )
     rope = dict(cfg.get("rope_parameters") or {})
-    scaling = cfg.get("rope_scaling")
-    rope_type = rope.get("rope_type") or (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
-    if rope_type != "default":
-        key = "rope_parameters.rope_type" if rope.get("rope_type") else "rope_scaling"
-        raise ModelError(
-            f"{path}: {key} = {rope_type!r}: only the default rotary embedding is converted to the in-place KV "
-            f"layout (longrope/su/linear/dynamic scaling is not); serve the plain export as it is"
-        )
+    # transformers 5 keeps Gemma 3's two rotary embeddings apart: rope_parameters.{full,sliding}_attention
+    by_type = {t: dict(rope.pop(t) or {}) for t in ("full_attention", "sliding_attention") if t in rope}
+    for key, params in [("rope_parameters", rope)] + [(f"rope_parameters.{t}", p) for t, p in by_type.items()]:
+        _default_rope_only(path, f"{key}.rope_type", params.get("rope_type"))
+    scaling = cfg.get("rope_scaling") or {}
+    _default_rope_only(path, "rope_scaling", scaling.get("rope_type") or scaling.get("type"))
     theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    theta = float(by_type.get("full_attention", {}).get("rope_theta", theta))
     partial = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
     rotary_dim = int(head_dim * partial)
-    scale = float(cfg["query_pre_attn_scalar"]) ** -0.5 if family == "gemma2" else head_dim**-0.5
+    scale = head_dim**-0.5
+    if family in SANDWICH:
+        scale = float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5
     windows = _windows(cfg, family, layers, path)
+    thetas = (theta,) * layers
+    if family in GEMMA3:  # sliding layers rotate with the local base (transformers' rotary_emb_local)
+        local = float(by_type.get("sliding_attention", {}).get("rope_theta", cfg.get("rope_local_base_freq", 10000.0)))
+        thetas = tuple(local if w > 0 else theta for w in windows)
     return Arch(
         family=family,
         layers=layers,
@@ -111,7 +133,7 @@ def read_arch(folder: Path) -> Arch:
         vocab=vocab,
         eps=eps,
         activation=act,
-        rope_theta=theta,
+        rope_thetas=thetas,
         rotary_dim=rotary_dim,
         context=int(cfg.get("max_position_embeddings", 4096)),
         scale=scale,
@@ -119,6 +141,14 @@ def read_arch(folder: Path) -> Arch:
         final_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
         windows=windows,
     )
+
+
+def _default_rope_only(path: Path, key: str, rope_type: str | None) -> None:
+    if (rope_type or "default") != "default":
+        raise ModelError(
+            f"{path}: {key} = {rope_type!r}: only the default rotary embedding is converted to the in-place KV "
+            f"layout (longrope/su/linear/dynamic scaling is not); serve the plain export as it is"
+        )
 
 
 def _windows(cfg: dict, family: str, layers: int, path: Path) -> tuple[int, ...]:
@@ -132,6 +162,9 @@ def _windows(cfg: dict, family: str, layers: int, path: Path) -> tuple[int, ...]
         return tuple(int(window) if t == "sliding_attention" else -1 for t in types)
     if family == "gemma2":  # before layer_types: even layers slide (Gemma2DecoderLayer.is_sliding)
         return tuple(int(window) if i % 2 == 0 else -1 for i in range(layers))
+    if family in GEMMA3:
+        pattern = int(cfg.get("sliding_window_pattern") or GEMMA3_SLIDING_PATTERN)
+        return tuple(-1 if (i + 1) % pattern == 0 else int(window) for i in range(layers))
     return (int(window),) * layers  # Phi-3 (mistral-style): every layer slides
 
 
@@ -198,9 +231,11 @@ def recover(model, arch: Arch, where: str) -> DecoderWeights:
                     w = w.T
                 linear[key] = w.astype(np.float32)
         elif node.op_type == "Mul" and key[1].endswith("norm"):
+            # q_norm / k_norm (Gemma 3) weigh each head: their weights have the head size
+            size = arch.head_dim if key[1].endswith(("q_norm", "k_norm")) else arch.hidden
             for name in node.input:
                 w = consts.value(name)
-                if w is not None and w.shape == (arch.hidden,):
+                if w is not None and w.shape == (size,):
                     norms[key] = w.astype(np.float32)
         elif node.op_type == "Gather" and "input_ids" in node.input[1:]:
             table = consts.value(node.input[0])
@@ -230,7 +265,7 @@ def recover(model, arch: Arch, where: str) -> DecoderWeights:
         embed=embed,
         embed_scale=scale,
         lm_head=need(linear, None, "lm_head"),
-        final_norm=need(norms, None, "norm", "model.norm"),
+        final_norm=need(norms, None, "norm", "model.norm", "language_model.norm", "model.language_model.norm"),
     )
     for i in range(arch.layers):
         layer = {}
@@ -246,8 +281,10 @@ def recover(model, arch: Arch, where: str) -> DecoderWeights:
             layer["gate_up"] = np.concatenate([need(linear, i, "mlp.gate_proj"), need(linear, i, "mlp.up_proj")], 1)
         layer["down"] = need(linear, i, "mlp.down_proj")
         norm_names = ["input_layernorm", "post_attention_layernorm"]
-        if arch.family == "gemma2":
+        if arch.sandwich:
             norm_names += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        if arch.qk_norm:
+            norm_names += ["self_attn.q_norm", "self_attn.k_norm"]
         for n in norm_names:
             layer[n] = need(norms, i, n)
         _check_shapes(layer, arch, i, where)
