@@ -137,6 +137,7 @@ class OrtPreparedRun:
         self._owner = owner
         self._fixed = {**fixed_in, **fixed_out}  # referenced, so the bound memory outlives the binding
         self._per_run = [s.name for s in owner.inputs if s.name not in fixed_in]  # what each run must feed
+        self._optional = {s.name for s in owner.optional_inputs}  # what a run may feed besides (logits_to_keep)
         check_feeds(owner.inputs, fixed_in, complete=False)
         self._binding = owner._session.io_binding()
         for name, value in fixed_in.items():
@@ -154,12 +155,16 @@ class OrtPreparedRun:
     def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray]) -> None:
         owner = self._owner
         if feeds or self._per_run:  # a run with everything bound (a decode step) checks nothing again
-            check_feeds(owner.inputs, feeds, complete=False)
+            check_feeds(owner.inputs, feeds, complete=False, optional=owner.optional_inputs)
             missing = [n for n in self._per_run if n not in feeds]
             if missing:
                 raise InputError(f"missing input(s) {missing}")
         for name, value in feeds.items():
-            self._binding.bind_cpu_input(name, np.ascontiguousarray(value))
+            value = value if value.flags.c_contiguous else np.ascontiguousarray(value)  # (which makes a scalar [1])
+            if name in self._optional:  # an overridable initializer: bind_cpu_input finds only the other inputs
+                self._binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value))
+            else:
+                self._binding.bind_cpu_input(name, value)
         for name, buf in out.items():
             self._bind_out(name, buf)
         try:

@@ -11,7 +11,9 @@ The layout is onnxruntime-genai's builder's (``Model.make_group_query_attention`
                softcap, local_window_size) -> MatMul o; MatMul gate, MatMul up -> act(gate) * up -> MatMul down
                (Gemma-2, Gemma 3: post-attention and pre/post-feed-forward norms; Gemma 3: separate q, k, v
                products, each head of q and k RMS-normed before GroupQueryAttention rotates it)
-    final norm -> MatMul lm_head (-> tanh soft-cap) -> logits [B, S, V]
+    final norm -> the last logits_to_keep positions -> MatMul lm_head (-> tanh soft-cap) -> logits [B, S', V]
+    logits_to_keep: an optional int64 scalar input (default 0 = every position, S' = S; k > 0: the last k),
+      as in the GGUF importer's graph; serving asks for the last position only
 
 There is no position_ids input: GroupQueryAttention rotates each row at its own positions, read from
 ``seqlens_k``. Norm weights are the effective multipliers (Gemma's ``1 + w`` already applied). Each
@@ -72,6 +74,7 @@ def build_graph(arch: Arch, w: DecoderWeights):
         delta, residual = _layer(g, arch, i, lw, delta, residual, seqlens_k, total_len)
     _lm_head(g, arch, w, delta, residual)
     inputs, outputs = _inputs_outputs(arch, w)
+    g.inits.append(g.nh.from_array(np.array(0, dtype=np.int64), "logits_to_keep"))  # a scalar (init() makes [1])
     graph = helper.make_graph(g.nodes, "inplace_kv_decoder", inputs, outputs, g.inits)
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=8, producer_name="edge-agent inplace-kv")
@@ -245,6 +248,11 @@ def _lm_head(g: _Graph, arch: Arch, w: DecoderWeights, delta: str, residual: str
     from onnx import helper
 
     x, _ = _norm(g, arch, "norm", delta, w.final_norm, residual)
+    shape = g.init("/model/constants/INT64/[-1]", np.array([-1], dtype=np.int64))
+    (keep,) = g.node("Reshape", ["logits_to_keep", shape], "/model/logits_to_keep/Reshape")
+    (start,) = g.node("Neg", [keep], "/model/logits_to_keep/Neg")  # -0 = 0: every position
+    end = g.init("/model/constants/INT64/[max]", np.array([np.iinfo(np.int64).max], dtype=np.int64))
+    (x,) = g.node("Slice", [x, start, end, "/model/constants/INT64/[1]"], "/model/logits_to_keep/Slice")
     logits_name = "logits" if not arch.final_softcap else "/model/lm_head/output"
     g.nodes.append(
         helper.make_node(
@@ -270,11 +278,12 @@ def _inputs_outputs(arch: Arch, w: DecoderWeights) -> tuple[list, list]:
         helper.make_tensor_value_info("input_ids", i64, ["batch_size", "sequence_length"]),
         helper.make_tensor_value_info("attention_mask", i64, ["batch_size", "total_sequence_length"]),
     ]
-    outputs = [helper.make_tensor_value_info("logits", f32, ["batch_size", "sequence_length", w.lm_head.shape[1]])]
+    outputs = [helper.make_tensor_value_info("logits", f32, ["batch_size", "logits_length", w.lm_head.shape[1]])]
     for i in range(arch.layers):
         for kv in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kv}", f32, kv_shape))
             outputs.append(helper.make_tensor_value_info(f"present.{i}.{kv}", f32, present_shape))
+    inputs.append(helper.make_tensor_value_info("logits_to_keep", i64, []))  # its default: an initializer
     return inputs, outputs
 
 

@@ -1,5 +1,9 @@
 """Runs of an in-place KV graph over a ``SlotCache``'s rows, through I/O bindings prepared once.
 
+A prompt's run asks for the last position's logits only where the graph can skip the rest (its
+optional ``logits_to_keep`` input, which in-place graphs converted by ``engines.inplace_kv`` have): the
+head of a 262k-token vocabulary costs a 671 MB product per prompt token otherwise.
+
 A run's rows ``first…first+count-1`` have past = present = their slot views, which stay the same
 memory until the cache reallocates (which clears ``SlotCache.prepared``), so each binding is made once
 per (session, rows) and kept with the cache. A prompt (or a chunk of one) binds its ids, mask and logits
@@ -13,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..backends import BindingSession, PreparedRun
+from ..backends import BindingSession, PreparedRun, optional_inputs
 from .kv_slots import SlotCache
 
 
@@ -32,11 +36,13 @@ class SlotRuns:
         # decode steps feed the mask at the full KV width from the cache's buffer (SlotCache.mask), once the
         # model has been seen to give the same logits that way (DecoderLM.warmup)
         self.full_width_mask = False
+        self.last_only = "logits_to_keep" in optional_inputs(binding)
 
     def rows(
         self, cache: SlotCache, first: int, count: int, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray
     ) -> np.ndarray:
-        """Run rows ``first…`` (a prompt or a chunk of one): logits [count, S, V]."""
+        """Run rows ``first…`` (a prompt or a chunk of one): logits [count, S, V], or [count, 1, V] (the last
+        position's) where the graph takes ``logits_to_keep``."""
         # a run holds its session, so the id is not reused while the entry lives
         key = (id(self.binding), first, count)
         run = cache.prepared.get(key)
@@ -45,7 +51,9 @@ class SlotRuns:
         feeds = {"input_ids": ids, "attention_mask": mask}
         if self.has_position_ids:
             feeds["position_ids"] = positions
-        logits = np.empty((count, ids.shape[1], self.vocab), dtype=np.float32)
+        if self.last_only:
+            feeds["logits_to_keep"] = np.array(1, dtype=np.int64)
+        logits = np.empty((count, 1 if self.last_only else ids.shape[1], self.vocab), dtype=np.float32)
         run.run(feeds, {"logits": logits})
         return logits
 

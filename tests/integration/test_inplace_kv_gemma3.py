@@ -112,6 +112,25 @@ def test_scheduler_on_the_converted_folder_greedy_equals_decoderlm_on_the_import
         ref.close()
 
 
+def test_prompts_ask_the_converted_graph_for_the_last_position_only(plain, converted):
+    import onnxruntime as ort
+
+    cfg = json.loads((plain / "config.json").read_text())
+    every = _bare_steps(converted[0], cfg, PROMPTS[0], 0, positions=False)[0]  # logits_to_keep left at 0
+    sess = ort.InferenceSession(str(converted[0] / "model.onnx"), providers=["CPUExecutionProvider"])
+    ids = np.asarray([PROMPTS[0]], np.int64)
+    past = {i.name: np.zeros((1, TINY.kv_heads, 0, TINY.head_dim), np.float32) for i in sess.get_inputs()[2:]}
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "logits_to_keep": np.array(1, np.int64), **past}
+    (last,) = sess.run(["logits"], feeds)
+    assert last.shape == (1, 1, every.shape[-1])
+    np.testing.assert_allclose(last[0, 0], every[-1], rtol=0, atol=1e-5)
+    lm = DecoderLM.open(inspect_folder(converted[0]), "onnxruntime", SessionOptions(threads=1))
+    try:
+        assert lm._slot_runs.last_only  # as served: the head runs on one position per prompt
+    finally:
+        lm.close()
+
+
 MISSTATED = {
     "local RoPE base": {"rope_local_base_freq": 1_000_000.0},
     "layer pattern": {"layer_types": ["sliding_attention"] * 7},
