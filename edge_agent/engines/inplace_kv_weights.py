@@ -229,7 +229,7 @@ def recover(model, arch: Arch, where: str) -> DecoderWeights:
             if w is not None and w.ndim == 2:
                 if node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute):
                     w = w.T
-                linear[key] = w.astype(np.float32)
+                linear[key] = w.astype(np.float32, copy=False)  # no second copy of a float32 weight
         elif node.op_type == "Mul" and key[1].endswith("norm"):
             # q_norm / k_norm (Gemma 3) weigh each head: their weights have the head size
             size = arch.head_dim if key[1].endswith(("q_norm", "k_norm")) else arch.hidden
@@ -240,7 +240,7 @@ def recover(model, arch: Arch, where: str) -> DecoderWeights:
         elif node.op_type == "Gather" and "input_ids" in node.input[1:]:
             table = consts.value(node.input[0])
             if table is not None and table.ndim == 2:
-                embed = table.astype(np.float32)
+                embed = table.astype(np.float32, copy=False)
                 for use in consumers.get(node.output[0], []):
                     factors = [consts.value(i) for i in use.input if i != node.output[0]]
                     if use.op_type == "Mul" and factors and factors[0] is not None and factors[0].size == 1:
