@@ -49,11 +49,14 @@ def requantize(src: Path, dst: Path, kind: str) -> None:
     code = (
         "import sys, llama_cpp as L\n"
         "p = L.llama_model_quantize_default_params(); p.ftype = int(sys.argv[3]); p.nthread = 2\n"
+        "p.allow_requantize = True  # from the shipped blocks, as llama-quantize --allow-requantize\n"
         "rc = L.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p)\n"
         "sys.exit(rc)\n"
     )
     tmp = dst.with_suffix(".partial")
-    subprocess.run([str(LLAMA_PY), "-c", code, str(src), str(tmp), str(FTYPES[kind])], check=True)
+    done = subprocess.run([str(LLAMA_PY), "-c", code, str(src), str(tmp), str(FTYPES[kind])], capture_output=True)
+    if done.returncode != 0:
+        sys.exit(f"bench-gguf-peers: llama.cpp could not requantize to {kind}: {done.stderr.decode()[-300:]}")
     tmp.rename(dst)
 
 

@@ -16,7 +16,6 @@ when the folder is served.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -26,18 +25,10 @@ from pathlib import Path
 from ..errors import BackendUnavailable, ModelError
 from .ct2_file import Ct2File
 from .result import ImportResult, ProgressFn, imported_dir
-from .staging import staged_folder
+from .staging import sha256_file, staged_folder
 
 IMPORT_RECORD = "import.json"
 GRAPHS = ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _layers(f: Ct2File, side: str) -> int:
@@ -169,7 +160,7 @@ def import_ct2_whisper(
         step()
         onnx.save_model(build_decoder(dims, f.tensor, with_past=True), str(folder / GRAPHS[2]))
         step()
-        source_sha = _sha256(f.path)
+        source_sha = sha256_file(f.path)
         record = {
             "format": 1,
             "source": {

@@ -10,7 +10,6 @@ terms for Gemma 3, MIT for Whisper), never redistributed by this project.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 from ..errors import ModelError
 from . import import_model
 from .result import ImportResult
-from .staging import staged_folder
+from .staging import sha256_file, staged_folder
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,19 +118,11 @@ def sources_dir(cache_dir: Path) -> Path:
     return Path(cache_dir) / "sources"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _verified(folder: Path, model: PackagedModel) -> bool:
     return all(
         (folder / f.name).is_file()
         and (folder / f.name).stat().st_size == f.bytes
-        and _sha256(folder / f.name) == f.sha256
+        and sha256_file(folder / f.name) == f.sha256
         for f in model.files
     )
 
@@ -178,7 +169,7 @@ def download_source(
                     for member in f.members:
                         with zipfile.ZipFile(members[member]) as zf, zf.open(member) as src:
                             shutil.copyfileobj(src, out, 1 << 22)
-                got = _sha256(target)
+                got = sha256_file(target)
                 if got != f.sha256:
                     raise ModelError(
                         f"{model.name}: {f.name} has sha256 {got}, expected {f.sha256}: not the pinned file"

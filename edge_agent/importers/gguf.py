@@ -9,7 +9,6 @@ and accuracy gate applies to it. Nothing is written at the destination unless th
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -21,7 +20,7 @@ from ..errors import ModelError
 from .gguf_arch import DecoderSpec, check_tensors, hf_config, read_spec
 from .gguf_file import GgufFile
 from .result import ImportResult, ProgressFn, imported_dir
-from .staging import staged_folder
+from .staging import sha256_file, staged_folder
 
 IMPORT_RECORD = "import.json"
 IMPORTER_VERSION = 3  # bumped when the folder this import writes changes (graph, tokenizer, config)
@@ -31,14 +30,6 @@ def default_name(f: GgufFile) -> str:
     """A folder name from the file's ``general.name`` (``Gemma 3 270m`` -> ``gemma-3-270m``), else its stem."""
     raw = str(f.get("general.name", "") or "") or f.path.stem
     return re.sub(r"[^a-z0-9.]+", "-", raw.lower()).strip("-.") or "imported-model"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def fp32_bytes(spec: DecoderSpec) -> int:
@@ -109,7 +100,7 @@ def import_gguf(
         model = build_decoder(spec, f.tensor, folder, progress=lambda layer: step())
         onnx.save_model(model, str(folder / "model.onnx"))
         step()
-        source_sha = _sha256(f.path)
+        source_sha = sha256_file(f.path)
         step()
         record = {
             "format": 1,

@@ -1,4 +1,6 @@
-"""Write a model folder all or nothing: a staging folder beside the destination, renamed into place when done.
+"""Write a model folder all or nothing, and hash what an import reads.
+
+A staging folder beside the destination is renamed into place when done.
 
 A crash, an exception or Ctrl-C mid-import leaves at most a ``.<name>.importing-*`` folder, which the next
 import of the same destination removes; the destination itself is either the old complete folder or the
@@ -9,6 +11,7 @@ empty files in it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -56,3 +59,12 @@ def staged_folder(dest: Path, replace: bool = True) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def sha256_file(path: Path) -> str:
+    """The file's sha256, read in 4 MiB pieces (the pin every fetched and imported source is checked by)."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        while chunk := fh.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
