@@ -13,9 +13,10 @@ IN.npz holds ``features`` float32 [N, mels, 3000] (log-mel computed by the agent
 - ``step_logits_<n>`` [steps, V]: the logits CTranslate2 computed at each of those steps
   (``return_logits_vocab``), suppressed entries included as it returns them;
 
-and, when ``wavs`` is not empty, ``texts`` from faster-whisper's ``WhisperModel.transcribe`` of each WAV
-(its own features, greedy: beam 1, temperature 0, no timestamps, no VAD filter, not conditioned on
-previous text, language en).
+and, for the ``wavs``: ``fw_features`` [N, mels, 3000], faster-whisper's own log-mel of each WAV as its
+``transcribe`` feeds the model (``FeatureExtractor``, the last frame dropped, zeros to 3000 frames), and
+``texts``, its ``WhisperModel.transcribe`` of each (greedy: beam 1, temperature 0, no timestamps, no VAD
+filter, not conditioned on previous text, language en).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import sys
 import ctranslate2
 import numpy as np
 from faster_whisper import WhisperModel
+from faster_whisper.audio import decode_audio, pad_or_trim
+from faster_whisper.feature_extractor import FeatureExtractor
 
 
 def main() -> int:
@@ -48,6 +51,12 @@ def main() -> int:
         out[f"greedy_ids_{i}"] = np.asarray(res.sequences_ids[0], np.int64)
         out[f"step_logits_{i}"] = np.stack([np.array(x).reshape(-1) for x in res.logits[0]]).astype(np.float32)
     out["encoder"] = np.stack(enc).astype(np.float32)
+    extractor = FeatureExtractor(feature_size=feats.shape[1])
+    fw_feats = []
+    for w in wavs:
+        f = extractor(decode_audio(w))
+        fw_feats.append(pad_or_trim(f[:, : f.shape[-1] - 1]))
+    out["fw_features"] = np.stack(fw_feats).astype(np.float32) if fw_feats else np.zeros((0,), np.float32)
     texts = []
     fw = WhisperModel(ct2_dir, device="cpu", compute_type="float32", cpu_threads=2) if wavs else None
     for w in wavs:

@@ -449,7 +449,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--openvino", action="store_true", help="also the Whisper base tier on OpenVINO")
     ap.add_argument("--utterances", type=int, default=len(SENTENCES), help=f"corpus size (at most {len(SENTENCES)})")
-    ap.add_argument("--concurrency-utts", type=int, default=16, help="utterances for the 1-vs-4-streams part")
+    ap.add_argument("--concurrency-utts", type=int, default=16, help="utterances for the 1-vs-4-streams part (0: none)")
+    ap.add_argument("--mode", choices=("both", "non_streaming", "streaming"), default="both", help="wyoming-bench's")
     ap.add_argument("--write-docs", action="store_true", help="the table and plot into docs/benchmarks.md")
     args = ap.parse_args()
     work = args.work.resolve()
@@ -460,7 +461,7 @@ def main() -> int:
     servers = start_servers(args, work, bin_dir, ct2)
     try:
         bench = [
-            str(bin_dir / "wyoming-bench"), "stt", "--corpus", str(folder), "--mode", "both",
+            str(bin_dir / "wyoming-bench"), "stt", "--corpus", str(folder), "--mode", args.mode,
             "--rounds", str(args.rounds), "--warmup", "1", "--chunk-samples", "1024", "--chunk-delay", "0.064",
             "--config", '{"language": "en"}', "-v", *(f"127.0.0.1:{s['port']}" for s in servers),
         ]  # fmt: skip
@@ -471,7 +472,7 @@ def main() -> int:
         print(f"wyoming-bench took {time.monotonic() - started:.0f} s", flush=True)
         parsed = parse_bench(text, servers)
         summary = summarize(parsed["rows"], parsed["edits"])
-        conc = concurrency(servers, folder, args.concurrency_utts)
+        conc = concurrency(servers, folder, args.concurrency_utts) if args.concurrency_utts > 0 else {}
     finally:
         stop_servers(servers)
     result = {

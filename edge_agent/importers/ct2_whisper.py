@@ -256,6 +256,8 @@ def _write_configs(folder: Path, dims, ct2_config: dict, ids: dict) -> None:
         "return_attention_mask": False,
         "sampling_rate": 16000,
         "processor_class": "WhisperProcessor",
+        # padded as faster-whisper pads (its log-mel, then zeros), the features this model is served with there
+        "feature_padding": "log_mel",
     }
     for file, data in (
         ("config.json", config),

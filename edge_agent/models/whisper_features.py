@@ -7,6 +7,11 @@
 Computed in float64 like the reference extractor, returned as float32 ``[n_mels, 3000]``.
 Parameters come from the model's ``preprocessor_config.json``, so a Whisper with 128 mel bins
 (large-v3) works the same way.
+
+``feature_padding = "log_mel"`` in that file (what ``models import`` writes for a faster-whisper folder)
+pads as faster-whisper does instead: the log-mel of the audio alone (plus one hop of zeros; the clamp's
+maximum over those frames, the last two dropped), then zeros up to 3000 frames. The model then sees
+what it sees under faster-whisper, whose transcripts it then gives.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ class WhisperFeatureConfig:
     hop_length: int = 160
     n_samples: int = 480000  # chunk_length (30 s) × sampling_rate
     padding_value: float = 0.0
+    feature_padding: str = "audio"  # "audio": the waveform padded with silence; "log_mel": faster-whisper's
 
     @property
     def nb_max_frames(self) -> int:
@@ -50,6 +56,7 @@ class WhisperFeatureConfig:
             hop_length=int(data.get("hop_length", 160)),
             n_samples=int(data.get("n_samples", int(data.get("chunk_length", 30)) * rate)),
             padding_value=float(data.get("padding_value", 0.0)),
+            feature_padding="log_mel" if data.get("feature_padding") == "log_mel" else "audio",
         )
 
 
@@ -73,6 +80,8 @@ def pad_or_trim(samples: np.ndarray, cfg: WhisperFeatureConfig) -> np.ndarray:
 
 def log_mel_spectrogram(samples: np.ndarray, cfg: WhisperFeatureConfig = WhisperFeatureConfig()) -> np.ndarray:
     """``input_features`` for one waveform (16 kHz float mono), float32 ``[feature_size, nb_max_frames]``."""
+    if cfg.feature_padding == "log_mel":
+        return _log_mel_then_zeros(samples, cfg)
     x = pad_or_trim(samples, cfg).astype(np.float64)
     used = min(np.asarray(samples).size, cfg.n_samples)
     half = cfg.n_fft // 2
@@ -89,3 +98,23 @@ def log_mel_spectrogram(samples: np.ndarray, cfg: WhisperFeatureConfig = Whisper
     log_spec = np.log10(np.maximum(mel, 1e-10)).T[:, :-1]
     log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
     return ((log_spec + 4.0) / 4.0).astype(np.float32)
+
+
+def _log_mel_then_zeros(samples: np.ndarray, cfg: WhisperFeatureConfig) -> np.ndarray:
+    """faster-whisper's features: the audio and one hop of zeros, centred STFT (reflect), the last frame
+    dropped, log10, clamp to max − 8, (x + 4) / 4; the last content frame dropped; zeros to 3000 frames."""
+    x = np.asarray(samples, np.float64).reshape(-1)[: cfg.n_samples]
+    x = np.concatenate([x, np.zeros(cfg.hop_length)])
+    half = cfg.n_fft // 2
+    x = np.pad(x, (half, half), mode="reflect" if x.size > half else "constant")
+    count = 1 + (x.size - cfg.n_fft) // cfg.hop_length
+    idx = np.arange(cfg.n_fft)[None, :] + cfg.hop_length * np.arange(count)[:, None]
+    spec = np.fft.rfft(x[idx] * _hann(cfg.n_fft), axis=-1)
+    power = (spec.real**2 + spec.imag**2)[:-1]  # the STFT's last frame dropped
+    mel = power @ mel_filters(cfg.feature_size, cfg.n_fft, cfg.sampling_rate)
+    log_spec = np.log10(np.maximum(mel, 1e-10)).T
+    log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
+    content = ((log_spec + 4.0) / 4.0)[:, : max(0, log_spec.shape[1] - 1)][:, : cfg.nb_max_frames]
+    out = np.zeros((cfg.feature_size, cfg.nb_max_frames), np.float32)
+    out[:, : content.shape[1]] = content
+    return out

@@ -102,7 +102,7 @@ def test_recogniser_serves_the_imported_folder(imported, backend):
     # under the same suppression (specials, timestamps, suppress_tokens, begin_suppress at the start)
     from edge_agent.models.whisper_features import log_mel_spectrogram
 
-    hidden = tiny.encode(w, log_mel_spectrogram(x))
+    hidden = tiny.encode(w, log_mel_spectrogram(x, rec.features))
     prompt = rec.prompt("en")
     ids: list[int] = []
     for _ in hyp.token_ids:

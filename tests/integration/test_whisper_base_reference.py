@@ -3,7 +3,9 @@
 Same log-mel features into both: the encoder outputs agree within 5e-3 (absolute, on activations of
 magnitude ~25: float32 sums in another order), the decoder's logits along CTranslate2's greedy path within
 1e-3, and greedy decoding (same prompt, same suppression) gives the same token ids on every utterance of
-a speech set of several voices and speeds.
+a speech set of several voices and speeds. The features the tier serves with (padded as faster-whisper
+pads them) equal faster-whisper's own within 2e-3, and its transcripts equal faster-whisper's greedy
+``transcribe`` of the same WAVs, word for word.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def test_encoder_logits_and_greedy_ids_match_ctranslate2(setup):
     tmp, folder, python, speech = setup
     audio = [sf.read(str(w), dtype="float32")[0] for w, _ in speech]
     feats = np.stack([log_mel_spectrogram(x) for x in audio])
-    np.savez(tmp / "in.npz", features=feats, wavs=np.array([], dtype=str))
+    np.savez(tmp / "in.npz", features=feats, wavs=np.array([str(w) for w, _ in speech]))
     script = whisper_base.REPO / "scripts" / "whisper_reference.py"
     subprocess.run(
         [str(python), str(script), str(whisper_base.ct2_folder()), str(tmp / "in.npz"), str(tmp / "ref.npz")],
@@ -45,6 +47,10 @@ def test_encoder_logits_and_greedy_ids_match_ctranslate2(setup):
     )
     ref = np.load(tmp / "ref.npz")
     rec = open_recognizer(inspect_folder(folder), language="en")
+    # the imported folder pads its log-mel as faster-whisper does (preprocessor_config feature_padding)
+    assert rec.features.feature_padding == "log_mel"
+    served = np.stack([log_mel_spectrogram(x, rec.features) for x in audio])
+    np.testing.assert_allclose(served, ref["fw_features"], atol=2e-3, rtol=0)
     for i, x in enumerate(audio):
         hidden = rec.encode_features(feats[i : i + 1])
         np.testing.assert_allclose(hidden[0], ref["encoder"][i], atol=5e-3, rtol=0)
@@ -57,6 +63,10 @@ def test_encoder_logits_and_greedy_ids_match_ctranslate2(setup):
         assert want.shape[0] == len(theirs) + 1  # each generated token, then the end of text
         finite = want > -1e30  # CTranslate2 returns suppressed entries at float32's lowest
         np.testing.assert_allclose(logits[finite], want[finite], atol=1e-3, rtol=0)
-        ours = list(rec.transcribe(x).token_ids)
-        assert ours == theirs, (speech[i][1], rec.text(ours), rec.text(theirs))
+        # greedy ids on the same features (the default, silence-padded extractor's): CTranslate2's exactly
+        ids = rec.decode(hidden, [prompt], [[]], [rec._budget(len(x) / 16000, 0)])[0]
+        assert ids == theirs, (speech[i][1], rec.text(ids), rec.text(theirs))
+    # and what the tier serves, end to end, is faster-whisper's transcribe of the same WAV
+    served_texts = [rec.transcribe(x).text for x in audio]
+    assert served_texts == [str(t) for t in ref["texts"]]
     rec.close()
