@@ -432,7 +432,10 @@ def table(summary: dict, conc: dict) -> str:
     ]  # fmt: skip
     for name, s in summary.items():
         ns, st, c = s.get("non_streaming", {}), s.get("streaming", {}), conc.get(name, {})
-        ttft = f"{st['ttft_p50']:.0f} / {st['ttft_p95']:.0f}" if "ttft_p50" in st else "no chunks (not streaming)"
+        if "ttft_p50" in st:
+            ttft = f"{st['ttft_p50']:.0f} / {st['ttft_p95']:.0f}"
+        else:  # wyoming-faster-whisper does not stream; the others were not measured streaming (--mode)
+            ttft = "no chunks (not streaming)" if name.startswith("wyoming-faster-whisper") else "not measured"
         cc = f"{c['four_p95']:.0f} / {c['one_p95']:.0f} ms, {c['lost']}" if c else "–"
         spread = f"[{ns.get('total_p25', 0):.0f}–{ns.get('total_p75', 0):.0f}]"
         lines.append(
