@@ -175,6 +175,7 @@ def optimize(src: Path, dst: Path, threads: int = 0) -> dict:
     # EXTENDED, not ALL: ALL adds layout transforms tied to this CPU's ISA and saves poorly.
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     so.optimized_model_filepath = str(dst)
+    so.log_severity_level = 3  # an overridable initializer (logits_to_keep) is meant, not worth a warning
     if threads:
         so.intra_op_num_threads = threads
     if _needs_external(src):
