@@ -85,6 +85,14 @@ def optional_inputs(session: Session) -> frozenset[str]:
     return frozenset(s.name for s in getattr(session, "optional_inputs", ()))
 
 
+def last_position_only(session: Session) -> bool:
+    """Whether ``session``'s ``logits`` hold one position per sequence whatever it is fed (their position dim is
+    fixed at 1): a TensorRT engine of a decoder with ``logits_to_keep``, built to keep the last position. What
+    needs every position's logits feeds such a session one token a call."""
+    spec = next((s for s in session.outputs if s.name == "logits"), None)
+    return spec is not None and len(spec.shape) == 3 and spec.shape[1] == 1
+
+
 def is_stateful(session: Session) -> bool:
     """Whether ``session`` keeps a model's state (an LLM's KV cache) in the runtime, with ``reset_state()``
     to start a new sequence: OpenVINO's stateful IRs, which the NPU's LLM mode runs."""

@@ -261,6 +261,12 @@ class TensorRTSession:
         return TensorSpec(t.name, t.dtype.name, tuple(d if d >= 0 else None for d in t.shape))
 
     @property
+    def io_buffer_bytes(self) -> dict[str, int]:
+        """Device bytes held per IO tensor (each also has a pinned host copy of the same size): the largest
+        shape any profile allows, e.g. ``logits`` at the most sequences times positions times vocabulary."""
+        return {t.name: t.device.nbytes for t in self._tensors if t.device is not None}
+
+    @property
     def profiles(self) -> tuple[dict[str, tuple[Shape, Shape, Shape]], ...]:
         """Per optimization profile: input name -> (min, opt, max) shape."""
         return self._profiles

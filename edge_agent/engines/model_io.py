@@ -2,7 +2,10 @@
 
 - LLM (decoder export with KV cache): a prompt is tokenized (chat template for ``messages``), cut
   to ``max_tokens``, and run as one prefill with an empty past; the logits of every position are a
-  teacher-forced next-token prediction, i.e. one decode step each.
+  teacher-forced next-token prediction, i.e. one decode step each. An engine that gives the last
+  position's logits only (``backends.last_position_only``: TensorRT engines of imported decoders)
+  prefills the first half of the prompt and decodes the rest one token a call, teacher-forced: the
+  logits of the positions from the prefill's last on (the gate compares those with FP32's).
 - ASR (streaming CTC, ``demo-asr``): an utterance is streamed in the model's own chunks with its
   GRU state carried, exactly as served; calibration records the real chunk inputs (features and
   states), and the gate decodes text greedily and scores WER.
@@ -18,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backends import Session, SessionOptions, is_stateful, open_session
+from ..backends import Session, SessionOptions, is_stateful, last_position_only, open_session
 from ..errors import InputError, ModelError
 from ..models.catalog import ModelRef
 from .datasets import AudioSample, TextSample
@@ -93,16 +96,26 @@ class LlmProbe:
     def calibration_feeds(self, session: Session, samples: Sequence[TextSample]) -> list[dict[str, np.ndarray]]:
         return [self.feeds(session, self.token_ids(s)) for s in samples]
 
-    def run(self, session: Session, samples: Sequence[TextSample], progress: Progress | None = None) -> Timed:
+    def run(
+        self,
+        session: Session,
+        samples: Sequence[TextSample],
+        progress: Progress | None = None,
+        every_position: bool = True,
+    ) -> Timed:
         """Logits ``[positions, vocab]`` per sample, with the latency of each prefill (of each sample's
-        steps, for a stateful model)."""
+        steps, for a stateful model). ``every_position=False`` (speed): a last-position engine runs the
+        prefill alone, and its one row comes back."""
         outs, lat = [], []
         stateful = is_stateful(session)
+        last_only = last_position_only(session) and every_position
         for i, s in enumerate(samples):
             ids = self.token_ids(s)
             t0 = time.perf_counter()
             if stateful:
                 logits = self._stepped(session, ids)
+            elif last_only:
+                logits = self._prefill_then_steps(session, ids)
             else:
                 logits = session.run(self.feeds(session, ids), ["logits"])["logits"]
             lat.append((time.perf_counter() - t0) * 1e3)
@@ -110,6 +123,28 @@ class LlmProbe:
             if progress:
                 progress(i + 1, len(samples))
         return Timed(outs, lat)
+
+    def _prefill_then_steps(self, session: Session, ids: Sequence[int]) -> np.ndarray:
+        """Teacher-forced logits ``[1, n - h + 1, vocab]`` of an engine that keeps the last position only: a
+        prefill of the first ``h = max(n // 2, 1)`` tokens (its last position's logits), then one token a
+        call with the KV cache carried, so both the prefill and the decode profile are scored."""
+        dtypes = {s.name: s.dtype for s in session.inputs}
+        head = max(len(ids) // 2, 1)
+        feeds = self.feeds(session, ids[:head])
+        out = session.run(feeds)
+        rows = [out["logits"][0, -1]]
+        for n in range(head + 1, len(ids) + 1):
+            feeds.update(
+                {k.replace("present.", "past_key_values.", 1): v for k, v in out.items() if k.startswith("present.")}
+            )
+            feeds["input_ids"] = np.asarray([ids[n - 1 : n]], dtype=dtypes["input_ids"])
+            if "attention_mask" in feeds:
+                feeds["attention_mask"] = np.ones((1, n), dtype=dtypes["attention_mask"])
+            if "position_ids" in feeds:
+                feeds["position_ids"] = np.asarray([[n - 1]], dtype=dtypes["position_ids"])
+            out = session.run(feeds)
+            rows.append(out["logits"][0, -1])
+        return np.stack(rows)[None]
 
     @staticmethod
     def _stepped(session: Session, ids: Sequence[int]) -> np.ndarray:

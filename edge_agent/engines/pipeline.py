@@ -254,14 +254,14 @@ class Pipeline:
         return read_audio_manifest(path, spec.samples, need_text=True)
 
     def _run_held_out(
-        self, session_or_runner, label: str, samples=None
+        self, session_or_runner, label: str, samples=None, every_position: bool = True
     ) -> tuple[list[np.ndarray], list[float], list[str]]:
         samples = self._heldout() if samples is None else samples
         with self.hb.bar(label, "samples") as bar:
             cb = self.hb.callback(bar)
             if self.recipe.workload == "llm":
                 probe = LlmProbe(self.ref, self.recipe.calibration.max_tokens if self.recipe.calibration else 64)
-                timed = probe.run(session_or_runner, samples, cb)
+                timed = probe.run(session_or_runner, samples, cb, every_position)
                 return timed.outputs, timed.latency_ms, []
             timed, texts = AsrProbe(self.ref).run(session_or_runner, samples, cb)
             return timed.outputs, timed.latency_ms, texts
@@ -280,7 +280,8 @@ class Pipeline:
         try:
             for r in range(rounds):
                 for handle, acc, name in ((reference, ref_ms, "fp32"), (candidate, cand_ms, parts["precision"])):
-                    acc.extend(self._run_held_out(handle, f"speed {name} (round {r + 1}/{rounds})", samples)[1])
+                    label = f"speed {name} (round {r + 1}/{rounds})"
+                    acc.extend(self._run_held_out(handle, label, samples, every_position=False)[1])
             if self.recipe.workload == "llm":
                 out = self._decode_speed(reference, candidate, samples, staged / "model", parts)
         finally:
@@ -376,8 +377,9 @@ class Pipeline:
         if self.recipe.workload == "llm":
             with np.load(staged / "reference.npz") as ref:
                 ref_outs = [ref[f"arr_{i}"] for i in range(len(ref.files))]
-            if outs and len(outs[0]) == len(ref_outs[0]) - 1:  # a stateful model's steps start at position 1
-                ref_outs = [r[1:] for r in ref_outs]
+            # A stateful model's steps start at position 1, a last-position engine's at its prefill's last
+            # position: each compares the positions it gave, the prompt's last ones.
+            ref_outs = [r[len(r) - len(o) :] if len(o) < len(r) else r for r, o in zip(ref_outs, outs)]
             metrics = gates.llm_metrics(ref_outs, outs)
             if ppl is not None:
                 ref_ppl = reference["perplexity"]["perplexity"]

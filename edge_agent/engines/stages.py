@@ -263,9 +263,15 @@ def compile_artifact(ctx: StageContext, staged: Path, parts: KeyParts, req: Buil
         )
     else:
         from .tensorrt_build import BuildSpec, build_plan, load_tensorrt
+        from .tensorrt_graph import decoder_profile_problems, last_position_graph
 
         trt = load_tensorrt()
         onnx_path = converted if converted.is_file() else src
+        graph, graph_notes = last_position_graph(onnx_path)
+        profiles = profile_shapes(ctx.recipe, parts["target"], onnx_path)
+        problems = decoder_profile_problems(profiles, ctx.ref.config.get("max_position_embeddings"))
+        if problems:
+            raise InputError(f"recipe {ctx.recipe.name}: {'; '.join(problems)}")
         calibrator = None
         if parts["flavour"] == "calibrator":
             from ..backends.cuda import select_cuda
@@ -278,13 +284,15 @@ def compile_artifact(ctx: StageContext, staged: Path, parts: KeyParts, req: Buil
             onnx=onnx_path,
             plan=model_dir / "model.plan",
             precision=precision,
-            profiles=profile_shapes(ctx.recipe, parts["target"], onnx_path),
+            profiles=profiles,
             timing_cache=ctx.timing_dir / f"trt-{parts['runtime_version']}-"
             f"{parts['device'].replace(':', '_').replace(' ', '_')}.cache",
             calibrator=calibrator,
+            graph=graph,
         )
         # TensorRT calls this from C++: keep systemd patient, never raise here (a cancel waits for the plan).
         out = build_plan(trt, spec, progress=lambda *_: ctx.hb.pulse())
+        out.update(graph_notes)
     out["seconds"] = round(time.perf_counter() - t0, 2)
     return out
 

@@ -12,8 +12,8 @@ optimization profile (LLMs: ``prefill`` and ``decode``); the timing cache is loa
 saved after each build (one file per TensorRT version and device). Progress and systemd
 keep-alives come through ``IProgressMonitor`` (TensorRT >= 10.0).
 
-Only documented Python API calls are used (``Builder``, ``create_network``, ``OnnxParser.parse_from_file``,
-``create_builder_config``, ``set_memory_pool_limit``, ``create_optimization_profile``/``set_shape``,
+Only documented Python API calls are used (``Builder``, ``create_network``, ``OnnxParser.parse_from_file``
+/ ``parse``, ``create_builder_config``, ``set_memory_pool_limit``, ``create_optimization_profile``/``set_shape``,
 ``create_timing_cache``/``set_timing_cache``/``get_timing_cache``, ``build_serialized_network``).
 """
 
@@ -70,6 +70,7 @@ class BuildSpec:
     workspace_bytes: int = 1 << 30
     calibrator: Any = None  # an IInt8EntropyCalibrator2, TensorRT < 11 only (flavour "calibrator")
     extra: dict = field(default_factory=dict)
+    graph: bytes | None = None  # a serialized graph parsed instead of the file ``onnx`` (whose folder has the weights)
 
 
 def _logger(trt: Any) -> Any:
@@ -128,7 +129,10 @@ def build_plan(trt: Any, spec: BuildSpec, progress: Callable[[str, int, int], No
         flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if strongly_typed else 0
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(spec.onnx)):  # reads external weights next to the file
+    # Both read external weights beside spec.onnx (parse: from the path given with the bytes).
+    onnx_file = str(spec.onnx)
+    parsed = parser.parse(spec.graph, onnx_file) if spec.graph is not None else parser.parse_from_file(onnx_file)
+    if not parsed:
         errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
         raise InputError(f"TensorRT {version} could not parse {spec.onnx}: {' | '.join(errors) or logger.drain()}")
 

@@ -174,7 +174,9 @@ def inspect_folder(folder: Path, name: str | None = None) -> ModelRef:
     if "openvino_model.xml" in files:
         _require(folder, files, ["openvino_model.bin", "tokenizer.json"])
         return ModelRef(name, folder, "llm", "openvino-ir", config)
-    _require(folder, files, ["model.onnx", "tokenizer.json"])
+    # a TensorRT engine's folder (the build's artifact) holds its plan in place of the graph
+    graph = "model.plan" if "model.plan" in files and "model.onnx" not in files else "model.onnx"
+    _require(folder, files, [graph, "tokenizer.json"])
     return ModelRef(name, folder, "llm", model_type, config)
 
 

@@ -13,8 +13,10 @@ transformers, so the two numbers compare:
 A window is fed in chunks of ``chunk`` tokens with the KV cache carried (``present`` of one chunk is
 the next chunk's ``past``), so memory stays bounded by ``chunk`` x vocabulary logits, never a whole
 window's. Where the session has the optional ``logits_to_keep`` input (imported decoders), each chunk
-asks only for the positions it scores. Log-probabilities are taken in float64 (log-sum-exp), in row
-blocks, and the negative log-likelihood is summed in float64.
+asks only for the positions it scores. A session that gives the last position's logits only (a TensorRT
+engine of such a decoder, ``backends.last_position_only``) takes the unscored head of a window in chunks
+and then one token a call, each call's logits being the next scored position's. Log-probabilities are
+taken in float64 (log-sum-exp), in row blocks, and the negative log-likelihood is summed in float64.
 
 Besides perplexity the result holds each scored position's argmax: the token greedy decoding would
 pick there, which the accuracy gate compares between an engine and FP32 (greedy agreement).
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..backends import Session, is_stateful, optional_inputs
+from ..backends import Session, is_stateful, last_position_only, optional_inputs
 from ..errors import InputError, ModelError
 from .tokenizer import Tokenizer
 
@@ -146,6 +148,7 @@ class _Feeder:
             raise ModelError("the model has no input_ids input (not a decoder export)")
         self.dtypes = {s.name: s.dtype for s in session.inputs}
         self.keep = "logits_to_keep" in optional_inputs(session)
+        self.last_only = last_position_only(session)
         self.outputs = ["logits", *(present for _, present, _ in self.past)]
 
     def window(self, ids: Sequence[int], need_from: int, chunk: int) -> np.ndarray:
@@ -153,8 +156,11 @@ class _Feeder:
         cache = {name: np.zeros((1, heads, 0, dim), dtype=self.dtypes[name]) for name, _, (heads, dim) in self.past}
         parts: list[np.ndarray] = []
         n = len(ids)
-        for a in range(0, n, chunk):
+        a = 0
+        while a < n:
             b = min(a + chunk, n)
+            if self.last_only:  # a call's one row is its last position: end each call where it is needed
+                b = min(b, need_from + 1) if a < need_from else a + 1
             feeds: dict[str, np.ndarray] = {
                 "input_ids": np.asarray([ids[a:b]], dtype=self.dtypes["input_ids"]),
                 **cache,
@@ -170,6 +176,7 @@ class _Feeder:
             cache = {name: out[present] for name, present, _ in self.past}
             if wanted > 0:
                 parts.append(np.asarray(out["logits"][0, -wanted:]))
+            a = b
         return np.concatenate(parts) if parts else np.zeros((0, 0), np.float32)
 
 

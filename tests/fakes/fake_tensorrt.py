@@ -10,6 +10,12 @@ input shapes; ``get_tensor_profile_shape`` gives ``[min, opt, max]``.
 A "plan" here is JSON (see ``make_plan``). Each output is ``input * scale + bias`` of one input,
 computed by ``execute_async_v3`` from the bytes at the input's device address (``fake_cuda.HEAP``)
 and written to the output's address, so a session that copies or binds wrongly gets wrong numbers.
+
+Plans the fake builder makes from ONNX keep each IO tensor's ONNX dims (``"dims"``: ints, or the
+export's dim names). Their output shapes follow the way a real engine's shape inference does for the
+export contract, which names a dim alike wherever it appears: a named dim takes the size the input
+dims of that name were set to (``present.N.key``'s ``total_sequence_length`` is the attention mask's),
+a fixed one its value; a name no input has stays -1 (data-dependent). Such outputs come out as zeros.
 """
 
 from __future__ import annotations
@@ -251,8 +257,20 @@ class IExecutionContext:
         eng = self.engine
         if eng.get_tensor_mode(name) == TensorIOMode.INPUT:
             return Dims(self._shapes.get(name, tuple(eng.get_tensor_shape(name))))
-        source = eng._ops[name]["input"]
+        op = eng._ops.get(name)
+        if op is None:
+            dims = eng._tensors[name].get("dims", eng._tensors[name]["shape"])
+            return Dims(self._named_dim(d) if isinstance(d, str) else d for d in dims)
+        source = op["input"]
         return Dims(self._shapes[source]) if source in self._shapes else eng.get_tensor_shape(name)
+
+    def _named_dim(self, dim: str) -> int:
+        """The size the inputs with a dim called ``dim`` were set to (-1 when none was)."""
+        for name, shape in self._shapes.items():
+            for axis, d in enumerate(self.engine._tensors[name].get("dims", [])):
+                if d == dim:
+                    return shape[axis]
+        return -1
 
     def set_tensor_address(self, name: str, memory: int) -> bool:
         if self.engine.get_tensor_mode(name) == TensorIOMode.NONE:
@@ -281,6 +299,12 @@ class IExecutionContext:
             x = self._read(src, self._shapes[src])
             y = x.astype(np.float64) * op.get("scale", 1) + op.get("bias", 0)
             self._write(out, y)
+        for out in eng._order:
+            if eng.get_tensor_mode(out) == TensorIOMode.OUTPUT and out not in eng._ops and "dims" in eng._tensors[out]:
+                shape = tuple(self.get_tensor_shape(out))
+                if any(d < 0 for d in shape):
+                    return self._error(f"IExecutionContext::enqueueV3: the shape of {out} is unknown")
+                self._write(out, np.zeros(shape))
         self.executions += 1
         return True
 
@@ -372,8 +396,9 @@ class IHostMemory:
 
 
 class ITensor:
-    def __init__(self, name: str, shape: tuple[int, ...], dtype: DataType) -> None:
+    def __init__(self, name: str, shape: tuple[int, ...], dtype: DataType, dims: list | None = None) -> None:
         self.name, self.shape, self.dtype = name, Dims(shape), dtype
+        self.dims = dims if dims is not None else list(shape)  # the ONNX dims: ints or dim names (fake only)
 
 
 class INetworkDefinition:
@@ -447,12 +472,34 @@ class OnnxParser:
     def parse_from_file(self, model: str) -> bool:
         try:
             import onnx
-            from onnx import numpy_helper
 
             proto = onnx.load(model)
         except Exception as exc:  # missing file or not a ModelProto
             self._errors.append(ParserError(f"Failed to parse ONNX model from file: {model} ({exc})"))
             return False
+        return self._parse(proto)
+
+    def parse(self, model: bytes, path: str | None = None) -> bool:
+        """A serialized model; ``path`` (the model file's) locates its external weights."""
+        import os
+
+        import onnx
+        from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+
+        try:
+            proto = onnx.load_model_from_string(bytes(model))
+            if any(uses_external_data(t) for t in proto.graph.initializer):
+                if path is None:
+                    raise ValueError("the model has external weights and no path was given to find them")
+                load_external_data_for_model(proto, os.path.dirname(path))
+        except Exception as exc:
+            self._errors.append(ParserError(f"Failed to parse the serialized ONNX model ({exc})"))
+            return False
+        return self._parse(proto)
+
+    def _parse(self, proto) -> bool:
+        from onnx import numpy_helper
+
         inits = {i.name: i for i in proto.graph.initializer}
         for i, node in enumerate(proto.graph.node):
             if node.op_type in ("QuantizeLinear", "DequantizeLinear") and len(node.input) > 2:
@@ -472,8 +519,11 @@ class OnnxParser:
             for v in value:
                 if v.name in inits:
                     continue
-                dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim)
-                target.append(ITensor(v.name, dims, _ONNX_TYPES.get(v.type.tensor_type.elem_type, DataType.FLOAT)))
+                onnx_dims = v.type.tensor_type.shape.dim
+                dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in onnx_dims)
+                names = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in onnx_dims]
+                elem = _ONNX_TYPES.get(v.type.tensor_type.elem_type, DataType.FLOAT)
+                target.append(ITensor(v.name, dims, elem, names))
         self.network.has_fp16 = any(i.data_type == 10 for i in proto.graph.initializer)
         return True
 
@@ -692,13 +742,14 @@ class Builder:
         if config._timing is not None and "DISABLE_TIMING_CACHE" not in config._flags:
             config._timing.entries += network.num_layers
         tensors = [
-            {"name": t.name, "mode": mode, "dtype": t.dtype.name, "shape": list(t.shape)}
+            {"name": t.name, "mode": mode, "dtype": t.dtype.name, "shape": list(t.shape), "dims": t.dims}
             for mode, group in (("INPUT", network._inputs), ("OUTPUT", network._outputs))
             for t in group
         ]
         profiles = [{t.name: [list(s) for s in prof.get_shape(t.name)] for t in dynamic} for prof in config._profiles]
-        first = network._inputs[0].name if network._inputs else None
-        ops = {t.name: {"input": first} for t in network._outputs} if first else {}
+        first = network._inputs[0] if network._inputs else None
+        # an output shaped like the first input copies it; the others come out as zeros of their inferred shape
+        ops = {t.name: {"input": first.name} for t in network._outputs if first and t.dims == first.dims}
         doc = json.loads(make_plan(tensors, profiles or [{}], ops, version=self._version))
         doc["build"] = {
             "flags": sorted(config._flags),
