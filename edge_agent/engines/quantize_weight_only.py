@@ -9,9 +9,11 @@ Decode on a CPU is memory bound, so reading 4 or 8 bits per weight instead of 32
 What is quantized: every MatMul whose B input is a 2-D initializer, the LM head included (for a
 tied head, a ``Transpose`` of the embedding table, the transposed table becomes the head's own
 initializer first, so the head reads 4-bit weights while the ``Gather`` keeps the float table).
-Embedding ``Gather``s, norms and attention stay float. Both export layouts work: plain optimum
-exports (``past_key_values.N.key/value`` with ``Concat``) and onnxruntime-genai folders
-(``GroupQueryAttention`` with the KV buffer shared in place): only weight initializers change.
+Norms and attention stay float; embedding ``Gather``s too unless ``embedding_bits = 8``, which stores
+large tables as 8-bit blocks read by ``GatherBlockQuantized`` (``quantize_embedding_gathers``).
+Both export layouts work: plain optimum exports (``past_key_values.N.key/value`` with ``Concat``) and
+onnxruntime-genai folders (``GroupQueryAttention`` with the KV buffer shared in place): only weight
+initializers change.
 
 Tools: ONNX Runtime's own ``MatMulNBitsQuantizer`` (RTN = its default blockwise quantizer, or
 HQQ); that module needs the ``onnx-ir`` package (HQQ also ``torch``). Without ``onnx-ir``, RTN runs
@@ -147,6 +149,68 @@ def _rewrite(model: Any, bits: int, block_size: int, symmetric: bool, accuracy_l
         model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
 
 
+def quantize_embedding_gathers(model: Any, block_size: int, min_rows: int = 1024) -> int:
+    """Gather(table, ids) over a float [rows, width] table becomes ``GatherBlockQuantized``: the table
+    as 8-bit integers (uint8 around 128), one float scale per ``block_size`` values of a row
+    (symmetric: max |w| / 127). Tables of fewer than ``min_rows`` rows (position tables, small
+    vocabularies) and widths that ``block_size`` does not divide stay float. Returns how many changed.
+
+    The ids pick rows, so a step reads one row per token either way; what changes is the table's size
+    (Gemma 3's 262,144 x 640: 671 MB -> 168 MB + 5-21 MB of scales) and with it the memory its rows take
+    once the tokens seen have paged them in."""
+    onnx = _onnx()
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    quantized = 0
+    replaced: set[str] = set()
+    nodes = []
+    for node in graph.node:
+        table = inits.get(node.input[0]) if node.op_type == "Gather" else None
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if table is None or axis != 0 or len(table.dims) != 2 or table.data_type != onnx.TensorProto.FLOAT:
+            nodes.append(node)
+            continue
+        rows, width = table.dims
+        if rows < min_rows or width % block_size:
+            nodes.append(node)
+            continue
+        weight = numpy_helper.to_array(table).reshape(rows, width // block_size, block_size)
+        scales = np.abs(weight).max(axis=2) / 127.0
+        safe = np.where(scales > 0, scales, 1.0)[..., None]
+        codes = (np.clip(np.rint(weight / safe), -127, 127) + 128).astype(np.uint8).reshape(rows, width)
+        q = numpy_helper.from_array(codes, f"{table.name}_Q8")
+        s = numpy_helper.from_array(scales.astype(np.float32), f"{table.name}_scales")
+        graph.initializer.extend([q, s])
+        nodes.append(
+            helper.make_node(
+                "GatherBlockQuantized",
+                [q.name, node.input[1], s.name],  # no zero points: 128 for 8-bit uint8 data
+                list(node.output),
+                name=f"{node.name}_Q8" if node.name else "",
+                domain="com.microsoft",
+                bits=8,
+                block_size=block_size,
+                gather_axis=0,
+                quantize_axis=1,
+            )
+        )
+        replaced.add(table.name)
+        quantized += 1
+    if not quantized:
+        return 0
+    del graph.node[:]
+    graph.node.extend(nodes)
+    still_used = {i for n in graph.node for i in n.input}
+    keep = [i for i in graph.initializer if i.name not in replaced or i.name in still_used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    return quantized
+
+
 def quantize_matmul_nbits(
     src: Path,
     dst: Path,
@@ -156,11 +220,13 @@ def quantize_matmul_nbits(
     accuracy_level: int = 0,
     algorithm: str = "rtn",
     use_ort_quantizer: bool | None = None,
+    embedding_bits: int = 0,
 ) -> dict:
     """Weight-only ``bits``-bit (4 or 8) MatMulNBits model of ``src`` at ``dst``; returns what was done.
 
     ``use_ort_quantizer``: None = onnxruntime's MatMulNBitsQuantizer when it imports, else the
-    rewrite over the same kernels; True / False force one (tests compare the two)."""
+    rewrite over the same kernels; True / False force one (tests compare the two).
+    ``embedding_bits`` 8: embedding tables too (``quantize_embedding_gathers``); 0 keeps them float."""
     if bits not in (4, 8):
         raise InputError(f"weight-only quantization takes 4 or 8 bits, not {bits}")
     if algorithm not in ALGORITHMS:
@@ -213,6 +279,9 @@ def quantize_matmul_nbits(
     left = sum(1 for n in model.graph.node if n.op_type == "MatMul")
     if not quantized:
         raise ModelError(f"{src}: no MatMul with a constant 2-D weight to quantize (is it an LLM export?)")
+    if embedding_bits not in (0, 8):
+        raise InputError(f"weight_only.embedding_bits {embedding_bits}: 0 (float) or 8")
+    gathers = quantize_embedding_gathers(model, block_size) if embedding_bits else 0
     _save_external(model, dst)
     return {
         "tool": tool,
@@ -225,4 +294,5 @@ def quantize_matmul_nbits(
         "matmuls_quantized": quantized,
         "matmuls_float": left,  # activation x activation (attention) MatMuls
         "tied_heads_untied": untied,
+        "embedding_tables_8bit": gathers,
     }

@@ -15,6 +15,7 @@ shape profiles, which calibration and held-out data, and how much accuracy an en
     symmetric = true                   # no zero points (ORT: is_symmetric; NNCF: INT4_SYM / INT8_SYM, else *_ASYM)
     algorithm = "rtn"                  # ORT: rtn (round to nearest) | hqq (needs onnx-ir and torch)
     accuracy_level = 4                 # ORT MatMulNBits compute: 0 = float activations, 4 = int8 activations
+    embedding_bits = 0                 # ORT: 8 = embedding tables as 8-bit blocks too (GatherBlockQuantized)
 
     [calibration]                      # INT8 activation ranges come from here
     data = "../calibration/llm/prompts.jsonl"
@@ -167,6 +168,9 @@ class WeightOnlySpec(_Strict):
     algorithm: Literal["rtn", "hqq"] = Field("rtn", description="ONNX Runtime: rtn, or hqq (onnx-ir + torch)")
     accuracy_level: Literal[0, 1, 2, 3, 4] = Field(
         4, description="ONNX Runtime MatMulNBits compute type: 0 as the input (fp32), 4 int8 activations"
+    )
+    embedding_bits: Literal[0, 8] = Field(
+        0, description="ONNX Runtime: 8 stores embedding tables as 8-bit blocks (GatherBlockQuantized), 0 float"
     )
 
     @field_validator("block_size")

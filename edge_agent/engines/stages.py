@@ -178,7 +178,14 @@ def _convert_onnx(ctx: StageContext, src: Path, dst: Path, parts: KeyParts, req:
 
         spec = ctx.recipe.weight_spec
         return quantize_matmul_nbits(
-            src, dst, WEIGHT_ONLY[precision], spec.block_size, spec.symmetric, spec.accuracy_level, spec.algorithm
+            src,
+            dst,
+            WEIGHT_ONLY[precision],
+            spec.block_size,
+            spec.symmetric,
+            spec.accuracy_level,
+            spec.algorithm,
+            embedding_bits=spec.embedding_bits,
         )
     if precision == "int8" and flavour == "calibrator":
         return {"tool": "TensorRT IInt8EntropyCalibrator2 at compile time (TensorRT < 11)", "method": "entropy"}

@@ -119,6 +119,44 @@ def test_a_tied_head_is_quantized_and_the_embedding_gather_stays_float(tmp_path:
     assert weight_bytes(tmp_path / "q.onnx") == 50 * 2 * 16 + 50 * 2 * 4
 
 
+@pytest.mark.parametrize("width", [64, 48])
+def test_embedding_bits_8_stores_a_large_table_as_8_bit_blocks(tmp_path: Path, width: int) -> None:
+    """The 8-bit table read through GatherBlockQuantized equals numpy's own blockwise rounding of it
+    (max |w| / 127 per 32 values), so each row is within half a step of the float row; a width the
+    block does not divide (48) and a table under min_rows stay float."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(11)
+    weight = rng.normal(size=(width, 1500)).astype(np.float32)  # [hidden, vocab]: 1,500 rows >= min_rows
+    weight[:, 7] = 0.0  # an all-zero row: scale 0, decoded as zeros
+    _matmul_model(tmp_path / "tied.onnx", weight, tied=True)
+    info = quantize_matmul_nbits(tmp_path / "tied.onnx", tmp_path / "q.onnx", 8, 32, True, embedding_bits=8)
+    model = onnx.load(str(tmp_path / "q.onnx"))
+    ops = sorted(nd.op_type for nd in model.graph.node)
+    ids = np.array([3, 7, 1499, 3])
+    x = rng.normal(size=(4, width)).astype(np.float32)
+    _, emb = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "ids": ids}
+    )
+    table = weight.T.astype(np.float64)
+    if width % 32:
+        assert info["embedding_tables_8bit"] == 0 and ops == ["Gather", "MatMulNBits"]
+        np.testing.assert_array_equal(emb, weight.T[ids])
+        return
+    assert info["embedding_tables_8bit"] == 1 and ops == ["GatherBlockQuantized", "MatMulNBits"]
+    assert not any(i.name == "table" for i in model.graph.initializer)  # the float table is gone
+    blocks = table.reshape(1500, width // 32, 32)
+    step = np.abs(blocks).max(axis=2, keepdims=True) / 127
+    expect = (np.rint(blocks / np.where(step > 0, step, 1)) * step).reshape(1500, width)
+    np.testing.assert_allclose(emb, expect[ids], rtol=1e-6, atol=1e-7)
+    assert np.all(np.abs(emb - table[ids]) <= np.repeat(step[ids, :, 0], 32, axis=1) / 2 + 1e-7)
+    assert not emb[1].any()
+    small = rng.normal(size=(64, 50)).astype(np.float32)
+    _matmul_model(tmp_path / "small.onnx", small, tied=True)
+    kept = quantize_matmul_nbits(tmp_path / "small.onnx", tmp_path / "s.onnx", 8, 32, True, embedding_bits=8)
+    assert kept["embedding_tables_8bit"] == 0
+
+
 @pytest.mark.skipif(not ort_quantizer_available(), reason="onnxruntime's MatMulNBitsQuantizer needs onnx-ir")
 @pytest.mark.parametrize("bits", [4, 8])
 def test_the_kernel_rewrite_writes_what_onnxruntimes_quantizer_writes(tmp_path: Path, bits: int) -> None:
