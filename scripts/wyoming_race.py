@@ -140,9 +140,17 @@ def models(work: Path) -> tuple[Path, Path]:
     out = work / "cache" / "models" / "imported" / "whisper-base"
     record = out / "import.json"
     done = record.is_file() and json.loads(record.read_text())["source"]["sha256"] == model.files[0].sha256
+    done = done and _dynamic_encoder(out / "encoder_model.onnx")  # older imports: static 30 s encoder
     if not done:
         import_model(ct2, out, work / "cache" / "models")
     return ct2, out
+
+
+def _dynamic_encoder(path: Path) -> bool:
+    import onnx
+
+    dims = onnx.load(str(path), load_external_data=False).graph.input[0].type.tensor_type.shape.dim
+    return not dims[2].HasField("dim_value")
 
 
 def corpus(work: Path, n: int) -> Path:

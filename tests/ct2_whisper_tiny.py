@@ -182,10 +182,11 @@ def _mha(q_in, kv_in, wq, bq, wk, bk, wv, bv, wo, bo, causal_offset: int | None)
 
 
 def encode(w: dict[str, np.ndarray], features: np.ndarray) -> np.ndarray:
-    """features [mels, 3000] -> [1500, D], float64."""
+    """features [mels, F] -> [F / 2, D], float64 (F = 3000: 30 s; a shorter F takes the first F / 2 positions,
+    whisper.cpp's audio_ctx)."""
     x = _gelu(_conv1d(features.astype(np.float64), w["encoder/conv1/weight"], w["encoder/conv1/bias"], 1))
     x = _gelu(_conv1d(x, w["encoder/conv2/weight"], w["encoder/conv2/bias"], 2)).T
-    x = x + w["encoder/position_encodings/encodings"]
+    x = x + w["encoder/position_encodings/encodings"][: x.shape[0]]
     for i in range(LAYERS):
         p = f"encoder/layer_{i}"
         a = _ln(x, w[f"{p}/self_attention/layer_norm/gamma"], w[f"{p}/self_attention/layer_norm/beta"])

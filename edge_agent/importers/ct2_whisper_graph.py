@@ -3,9 +3,9 @@
 The three graphs are the Whisper folder contract the agent serves (``models/asr_whisper.py``, the
 demo-whisper section of ``demo_models/README.md``):
 
-    encoder_model.onnx           input_features [B, mels, 3000] -> last_hidden_state [B, 1500, d]
-    decoder_model.onnx           input_ids [B, S], encoder_hidden_states [B, 1500, d]
-                                 -> logits [B, S, V], present.{i}.decoder|encoder.key|value [B, H, S|1500, d/H]
+    encoder_model.onnx           input_features [B, mels, F] -> last_hidden_state [B, F/2, d]   (F = 3000: 30 s)
+    decoder_model.onnx           input_ids [B, S], encoder_hidden_states [B, T, d]
+                                 -> logits [B, S, V], present.{i}.decoder|encoder.key|value [B, H, S|T, d/H]
     decoder_with_past_model.onnx input_ids [B, S], past_key_values.{i}.decoder|encoder.key|value
                                  -> logits, present.{i}.decoder.key|value [B, H, past + S, d/H]
 
@@ -17,7 +17,10 @@ GELU is the exact (erf) one; LayerNorm epsilon 1e-5. The attention scale d_head^
 the query weights and bias (the same product, one multiply fewer per step).
 
 Only standard ONNX ops at opset 17 (LayerNormalization, Erf, Conv, MatMul, Softmax …), so ONNX Runtime
-and OpenVINO both load the graphs; the encoder's time axis is static (3000 frames), as the NPU needs.
+and OpenVINO both load the graphs. The encoder's time axis is dynamic: 3000 frames (30 s, how Whisper is
+trained and how every final is recognised) take the whole sinusoidal table; a shorter input takes its
+first F/2 positions (whisper.cpp's ``audio_ctx``), which the recogniser uses for cheap partials. The NPU
+reshapes it to 3000 frames before compiling (static shapes).
 """
 
 from __future__ import annotations
@@ -173,8 +176,21 @@ def build_encoder(dims: WhisperDims, get: Weights):
         kernel_shape=[3],
     )
     x = g.gelu(x)
-    x = g.one("Transpose", [x], perm=[0, 2, 1])  # [B, 1500, d]
-    x = g.one("Add", [x, g.init("positions", get("encoder/position_encodings/encodings")[: dims.source_positions])])
+    x = g.one("Transpose", [x], perm=[0, 2, 1])  # [B, T, d]: T = frames / 2, 1500 for 30 s
+    # The first T positions (whisper.cpp's audio_ctx): 3000 frames give the full table, a shorter input
+    # (a partial of a few seconds) the positions its frames had at the start of a 30 s window.
+    zero = g.init("enc_zero", np.array([0], np.int64))
+    length = g.one(
+        "Slice",
+        [
+            g.one("Shape", [x]),
+            g.init("enc_one", np.array([1], np.int64)),
+            g.init("enc_two", np.array([2], np.int64)),
+            zero,
+        ],
+    )
+    positions = g.init("positions", get("encoder/position_encodings/encodings")[: dims.source_positions])
+    x = g.one("Add", [x, g.one("Slice", [positions, zero, length, zero])])
     scale = (d // h) ** -0.5
     for i in range(dims.encoder_layers):
         p = f"encoder/layer_{i}"
@@ -198,8 +214,8 @@ def build_encoder(dims: WhisperDims, get: Weights):
     return _model(
         g,
         "whisper_encoder",
-        [_value("input_features", ["batch_size", dims.n_mels, dims.frames])],
-        [_value("last_hidden_state", ["batch_size", dims.source_positions, d])],
+        [_value("input_features", ["batch_size", dims.n_mels, "encoder_frames"])],
+        [_value("last_hidden_state", ["batch_size", "encoder_sequence_length", d])],
     )
 
 
@@ -238,7 +254,7 @@ def build_decoder(dims: WhisperDims, get: Weights, with_past: bool):
     )
     inputs = [_value("input_ids", ["batch_size", "decoder_sequence_length"], 7)]
     if not with_past:
-        inputs.append(_value("encoder_hidden_states", ["batch_size", dims.source_positions, d]))
+        inputs.append(_value("encoder_hidden_states", ["batch_size", "encoder_sequence_length", d]))
     outputs: list = []
     for i in range(dims.decoder_layers):
         p = f"decoder/layer_{i}"
@@ -281,7 +297,7 @@ def build_decoder(dims: WhisperDims, get: Weights, with_past: bool):
         if with_past:
             for kind in ("key", "value"):
                 inputs.append(
-                    _value(f"past_key_values.{i}.encoder.{kind}", ["batch_size", h, dims.source_positions, dh])
+                    _value(f"past_key_values.{i}.encoder.{kind}", ["batch_size", h, "encoder_sequence_length", dh])
                 )
             ek, ev = f"past_key_values.{i}.encoder.key", f"past_key_values.{i}.encoder.value"
         else:
@@ -297,7 +313,7 @@ def build_decoder(dims: WhisperDims, get: Weights, with_past: bool):
                 g.nodes.append(
                     g.h.make_node("Identity", [t], [f"present.{i}.encoder.{kind}"], name=f"present_{i}_e{kind}")
                 )
-                outputs.append(_value(f"present.{i}.encoder.{kind}", ["batch_size", h, dims.source_positions, dh]))
+                outputs.append(_value(f"present.{i}.encoder.{kind}", ["batch_size", h, "encoder_sequence_length", dh]))
         o = g.attend(q, ek, ev, None)
         o = g.linear(
             g.merge(o, d),

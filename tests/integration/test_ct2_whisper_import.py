@@ -84,6 +84,16 @@ def test_encoder_and_decoders_match_numpy_whisper(imported):
         assert past["past_key_values.0.decoder.key"].shape[2] == t + 1
 
 
+def test_encoder_takes_a_shorter_context_as_numpy_whisper_does(imported):
+    """Partials encode a few seconds (the first F / 2 positions); 3000 frames stay the full pass above."""
+    result, w = imported
+    feats = np.random.default_rng(3).standard_normal((2, tiny.MELS, 400)).astype(np.float32) * 0.5
+    hidden = _session(result.path / "encoder_model.onnx").run(None, {"input_features": feats})[0]
+    assert hidden.shape == (2, 200, tiny.D)
+    for row in range(2):
+        np.testing.assert_allclose(hidden[row], tiny.encode(w, feats[row]), atol=2e-4, rtol=0)
+
+
 @pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
 def test_recogniser_serves_the_imported_folder(imported, backend):
     from edge_agent.models.asr import open_recognizer
@@ -110,6 +120,23 @@ def test_recogniser_serves_the_imported_folder(imported, backend):
         mask = rec._begin_mask if not ids else rec._suppress_mask
         ids.append(int(np.argmax(np.where(mask, -np.inf, logits))))
     assert list(hyp.token_ids) == ids
+
+    # a partial encodes the audio and 6 s of padding, a final all 30 s: each greedy on its own encoding
+    assert rec.short_context
+    assert rec.context_frames(x.size, final=False) == 700 and rec.context_frames(x.size, final=True) == 3000
+    stream = rec.new_stream()
+    stream.add_audio(x)
+    partial = rec.step([stream])[0]
+    assert partial is not None and not partial.final and not stream.decoded_full
+    short = tiny.encode(w, log_mel_spectrogram(x, rec.features)[:, :700])
+    ids = []
+    for _ in partial.token_ids:
+        logits = tiny.decode_logits(w, short, prompt + ids)[-1]
+        ids.append(int(np.argmax(np.where(rec._begin_mask if not ids else rec._suppress_mask, -np.inf, logits))))
+    assert list(partial.token_ids) == ids
+    stream.end()
+    final = rec.step([stream])[0]  # no new audio, yet a 30 s pass: the partial's context was short
+    assert final is not None and final.final and stream.decoded_full
     rec.close()
 
 
