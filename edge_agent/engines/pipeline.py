@@ -49,6 +49,7 @@ from .stages import (
     graph_name,
     open_candidate,
 )
+from .whisper_engine import WhisperProbe
 
 __all__ = ["INT8_FLAVOURS", "BuildCancelled", "BuildRequest", "GateRefused", "Heartbeat", "Pipeline", "verdict_from"]
 
@@ -88,8 +89,9 @@ class Pipeline:
             model = self.recipe.model
             candidate = self.recipe.resolve(model)
             self._ref = resolve_model(candidate if candidate.is_dir() else model, self.models_dir)
-            if not (self._ref.path / self.recipe.onnx_file).is_file():
-                raise InputError(f"{self._ref.path}: no {self.recipe.onnx_file} (recipe onnx_file)")
+            for graph in self.recipe.graphs or [self.recipe.onnx_file]:
+                if not (self._ref.path / graph).is_file():
+                    raise InputError(f"{self._ref.path}: no {graph} (recipe onnx_file / graphs)")
         return self._ref
 
     @property
@@ -122,7 +124,8 @@ class Pipeline:
                 f"building for {req.target} needs {backend}, which is not installed here: "
                 f"{BACKENDS[backend].install_hint}"
             )
-        flavour = req.flavour or (INT8_FLAVOURS[backend][0] if req.precision == "int8" else "")
+        default_int8 = "dynamic" if self.recipe.graphs else INT8_FLAVOURS[backend][0]  # Whisper: whisper_engine
+        flavour = req.flavour or (default_int8 if req.precision == "int8" else "")
         if req.precision == "int8" and flavour not in INT8_FLAVOURS[backend]:
             raise InputError(f"{backend} INT8 is made as {INT8_FLAVOURS[backend]}, not {flavour!r}")
         calib = None
@@ -204,7 +207,7 @@ class Pipeline:
             (staged / "reference_argmax.npy").unlink(missing_ok=True)
             manifest = {
                 "artifact": "model",
-                "graph": f"model/{graph_name(parts['backend'])}",
+                "graph": f"model/{self.recipe.graphs[0] if self.recipe.graphs else graph_name(parts['backend'])}",
                 "recipe_name": self.recipe.name,
                 "model_name": self.ref.name,
                 "workload": self.recipe.workload,
@@ -263,8 +266,9 @@ class Pipeline:
                 probe = LlmProbe(self.ref, self.recipe.calibration.max_tokens if self.recipe.calibration else 64)
                 timed = probe.run(session_or_runner, samples, cb, every_position)
                 return timed.outputs, timed.latency_ms, []
-            timed, texts = AsrProbe(self.ref).run(session_or_runner, samples, cb)
-            return timed.outputs, timed.latency_ms, texts
+            asr: WhisperProbe | AsrProbe = WhisperProbe(self.ref) if self.recipe.graphs else AsrProbe(self.ref)
+            heard, texts = asr.run(session_or_runner, samples, cb)
+            return heard.outputs, heard.latency_ms, texts
 
     def _speed(self, staged: Path, parts: dict, rounds: int = 3, count: int = 8) -> dict[str, Any]:
         """Speed of the candidate beside the FP32 source, measured interleaved in rounds on the same
@@ -353,6 +357,8 @@ class Pipeline:
         options = SessionOptions(
             device="cpu" if backend == "onnxruntime" else "CPU", precision="fp32", threads=self.threads
         )
+        if self.recipe.graphs:
+            return WhisperProbe(self.ref).runner(self.ref.path, backend, options)
         if self.recipe.workload == "asr":
             return AsrProbe(self.ref).runner(graph, backend, options)
         return open_session(graph, backend, options, warmup=lambda s: None)

@@ -9,6 +9,7 @@ shape profiles, which calibration and held-out data, and how much accuracy an en
     targets = ["cpu", "jetson", "intel-npu"]
     precisions = ["fp32", "fp16", "int8", "int8w", "int4"]   # int8w, int4: weight-only (LLMs)
     kv_layout = "inplace"              # LLM, ONNX Runtime: plain exports get the in-place KV graph | "plain"
+    graphs = []                        # Whisper: its three graphs, each built at the precision (whisper_engine)
 
     [weight_only]                      # how int8w / int4 weights are made (no calibration data needed)
     block_size = 32                    # weights per scale along K (ORT MatMulNBits block, NNCF group size)
@@ -226,6 +227,11 @@ class Recipe(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     model: str = Field(min_length=1, description="demo model name or model folder")
     onnx_file: str = Field("model.onnx", description="the graph inside the model folder")
+    graphs: list[str] = Field(
+        default_factory=list,
+        description="a multi-graph model's graphs (Whisper: encoder, decoder, decoder with past), each "
+        "built at the precision into one engine folder; empty: the one graph onnx_file",
+    )
     workload: Workload
     targets: list[Target] = Field(min_length=1)
     precisions: list[BuildPrecision] = Field(min_length=1)
@@ -244,11 +250,15 @@ class Recipe(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
-        if ("int8" in self.precisions) and self.calibration is None:
+        if ("int8" in self.precisions) and self.calibration is None and not self.graphs:
             raise ValueError("precision int8 needs a [calibration] section (data = the calibration manifest)")
         for p in WEIGHT_ONLY:
-            if p in self.precisions and self.workload != "llm":
-                raise ValueError(f"{p} is weight-only compression for LLMs; remove it from an ASR recipe")
+            if p in self.precisions and self.workload != "llm" and not self.graphs:
+                raise ValueError(
+                    f"{p} is weight-only compression for LLMs and Whisper (graphs); remove it from this ASR recipe"
+                )
+        if self.graphs and (self.workload != "asr" or self.onnx_file not in self.graphs):
+            raise ValueError("graphs lists an ASR model's graphs (Whisper), onnx_file among them")
         if self.weight_only is not None and not set(WEIGHT_ONLY) & set(self.precisions):
             raise ValueError("[weight_only] configures int8w / int4, which precisions does not list")
         names = [p.name for p in self.profiles]
@@ -316,7 +326,10 @@ class Recipe(_Strict):
         An absent ``[weight_only]`` is left out, so recipes without one keep the keys they had."""
         # kv_layout is in the key as key_parts["layout"], only for builds that convert.
         exclude: dict = dict.fromkeys(
-            {"source", "kv_layout"} | ({"weight_only"} if self.weight_only is None else set()), True
+            {"source", "kv_layout"}
+            | ({"weight_only"} if self.weight_only is None else set())
+            | (set() if self.graphs else {"graphs"}),
+            True,
         )
         exclude |= {"npu_llm": True} if self.npu_llm is None else {}
         exclude |= {"perplexity": True} if self.perplexity is None else {}

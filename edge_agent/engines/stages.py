@@ -138,6 +138,10 @@ def calibration_feeds(ctx: StageContext, req: BuildRequest) -> list[dict]:
 def convert(ctx: StageContext, staged: Path, parts: KeyParts, req: BuildRequest) -> dict:
     """The build's graph at its precision, into ``staged/work`` (ONNX) or ``staged/model`` (OpenVINO IR),
     the model folder's other files beside it; what was done, for the report."""
+    if ctx.recipe.graphs:  # Whisper: three graphs, one engine folder
+        from . import whisper_engine
+
+        return whisper_engine.convert(ctx, staged, parts)
     src = ctx.ref.path / ctx.recipe.onnx_file
     work = staged / "work"
     work.mkdir(exist_ok=True)
@@ -249,6 +253,10 @@ def _trt_strongly_typed(parts: KeyParts) -> bool:
 
 def compile_artifact(ctx: StageContext, staged: Path, parts: KeyParts, req: BuildRequest) -> dict:
     backend, precision = parts["backend"], parts["precision"]
+    if ctx.recipe.graphs:
+        from .whisper_engine import compile_graphs
+
+        return compile_graphs(ctx, staged)
     src = source_graph(ctx, staged, parts)
     converted = staged / "work" / "model.onnx"
     model_dir = staged / "model"
@@ -368,6 +376,10 @@ def open_candidate(ctx: StageContext, folder: Path, parts: KeyParts):
     else:
         options = SessionOptions(device="cuda:0")
     graph = folder / graph_name(backend)
+    if ctx.recipe.graphs:
+        from .whisper_engine import WhisperProbe
+
+        return WhisperProbe(ctx.ref).runner(folder, backend, options)
     if ctx.recipe.workload == "asr":
         return AsrProbe(ctx.ref).runner(graph, backend, options)
     return open_session(graph, backend, options, warmup=lambda s: None)

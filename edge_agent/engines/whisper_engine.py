@@ -1,0 +1,132 @@
+"""Whisper engines: a Whisper folder's three graphs built at one precision into one engine folder.
+
+Whisper is an encoder, a first-step decoder and a decoder with past (``models/asr_whisper.py``); a
+recipe names them in ``graphs``. Each graph is converted at the build's precision and optimized on
+its own, into ``staging/<key>/model/`` beside the source folder's config, tokenizer and preprocessor
+files, so the engine opens wherever a Whisper folder does (a tier's ``model`` may name it).
+
+The gate judges an engine by what a user hears back: ``WhisperProbe`` runs the agent's own recogniser
+(``WhisperRecognizer.transcribe``: one 30 s pass, greedy, the serving suppression rules) on the
+held-out utterances with the FP32 source and with the candidate, and ``gate.asr_metrics`` scores both
+transcripts by WER against the references.
+
+Precisions (ONNX Runtime): ``fp32`` (the export, optimized), ``fp16`` (float16 weights and compute,
+float32 inputs and outputs), ``int8`` (dynamic: int8 per-channel MatMul/Gemm weights, activations
+scaled per call, no calibration set; the convolutions stay float: ONNX Runtime's integer Conv is
+slower than its float one on CPUs), ``int8w`` (weight-only MatMulNBits, 8 bits per block, the
+recipe's ``[weight_only]``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..backends import SessionOptions
+from ..errors import InputError, ModelError
+from ..models.catalog import ModelRef, inspect_folder
+from . import quantize_ort
+from .datasets import AudioSample
+from .recipes import WEIGHT_ONLY
+
+if TYPE_CHECKING:
+    from ..models.asr_whisper import WhisperRecognizer
+    from .model_io import Timed
+    from .stages import StageContext
+
+Progress = Callable[[int, int], None]
+WHISPER_INT8_OPS = ["MatMul", "Gemm"]
+
+
+def convert(ctx: StageContext, staged: Path, parts: dict[str, Any]) -> dict:
+    """Each graph at the build's precision into ``staged/work`` (FP32: left as exported)."""
+    backend, precision, flavour = parts["backend"], parts["precision"], parts["flavour"]
+    if backend != "onnxruntime":
+        raise InputError(
+            f"{ctx.recipe.name}: a multi-graph (Whisper) engine builds for ONNX Runtime here, not {backend}"
+        )
+    if precision == "int8" and flavour != "dynamic":
+        raise InputError(f"{ctx.recipe.name}: Whisper INT8 engines are dynamic (flavour 'dynamic'), not {flavour!r}")
+    work = staged / "work"
+    work.mkdir(exist_ok=True)
+    quantize_ort.copy_sidecars(ctx.ref.path, staged / "model", ctx.recipe.graphs[0])
+    t0 = time.perf_counter()
+    done: dict[str, Any] = {}
+    with ctx.hb.bar(f"converting to {precision}", "graphs") as bar:
+        for i, name in enumerate(ctx.recipe.graphs):
+            ctx.hb.check()
+            src, dst = ctx.ref.path / name, work / name
+            if precision == "fp32":
+                done[name] = {"tool": "none (the FP32 export)"}
+            elif precision == "fp16":
+                done[name] = quantize_ort.to_fp16(src, dst)
+            elif precision == "int8":
+                done[name] = quantize_ort.quantize_weights_dynamic(src, dst, WHISPER_INT8_OPS)
+            elif precision in WEIGHT_ONLY:
+                from .quantize_weight_only import quantize_matmul_nbits
+
+                w = ctx.recipe.weight_spec
+                bits = WEIGHT_ONLY[precision]
+                done[name] = quantize_matmul_nbits(
+                    src, dst, bits, w.block_size, w.symmetric, w.accuracy_level, w.algorithm
+                )
+            else:
+                raise InputError(f"{ctx.recipe.name}: no {precision} path for a Whisper engine")
+            ctx.hb.callback(bar)(i + 1, len(ctx.recipe.graphs))
+    return {"graphs": done, "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def compile_graphs(ctx: StageContext, staged: Path) -> dict:
+    """Each converted graph (the source's, for FP32) through ONNX Runtime's optimizer into the engine folder."""
+    t0 = time.perf_counter()
+    out: dict[str, Any] = {}
+    for name in ctx.recipe.graphs:
+        ctx.hb.check()
+        converted = staged / "work" / name
+        out[name] = quantize_ort.optimize(
+            converted if converted.is_file() else ctx.ref.path / name, staged / "model" / name, ctx.threads
+        )
+    return {"graphs": out, "seconds": round(time.perf_counter() - t0, 2)}
+
+
+class WhisperProbe:
+    """Transcribes held-out utterances with a Whisper folder's recogniser, as it is served (one pass each)."""
+
+    def __init__(self, ref: ModelRef) -> None:
+        if ref.kind != "asr-whisper":
+            raise ModelError(f"{ref.name}: a recipe with graphs builds Whisper folders; this one is a {ref.kind}")
+        self.ref = ref
+
+    def runner(self, folder: Path, backend: str = "onnxruntime", options: SessionOptions | None = None):
+        """The recogniser of ``folder`` (the source, or an engine built from it), language fixed to English
+        when the model is multilingual, so a candidate's language guess cannot differ from FP32's."""
+        from ..models.asr_whisper import WhisperRecognizer
+
+        ref = inspect_folder(Path(folder), name=self.ref.name)
+        return WhisperRecognizer.open(ref, backend, options or SessionOptions(threads=1), language="en")
+
+    def run(
+        self, recognizer: WhisperRecognizer, samples: Sequence[AudioSample], progress: Progress | None = None
+    ) -> tuple[Timed, list[str]]:
+        """Token ids per utterance, the compute time of each, and the transcripts."""
+        import numpy as np
+
+        from ..audio.wav import read_audio
+        from .model_io import Timed
+
+        outs, lat, texts = [], [], []
+        for i, s in enumerate(samples):
+            try:
+                audio, _ = read_audio(s.audio, recognizer.sample_rate)
+            except InputError as exc:
+                raise InputError(f"line {s.line}: {exc}") from None
+            t0 = time.perf_counter()
+            hyp = recognizer.transcribe(audio)
+            lat.append((time.perf_counter() - t0) * 1e3)
+            outs.append(np.asarray(hyp.token_ids, np.int64))
+            texts.append(hyp.text)
+            if progress:
+                progress(i + 1, len(samples))
+        return Timed(outs, lat), texts

@@ -1,0 +1,123 @@
+"""The Whisper build path (engines/whisper_engine.py) on a tiny random Whisper imported from CTranslate2's
+format: engines/whisper-base.toml's graphs built into one engine folder, gated by the recogniser's WER.
+
+Random weights say nothing about accuracy (the real Whisper base is judged by the recipe itself); these
+tests check the build: every graph converted (MatMulNBits in each int8w graph, float weights gone),
+the engine folder opens as a Whisper folder, the FP32 engine's greedy ids are the source folder's, and
+the gate's WER is the one computed from the transcripts it reports."""
+
+from __future__ import annotations
+
+import json
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge_agent.engines.cache import EngineCache
+from edge_agent.engines.pipeline import BuildRequest, Heartbeat, Pipeline
+from edge_agent.engines.recipes import load_recipe
+from edge_agent.systemd import Notifier
+from tests import ct2_whisper_tiny as tiny
+
+pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
+ROOT = Path(__file__).resolve().parents[2]
+GRAPHS = ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx")
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    from edge_agent.importers import import_model
+
+    root = tmp_path_factory.mktemp("whisper-build")
+    tiny.write_folder(root / "src", "float32")
+    folder = import_model(root / "src", root / "models" / "imported" / "tiny-whisper", root / "models").path
+    rng = np.random.default_rng(4)
+    lines = []
+    for i in range(2):
+        pcm = (rng.standard_normal(16000) * 3000).astype(np.int16)
+        with wave.open(str(root / f"u{i}.wav"), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(16000)
+            w.writeframes(pcm.tobytes())
+        lines.append(json.dumps({"audio": f"u{i}.wav", "text": "turn on the light"}))
+    (root / "heldout.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def pipeline(source: Path, tmp_path: Path) -> Pipeline:
+    text = (ROOT / "engines" / "whisper-base.toml").read_text()
+    text = text.replace('model = "whisper-base"', f'model = "{source}"')
+    text = text.replace('"../calibration/asr/heldout.jsonl"', f'"{source.parent.parent.parent / "heldout.jsonl"}"')
+    text = text.replace("samples = 24", "samples = 2").replace("max_wer_delta = 0.015", "max_wer_delta = 1.0")
+    path = tmp_path / "whisper.toml"
+    path.write_text(text)
+    return Pipeline(
+        load_recipe(path),
+        EngineCache(tmp_path / "engines", 1 << 30),
+        tmp_path / "models",
+        threads=1,
+        heartbeat=Heartbeat(enabled=False, notifier=Notifier({})),
+    )
+
+
+def test_int8w_builds_every_graph_and_is_scored_by_wer(source: Path, tmp_path: Path) -> None:
+    from edge_agent.engines.gate import asr_metrics
+
+    report = pipeline(source, tmp_path).build(BuildRequest("cpu", "int8w"))
+    folder = Path(report["path"]) / "model"
+    for name in GRAPHS:
+        ops = {n.op_type for n in onnx.load(str(folder / name)).graph.node}
+        assert "MatMulNBits" in ops, name
+    assert {"config.json", "tokenizer.json", "preprocessor_config.json", "generation_config.json"} <= {
+        p.name for p in folder.iterdir()
+    }
+    acc = report["accuracy"]
+    manifest = json.loads((Path(report["path"]) / "manifest.json").read_text())
+    assert manifest["graph"] == "model/encoder_model.onnx"
+    m = acc["metrics"]
+    assert m["utterances"] == 2 and acc["passed"]
+    assert set(report["conversion"]["graphs"]) == set(GRAPHS)
+    # the gate's numbers are those of the texts: recompute WER from a fresh run of both folders
+    from edge_agent.engines.datasets import read_audio_manifest
+    from edge_agent.engines.whisper_engine import WhisperProbe
+    from edge_agent.models.catalog import inspect_folder
+
+    probe = WhisperProbe(inspect_folder(source))
+    samples = read_audio_manifest(source.parent.parent.parent / "heldout.jsonl", 2, need_text=True)
+    texts = {}
+    for which, path in (("fp32", source), ("int8w", folder)):
+        rec = probe.runner(path)
+        texts[which] = probe.run(rec, samples)[1]
+        rec.close()
+    want = asr_metrics([s.text for s in samples], texts["fp32"], texts["int8w"])
+    assert m["wer"] == pytest.approx(want["wer"]) and m["wer_fp32"] == pytest.approx(want["wer_fp32"])
+
+
+def test_fp32_engine_decodes_as_the_source_folder(source: Path, tmp_path: Path) -> None:
+    from edge_agent.engines.whisper_engine import WhisperProbe
+    from edge_agent.models.catalog import inspect_folder
+
+    report = pipeline(source, tmp_path).build(BuildRequest("cpu", "fp32"))
+    probe = WhisperProbe(inspect_folder(source))
+    x = np.random.default_rng(5).standard_normal(16000).astype(np.float32) * 0.05
+    ids = []
+    for path in (source, Path(report["path"]) / "model"):
+        rec = probe.runner(path)
+        ids.append(rec.transcribe(x).token_ids)
+        rec.close()
+    assert ids[0] == ids[1] and len(ids[0]) > 0
+
+
+def test_a_whisper_recipe_lists_its_graphs() -> None:
+    from edge_agent.engines.recipes import Recipe
+
+    recipe = load_recipe(ROOT / "engines" / "whisper-base.toml")
+    assert recipe.graphs == list(GRAPHS) and "int8w" in recipe.precisions
+    with pytest.raises(ValueError, match="weight-only"):
+        Recipe(name="x", model="x", workload="asr", targets=["cpu"], precisions=["int8w"])
+    with pytest.raises(ValueError, match="graphs"):
+        Recipe(name="x", model="x", workload="llm", targets=["cpu"], precisions=["fp32"], graphs=["a.onnx"])
