@@ -18,7 +18,7 @@ committed tokens; LocalAgreement-2 commits the prefix the last two hypotheses sh
 pass faster-whisper makes. A partial, when the encoder takes a shorter input (``short_context``: the
 imported graphs slice their positions, whisper.cpp's ``audio_ctx``), encodes only the audio so far
 and 6 s of padding, rounded up to ``partial_context_s``: on two cores a 30 s pass of Whisper base's
-encoder costs ~1.3 s, an 8 s one ~0.4 s, which is what lets partials keep up with speech. Rows
+encoder costs ~1.3 s, an 8 s one ~0.3 s, which is what lets partials keep up with speech. Rows
 of a batch decode in lockstep: each takes its own forced token while it has one, then its own argmax,
 so row r of a batch sees exactly what it would see alone. The encoder batches the streams that share
 a context length.
