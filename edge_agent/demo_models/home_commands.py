@@ -1,0 +1,81 @@
+"""Spoken home commands with the call each must become: what the demo and ``bench voice`` judge against.
+
+Two sets, each a tuple of ``Command`` (text, espeak-ng voice, expected call or None for "no action"):
+
+- ``DEMO``: the demo's own commands, in the demo's voices;
+- ``HELD_OUT``: other words for the same actions, numbers said as words, other voices and speeds, and
+  requests no tool answers. None of these sentences is produced by the training generator of the
+  home-commands adapter (``scripts/home_commands.py``; tests/unit/test_home_commands.py checks that), so accuracy here is
+  accuracy on phrasings the model has not seen.
+
+``judge(expected, call)`` is the rule both use: the same tool name and exactly the same arguments
+(numbers compared by value: 21 and 21.0 are one temperature); no call is right only when none is due.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Command:
+    """One spoken command: its words, the voice that says them, and the call it must become."""
+
+    text: str
+    voice: str  # espeak-ng -v; a variant by its FILE name (``en+max``): a wrong case is silently ignored
+    call: dict[str, Any] | None  # {"name", "arguments"}; None: no tool fits, the reply is words
+
+
+def light(room: str, on: bool, **extra: int) -> dict[str, Any]:
+    return {"name": "set_light", "arguments": {"room": room, "on": on, **extra}}
+
+
+def timer(minutes: int, label: str | None = None) -> dict[str, Any]:
+    return {"name": "set_timer", "arguments": {"minutes": minutes, **({"label": label} if label else {})}}
+
+
+def heat(room: str, celsius: float) -> dict[str, Any]:
+    return {"name": "set_temperature", "arguments": {"room": room, "celsius": celsius}}
+
+
+DEMO = (
+    Command("turn on the kitchen light", "en", light("kitchen", True)),
+    Command("set the bedroom temperature to twenty one degrees", "en+m3", heat("bedroom", 21)),
+    Command("what time is it", "en+f2", None),
+    Command("set a timer for five minutes", "en-us", timer(5)),
+    Command("turn off the living room light", "en+m7", light("living room", False)),
+    Command("dim the hallway light to thirty percent", "en", light("hallway", True, brightness=30)),
+)
+
+HELD_OUT = (
+    Command("could you please light up the bathroom", "en-us+max", light("bathroom", True)),
+    Command("kill the lights in the kitchen", "en+Annie", light("kitchen", False)),
+    Command("i want the bedroom lamp at fifty percent", "en-gb-x-rp+m3", light("bedroom", True, brightness=50)),
+    Command("hallway lamp off please", "en+klatt", light("hallway", False)),
+    Command("remind me in fifteen minutes", "en-us+Andy", timer(15)),
+    Command("i need a three minute timer for the eggs", "en+steph", timer(3, "eggs")),
+    Command("count down forty five minutes", "en-us+Annie", timer(45)),
+    Command("warm the bathroom up to twenty four degrees", "en+Andy", heat("bathroom", 24)),
+    Command("i would like the living room at eighteen degrees", "en-gb-x-rp+f2", heat("living room", 18)),
+    Command("bring the hallway to nineteen degrees", "en+max", heat("hallway", 19)),
+    Command("how is the weather tomorrow", "en-us+steph", None),
+    Command("tell me a joke", "en+Annie", None),
+)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+def judge(expected: dict[str, Any] | None, call: dict[str, Any] | None) -> bool:
+    """Whether ``call`` is ``expected``: the same name and the same arguments, or both None."""
+    if expected is None or call is None:
+        return expected is None and call is None
+    return call.get("name") == expected["name"] and _same(call.get("arguments"), expected["arguments"])

@@ -1,0 +1,219 @@
+"""Synthetic home commands for the home-commands adapter of Gemma 3 270M (scripts/train-home-lora).
+
+Commands come from templates (three tools, rooms, on/off, brightness, minutes, degrees, labels,
+numbers as words or digits, polite and terse forms) plus requests no tool answers (questions,
+chit-chat, other languages, word salad, commands cut short), each paired with its call, or with
+``NO_ACTION`` text. Every prompt is what the agent itself sends for a voice turn: the user's words with
+the home tools described in front (``serving.openai_output.with_tools``), rendered by the model's chat
+template (``Tokenizer.encode_chat``), for both ``tool_choice`` modes. The tools' part is the same for every
+command, so it is written once per mode as ``prefix``; each example holds only what follows it.
+
+    .venv/bin/python scripts/home_commands.py --model DIR --out data.jsonl [--count 1600] [--seed 7]
+
+Output: one JSON object per line: the first lines ``{"prefix": [...], "mode": "auto"|"required"}``, then
+``{"mode", "text", "suffix": [...], "target": [...]}`` (token ids; ``target`` ends with the end-of-turn id).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+ROOMS = ("kitchen", "living room", "bedroom", "bathroom", "hallway")
+NO_ACTION = "Sorry, I can only switch lights, set timers and set the thermostat."
+ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+ONES += "seventeen eighteen nineteen"
+TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+
+
+def words(n: int) -> str:
+    """An integer 0..999 in English words (``twenty one``, ``one hundred and five``)."""
+    ones = ONES.split()
+    if n < 20:
+        return ones[n]
+    if n < 100:
+        return TENS[n // 10] + ("" if n % 10 == 0 else " " + ones[n % 10])
+    rest = n % 100
+    return ones[n // 100] + " hundred" + ("" if rest == 0 else " and " + words(rest))
+
+
+def number(rng: random.Random, n: int) -> str:
+    return str(n) if rng.random() < 0.25 else words(n)
+
+
+def light(room: str, on: bool, **extra: int) -> dict:
+    return {"name": "set_light", "arguments": {"room": room, "on": on, **extra}}
+
+
+LIGHT_ON = (
+    "turn on the {room} light",
+    "turn on the {room} lights",
+    "switch on the {room} light",
+    "turn the {room} light on",
+    "switch the {room} lights on",
+    "{room} light on",
+    "lights on in the {room}",
+    "put the {room} light on",
+    "can you turn on the light in the {room}",
+    "please switch on the {room} lights",
+    "{room} lights on please",
+)
+LIGHT_OFF = (
+    "turn off the {room} light",
+    "turn off the {room} lights",
+    "switch off the {room} light",
+    "turn the {room} light off",
+    "switch the {room} lights off",
+    "{room} light off",
+    "lights off in the {room}",
+    "can you turn off the light in the {room}",
+    "please switch off the {room} lights",
+    "shut off the {room} light",
+)
+DIM = (
+    "dim the {room} light to {n} percent",
+    "set the {room} light to {n} percent",
+    "set the {room} lights to {n} percent brightness",
+    "{room} light at {n} percent",
+    "turn the {room} light to {n} percent",
+    "brightness {n} percent in the {room}",
+)
+TIMER = (
+    "set a timer for {n} minutes",
+    "start a timer for {n} minutes",
+    "timer for {n} minutes",
+    "start a {n} minute timer",
+    "set a {n} minute timer",
+    "can you set a timer for {n} minutes",
+    "timer {n} minutes",
+)
+TIMER_LABEL = (
+    "set a timer for {n} minutes for the {label}",
+    "start a {n} minute timer for the {label}",
+    "{label} timer {n} minutes",
+    "set a {label} timer for {n} minutes",
+)
+LABELS = ("pasta", "tea", "oven", "rice", "pizza", "bread", "washing", "nap", "cake", "soup", "kids", "bus")
+HOURS = (("an hour", 60), ("half an hour", 30), ("two hours", 120), ("one hour", 60), ("three hours", 180))
+TEMP = (
+    "set the {room} temperature to {n} degrees",
+    "set the {room} to {n} degrees",
+    "make the {room} {n} degrees",
+    "set the thermostat in the {room} to {n}",
+    "change the {room} temperature to {n} degrees",
+    "heat the {room} to {n} degrees",
+    "{room} temperature {n} degrees",
+    "can you set the {room} to {n} degrees please",
+)
+NONE = (
+    "what time is it",
+    "what is the time",
+    "what day is it today",
+    "what is the weather like",
+    "will it rain today",
+    "who are you",
+    "how are you",
+    "what is your name",
+    "play some music",
+    "call my mother",
+    "order a pizza",
+    "what is two plus two",
+    "tell me a story",
+    "good morning",
+    "thank you",
+    "lock the front door",
+    "open the garage",
+    "what is the capital of france",
+    "how tall is mount everest",
+    "quel temps fait il",
+    "allume la lumiere",
+    "wie spat ist es",
+    "mach das licht an",
+    "enciende la luz",
+    "blue window seven cat",
+    "banana under the quickly",
+    "the the the",
+    "hmm",
+    "turn on the",
+    "set a timer",
+    "set the temperature",
+    "switch off",
+)
+
+
+def examples(rng: random.Random, count: int) -> list[tuple[str, dict | None]]:
+    """``count`` (text, call or None) pairs, about 80 % calls."""
+    out: list[tuple[str, dict | None]] = []
+    while len(out) < count:
+        kind = rng.random()
+        room = rng.choice(ROOMS)
+        if kind < 0.17:
+            out.append((rng.choice(LIGHT_ON).format(room=room), light(room, True)))
+        elif kind < 0.34:
+            out.append((rng.choice(LIGHT_OFF).format(room=room), light(room, False)))
+        elif kind < 0.44:
+            n = rng.choice(range(5, 101, 5))
+            out.append((rng.choice(DIM).format(room=room, n=number(rng, n)), light(room, True, brightness=n)))
+        elif kind < 0.62:
+            if rng.random() < 0.15:
+                said, n = rng.choice(HOURS)
+                text = rng.choice(("set a timer for {h}", "start a timer for {h}", "timer {h}")).format(h=said)
+                out.append((text, {"name": "set_timer", "arguments": {"minutes": n}}))
+                continue
+            n = rng.choice((1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 25, 30, 35, 40, 45, 50, 55, 60, 75, 90))
+            said = number(rng, n)
+            if rng.random() < 0.3:
+                label = rng.choice(LABELS)
+                text = rng.choice(TIMER_LABEL).format(n=said, label=label)
+                args: dict = {"minutes": n, "label": label}
+            else:
+                text, args = rng.choice(TIMER).format(n=said), {"minutes": n}
+            if n == 1:
+                text = text.replace("minutes", "minute")
+            out.append((text, {"name": "set_timer", "arguments": args}))
+        elif kind < 0.82:
+            n = rng.randint(12, 28)
+            text = rng.choice(TEMP).format(room=room, n=number(rng, n))
+            out.append((text, {"name": "set_temperature", "arguments": {"room": room, "celsius": n}}))
+        else:
+            out.append((rng.choice(NONE), None))
+    return out
+
+
+def main() -> None:
+    from edge_agent.models.catalog import inspect_folder
+    from edge_agent.models.tokenizer import Message, Tokenizer
+    from edge_agent.serving.openai_output import with_tools
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="the imported Gemma 3 folder (its tokenizer and chat template)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--count", type=int, default=1600)
+    p.add_argument("--seed", type=int, default=7)
+    args = p.parse_args()
+    ref = inspect_folder(Path(args.model))
+    tok = Tokenizer(ref.path, ref.model_type)
+    tools = json.loads((Path(__file__).resolve().parent.parent / "edge_agent/demo_models/home-tools.json").read_text())
+    end = tok.encode("<end_of_turn>", add_special_tokens=False)
+    rng = random.Random(args.seed)
+    with open(args.out, "w") as f:
+        prefixes = {}
+        for mode in ("auto", "required"):
+            a, b = (tok.encode_chat(with_tools([Message("user", t)], tools["tools"], mode)) for t in ("x y", "z w"))
+            n = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+            prefixes[mode] = a[:n]
+            f.write(json.dumps({"mode": mode, "prefix": a[:n]}) + "\n")
+        for text, call in examples(rng, args.count):
+            mode = "auto" if call is None or rng.random() < 0.6 else "required"
+            ids = tok.encode_chat(with_tools([Message("user", text)], tools["tools"], mode))
+            assert ids[: len(prefixes[mode])] == prefixes[mode]
+            reply = json.dumps(call) if call is not None else NO_ACTION
+            target = tok.encode(reply, add_special_tokens=False) + end
+            f.write(json.dumps({"mode": mode, "text": text, "suffix": ids[len(prefixes[mode]) :], "target": target}))
+            f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
