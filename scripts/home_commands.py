@@ -10,8 +10,9 @@ command, so it is written once per mode as ``prefix``; each example holds only w
 
     .venv/bin/python scripts/home_commands.py --model DIR --out data.jsonl [--count 1600] [--seed 7]
 
-Output: one JSON object per line: the first lines ``{"prefix": [...], "mode": "auto"|"required"}``, then
-``{"mode", "text", "suffix": [...], "target": [...]}`` (token ids; ``target`` ends with the end-of-turn id).
+Output: one JSON object per line: the first lines ``{"prefix": [...], "mode": "auto"|"required"|"chat"}``,
+then ``{"mode", "text", "suffix": [...], "target": [...]}`` (token ids; ``target`` ends with the end-of-turn
+id), and for ``chat`` (a plain question, no tools) no target: the trainer takes the base model's own reply.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import random
 from pathlib import Path
 
 ROOMS = ("kitchen", "living room", "bedroom", "bathroom", "hallway")
-NO_ACTION = "Sorry, I can only switch lights, set timers and set the thermostat."
+NO_ACTION = "Sorry, I cannot do that."  # short: a no-action reply is words, decoded a token at a time
 ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
 ONES += "seventeen eighteen nineteen"
 TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
@@ -59,6 +60,12 @@ LIGHT_ON = (
     "can you turn on the light in the {room}",
     "please switch on the {room} lights",
     "{room} lights on please",
+    "{room} lamp on",
+    "could you please light up the {room}",
+    "i want the {room} light on",
+    "i would like the lights on in the {room}",
+    "make the {room} bright",
+    "power on the {room} lamp",
 )
 LIGHT_OFF = (
     "turn off the {room} light",
@@ -71,6 +78,13 @@ LIGHT_OFF = (
     "can you turn off the light in the {room}",
     "please switch off the {room} lights",
     "shut off the {room} light",
+    "{room} lamp off please",
+    "kill the lights in the {room}",
+    "cut the {room} light",
+    "lights out in the {room}",
+    "make the {room} dark",
+    "i want the {room} light off",
+    "power off the {room} lamp",
 )
 DIM = (
     "dim the {room} light to {n} percent",
@@ -79,6 +93,8 @@ DIM = (
     "{room} light at {n} percent",
     "turn the {room} light to {n} percent",
     "brightness {n} percent in the {room}",
+    "i want the {room} lamp at {n} percent",
+    "{room} lights to {n} percent please",
 )
 TIMER = (
     "set a timer for {n} minutes",
@@ -88,12 +104,19 @@ TIMER = (
     "set a {n} minute timer",
     "can you set a timer for {n} minutes",
     "timer {n} minutes",
+    "remind me in {n} minutes",
+    "count down {n} minutes",
+    "wake me in {n} minutes",
+    "alarm in {n} minutes",
+    "i need a timer for {n} minutes",
 )
 TIMER_LABEL = (
     "set a timer for {n} minutes for the {label}",
     "start a {n} minute timer for the {label}",
     "{label} timer {n} minutes",
     "set a {label} timer for {n} minutes",
+    "i need a {n} minute timer for the {label}",
+    "remind me about the {label} in {n} minutes",
 )
 LABELS = ("pasta", "tea", "oven", "rice", "pizza", "bread", "washing", "nap", "cake", "soup", "kids", "bus")
 HOURS = (("an hour", 60), ("half an hour", 30), ("two hours", 120), ("one hour", 60), ("three hours", 180))
@@ -106,6 +129,11 @@ TEMP = (
     "heat the {room} to {n} degrees",
     "{room} temperature {n} degrees",
     "can you set the {room} to {n} degrees please",
+    "warm the {room} up to {n} degrees",
+    "cool the {room} down to {n} degrees",
+    "bring the {room} to {n} degrees",
+    "i would like the {room} at {n} degrees",
+    "{n} degrees in the {room}",
 )
 NONE = (
     "what time is it",
@@ -140,6 +168,42 @@ NONE = (
     "set a timer",
     "set the temperature",
     "switch off",
+    "what is the news",
+    "how old are you",
+    "send a message to tom",
+    "buy some milk",
+    "wo ist der bahnhof",
+    "gracias",
+)
+
+
+# Chat without tools: the adapter must leave the model's own replies as they were. These prompts go out
+# with no target; the trainer writes the base model's greedy reply as each one's (self-distillation).
+CHAT = (
+    "What is the capital of France?",
+    "Write one sentence about the sea.",
+    "Give me a tip for sleeping well.",
+    "What is a good name for a cat?",
+    "Explain what a thermostat does.",
+    "Tell me something about the moon.",
+    "How do I boil an egg?",
+    "What is the weather usually like in spring?",
+    "Write a short poem about rain.",
+    "Why is the sky blue?",
+    "Suggest a quick breakfast.",
+    "What does a light bulb do?",
+    "Name three colours.",
+    "How many days are in a week?",
+    "What is your favourite book?",
+    "Summarize the story of Cinderella in one sentence.",
+    "What should I cook for dinner?",
+    "How can I save energy at home?",
+    "What is two plus two?",
+    "Describe a kitchen.",
+    "what time is it",
+    "tell me a joke",
+    "turn on the kitchen light",
+    "set a timer for ten minutes",
 )
 
 
@@ -200,11 +264,20 @@ def main() -> None:
     rng = random.Random(args.seed)
     with open(args.out, "w") as f:
         prefixes = {}
-        for mode in ("auto", "required"):
-            a, b = (tok.encode_chat(with_tools([Message("user", t)], tools["tools"], mode)) for t in ("x y", "z w"))
+        for mode in ("auto", "required", "chat"):
+
+            def render(text: str, mode: str = mode) -> list[int]:
+                chat = [Message("user", text)]
+                return tok.encode_chat(chat if mode == "chat" else with_tools(chat, tools["tools"], mode))
+
+            a, b = render("x y"), render("z w")
             n = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
             prefixes[mode] = a[:n]
             f.write(json.dumps({"mode": mode, "prefix": a[:n]}) + "\n")
+        for text in CHAT:
+            ids = tok.encode_chat([Message("user", text)])
+            assert ids[: len(prefixes["chat"])] == prefixes["chat"]
+            f.write(json.dumps({"mode": "chat", "text": text, "suffix": ids[len(prefixes["chat"]) :]}) + "\n")
         for text, call in examples(rng, args.count):
             mode = "auto" if call is None or rng.random() < 0.6 else "required"
             ids = tok.encode_chat(with_tools([Message("user", text)], tools["tools"], mode))

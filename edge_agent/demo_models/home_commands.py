@@ -3,10 +3,14 @@
 Two sets, each a tuple of ``Command`` (text, espeak-ng voice, expected call or None for "no action"):
 
 - ``DEMO``: the demo's own commands, in the demo's voices;
-- ``HELD_OUT``: other words for the same actions, numbers said as words, other voices and speeds, and
-  requests no tool answers. None of these sentences is produced by the training generator of the
-  home-commands adapter (``scripts/home_commands.py``; tests/unit/test_home_commands.py checks that), so accuracy here is
-  accuracy on phrasings the model has not seen.
+- ``DEV``: other words for the same actions, numbers said as words, other voices, requests no tool
+  answers. It was held out for the adapter's first training; its misses then widened the generator, so
+  most of its sentences are trained on now: a development set, reported as such;
+- ``HELD_OUT``: written after that, in other words and voices again; what accuracy on unseen commands
+  is measured on.
+
+No sentence of ``HELD_OUT`` is produced by the training generator of the home-commands adapter
+(``scripts/home_commands.py``; tests/unit/test_home_commands.py checks that).
 
 ``judge(expected, call)`` is the rule both use: the same tool name and exactly the same arguments
 (numbers compared by value: 21 and 21.0 are one temperature); no call is right only when none is due.
@@ -48,7 +52,7 @@ DEMO = (
     Command("dim the hallway light to thirty percent", "en", light("hallway", True, brightness=30)),
 )
 
-HELD_OUT = (
+DEV = (
     Command("could you please light up the bathroom", "en-us+max", light("bathroom", True)),
     Command("kill the lights in the kitchen", "en+Annie", light("kitchen", False)),
     Command("i want the bedroom lamp at fifty percent", "en-gb-x-rp+m3", light("bedroom", True, brightness=50)),
@@ -61,6 +65,24 @@ HELD_OUT = (
     Command("bring the hallway to nineteen degrees", "en+max", heat("hallway", 19)),
     Command("how is the weather tomorrow", "en-us+steph", None),
     Command("tell me a joke", "en+Annie", None),
+)
+
+# Written after DEV had been scored and its misses had widened the generator: phrasings and voices
+# neither the training data nor anyone tuning it has seen.
+HELD_OUT = (
+    Command("please switch the kitchen lamp on", "en+linda", light("kitchen", True)),
+    Command("turn the bathroom lights down to twenty percent", "en-us+m5", light("bathroom", True, brightness=20)),
+    Command("no more light in the bedroom", "en+f4", light("bedroom", False)),
+    Command("give me some light in the living room", "en-gb-x-rp+Andy", light("living room", True)),
+    Command("start a countdown of eight minutes", "en-us+linda", timer(8)),
+    Command("set an alarm for twenty five minutes for the laundry", "en+m5", timer(25, "laundry")),
+    Command("timer please ninety minutes", "en-us+f4", timer(90)),
+    Command("make it twenty six degrees in the bedroom", "en+m2", heat("bedroom", 26)),
+    Command("the kitchen should be at nineteen degrees", "en-us+m2", heat("kitchen", 19)),
+    Command("drop the hallway temperature to fifteen", "en+Annie", heat("hallway", 15)),
+    Command("what is the date today", "en-gb-x-rp+linda", None),
+    Command("sing me a song", "en+m6", None),
+    Command("ouvre la porte", "en-us+m6", None),
 )
 
 

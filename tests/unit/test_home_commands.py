@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.demo_models.home_commands import DEMO, HELD_OUT, heat, judge, light, timer
+from edge_agent.demo_models.home_commands import DEMO, DEV, HELD_OUT, heat, judge, light, timer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,6 +81,6 @@ def test_generated_calls_follow_their_tools_schemas():
     for _text, call in pairs:
         if call is not None:
             validator.validate(call)
-    for command in (*DEMO, *HELD_OUT):
+    for command in (*DEMO, *DEV, *HELD_OUT):
         if command.call is not None:
             validator.validate(command.call)
