@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from ..demo_models.home_commands import heat, judge, light, timer
 from ..errors import InputError
 from ..serving.command_check import command_check
 
@@ -57,6 +58,7 @@ class Utterance:
     parts: tuple[str, ...]
     voice: str  # espeak-ng -v; a variant by its FILE name (``en+max``, ``en+Annie``): a wrong case is silently ignored
     wpm: int
+    call: dict | None = None  # the call it must become (None: no tool fits)
 
     @property
     def text(self) -> str:
@@ -68,18 +70,18 @@ class Utterance:
 
 
 UTTERANCES = (
-    Utterance(("turn on the", "kitchen lights"), "en-us+max", 160),
-    Utterance(("set a timer for ten minutes",), "en+Annie", 150),
-    Utterance(("set the bedroom temperature to twenty one degrees",), "en-gb-x-rp+m3", 170),
-    Utterance(("switch off the", "living room light"), "en+f2", 145),
-    Utterance(("dim the hallway light to thirty percent",), "en-us+Andy", 175),
-    Utterance(("set a timer for", "five minutes"), "en+steph", 155),
-    Utterance(("turn off the bathroom light",), "en-us", 185),
-    Utterance(("make the kitchen", "twenty degrees"), "en+klatt", 150),
-    Utterance(("turn the bedroom light on",), "en+m3", 165),
-    Utterance(("start a timer for twenty minutes",), "en-us+Annie", 140),
-    Utterance(("set the living room to twenty two degrees",), "en+Andy", 180),
-    Utterance(("turn on the hallway light",), "en+f2", 190),
+    Utterance(("turn on the", "kitchen lights"), "en-us+max", 160, light("kitchen", True)),
+    Utterance(("set a timer for ten minutes",), "en+Annie", 150, timer(10)),
+    Utterance(("set the bedroom temperature to twenty one degrees",), "en-gb-x-rp+m3", 170, heat("bedroom", 21)),
+    Utterance(("switch off the", "living room light"), "en+f2", 145, light("living room", False)),
+    Utterance(("dim the hallway light to thirty percent",), "en-us+Andy", 175, light("hallway", True, brightness=30)),
+    Utterance(("set a timer for", "five minutes"), "en+steph", 155, timer(5)),
+    Utterance(("turn off the bathroom light",), "en-us", 185, light("bathroom", False)),
+    Utterance(("make the kitchen", "twenty degrees"), "en+klatt", 150, heat("kitchen", 20)),
+    Utterance(("turn the bedroom light on",), "en+m3", 165, light("bedroom", True)),
+    Utterance(("start a timer for twenty minutes",), "en-us+Annie", 140, timer(20)),
+    Utterance(("set the living room to twenty two degrees",), "en+Andy", 180, heat("living room", 22)),
+    Utterance(("turn on the hallway light",), "en+f2", 190, light("hallway", True)),
 )
 WARMUP = Utterance(("what time is it",), "en-us", 160)
 
@@ -191,7 +193,7 @@ class Side:
 
         options = turn_options(self.settings.audio)
         submit = chat_submit(self.scheduler, llm.lm.tokenizer)
-        return VoiceTurn(submit, llm.tools, max_new_tokens=llm.max_new_tokens, **options)
+        return VoiceTurn(submit, llm.tools, tool_choice=llm.tool_choice, max_new_tokens=llm.max_new_tokens, **options)
 
 
 class Llm:
@@ -214,6 +216,7 @@ class Llm:
         self.name = ref.name
         self.tools = tools
         self.max_new_tokens = args.max_new_tokens
+        self.tool_choice = args.tool_choice
 
 
 # -- one run: an utterance replayed on one side --------------------------------------------------
@@ -298,6 +301,8 @@ def record(result: RunResult, clip: Clip, side: str, round_: int, index: int) ->
     decided_early = any(e.speech_end_at_s is not None and e.speech_end_at_s < end for e, _ in delivered)
     calls = [t.call for _, t in delivered if t.call is not None]
     u = clip.utterance
+    # right: the one delivered turn made exactly the expected call (or no call when none is due)
+    right = len(delivered) == 1 and not errors and judge(u.call, delivered[0][1].call)
     return {
         "round": round_,
         "utterance": index,
@@ -308,6 +313,8 @@ def record(result: RunResult, clip: Clip, side: str, round_: int, index: int) ->
         "pause": u.pause,
         "heard": [t.text for _, t in delivered],
         "calls": calls,
+        "expected": u.call,
+        "right": right,
         "endpoint_ms": since_end(last_event, 0.0) if last else None,
         "turn_first_token_ms": since_end(last_event, last.turn_first_token_ms) if last else None,
         "turn_complete_ms": since_end(last_event, last.turn_complete_ms) if last else None,
@@ -355,6 +362,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--tools", default=str(HOME_TOOLS), metavar="FILE", help="OpenAI function tools (default: home tools)"
     )
     p.add_argument("--max-new-tokens", type=int, default=160, help="the tool call's token budget (default 160)")
+    p.add_argument(
+        "--tool-choice",
+        choices=("auto", "required"),
+        default="required",
+        help="required (default): always a call; auto: a call or words, as the demo asks",
+    )
     p.add_argument("--json", dest="json_out", metavar="OUT", default=None, help="write the JSON report to OUT")
     p.add_argument("--plot", metavar="PNG", default=None, help="turn-time distributions, default vs baseline")
     p.add_argument("--config", metavar="FILE", default=None, help="TOML config (default: the daemon's)")

@@ -5,7 +5,9 @@ Report keys: ``turn_first_token_ms``, ``turn_complete_ms`` and ``endpoint_ms`` a
 per round over the utterances, the median of the rounds reported; ``spread`` holds each one's
 ``[min, max]`` over the rounds), ``false_cuts`` as ``{count, rate,
 of}`` (runs of utterances with a pause, all rounds), ``duplicated_calls`` and ``hit_tokens`` (totals, all
-rounds); the default side's at the top level, the baseline's under ``baseline``, and ``ratios``.
+rounds), ``calls_right`` as ``{count, of, rate}`` (runs whose one delivered turn made exactly the expected
+call, name and arguments, or no call where none is due) with the ``wrong`` runs listed; the default
+side's at the top level, the baseline's under ``baseline``, and ``ratios``.
 """
 
 from __future__ import annotations
@@ -42,6 +44,13 @@ def side_figures(rows: list[dict]) -> dict:
     out["prompt_tokens"] = sum(r["prompt_tokens"] for r in rows)
     out["runs"] = len(rows)
     out["runs_with_call"] = sum(bool(r["calls"]) for r in rows)
+    right = sum(bool(r.get("right")) for r in rows)
+    out["calls_right"] = {"count": right, "of": len(rows), "rate": right / len(rows) if rows else None}
+    out["wrong"] = [
+        {k: r.get(k) for k in ("round", "said", "voice", "heard", "calls", "expected")}
+        for r in rows
+        if not r.get("right")
+    ]
     out["failed_turns"] = sum(len(r["errors"]) for r in rows)
     out["early_ends"] = sum(r["early_end"] for r in rows)
     out["cancelled_replies"] = sum(r["cancelled"] for r in rows)
@@ -125,6 +134,12 @@ def format_table(report: dict) -> str:
         return f"{c['count']}/{c['of']}"
 
     lines.append(f"{'false_cuts':<26}{cuts(report):>12}{cuts(base):>12}")
+
+    def right(side: dict) -> str:
+        c = side["calls_right"]
+        return f"{c['count']}/{c['of']}"
+
+    lines.append(f"{'calls right (name+args)':<26}{right(report):>12}{right(base):>12}")
     for key in (
         "duplicated_calls",
         "hit_tokens",
@@ -138,6 +153,8 @@ def format_table(report: dict) -> str:
         "runs_with_call",
     ):
         lines.append(f"{key:<26}{_fmt(report[key]):>12}{_fmt(base[key]):>12}")
+    for w in report["wrong"][:12]:
+        lines.append(f"wrong (default, round {w['round']}): said {w['said']!r}, heard {w['heard']} → {w['calls']}")
     if report.get("missing"):
         lines.append(f"not in this configuration (the baseline cannot turn them off): {', '.join(report['missing'])}")
     return "\n".join(lines)

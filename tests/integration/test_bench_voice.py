@@ -1,5 +1,6 @@
 """``edge-agent bench voice``: a tiny run (two commands, one with a pause, one round) on the demo models:
-the report's keys and structure for both sides, ratios that are positive numbers, the table and the plot."""
+the report's keys and structure for both sides, ratios that are positive numbers, each run judged against
+its command's expected call, the table and the plot."""
 
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ def test_bench_voice_reports_default_and_baseline(tmp_path, capsys):
                 assert side["spread"][metric][stat] == [side[metric][stat]] * 2
         assert set(side["false_cuts"]) == {"count", "rate", "of"} and side["false_cuts"]["of"] == 1
         assert isinstance(side["duplicated_calls"], int) and isinstance(side["hit_tokens"], int)
+        # judged against each command's expected call (random weights: whatever the count, it is counted)
+        assert side["calls_right"]["of"] == 2 and 0 <= side["calls_right"]["count"] <= 2
+        assert len(side["wrong"]) == 2 - side["calls_right"]["count"]
     assert "prefix_cache.enabled" in report["toggles"] and isinstance(report["missing"], list)
     assert report["baseline"]["prefills_ahead"] == 0  # the baseline never prefills a partial
     for metric in TIMES:
@@ -60,6 +64,8 @@ def test_bench_voice_reports_default_and_baseline(tmp_path, capsys):
         (1, "baseline"),
     ]
     assert all(r["heard"] and r["turn_complete_ms"] >= r["turn_first_token_ms"] for r in rows)
+    assert [r["expected"]["name"] for r in rows] == ["set_light", "set_light", "set_timer", "set_timer"]
+    assert "calls right (name+args)" in captured.out
     assert "turn_complete_ms p50" in captured.out and "default/baseline" in captured.out
     assert captured.err.count("bench voice round 1/1") == 2  # a progress line per utterance
     assert png.stat().st_size > 10_000

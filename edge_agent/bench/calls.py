@@ -1,0 +1,186 @@
+"""``edge-agent bench calls``: how many home commands become exactly the right tool call, text and speech.
+
+Each command of ``demo_models/home_commands.py`` (the demo's set; the held-out set: other words for the
+same actions, numbers said as words, other voices, requests no tool answers; the development set) goes
+through the agent's own voice-turn request (``VoiceTurn.chat``: the user's words with the home tools
+described, the model's chat template; greedy, the tool-or-text grammar of ``tool_choice: "auto"`` or the
+call grammar of ``"required"``; the prefix cache and jump-forward on, as the daemon runs them) on one LLM
+scheduler:
+
+- **text**: the command's words as written;
+- **speech** (``--speech``): the words spoken by espeak-ng in the command's voice, transcribed whole by
+  the configured ASR tier (or ``--asr-model``); the LLM gets what was heard.
+
+A command is right when the reply makes exactly the expected call (name and arguments, numbers by
+value) or, where no tool fits, makes none. Reported per set and input: right / of, the wrong ones
+(said, heard, got, expected) and the time from the request to the complete reply (p50 / p95; the first
+request of a run, which fills the prefix cache, is left out). End of speech → call under real-time
+streaming is ``bench voice``'s to measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..demo_models.home_commands import DEMO, DEV, HELD_OUT, Command, judge
+from ..errors import InputError
+
+HOME_TOOLS = Path(__file__).resolve().parent.parent / "demo_models" / "home-tools.json"
+SETS = {"demo": DEMO, "held-out": HELD_OUT, "dev": DEV}
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "calls",
+        help="home commands (text, and speech with --speech) → tool calls: how many exactly right",
+        description="Run the demo's and the held-out home commands through the agent's voice-turn request "
+        "and score each reply's call (name and arguments) against the expected one.",
+    )
+    p.add_argument("--llm-model", default="gemma-3-270m-home", help="model name or folder (an engine's too)")
+    p.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "openvino"))
+    p.add_argument("--sets", default="demo,held-out,dev", help="comma-separated: demo, held-out, dev")
+    p.add_argument("--speech", action="store_true", help="also speak each command and score what the ASR heard")
+    p.add_argument("--asr-model", default=None, help="ASR model (default: the top configured ASR tier)")
+    p.add_argument("--tool-choice", choices=("auto", "required"), default="auto")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: the configured device threads)")
+    p.add_argument("--json", dest="json_out", metavar="OUT", default=None, help="write the JSON report to OUT")
+    p.add_argument("--config", metavar="FILE", default=None, help="TOML config (default: the daemon's)")
+    p.set_defaults(func=run)
+    return p
+
+
+def heard_by(recognizer: Any, command: Command) -> str:
+    """What ``recognizer`` hears when espeak-ng says ``command`` in its voice (silence around it)."""
+    from .voice import RATE, _espeak
+
+    speech = _espeak(command.text, command.voice, 160)
+    pad = np.zeros(int(0.4 * RATE), np.float32)
+    return recognizer.transcribe(np.concatenate([pad, speech, pad, pad])).text.strip()
+
+
+def score(scheduler: Any, tokenizer: Any, tools: list[dict], commands, heard: list[str], tool_choice: str, limit: int):
+    """Each command's reply to what was heard (one request at a time): rows and the summary."""
+    from ..models.sampling import SamplingParams
+    from ..serving.voice_turn import VoiceTurn, chat_submit
+
+    turn = VoiceTurn(
+        chat_submit(scheduler, tokenizer), tools, tool_choice=tool_choice, prefill_ahead=False, tick_s=None
+    )
+    submit = chat_submit(scheduler, tokenizer)
+    rows = []
+    for command, text in zip(commands, heard, strict=True):
+        params = SamplingParams(max_new_tokens=limit, temperature=0.0, grammar=turn.grammar)
+        start = time.monotonic()
+        done = submit(turn.chat(text), params).result(120.0)
+        ms = (time.monotonic() - start) * 1e3
+        call = VoiceTurn.call_of(done.text) if done.finish_reason != "length" else None
+        rows.append(
+            {
+                "said": command.text,
+                "voice": command.voice,
+                "heard": text,
+                "expected": command.call,
+                "call": call,
+                "reply": done.text if call is None else "",
+                "right": judge(command.call, call),
+                "reply_ms": round(ms, 1),
+                "cached_tokens": done.timing.cached_tokens,
+                "prompt_tokens": done.timing.tokens_in,
+            }
+        )
+    turn.close()
+    return rows
+
+
+def summary(rows: list[dict]) -> dict:
+    from ..metrics.window import nearest_rank
+
+    times = sorted(r["reply_ms"] for r in rows[1:]) or sorted(r["reply_ms"] for r in rows)
+    right = sum(r["right"] for r in rows)
+    return {
+        "right": right,
+        "of": len(rows),
+        "rate": round(right / len(rows), 4) if rows else None,
+        "reply_ms": {"p50": nearest_rank(times, 50), "p95": nearest_rank(times, 95)},
+        "wrong": [r for r in rows if not r["right"]],
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..backends import SessionOptions
+    from ..config import load_settings
+    from ..models.catalog import resolve_model
+    from ..models.llm import DecoderLM
+    from ..serving.llm.scheduler import LLMScheduler
+    from ..serving.openai_output import load_tools
+    from ..serving.voice_turn import turn_limits
+
+    names = [s.strip() for s in args.sets.split(",") if s.strip()]
+    unknown = [s for s in names if s not in SETS]
+    if unknown or not names:
+        raise InputError(f"--sets: unknown {unknown or names}; known: {', '.join(SETS)}")
+    settings = load_settings(args.config)
+    tools = load_tools(HOME_TOOLS)
+    inputs: dict[str, dict[str, list[str]]] = {n: {"text": [c.text for c in SETS[n]]} for n in names}
+    asr_name = None
+    if args.speech:
+        from ..models.asr import open_configured
+        from .voice import require_tools
+
+        require_tools()
+        recognizer = open_configured(settings, args.asr_model)
+        asr_name = recognizer.name if hasattr(recognizer, "name") else args.asr_model
+        try:
+            for n in names:
+                inputs[n]["speech"] = [heard_by(recognizer, c) for c in SETS[n]]
+        finally:
+            recognizer.close()
+    ref = resolve_model(args.llm_model, settings.models.cache_dir)
+    threads = args.threads or settings.device.threads
+    lm = DecoderLM.open(ref, args.backend, SessionOptions(threads=threads, cache_dir=settings.engines.cache_dir))
+    report: dict[str, Any] = {"llm_model": ref.name, "llm_path": str(ref.path), "backend": args.backend}
+    report.update(asr_model=asr_name, tool_choice=args.tool_choice, threads=threads, results={})
+    try:
+        scheduler = LLMScheduler(lm, turn_limits(settings)).start()
+        try:
+            for n in names:
+                for kind, heard in inputs[n].items():
+                    rows = score(scheduler, lm.tokenizer, tools, SETS[n], heard, args.tool_choice, args.max_new_tokens)
+                    report["results"][f"{n}/{kind}"] = {**summary(rows), "rows": rows}
+        finally:
+            scheduler.stop()
+    finally:
+        lm.close()
+    print(format_report(report))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def _call_text(call: dict | None) -> str:
+    return "no call" if call is None else f"{call['name']} {json.dumps(call['arguments'])}"
+
+
+def format_report(report: dict) -> str:
+    lines = [
+        f"bench calls: {report['llm_model']} ({report['backend']}, {report['threads']} threads), tool_choice "
+        f"{report['tool_choice']}" + (f", speech heard by {report['asr_model']}" if report.get("asr_model") else "")
+    ]
+    for key, res in report["results"].items():
+        t = res["reply_ms"]
+        lines.append(
+            f"  {key:<18} {res['right']:>3} of {res['of']:<3} right ({res['rate'] * 100:.0f} %) · request → complete "
+            f"reply P50 {t['p50']:.0f} · P95 {t['p95']:.0f} ms"
+        )
+        for w in res["wrong"]:
+            heard = "" if w["heard"] == w["said"] else f", heard {w['heard']!r}"
+            got = _call_text(w["call"]) if w["call"] else f"no call ({w['reply'][:60]!r})"
+            lines.append(f"      wrong: {w['said']!r}{heard} → {got}; expected {_call_text(w['expected'])}")
+    return "\n".join(lines)
