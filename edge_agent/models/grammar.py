@@ -147,7 +147,10 @@ class Constraint:
         lln.fill_next_token_bitmask(self._m, self._words[None, :], 0)
         if self._m.is_error():  # llguidance does not raise: it keeps the error and leaves the mask empty
             raise FormatError(f"the requested output format broke after {self.consumed} tokens: {_problem(self._m)}")
-        return self.vocab.unpack(self._words)
+        mask = self.vocab.unpack(self._words)
+        if self.vocab.other_eos and self.vocab.eos is not None and mask[self.vocab.eos]:
+            mask[self.vocab.other_eos] = True  # every stop id ends the output where the format may end
+        return mask
 
     def consume(self, token: int) -> None:
         """Advance past ``token``; a ``FormatError`` if the grammar breaks on it."""
@@ -186,6 +189,9 @@ class TokenVocab:
         import llguidance
 
         eos = sorted(eos_ids)
+        # llguidance knows one end token; a model that ends a turn with another of its stop ids (Gemma's
+        # <end_of_turn> beside <eos>) may end wherever the format may end (``Constraint.allowed``)
+        self.eos, self.other_eos = (eos[0] if eos else None), [e for e in eos[1:] if 0 <= e < n_logits]
         self.n_logits = n_logits
         self.known_ids = n_logits if known_ids is None else min(known_ids, n_logits)
         self._tok = llguidance.LLTokenizer(tokenizer_json, n_vocab=n_logits, eos_token=eos[0] if eos else None)
