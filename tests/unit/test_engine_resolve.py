@@ -74,7 +74,7 @@ def test_recipes_of_configured_tiers_only_llm_matching_target_and_broken_ones_sk
         TierConfig(name="c", model="demo-gemma2", backend="tensorrt", device="cuda:0"),
         TierConfig(name="d", model="demo-phi3", backend="openvino", device="CPU"),
     ]
-    shipped = sorted(p.stem for p in engines_dir().glob("*.toml"))
+    shipped = [p.stem for p in sorted(engines_dir().glob("*.toml"))]  # in file-name order, as they are read
     # the user's folder first, then the shipped recipes (none of those is hidden here: no name is shared)
     assert [r.name for r in engines.all_recipes()] == ["asr", "gemma2-cpu", "phi", *shipped]
     assert engines.recipes(tiers) == ["phi"]  # ASR is not a tier recipe; gemma2-cpu does not build for jetson (tier c)
