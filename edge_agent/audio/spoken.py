@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 SPOKEN = (
@@ -21,15 +22,17 @@ SPOKEN = (
 VOICES = ("en", "en+m3", "en+f2", "en-us", "en+m7")
 
 
-def synthesize(workdir: Path) -> list[tuple[Path, str]]:
-    """Spoken commands as 16 kHz mono WAVs, several voices (espeak-ng + sox); [] when not installed."""
+def synthesize(workdir: Path, said: Sequence[tuple[str, str]] | None = None) -> list[tuple[Path, str]]:
+    """Spoken commands as 16 kHz mono WAVs (espeak-ng + sox); [] when not installed. ``said``: (text, voice)
+    pairs; default ``SPOKEN`` in turn in ``VOICES``."""
     if not (shutil.which("espeak-ng") and shutil.which("sox")):
         return []
+    pairs = said if said is not None else [(t, VOICES[i % len(VOICES)]) for i, t in enumerate(SPOKEN)]
     out = []
-    for i, text in enumerate(SPOKEN):
+    for i, (text, voice) in enumerate(pairs):
         raw, wav = workdir / f"say{i}.raw.wav", workdir / f"say{i}.wav"
         subprocess.run(
-            ["espeak-ng", "-v", VOICES[i % len(VOICES)], "-s", "150", "-w", str(raw), text],
+            ["espeak-ng", "-v", voice, "-s", "150", "-w", str(raw), text],
             check=True,
             capture_output=True,
         )

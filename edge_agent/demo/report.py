@@ -19,7 +19,9 @@ class Record:
     tiers: list[tuple[float, str]] = field(default_factory=list)
     fleet: list[tuple[float, float | None, float | None]] = field(default_factory=list)
     switches: list[dict] = field(default_factory=list)
-    actions: list[dict] = field(default_factory=list)  # spoken commands turned into tool calls
+    actions: list[dict] = field(default_factory=list)  # spoken commands turned into tool calls, judged
+    replies: list[tuple[str, str]] = field(default_factory=list)  # chat prompts and the replies shown at the end
+    load: dict = field(default_factory=dict)  # the chat rates and the capacity they were sized from
 
 
 def _fmt(v) -> str:
@@ -49,10 +51,26 @@ def summarize(rec: Record) -> dict:
     out["tool_calls"] = {
         "commands": len(rec.actions),
         "calls": len(turns),
+        "right": sum(1 for a in rec.actions if a.get("right")),
         "turn_ms": {p: nearest_rank(turns, q) for p, q in (("p50", 50), ("p95", 95))},
-        "examples": rec.actions[:3],
+        "wrong": [a for a in rec.actions if not a.get("right")][:10],
+        "examples": [a for a in rec.actions if a.get("right")][:3],
     }
+    out["switches"] = [
+        {"t_s": sw.get("t_s"), "from": sw.get("from"), "to": sw.get("to"), "reason": sw.get("reason")}
+        for sw in rec.switches
+    ]
+    out["chat_replies"] = rec.replies
     return out
+
+
+def _shown(a: dict) -> str:
+    if a.get("call"):
+        return f"{a['call']['name']} {json.dumps(a['call']['arguments'])}"
+    if a.get("error"):
+        return f"no action ({a['error']})"
+    text = a.get("text", "")
+    return f"no action: {text if len(text) <= 60 else text[:60] + '…'!r}"
 
 
 def format_summary(s: dict) -> str:
@@ -73,12 +91,21 @@ def format_summary(s: dict) -> str:
     calls = s["tool_calls"]
     if calls["commands"]:
         lines.append(
-            f"  voice → tool call  {calls['calls']} of {calls['commands']} commands, turn P50 "
-            f"{f(calls['turn_ms']['p50'])} · P95 {f(calls['turn_ms']['p95'])} ms (end of speech → complete call)"
+            f"  voice → tool call  {calls['right']} of {calls['commands']} right (name and arguments); "
+            f"{calls['calls']} calls, turn P50 {f(calls['turn_ms']['p50'])} · P95 {f(calls['turn_ms']['p95'])} ms "
+            "(end of speech → complete call)"
         )
         for a in calls["examples"]:
-            shown = f"{a['call']['name']} {json.dumps(a['call']['arguments'])}" if a["call"] else a["error"]
-            lines.append(f"    {a['heard']!r} → {shown}")
+            lines.append(f"    right: {a['heard']!r} → {_shown(a)}")
+        for a in calls["wrong"]:
+            want = (
+                f"{a['expected']['name']} {json.dumps(a['expected']['arguments'])}" if a.get("expected") else "no call"
+            )
+            lines.append(f"    wrong: said {a.get('said', '')!r}, heard {a['heard']!r} → {_shown(a)}; expected {want}")
+    for sw in s.get("switches", []):
+        lines.append(f"  switch at {sw['t_s']} s  {sw['from']} → {sw['to']}: {sw['reason']}")
+    for prompt, reply in s.get("chat_replies", []):
+        lines.append(f"  chat  {prompt!r} → {reply!r}")
     for failure in s["failures"]:
         lines.append(f"  failure: {failure}")
     return "\n".join(lines)

@@ -1,16 +1,20 @@
-"""``edge-agent demo``: the daemon on the embedded default under a mixed load, watched live.
+"""``edge-agent demo``: the daemon on real weights under a mixed load, watched live.
 
 1. A broker: ``mqtt.host:port`` when something listens there, else a private mosquitto on a free
    port (when installed), else none (the agent spools its telemetry).
-2. The daemon: ``edge-agent run`` as a child process with a generated config (the demo tiers, the
-   API on a free port, telemetry every 2 s, state under a temporary folder).
-3. Load: chat requests through the OpenAI-compatible API (streamed, Poisson arrivals, a burst in
-   the middle third that pushes the top tier past its SLA), and spoken commands synthesised with
-   espeak-ng, streamed in real time through the ASR WebSocket with its respond option: each command's
-   tool call comes back from the daemon's own voice turn.
+2. The daemon: ``edge-agent run`` as a child process with a generated config (two LLM tiers on
+   ``gemma-3-270m-home``, fetched on first use; the random demo tiers without it or with
+   ``--random-models``; the API on a free port, telemetry every 2 s, state under a temporary folder).
+3. Load: the top tier's capacity measured first (chats completed per second with four in flight),
+   then chat requests through the OpenAI-compatible API (streamed, Poisson arrivals at 0.3x that
+   capacity, 1.6x in the middle third: the top tier's SLA breaks on any CPU), and spoken commands
+   synthesised with espeak-ng, streamed in real time through the ASR WebSocket with its respond option:
+   each command's reply (a tool call, or words) comes back from the daemon's own voice turn and is
+   judged against the command's expected call.
 4. Live: every 2 s one line: chat TTFT P95 as clients see it, active tier, ASR final latency, and
    the fleet view's P95/P99 merged from the MQTT histograms.
-5. At the end (``--duration-s`` or Ctrl-C): a summary table and a latency plot (PNG).
+5. At the end (``--duration-s`` or Ctrl-C): three greedy chat replies, a summary (voice → tool call N of M
+   right with the wrong ones, the switches with the P95 that caused them) and a latency plot (PNG).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import time
 from pathlib import Path
 
 from ..audio.spoken import synthesize
+from ..demo_models.home_commands import DEMO, Command
 from ..errors import EdgeAgentError, InputError
 from ..metrics.window import percentile
 from .actions import action_of, home_tools, reply_settings
@@ -38,6 +43,14 @@ from .report import Record, _fmt, format_summary, plot, summarize
 
 log = logging.getLogger(__name__)
 
+REAL_MODEL = "gemma-3-270m-home"
+BASE_LOAD, BURST_LOAD = 0.3, 1.6  # chat arrival rates as shares of the measured capacity
+PROBE_S = 5.0  # how long the capacity is measured
+SHOWN = (  # the chat replies printed at the end, greedy
+    "What colour is the sky on a clear day?",
+    "What is the capital of France?",
+    "Give me a tip for sleeping well.",
+)
 CHAT = (
     "Turn on the kitchen light.",
     "What is on my calendar tomorrow?",
@@ -81,10 +94,51 @@ def start_broker(host: str, port: int, workdir: Path) -> tuple[subprocess.Popen 
     return proc, "127.0.0.1", port, f"private mosquitto on 127.0.0.1:{port}"
 
 
-def daemon_config(workdir: Path, mqtt: tuple[str, int], api_port: int, speech: bool) -> Path:
+def llm_tiers(model: str | None) -> str:
+    """The demo's LLM tiers as TOML: on ``model`` (real weights), the engine the gate chose at the top
+    (``edge-agent build --recipe gemma-3-270m-home``; the FP32 folder until one is built) and, below it,
+    the same weights with replies cut at 36 tokens (a whole tool call still fits) and batches of 8: more
+    requests served per second under load, for shorter chat replies; with no model, the embedded
+    default's random demo tiers."""
+    if model is None:
+        return ""
+    return f"""
+[[models.llm]]
+name = "full"
+model = "{model}"
+max_new_tokens = 128
+max_batch = 4
+[[models.llm]]
+name = "short"
+model = "{model}"
+max_new_tokens = 36
+max_batch = 8
+"""
+
+
+def real_model(models_dir: Path, say) -> tuple[str | None, str]:
+    """The real model's name when it is here, fetched on first use; else None and a one-line reason."""
+    from ..importers.fetch import fetch
+    from ..importers.result import imported_dir
+
+    if (imported_dir(models_dir) / REAL_MODEL / "model.onnx").is_file():
+        return REAL_MODEL, f"LLM tiers on {REAL_MODEL} (real weights)"
+    say(f"first run: fetching {REAL_MODEL} (Gemma 3 270M and its home-commands adapter, about 250 MB)")
+    try:
+        fetch(REAL_MODEL, models_dir, say=say)
+    except EdgeAgentError as exc:
+        return None, (
+            f"no real model ({exc}); the LLM tiers are random demo models: "
+            f"get it with `edge-agent models fetch {REAL_MODEL}`"
+        )
+    return REAL_MODEL, f"LLM tiers on {REAL_MODEL} (real weights, fetched now)"
+
+
+def daemon_config(workdir: Path, mqtt: tuple[str, int], api_port: int, speech: bool, model: str | None = None) -> Path:
     cfg = workdir / "agent.toml"
     cfg.write_text(f"""# generated by edge-agent demo
 {"" if speech else "[models]" + chr(10) + "asr = []"}
+{llm_tiers(model)}
 [mqtt]
 host = "{mqtt[0]}"
 port = {mqtt[1]}
@@ -99,31 +153,33 @@ port = {api_port}
 [engines]
 build_on_start = false  # engines already built (edge-agent build) are served; none is built mid-demo
 [sla]
-window_s = 6
-min_samples = 6
+# 10 s and 5 samples: enough for a decision at the burst's rate on a slow CPU (the burst is sized from
+# the top tier's capacity, which is a few chats per second or less on real weights)
+window_s = 10
+min_samples = 5
 evaluate_every_s = 1
 downgrade_after = 2
 upgrade_after = 4
 cooldown_s = 8
-min_dwell_s = 3
+# no switch while the demo measures the top tier's capacity (its requests queue on purpose); the burst
+# starts a third of the way in, after that measurement has left the window
+min_dwell_s = {PROBE_S + 9:g}
+# the demo shows tier switches; shedding at the lightest tier is left to outlast the burst
+shed_after = 60
 """)
     return cfg
 
 
-async def chat_load(base: str, rec: Record, t0: float, duration: float, rate: float, stop: asyncio.Event) -> None:
+async def chat_load(
+    base: str, rec: Record, t0: float, duration: float, rate: float, burst_rate: float, stop: asyncio.Event
+) -> None:
     import aiohttp
 
     rng = random.Random(11)
 
     async def one(session, prompt: str) -> None:
         start = time.monotonic()
-        body = {
-            "model": "edge-agent",
-            "stream": True,
-            "max_tokens": 48,
-            "temperature": 0.7,
-            "messages": [{"role": "user", "content": prompt}],
-        }
+        body = _chat_body(prompt)
         ttft, model = None, ""
         try:
             async with session.post(f"{base}/v1/chat/completions", json=body) as resp:
@@ -147,7 +203,7 @@ async def chat_load(base: str, rec: Record, t0: float, duration: float, rate: fl
         while not stop.is_set() and time.monotonic() - t0 < duration:
             t = time.monotonic() - t0
             burst = duration / 3 <= t < 2 * duration / 3
-            await asyncio.sleep(rng.expovariate(rate * (4.0 if burst else 1.0)))
+            await asyncio.sleep(rng.expovariate(burst_rate if burst else rate))
             task = asyncio.create_task(one(session, rng.choice(CHAT)))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -155,8 +211,71 @@ async def chat_load(base: str, rec: Record, t0: float, duration: float, rate: fl
             await asyncio.wait(tasks, timeout=60)
 
 
+def _chat_body(prompt: str, max_tokens: int = 48, temperature: float = 0.7, stream: bool = True) -> dict:
+    return {
+        "model": "edge-agent",
+        "stream": stream,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "messages": [{"role": "user", "content": prompt}],
+    }
+
+
+async def capacity(base: str, concurrency: int, seconds: float) -> float:
+    """Chat requests per second the serving tier completes with ``concurrency`` of them always in flight
+    (a closed loop for ``seconds``): the rate the burst is sized from, on whatever CPU this is."""
+    import aiohttp
+
+    done = 0
+    start = time.monotonic()
+
+    async def worker(session, k: int) -> None:
+        nonlocal done
+        rng = random.Random(k)
+        while time.monotonic() - start < seconds:
+            async with session.post(
+                f"{base}/v1/chat/completions", json=_chat_body(rng.choice(CHAT), stream=False)
+            ) as r:
+                await r.read()
+                done += r.status == 200
+
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(worker(session, k) for k in range(concurrency)))
+    return done / (time.monotonic() - start)
+
+
+async def chat_replies(base: str, prompts: tuple[str, ...]) -> list[tuple[str, str]]:
+    """Greedy replies to ``prompts``, one at a time, shown at the end. Gemma 3 270M is a base model: it
+    answers a question put as text to complete ("Question: … Answer:"), through the completions route."""
+    import aiohttp
+
+    out = []
+    async with aiohttp.ClientSession() as session:
+        for prompt in prompts:
+            body = {
+                "model": "edge-agent",
+                "prompt": f"Question: {prompt}\nAnswer:",
+                "max_tokens": 40,
+                "temperature": 0.0,
+                "stop": ["\n"],
+            }
+            async with session.post(f"{base}/v1/completions", json=body) as resp:
+                data = await resp.json()
+            if resp.status != 200:
+                out.append((prompt, f"(HTTP {resp.status}: {data.get('error', {}).get('message')})"))
+            else:
+                out.append((prompt, " ".join(data["choices"][0].get("text", "").split())))
+    return out
+
+
 async def speech_load(
-    base: str, clips: list[tuple[Path, str]], rec: Record, t0: float, duration: float, stop: asyncio.Event
+    base: str,
+    clips: list[tuple[Path, str]],
+    rec: Record,
+    t0: float,
+    duration: float,
+    stop: asyncio.Event,
+    expected: dict[str, Command],
 ) -> None:
     import aiohttp
     import numpy as np
@@ -164,7 +283,7 @@ async def speech_load(
     from ..audio.wav import read_audio
 
     ws_url = base.replace("http://", "ws://") + "/v1/audio/stream?respond=true"
-    settings = reply_settings(home_tools())
+    settings = reply_settings(home_tools(), "auto", 64)  # "what time is it" gets words, not a call
     k = 0
     async with aiohttp.ClientSession() as session:
         while not stop.is_set() and time.monotonic() - t0 < duration - 3:
@@ -192,7 +311,8 @@ async def speech_load(
                     final_ms = spoken[-1].get("final_ms")  # end of speech -> final text, measured by the agent
                     if final_ms is not None:
                         rec.speech.append((start - t0, float(final_ms), " ".join(f["text"] for f in spoken), said))
-                    rec.actions.extend(action_of(f, answers.get(f["utterance"])) for f in spoken)
+                    want = expected[said].call if said in expected else None
+                    rec.actions.extend(action_of(f, answers.get(f["utterance"]), said, want) for f in spoken)
             await asyncio.sleep(1.0)
 
 
@@ -255,11 +375,16 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--duration-s must be at least 10, got {args.duration_s}")
     settings = load_settings(args.config)
     workdir = Path(tempfile.mkdtemp(prefix="edge-agent-demo-"))
+    model, model_note = (
+        (None, "random demo tiers (--random-models)")
+        if args.random_models
+        else (real_model(settings.models.cache_dir, lambda text: print(f"demo: {text}", flush=True)))
+    )
     broker, host, port, broker_note = start_broker(settings.mqtt.host, settings.mqtt.port, workdir)
-    clips = [] if args.no_speech else synthesize(workdir)
+    clips = [] if args.no_speech else synthesize(workdir, [(c.text, c.voice) for c in DEMO])
     api_port = _free_port()
-    cfg = daemon_config(workdir, (host, port), api_port, speech=bool(clips))
-    print(f"demo: {broker_note}; daemon config {cfg}", flush=True)
+    cfg = daemon_config(workdir, (host, port), api_port, speech=bool(clips), model=model)
+    print(f"demo: {broker_note}; {model_note}; daemon config {cfg}", flush=True)
     with open(workdir / "daemon.log", "w") as daemon_log:  # the daemon writes through its own copy
         daemon = subprocess.Popen(
             [sys.executable, "-m", "edge_agent", "run", "--config", str(cfg)],
@@ -277,6 +402,13 @@ def run(args: argparse.Namespace) -> int:
                     + (workdir / "daemon.log").read_text()[-2000:]
                 )
             time.sleep(0.2)
+        rates = _rates(base, args)
+        rec.load = rates
+        print(
+            f"demo: capacity {rates['capacity_per_s']:.2f} chats/s at concurrency {rates['concurrency']}: "
+            f"{rates['rate_per_s']:.2f}/s, then a burst of {rates['burst_per_s']:.2f}/s in the middle third",
+            flush=True,
+        )
         t0 = time.monotonic()
         view, _client = subscribe_fleet(host, port, rec, t0)  # the client must stay referenced
         print(
@@ -285,6 +417,7 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         asyncio.run(_drive(base, clips, rec, t0, args, view))
+        rec.replies = asyncio.run(chat_replies(base, SHOWN))
     except KeyboardInterrupt:
         print("\ndemo: interrupted, summarising", flush=True)
     finally:
@@ -299,7 +432,8 @@ def run(args: argparse.Namespace) -> int:
     summary = summarize(rec)
     print(format_summary(summary))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"summary": summary, "switches": rec.switches}, indent=2) + "\n")
+        report = {"summary": summary, "switches": rec.switches, "load": rec.load}
+        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
     if args.plot:
         try:
             plot(rec, Path(args.plot))
@@ -314,9 +448,30 @@ async def _drive(base: str, clips, rec: Record, t0: float, args, view) -> None:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, stop.set)
     tasks = [
-        chat_load(base, rec, t0, args.duration_s, args.chat_rate, stop),
+        chat_load(base, rec, t0, args.duration_s, rec.load["rate_per_s"], rec.load["burst_per_s"], stop),
         watch(base, rec, t0, args.duration_s, stop, view),
     ]
     if clips:
-        tasks.append(speech_load(base, clips, rec, t0, args.duration_s, stop))
+        tasks.append(speech_load(base, clips, rec, t0, args.duration_s, stop, {c.text: c for c in DEMO}))
     await asyncio.gather(*tasks)
+
+
+def _rates(base: str, args: argparse.Namespace) -> dict:
+    """The chat rates: ``--chat-rate`` (the burst 4x it) when given; else sized from the serving tier's
+    measured capacity, so the burst overloads it (and breaks its SLA) on a fast CPU as on a slow one."""
+    if args.chat_rate is not None:
+        return {
+            "capacity_per_s": 0.0,
+            "concurrency": 0,
+            "rate_per_s": args.chat_rate,
+            "burst_per_s": 4 * args.chat_rate,
+        }
+    concurrency = 4  # the top tier's max_batch: its batches full
+    cap = asyncio.run(capacity(base, concurrency, seconds=PROBE_S))
+    cap = max(cap, 0.2)
+    return {
+        "capacity_per_s": round(cap, 3),
+        "concurrency": concurrency,
+        "rate_per_s": round(BASE_LOAD * cap, 3),
+        "burst_per_s": round(BURST_LOAD * cap, 3),
+    }
