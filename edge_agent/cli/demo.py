@@ -15,7 +15,7 @@ def add_commands(subparsers) -> None:
         type=float,
         default=None,
         help="chat requests/s outside the burst, the burst 4x it (default: sized from the serving tier's measured "
-        "capacity, 0.3x outside the burst and 1.8x in it)",
+        "capacity, 0.3x outside the burst and 1.5x in it)",
     )
     p.add_argument(
         "--random-models",

@@ -13,6 +13,7 @@ import pytest
 from edge_agent.backends import SessionOptions
 from edge_agent.errors import ModelError, Overloaded
 from edge_agent.models.catalog import resolve_model
+from edge_agent.models.grammar import json_schema_grammar
 from edge_agent.models.llm import DecoderLM
 from edge_agent.models.sampling import SamplingParams
 from edge_agent.serving.llm.scheduler import Limits
@@ -199,6 +200,10 @@ def test_shedding_and_truncation_at_the_lightest_tier(cache):
         served.token_cap_ratio = 0.5
         done = served.submit("hi", SamplingParams(max_new_tokens=100, temperature=0, ignore_eos=True)).result(30)
         assert len(done.token_ids) == 4  # the tier's max_new_tokens 8 × 0.5
+        # a reply whose format a grammar fixes keeps the tier's whole cap: cut short it would not parse
+        longer = json_schema_grammar({"enum": ["the quick brown fox jumps over the lazy dog and the cat"]})
+        fixed = SamplingParams(max_new_tokens=100, temperature=0, grammar=longer)
+        assert len(served.submit("hi", fixed).result(30).token_ids) == 8
         served.shedding = True
         with pytest.raises(Overloaded, match="shedding load"):
             served.submit("hi", SamplingParams(max_new_tokens=3))

@@ -7,8 +7,9 @@ so at most two tiers are ever in memory. Prompts are tokenized by the tier that 
 may use different tokenizers.
 
 Relief from the controller applies to new requests: ``token_cap_ratio`` truncates their
-``max_new_tokens``, ``shedding`` rejects them with ``Unavailable`` (HTTP 503, with a retry hint),
-``max_batch`` resizes the active scheduler's batch within what its KV buffers hold.
+``max_new_tokens`` (not a constrained request's: a tool call or JSON cut short is no answer),
+``shedding`` rejects them with ``Unavailable`` (HTTP 503, with a retry hint), ``max_batch`` resizes the
+active scheduler's batch within what its KV buffers hold.
 
 **Spill.** A tier that holds one sequence at a time (the NPU's LLM mode) is served with the next tier
 beside it, loaded with it: a request goes there instead when the active tier cannot take it (its prompt
@@ -281,7 +282,10 @@ class TieredLLM(Ladder):
     ) -> tuple[list[int], SamplingParams]:
         """The prompt as ``loaded`` tokenizes it and the params its cap grants; what it cannot take raises.
         ``room``: the new tokens to find room for, when more than granted (a warm-up's request's)."""
-        cap = max(1, int(loaded.tier.max_new_tokens * self.token_cap_ratio))
+        # A reply whose format a grammar fixes (a tool call, a JSON schema) is not truncated by the relief:
+        # cut short, it would not parse, and is no answer at all.
+        ratio = 1.0 if params.grammar is not None else self.token_cap_ratio
+        cap = max(1, int(loaded.tier.max_new_tokens * ratio))
         params = replace(params, max_new_tokens=min(params.max_new_tokens, cap))
         if room is not None and min(room, cap) > params.max_new_tokens:
             fitted, _ = self._admit(loaded, prompt, replace(params, max_new_tokens=min(room, cap)), raw)
