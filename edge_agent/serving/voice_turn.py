@@ -47,7 +47,7 @@ from typing import Any
 from ..metrics.window import WARMUP
 from ..models.sampling import SamplingParams
 from ..models.tokenizer import Message
-from .llm.admission import Limits
+from .llm.admission import INTERACTIVE, Limits
 from .openai_output import tool_call, with_tools
 
 log = logging.getLogger(__name__)
@@ -253,7 +253,7 @@ class VoiceTurn:
             params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0, grammar=self.grammar)
         else:
             params = SamplingParams(max_new_tokens=1, temperature=0.0)
-        handle = self.submit(self.chat(text), params, tags=(WARMUP,))
+        handle = self.submit(self.chat(text), params, tags=(WARMUP, INTERACTIVE))
         ahead = _Ahead(key, text, full, handle)
         with self._lock:
             # the final may have been taken (or the turn closed) while this was submitted: nobody would
@@ -320,7 +320,7 @@ class VoiceTurn:
         else:
             params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0, grammar=self.grammar)
             try:
-                handle = self.submit(self.chat(event.text), params)
+                handle = self.submit(self.chat(event.text), params, tags=(INTERACTIVE,))
             except Exception as exc:  # refused (overloaded, shutting down, too long): no reply, counted
                 log.warning("stream %d utterance %d: no reply (%s)", *key, exc)
                 self._count_cancel()

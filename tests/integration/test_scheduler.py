@@ -12,6 +12,7 @@ from edge_agent.errors import DeadlineExceeded, EdgeAgentError, Overloaded
 from edge_agent.models.catalog import DEMO_DIR, resolve_model
 from edge_agent.models.llm import DecoderLM
 from edge_agent.models.sampling import SamplingParams
+from edge_agent.serving.llm.admission import INTERACTIVE
 from edge_agent.serving.llm.scheduler import Limits, LLMScheduler
 
 
@@ -106,6 +107,41 @@ def test_bounded_queue_overloads_and_queue_timeout_rejects(lm):
         assert len(busy.result(10).token_ids) == 2
     finally:
         lm.forward = real_forward
+        sched.stop()
+
+
+def test_an_interactive_request_goes_ahead_of_the_queue_behind_earlier_interactive_ones(lm):
+    """A voice turn's reply (tagged INTERACTIVE) is admitted before requests that were already waiting,
+    after interactive ones that came before it; the rest keep their order."""
+    entered, gate = threading.Event(), threading.Event()
+    real_join = lm.join
+
+    def held_join(*args):
+        entered.set()
+        gate.wait(10)
+        return real_join(*args)
+
+    done: list[int] = []
+    lm.join = held_join
+    sched = LLMScheduler(
+        lm, Limits(max_batch=1, batch_timeout_ms=0), on_finished=lambda t: done.append(t.tokens_in)
+    ).start()
+    try:
+        busy = sched.submit([5, 6, 7], greedy(1))
+        assert entered.wait(10)  # the device thread holds `busy` in its prefill: everything else queues
+        handles = [
+            sched.submit([5] * 4, greedy(1)),
+            sched.submit([5] * 5, greedy(1)),
+            sched.submit([5] * 6, greedy(1), tags=(INTERACTIVE,)),
+            sched.submit([5] * 7, greedy(1)),
+            sched.submit([5] * 8, greedy(1), tags=(INTERACTIVE,)),
+        ]
+        gate.set()
+        for handle in (busy, *handles):
+            handle.result(10)
+        assert done == [3, 6, 8, 4, 5, 7]
+    finally:
+        lm.join = real_join
         sched.stop()
 
 

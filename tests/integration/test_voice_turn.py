@@ -13,6 +13,7 @@ import pytest
 from edge_agent.models.catalog import resolve_model
 from edge_agent.models.llm import DecoderLM
 from edge_agent.serving.asr.events import AsrEvent, UtteranceMetrics
+from edge_agent.serving.llm.admission import INTERACTIVE
 from edge_agent.serving.llm.scheduler import Limits, LLMScheduler
 from edge_agent.serving.openai_output import load_tools
 from edge_agent.serving.voice_turn import VoiceTurn, chat_submit
@@ -139,5 +140,5 @@ def test_a_reply_ahead_on_other_words_is_cancelled_and_the_final_gets_its_own(sc
     vt.close()
     assert sent[0][2].cancelled or sent[0][2].done  # retired by the final that read otherwise
     assert not result.reply_ahead and result.reply == base.reply and result.call == base.call
-    assert sent[-1][1] == () and vt.replies_ahead == 1 and vt.replies_ahead_used == 0
+    assert sent[-1][1] == (INTERACTIVE,) and vt.replies_ahead == 1 and vt.replies_ahead_used == 0
     assert result.prefill_wasted == 1

@@ -1,4 +1,5 @@
-"""When waiting LLM requests start: the scheduler's limits and its pure admission decision.
+"""When waiting LLM requests start: the scheduler's limits, its pure admission decision, and which
+requests go ahead of the queue (``INTERACTIVE``).
 
 ``plan_admission`` takes the clock as an argument (tests drive it with a fake one): with sequences
 already running, newcomers join at the next step boundary; on an idle engine an incomplete batch
@@ -13,6 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..batch_wait import AdaptiveWait
+
+# A request a person is waiting on while they speak (the voice turn's reply and its prefill ahead): it
+# joins the queue ahead of every waiting request without this tag, behind those with it.
+INTERACTIVE = "interactive"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """Continuous batching for one LLM on one device thread.
 
 Each loop turn is plan → run → absorb:
-- ``plan_admission`` (pure) decides how many waiting requests to prefill now. With sequences
+- ``plan_admission`` (pure) decides how many waiting requests to prefill now, the oldest first,
+  except that a request tagged ``INTERACTIVE`` (a voice turn's) queues ahead of untagged ones. With sequences
   already decoding, newcomers join at the next step boundary; on an idle engine a request waits
   for a batch-mate only when one is expected soon enough (``batch_wait.AdaptiveWait``: the arrival
   rate, and a wait that grows while TTFT meets ``Limits.sla_ms`` and halves on a breach), never
@@ -48,7 +49,7 @@ from ...models.prefix_cache import PrefixCache, PrefixStats
 from ...models.sampling import Sampler, SamplingParams, find_stop, logprobs_of, repeated_too_often
 from ...models.tokenizer import StreamDecoder
 from ..batch_wait import AdaptiveWait
-from .admission import Limits, plan_admission
+from .admission import INTERACTIVE, Limits, plan_admission
 from .handle import Completion, RequestHandle, TokenEvent, TokenLogprob
 from .prefill import Prefills, prefill_deadline, prefill_error
 
@@ -80,6 +81,7 @@ class _Sequence:
         self.constraint = constraint
         self.logprobs: list[TokenLogprob] = []
         self.admitted_s = admitted_s
+        self.interactive = INTERACTIVE in tags  # queues ahead of requests that are not
         self.recorder = TimingRecorder(len(prompt), tags, clock=clock, admitted_s=admitted_s)
         self.deadline_s = deadline_s
         self.sampler = Sampler(params)
@@ -197,19 +199,21 @@ class LLMScheduler:
                 self._wait.observe_arrival(now)
             handle = RequestHandle(self._next_id, on_cancel=self._wake)
             deadline = now + deadline_ms / 1e3 if deadline_ms is not None else None
-            self._waiting.append(
-                _Sequence(
-                    handle,
-                    list(prompt_ids),
-                    params,
-                    now,
-                    deadline,
-                    StreamDecoder(self.lm.tokenizer),
-                    tags,
-                    self.clock,
-                    constraint,
-                )
+            seq = _Sequence(
+                handle,
+                list(prompt_ids),
+                params,
+                now,
+                deadline,
+                StreamDecoder(self.lm.tokenizer),
+                tags,
+                self.clock,
+                constraint,
             )
+            if seq.interactive:  # ahead of every waiter that is not interactive itself
+                self._waiting.insert(sum(1 for s in self._waiting if s.interactive), seq)
+            else:
+                self._waiting.append(seq)
             self._cond.notify_all()
         return handle
 
