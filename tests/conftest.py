@@ -56,3 +56,35 @@ def _isolated_logging():
     yield
     root.handlers[:], root.level, package.level = saved[0], saved[1], saved[2]
     logging.captureWarnings(False)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A test that fails while a worker thread waits on it can leave that thread blocked for good, and
+    Python joins non-daemon threads at exit: the run would print its summary, then never end. Name such
+    threads and end the process with pytest's own exit status instead."""
+    import concurrent.futures.thread as pool_threads
+    import sys
+    import threading
+    import time
+
+    # What Python's exit does for idle ThreadPoolExecutor workers, so that only stuck threads are left.
+    with pool_threads._global_shutdown_lock:
+        pool_threads._shutdown = True
+    for queue in list(pool_threads._threads_queues.values()):
+        queue.put(None)
+    deadline = time.monotonic() + 10.0
+    left = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    for t in left:
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    left = [t for t in left if t.is_alive()]
+    if left:
+        names = ", ".join(t.name for t in left)
+        sys.stderr.write(f"\nthreads still running after the tests, not waited for: {names}\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(int(getattr(config, "_edge_agent_exitstatus", 1)))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config._edge_agent_exitstatus = exitstatus  # type: ignore[attr-defined]

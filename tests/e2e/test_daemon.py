@@ -91,7 +91,7 @@ def test_daemon_lifecycle(tmp_path):
                     if chunk.choices[0].finish_reason:
                         finish.append(chunk.choices[0].finish_reason)
 
-        reader = threading.Thread(target=stream)
+        reader = threading.Thread(target=stream, daemon=True)
         reader.start()
         wait_for(lambda: len(pieces) >= 2, 30, what="the stream to start")
         proc.send_signal(signal.SIGTERM)

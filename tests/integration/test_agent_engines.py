@@ -148,7 +148,7 @@ def test_a_miss_serves_the_model_folder_at_once_then_swaps_to_the_built_engine(t
             except Exception as exc:
                 failures.append(exc)
 
-    thread = threading.Thread(target=load)
+    thread = threading.Thread(target=load, daemon=True)
     thread.start()
     try:
         assert agent.tier_engines().wait_idle(120)

@@ -70,7 +70,7 @@ def test_engine_step_does_not_end_a_stream_on_audio_it_never_took(engines, name)
         s.end()
         held.release.set()
 
-    t = threading.Thread(target=owner)
+    t = threading.Thread(target=owner, daemon=True)
     t.start()
     first = engine.step([s])[0]
     t.join(30)

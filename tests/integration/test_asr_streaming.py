@@ -121,7 +121,7 @@ def test_service_with_concurrent_streams_equals_single_stream(engines, speech, n
             import threading
 
             threads = [
-                threading.Thread(target=feed_lockstep, args=(h, x, svc.chunk_samples))
+                threading.Thread(target=feed_lockstep, args=(h, x, svc.chunk_samples), daemon=True)
                 for h, x in zip(handles, streams_audio)
             ]
             for t in threads:

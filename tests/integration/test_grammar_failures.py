@@ -120,7 +120,7 @@ def _plain_streams(api) -> tuple[list[threading.Thread], list[dict[str, Any]]]:
         except Exception as exc:  # an in-band error chunk: what the test is looking for
             out["error"] = str(exc)
 
-    threads = [threading.Thread(target=stream, args=(out,)) for out in results]
+    threads = [threading.Thread(target=stream, args=(out,), daemon=True) for out in results]
     for t in threads:
         t.start()
     return threads, results

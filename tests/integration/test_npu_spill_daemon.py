@@ -208,7 +208,7 @@ def test_requests_arriving_together_commit_only_one_to_the_one_sequence_npu(npu_
     _chat(agent).result(60)  # the NPU's rates: 60 ms a prompt, 10 ms a token
     npu.meet(4)  # all four are past the tokenizer before any is handed over
     out: list = [None] * 4
-    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, _chat(agent, 48))) for i in range(4)]
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, _chat(agent, 48)), daemon=True) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:

@@ -122,7 +122,7 @@ def test_slow_top_tier_moves_down_without_failing_a_request(cache):
     ladder = Ladder(cache, heavy_ms=25.0)  # every run +25 ms: TTFT well over 40 ms
     served, controller, events = build(ladder)
     stop, results, errors = threading.Event(), [], []
-    threads = [threading.Thread(target=client, args=(served, stop, results, errors)) for _ in range(2)]
+    threads = [threading.Thread(target=client, args=(served, stop, results, errors), daemon=True) for _ in range(2)]
     for t in threads:
         t.start()
     try:

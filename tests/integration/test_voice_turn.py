@@ -98,7 +98,9 @@ def test_a_continued_utterance_cancels_the_early_reply_and_yields_one_call(sched
     vt = turn(scheduler, lm, clock, prefill_ahead=False)
     vt.on_event(AsrEvent("speech_start", 0, 0))
     out: dict = {}
-    th = threading.Thread(target=lambda: out.update(r=vt.on_final(final(0, "turn on the", reason="early"))))
+    th = threading.Thread(
+        target=lambda: out.update(r=vt.on_final(final(0, "turn on the", reason="early"))), daemon=True
+    )
     th.start()
     vt.on_event(AsrEvent("speech_start", 0, 0))  # the same utterance goes on (whenever the reply stands)
     th.join(120)

@@ -38,7 +38,7 @@ def test_json_lines_carry_time_level_logger_message_and_exceptions():
         raise ValueError("boom")
     except ValueError:
         log.exception("failed")
-    worker = threading.Thread(target=lambda: log.warning("from a thread"), name="engine-build")
+    worker = threading.Thread(target=lambda: log.warning("from a thread"), name="engine-build", daemon=True)
     worker.start()
     worker.join()
     lines = stream.getvalue().splitlines()

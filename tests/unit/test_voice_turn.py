@@ -7,7 +7,9 @@ import json
 import threading
 
 from edge_agent.metrics.timing import RequestTiming
+from edge_agent.metrics.window import WARMUP
 from edge_agent.serving.asr.events import AsrEvent, UtteranceMetrics
+from edge_agent.serving.llm.admission import INTERACTIVE
 from edge_agent.serving.llm.handle import Completion, RequestHandle, TokenEvent
 from edge_agent.serving.voice_turn import VoiceTurn
 
@@ -97,7 +99,7 @@ def test_a_partial_is_prefilled_once_stable_with_one_token_and_the_warmup_tag():
     assert vt.tick()
     chat, params, tags = llm.calls[0]
     assert chat == vt.chat("turn on the kitchen")  # the final's template and tools
-    assert params.max_new_tokens == 1 and tags == ("warmup",)
+    assert params.max_new_tokens == 1 and tags == (WARMUP, INTERACTIVE)
     assert not vt.tick()  # the same text is not prefilled twice
 
 
@@ -126,7 +128,7 @@ def test_no_prefill_ahead_when_off():
 
 def _run_final(vt, event, speech_end_s=None):
     out: dict = {}
-    th = threading.Thread(target=lambda: out.update(r=vt.on_final(event, speech_end_s)))
+    th = threading.Thread(target=lambda: out.update(r=vt.on_final(event, speech_end_s)), daemon=True)
     th.start()
     return th, out
 
@@ -141,7 +143,7 @@ def test_the_final_prompt_is_the_partials_and_timings_run_from_the_end_of_speech
     reply(llm.handles[0], "{", [clock.t])
     th, out = _run_final(vt, final(0, "turn on the kitchen light", decided=10.5), speech_end_s=10.0)
     h = llm.wait_for(2)
-    assert llm.calls[1][0] == llm.calls[0][0] and llm.calls[1][2] == ()  # same prompt, a real request
+    assert llm.calls[1][0] == llm.calls[0][0] and llm.calls[1][2] == (INTERACTIVE,)  # same prompt, a real request
     reply(h, CALL, [10.6, 10.7, 11.2], cached=96, prompt=100)
     th.join(10)
     r = out["r"]
@@ -204,7 +206,7 @@ def _false_cut_then_final(vt, llm, second_call: str):
     def run() -> None:
         done["r"] = vt.on_final(final(2, "turn on the kitchen light", decided=6.5), 6.0, on_token=streamed.append)
 
-    th = threading.Thread(target=run)
+    th = threading.Thread(target=run, daemon=True)
     th.start()
     h = llm.wait_for(2)
     h.push(TokenEvent(0, second_call[:10], 6.6))
@@ -241,7 +243,7 @@ def test_a_reply_ahead_is_the_final_s_and_reaches_the_caller_no_earlier_than_the
     vt.on_partial(AsrEvent("partial", 0, 0, "turn on the kitchen light", paused=True))
     assert vt.tick()  # at once, no stable wait
     chat, params, tags = llm.calls[0]
-    assert chat == vt.chat("turn on the kitchen light") and params.max_new_tokens > 1 and tags == ("warmup",)
+    assert chat == vt.chat("turn on the kitchen light") and params.max_new_tokens > 1 and tags == (WARMUP, INTERACTIVE)
     reply(llm.handles[0], CALL, [10.10, 10.15])  # done before the final arrives (at 10.3)
     event = AsrEvent("final", 0, 0, "turn on the kitchen light", "", 1.0, 10.3, final(0, "", 10.2).metrics, 10.2)
     r = vt.on_final(event, speech_end_s=10.0)
@@ -261,7 +263,7 @@ def test_a_later_pause_replaces_the_reply_ahead_and_a_final_that_reads_otherwise
     assert llm.handles[0].cancelled and not llm.handles[1].cancelled
     th, out = _run_final(vt, final(0, "turn on the kitchen light", decided=10.5), speech_end_s=10.0)
     fresh = llm.wait_for(3)
-    assert llm.handles[1].cancelled and llm.calls[2][2] == ()  # the final's own request
+    assert llm.handles[1].cancelled and llm.calls[2][2] == (INTERACTIVE,)  # the final's own request
     reply(fresh, CALL, [10.6, 10.7])
     th.join(10)
     assert out["r"].delivered and not out["r"].reply_ahead and out["r"].prefill_wasted == 2

@@ -140,7 +140,7 @@ def test_concurrent_record_and_snapshot_stay_consistent():
         except BaseException as exc:  # surfaced in the main thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=device), threading.Thread(target=telemetry)]
+    threads = [threading.Thread(target=device, daemon=True), threading.Thread(target=telemetry, daemon=True)]
     for t in threads:
         t.start()
     for t in threads:
