@@ -57,6 +57,8 @@ def make_engines(recipe: Recipe, ref: ModelRef, backend: str, work: Path) -> dic
                 spec.accuracy_level,
                 spec.algorithm,
                 embedding_bits=spec.embedding_bits,
+                head_bits=spec.head_bits,
+                head_block_size=spec.head_block_size,
             )
             folders[precision] = folder
         return folders

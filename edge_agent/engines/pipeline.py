@@ -157,7 +157,7 @@ class Pipeline:
                 "generate_tokens": shape.generate_tokens,
             }
         if req.precision in WEIGHT_ONLY:  # only weight-only keys carry it: other keys stay as they were
-            parts["weight_only"] = self.recipe.weight_spec.model_dump()
+            parts["weight_only"] = self.recipe.weight_spec.key()
         r = self.recipe
         layout = layout_for(r.kv_layout, r.workload, self.ref.path, r.onnx_file, backend, req.precision, flavour)
         if layout:  # likewise: only in-place KV builds carry it

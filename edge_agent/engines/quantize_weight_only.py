@@ -9,6 +9,8 @@ Decode on a CPU is memory bound, so reading 4 or 8 bits per weight instead of 32
 What is quantized: every MatMul whose B input is a 2-D initializer, the LM head included (for a
 tied head, a ``Transpose`` of the embedding table, the transposed table becomes the head's own
 initializer first, so the head reads 4-bit weights while the ``Gather`` keeps the float table).
+The head may get its own bits and block size (``head_bits``, ``head_block_size``: the head of a large
+vocabulary is the one matmul where 4 bits cost most, and the largest one a decode step reads).
 Norms and attention stay float; embedding ``Gather``s too unless ``embedding_bits = 8``, which stores
 large tables as 8-bit blocks read by ``GatherBlockQuantized`` (``quantize_embedding_gathers``).
 Both export layouts work: plain optimum exports (``past_key_values.N.key/value`` with ``Concat``) and
@@ -24,6 +26,7 @@ below, which writes the same nodes and initializers.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +101,37 @@ def _pack(weight: np.ndarray, bits: int, block_size: int, symmetric: bool):
     return packed, scales, zero_points
 
 
-def _rewrite(model: Any, bits: int, block_size: int, symmetric: bool, accuracy_level: int) -> None:
-    """MatMul(A, const B) -> MatMulNBits, written the way MatMulNBitsQuantizer's QOperator path writes it."""
+def head_matmul(model: Any) -> str | None:
+    """The name of the MatMul whose product becomes the ``logits`` output (directly, or through the
+    element-wise ops of a soft-cap or a cast), or None when the graph has no such head. An unnamed head
+    is given a name (the quantizers pick nodes by name)."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    outputs = [o.name for o in model.graph.output]
+    tensor = "logits" if "logits" in outputs else (outputs[0] if outputs else "")
+    for _ in range(6):
+        node = producer.get(tensor)
+        if node is None:
+            return None
+        if node.op_type == "MatMul":
+            node.name = node.name or "lm_head/MatMul"
+            return str(node.name)
+        if node.op_type not in ("Mul", "Div", "Tanh", "Cast", "Add"):
+            return None
+        tensor = node.input[0]
+    return None
+
+
+def _rewrite(
+    model: Any,
+    bits: int,
+    block_size: int,
+    symmetric: bool,
+    accuracy_level: int,
+    only: Collection[str] | None = None,
+    skip: Collection[str] = (),
+) -> None:
+    """MatMul(A, const B) -> MatMulNBits, written the way MatMulNBitsQuantizer's QOperator path writes it.
+    ``only``: these node names alone (None: all); ``skip``: never these."""
     onnx = _onnx()
     from onnx import helper, numpy_helper
 
@@ -108,7 +140,8 @@ def _rewrite(model: Any, bits: int, block_size: int, symmetric: bool, accuracy_l
     nodes = []
     replaced: set[str] = set()
     for node in graph.node:
-        b = inits.get(node.input[1]) if node.op_type == "MatMul" else None
+        chosen = node.name not in skip and (only is None or node.name in only)
+        b = inits.get(node.input[1]) if node.op_type == "MatMul" and chosen else None
         if b is None:
             nodes.append(node)
             continue
@@ -221,21 +254,32 @@ def quantize_matmul_nbits(
     algorithm: str = "rtn",
     use_ort_quantizer: bool | None = None,
     embedding_bits: int = 0,
+    head_bits: int = 0,
+    head_block_size: int = 0,
 ) -> dict:
     """Weight-only ``bits``-bit (4 or 8) MatMulNBits model of ``src`` at ``dst``; returns what was done.
 
     ``use_ort_quantizer``: None = onnxruntime's MatMulNBitsQuantizer when it imports, else the
     rewrite over the same kernels; True / False force one (tests compare the two).
-    ``embedding_bits`` 8: embedding tables too (``quantize_embedding_gathers``); 0 keeps them float."""
-    if bits not in (4, 8):
-        raise InputError(f"weight-only quantization takes 4 or 8 bits, not {bits}")
+    ``embedding_bits`` 8: embedding tables too (``quantize_embedding_gathers``); 0 keeps them float.
+    ``head_bits`` / ``head_block_size``: the LM head's own (0: as the rest), RTN through the rewrite."""
+    head_bits, head_block_size = head_bits or bits, head_block_size or block_size
+    for what, b in (("", bits), ("head_", head_bits)):
+        if b not in (4, 8):
+            raise InputError(f"weight-only quantization takes 4 or 8 bits, not {what}bits = {b}")
     if algorithm not in ALGORITHMS:
         raise InputError(f"weight_only.algorithm {algorithm!r}: choose {' or '.join(ALGORITHMS)}")
-    if block_size < 16 or block_size & (block_size - 1):
-        raise InputError(f"weight_only.block_size {block_size}: MatMulNBits takes a power of two >= 16")
+    for what, size in (("block_size", block_size), ("head_block_size", head_block_size)):
+        if size < 16 or size & (size - 1):
+            raise InputError(f"weight_only.{what} {size}: MatMulNBits takes a power of two >= 16")
     onnx = _onnx()
     model = onnx.load(str(src))  # external data pulled in from src's folder
     untied = untie_transposed_weights(model)
+    own_settings = (head_bits, head_block_size) != (bits, block_size)
+    head = head_matmul(model) if own_settings else None
+    if own_settings and head is None:
+        raise ModelError(f"{src}: head_bits / head_block_size set, but no MatMul produces its logits output")
+    own_head = [head] if head else []
     ort_tool = ort_quantizer_available() if use_ort_quantizer is None else use_ort_quantizer
     if algorithm == "hqq" and not ort_tool:
         raise BackendUnavailable(
@@ -260,7 +304,9 @@ def quantize_matmul_nbits(
                 bits=bits,
             )
         )
-        quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, algo_config=config)
+        quantizer = MatMulNBitsQuantizer(
+            model, bits=bits, block_size=block_size, nodes_to_exclude=own_head, algo_config=config
+        )
         try:
             with _quiet_tools(), folded("onnxruntime.quantization"):
                 quantizer.process()
@@ -273,8 +319,10 @@ def quantize_matmul_nbits(
                     node.attribute.append(onnx.helper.make_attribute("accuracy_level", accuracy_level))
         tool = "onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer"
     else:
-        _rewrite(model, bits, block_size, symmetric, accuracy_level)
+        _rewrite(model, bits, block_size, symmetric, accuracy_level, skip=own_head)
         tool = "onnxruntime quantize_matmul_nbits kernels (MatMulNBitsQuantizer's packing; onnx-ir not installed)"
+    if head:
+        _rewrite(model, head_bits, head_block_size, symmetric, accuracy_level, only=own_head)
     quantized = sum(1 for n in model.graph.node if n.op_type == "MatMulNBits")
     left = sum(1 for n in model.graph.node if n.op_type == "MatMul")
     if not quantized:
@@ -295,4 +343,5 @@ def quantize_matmul_nbits(
         "matmuls_float": left,  # activation x activation (attention) MatMuls
         "tied_heads_untied": untied,
         "embedding_tables_8bit": gathers,
+        "head": {"node": head, "bits": head_bits, "block_size": head_block_size} if head else None,
     }

@@ -17,6 +17,8 @@ shape profiles, which calibration and held-out data, and how much accuracy an en
     algorithm = "rtn"                  # ORT: rtn (round to nearest) | hqq (needs onnx-ir and torch)
     accuracy_level = 4                 # ORT MatMulNBits compute: 0 = float activations, 4 = int8 activations
     embedding_bits = 0                 # ORT: 8 = embedding tables as 8-bit blocks too (GatherBlockQuantized)
+    head_bits = 0                      # ORT: the LM head's own bits (0: as the precision's), e.g. 8 in int4
+    head_block_size = 0                # ORT: the LM head's own block size (0: block_size)
 
     [calibration]                      # INT8 activation ranges come from here
     data = "../calibration/llm/prompts.jsonl"
@@ -173,11 +175,22 @@ class WeightOnlySpec(_Strict):
     embedding_bits: Literal[0, 8] = Field(
         0, description="ONNX Runtime: 8 stores embedding tables as 8-bit blocks (GatherBlockQuantized), 0 float"
     )
+    head_bits: Literal[0, 4, 8] = Field(
+        0, description="ONNX Runtime: the LM head's own bits in both weight-only precisions (0: the precision's)"
+    )
+    head_block_size: int = Field(0, ge=0, le=4096, description="ONNX Runtime: the LM head's block size (0: block_size)")
 
-    @field_validator("block_size")
+    def unset_head(self) -> set[str]:
+        """The head keys left at 0: kept out of cache keys, so engines built before they existed stay valid."""
+        return {k for k in ("head_bits", "head_block_size") if not getattr(self, k)}
+
+    def key(self) -> dict:
+        return self.model_dump(exclude=self.unset_head())
+
+    @field_validator("block_size", "head_block_size")
     @classmethod
     def _power_of_two(cls, size: int) -> int:
-        if size & (size - 1):
+        if size and (size < 16 or size & (size - 1)):
             raise ValueError(f"block_size {size} must be a power of two (16, 32, 64, 128, ...)")
         return size
 
@@ -331,6 +344,8 @@ class Recipe(_Strict):
             | (set() if self.graphs else {"graphs"}),
             True,
         )
+        if self.weight_only is not None and self.weight_only.unset_head():
+            exclude["weight_only"] = dict.fromkeys(self.weight_only.unset_head(), True)
         exclude |= {"npu_llm": True} if self.npu_llm is None else {}
         exclude |= {"perplexity": True} if self.perplexity is None else {}
         unset = {k for k in ("max_ppl_increase_pct", "min_greedy_agreement") if getattr(self.accuracy, k) is None}

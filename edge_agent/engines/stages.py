@@ -190,6 +190,8 @@ def _convert_onnx(ctx: StageContext, src: Path, dst: Path, parts: KeyParts, req:
             spec.accuracy_level,
             spec.algorithm,
             embedding_bits=spec.embedding_bits,
+            head_bits=spec.head_bits,
+            head_block_size=spec.head_block_size,
         )
     if precision == "int8" and flavour == "calibrator":
         return {"tool": "TensorRT IInt8EntropyCalibrator2 at compile time (TensorRT < 11)", "method": "entropy"}

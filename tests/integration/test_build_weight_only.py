@@ -22,6 +22,7 @@ from edge_agent.engines.quantize_ort import copy_sidecars
 from edge_agent.engines.quantize_weight_only import ort_quantizer_available, quantize_matmul_nbits
 from edge_agent.engines.recipes import DataRef, load_recipe
 from edge_agent.engines.weight_bytes import weight_bytes
+from edge_agent.errors import ModelError
 from edge_agent.models.catalog import inspect_folder
 from edge_agent.models.llm import DecoderLM
 from edge_agent.systemd import Notifier
@@ -155,6 +156,60 @@ def test_embedding_bits_8_stores_a_large_table_as_8_bit_blocks(tmp_path: Path, w
     _matmul_model(tmp_path / "small.onnx", small, tied=True)
     kept = quantize_matmul_nbits(tmp_path / "small.onnx", tmp_path / "s.onnx", 8, 32, True, embedding_bits=8)
     assert kept["embedding_tables_8bit"] == 0
+
+
+@pytest.mark.parametrize("ort_tool", [False, True])
+def test_the_head_gets_its_own_bits_and_block_size_and_the_other_matmuls_keep_theirs(
+    tmp_path: Path, ort_tool: bool
+) -> None:
+    """int4 with ``head_bits = 8, head_block_size = 64``: the matmul producing the logits reads 8-bit
+    blocks of 64 (numpy's unpacking of its initializers gives its output), every other weight 4-bit
+    blocks of 32."""
+    import onnxruntime as ort
+
+    if ort_tool and not ort_quantizer_available():
+        pytest.skip("onnxruntime's MatMulNBitsQuantizer needs onnx-ir")
+    src = GENAI / "model.onnx"
+    info = quantize_matmul_nbits(
+        src, tmp_path / "q.onnx", 4, 32, True, 0, head_bits=8, head_block_size=64, use_ort_quantizer=ort_tool
+    )
+    model = onnx.load(str(tmp_path / "q.onnx"))
+    attrs = {nd.name: {a.name: a.i for a in nd.attribute} for nd in model.graph.node if nd.op_type == "MatMulNBits"}
+    head = info["head"]["node"]
+    producer = next(nd for nd in model.graph.node if "logits" in nd.output)
+    assert producer.op_type == "MatMulNBits" and producer.name.startswith(head)
+    assert (attrs[producer.name]["bits"], attrs[producer.name]["block_size"]) == (8, 64)
+    others = [a for name, a in attrs.items() if name != producer.name]
+    assert others and all((a["bits"], a["block_size"]) == (4, 32) for a in others)
+    # The head's numbers: its own graph, fed the hidden states, against numpy's dequantized weight.
+    k, n = attrs[producer.name]["K"], attrs[producer.name]["N"]
+    inits = [i for i in model.graph.initializer if i.name in producer.input]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", k])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", n])
+    alone = helper.make_node(
+        "MatMulNBits", ["x", *producer.input[1:]], ["y"], domain="com.microsoft", **attrs[producer.name]
+    )
+    head_model = helper.make_model(
+        helper.make_graph([alone], "head", [x], [y], inits),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+    )
+    hidden = np.random.default_rng(5).normal(size=(2, k)).astype(np.float32)
+    out = ort.InferenceSession(head_model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": hidden}
+    )[0]
+    np.testing.assert_allclose(out, hidden.astype(np.float64) @ _unpack(head_model, 8, k, n, 64), rtol=1e-4, atol=1e-4)
+
+
+def test_head_bits_on_a_graph_whose_output_no_matmul_makes_is_refused_by_name(tmp_path: Path) -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 32])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 8])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), helper.make_node("Relu", ["h"], ["y"])]
+    w = numpy_helper.from_array(np.ones((32, 8), np.float32), "w")
+    graph = helper.make_graph(nodes, "relu", [x], [y], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "r.onnx"))
+    with pytest.raises(ModelError, match=r"r\.onnx: head_bits / head_block_size set, but no MatMul produces"):
+        quantize_matmul_nbits(tmp_path / "r.onnx", tmp_path / "q.onnx", 4, 32, True, head_bits=8)
+    assert not (tmp_path / "q.onnx").exists()
 
 
 @pytest.mark.skipif(not ort_quantizer_available(), reason="onnxruntime's MatMulNBitsQuantizer needs onnx-ir")

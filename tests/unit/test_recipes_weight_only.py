@@ -53,6 +53,16 @@ def test_a_recipe_without_weight_only_keeps_its_fingerprint(tmp_path: Path) -> N
     plain = load(tmp_path, '"fp32", "int4"')
     assert "weight_only" not in plain.fingerprint()  # engine keys of older recipes do not move
     assert load(tmp_path, '"int4"', "[weight_only]").fingerprint()["weight_only"]["block_size"] == 32
+    assert "head_bits" not in load(tmp_path, '"int4"', "[weight_only]").fingerprint()["weight_only"]
+
+
+def test_the_head_settings_are_validated_and_move_the_key_only_when_set(tmp_path: Path) -> None:
+    head = load(tmp_path, '"int4"', "[weight_only]\nhead_bits = 8\nhead_block_size = 128")
+    assert (head.weight_spec.head_bits, head.weight_spec.head_block_size) == (8, 128)
+    assert head.fingerprint()["weight_only"]["head_block_size"] == 128
+    assert head.fingerprint() != load(tmp_path, '"int4"', "[weight_only]").fingerprint()
+    assert "head_block_size" in refused(tmp_path, '"int4"', "[weight_only]\nhead_block_size = 100")
+    assert "head_bits" in refused(tmp_path, '"int4"', "[weight_only]\nhead_bits = 6")
 
 
 def test_only_tensorrt_lacks_a_weight_only_path() -> None:
