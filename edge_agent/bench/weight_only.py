@@ -48,18 +48,7 @@ def make_engines(recipe: Recipe, ref: ModelRef, backend: str, work: Path) -> dic
         for precision, bits in WEIGHT_ONLY.items():
             folder = work / precision
             copy_sidecars(ref.path, folder, recipe.onnx_file)
-            quantize_matmul_nbits(
-                src,
-                folder / "model.onnx",
-                bits,
-                spec.block_size,
-                spec.symmetric,
-                spec.accuracy_level,
-                spec.algorithm,
-                embedding_bits=spec.embedding_bits,
-                head_bits=spec.head_bits,
-                head_block_size=spec.head_block_size,
-            )
+            quantize_matmul_nbits(src, folder / "model.onnx", bits, **spec.ort_args())
             folders[precision] = folder
         return folders
     from ..engines import quantize_openvino as qov

@@ -187,6 +187,10 @@ class WeightOnlySpec(_Strict):
     def key(self) -> dict:
         return self.model_dump(exclude=self.unset_head())
 
+    def ort_args(self) -> dict:
+        """``quantize_matmul_nbits``'s keyword arguments for an LLM graph (all but src, dst and bits)."""
+        return self.model_dump()
+
     @field_validator("block_size", "head_block_size")
     @classmethod
     def _power_of_two(cls, size: int) -> int:
@@ -344,8 +348,9 @@ class Recipe(_Strict):
             | (set() if self.graphs else {"graphs"}),
             True,
         )
-        if self.weight_only is not None and self.weight_only.unset_head():
-            exclude["weight_only"] = dict.fromkeys(self.weight_only.unset_head(), True)
+        head_unset = self.weight_only.unset_head() if self.weight_only is not None else set()
+        if head_unset:
+            exclude["weight_only"] = dict.fromkeys(head_unset, True)
         exclude |= {"npu_llm": True} if self.npu_llm is None else {}
         exclude |= {"perplexity": True} if self.perplexity is None else {}
         unset = {k for k in ("max_ppl_increase_pct", "min_greedy_agreement") if getattr(self.accuracy, k) is None}

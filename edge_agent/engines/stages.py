@@ -180,19 +180,7 @@ def _convert_onnx(ctx: StageContext, src: Path, dst: Path, parts: KeyParts, req:
     if precision in WEIGHT_ONLY and backend == "onnxruntime":
         from .quantize_weight_only import quantize_matmul_nbits
 
-        spec = ctx.recipe.weight_spec
-        return quantize_matmul_nbits(
-            src,
-            dst,
-            WEIGHT_ONLY[precision],
-            spec.block_size,
-            spec.symmetric,
-            spec.accuracy_level,
-            spec.algorithm,
-            embedding_bits=spec.embedding_bits,
-            head_bits=spec.head_bits,
-            head_block_size=spec.head_block_size,
-        )
+        return quantize_matmul_nbits(src, dst, WEIGHT_ONLY[precision], **ctx.recipe.weight_spec.ort_args())
     if precision == "int8" and flavour == "calibrator":
         return {"tool": "TensorRT IInt8EntropyCalibrator2 at compile time (TensorRT < 11)", "method": "entropy"}
     if precision == "int8" and flavour == "dynamic":
