@@ -91,6 +91,14 @@ def _save_external(model, dst: Path) -> None:
     )
 
 
+def _in_memory(src: Path):
+    """``src`` loaded, weights included, for ONNX Runtime's quantizers: given a path, they write their
+    shape-inferred copy (``<model>-inferred.onnx``) beside it, into the model's own folder, which is
+    read-only where the package is installed and shared by two builds of one model at once (one
+    deletes the copy the other is reading). Given the model, they work in a folder of their own."""
+    return _onnx().load(str(src))
+
+
 def quantize_qdq(
     src: Path,
     dst: Path,
@@ -116,7 +124,7 @@ def quantize_qdq(
         extra["CalibPercentile"] = 99.99
     with _quiet_tools(), folded("onnxruntime.quantization"):
         quantize_static(
-            str(src),
+            _in_memory(src),
             str(dst),
             _Reader(feeds, progress),
             quant_format=QuantFormat.QDQ,
@@ -146,7 +154,7 @@ def quantize_weights_dynamic(src: Path, dst: Path, op_types: Iterable[str] = LLM
 
     with _quiet_tools(), folded("onnxruntime.quantization"):
         quantize_dynamic(
-            str(src),
+            _in_memory(src),
             str(dst),
             op_types_to_quantize=list(op_types),
             per_channel=True,

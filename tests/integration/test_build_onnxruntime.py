@@ -186,3 +186,27 @@ def test_histogram_methods_calibrate_on_packed_windows(tmp_path: Path, method: s
     report = build_gated(make_pipeline(tmp_path), BuildRequest("cpu", "int8", method=method))
     assert report["conversion"]["method"] == method
     assert report["conversion"]["samples"] >= 1
+
+
+@pytest.mark.parametrize("flavour", ["qdq", "dynamic"])
+def test_int8_builds_never_write_into_the_model_folder(tmp_path: Path, flavour: str) -> None:
+    """ONNX Runtime's quantizers write a shape-inferred copy beside the model they are given: the
+    model's own folder is read-only where the package is installed, and two builds of one model at
+    once would delete each other's copy. Creating or removing an entry changes a folder's mtime."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(ROOT / "edge_agent" / "demo_models" / "demo-phi3", model)
+    recipe = make_recipe(tmp_path)
+    recipe.write_text(recipe.read_text().replace('model = "demo-phi3"', f'model = "{model}"'))
+    before = (model.stat().st_mtime_ns, sorted(p.name for p in model.iterdir()))
+    pipe = Pipeline(
+        load_recipe(recipe),
+        EngineCache(tmp_path / "engines", 1 << 30),
+        tmp_path / "models",
+        threads=1,
+        heartbeat=Heartbeat(enabled=False, notifier=Notifier({})),
+    )
+    report = build_gated(pipe, BuildRequest("cpu", "int8", flavour=flavour))
+    assert report["conversion"]["tool"].startswith("onnxruntime.quantization")
+    assert (model.stat().st_mtime_ns, sorted(p.name for p in model.iterdir())) == before
