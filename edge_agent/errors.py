@@ -78,3 +78,15 @@ class Unavailable(Overloaded):
 
 class DeadlineExceeded(EdgeAgentError):
     """A request was not started within its queue timeout or its own deadline."""
+
+
+def none_loaded(workload: str, errors: list[tuple[str, str]]) -> ModelError:
+    """The error of a tier ladder none of whose tiers loaded, in one line, tiers that failed the same way
+    named together: ``no LLM tier could be loaded: full, short: model 'x' is not here yet: get it …``."""
+    by_error: dict[str, list[str]] = {}
+    for tier, error in errors:
+        by_error.setdefault(error, []).append(tier)
+    return ModelError(
+        f"no {workload} tier could be loaded: "
+        + "; ".join(f"{', '.join(tiers)}: {error}" for error, tiers in by_error.items())
+    )

@@ -44,6 +44,17 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _random_llm_ladder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests exercise code paths on the random demo ladder (``small``/``tiny``) where a config names no
+    LLM tiers; the built-in default (Gemma 3 270M, fetched) is for tests marked ``embedded_default``.
+    In this process only: a daemon a test starts reads the tiers from the config the test writes."""
+    if request.node.get_closest_marker("embedded_default") is None:
+        from edge_agent.config import tiers
+
+        monkeypatch.setattr(tiers, "default_llm_tiers", tiers.random_llm_tiers)
+
+
+@pytest.fixture(autouse=True)
 def _isolated_logging():
     """A test that runs a command in-process (``cli.main``) configures logging the way the daemon
     does: one root handler bound to the ``sys.stderr`` of that moment, which pytest closes when the

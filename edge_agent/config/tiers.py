@@ -21,7 +21,23 @@ class TierConfig(Section):
     max_batch: int = Field(4, ge=1, le=128)
 
 
-def _default_llm_tiers() -> list[TierConfig]:
+DEFAULT_LLM_MODEL = "gemma-3-270m-home"  # `edge-agent models fetch gemma-3-270m-home` brings it
+
+
+def default_llm_tiers() -> list[TierConfig]:
+    """The embedded default's LLM ladder, on real weights: Gemma 3 270M with the shipped home-commands
+    adapter (the engine its recipe's gate chose, else the FP32 folder) at the top, and below it the
+    same weights with replies capped at 64 tokens (a whole tool call still fits) and batches of 8: more
+    requests served per second under load, each token a little later."""
+    return [
+        TierConfig(name="full", model=DEFAULT_LLM_MODEL, max_new_tokens=128, max_batch=4),
+        TierConfig(name="short", model=DEFAULT_LLM_MODEL, max_new_tokens=64, max_batch=8),
+    ]
+
+
+def random_llm_tiers() -> list[TierConfig]:
+    """The random-weight demo ladder (code paths and speed only, never answers): ``edge-agent demo
+    --random-models``, tests and benchmarks."""
     return [TierConfig(name="small", model="demo-phi3-small"), TierConfig(name="tiny", model="demo-phi3")]
 
 
@@ -32,7 +48,8 @@ def _default_asr_tiers() -> list[TierConfig]:
 class ModelsConfig(Section):
     """``[models]``: the LLM and ASR tiers, heaviest first, and the cache of generated demo weights."""
 
-    llm: list[TierConfig] = Field(default_factory=_default_llm_tiers, description="heaviest tier first")
+    # looked up at call time, so tests that exercise code paths can put the random ladder in its place
+    llm: list[TierConfig] = Field(default_factory=lambda: default_llm_tiers(), description="heaviest tier first")
     asr: list[TierConfig] = Field(default_factory=_default_asr_tiers, description="heaviest tier first")
     cache_dir: Path = Field(default_factory=lambda: default_cache_dir() / "models")
 

@@ -13,7 +13,7 @@ from typing import Any
 from ..backends import BACKENDS, is_installed
 from ..config import ENV_PREFIX, INTERNAL_BACKENDS, Settings, load_settings, read_toml, resolve_config_path
 from ..errors import ConfigError, ModelError
-from ..models.catalog import DEMO_DIR, DEMO_MODELS, IMPORTED, inspect_folder
+from ..models.catalog import DEMO_DIR, DEMO_MODELS, imported_folder, inspect_folder, not_found
 from ..models.llm_contract import folder_kv_bytes_per_token
 
 
@@ -40,6 +40,7 @@ def _raw_tier_problems(config: str | Path | None) -> list[tuple[str, str]]:
     if not isinstance(models, dict):
         models = {}
     problems: list[tuple[str, str]] = []
+    cache_dir = _raw_cache_dir(models)
     for workload in ("llm", "asr"):
         tiers: Any = models.get(workload)
         env = os.environ.get(f"{ENV_PREFIX}MODELS__{workload.upper()}")
@@ -53,7 +54,7 @@ def _raw_tier_problems(config: str | Path | None) -> list[tuple[str, str]]:
                 continue
             where = f"models.{workload}[{i}]"
             if isinstance(tier.get("model"), str) and tier["model"]:
-                problems += _model_problems(f"{where}.model", tier["model"], workload)
+                problems += _model_problems(f"{where}.model", tier["model"], workload, cache_dir)
             backend = tier.get("backend", "onnxruntime")
             if backend in BACKENDS and backend not in INTERNAL_BACKENDS and not is_installed(backend):
                 problems.append(
@@ -69,12 +70,21 @@ def _raw_tier_problems(config: str | Path | None) -> list[tuple[str, str]]:
     return problems
 
 
+def _raw_cache_dir(models: dict) -> Path:
+    """``[models] cache_dir`` as written (environment first), else the default."""
+    from ..config.base import default_cache_dir
+
+    raw = os.environ.get(f"{ENV_PREFIX}MODELS__CACHE_DIR") or models.get("cache_dir")
+    return Path(raw).expanduser() if isinstance(raw, str) and raw else default_cache_dir() / "models"
+
+
 def settings_problems(settings: Settings) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
+    cache_dir = Path(settings.models.cache_dir).expanduser()
     for workload in ("llm", "asr"):
         for i, tier in enumerate(getattr(settings.models, workload)):
             where = f"models.{workload}[{i}]"
-            problems += _model_problems(f"{where}.model", tier.model, workload)
+            problems += _model_problems(f"{where}.model", tier.model, workload, cache_dir)
             if not is_installed(tier.backend):
                 problems.append(
                     (
@@ -127,13 +137,11 @@ def prefix_cache_problems(settings: Settings) -> list[tuple[str, str]]:
 def _model_folder(model: str, cache_dir: Path) -> Path | None:
     if model in DEMO_MODELS:
         return DEMO_DIR / model
-    for folder in (Path(model).expanduser(), cache_dir / IMPORTED / model):
-        if folder.is_dir():
-            return folder
-    return None
+    folder = Path(model).expanduser()
+    return folder if folder.is_dir() else imported_folder(model, cache_dir)
 
 
-def _model_problems(path: str, model: str, workload: str) -> list[tuple[str, str]]:
+def _model_problems(path: str, model: str, workload: str, cache_dir: Path) -> list[tuple[str, str]]:
     if model in DEMO_MODELS:
         demo = DEMO_MODELS[model]
         if not (DEMO_DIR / model).is_dir():
@@ -141,9 +149,9 @@ def _model_problems(path: str, model: str, workload: str) -> list[tuple[str, str
         if not demo.kind.startswith(workload):
             return [(path, f"{model!r} is a {demo.kind} model, not {workload}")]
         return []
-    folder = Path(model).expanduser()
-    if not folder.is_dir():
-        return [(path, f"no model {model!r}: not a demo model ({', '.join(DEMO_MODELS)}) and no such folder")]
+    folder = _model_folder(model, cache_dir)
+    if folder is None:
+        return [(path, not_found(model, cache_dir))]
     try:
         ref = inspect_folder(folder)
     except ModelError as exc:

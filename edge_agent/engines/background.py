@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import ConfigError, EdgeAgentError, ModelError
+from ..errors import ConfigError, EdgeAgentError, none_loaded
 from ..models.llm import DecoderLM
 from ..progress import Progress
 from ..systemd import Notifier
@@ -348,7 +348,7 @@ class TierEngines:
                 self.on_engine_ready(tier.name, ready[tier.name])
         return bool(ready)
 
-    def build_then_start(self, ladder: Startable, tiers: list[TierConfig], errors: list[str]) -> None:
+    def build_then_start(self, ladder: Startable, tiers: list[TierConfig], errors: list[tuple[str, str]]) -> None:
         """No tier loads without an engine (TensorRT tiers on a fresh Jetson): build the lightest one that
         has a recipe while the start waits (the build sends EXTEND_TIMEOUT_USEC), then serve it."""
         for index in reversed(range(len(tiers))):
@@ -361,8 +361,8 @@ class TierEngines:
                     ladder.start(index)
                     return
                 except EdgeAgentError as exc:
-                    errors.append(f"{tier.name} (built engine): {exc}")
-        raise ModelError("no LLM tier could be loaded: " + "; ".join(errors))
+                    errors.append((f"{tier.name} (built engine)", str(exc)))
+        raise none_loaded("LLM", errors)
 
     def _engine_for(self, tier: TierConfig) -> Entry | None:
         try:

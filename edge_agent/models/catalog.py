@@ -116,12 +116,23 @@ def resolve_model(
         if path.suffix.lower() == ".gguf":
             raise ModelError(f"{path} is a GGUF file: import it first (edge-agent models import {path})")
         raise ModelError(f"{path} is a file; give the model folder that contains it (with config.json)")
-    imported = Path(cache_dir) / IMPORTED / text
-    if "/" not in text and imported.is_dir():
+    imported = imported_folder(text, cache_dir)
+    if imported is not None:
         return inspect_folder(imported, name=text)
+    raise ModelNotFound(not_found(text, cache_dir))
+
+
+def imported_folder(name: str, cache_dir: Path) -> Path | None:
+    """``<cache>/imported/<name>`` when ``models import`` / ``models fetch`` wrote it, else None."""
+    folder = Path(cache_dir) / IMPORTED / name
+    return folder if "/" not in name and folder.is_dir() else None
+
+
+def not_found(text: str, cache_dir: Path) -> str:
+    """Why ``text`` names no model here, and how to get it when the registry carries it."""
     if text in FETCHABLE_NAMES:
-        raise ModelNotFound(f"model {text!r} is not here yet: get it with `edge-agent models fetch {text}`")
-    raise ModelNotFound(
+        return f"model {text!r} is not here yet: get it with `edge-agent models fetch {text}`"
+    return (
         f"no model {text!r}: not a demo model ({', '.join(DEMO_MODELS)}), not an imported model in "
         f"{Path(cache_dir) / IMPORTED} and no such folder (real weights: edge-agent models fetch NAME)"
     )

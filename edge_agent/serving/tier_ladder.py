@@ -48,17 +48,17 @@ class Ladder(ABC):
         self._active = self._load(tier)
         return self
 
-    def start_first(self, on_load_failed: Callable[[str, EdgeAgentError], None] | None = None) -> list[str]:
-        """Serve from the top tier, or the first lighter one that loads. Returns ``"<tier>: <error>"``
-        for each tier that could not load (every tier: nothing serves, ``_active`` stays None);
+    def start_first(self, on_load_failed: Callable[[str, EdgeAgentError], None] | None = None) -> list[tuple[str, str]]:
+        """Serve from the top tier, or the first lighter one that loads. Returns ``(tier, error)`` for
+        each tier that could not load (every tier: nothing serves, ``_active`` stays None);
         ``on_load_failed(tier, error)`` is told of each."""
-        errors: list[str] = []
+        errors: list[tuple[str, str]] = []
         for index, tier in enumerate(self.tiers):
             try:
                 self.start(index)
                 return errors
             except EdgeAgentError as exc:
-                errors.append(f"{tier.name}: {exc}")
+                errors.append((tier.name, str(exc)))
                 log.error("%s tier %r could not load (%s); trying the next one", self.workload.upper(), tier.name, exc)
                 if on_load_failed is not None:
                     on_load_failed(tier.name, exc)

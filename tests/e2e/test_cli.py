@@ -33,10 +33,36 @@ def test_help_lists_the_commands():
         assert command in out.stdout
 
 
-def test_check_config_accepts_the_example(tmp_path):
-    out = run_cli("check-config", "--config", str(REPO / "systemd" / "agent.toml"))
+def test_check_config_accepts_the_example_once_its_model_is_fetched(tmp_path):
+    import shutil
+
+    example = str(REPO / "systemd" / "agent.toml")
+    env = {"EDGE_AGENT_MODELS__CACHE_DIR": str(tmp_path / "models")}
+    out = run_cli("check-config", "--config", example, env=env)
+    assert out.returncode == 2  # its Gemma 3 tiers: fetched once, and check-config says how
+    assert out.stdout.count("get it with `edge-agent models fetch gemma-3-270m-home`") == 2, out.stdout
+    # an LLM folder where `models fetch` puts it
+    shutil.copytree(
+        REPO / "tests" / "data" / "phi3-optimum-tiny", tmp_path / "models" / "imported" / "gemma-3-270m-home"
+    )
+    out = run_cli("check-config", "--config", example, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "configuration OK" in out.stdout
+
+
+def test_run_without_the_default_model_says_in_one_line_how_to_get_it(tmp_path):
+    cfg = tmp_path / "agent.toml"  # the built-in tiers; only the daemon's ports and files are set
+    cfg.write_text(
+        f'[api]\nport = 0\n[mqtt]\nport = 1\n[telemetry]\nspool_path = "{tmp_path / "spool.sqlite"}"\n'
+        f'ledger_path = "{tmp_path / "ledger.sqlite"}"\n'
+    )
+    env = {"CACHE_DIRECTORY": str(tmp_path / "cache"), "STATE_DIRECTORY": str(tmp_path / "state")}
+    out = run_cli("run", "--config", str(cfg), env=env)
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines()[-1] == (
+        "edge-agent: no LLM tier could be loaded: full, short: model 'gemma-3-270m-home' is not here yet: "
+        "get it with `edge-agent models fetch gemma-3-270m-home`"
+    ), out.stderr[-2000:]
 
 
 def test_check_config_prints_every_problem_and_exits_nonzero(tmp_path):

@@ -367,6 +367,9 @@ def _run_like_the_unit(exe: Path, site: Path, tmp_path: Path, user: str | None =
         "EDGE_AGENT_API__UNIX_SOCKET": str(sock),
         "EDGE_AGENT_MQTT__PORT": str(broker.port if broker else free_port()),
         "EDGE_AGENT_DEVICE__THREADS": "1",
+        # the random ladder in place of the example's Gemma 3 tiers (not fetched here): its shipped recipe
+        # builds in the background, which is what this run stops
+        "EDGE_AGENT_MODELS__LLM": json.dumps([{"name": "small", "model": "demo-phi3-small"}]),
     }
     log = tmp_path / "daemon.log"
     with log.open("w") as out:

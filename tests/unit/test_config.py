@@ -24,9 +24,16 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_embedded_default_is_cpu_onnxruntime_with_demo_tiers_and_local_broker():
+@pytest.mark.embedded_default
+def test_embedded_default_is_cpu_onnxruntime_with_real_gemma_tiers_and_local_broker():
     s = load_settings(None)
-    assert [t.model for t in s.models.llm] == ["demo-phi3-small", "demo-phi3"]
+    # real weights on both tiers; the lighter one trades reply length for larger batches
+    assert [(t.name, t.model) for t in s.models.llm] == [("full", "gemma-3-270m-home"), ("short", "gemma-3-270m-home")]
+    full, short = s.models.llm
+    assert short.max_new_tokens < full.max_new_tokens and short.max_batch > full.max_batch
+    assert [t.model for t in s.models.asr] == ["demo-asr"]
+    # the annotated example shows the defaults
+    assert load_settings(EXAMPLE).models.llm == s.models.llm
     assert all(t.backend == "onnxruntime" and t.device == "cpu" for t in s.models.llm + s.models.asr)
     assert (s.mqtt.host, s.mqtt.port) == ("127.0.0.1", 1883)
     assert s.api.host == "127.0.0.1"
@@ -267,6 +274,30 @@ model = "demo-phi3"
     assert "not asr" in problems["models.asr[0].model"]
     assert "models.llm[1].model" not in problems  # demo-phi3 exists
     assert problems["mqtt.tls.ca_file"] == f"file not found: {tmp_path / 'no-ca.pem'}"
+
+
+@pytest.mark.embedded_default
+def test_check_config_says_how_to_get_the_default_model_and_finds_imported_models_by_name(
+    tmp_path, monkeypatch, capsys
+):
+    import shutil
+
+    from edge_agent.cli import main
+
+    cache = tmp_path / "models"
+    monkeypatch.setenv("EDGE_AGENT_MODELS__CACHE_DIR", str(cache))
+    assert main(["check-config"]) == 2  # no file: the built-in defaults, whose model is not fetched yet
+    lines = capsys.readouterr().out.strip().splitlines()
+    fetch = "is not here yet: get it with `edge-agent models fetch gemma-3-270m-home`"
+    assert [line.split(": ", 1)[0] for line in lines] == ["models.llm[0].model", "models.llm[1].model"]
+    assert all(fetch in line for line in lines), lines
+    # once imported (any LLM folder under <cache>/imported/<name>), the name resolves
+    shutil.copytree(REPO / "tests" / "data" / "phi3-optimum-tiny", cache / "imported" / "gemma-3-270m-home")
+    assert main(["check-config"]) == 0, capsys.readouterr().out
+    # the same for a file that fails its schema (each tier's model checked on its own)
+    path = write(tmp_path, '[mqtt]\nhots = "x"\n[[models.llm]]\nname = "a"\nmodel = "gemma-3-270m-home"\n')
+    assert main(["check-config", "--config", str(path)]) == 2
+    assert "models.llm[0].model" not in capsys.readouterr().out
 
 
 def test_check_config_cli_prints_every_problem_and_exits_2(tmp_path, capsys):

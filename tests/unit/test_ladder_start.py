@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from edge_agent.config import AsrSlaConfig, SlaConfig
-from edge_agent.errors import EdgeAgentError, ModelError
+from edge_agent.errors import EdgeAgentError, ModelError, none_loaded
 from edge_agent.serving.tier_ladder import Ladder
 from edge_agent.serving.tier_policy import policy_from_config
 
@@ -39,13 +39,20 @@ def test_tiers_that_fail_are_reported_and_the_next_lighter_one_serves():
     ladder = Fake({"heavy", "middle"})
     errors = ladder.start_first(lambda tier, exc: failed.append((tier, str(exc))))
     assert ladder.active_tier == "light" and ladder.active == 2
-    assert errors == ["heavy: heavy is broken", "middle: middle is broken"]
+    assert errors == [("heavy", "heavy is broken"), ("middle", "middle is broken")]
     assert failed == [("heavy", "heavy is broken"), ("middle", "middle is broken")]
 
 
 def test_nothing_serves_when_no_tier_loads():
     ladder = Fake({"heavy", "middle", "light"})
     assert len(ladder.start_first()) == 3 and ladder.active_tier is None
+
+
+def test_tiers_that_failed_the_same_way_are_named_together_in_one_line():
+    errors = [("full", "model 'm' is not here yet"), ("short", "model 'm' is not here yet"), ("npu", "no NPU")]
+    assert str(none_loaded("LLM", errors)) == (
+        "no LLM tier could be loaded: full, short: model 'm' is not here yet; npu: no NPU"
+    )
 
 
 def test_an_unexpected_error_is_not_taken_for_a_tier_that_cannot_load():

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ...config import Settings, TierConfig
-from ...errors import DeadlineExceeded, EdgeAgentError, ModelError, Unavailable
+from ...errors import DeadlineExceeded, EdgeAgentError, Unavailable, none_loaded
 from ...models.recognizer import Recognizer
 from ...observe import Observation, Observer
 from ..tier_ladder import Ladder, Switched
@@ -432,5 +432,5 @@ def open_speech(
     )
     errors = speech.start_first(on_load_failed)
     if speech.active_tier is None:
-        raise ModelError("no ASR tier could be loaded: " + "; ".join(errors))
+        raise none_loaded("ASR", errors)
     return speech
