@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
-from ..backends import SessionOptions
+from ..backends import SessionOptions, npu
 from ..errors import ModelError
 from .catalog import ModelRef, resolve_model
 from .recognizer import Recognizer
@@ -25,6 +25,10 @@ def open_recognizer(
     Each engine's ``step`` takes its own stream type (it is only fed the streams it made), which
     the ``Recognizer`` protocol spells as ``AudioStream``: hence the casts."""
     if ref.kind == "asr-whisper":
+        if backend == "openvino" and options is not None and npu.is_npu(options.device):
+            from .asr_whisper_npu import NpuWhisperRecognizer  # static graphs built from an imported folder
+
+            return cast("Recognizer", NpuWhisperRecognizer.open(ref, backend, options, **kwargs))
         from .asr_whisper import WhisperRecognizer
 
         return cast("Recognizer", WhisperRecognizer.open(ref, backend, options, **kwargs))

@@ -68,8 +68,8 @@ class WhisperRecognizer:
         self,
         ref: ModelRef,
         encoder: Session,
-        decoder: Session,
-        decoder_past: Session,
+        decoder: Session | None,
+        decoder_past: Session | None,
         *,
         language: str = "en",
         task: str = "transcribe",
@@ -178,6 +178,7 @@ class WhisperRecognizer:
         return out["last_hidden_state"]
 
     def detect_language(self, hidden: np.ndarray) -> list[str]:
+        assert self.decoder is not None  # None only in the NPU's subclass, which has its own
         logits = self.decoder.run(
             {"input_ids": np.full((hidden.shape[0], 1), self.sot, np.int64), "encoder_hidden_states": hidden},
             ["logits"],
@@ -195,6 +196,7 @@ class WhisperRecognizer:
         stop_at_eot: bool = True,
     ) -> list[list[int]]:
         """Greedy, batched in lockstep. Returns per row the generated ids (forced ones included, no EOT)."""
+        assert self.decoder is not None and self.decoder_past is not None  # see detect_language
         rows = list(range(hidden.shape[0]))
         if len({len(p) for p in prompts}) != 1:
             raise InputError("rows of one decode batch need prompts of the same length")
@@ -324,4 +326,5 @@ class WhisperRecognizer:
 
     def close(self) -> None:
         for s in (self.encoder, self.decoder, self.decoder_past):
-            s.close()
+            if s is not None:
+                s.close()

@@ -25,7 +25,7 @@ reshapes it to 3000 frames before compiling (static shapes).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +35,7 @@ LN_EPS = 1e-5
 _NEG = -1e9  # masked attention score: large but finite, so a float16 conversion does not make NaN
 
 Weights = Callable[[str], np.ndarray]  # ct2 variable name -> float32 array
+Param = np.ndarray | Callable[[], np.ndarray]  # a weight, or how to make it from the ct2 weights
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,19 +59,37 @@ class WhisperDims:
 
 
 class _Graph:
-    """Nodes and initializers with unique names."""
+    """Nodes and initializers with unique names.
 
-    def __init__(self) -> None:
+    A weight (``param``) is given as a value or a function that makes it from the CTranslate2 weights.
+    With ``stored`` (the initializers of graphs built before, by name) it is taken from there instead and
+    the function is never called: how the NPU's graphs are built from an imported folder, whose
+    ``model.bin`` is gone, with the very tensors its other graphs compute with."""
+
+    def __init__(self, stored: Mapping[str, np.ndarray] | None = None) -> None:
         from onnx import helper, numpy_helper
 
         self.h, self.nh = helper, numpy_helper
         self.nodes: list = []
         self.inits: list = []
+        self.stored = stored
+        self._params: set[str] = set()
         self._n = 0
 
     def init(self, name: str, value: np.ndarray) -> str:
         self.inits.append(self.nh.from_array(np.ascontiguousarray(value), name))
         return name
+
+    def param(self, name: str, value: Param) -> str:
+        """A weight named ``name``: ``value`` (called when a function), or the stored tensor of that name."""
+        if name in self._params:  # the tied embedding table, read by two nodes
+            return name
+        self._params.add(name)
+        if self.stored is not None:
+            if name not in self.stored:
+                raise KeyError(name)
+            return self.init(name, self.stored[name])
+        return self.init(name, value() if callable(value) else value)
 
     def op(self, op: str, inputs: list[str], outputs: int = 1, **attrs) -> list[str]:
         self._n += 1
@@ -84,17 +103,19 @@ class _Graph:
 
     # -- layers ------------------------------------------------------------------------------
 
-    def linear(self, x: str, w: np.ndarray, b: np.ndarray | None, name: str) -> str:
-        y = self.one("MatMul", [x, self.init(f"{name}.weight_t", w.T.astype(np.float32))])
-        return y if b is None else self.one("Add", [y, self.init(f"{name}.bias", b.astype(np.float32))])
+    def linear(self, x: str, w: Param, b: Param | None, name: str) -> str:
+        y = self.one("MatMul", [x, self.param(f"{name}.weight_t", lambda: _value_of(w).T.astype(np.float32))])
+        if b is None:
+            return y
+        return self.one("Add", [y, self.param(f"{name}.bias", lambda: _value_of(b).astype(np.float32))])
 
     def layer_norm(self, x: str, get: Weights, prefix: str) -> str:
         return self.one(
             "LayerNormalization",
             [
                 x,
-                self.init(f"{prefix}.gamma", get(f"{prefix}/gamma")),
-                self.init(f"{prefix}.beta", get(f"{prefix}/beta")),
+                self.param(f"{prefix}.gamma", lambda: get(f"{prefix}/gamma")),
+                self.param(f"{prefix}.beta", lambda: get(f"{prefix}/beta")),
             ],
             axis=-1,
             epsilon=LN_EPS,
@@ -125,9 +146,33 @@ class _Graph:
 
     def mlp(self, x: str, get: Weights, prefix: str) -> str:
         h = self.layer_norm(x, get, f"{prefix}/layer_norm")
-        h = self.linear(h, get(f"{prefix}/linear_0/weight"), get(f"{prefix}/linear_0/bias"), f"{prefix}/linear_0")
+        h = self.linear(
+            h, _w(get, f"{prefix}/linear_0/weight"), _w(get, f"{prefix}/linear_0/bias"), f"{prefix}/linear_0"
+        )
         h = self.gelu(h)
-        return self.linear(h, get(f"{prefix}/linear_1/weight"), get(f"{prefix}/linear_1/bias"), f"{prefix}/linear_1")
+        return self.linear(
+            h, _w(get, f"{prefix}/linear_1/weight"), _w(get, f"{prefix}/linear_1/bias"), f"{prefix}/linear_1"
+        )
+
+
+def _value_of(v: Param) -> np.ndarray:
+    return v() if callable(v) else v
+
+
+def _w(get: Weights, name: str, scale: float | None = None) -> Callable[[], np.ndarray]:
+    """The CTranslate2 weight ``name`` (times ``scale``), read only when the graph is built from ``model.bin``."""
+    if scale is None:
+        return lambda: get(name)
+    return lambda: get(name) * scale
+
+
+def _qkv(get: Weights, prefix: str, d_model: int, scale: float) -> tuple[Param, Param]:
+    """The fused q/k/v projection's weight and bias (``_scaled_qkv``), made only when read."""
+
+    def made(part: int) -> Callable[[], np.ndarray]:
+        return lambda: _scaled_qkv(get(f"{prefix}/weight"), get(f"{prefix}/bias"), d_model, scale)[part]
+
+    return made(0), made(1)
 
 
 def _scaled_qkv(w: np.ndarray, b: np.ndarray, d_model: int, scale: float) -> tuple[np.ndarray, np.ndarray]:
@@ -221,104 +266,186 @@ def build_encoder(dims: WhisperDims, get: Weights):
 
 def build_decoder(dims: WhisperDims, get: Weights, with_past: bool):
     """``decoder_model.onnx`` (``with_past=False``) or ``decoder_with_past_model.onnx``."""
-    g = _Graph()
+    return _decoder(dims, get, "past" if with_past else "first")
+
+
+def build_decoder_step(dims: WhisperDims, capacity: int, get: Weights | None = None, stored: Stored | None = None):
+    """The NPU's decoder step: every shape static, the self-attention cache a fixed ``capacity`` of slots.
+
+    One token (``input_ids`` [1, 1]) at ``position_ids`` [1, 1] (its learned position), ``cache_mask``
+    [1, P] (0 on the slots that hold earlier tokens, ``_NEG`` on the rest), ``past_key_values.{i}.decoder.*``
+    [1, H, P, d/H] and ``past_key_values.{i}.encoder.*`` [1, H, T, d/H] (``build_cross_kv``) ->
+    ``logits`` [1, 1, V] and ``present.{i}.decoder.key|value`` [1, H, 1, d/H]: the step's own key and value,
+    which the caller writes into slot ``position`` of its cache. The step attends to the unmasked slots and
+    to itself, which is what ``decoder_with_past_model.onnx`` computes over a past of exactly those tokens.
+    The same layers as the other decoders (this module's ``_decoder``), the weights from ``get`` (the
+    CTranslate2 weights) or ``stored`` (``decoder_model.onnx``'s initializers: an imported folder)."""
+    if not 1 <= capacity <= dims.target_positions:
+        raise ValueError(f"capacity {capacity}: from 1 to the model's {dims.target_positions} positions")
+    return _decoder(dims, get, "step", capacity, stored)
+
+
+def build_cross_kv(dims: WhisperDims, get: Weights | None = None, stored: Stored | None = None):
+    """The NPU's cross-attention keys and values: ``encoder_hidden_states`` [1, T, d] ->
+    ``present.{i}.encoder.key|value`` [1, H, T, d/H], as ``decoder_model.onnx`` computes them in its first step."""
+    g = _Graph(stored)
+    get = get or _no_weights
+    d, h, t = dims.d_model, dims.decoder_heads, dims.source_positions
+    outputs = []
+    for i in range(dims.decoder_layers):
+        ek, ev = _cross_kv(g, get, f"decoder/layer_{i}", d, h)
+        for kind, v in (("key", ek), ("value", ev)):
+            g.nodes.append(g.h.make_node("Identity", [v], [f"present.{i}.encoder.{kind}"], name=f"present_{i}_e{kind}"))
+            outputs.append(_value(f"present.{i}.encoder.{kind}", [1, h, t, d // h]))
+    return _model(g, "whisper_cross_kv", [_value("encoder_hidden_states", [1, t, d])], outputs)
+
+
+Stored = Mapping[str, np.ndarray]
+
+
+def _no_weights(name: str) -> np.ndarray:
+    raise KeyError(name)
+
+
+def _cross_kv(g: _Graph, get: Weights, p: str, d: int, h: int) -> tuple[str, str]:
+    kv = g.linear(
+        "encoder_hidden_states",
+        _w(get, f"{p}/attention/linear_1/weight"),
+        _w(get, f"{p}/attention/linear_1/bias"),
+        f"{p}/attention/kv",
+    )
+    ek, ev = g.op("Split", [kv, g.init(f"{p}.kvsplit", np.array([d, d], np.int64))], outputs=2, axis=-1)
+    return g.heads(ek, h, d // h), g.heads(ev, h, d // h)
+
+
+def _decoder(dims: WhisperDims, get: Weights | None, mode: str, capacity: int = 0, stored: Stored | None = None):
+    """The decoder in one of its three forms: ``first`` (the prompt, cross keys/values from the encoder
+    states), ``past`` (new tokens after a cache of any length) and ``step`` (``build_decoder_step``)."""
+    g = _Graph(stored)
+    get = get or _no_weights
+    with_past, step = mode == "past", mode == "step"
     d, h = dims.d_model, dims.decoder_heads
     dh = d // h
     scale = dh**-0.5
-    embed = get("decoder/embeddings/weight")
-    zero = g.init("zero", np.array([0], np.int64))
-    one = g.init("one", np.array([1], np.int64))
-    two = g.init("two", np.array([2], np.int64))
     ids_shape = g.one("Shape", ["input_ids"])
-    new_len = g.one("Slice", [ids_shape, one, two, zero])  # [S]
-    if with_past:
-        past_len = g.one(
-            "Slice",
-            [g.one("Shape", ["past_key_values.0.decoder.key"]), two, g.init("three", np.array([3], np.int64)), zero],
+    x = g.one("Gather", [g.param("embed_tokens", _w(get, "decoder/embeddings/weight")), "input_ids"], axis=0)
+    positions = g.param("embed_positions", lambda: get("decoder/position_encodings/encodings")[: dims.target_positions])
+    if step:
+        x = g.one("Add", [x, g.one("Gather", [positions, "position_ids"], axis=0)])
+        # the cache's mask and the step's own slot (always seen), as [1, 1, 1, P + 1] over the scores
+        own = g.init("own_slot", np.zeros((1, 1), np.float32))
+        mask = g.one(
+            "Reshape",
+            [
+                g.one("Concat", ["cache_mask", own], axis=1),
+                g.init("mask_shape", np.array([1, 1, 1, capacity + 1], np.int64)),
+            ],
         )
+        inputs = [
+            _value("input_ids", [1, 1], 7),
+            _value("position_ids", [1, 1], 7),
+            _value("cache_mask", [1, capacity]),
+        ]
     else:
-        past_len = zero
-    total = g.one("Add", [past_len, new_len])
-    x = g.one("Gather", [g.init("embed_tokens", embed), "input_ids"], axis=0)
-    positions = g.init("embed_positions", get("decoder/position_encodings/encodings")[: dims.target_positions])
-    x = g.one("Add", [x, g.one("Slice", [positions, past_len, total, zero])])
-    causal = np.triu(np.full((dims.target_positions, dims.target_positions), _NEG, np.float32), k=1)
-    mask = g.one(
-        "Slice",
-        [
-            g.init("causal_mask", causal),
-            g.one("Concat", [past_len, zero], axis=0),
-            g.one("Concat", [total, total], axis=0),
-            g.init("axes01", np.array([0, 1], np.int64)),
-        ],
-    )
-    inputs = [_value("input_ids", ["batch_size", "decoder_sequence_length"], 7)]
-    if not with_past:
-        inputs.append(_value("encoder_hidden_states", ["batch_size", "encoder_sequence_length", d]))
-    outputs: list = []
-    for i in range(dims.decoder_layers):
-        p = f"decoder/layer_{i}"
-        a = g.layer_norm(x, get, f"{p}/self_attention/layer_norm")
-        w, b = _scaled_qkv(
-            get(f"{p}/self_attention/linear_0/weight"), get(f"{p}/self_attention/linear_0/bias"), d, scale
-        )
-        qkv = g.linear(a, w, b, f"{p}/self_attention/qkv")
-        q, k, v = g.op("Split", [qkv, g.init(f"{p}.split", np.array([d, d, d], np.int64))], outputs=3, axis=-1)
-        k, v = g.heads(k, h, dh), g.heads(v, h, dh)
+        zero = g.init("zero", np.array([0], np.int64))
+        one = g.init("one", np.array([1], np.int64))
+        two = g.init("two", np.array([2], np.int64))
+        new_len = g.one("Slice", [ids_shape, one, two, zero])  # [S]
         if with_past:
-            for kind in ("key", "value"):
-                inputs.append(
-                    _value(f"past_key_values.{i}.decoder.{kind}", ["batch_size", h, "past_decoder_sequence_length", dh])
-                )
-            k = g.one("Concat", [f"past_key_values.{i}.decoder.key", k], axis=2)
-            v = g.one("Concat", [f"past_key_values.{i}.decoder.value", v], axis=2)
+            past_len = g.one(
+                "Slice",
+                [
+                    g.one("Shape", ["past_key_values.0.decoder.key"]),
+                    two,
+                    g.init("three", np.array([3], np.int64)),
+                    zero,
+                ],
+            )
+        else:
+            past_len = zero
+        total = g.one("Add", [past_len, new_len])
+        x = g.one("Add", [x, g.one("Slice", [positions, past_len, total, zero])])
+        causal = np.triu(np.full((dims.target_positions, dims.target_positions), _NEG, np.float32), k=1)
+        mask = g.one(
+            "Slice",
+            [
+                g.init("causal_mask", causal),
+                g.one("Concat", [past_len, zero], axis=0),
+                g.one("Concat", [total, total], axis=0),
+                g.init("axes01", np.array([0, 1], np.int64)),
+            ],
+        )
+        inputs = [_value("input_ids", ["batch_size", "decoder_sequence_length"], 7)]
+        if not with_past:
+            inputs.append(_value("encoder_hidden_states", ["batch_size", "encoder_sequence_length", d]))
+    if step:
+        past_shape: list = [1, h, capacity, dh]
+        present_shape: list = [1, h, 1, dh]
+        cross_shape: list = [1, h, dims.source_positions, dh]
+    else:
+        past_shape = ["batch_size", h, "past_decoder_sequence_length", dh]
         present_shape = [
             "batch_size",
             h,
             "total_decoder_sequence_length" if with_past else "decoder_sequence_length",
             dh,
         ]
-        for kind, t in (("key", k), ("value", v)):
+        cross_shape = ["batch_size", h, "encoder_sequence_length", dh]
+    outputs: list = []
+    for i in range(dims.decoder_layers):
+        p = f"decoder/layer_{i}"
+        a = g.layer_norm(x, get, f"{p}/self_attention/layer_norm")
+        qkv_w, qkv_b = _qkv(get, f"{p}/self_attention/linear_0", d, scale)
+        qkv_out = g.linear(a, qkv_w, qkv_b, f"{p}/self_attention/qkv")
+        q, k, v = g.op("Split", [qkv_out, g.init(f"{p}.split", np.array([d, d, d], np.int64))], outputs=3, axis=-1)
+        k, v = g.heads(k, h, dh), g.heads(v, h, dh)
+        new_k, new_v = k, v
+        if with_past or step:
+            for kind in ("key", "value"):
+                inputs.append(_value(f"past_key_values.{i}.decoder.{kind}", past_shape))
+            k = g.one("Concat", [f"past_key_values.{i}.decoder.key", k], axis=2)
+            v = g.one("Concat", [f"past_key_values.{i}.decoder.value", v], axis=2)
+        # the step returns its own key and value (the caller's cache has a slot for them), the others all of them
+        for kind, t in (("key", new_k if step else k), ("value", new_v if step else v)):
             g.nodes.append(g.h.make_node("Identity", [t], [f"present.{i}.decoder.{kind}"], name=f"present_{i}_d{kind}"))
             outputs.append(_value(f"present.{i}.decoder.{kind}", present_shape))
         o = g.attend(g.heads(q, h, dh), k, v, mask)
         o = g.linear(
             g.merge(o, d),
-            get(f"{p}/self_attention/linear_1/weight"),
-            get(f"{p}/self_attention/linear_1/bias"),
+            _w(get, f"{p}/self_attention/linear_1/weight"),
+            _w(get, f"{p}/self_attention/linear_1/bias"),
             f"{p}/self_attention/out",
         )
         x = g.one("Add", [x, o])
 
         # cross-attention: keys and values from the encoder, computed once in the first step
         c = g.layer_norm(x, get, f"{p}/attention/layer_norm")
-        wq, bq = get(f"{p}/attention/linear_0/weight") * scale, get(f"{p}/attention/linear_0/bias") * scale
-        q = g.heads(g.linear(c, wq, bq, f"{p}/attention/q"), h, dh)
-        if with_past:
+        q = g.heads(
+            g.linear(
+                c,
+                _w(get, f"{p}/attention/linear_0/weight", scale),
+                _w(get, f"{p}/attention/linear_0/bias", scale),
+                f"{p}/attention/q",
+            ),
+            h,
+            dh,
+        )
+        if with_past or step:
             for kind in ("key", "value"):
-                inputs.append(
-                    _value(f"past_key_values.{i}.encoder.{kind}", ["batch_size", h, "encoder_sequence_length", dh])
-                )
+                inputs.append(_value(f"past_key_values.{i}.encoder.{kind}", cross_shape))
             ek, ev = f"past_key_values.{i}.encoder.key", f"past_key_values.{i}.encoder.value"
         else:
-            kv = g.linear(
-                "encoder_hidden_states",
-                get(f"{p}/attention/linear_1/weight"),
-                get(f"{p}/attention/linear_1/bias"),
-                f"{p}/attention/kv",
-            )
-            ek, ev = g.op("Split", [kv, g.init(f"{p}.kvsplit", np.array([d, d], np.int64))], outputs=2, axis=-1)
-            ek, ev = g.heads(ek, h, dh), g.heads(ev, h, dh)
+            ek, ev = _cross_kv(g, get, p, d, h)
             for kind, t in (("key", ek), ("value", ev)):
                 g.nodes.append(
                     g.h.make_node("Identity", [t], [f"present.{i}.encoder.{kind}"], name=f"present_{i}_e{kind}")
                 )
-                outputs.append(_value(f"present.{i}.encoder.{kind}", ["batch_size", h, "encoder_sequence_length", dh]))
+                outputs.append(_value(f"present.{i}.encoder.{kind}", cross_shape))
         o = g.attend(q, ek, ev, None)
         o = g.linear(
             g.merge(o, d),
-            get(f"{p}/attention/linear_2/weight"),
-            get(f"{p}/attention/linear_2/bias"),
+            _w(get, f"{p}/attention/linear_2/weight"),
+            _w(get, f"{p}/attention/linear_2/bias"),
             f"{p}/attention/out",
         )
         x = g.one("Add", [x, o])
@@ -329,9 +456,6 @@ def build_decoder(dims: WhisperDims, get: Weights, with_past: bool):
     logits = g.one("Gemm", [flat, "embed_tokens"], transB=1)
     shape = g.one("Concat", [ids_shape, g.init("minus_one", np.array([-1], np.int64))], axis=0)
     g.nodes.append(g.h.make_node("Reshape", [logits, shape], ["logits"], name="logits"))
-    return _model(
-        g,
-        "whisper_decoder_with_past" if with_past else "whisper_decoder",
-        inputs,
-        [_value("logits", ["batch_size", "decoder_sequence_length", dims.vocab]), *outputs],
-    )
+    names = {"first": "whisper_decoder", "past": "whisper_decoder_with_past", "step": "whisper_decoder_step"}
+    logits_shape: list = [1, 1, dims.vocab] if step else ["batch_size", "decoder_sequence_length", dims.vocab]
+    return _model(g, names[mode], inputs, [_value("logits", logits_shape), *outputs])
