@@ -22,6 +22,9 @@ encoder costs ~1.3 s, an 8 s one ~0.3 s, which is what lets partials keep up wit
 of a batch decode in lockstep: each takes its own forced token while it has one, then its own argmax,
 so row r of a batch sees exactly what it would see alone. The encoder batches the streams that share
 a context length.
+
+On the NPU (static shapes only) ``asr_whisper_npu.NpuWhisperRecognizer`` runs the same decoding with a
+30 s encoder and a decoder step over a fixed-size cache, one stream at a time.
 """
 
 from __future__ import annotations
