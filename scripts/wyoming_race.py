@@ -172,6 +172,28 @@ def corpus(work: Path, n: int) -> Path:
     return folder
 
 
+def first_word_ends(work: Path, n: int) -> dict[str, float]:
+    """Per utterance (its stem), when its first word has been heard: ms from the start of the audio (the
+    corpus's 150 ms of padding, then the word as espeak-ng says it alone in the same voice and speed, to
+    its last 10 ms above -40 dB of its peak). No streaming recogniser can send a word before it ends, so
+    a transcript chunk's time is this plus the recogniser's own delay."""
+    import numpy as np
+    import soundfile as sf
+
+    out = {}
+    for i, text in enumerate(SENTENCES[:n]):
+        voice, speed = VOICES[i % len(VOICES)], SPEEDS[(i // len(VOICES)) % len(SPEEDS)]
+        wav = work / "first-word.wav"
+        run(["espeak-ng", "-v", voice, "-s", str(speed), "-w", str(wav), text.split()[0]], capture_output=True)
+        x, rate = sf.read(str(wav), dtype="float32")
+        win = max(1, rate // 100)
+        energy = np.convolve(x.astype(np.float64) ** 2, np.ones(win) / win, "same")
+        voiced = np.nonzero(energy > energy.max() * 1e-4)[0]
+        out[f"u{i:02d}"] = 150.0 + 1000.0 * (voiced[-1] + 1) / rate
+        wav.unlink()
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -323,7 +345,7 @@ def pct(values: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
 
 
-def summarize(rows: dict, edits: dict) -> dict:
+def summarize(rows: dict, edits: dict, words: dict[str, float]) -> dict:
     summary = {}
     for name, modes in rows.items():
         s: dict = {}
@@ -340,6 +362,9 @@ def summarize(rows: dict, edits: dict) -> dict:
             ttfts = [r["ttft_ms"] for r in ms if r["ttft_ms"] is not None]
             if ttfts:
                 s[mode] |= {"ttft_p50": statistics.median(ttfts), "ttft_p95": pct(ttfts, 0.95), "ttft_n": len(ttfts)}
+            after = [r["ttft_ms"] - words[r["id"]] for r in ms if r["ttft_ms"] is not None and r["id"] in words]
+            if after:  # the recogniser's own delay: first chunk after the first word was heard
+                s[mode] |= {"after_word_p50": statistics.median(after), "after_word_p95": pct(after, 0.95)}
         summary[name] = s
     return summary
 
@@ -432,7 +457,7 @@ def plot(summary: dict, conc: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def table(summary: dict, conc: dict) -> str:
+def table(summary: dict, conc: dict, words: dict[str, float]) -> str:
     lines = [
         "| server | WER % | total p50 [p25–p75] ms | total p95 ms | first chunk p50 / p95 ms (streaming) "
         "| 4 streams: p95 / 1 stream p95, lost |",
@@ -442,6 +467,8 @@ def table(summary: dict, conc: dict) -> str:
         ns, st, c = s.get("non_streaming", {}), s.get("streaming", {}), conc.get(name, {})
         if "ttft_p50" in st:
             ttft = f"{st['ttft_p50']:.0f} / {st['ttft_p95']:.0f}"
+            if "after_word_p50" in st:
+                ttft += f" ({st['after_word_p50']:.0f} / {st['after_word_p95']:.0f} after the first word)"
         else:  # wyoming-faster-whisper does not stream; the others were not measured streaming (--mode)
             ttft = "no chunks (not streaming)" if name.startswith("wyoming-faster-whisper") else "not measured"
         cc = f"{c['four_p95']:.0f} / {c['one_p95']:.0f} ms, {c['lost']}" if c else "–"
@@ -449,6 +476,13 @@ def table(summary: dict, conc: dict) -> str:
         lines.append(
             f"| {name} | {ns.get('wer', float('nan')):.1f} | {ns.get('total_p50', 0):.0f} {spread} "
             f"| {ns.get('total_p95', 0):.0f} | {ttft} | {cc} |"
+        )
+    if words:
+        ends = list(words.values())
+        lines.append(
+            f"\nThe first word of an utterance ends {statistics.median(ends):.0f} ms (p50) / {pct(ends, 0.95):.0f} ms "
+            f"(p95) after the start of its audio, {min(ends):.0f} ms at the earliest: no chunk holding it can "
+            "come sooner when the audio is sent in real time."
         )
     return "\n".join(lines)
 
@@ -469,6 +503,7 @@ def main() -> int:
     bin_dir = reference_venv()
     ct2, _ = models(work)
     folder = corpus(work, args.utterances)
+    words = first_word_ends(work, args.utterances)
     servers = start_servers(args, work, bin_dir, ct2)
     try:
         bench = [
@@ -482,21 +517,21 @@ def main() -> int:
         (work / "bench.txt").write_text(text)
         print(f"wyoming-bench took {time.monotonic() - started:.0f} s", flush=True)
         parsed = parse_bench(text, servers)
-        summary = summarize(parsed["rows"], parsed["edits"])
+        summary = summarize(parsed["rows"], parsed["edits"], words)
         conc = concurrency(servers, folder, args.concurrency_utts) if args.concurrency_utts > 0 else {}
     finally:
         stop_servers(servers)
     result = {
         "command": " ".join(sys.argv),
         "machine": f"{os.cpu_count()} CPUs, {args.threads} threads per server",
-        "corpus": {"utterances": args.utterances, "voices": VOICES, "speeds": SPEEDS},
+        "corpus": {"utterances": args.utterances, "voices": VOICES, "speeds": SPEEDS, "first_word_ms": words},
         "summary": summary,
         "concurrency": conc,
         "rows": parsed["rows"],
     }
     (work / "race.json").write_text(json.dumps(result, indent=2))
     plot(summary, conc, work / "wyoming-race.png")
-    md = table(summary, conc)
+    md = table(summary, conc, words)
     print(md)
     if args.write_docs:
         shutil.copyfile(work / "wyoming-race.png", REPO / "docs" / "wyoming-race.png")
