@@ -189,7 +189,7 @@ def first_word_ends(work: Path, n: int) -> dict[str, float]:
         win = max(1, rate // 100)
         energy = np.convolve(x.astype(np.float64) ** 2, np.ones(win) / win, "same")
         voiced = np.nonzero(energy > energy.max() * 1e-4)[0]
-        out[f"u{i:02d}"] = 150.0 + 1000.0 * (voiced[-1] + 1) / rate
+        out[f"u{i:02d}"] = 150.0 + 1000.0 * float(voiced[-1] + 1) / rate
         wav.unlink()
     return out
 

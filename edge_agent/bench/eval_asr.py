@@ -9,8 +9,11 @@ state carried) and whole (one model call), decoded greedily and, where the model
 language model). ``service`` rows send each file through what the daemon runs: the serving
 recogniser behind ``AsrService``, with the ``[audio]`` endpointing of the config (VAD, pre-roll),
 100 ms pushes and the decoder the tier would use. WER/CER (``metrics/wer.py``) are reported for
-each combination with the latency figures: real-time factor, compute per model call, and
-``final_ms`` (last audio pushed → final text: flush, last model call and decoding).
+each combination with the latency figures: real-time factor, compute per model call,
+``final_ms`` (last audio pushed → final text: flush, last model call and decoding) and, with a beam
+search, ``first_stable_ms``: how far into the clip the first word became stable (the part of a partial
+the search will not take back: what a Wyoming ``transcript-chunk`` carries), the streamed log-probs fed a
+frame at a time to the last decoder.
 """
 
 from __future__ import annotations
@@ -134,6 +137,7 @@ class _DirectRun:
     compute_s: float = 0.0
     chunk_ms: list[float] = field(default_factory=list)
     final_ms: list[float] = field(default_factory=list)
+    first_stable_ms: list[float] = field(default_factory=list)
     max_diff: float = 0.0  # largest |streamed - whole| log-probability over all utterances
 
 
@@ -189,7 +193,22 @@ def _run_direct(
                 if key not in hyps:
                     hyps[key] = runner.decode(lp, d)
         run.rows.append({"line": utt.line, "ref": normalize(utt.text), **hyps})
+        if decoders[-1] != "greedy":
+            run.first_stable_ms.append(_first_stable_ms(runner, streamed, decoders[-1]))
     return run
+
+
+def _first_stable_ms(runner: StreamingCtcRunner, log_probs: np.ndarray, decoder: Decoder) -> float:
+    """How far into the clip (ms of audio) the search's first stable word came; the clip's length when
+    nothing was stable before its end."""
+    spec = runner.spec
+    frame_ms = spec.subsampling * spec.features.hop_length * 1000 / spec.features.sampling_rate
+    search = runner.search(decoder)
+    for i in range(len(log_probs)):
+        search.advance(log_probs[i : i + 1])
+        if search.stable_ids:
+            return (i + 1) * frame_ms
+    return len(log_probs) * frame_ms
 
 
 def _stream_timed(
@@ -245,7 +264,7 @@ def _rates(acc: list[int]) -> dict:
 
 def _latency(run: _DirectRun, spec: StreamingCtcSpec) -> dict:
     """The streamed pass's latency figures: real-time factor, the audio per model call, the compute
-    per model call and ``final_ms`` (P50 and P95)."""
+    per model call, ``final_ms`` and ``first_stable_ms`` (P50 and P95; None with greedy decoding only)."""
     return {
         "rtf": run.compute_s / run.audio_s if run.audio_s else None,
         "chunk_ms": spec.chunk_frames * spec.features.hop_length * 1000 / spec.features.sampling_rate,
@@ -253,6 +272,8 @@ def _latency(run: _DirectRun, spec: StreamingCtcSpec) -> dict:
         "compute_per_chunk_ms_p95": percentile(run.chunk_ms, 95),
         "final_ms_p50": percentile(run.final_ms, 50),
         "final_ms_p95": percentile(run.final_ms, 95),
+        "first_stable_ms_p50": percentile(run.first_stable_ms, 50) if run.first_stable_ms else None,
+        "first_stable_ms_p95": percentile(run.first_stable_ms, 95) if run.first_stable_ms else None,
         "count": len(run.final_ms),
     }
 

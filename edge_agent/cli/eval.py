@@ -32,6 +32,11 @@ def _print_report(report: dict) -> None:
         f"P95 {lat['final_ms_p95']:.2f} (n={lat['count']}); streamed vs whole max |Δ log-prob| "
         f"{report['stream_vs_full_max_abs_diff']:.2e}"
     )
+    if lat.get("first_stable_ms_p50") is not None:
+        print(
+            f"first stable word at {lat['first_stable_ms_p50']:.0f} ms (P50) / {lat['first_stable_ms_p95']:.0f} ms "
+            "(P95) into the clip"
+        )
 
 
 def cmd_eval_asr(args: argparse.Namespace) -> int:

@@ -188,6 +188,10 @@ class StreamingCtcRunner:
         """Text of an utterance's log-probs; ``lm`` overrides the folder's (weights being tuned)."""
         if decoder == "greedy":
             return self._text(list(greedy_ids(log_probs, self.spec.blank_id)))
+        return self._text(list(decode_all(self.search(decoder, beam, lm), log_probs)))
+
+    def search(self, decoder: Decoder, beam: int | None = None, lm: NgramLM | None = None) -> LexiconBeamDecoder:
+        """A fresh incremental lexicon (``lm``: and language-model) beam search over this folder's words."""
         if self.spec.lexicon is None:
             raise ModelError(f"{self.spec.folder}: no lexicon.txt, so no lexicon-constrained decoding")
         if decoder == "lm":
@@ -196,10 +200,9 @@ class StreamingCtcRunner:
                 raise ModelError(f"{self.spec.folder}: no lm.arpa, so no language-model decoding")
         else:
             lm = None
-        search = LexiconBeamDecoder(
+        return LexiconBeamDecoder(
             self.spec.tokens, self.spec.blank_id, self._delimiter_id, self.spec.lexicon, beam or self.spec.beam, lm=lm
         )
-        return self._text(list(decode_all(search, log_probs)))
 
     def _text(self, ids: list[int]) -> str:
         text = "".join(self.spec.tokens[i] for i in ids if not self.spec.tokens[i].startswith("<"))

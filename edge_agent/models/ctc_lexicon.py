@@ -10,8 +10,10 @@ adds the end-of-sentence score and keeps only hypotheses that end on a whole wor
 
 Like the other decoders (``ctc_decode``) it is incremental: ``advance(log_probs)`` takes the next
 frames, ``ids`` is the best label sequence so far (a partial), ``stable_ids`` the part every
-surviving hypothesis shares (it can no longer change). Feeding an utterance in chunks or at once
-gives the same result.
+surviving hypothesis shares (it can no longer change). A hypothesis that another one dominates (the
+same state from here on, at least as likely) leaves the beam at once: it could never win, and it would
+keep the words it disagrees on out of ``stable_ids``. Feeding an utterance in chunks or at once gives
+the same result.
 """
 
 from __future__ import annotations
@@ -168,6 +170,7 @@ class LexiconBeamDecoder:
         self._beams: dict[tuple[int, ...], list] = {(): [0.0, NEG_INF, 0.0, "", ("<s>",)]}
         self._greedy = GreedyDecoder(blank_id)  # the fallback when no hypothesis ends on a word
         self._final: tuple[int, ...] | None = None
+        self._history = lm.order - 1 if lm is not None else 0  # words of history the LM scores a word after
         self.frames = 0
 
     def advance(self, log_probs: np.ndarray) -> None:
@@ -214,7 +217,29 @@ class LexiconBeamDecoder:
                     if grown in prefixes:
                         add((*key, i), NEG_INF, extend, lm, grown, hist)
         ranked = sorted(nxt.items(), key=lambda kv: (-(_lae(kv[1][0], kv[1][1]) + kv[1][2]), kv[0]))
-        self._beams = dict(ranked[: self.beam])
+        self._beams = self._undominated(ranked)
+
+    def _undominated(self, ranked: list) -> dict[tuple[int, ...], list]:
+        """The best ``beam`` of ``ranked`` (best first) less the hypotheses another one dominates: one in
+        the same state from here on (the last label, the word being spelled, the words the LM scores the
+        next ones after) that is at least as likely both ending in a blank and ending in a label, LM score
+        included. Every continuation of a dominated hypothesis scores below the same continuation of the
+        other, so it never wins; kept, it would hold ``stable_ids`` back to the end of the utterance (a
+        first word heard 10 nats less likely than another stays in a wide beam while the rest of the
+        sentence adds the same to both)."""
+        keep: dict[tuple[int, ...], list] = {}
+        seen: dict[tuple, list[tuple[float, float]]] = {}
+        n = self._history
+        for key, v in ranked:
+            pb, pnb = v[0] + v[2], v[1] + v[2]
+            rivals = seen.setdefault((key[-1] if key else -1, v[3], v[4][-n:] if n else ()), [])
+            if any(b >= pb and nb >= pnb for b, nb in rivals):
+                continue
+            rivals.append((pb, pnb))
+            keep[key] = v
+            if len(keep) == self.beam:
+                break
+        return keep
 
     def finish(self) -> None:
         """End of the utterance: score the last word and the sentence end; keep whole words only."""

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from edge_agent.audio.features import LogMelConfig, log_mel
+from edge_agent.audio.wav import read_audio
 from edge_agent.metrics.wer import error_rates
 from edge_agent.models.asr_streaming_ctc import StreamingCtcRunner
 from edge_agent.models.catalog import resolve_model
@@ -180,6 +181,13 @@ def test_eval_cli_end_to_end(spoken: Path, tmp_path: Path) -> None:
     for r in report["results"].values():
         assert r["wer"]["ref_len"] > 0 and 0 <= r["wer"]["rate"] <= 1 and 0 <= r["cer"]["rate"] <= 1
     assert report["latency"]["rtf"] > 0 and report["latency"]["count"] == 3
+    # the first stable word: after some speech, never past the longest clip
+    lines = tiny.read_text().splitlines()
+    longest = max(len(read_audio(spoken.parent / json.loads(line)["audio"])[0]) / 16000 for line in lines)
+    assert (
+        0 < report["latency"]["first_stable_ms_p50"] <= report["latency"]["first_stable_ms_p95"] <= longest * 1e3 + 200
+    )
+    assert "first stable word at" in done.stdout
     assert report["stream_vs_full_max_abs_diff"] < 1e-3
     # --json without a file: only JSON on stdout; default model = the top ASR tier (demo-asr)
     done = _cli("eval", "asr", "--data", str(tiny), "--json", "--decoder", "greedy")

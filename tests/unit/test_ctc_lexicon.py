@@ -207,6 +207,67 @@ def test_incremental_equals_whole_and_stable_prefix_never_changes() -> None:
     assert d.ids[: len(stable_seen)] == stable_seen
 
 
+BIGRAM = """\\data\\
+ngram 1=7
+ngram 2=6
+
+\\1-grams:
+-99\t<s>\t-0.3
+-1.0\tset\t-0.3
+-1.0\tsit\t-0.3
+-1.0\tthe\t-0.3
+-1.0\tlight\t-0.3
+-1.0\t</s>\t0
+-3.0\t<unk>
+
+\\2-grams:
+-0.3\t<s> set
+-0.3\t<s> sit
+-0.2\tset the
+-0.2\tsit the
+-0.1\tthe light
+-0.1\tlight </s>
+
+\\end\\
+"""
+
+
+def _set_the_light() -> tuple[np.ndarray, list[int]]:
+    """ "set the light" where the second letter is 0.6 "e" / 0.4 "i": "sit the light" stays 0.4 nats behind
+    for good (everything after adds the same to both); and the frame after each word's delimiter."""
+    rows: list[dict[int, float]] = [{ID["s"]: 0.9, 0: 0.1}, {ID["e"]: 0.6, ID["i"]: 0.4}]
+    ends = []
+    for ch in "t|the|light|":
+        rows += [{ID[ch]: 0.9, 0: 0.1}, {0: 0.9, ID[ch]: 0.1}]
+        if ch == "|":
+            ends.append(len(rows))
+    return _lp(rows), ends
+
+
+@pytest.mark.parametrize("with_lm", [False, True])
+def test_a_word_heard_less_likely_in_every_way_does_not_hold_back_the_stable_words(tmp_path, with_lm) -> None:
+    """A hypothesis in the same state as a likelier one (last label, word being spelled, the words the LM
+    scores the next after) can never win: it leaves the beam, and the words it disagreed on become stable
+    as the utterance goes on, not at its end. Here "sit ..." would hold a place in a beam of 3 for good."""
+    lp, (_, second, third) = _set_the_light()
+    words = {"set", "sit", "the", "light"}
+    lm = None
+    if with_lm:
+        (tmp_path / "lm.arpa").write_text(BIGRAM)
+        lm = NgramLM.from_arpa(tmp_path / "lm.arpa", 0.8, 1.0)
+    d = LexiconBeamDecoder(TOKENS, 0, ID["|"], Lexicon.of(words), beam=3, lm=lm)
+    d.advance(lp[:second])
+    # the LM scores a word after the one before it: "sit the" (not yet past its delimiter) is in another
+    # state than "set the" until "the" ends in both
+    assert _text(d.stable_ids) == ("" if with_lm else "set")
+    d.advance(lp[second:third])
+    assert _text(d.stable_ids) == "set the"
+    d.finish()
+    assert _text(d.ids) == "set the light"
+    if not with_lm:
+        assert _exhaustive_best(lp, words, max_words=3) == "set the light"
+
+
 def test_no_lexicon_path_falls_back_to_greedy() -> None:
     lp = _lp([{ID["x"]: 1.0}, {ID["y"]: 1.0}, {0: 1.0}])
     assert _search(lp, {"on"}) == "xy"
