@@ -472,11 +472,12 @@ def table(summary: dict, conc: dict, words: dict[str, float]) -> str:
         else:  # wyoming-faster-whisper does not stream; the others were not measured streaming (--mode)
             ttft = "no chunks (not streaming)" if name.startswith("wyoming-faster-whisper") else "not measured"
         cc = f"{c['four_p95']:.0f} / {c['one_p95']:.0f} ms, {c['lost']}" if c else "–"
-        spread = f"[{ns.get('total_p25', 0):.0f}–{ns.get('total_p75', 0):.0f}]"
-        lines.append(
-            f"| {name} | {ns.get('wer', float('nan')):.1f} | {ns.get('total_p50', 0):.0f} {spread} "
-            f"| {ns.get('total_p95', 0):.0f} | {ttft} | {cc} |"
-        )
+        if ns:
+            spread = f"[{ns.get('total_p25', 0):.0f}–{ns.get('total_p75', 0):.0f}]"
+            wer, total = f"{ns.get('wer', float('nan')):.1f}", f"{ns['total_p50']:.0f} {spread} | {ns['total_p95']:.0f}"
+        else:  # not measured (--mode streaming)
+            wer, total = "–", "– | –"
+        lines.append(f"| {name} | {wer} | {total} | {ttft} | {cc} |")
     if words:
         ends = list(words.values())
         lines.append(
