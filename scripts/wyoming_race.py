@@ -153,6 +153,11 @@ def _dynamic_encoder(path: Path) -> bool:
     return not dims[2].HasField("dim_value")
 
 
+def speaker(i: int) -> tuple[str, int]:
+    """The espeak-ng voice and speed (words a minute) of corpus utterance ``i``."""
+    return VOICES[i % len(VOICES)], SPEEDS[(i // len(VOICES)) % len(SPEEDS)]
+
+
 def corpus(work: Path, n: int) -> Path:
     folder = work / f"corpus-{n}"
     if folder.is_dir() and len(list(folder.glob("*.wav"))) == n:
@@ -160,7 +165,7 @@ def corpus(work: Path, n: int) -> Path:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     for i, text in enumerate(SENTENCES[:n]):
-        voice, speed = VOICES[i % len(VOICES)], SPEEDS[(i // len(VOICES)) % len(SPEEDS)]
+        voice, speed = speaker(i)
         raw, wav = folder / f"u{i:02d}.raw.wav", folder / f"u{i:02d}.wav"
         run(["espeak-ng", "-v", voice, "-s", str(speed), "-w", str(raw), text], capture_output=True)
         run(
@@ -182,7 +187,7 @@ def first_word_ends(work: Path, n: int) -> dict[str, float]:
 
     out = {}
     for i, text in enumerate(SENTENCES[:n]):
-        voice, speed = VOICES[i % len(VOICES)], SPEEDS[(i // len(VOICES)) % len(SPEEDS)]
+        voice, speed = speaker(i)
         wav = work / "first-word.wav"
         run(["espeak-ng", "-v", voice, "-s", str(speed), "-w", str(wav), text.split()[0]], capture_output=True)
         x, rate = sf.read(str(wav), dtype="float32")

@@ -187,28 +187,31 @@ def _run_direct(
         diff = float(np.max(np.abs(whole - streamed))) if whole.shape == streamed.shape else float("inf")
         run.max_diff = max(run.max_diff, diff)
         hyps = {f"stream/{decoders[0]}": first}
+        if decoders[-1] != "greedy":  # the streamed decode a frame at a time: its text and first stable word
+            text, first_stable = _stable_pass(runner, streamed, decoders[-1])
+            hyps.setdefault(f"stream/{decoders[-1]}", text)
+            run.first_stable_ms.append(first_stable)
         for d in decoders:
             for mode, lp in (("stream", streamed), ("full", whole)):
                 key = f"{mode}/{d}"
                 if key not in hyps:
                     hyps[key] = runner.decode(lp, d)
         run.rows.append({"line": utt.line, "ref": normalize(utt.text), **hyps})
-        if decoders[-1] != "greedy":
-            run.first_stable_ms.append(_first_stable_ms(runner, streamed, decoders[-1]))
     return run
 
 
-def _first_stable_ms(runner: StreamingCtcRunner, log_probs: np.ndarray, decoder: Decoder) -> float:
-    """How far into the clip (ms of audio) the search's first stable word came; the clip's length when
-    nothing was stable before its end."""
+def _stable_pass(runner: StreamingCtcRunner, log_probs: np.ndarray, decoder: Decoder) -> tuple[str, float]:
+    """The search fed a frame at a time: its final text, and how far into the clip (ms of audio) its first
+    stable word came (the clip's length when nothing was stable before its end)."""
     spec = runner.spec
     frame_ms = spec.subsampling * spec.features.hop_length * 1000 / spec.features.sampling_rate
-    search = runner.search(decoder)
+    search, first = runner.search(decoder), None
     for i in range(len(log_probs)):
         search.advance(log_probs[i : i + 1])
-        if search.stable_ids:
-            return (i + 1) * frame_ms
-    return len(log_probs) * frame_ms
+        if first is None and search.stable_ids:
+            first = (i + 1) * frame_ms
+    search.finish()
+    return runner.text(list(search.ids)), first if first is not None else len(log_probs) * frame_ms
 
 
 def _stream_timed(

@@ -187,8 +187,8 @@ class StreamingCtcRunner:
     ) -> str:
         """Text of an utterance's log-probs; ``lm`` overrides the folder's (weights being tuned)."""
         if decoder == "greedy":
-            return self._text(list(greedy_ids(log_probs, self.spec.blank_id)))
-        return self._text(list(decode_all(self.search(decoder, beam, lm), log_probs)))
+            return self.text(list(greedy_ids(log_probs, self.spec.blank_id)))
+        return self.text(list(decode_all(self.search(decoder, beam, lm), log_probs)))
 
     def search(self, decoder: Decoder, beam: int | None = None, lm: NgramLM | None = None) -> LexiconBeamDecoder:
         """A fresh incremental lexicon (``lm``: and language-model) beam search over this folder's words."""
@@ -204,6 +204,7 @@ class StreamingCtcRunner:
             self.spec.tokens, self.spec.blank_id, self._delimiter_id, self.spec.lexicon, beam or self.spec.beam, lm=lm
         )
 
-    def _text(self, ids: list[int]) -> str:
+    def text(self, ids: list[int]) -> str:
+        """The words of label ids (specials dropped, the word delimiter as spaces)."""
         text = "".join(self.spec.tokens[i] for i in ids if not self.spec.tokens[i].startswith("<"))
         return " ".join(text.replace(self.spec.word_delimiter, " ").split())
