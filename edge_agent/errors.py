@@ -69,7 +69,13 @@ class InputError(EdgeAgentError):
 
 
 class Overloaded(EdgeAgentError):
-    """The agent is at capacity; the request was not admitted (HTTP 429: retry shortly)."""
+    """The agent is at capacity; the request was not admitted (HTTP 429: retry shortly). ``retry_after_s``:
+    when a request would be admitted again, where admission could tell; ``reason``: a short tag for metrics."""
+
+    def __init__(self, message: str = "", retry_after_s: float | None = None, reason: str = "queue_full") -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.reason = reason
 
 
 class Unavailable(Overloaded):

@@ -7,6 +7,7 @@ never a traceback; only an unexpected error is logged with one.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable
 
 from aiohttp import web
@@ -27,7 +28,7 @@ def error(
     param: str | None = None,
     retry_after_s: float | None = None,
 ) -> web.Response:
-    headers = {"Retry-After": str(int(retry_after_s))} if retry_after_s else None
+    headers = {"Retry-After": str(max(1, math.ceil(retry_after_s)))} if retry_after_s else None
     return web.json_response(
         {"error": {"message": message, "type": kind, "param": param, "code": code}}, status=status, headers=headers
     )
@@ -53,9 +54,9 @@ def from_exception(exc: BaseException) -> web.Response:
     if isinstance(exc, RecursionError):  # nesting a parser refused to follow: the client's mistake
         return error(400, "the body is nested too deeply")
     if isinstance(exc, Unavailable):
-        return error(503, str(exc), "server_error", "unavailable", retry_after_s=5)
+        return error(503, str(exc), "server_error", "unavailable", retry_after_s=exc.retry_after_s or 5)
     if isinstance(exc, Overloaded):
-        return error(429, str(exc), "rate_limit_error", "overloaded", retry_after_s=1)
+        return error(429, str(exc), "rate_limit_error", "overloaded", retry_after_s=exc.retry_after_s or 1)
     if isinstance(exc, DeadlineExceeded):
         return error(503, str(exc), "server_error", "timeout", retry_after_s=2)
     if isinstance(exc, (InputError, ValueError)):

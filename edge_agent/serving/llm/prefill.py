@@ -101,11 +101,27 @@ class Prefills(Generic[Row]):
         return [(s.row, s.remaining) for s in list(self._states)]
 
     def add(
-        self, rows: Sequence[Row], prompts: Sequence[Sequence[int]], reach: Sequence[int | None] | None = None
+        self,
+        rows: Sequence[Row],
+        prompts: Sequence[Sequence[int]],
+        reach: Sequence[int | None] | None = None,
+        resume: Sequence[tuple[int, dict[str, np.ndarray]] | None] | None = None,
     ) -> None:
-        """Queue ``rows`` to prefill ``prompts``; ``reach``: the most tokens each may hold (``DecoderLM.join``)."""
+        """Queue ``rows`` to prefill ``prompts``; ``reach``: the most tokens each may hold (``DecoderLM.join``);
+        ``resume``: for a row that ran before (preempted), the tokens its KV already holds and that KV [1, H, n,
+        D]: only the rest of its prompt runs, and the prefix cache is not asked."""
         reaches: Sequence[int | None] = reach if reach is not None else [None] * len(rows)
-        self._states.extend(ChunkedPrefill(row, prompt, r) for row, prompt, r in zip(rows, prompts, reaches))
+        for i, (row, prompt, r) in enumerate(zip(rows, prompts, reaches)):
+            state = ChunkedPrefill(row, prompt, r)
+            held = resume[i] if resume is not None else None
+            if held is not None:
+                state.start_from(*held)
+                state.looked_up = True
+            self._states.append(state)
+
+    def tokens_left(self) -> int:
+        """Prompt tokens still to prefill over every sequence here (device thread)."""
+        return sum(s.remaining for s in self._states)
 
     def drop(self, batch: KvBatch, leaving: Callable[[Row], bool] | None = None) -> list[Row]:
         """Take out the sequences for which ``leaving(row)`` holds (all of them without it), freeing

@@ -23,8 +23,19 @@ A failing engine call fails only the requests in that call, and an output format
 its row generates (``grammar.FormatError``) fails only that row; the loop keeps serving. One that
 cannot start is refused at ``submit``, before admission. Either costs one short log line, at most
 one per ``LOG_EVERY_S`` per kind (``LogLimiter``). The queue is
-bounded (``Overloaded`` at submit), waiting is bounded (``DeadlineExceeded``), and a handle can be
+bounded (``Overloaded`` at submit), waiting is bounded (``DeadlineExceeded``; a request's own start
+deadline, ``start_by_ms``, ends as ``Overloaded``: it was never started), and a handle can be
 cancelled at any time. Handles are thread-safe: any thread may submit, read and cancel.
+
+The waiting requests live in a ``queue.WaitQueue`` (its ladder moves them to another tier's scheduler on
+a switch). **Voice first**: while the queue counts an
+open voice stream, requests that are not interactive use at most ``max_batch - 1`` rows; when an
+interactive request waits and no row is free, the running request that is not interactive with the
+most tokens left is preempted: its KV is copied out, it waits ahead of every chat that has not
+started, and it resumes from that KV (only its pending token is run again), its output unchanged. A
+warm-up (``warmup`` tag) takes only a free row: it never waits for one. The device thread measures its
+decode steps and prefills (``rates``, ``serving.admission.Rates``), and ``predict_ttft_ms`` says when a
+request arriving now would have its first token.
 """
 
 from __future__ import annotations
@@ -32,7 +43,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
@@ -42,16 +52,19 @@ import numpy as np
 from ...errors import ConfigError, DeadlineExceeded, EdgeAgentError, Overloaded, Unavailable
 from ...logsetup import LogLimiter
 from ...metrics.timing import RequestTiming, TimingRecorder
+from ...metrics.window import WARMUP
 from ...models.grammar import Constraint, FormatError
 from ...models.llm import DecoderLM, KvBatch
 from ...models.llm_contract import kv_bytes_per_token
 from ...models.prefix_cache import PrefixCache, PrefixStats
 from ...models.sampling import Sampler, SamplingParams, find_stop, logprobs_of, repeated_too_often
 from ...models.tokenizer import StreamDecoder
+from ..admission import Rates, Work, predict_ttft_ms
 from ..batch_wait import AdaptiveWait
 from .admission import INTERACTIVE, Limits, plan_admission
 from .handle import Completion, RequestHandle, TokenEvent, TokenLogprob
 from .prefill import Prefills, prefill_deadline, prefill_error
+from .queue import WaitQueue
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +89,22 @@ class _Sequence:
         tags: Sequence[str],
         clock: Callable[[], float],
         constraint: Constraint | None = None,
+        start_by_s: float | None = None,
     ) -> None:
         self.handle, self.prompt, self.params = handle, prompt, params
         self.constraint = constraint
         self.logprobs: list[TokenLogprob] = []
         self.admitted_s = admitted_s
+        self.tags = tuple(tags)
         self.interactive = INTERACTIVE in tags  # queues ahead of requests that are not
+        self.warmup = WARMUP in tags  # takes a free row or none
         self.recorder = TimingRecorder(len(prompt), tags, clock=clock, admitted_s=admitted_s)
         self.deadline_s = deadline_s
+        self.start_by_s = start_by_s  # refused (Overloaded) if not started by then
+        self.preempted = False  # it ran, gave its row to a voice turn, and waits to resume
+        self.resume: tuple[int, dict[str, np.ndarray]] | None = None  # (tokens, their KV) it resumes from
+        self.lm: DecoderLM | None = None  # the model it was prepared for (ids, format, decoder)
+        self.source: object = None  # what its ladder needs to prepare it again for another model
         self.sampler = Sampler(params)
         self.decoder = decoder
         self.generated: list[int] = []
@@ -114,19 +135,25 @@ class LLMScheduler:
         limits: Limits = DEFAULT_LIMITS,
         on_finished: Callable[[RequestTiming], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        rows: int | None = None,
     ) -> None:
+        """``rows``: the batch places to allocate when more than ``limits.max_batch`` (tiers sharing this model
+        with larger batches)."""
         if lm.max_rows is not None and limits.max_batch > lm.max_rows:  # a stateful model: one sequence
             limits = replace(limits, max_batch=lm.max_rows, preferred_batch_sizes=(lm.max_rows,))
         self.lm, self.limits, self.clock = lm, limits, clock
         self.on_finished = on_finished
-        self._waiting: deque[_Sequence] = deque()
-        self._batch: KvBatch = lm.new_batch(limits.max_batch)
+        self.on_preempted: Callable[[], None] | None = None  # told of each preemption (metrics)
+        self.sla_ms: Callable[[], float] = lambda: self.limits.sla_ms  # the SLA in force, read at each use
+        self.queue = WaitQueue()
+        self.capacity = lm.max_rows or max(limits.max_batch, rows or 0)
+        self._batch: KvBatch = lm.new_batch(self.capacity)
         lm.warm_slots(self._batch)  # here, on the loading thread, not in the first requests' prefills
         self.prefix_cache = _prefix_cache(lm, limits)
         self._prefills: Prefills[_Sequence] = Prefills(
             lm, limits.prefill_chunk_tokens, limits.prefill_together, self.prefix_cache
         )  # admitted, prompt not all in
-        self._cond = threading.Condition()
+        self._cond = self.queue.cond
         self._stopping = False
         self._next_id = 0
         self._thread = threading.Thread(target=self._loop, name=f"llm-{lm.ref.name}", daemon=True)
@@ -136,6 +163,8 @@ class LLMScheduler:
         # a flood of bad formats costs a line per period, not per request
         self._limited = LogLimiter(clock=clock, logger=log)
         self.steps = 0  # decode steps run (progress, for the watchdog)
+        self.rates = Rates()  # written by the device thread under the queue's lock
+        self.preemptions = 0
 
     def start(self) -> LLMScheduler:
         self._thread.start()
@@ -156,9 +185,48 @@ class LLMScheduler:
         return None if self.prefix_cache is None else self.prefix_cache.stats
 
     @property
+    def _waiting(self) -> WaitQueue:
+        return self.queue
+
+    @property
     def load(self) -> tuple[int, int]:
         """(waiting, running); a sequence whose prompt is being prefilled is running"""
         return len(self._waiting), len(self._batch) + len(self._prefills)
+
+    def chat_rows(self) -> int:
+        """The rows requests that are not interactive may use now (one fewer while a voice stream is open)."""
+        rows = self.limits.max_batch
+        return rows - 1 if self.queue.voice_streams and rows > 1 else rows
+
+    def free_rows(self) -> int:
+        """Rows no sequence holds or waits for now (a warm-up takes one of these or none)."""
+        with self._cond:
+            return self.limits.max_batch - len(self._batch) - len(self._prefills) - len(self._waiting)
+
+    def predict_ttft_ms(
+        self, prompt_tokens: int, interactive: bool = False, now: float | None = None, rows: int | None = None
+    ) -> float | None:
+        """When a request of ``prompt_tokens`` submitted now would have its first token
+        (``serving.admission.predict_ttft_ms`` over what runs and waits here); None while no rates are known.
+        ``rows``: the batch size to predict with, when another than the current limits' (a lighter tier's)."""
+        now = self.clock() if now is None else now
+        with self._cond:
+            rates = self.rates.snapshot(now)
+            if rates is None:
+                return None
+            waiting = [s for s in self._waiting if s.interactive or not interactive]
+            rows = list(self._batch.rows)
+            prefilling = self._prefills.pending()
+            max_rows = self.limits.max_batch if interactive else self.chat_rows()
+            if rows is not None:
+                max_rows = rows - (self.limits.max_batch - max_rows)
+        if interactive:  # it preempts a chat if it must: only voice turns and prefills hold it back
+            rows = [s for s in rows if s.interactive]
+        steps_per_token = rates.prefill_ms_per_token / rates.step_ms
+        running = [rates.expected_new(s.params.max_new_tokens, len(s.generated)) for s in rows]
+        running += [left * steps_per_token + rates.expected_new(s.params.max_new_tokens) for s, left in prefilling]
+        ahead = [Work(_to_prefill(s), rates.expected_new(s.params.max_new_tokens, len(s.generated))) for s in waiting]
+        return predict_ttft_ms(running, ahead, prompt_tokens, max_rows, rates)
 
     def backlog(self) -> list[tuple[int, int]]:
         """(prompt tokens still to prefill, tokens still to generate) of each sequence decoding, being
@@ -179,7 +247,24 @@ class LLMScheduler:
         params: SamplingParams = DEFAULT_PARAMS,
         deadline_ms: float | None = None,
         tags: Sequence[str] = (),
+        start_by_ms: float | None = None,
     ) -> RequestHandle:
+        """Queue a request: ``deadline_ms`` ends it wherever it is (finish reason ``deadline``, or
+        ``DeadlineExceeded`` before it started); ``start_by_ms`` refuses it (``Overloaded``) if it has not
+        started by then."""
+        return self.enqueue(self.prepare(prompt_ids, params, deadline_ms, tags, start_by_ms))
+
+    def prepare(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams = DEFAULT_PARAMS,
+        deadline_ms: float | None = None,
+        tags: Sequence[str] = (),
+        start_by_ms: float | None = None,
+        handle: RequestHandle | None = None,
+    ) -> _Sequence:
+        """A request made ready for this model (checked, its output format compiled) but not yet queued
+        (``enqueue``); ``handle``: the one it keeps when prepared again for another model."""
         self.lm.check_prompt(prompt_ids, params.max_new_tokens)
         # Compiling the output format and its first mask happens here, on the caller's thread, never on
         # the device thread; a format that cannot start is refused before it could join a batch.
@@ -189,33 +274,36 @@ class LLMScheduler:
             self._limited(logging.WARNING, "format_refused", "%s: output format refused: %s", self.lm.ref.name, exc)
             raise
         now = self.clock()
+        if handle is None:
+            with self._cond:
+                self._next_id += 1
+                handle = RequestHandle(self._next_id, on_cancel=self._wake)
+        seq = _Sequence(
+            handle,
+            list(prompt_ids),
+            params,
+            now,
+            now + deadline_ms / 1e3 if deadline_ms is not None else None,
+            StreamDecoder(self.lm.tokenizer),
+            tags,
+            self.clock,
+            constraint,
+            now + start_by_ms / 1e3 if start_by_ms is not None else None,
+        )
+        seq.lm = self.lm
+        return seq
+
+    def enqueue(self, seq: _Sequence) -> RequestHandle:
+        """Queue a prepared request (``prepare``) in its place: interactive ones ahead of the rest."""
         with self._cond:
             if self._stopping:
                 raise Unavailable("the agent is shutting down and admits no new requests")
-            if len(self._waiting) >= self.limits.max_queue:
+            if len(self.queue) >= self.limits.max_queue:
                 raise Overloaded(f"queue full ({self.limits.max_queue} waiting); retry later")
-            self._next_id += 1
             if self._wait is not None:
-                self._wait.observe_arrival(now)
-            handle = RequestHandle(self._next_id, on_cancel=self._wake)
-            deadline = now + deadline_ms / 1e3 if deadline_ms is not None else None
-            seq = _Sequence(
-                handle,
-                list(prompt_ids),
-                params,
-                now,
-                deadline,
-                StreamDecoder(self.lm.tokenizer),
-                tags,
-                self.clock,
-                constraint,
-            )
-            if seq.interactive:  # ahead of every waiter that is not interactive itself
-                self._waiting.insert(sum(1 for s in self._waiting if s.interactive), seq)
-            else:
-                self._waiting.append(seq)
-            self._cond.notify_all()
-        return handle
+                self._wait.observe_arrival(seq.admitted_s)
+            self.queue.put(seq)
+        return seq.handle
 
     def _wake(self) -> None:
         # A cancelled waiter is dropped at once rather than at the loop's next timed look.
@@ -240,31 +328,80 @@ class LLMScheduler:
                 self._fail([s for s in rows if not s.handle.done], EdgeAgentError(f"internal serving error: {exc}"))
 
     def _take_admitted(self) -> bool:
-        """Under the lock: drop expired/cancelled waiters, then admit (to the prefills) or sleep. False = exit."""
+        """Under the lock: drop expired/cancelled waiters, make room for a voice turn, then admit (to the
+        prefills) or sleep. False = exit."""
         while True:
-            if not self._waiting and (len(self._batch) or len(self._prefills)):
+            waiting = self._waiting
+            if not waiting and (len(self._batch) or len(self._prefills)):
                 return True  # nothing to admit: back to the running sequences at once
             now = self.clock()
-            for seq in [s for s in self._waiting if s.handle.cancelled or self._expired(s, now)]:
-                self._waiting.remove(seq)
-                self._reject(seq, now)
             running = len(self._batch) + len(self._prefills)
-            n, wake_at = plan_admission([s.admitted_s for s in self._waiting], running, now, self.limits, self._wait)
+            for seq in [s for s in waiting if s.handle.cancelled or self._expired(s, now, running=running)]:
+                waiting.remove(seq)
+                self._reject(seq, now)
+            self._preempt_for_voice()
+            running = len(self._batch) + len(self._prefills)
+            n, wake_at = plan_admission([s.admitted_s for s in waiting], running, now, self.limits, self._wait)
+            n = self._within_chat_rows(waiting, n, running)
             if n or running:
-                admitted = [self._waiting.popleft() for _ in range(n)]
+                admitted = [waiting.popleft() for _ in range(n)]
                 self._prefills.add(
-                    admitted, [s.prompt for s in admitted], [len(s.prompt) + s.params.max_new_tokens for s in admitted]
+                    admitted,
+                    [s.history if s.resume else s.prompt for s in admitted],
+                    [len(s.prompt) + s.params.max_new_tokens for s in admitted],
+                    [s.resume for s in admitted],
                 )
+                for seq in admitted:
+                    seq.resume = None
                 return True
-            if self._stopping and not self._waiting:
+            if self._stopping and not waiting:
                 return False
             timeout = None if wake_at is None else max(0.0, wake_at - now)
             self._cond.wait(timeout if timeout is not None else 0.5)
 
-    def _expired(self, seq: _Sequence, now: float, waiting: bool = True) -> bool:
-        waited_ms = (now - seq.admitted_s) * 1e3
-        queued_too_long = waiting and waited_ms > self.limits.queue_timeout_ms
-        return queued_too_long or (seq.deadline_s is not None and now > seq.deadline_s)
+    def _within_chat_rows(self, waiting: WaitQueue, n: int, running: int) -> int:
+        """Of the ``n`` oldest waiters planned in, how many may start: chats only within ``chat_rows``."""
+        cap = self.chat_rows()
+        taken = 0
+        for seq in list(waiting)[:n]:
+            if not seq.interactive and running + taken >= cap:
+                break
+            taken += 1
+        return taken
+
+    def _preempt_for_voice(self) -> None:
+        """Under the lock: an interactive request (not a warm-up) waits first and no row is free: the chat
+        with the most tokens left gives its row up (see the module doc)."""
+        waiting = self._waiting
+        if not waiting or self.lm.max_rows is not None:
+            return  # nothing waits, or a one-sequence model: its KV lives inside the runtime
+        head = next(iter(waiting))
+        if not head.interactive or head.warmup:
+            return
+        if len(self._batch) + len(self._prefills) < self.limits.max_batch:
+            return
+        chats = [(i, s) for i, s in enumerate(self._batch.rows) if not s.interactive and not s.handle.done]
+        if not chats:
+            return
+        index, victim = max(chats, key=lambda c: c[1].params.max_new_tokens - len(c[1].generated))
+        tokens = len(victim.history) - len(victim.feed)  # what its cache holds: the pending tokens are not in
+        kv = {name: np.array(a[None]) for name, a in self._batch.row_kv(index, tokens).items()}
+        self._batch.remove([index])
+        victim.resume, victim.preempted = (tokens, kv), True
+        self.queue.put(victim)
+        self.preemptions += 1
+        if self.on_preempted is not None:
+            self.on_preempted()
+
+    def _expired(self, seq: _Sequence, now: float, waiting: bool = True, running: int | None = None) -> bool:
+        if seq.deadline_s is not None and now > seq.deadline_s:
+            return True
+        if not waiting or seq.preempted:  # started once: only its own deadline ends it
+            return False
+        if seq.warmup and running is not None and running >= self.limits.max_batch:
+            return True  # a warm-up takes a free row or none
+        late = seq.start_by_s is not None and now > seq.start_by_s
+        return late or (now - seq.admitted_s) * 1e3 > self.limits.queue_timeout_ms
 
     def _reject(self, seq: _Sequence, now: float) -> None:
         if seq.handle.cancelled:
@@ -272,13 +409,25 @@ class LLMScheduler:
             return
         timing = seq.recorder.finish()
         self._report(timing)
-        seq.handle.finish(
-            None,
-            DeadlineExceeded(
-                f"request {seq.handle.id} waited {(now - timing.admitted_s) * 1e3:.0f} ms in the queue and was "
-                f"not started (queue timeout {self.limits.queue_timeout_ms:.0f} ms or its own deadline)"
-            ),
-        )
+        waited_ms = (now - timing.admitted_s) * 1e3
+        error: EdgeAgentError
+        if (seq.deadline_s is not None and now > seq.deadline_s) or seq.preempted:
+            error = DeadlineExceeded(f"request {seq.handle.id} reached its deadline after waiting {waited_ms:.0f} ms")
+        elif seq.warmup and not (seq.start_by_s is not None and now > seq.start_by_s):
+            error = Overloaded("no free row for a warm-up", reason="warmup")
+        elif seq.start_by_s is not None and now > seq.start_by_s:
+            error = Overloaded(
+                f"overloaded: request {seq.handle.id} could not start within its "
+                f"{(seq.start_by_s - seq.admitted_s) * 1e3:.0f} ms budget; retry shortly",
+                retry_after_s=1.0,
+                reason="start_deadline",
+            )
+        else:
+            error = DeadlineExceeded(
+                f"request {seq.handle.id} waited {waited_ms:.0f} ms in the queue and was "
+                f"not started (queue timeout {self.limits.queue_timeout_ms:.0f} ms)"
+            )
+        seq.handle.finish(None, error)
 
     def _prefill(self) -> None:
         """This turn's share of the admitted prompts (``prefill.plan_chunks``); those complete join the batch
@@ -292,7 +441,7 @@ class LLMScheduler:
         decoding = len(self._batch)
         plan = self._prefills.plan(decoding)
         for seq, starts, _, cached in plan:
-            if starts:
+            if starts and not seq.generated:  # a preempted one resuming was scheduled once
                 seq.recorder.mark_scheduled()
                 seq.recorder.mark_cached(cached)
         joining = [seq for seq, _, completes, _ in plan if completes]
@@ -301,12 +450,19 @@ class LLMScheduler:
         def joined(first: int, logits: np.ndarray) -> None:  # their first tokens stream before the next prefill
             self._absorb(first, logits, [masks[id(s)] for s in self._batch.rows[first:]])
 
-        for seqs, exc in self._prefills.run(self._batch, decoding, joined):
+        before = self._prefills.tokens_left()
+        start = self.clock()
+        failed = self._prefills.run(self._batch, decoding, joined)
+        if not failed:
+            with self._cond:
+                self.rates.prefill(before - self._prefills.tokens_left(), (self.clock() - start) * 1e3, self.clock())
+        for seqs, exc in failed:
             self._fail(seqs, prefill_error(exc))
 
     def _decode(self) -> None:
         rows = list(self._batch.rows)
         masks = self._start_masks(rows)
+        start = self.clock()
         try:
             logits = self.lm.decode_runs(self._batch, [s.feed for s in rows])
         except Exception as exc:
@@ -317,6 +473,9 @@ class LLMScheduler:
             self._fail(rows, exc)
             return
         self.steps += 1
+        now = self.clock()
+        with self._cond:
+            self.rates.step((now - start) * 1e3, now)
         self._absorb(0, logits, masks)
 
     def _start_masks(self, seqs: Sequence[_Sequence]) -> list[Future | None]:
@@ -454,9 +613,12 @@ class LLMScheduler:
 
     def _complete(self, seq: _Sequence, reason: str) -> None:
         timing = seq.recorder.finish()
+        if reason != "cancelled" and not seq.warmup:
+            with self._cond:
+                self.rates.finished(len(seq.generated), timing.finished_s)
         if self._wait is not None and timing.ttft_ms is not None:
             with self._cond:
-                self._wait.on_latency(timing.ttft_ms, self.limits.sla_ms)
+                self._wait.on_latency(timing.ttft_ms, self.sla_ms())
         text = seq.final_text if seq.final_text is not None else seq.decoder.text
         self._report(timing)  # recorded before the caller can see the result: its metrics are in when it looks
         seq.handle.finish(Completion(text, tuple(seq.generated), reason, timing, tuple(seq.logprobs)))
@@ -473,6 +635,11 @@ class LLMScheduler:
                 self.on_finished(timing)
             except Exception:  # metrics must never stop serving
                 log.exception("on_finished callback failed")
+
+
+def _to_prefill(seq: _Sequence) -> int:
+    """Prompt tokens a waiting sequence has still to prefill (a preempted one: only what its KV lacks)."""
+    return len(seq.history) - seq.resume[0] if seq.resume else len(seq.prompt)
 
 
 def _prefix_cache(lm: DecoderLM, limits: Limits) -> PrefixCache | None:

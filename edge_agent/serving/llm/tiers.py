@@ -1,10 +1,23 @@
 """One LLM workload served from a ladder of model tiers, switched without failing a request.
 
-A switch loads and warms the next tier on a background thread while the current one keeps
-serving; new requests then go to the new tier (at its next batch boundary), and the old tier's
-scheduler drains what it already admitted before its model is closed. One switch runs at a time,
-so at most two tiers are ever in memory. Prompts are tokenized by the tier that serves them: tiers
-may use different tokenizers.
+**Admission.** Each request is judged when it arrives (``serving.admission``): its first-token time
+predicted on the serving tier from what runs and waits there, against its class budget: a chat's is the
+SLA in force (``sla_ms``, read at each request) or the client's shorter ``deadline_ms``; a voice turn's
+(``interactive``) is never refused while chats are admitted (it preempts one instead). A chat that does
+not fit, where a lighter tier sharing the loaded model would fit it, is admitted with that tier's reply
+cap and the ladder reports pressure (``on_pressure``: the controller switches without waiting for
+samples); one that fits nowhere is refused at once (``Overloaded``: HTTP 429 with ``Retry-After``).
+An admitted chat must start within its budget or is refused then, before any of its reply went out.
+Every arrival's verdict is counted (``pressure``) for the controller.
+
+**Switches.** Tiers with the same ``weights`` (the same model, backend, device and precision: tiers
+that differ only in settings) share one loaded model and one scheduler: a switch between them loads
+nothing and changes the limits at the next step. A switch to other weights loads and warms the next
+tier on a background thread while the current one keeps serving; then every request still waiting
+moves to the new tier at once (prepared again for its model), and the old tier's scheduler finishes
+only the rows it runs before its model is closed. One switch runs at a time, so at most two models
+are ever in memory. Prompts are tokenized by the tier that serves them: tiers may use different
+tokenizers.
 
 Relief from the controller applies to new requests: ``token_cap_ratio`` truncates their
 ``max_new_tokens`` (not a constrained request's: a tool call or JSON cut short is no answer),
@@ -41,13 +54,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from ...errors import InputError, Unavailable
+from ...errors import InputError, Overloaded, Unavailable
 from ...metrics.window import FIRST_AFTER_LOAD, WARMUP
 from ...models.llm import DecoderLM
 from ...models.prefix_cache import PrefixStats
 from ...models.sampling import SamplingParams
 from ...models.tokenizer import Message
 from ...observe import Observation, Observer
+from ..admission import judge
 from ..tier_ladder import Ladder
 from .scheduler import DEFAULT_PARAMS, Limits, LLMScheduler, RequestHandle
 from .spill import Rates, Verdict, Work, decide
@@ -73,28 +87,56 @@ class Tier:
     max_new_tokens: int = 256
     model: str = ""  # the configured model, as observations name it
     engine: Callable[[], str | None] | None = None  # what the tier loaded (engine:<key>, model:<sha>), once open
+    weights: str | None = None  # tiers with the same key share one loaded model (None: its own)
+
+
+@dataclass(slots=True)
+class Pressure:
+    """Arrivals since the controller last looked: how many, how many predicted over their budget (admitted
+    on a lighter tier's settings, or refused) and how many refused."""
+
+    arrivals: int = 0
+    over_budget: int = 0
+    refused: int = 0
 
 
 class _Loaded:
-    def __init__(self, index: int, tier: Tier, lm: DecoderLM, observe: Observer, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        index: int,
+        tier: Tier,
+        lm: DecoderLM,
+        observe: Observer,
+        clock: Callable[[], float],
+        rows: int | None = None,
+        share: _Loaded | None = None,
+    ) -> None:
+        """``share``: a loaded tier with the same weights, whose model and scheduler this one serves with."""
         self.index, self.tier, self.lm = index, tier, lm
+        self.spill: _Loaded | None = None  # the next tier, beside a one-sequence tier (see the module doc)
+        self.adopted = False  # swapped out, but kept as the new active tier's spill tier
+        if share is not None:
+            self.engine, self.rates, self.rates_lock = share.engine, share.rates, share.rates_lock
+            self.scheduler, self.label = share.scheduler, share.label
+            self.first = False  # nothing was loaded
+            return
         # The tier is known here, where the scheduler is made: each observation says so, typed, with
         # the engine it opened (asked once, now that it is open: a later build does not rename this one).
         engine = self.engine = tier.engine() if tier.engine is not None else None
         self.rates = Rates()  # per token, for the spill decision when this tier holds one sequence
         self.rates_lock = threading.Lock()
+        self.label = [tier.name, tier.model]  # the tier its requests are observed under (settings-only switches)
+        label = self.label
 
         def finished(timing) -> None:
             with self.rates_lock:
                 self.rates.learn(timing)
-            obs = Observation.of_request(timing, tier.name, tier.model, engine)
+            obs = Observation.of_request(timing, label[0], label[1], engine)
             spilled = [t[len(SPILLED_FROM) :] for t in timing.tags if t.startswith(SPILLED_FROM)]
             observe(replace(obs, spilled_from=spilled[0]) if spilled else obs)
 
-        self.scheduler = LLMScheduler(lm, tier.limits, clock=clock, on_finished=finished).start()
+        self.scheduler = LLMScheduler(lm, tier.limits, clock=clock, on_finished=finished, rows=rows).start()
         self.first = True  # the next request is the first after a load: excluded from SLA windows
-        self.spill: _Loaded | None = None  # the next tier, beside a one-sequence tier (see the module doc)
-        self.adopted = False  # swapped out, but kept as the new active tier's spill tier
 
     def verdict(self, prompt_tokens: int, threshold_ms: float | None, now: float) -> Verdict:
         """Whether this one-sequence tier takes a prompt of ``prompt_tokens`` now (``spill.decide``)."""
@@ -102,6 +144,12 @@ class _Loaded:
         with self.rates_lock:
             rates = self.rates.current(now)
         return decide(ahead, Work(prompt_tokens, 0), rates, threshold_ms)
+
+    def limits(self) -> Limits:
+        """This tier's limits within what its scheduler's batch holds."""
+        rows = min(self.tier.limits.max_batch, self.scheduler.capacity)
+        sizes = tuple(s for s in self.tier.limits.preferred_batch_sizes if s <= rows) or (rows,)
+        return replace(self.tier.limits, max_batch=rows, preferred_batch_sizes=sizes)
 
     def close(self, drain_s: float) -> None:
         self.scheduler.stop(drain_s)
@@ -139,9 +187,97 @@ class TieredLLM(Ladder):
         self.shedding = False
         # [calibration] capture: told each admitted request's prompt or messages; it never blocks
         self.capture: Callable[[str | Sequence[Message]], None] | None = None
+        # Admission (see the module doc): the chat budget in force (None: no predicted refusals), told of
+        # pressure, and the counts the controller reads; set by the agent.
+        self.sla_ms: Callable[[], float] | None = None
+        self.on_pressure: Callable[[], None] | None = None
+        self.on_refused: Callable[[str, str], None] | None = None  # (reason, class), for metrics
+        self.on_preempted: Callable[[], None] | None = None
+        self._pressure = Pressure()
+        self._voice_streams = 0
+
+    def start(self, tier: int = 0) -> TieredLLM:
+        super().start(tier)
+        self._serve(self._active)
+        return self
+
+    def _serve(self, loaded: _Loaded) -> None:
+        """``loaded`` becomes the serving tier: its limits, the SLA it reads, the voice streams open."""
+        sched = loaded.scheduler
+        sched.limits = loaded.limits()
+        sched.on_preempted = self.on_preempted
+        if self.sla_ms is not None:
+            sched.sla_ms = self.sla_ms
+        sched.queue.set_voice_streams(self._voice_streams)
+        loaded.label[:] = [loaded.tier.name, loaded.tier.model]
+
+    def _swapped(self, old: _Loaded) -> None:
+        """Under the lock, right after a switch (see the module doc): the new tier's limits apply at once,
+        and every request still waiting is served by it, under its reply cap."""
+        new = self._active
+        self._serve(new)
+        source, target = old.scheduler.queue, new.scheduler.queue
+        with source.cond:
+            moving = source.take_waiting() if source is not target else list(target)
+        for seq in moving:
+            if seq.preempted:
+                continue
+            seq.handle.tier = new.tier.name
+            if seq.lm is not new.lm:
+                seq = self._prepare_again(new, seq)
+                if seq is None:
+                    continue
+            elif seq.params.grammar is None:  # a format's output is never cut short
+                seq.params = replace(seq.params, max_new_tokens=min(seq.params.max_new_tokens, self._cap(new)))
+                seq.handle.max_new_tokens = seq.params.max_new_tokens
+            if source is not target:
+                with target.cond:
+                    target.put(seq)
+        if source is not target:
+            source.set_voice_streams(0)
+
+    def _prepare_again(self, new: _Loaded, seq):
+        """A waiting request moving to a tier with other weights, prepared for its model (None: it failed)."""
+        prompt, params, raw = seq.source
+        try:
+            ids, granted = self._admit(new, prompt, params, raw)
+            fresh = new.scheduler.prepare(ids, granted, tags=seq.tags, handle=seq.handle)
+        except Exception as exc:  # it cannot be served there: it fails alone, with why
+            seq.handle.finish(None, exc if isinstance(exc, InputError) else InputError(str(exc)))
+            return None
+        fresh.admitted_s, fresh.recorder = seq.admitted_s, seq.recorder
+        fresh.deadline_s, fresh.start_by_s, fresh.source = seq.deadline_s, seq.start_by_s, seq.source
+        seq.handle.max_new_tokens = granted.max_new_tokens
+        return fresh
+
+    def _cap(self, loaded: _Loaded) -> int:
+        return max(1, int(loaded.tier.max_new_tokens * self.token_cap_ratio))
+
+    def voice_opened(self) -> None:
+        """A voice stream opened on this ladder: chats leave a row free for it until it closes."""
+        with self._lock:
+            self._voice_streams += 1
+            if self._active is not None:
+                self._active.scheduler.queue.set_voice_streams(self._voice_streams)
+
+    def voice_closed(self) -> None:
+        with self._lock:
+            self._voice_streams = max(0, self._voice_streams - 1)
+            if self._active is not None:
+                self._active.scheduler.queue.set_voice_streams(self._voice_streams)
+
+    def pressure(self) -> Pressure:
+        """The arrivals counted since the last call (the controller's input), and a fresh count."""
+        with self._lock:
+            counted, self._pressure = self._pressure, Pressure()
+        return counted
 
     def _load(self, index: int) -> _Loaded:
         current = self._active
+        tier = self.tiers[index]
+        if current is not None and tier.weights is not None and tier.weights == current.tier.weights:
+            # the same weights with other settings: nothing to load (see the module doc)
+            return _Loaded(index, tier, current.lm, self._observe, self._clock, share=current)
         if current is not None and current.spill is not None and current.spill.index == index:
             # a switch down to the tier already loaded beside a one-sequence tier: take it over
             loaded, current.spill = current.spill, None
@@ -160,12 +296,17 @@ class TieredLLM(Ladder):
         return loaded
 
     def _open(self, index: int) -> _Loaded:
-        return _Loaded(index, self.tiers[index], self.tiers[index].open(), self._observe, self._clock)
+        tier = self.tiers[index]
+        # its batch holds the largest batch of the tiers sharing its weights: a switch among them loads nothing
+        sharing = [t.limits.max_batch for t in self.tiers if tier.weights is not None and t.weights == tier.weights]
+        return _Loaded(index, tier, tier.open(), self._observe, self._clock, rows=max(sharing, default=None))
 
     def _retire(self, old: _Loaded) -> None:
         if old.adopted:  # it serves on as the new tier's spill tier
             old.adopted = False
             return
+        if self._active is not None and self._active.scheduler is old.scheduler:
+            return  # the new tier serves with the same model
         old.close(self._drain_s)  # finishes every request it admitted, then frees the model
 
     @property
@@ -211,9 +352,11 @@ class TieredLLM(Ladder):
         raw: bool = False,
         tags: Sequence[str] = (),
         route_new_tokens: int | None = None,
+        budget_ms: float | None = None,
     ) -> RequestHandle:
         """``route_new_tokens``: for a warm-up, the ``max_new_tokens`` of the request it warms; the tier is
-        chosen as for that request (see the module doc)."""
+        chosen as for that request (see the module doc). ``budget_ms``: the client's own first-token budget,
+        when shorter than the SLA's. ``Overloaded`` when admission refuses it."""
         with self._lock:
             loaded = self._active
             assert loaded is not None, "start() first"
@@ -227,7 +370,8 @@ class TieredLLM(Ladder):
         try:
             if spill is None:
                 ids, granted = self._admit(loaded, prompt, params, raw)
-                return self._hand_over(loaded, ids, granted, deadline_ms, tags, prompt)
+                source = (prompt, params, raw)
+                return self._hand_over(loaded, ids, granted, deadline_ms, tags, prompt, source, budget_ms)
             why: str | None
             try:
                 ids, granted = self._admit(loaded, prompt, params, raw, room)
@@ -245,7 +389,7 @@ class TieredLLM(Ladder):
             if self._active is loaded:  # the ladder itself is stopping
                 raise
             # a switch retired this tier while the prompt was being tokenized: the new tier takes it
-            return self.submit(prompt, params, deadline_ms, raw, tags, route_new_tokens)
+            return self.submit(prompt, params, deadline_ms, raw, tags, route_new_tokens, budget_ms)
         handle.spill = {"from": loaded.tier.name, "reason": why or "spilled"}
         return handle
 
@@ -257,20 +401,73 @@ class TieredLLM(Ladder):
         deadline_ms: float | None,
         tags: Sequence[str],
         prompt: str | Sequence[Message],
+        source: tuple | None = None,
+        budget_ms: float | None = None,
     ) -> RequestHandle:
-        """``served``'s scheduler takes the tokenized request; the handle says who serves it."""
+        """``served``'s scheduler takes the tokenized request, if admission lets it (see the module doc);
+        the handle says who serves it. ``source``: what the ladder needs to prepare it for another model."""
         with self._lock:
             marks = [*tags, FIRST_AFTER_LOAD] if served.first else list(tags)
             served.first = False
-        handle = served.scheduler.submit(ids, params, deadline_ms=deadline_ms, tags=marks)
-        handle.tier, handle.model, handle.engine = served.tier.name, served.lm.ref.name, served.engine
-        handle.max_new_tokens = params.max_new_tokens
+        seq = served.scheduler.prepare(ids, params, deadline_ms, marks)  # its format compiled, outside the lock
+        seq.source = source
+        with self._lock:
+            active = self._active
+            if active is not None and served.scheduler is active.scheduler:
+                served = active  # a switch among tiers sharing the model: the same scheduler, today's settings
+            elif active is None or served is not active.spill:
+                raise Unavailable(f"tier {served.tier.name!r} was switched away from")  # submit retries
+            tier = self._admission(served, seq, budget_ms) if source is not None else served.tier
+            handle = served.scheduler.enqueue(seq)
+        handle.tier, handle.model, handle.engine = tier.name, served.lm.ref.name, served.engine
+        handle.max_new_tokens = seq.params.max_new_tokens
         if self.capture is not None:
             try:
                 self.capture(prompt)
             except Exception:  # a capture fault must never fail the request it samples
                 log.exception("calibration capture failed")
         return handle
+
+    def _admission(self, served: _Loaded, seq, budget_ms: float | None) -> Tier:
+        """Under the lock: admit ``seq`` on ``served`` or on a lighter tier sharing its model (whose reply cap
+        it then gets), or raise ``Overloaded`` (see the module doc). Returns the tier whose settings serve it."""
+        sched = served.scheduler
+        if seq.warmup:
+            if sched.free_rows() <= 0:
+                raise Overloaded("no free row for a warm-up", reason="warmup")
+            return served.tier
+        if seq.interactive or self.sla_ms is None:
+            return served.tier  # a voice turn preempts a chat rather than wait; no SLA: no predicted refusals
+        budget = self.sla_ms() if budget_ms is None else min(budget_ms, self.sla_ms())
+        seq.start_by_s = seq.admitted_s + budget / 1e3
+        self._pressure.arrivals += 1
+        verdict = judge(sched.predict_ttft_ms(len(seq.prompt), now=seq.admitted_s), budget, "chat")
+        if verdict.admit:
+            return served.tier
+        self._pressure.over_budget += 1
+        for lighter in self._lighter_sharing(served):
+            rows = min(lighter.limits.max_batch, sched.capacity)
+            if judge(sched.predict_ttft_ms(len(seq.prompt), rows=rows, now=seq.admitted_s), budget).admit:
+                if seq.params.grammar is None:
+                    cap = max(1, int(lighter.max_new_tokens * self.token_cap_ratio))
+                    seq.params = replace(seq.params, max_new_tokens=min(seq.params.max_new_tokens, cap))
+                self._poke()
+                return lighter
+        self._pressure.refused += 1
+        self._poke()
+        if self.on_refused is not None:
+            self.on_refused("predicted_over_budget", "chat")
+        raise Overloaded(verdict.reason + "; retry later", retry_after_s=verdict.retry_after_s, reason="over_budget")
+
+    def _lighter_sharing(self, served: _Loaded) -> list[Tier]:
+        weights = served.tier.weights
+        if weights is None:
+            return []
+        return [t for t in self.tiers[served.index + 1 :] if t.weights == weights]
+
+    def _poke(self) -> None:
+        if self.on_pressure is not None:
+            self.on_pressure()
 
     def _admit(
         self,

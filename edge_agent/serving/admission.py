@@ -1,0 +1,154 @@
+"""Admission on predicted first-token time: whether a request that arrives now can have its first token
+within its class budget, and, when it cannot, how long until one could. Pure: the caller passes what
+runs and waits, the serving rates and the budget; nothing here reads a clock, a queue or a model.
+
+The prediction (``predict_ttft_ms``) is batch-aware. A tier has ``rows`` places in its batch. Each
+running sequence holds one until its expected last token; each request ahead of this one in the queue
+takes the first place that frees, holds it for its own prefill and expected tokens, and hands it on.
+This request starts when a place frees after all of those have started: with fewer requests ahead than
+free places that is at once (behind the prefills ahead of it), otherwise when the soonest-ending holder
+ends, which under a long queue comes to the work ahead divided by the batch size. Its first token then
+costs its own prefill and one decode step.
+
+Rates (``Rates``) are learnt from what the device thread measures: milliseconds per decode step and per
+prompt token prefilled, and the tokens requests really generate (most stop well before their cap). Each
+is an exponentially weighted mean that ages out: a value not refreshed for ``STALE_S`` is replaced by the
+next sample, not averaged with it (the device may have changed: thermal state, other load). Until a rate
+is known the prediction is None and the request is admitted: nothing says it would be late.
+
+``judge`` turns a prediction into a verdict: admit when it fits the budget, else refuse with the
+predicted time until a request of this size would fit (``Retry-After``) and the reason in words.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+STALE_S = 60.0  # a rate not refreshed for this long no longer describes the device
+EWMA = 0.2  # weight of the newest sample in a fresh rate
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """One sequence's work: prompt tokens still to prefill and tokens still to generate (expected)."""
+
+    prompt_tokens: int
+    new_tokens: float
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What admission says of one request: ``admit``; else ``retry_after_s`` (when one would fit) and why."""
+
+    admit: bool
+    predicted_ms: float | None
+    budget_ms: float
+    retry_after_s: float = 0.0
+    reason: str = ""
+
+
+class _Ewma:
+    __slots__ = ("at_s", "value")
+
+    def __init__(self) -> None:
+        self.value: float | None = None
+        self.at_s = -math.inf
+
+    def learn(self, sample: float, now: float) -> None:
+        if self.value is None or now - self.at_s > STALE_S:
+            self.value = sample  # nothing recent to average with
+        else:
+            self.value += EWMA * (sample - self.value)
+        self.at_s = now
+
+    def current(self, now: float) -> float | None:
+        return self.value if now - self.at_s <= STALE_S else None
+
+
+class Rates:
+    """A tier's recent serving rates (see the module doc). Not thread-safe by itself: the scheduler's device
+    thread writes it and readers take its ``snapshot`` under the scheduler's lock."""
+
+    def __init__(self) -> None:
+        self._step = _Ewma()  # ms per decode step (any batch size: the step's cost grows little with it)
+        self._prefill = _Ewma()  # ms per prompt token prefilled
+        self._tokens = _Ewma()  # tokens a finished request generated
+
+    def step(self, ms: float, now: float) -> None:
+        self._step.learn(ms, now)
+
+    def prefill(self, tokens: int, ms: float, now: float) -> None:
+        if tokens > 0:
+            self._prefill.learn(ms / tokens, now)
+
+    def finished(self, tokens: int, now: float) -> None:
+        self._tokens.learn(float(tokens), now)
+
+    def snapshot(self, now: float) -> Snapshot | None:
+        """The current rates, or None while the step or prefill rate is unknown or stale."""
+        step, prefill = self._step.current(now), self._prefill.current(now)
+        if step is None or prefill is None:
+            return None
+        return Snapshot(step, prefill, self._tokens.current(now))
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Rates at one moment: ms per decode step, ms per prompt token, mean tokens generated (None: unknown)."""
+
+    step_ms: float
+    prefill_ms_per_token: float
+    mean_new_tokens: float | None = None
+
+    def expected_new(self, cap: int, generated: int = 0) -> float:
+        """Tokens a request capped at ``cap`` that has generated ``generated`` is still expected to make:
+        what requests have been generating lately, never past its cap and never under one more token."""
+        left = max(1, cap - generated)
+        if self.mean_new_tokens is None:
+            return float(left)
+        # one that already went past the mean is expected to go on for a quarter of it at least
+        expected = max(self.mean_new_tokens - generated, 0.25 * self.mean_new_tokens, 1.0)
+        return float(min(left, expected))
+
+
+def predict_ttft_ms(
+    running_left: Sequence[float], ahead: Sequence[Work], prompt_tokens: int, rows: int, rates: Snapshot
+) -> float:
+    """The first-token time of a request of ``prompt_tokens`` arriving now (see the module doc).
+
+    ``running_left``: the tokens each running sequence is still expected to generate (prompts still being
+    prefilled count as ``ahead``); ``ahead``: the requests that start before this one, in order; ``rows``:
+    the batch places this request's class may use."""
+    step, per_token = rates.step_ms, rates.prefill_ms_per_token
+    rows = max(1, rows)
+    frees = sorted(left * step for left in running_left)
+    if len(frees) > rows:  # more running than this class may use: only the soonest-ending ones count
+        frees = frees[:rows]
+    heap = frees + [0.0] * (rows - len(frees))
+    heapq.heapify(heap)
+    prefills = 0.0  # prompt work ahead, which runs on the same device before this prompt's
+    for work in ahead:
+        start = heapq.heappop(heap)
+        heapq.heappush(heap, start + work.prompt_tokens * per_token + work.new_tokens * step)
+        prefills += work.prompt_tokens * per_token
+    start = max(heapq.heappop(heap), prefills)
+    return start + prompt_tokens * per_token + step
+
+
+def judge(predicted_ms: float | None, budget_ms: float, what: str = "request") -> Verdict:
+    """Admit when the prediction fits ``budget_ms`` (or nothing could be predicted); else refuse, with the
+    time until one would fit: the predicted excess, at least a second (``Retry-After`` counts seconds)."""
+    if predicted_ms is None or predicted_ms <= budget_ms:
+        return Verdict(True, predicted_ms, budget_ms)
+    excess_s = (predicted_ms - budget_ms) / 1e3
+    return Verdict(
+        False,
+        predicted_ms,
+        budget_ms,
+        retry_after_s=max(1.0, math.ceil(excess_s)),
+        reason=f"overloaded: a {what} arriving now would get its first token in about {predicted_ms:.0f} ms, "
+        f"over its {budget_ms:.0f} ms budget",
+    )
