@@ -74,6 +74,12 @@ class BatchingConfig(Section):
         "bounds it); false: an incomplete batch on an idle device always waits batch_timeout_ms",
     )
     preferred_batch_sizes: list[int] = Field(default_factory=lambda: [2, 4])
+    admission: bool = Field(
+        True,
+        description="refuse at once (HTTP 429 with Retry-After) a chat whose predicted first token misses the SLA "
+        "in force on every tier sharing the loaded model, and refuse one that has not started within that "
+        "budget; false: chats queue until max_queue or queue_timeout_ms",
+    )
     max_queue: int = Field(64, ge=1)
     queue_timeout_ms: float = Field(30_000.0, gt=0)
     prefill_chunk_tokens: int = Field(

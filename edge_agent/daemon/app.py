@@ -283,6 +283,7 @@ class Agent:
                 t.max_new_tokens,
                 t.model,
                 engine=functools.partial(self.inventory.engine_identity, t.name),
+                weights=f"{t.model}|{t.backend}|{t.device}|{t.precision}",  # equal: one loaded model for both
             )
             for t in s.models.llm
         ]
@@ -298,6 +299,9 @@ class Agent:
         served.spill_threshold = lambda: (
             (self.controller.policy if self.controller is not None else policy).spill_threshold_ms
         )
+        # One live SLA: admission's chat budget and the adaptive batch wait read the policy in force.
+        served.sla_ms, served.predictive = served.spill_threshold, s.batching.admission
+        served.on_preempted = lambda: self.metrics.preemptions.labels("llm").inc()
         for t in s.models.llm:  # each tier's prefix cache, in /metrics while the tier is loaded
             self.metrics.track_prefix_cache(t.name, functools.partial(served.prefix_stats, t.name))
         errors = served.start_first(
@@ -312,7 +316,9 @@ class Agent:
             evaluate_every_s=s.sla.evaluate_every_s,
             on_event=self._event,
             temperature=HealthReader().max_temp_c,
+            pressure=served.pressure,
         ).start()
+        served.on_pressure = self.controller.poke
         self.observers.register(self.controller.observe)
         return served
 

@@ -130,6 +130,15 @@ class PrometheusMetrics:
         self.failures = Counter(
             "edge_agent:request_failure", "Requests that failed or were rejected", ("workload", "reason"), registry=r
         )
+        self.refused = Counter(
+            "edge_agent:requests_refused",
+            "Requests refused at admission, by reason and class (chat, interactive)",
+            ("workload", "reason", "class"),
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "edge_agent:preemptions", "Running requests that gave their row to a voice turn", ("workload",), registry=r
+        )
         self.running = Gauge("edge_agent:num_requests_running", "Sequences in the batch", ("workload",), registry=r)
         self.waiting = Gauge("edge_agent:num_requests_waiting", "Requests queued", ("workload",), registry=r)
         self.asr_first_partial = Histogram(

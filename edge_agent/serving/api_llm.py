@@ -64,7 +64,9 @@ def _prepare(llm: TieredLLM, body: GenerateRequest) -> tuple[list[RequestHandle]
             params = (
                 plan.params if i == 0 or plan.params.seed is None else replace(plan.params, seed=plan.params.seed + i)
             )
-            handles.append(llm.submit(plan.prompt, params, raw=not isinstance(body, ChatRequest)))
+            handles.append(
+                llm.submit(plan.prompt, params, raw=not isinstance(body, ChatRequest), budget_ms=body.deadline_ms)
+            )
     except BaseException as exc:
         for handle in handles:
             handle.cancel()
@@ -89,15 +91,24 @@ async def generate(
     try:
         handles, plan = await loop.run_in_executor(None, functools.partial(_prepare, llm, body))
     except Exception as exc:
-        if isinstance(exc, (Overloaded, DeadlineExceeded)):
-            metrics.failed("llm", type(exc).__name__)
+        _count_refusal(metrics, exc)
         return _from_exception(exc)
     reply = _Reply(handles, plan, body, chat)
     watcher = asyncio.create_task(_cancel_on_disconnect(request, handles, reply.ident))
     try:
         events = _events(handles, loop)
         if body.stream:
-            return await reply.stream(request, events)
+            # The headers wait for the first event: a request refused before it started (its start
+            # deadline) is answered with its status, never as an error inside a 200 stream.
+            try:
+                first = await events.__anext__()
+            except StopAsyncIteration:
+                first = None
+            except Exception as exc:
+                reply._cancel()
+                _count_refusal(metrics, exc)
+                return _from_exception(_named(exc, plan))
+            return await reply.stream(request, _chain(first, events))
         try:
             async for _ in events:
                 pass
@@ -105,6 +116,7 @@ async def generate(
         except Exception as exc:
             for handle in handles:
                 handle.cancel()
+            _count_refusal(metrics, exc)
             return _from_exception(_named(exc, plan))
         return reply.whole(done)
     finally:
@@ -304,6 +316,23 @@ class _SseChunks:
             await self.resp.write_eof()
         except DISCONNECTS:
             pass
+
+
+def _count_refusal(metrics: PrometheusMetrics, exc: BaseException) -> None:
+    """A request refused or timed out before it started, in ``/metrics`` (by reason and class)."""
+    if isinstance(exc, Overloaded):
+        metrics.failed("llm", type(exc).__name__)
+        metrics.refused.labels("llm", exc.reason, "chat").inc()
+    elif isinstance(exc, DeadlineExceeded):
+        metrics.failed("llm", type(exc).__name__)
+
+
+async def _chain(first, events):
+    """``first`` (when not None), then the rest of ``events``."""
+    if first is not None:
+        yield first
+    async for item in events:
+        yield item
 
 
 async def _cancel_on_disconnect(request: web.Request, handles: list[RequestHandle], ident: str) -> None:

@@ -55,6 +55,7 @@ class VoiceSession:
         # its own thread for the blocking ``on_final``: a reply may take seconds, and the loop's default
         # executor also takes every stream's audio
         self._replier = ThreadPoolExecutor(1, thread_name_prefix="voice-reply")
+        self._open = False  # told the ladder this stream is open
 
     def _submit(self, chat, params, tags=()):
         # a prefill ahead (one token) is routed as the reply it warms: it fills the cache of the tier that
@@ -110,6 +111,13 @@ class VoiceSession:
 
     def start(self) -> None:
         self._task = self.loop.create_task(self._run())
+        self._voice(True)
+
+    def _voice(self, opened: bool) -> None:
+        """Tell the LLM ladder a voice stream opened or closed (chats then leave a row free for it)."""
+        if opened != self._open and hasattr(self.llm, "voice_opened"):
+            self._open = opened
+            (self.llm.voice_opened if opened else self.llm.voice_closed)()
 
     async def _run(self) -> None:
         while (event := await self._finals.get()) is not None:
@@ -132,6 +140,7 @@ class VoiceSession:
         self.loop.call_soon(self._finals.put_nowait, None)
         if self._task is not None:
             await self._task
+        self._voice(False)
         self.turn.close()
         self._replier.shutdown(wait=False)
 
@@ -143,6 +152,7 @@ class VoiceSession:
         self._finals.put_nowait(None)
         if self._task is not None:
             await self._task
+        self._voice(False)
         self._replier.shutdown(wait=False)
 
 

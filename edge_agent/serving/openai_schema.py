@@ -61,6 +61,13 @@ class GenerateRequest(BaseModel):
     repetition_penalty: float = Field(1.0, gt=0, le=10)
     ignore_eos: bool = False
     timings: bool = True  # a `timings` object in the response (the last chunk when streaming)
+    deadline_ms: float | None = Field(
+        None,
+        gt=0,
+        le=600_000,
+        description="the client's own first-token budget: refused (429) unless its first token is predicted "
+        "within it, and if not started within it; the SLA's budget applies when that is shorter",
+    )
     audio: Any = None
     prediction: Any = None
     reasoning_effort: Any = None

@@ -9,7 +9,11 @@ request, an ASR utterance, the same record); token caps and batch sizes are appl
 policy can ask for them (an ASR policy never does). Each switch is reported as a ``tier_switch``
 event with its reason and the snapshot that caused it; a fleet pin (``pin``/``unpin``) overrides
 the controller until removed, and an unpin with too few samples to judge by goes back to the top
-tier. ``set_policy`` (a new SLA from the file or the fleet) lifts truncation and shedding: they were
+tier. Pressure is an input beside the samples: the ladder's admission counts (``pressure()``: arrivals,
+those predicted over budget, refusals), kept for ``tier_policy.PRESSURE_S``; an arrival predicted over
+budget ``poke``s the loop, which then evaluates at once (at most every ``POKE_GAP_S``) instead of
+waiting for its period: a switch comes within a second of the pressure, not after a window of samples.
+``set_policy`` (a new SLA from the file or the fleet) lifts truncation and shedding: they were
 decided against the old target.
 """
 
@@ -18,15 +22,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..metrics.window import RollingWindow
 from ..observe import Observation
-from .tier_policy import Decision, Policy, Snapshot, TierState, decide
+from .tier_policy import PRESSURE_S, Decision, Policy, Snapshot, TierState, decide
 
 log = logging.getLogger(__name__)
+POKE_GAP_S = 0.25  # evaluations a poke asks for are at least this far apart
 
 
 class Named(Protocol):
@@ -65,6 +71,7 @@ class TierController:
         clock: Callable[[], float] = time.monotonic,
         workload: str = "llm",
         temperature: Callable[[], float | None] | None = None,
+        pressure: Callable[[], Any] | None = None,
     ) -> None:
         """``temperature()``: the hottest sensor in °C (or None), read each evaluation when the policy
         sets ``max_temp_c``."""
@@ -81,7 +88,10 @@ class TierController:
         # Who set the policy and the pin state: "file", "command" or "desired@<version>" (reported.sources).
         self.sla_source, self.pin_source = "file", "file"
         self._stop = threading.Event()
+        self._poked = threading.Event()
         self._thread: threading.Thread | None = None
+        self._pressure = pressure  # () -> counts since the last call (arrivals, over_budget, refused)
+        self._pressed: deque[tuple[float, int, int]] = deque()  # (when, arrivals, over budget) per evaluation
 
     # -- inputs ----------------------------------------------------------------------------
 
@@ -148,9 +158,23 @@ class TierController:
             log.warning("%s controller: the temperature could not be read", self.workload, exc_info=True)
             return None
 
+    def poke(self) -> None:
+        """Pressure: evaluate now rather than at the next period (any thread; it only sets a flag)."""
+        self._poked.set()
+
+    def _read_pressure(self, now: float) -> tuple[int, int]:
+        """(arrivals, over budget) within ``PRESSURE_S``."""
+        if self._pressure is not None:
+            counts = self._pressure()
+            self._pressed.append((now, counts.arrivals, counts.over_budget))
+        while self._pressed and now - self._pressed[0][0] > PRESSURE_S:
+            self._pressed.popleft()
+        return sum(a for _, a, _ in self._pressed), sum(o for _, _, o in self._pressed)
+
     def evaluate(self) -> Decision:
         now = self._clock()
         p = self.policy
+        arrivals, over_budget = self._read_pressure(now)
         values = self.window.values(p.metric, now)
         # Requests completed per second over the window (one sample each for per-request metrics).
         requests = self.window.count("requests", now)
@@ -160,6 +184,8 @@ class TierController:
             len(values),
             requests / span,
             self._read_temperature() if p.max_temp_c is not None else None,
+            over_budget,
+            arrivals,
         )
         with self._lock:
             state = self.state
@@ -173,6 +199,7 @@ class TierController:
             log.info("%s tier %s: %s", self.workload, self.served.tiers[decision.state.tier].name, decision.reason)
         if decision.switched:
             old = state.tier
+            self._pressed.clear()  # it judged the tier left behind
             self.window = RollingWindow(self.window_s, clock=self._clock)
             self._window_started = now
             # The event goes out before the load starts: a load that fails at once reports its
@@ -193,6 +220,8 @@ class TierController:
                         "rate_per_s": snap.rate_per_s,
                         "target_ms": p.target_ms,
                         "window_s": self.window_s,
+                        "arrivals": arrivals,
+                        "over_budget": over_budget,
                     },
                 },
             )
@@ -224,13 +253,23 @@ class TierController:
         return self
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.evaluate_every_s):
+        next_at = time.monotonic() + self.evaluate_every_s
+        while not self._stop.is_set():
+            poked = self._poked.wait(max(0.0, next_at - time.monotonic()))
+            if self._stop.is_set():
+                return
+            self._poked.clear()
             try:
                 self.evaluate()
             except Exception:  # the controller must never take serving down
                 log.exception("tier evaluation failed")
+            if poked:
+                self._stop.wait(POKE_GAP_S)
+            else:
+                next_at = time.monotonic() + self.evaluate_every_s
 
     def stop(self) -> None:
         self._stop.set()
+        self._poked.set()
         if self._thread is not None:
             self._thread.join(5)

@@ -8,6 +8,9 @@ with a fake clock.
 
 Rules, in order:
 - a fleet pin wins: go to the pinned tier at once (no samples needed) and stay there until unpinned;
+- pressure (no samples needed: it is predicted, and refused requests leave none): at least
+  ``pressure_min`` arrivals predicted over their budget within ``PRESSURE_S`` and ``min_dwell_s`` in the
+  tier: move one tier lighter at once; while any are, no upgrade;
 - fewer than ``min_samples`` samples: no switch (the window is noise), with three exceptions, because
   a shedding or idle device produces no samples and would otherwise never change again:
   - just unpinned (``released``): go back to the top tier, the ladder's starting point; with enough
@@ -45,6 +48,7 @@ from ..config import AsrSlaConfig, SlaConfig
 
 # No way back up while within this many degrees of max_temp_c: the heavier tier would heat it again.
 THERMAL_MARGIN_C = 5.0
+PRESSURE_S = 5.0  # arrivals predicted over budget count as pressure for this long
 
 Action = Literal["hold", "downgrade", "upgrade", "pin", "unpin", "probe", "insufficient"]
 
@@ -72,6 +76,7 @@ class Policy:
     min_token_cap_ratio: float = 0.25
     shed_after: int = 3
     forget_after_s: float = 600.0
+    pressure_min: int = 2  # arrivals predicted over budget (within PRESSURE_S) that move to a lighter tier
     max_temp_c: float | None = None  # opt-in: step down before the kernel throttles (None: temperature ignored)
     spill_ttft_ms: float | None = (
         None  # the spill's own first-token threshold (None: ``spill_threshold_ms`` derives it)
@@ -97,6 +102,8 @@ class Snapshot:
     count: int
     rate_per_s: float | None = None
     temp_c: float | None = None  # the hottest sensor now (telemetry.health); None when none is readable
+    over_budget: int = 0  # arrivals predicted over their first-token budget within PRESSURE_S (admission)
+    arrivals: int = 0  # arrivals judged by admission within PRESSURE_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,12 +161,24 @@ def decide(snapshot: Snapshot, state: TierState, policy: Policy, now: float) -> 
                 f"a lighter tier before thermal throttling slows every request",
             )
         hot = snapshot.temp_c > p.max_temp_c - THERMAL_MARGIN_C
+    if (
+        snapshot.over_budget >= p.pressure_min
+        and state.pinned is None
+        and state.tier < state.tiers - 1
+        and now - state.entered_s >= p.min_dwell_s
+    ):
+        return Decision(
+            _switch(replace(state, released=False), state.tier + 1, now),
+            "downgrade",
+            f"{snapshot.over_budget} of {snapshot.arrivals} arrivals in {PRESSURE_S:g} s predicted over their "
+            f"first-token budget",
+        )
     value = snapshot.value_ms
     if value is None or snapshot.count < p.min_samples:
         return _without_samples(snapshot, state, p, now)
     label = f"{p.metric} P{p.percentile:g} {value:.0f} ms"
     over = value > p.target_ms
-    under = value < p.upgrade_ratio * p.target_ms
+    under = value < p.upgrade_ratio * p.target_ms and snapshot.over_budget == 0
     s = replace(state, over=state.over + 1 if over else 0, under=state.under + 1 if under else 0, released=False)
     s = _adapt_batch(s, p, value)
     dwelled = now - s.entered_s >= p.min_dwell_s

@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from ..errors import Overloaded
 from ..metrics.window import WARMUP
 from ..models.sampling import SamplingParams
 from ..models.tokenizer import Message
@@ -444,6 +445,8 @@ class VoiceTurn:
                 return
             try:
                 self.tick()
+            except Overloaded as exc:  # no free row for a request ahead: the final goes without it
+                log.debug("nothing sent ahead: %s", exc)
             except Exception:  # a refused request ahead (queue full, prompt too long) costs only its gain
                 log.exception("sending ahead failed")
 

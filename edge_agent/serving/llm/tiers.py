@@ -190,8 +190,8 @@ class TieredLLM(Ladder):
         # Admission (see the module doc): the chat budget in force (None: no predicted refusals), told of
         # pressure, and the counts the controller reads; set by the agent.
         self.sla_ms: Callable[[], float] | None = None
+        self.predictive = True  # refuse chats predicted over budget (False: they queue)
         self.on_pressure: Callable[[], None] | None = None
-        self.on_refused: Callable[[str, str], None] | None = None  # (reason, class), for metrics
         self.on_preempted: Callable[[], None] | None = None
         self._pressure = Pressure()
         self._voice_streams = 0
@@ -436,7 +436,7 @@ class TieredLLM(Ladder):
             if sched.free_rows() <= 0:
                 raise Overloaded("no free row for a warm-up", reason="warmup")
             return served.tier
-        if seq.interactive or self.sla_ms is None:
+        if seq.interactive or self.sla_ms is None or not self.predictive:
             return served.tier  # a voice turn preempts a chat rather than wait; no SLA: no predicted refusals
         budget = self.sla_ms() if budget_ms is None else min(budget_ms, self.sla_ms())
         seq.start_by_s = seq.admitted_s + budget / 1e3
@@ -455,8 +455,6 @@ class TieredLLM(Ladder):
                 return lighter
         self._pressure.refused += 1
         self._poke()
-        if self.on_refused is not None:
-            self.on_refused("predicted_over_budget", "chat")
         raise Overloaded(verdict.reason + "; retry later", retry_after_s=verdict.retry_after_s, reason="over_budget")
 
     def _lighter_sharing(self, served: _Loaded) -> list[Tier]:
