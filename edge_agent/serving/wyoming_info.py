@@ -42,14 +42,16 @@ def check_request(request: Any, asr: Any, language: str) -> None:
     """Refuse (``RequestRefused``) a ``Transcribe`` naming a model or a language that is not served."""
     if request is None:
         return
+    from .wyoming_protocol import clip
+
     names = ["edge-agent", *(t.name for t in asr.tiers)]
     if request.name and request.name not in names:
-        raise RequestRefused(f"no ASR model {request.name!r} here; served: {', '.join(names)}", "model")
+        raise RequestRefused(f"no ASR model {clip(request.name)} here; served: {', '.join(names)}", "model")
     if request.language and language != "auto":
         asked = request.language.replace("_", "-").split("-")[0].strip().lower()
         if asked != language.lower():
             raise RequestRefused(
-                f"ASR tier {asr.active_tier!r} transcribes {language!r}, not {request.language!r}", "language"
+                f"ASR tier {asr.active_tier!r} transcribes {language!r}, not {clip(request.language)}", "language"
             )
 
 

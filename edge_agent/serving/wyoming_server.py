@@ -17,8 +17,9 @@ What one connection cannot do to the others (each is closed with one log line sa
 - a client that stops reading: a write that cannot finish within ``WRITE_TIMEOUT_S``.
 
 Past ``max_connections`` a new connection is closed at once (logged, at most a line per second with
-the count held back). Memory per connection is bounded by these limits and the ASR stream's backlog
-bound (``serving/asr/tiers.py``), so the server's memory is bounded by ``max_connections``.
+the count held back). Memory per connection is bounded by these limits, the audio conversion's bound per
+chunk (``wyoming_audio``) and the ASR stream's backlog bound (``serving/asr/tiers.py``), so the server's
+memory is bounded by ``max_connections``. A stop closes every open connection, each with a log line.
 """
 
 from __future__ import annotations
@@ -155,6 +156,8 @@ class WyomingServer:
         except (ConnectionError, asyncio.TimeoutError) as exc:
             log.info("Wyoming connection from %s closed: the client went away (%s)", who, type(exc).__name__)
             logged = False  # what it left behind is said next
+        except asyncio.CancelledError:  # the server is stopping (``_shutdown``): this task ends here, cleanly
+            log.info("Wyoming connection from %s closed: the server is stopping", who)
         except Exception:
             log.exception("Wyoming connection from %s closed: an internal error", who)
         finally:

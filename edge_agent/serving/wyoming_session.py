@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import EdgeAgentError, InputError
 from .wyoming_audio import AudioConverter
-from .wyoming_protocol import WRITE_TIMEOUT_S, ProtocolError, read_event
+from .wyoming_protocol import WRITE_TIMEOUT_S, ProtocolError, clip, read_event
 
 if TYPE_CHECKING:
     from .wyoming_server import WyomingServer
@@ -103,7 +103,7 @@ class Session:
         elif event.type in ("ping",):
             await self.write(self.w_event.Event(type="pong", data=event.data or {}))
         else:  # an event for another service (wake, tts, …): not ours to answer, not a fault either
-            log.debug("Wyoming event %r from %s ignored", event.type, self.who)
+            log.debug("Wyoming event %s from %s ignored", clip(event.type), self.who)
 
     async def close(self, logged: bool = False) -> None:
         """The connection is ending: work still open for it is dropped, not finished for nobody (``logged``:
@@ -180,9 +180,9 @@ class Session:
                 f"an audio chunk of {chunk.rate} Hz × {chunk.width} bytes × {chunk.channels} channel(s) after "
                 f"audio-start said {self.converter.rate} Hz × {self.converter.width} × {self.converter.channels}"
             )
-        pcm = self.converter.convert(chunk.audio or b"")
-        if self.converter.seconds > self.cfg.max_audio_s:
+        if self.converter.seconds + self.converter.seconds_in(chunk.audio or b"") > self.cfg.max_audio_s:
             raise ProtocolError(f"more than {self.cfg.max_audio_s:g} s of audio in one request (wyoming.max_audio_s)")
+        pcm = self.converter.convert(chunk.audio or b"")
         if self.refused or self.stream is None:
             return
         # A client sending faster than real time (a recording, not a microphone) would have each piece
