@@ -18,6 +18,7 @@ then addressable by that name wherever a model is taken.
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 from ..errors import ModelError
@@ -29,21 +30,36 @@ __all__ = ["ImportResult", "ProgressFn", "detect_format", "import_model", "impor
 def detect_format(src: Path) -> str:
     """``gguf`` or ``ctranslate2-whisper``; anything else raises ``ModelError`` saying what was expected."""
     src = Path(src)
-    if src.is_file():
-        with src.open("rb") as fh:
-            magic = fh.read(4)
+    try:
+        mode = src.stat().st_mode
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise ModelError(f"{src}: no such file or folder") from exc
+        raise ModelError(f"{src}: cannot read ({exc.strerror or exc})") from exc
+    if stat.S_ISREG(mode):
+        try:
+            with src.open("rb") as fh:
+                magic = fh.read(4)
+        except OSError as exc:
+            raise ModelError(f"{src}: cannot read ({exc.strerror or exc})") from exc
         if magic == b"GGUF":
             return "gguf"
         raise ModelError(f"{src}: not a GGUF file (it does not start with 'GGUF'); models import takes a .gguf file")
-    if src.is_dir():
-        names = {p.name for p in src.iterdir()}
+    if stat.S_ISDIR(mode):
+        try:
+            names = {p.name for p in src.iterdir()}
+        except OSError as exc:
+            raise ModelError(f"{src}: cannot read ({exc.strerror or exc})") from exc
         if "model.bin" in names and "config.json" in names:
             return "ctranslate2-whisper"
         raise ModelError(
             f"{src}: not a CTranslate2 model folder (no model.bin and config.json); "
             "models import takes a .gguf file or a CTranslate2 Whisper folder"
         )
-    raise ModelError(f"{src}: no such file or folder")
+    raise ModelError(
+        f"{src}: not a regular file or a folder (a pipe, a device or a socket); "
+        "models import takes a .gguf file or a CTranslate2 Whisper folder"
+    )
 
 
 def import_model(

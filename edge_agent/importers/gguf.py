@@ -28,7 +28,8 @@ IMPORTER_VERSION = 3  # bumped when the folder this import writes changes (graph
 
 def default_name(f: GgufFile) -> str:
     """A folder name from the file's ``general.name`` (``Gemma 3 270m`` -> ``gemma-3-270m``), else its stem."""
-    raw = str(f.get("general.name", "") or "") or f.path.stem
+    raw = f.get("general.name", "")
+    raw = raw if isinstance(raw, str) and raw else f.path.stem
     return re.sub(r"[^a-z0-9.]+", "-", raw.lower()).strip("-.") or "imported-model"
 
 
@@ -49,9 +50,9 @@ def import_gguf(
     f = GgufFile(src)
     spec = read_spec(f)
     check_tensors(f, spec)
-    n_tokens = len(f.get("tokenizer.ggml.tokens")) if f.has("tokenizer.ggml.tokens") else None
-    if n_tokens is None:
+    if not f.has("tokenizer.ggml.tokens"):
         raise ModelError(f"{src}: no tokenizer in the file (metadata tokenizer.ggml.tokens is missing)")
+    n_tokens = len(f.strings("tokenizer.ggml.tokens"))
     if n_tokens != spec.vocab:
         raise ModelError(
             f"{src}: the vocabulary has {n_tokens:,} tokens but the embedding table has {spec.vocab:,} rows"

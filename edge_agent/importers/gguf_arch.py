@@ -22,10 +22,13 @@ implies (``check_tensors``, before anything is written).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import ModelError
-from .gguf_file import GgufFile
+from .gguf_file import MAX_CONTEXT, MAX_WIDTH, GgufFile, show
 
 SUPPORTED = ("gemma3", "llama", "qwen2", "qwen3", "phi3")
 _HF = {
@@ -37,6 +40,7 @@ _HF = {
 }
 GEMMA3_SLIDING_PATTERN = 6  # every 6th layer attends globally (transformers' Gemma3TextConfig)
 GEMMA3_LOCAL_ROPE_BASE = 10_000.0
+_BLOCK = re.compile(r"^blk\.(\d+)\.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,38 +71,62 @@ class DecoderSpec:
     llama_permuted_qk: bool
 
 
+def _blocks(f: GgufFile) -> int:
+    """How many blocks the file holds tensors for (``blk.N.*``, distinct N: at most the tensor count)."""
+    return len({m.group(1) for t in f.tensor_infos() if (m := _BLOCK.match(t.name))})
+
+
 def read_spec(f: GgufFile) -> DecoderSpec:
-    """The ``DecoderSpec`` of ``f``; an unsupported architecture or a missing key raises ``ModelError``."""
-    arch = str(f.get("general.architecture"))
+    """The ``DecoderSpec`` of ``f``; an unsupported architecture, a missing key or a value of the wrong kind or
+    range (named with its value and what is allowed) raises ``ModelError``. ``block_count`` is checked against
+    the blocks whose tensors the file holds before anything is built per layer."""
+    arch = f.get("general.architecture")
     if arch not in SUPPORTED:
         raise ModelError(
-            f"{f.path}: architecture {arch!r} is not supported by models import (supported: {', '.join(SUPPORTED)})"
+            f"{f.path}: architecture {show(arch)} is not supported by models import (supported: {', '.join(SUPPORTED)})"
         )
 
-    def key(name: str, default: object = ...) -> object:
-        return f.get(f"{arch}.{name}", default)
+    def key(name: str) -> str:
+        return f"{arch}.{name}"
 
-    layers = int(key("block_count"))  # type: ignore[call-overload]  # metadata values are untyped
-    hidden = int(key("embedding_length"))  # type: ignore[call-overload]
-    heads = _per_layer_constant(f, key("attention.head_count"), "attention.head_count")
-    kv_heads = _per_layer_constant(f, key("attention.head_count_kv", heads), "attention.head_count_kv")
-    head_dim = int(key("attention.key_length", hidden // heads))  # type: ignore[call-overload]
-    if int(key("attention.value_length", head_dim)) != head_dim:  # type: ignore[call-overload]
+    blocks = _blocks(f)
+    if blocks == 0:
+        raise ModelError(f"{f.path}: no block tensors (blk.0.*): not a decoder this importer reads")
+    layers = f.integer(key("block_count"), hi=1 << 64)
+    if layers > blocks:
+        raise ModelError(
+            f"{f.path}: metadata {key('block_count')} is {layers:,}, but the file holds tensors of {blocks:,} blocks"
+        )
+    hidden = f.integer(key("embedding_length"), hi=MAX_WIDTH)
+    heads = _per_layer_constant(f, key("attention.head_count"), layers, hidden)
+    kv_heads = _per_layer_constant(f, key("attention.head_count_kv"), layers, heads, default=heads)
+    if f.has(key("attention.key_length")):
+        head_dim = f.integer(key("attention.key_length"), hi=MAX_WIDTH)
+    elif hidden % heads:
+        raise ModelError(
+            f"{f.path}: no {key('attention.key_length')} and {key('embedding_length')} {hidden} is not a multiple "
+            f"of {key('attention.head_count')} {heads}"
+        )
+    else:
+        head_dim = hidden // heads
+    if f.integer(key("attention.value_length"), head_dim, hi=MAX_WIDTH) != head_dim:
         raise ModelError(f"{f.path}: key and value head sizes differ; models import supports equal ones")
-    ffn = _per_layer_constant(f, key("feed_forward_length"), "feed_forward_length")
+    ffn = _per_layer_constant(f, key("feed_forward_length"), layers, MAX_WIDTH)
     embd = f.info("token_embd.weight")
+    if len(embd.shape) != 2 or embd.shape[1] != hidden:
+        raise ModelError(f"{f.path}: token_embd.weight is {list(embd.shape)}, expected [vocab, {hidden}]")
     vocab = embd.shape[0]
-    if embd.shape[1] != hidden:
-        raise ModelError(f"{f.path}: token_embd.weight is {embd.shape}, expected [vocab, {hidden}]")
-    eps = float(key("attention.layer_norm_rms_epsilon"))  # type: ignore[arg-type]
-    context = int(key("context_length", 4096))  # type: ignore[call-overload]
-    base = float(key("rope.freq_base", 10_000.0))  # type: ignore[arg-type]
-    scaling = str(key("rope.scaling.type", "none"))
-    factor = float(key("rope.scaling.factor", 1.0))  # type: ignore[arg-type]
+    eps = f.number(key("attention.layer_norm_rms_epsilon"), below=1.0)
+    context = f.integer(key("context_length"), 4096, hi=MAX_CONTEXT)
+    base = f.number(key("rope.freq_base"), 10_000.0)
+    scaling = f.get(key("rope.scaling.type"), "none")
+    factor = f.number(key("rope.scaling.factor"), 1.0)
     if scaling not in ("none", "linear") and factor != 1.0:
-        raise ModelError(f"{f.path}: RoPE scaling {scaling!r} is not supported by models import (linear only)")
+        raise ModelError(
+            f"{f.path}: RoPE scaling {show(scaling)} is not supported by models import (none or linear only)"
+        )
     factor = factor if scaling == "linear" else 1.0
-    rotary_dim = int(key("rope.dimension_count", head_dim))  # type: ignore[call-overload]
+    rotary_dim = f.integer(key("rope.dimension_count"), head_dim, hi=MAX_WIDTH)
     tied = not f.has_tensor("output.weight")
     if rotary_dim != head_dim:
         raise ModelError(f"{f.path}: partial rotary embeddings ({rotary_dim} of {head_dim} per head) are not supported")
@@ -106,7 +134,7 @@ def read_spec(f: GgufFile) -> DecoderSpec:
         raise ModelError(f"{f.path}: {heads} query heads do not group over {kv_heads} KV heads")
 
     if arch == "gemma3":
-        window = int(key("attention.sliding_window"))  # type: ignore[call-overload]
+        window = f.integer(key("attention.sliding_window"), hi=MAX_CONTEXT)
         globals_ = [(i + 1) % GEMMA3_SLIDING_PATTERN == 0 for i in range(layers)]
         return DecoderSpec(
             arch, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, eps, context, "gelu_tanh",
@@ -118,7 +146,7 @@ def read_spec(f: GgufFile) -> DecoderSpec:
             embed_scale=math.sqrt(hidden),
             qk_norm=True, sandwich_norms=True, qkv_bias=False, tied_head=tied, llama_permuted_qk=False,
         )  # fmt: skip
-    window = int(key("attention.sliding_window", 0) or 0)  # type: ignore[call-overload]
+    window = f.integer(key("attention.sliding_window"), 0, lo=0, hi=MAX_CONTEXT)
     return DecoderSpec(
         arch, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, eps, context, "silu",
         rope_bases=(base,) * layers,
@@ -169,12 +197,20 @@ def check_tensors(f: GgufFile, spec: DecoderSpec) -> None:
             raise ModelError(f"{f.path}: tensor {name!r} is {list(got)}, the metadata implies {list(want)}")
 
 
-def _per_layer_constant(f: GgufFile, value: object, name: str) -> int:
-    if isinstance(value, list):
-        if len(set(value)) != 1:
+def _per_layer_constant(f: GgufFile, name: str, layers: int, hi: int, default: object = ...) -> int:
+    """A value that may be given per layer (an array of ``layers`` items, all equal) or once; 1..``hi``."""
+    value = f.get(name, default)
+    if isinstance(value, np.ndarray):
+        if value.size != layers:
+            raise ModelError(f"{f.path}: metadata {name} has {value.size:,} values for {layers} layers")
+        if value.dtype.kind not in "iu":
+            raise ModelError(f"{f.path}: metadata {name} holds {value.dtype} values; it must hold integers")
+        if len(np.unique(value)) != 1:
             raise ModelError(f"{f.path}: {name} differs between layers; models import supports uniform layers")
-        value = value[0]
-    return int(value)  # type: ignore[call-overload]
+        value = int(value[0])
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= hi:
+        raise ModelError(f"{f.path}: metadata {name} is {show(value)}; it must be an integer in 1..{hi:,}")
+    return value
 
 
 def hf_config(spec: DecoderSpec, bos_id: int | None, eos_ids: list[int], pad_id: int | None) -> dict:

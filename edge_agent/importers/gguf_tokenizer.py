@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelError
-from .gguf_file import GgufFile
+from .gguf_file import MAX_CONTEXT, GgufFile, show
 
 CONTROL, USER_DEFINED = 3, 4
 _WORDS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|"
@@ -36,11 +36,19 @@ _SPLITS["llama-bpe"] = _SPLITS["llama-v3"] = _SPLITS["llama3"]
 
 
 def _sentencepiece_merges(tokens: list[str], priority: dict[str, float]) -> list[tuple[str, str]]:
-    """Every (left, right) split of a token into two vocabulary tokens, best merged token first."""
+    """Every (left, right) split of a token into two vocabulary tokens, best merged token first.
+
+    A cut is only tried where both sides have the length of some token, so a long token costs its length
+    in cuts and a slice only per cut that can match: linear in the vocabulary's size, never quadratic in
+    one token's length."""
     vocab = {t: i for i, t in enumerate(tokens)}
+    lengths = {len(t) for t in tokens}
     found: list[tuple[float, int, int, int, int, str, str]] = []
     for piece, score in priority.items():
-        for cut in range(1, len(piece)):
+        n = len(piece)
+        for cut in range(1, n):
+            if cut not in lengths or n - cut not in lengths:
+                continue
             left, right = piece[:cut], piece[cut:]
             if left in vocab and right in vocab:
                 found.append((-score, -len(left), -len(right), vocab[left], vocab[right], left, right))
@@ -55,16 +63,20 @@ def build_tokenizer(f: GgufFile, arch: str) -> tuple[Any, dict]:
 
     if not f.has("tokenizer.ggml.tokens"):
         raise ModelError(f"{f.path}: no tokenizer in the file (metadata tokenizer.ggml.tokens is missing)")
-    kind = str(f.get("tokenizer.ggml.model"))
-    tokens = [str(t) for t in f.get("tokenizer.ggml.tokens")]
-    types = [int(t) for t in f.get("tokenizer.ggml.token_type", [1] * len(tokens))]
-    if len(types) != len(tokens):
-        raise ModelError(f"{f.path}: {len(tokens)} tokens but {len(types)} token types")
+    kind = f.get("tokenizer.ggml.model")
+    tokens = f.strings("tokenizer.ggml.tokens")
+    if f.has("tokenizer.ggml.token_type"):
+        types = [int(t) for t in f.numbers("tokenizer.ggml.token_type", len(tokens), "iu")]
+    else:
+        types = [1] * len(tokens)
     for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
         value = f.get(f"tokenizer.ggml.{key}", None)
-        if value is not None and not 0 <= int(value) < len(tokens):
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < len(tokens)
+        ):
             raise ModelError(
-                f"{f.path}: tokenizer.ggml.{key} is {int(value)}, outside the vocabulary of {len(tokens):,} tokens"
+                f"{f.path}: tokenizer.ggml.{key} is {show(value)}, outside the vocabulary of {len(tokens):,} tokens "
+                f"(an id in 0..{len(tokens) - 1:,})"
             )
     gemma = arch.startswith("gemma")
     if kind == "llama":
@@ -72,7 +84,7 @@ def build_tokenizer(f: GgufFile, arch: str) -> tuple[Any, dict]:
             tokens = ["▁" * len(t) if t and not t.strip(" ") else t for t in tokens]
             priority: dict[str, float] = {t: -i for i, t in enumerate(tokens)}
         else:
-            scores = [float(s) for s in f.get("tokenizer.ggml.scores")]
+            scores = [float(s) for s in f.numbers("tokenizer.ggml.scores", len(tokens))]
             priority = dict(zip(tokens, scores))
         vocab = {t: i for i, t in enumerate(tokens)}
         if len(vocab) != len(tokens):
@@ -90,7 +102,7 @@ def build_tokenizer(f: GgufFile, arch: str) -> tuple[Any, dict]:
             # sentencepiece's add_dummy_prefix: a "▁" before the text even when it starts with a space, and
             # (as llama.cpp does) before each stretch of text after a special token. Metaspace's "first"
             # scheme would skip both.
-            prefix = bool(f.get("tokenizer.ggml.add_space_prefix", True))
+            prefix = f.flag("tokenizer.ggml.add_space_prefix", True)
             replace = normalizers.Replace(" ", "▁")
             tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), replace]) if prefix else replace
             steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
@@ -98,7 +110,7 @@ def build_tokenizer(f: GgufFile, arch: str) -> tuple[Any, dict]:
     elif kind == "gpt2":
         if not f.has("tokenizer.ggml.merges"):
             raise ModelError(f"{f.path}: a byte-level (gpt2) vocabulary without tokenizer.ggml.merges")
-        merges = [(a, b) for a, _, b in (str(m).partition(" ") for m in f.get("tokenizer.ggml.merges"))]
+        merges = [(a, b) for a, _, b in (m.partition(" ") for m in f.strings("tokenizer.ggml.merges"))]
         vocab = {t: i for i, t in enumerate(tokens)}
         try:
             tok = Tokenizer(BPE(vocab, merges, ignore_merges=False))
@@ -113,7 +125,7 @@ def build_tokenizer(f: GgufFile, arch: str) -> tuple[Any, dict]:
         )
         tok.decoder = decoders.ByteLevel()
     else:
-        raise ModelError(f"{f.path}: tokenizer model {kind!r} is not supported (supported: llama, gpt2)")
+        raise ModelError(f"{f.path}: tokenizer model {show(kind)} is not supported (supported: llama, gpt2)")
 
     tok.add_special_tokens(
         [AddedToken(t, normalized=False, special=True) for t, k in zip(tokens, types) if k == CONTROL]
@@ -125,8 +137,8 @@ def build_tokenizer(f: GgufFile, arch: str) -> tuple[Any, dict]:
         return tokens[int(value)] if value is not None else None
 
     bos = special("bos_token_id")
-    add_bos = bool(f.get("tokenizer.ggml.add_bos_token", kind == "llama"))
-    add_eos = bool(f.get("tokenizer.ggml.add_eos_token", False))
+    add_bos = f.flag("tokenizer.ggml.add_bos_token", kind == "llama")
+    add_eos = f.flag("tokenizer.ggml.add_eos_token", False)
     eos = special("eos_token_id")
     single, pair = "$A:0", "$A:0 $B:1"
     specials = []
@@ -144,12 +156,12 @@ def build_tokenizer(f: GgufFile, arch: str) -> tuple[Any, dict]:
         "eos_token": eos,
         "unk_token": special("unknown_token_id"),
         "pad_token": special("padding_token_id"),
-        "model_max_length": int(f.get(f"{arch}.context_length", 4096)),
+        "model_max_length": f.integer(f"{arch}.context_length", 4096, hi=MAX_CONTEXT),
         "tokenizer_class": "GemmaTokenizer" if gemma else "PreTrainedTokenizerFast",
     }
     template = f.get("tokenizer.chat_template", None)
-    if template:
-        config["chat_template"] = str(template)
+    if isinstance(template, str) and template:
+        config["chat_template"] = template
     return tok, config
 
 
