@@ -14,6 +14,9 @@ class Record:
     """What the demo observed: chat and speech latencies, failures, tiers over time and the fleet's view."""
 
     chats: list[tuple[float, float, float, str]] = field(default_factory=list)  # t, ttft ms, e2e ms, tier
+    sent: int = 0  # chat requests sent: completed (chats) + refused + cancelled + failed
+    refused: list[tuple[float, int, str, float]] = field(default_factory=list)  # t, HTTP status, reason, answer ms
+    cancelled: int = 0  # chats still unanswered when the demo ended
     failed: list[str] = field(default_factory=list)
     speech: list[tuple[float, float, str, str]] = field(default_factory=list)  # t, final_ms, heard, said
     tiers: list[tuple[float, str]] = field(default_factory=list)
@@ -34,8 +37,17 @@ def summarize(rec: Record) -> dict:
     ttft = sorted(c[1] for c in rec.chats)
     e2e = sorted(c[2] for c in rec.chats)
     finals = sorted(s[1] for s in rec.speech)
+    answered = sorted(r[3] for r in rec.refused)
+    reasons: dict[str, int] = {}
+    for _, status, reason, _ in rec.refused:
+        reasons[f"{status} {reason}"] = reasons.get(f"{status} {reason}", 0) + 1
     out = {
+        "chat_sent": rec.sent,
         "chat_requests": len(rec.chats),
+        "refused": len(rec.refused),
+        "refused_by": reasons,
+        "refusal_ms": {p: nearest_rank(answered, q) for p, q in (("p50", 50), ("p95", 95))},
+        "cancelled": rec.cancelled,
         "failed": len(rec.failed),
         "failures": rec.failed[:5],
         "ttft_ms": {p: nearest_rank(ttft, q) for p, q in (("p50", 50), ("p95", 95), ("p99", 99))},
@@ -78,9 +90,12 @@ def format_summary(s: dict) -> str:
     lines = [
         "",
         "summary",
-        f"  chat requests      {s['chat_requests']} ok, {s['failed']} failed",
+        f"  chat requests      {s['chat_sent']} sent: {s['chat_requests']} admitted and completed, "
+        f"{s['refused']} refused, {s['cancelled']} cancelled, {s['failed']} failed",
+        f"  refused            {s['refused_by'] or 'none'}; answered in P50 {f(s['refusal_ms']['p50'])} · "
+        f"P95 {f(s['refusal_ms']['p95'])} ms",
         f"  chat TTFT          P50 {f(s['ttft_ms']['p50'])} · P95 {f(s['ttft_ms']['p95'])} · "
-        f"P99 {f(s['ttft_ms']['p99'])} ms (as clients saw it)",
+        f"P99 {f(s['ttft_ms']['p99'])} ms (admitted chats, as clients saw it)",
         f"  chat e2e           P50 {f(s['e2e_ms']['p50'])} · P95 {f(s['e2e_ms']['p95'])} ms",
         f"  served by          {s['served_by']}",
         f"  tier switches      {s['tier_switches']}",
@@ -116,7 +131,16 @@ def plot(rec: Record, path: Path) -> Path:
 
     plt = pyplot()
     fig, (ax, ax_tier) = plt.subplots(2, 1, figsize=(12, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-    ax.scatter([c[0] for c in rec.chats], [c[1] for c in rec.chats], s=10, label="chat TTFT (client)")
+    ax.scatter([c[0] for c in rec.chats], [c[1] for c in rec.chats], s=10, label="admitted chat TTFT (client)")
+    if rec.refused:
+        ax.scatter(
+            [r[0] for r in rec.refused],
+            [max(r[3], 1.0) for r in rec.refused],
+            s=14,
+            marker="x",
+            color="red",
+            label="refused chat (time to its 429)",
+        )
     if rec.speech:
         ax.scatter([s[0] for s in rec.speech], [s[1] for s in rec.speech], s=25, marker="^", label="ASR final latency")
     fleet = [(t, p) for t, p, _ in rec.fleet if p is not None]

@@ -187,8 +187,14 @@ async def chat_load(
         start = time.monotonic()
         body = _chat_body(prompt)
         ttft, model = None, ""
+        rec.sent += 1
         try:
             async with session.post(f"{base}/v1/chat/completions", json=body) as resp:
+                if resp.status in (429, 503):  # refused at once, with a reason: accounted, not a failure
+                    error = (await resp.json())["error"]
+                    answered = (time.monotonic() - start) * 1e3
+                    rec.refused.append((start - t0, resp.status, error.get("code") or "?", answered))
+                    return
                 if resp.status != 200:
                     rec.failed.append(f"HTTP {resp.status}: {(await resp.json())['error']['message']}")
                     return
@@ -196,13 +202,19 @@ async def chat_load(
                     if not line.startswith(b"data: {"):
                         continue
                     chunk = json.loads(line[6:])
+                    if "error" in chunk:  # an error inside a stream already answered 200: a failure
+                        rec.failed.append(f"in the stream: {chunk['error'].get('message')}")
+                        return
                     model = chunk.get("model", model)
-                    delta = (chunk.get("choices") or [{}])[0].get("delta", {})
-                    if ttft is None and delta.get("content"):
-                        ttft = (time.monotonic() - start) * 1e3
-            rec.chats.append((start - t0, ttft or 0.0, (time.monotonic() - start) * 1e3, model))
+                    choice = (chunk.get("choices") or [{}])[0]
+                    if ttft is None and (choice.get("delta", {}).get("content") or choice.get("finish_reason")):
+                        ttft = (time.monotonic() - start) * 1e3  # its first token (or its end, when empty)
+            rec.chats.append((start - t0, ttft if ttft is not None else 0.0, (time.monotonic() - start) * 1e3, model))
         except aiohttp.ClientError as exc:
             rec.failed.append(str(exc))
+        except asyncio.CancelledError:
+            rec.cancelled += 1
+            raise
 
     async with aiohttp.ClientSession() as session:
         tasks = set()
@@ -214,7 +226,11 @@ async def chat_load(
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         if tasks:
-            await asyncio.wait(tasks, timeout=60)
+            _, pending = await asyncio.wait(tasks, timeout=60)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
 
 
 def _chat_body(prompt: str, max_tokens: int = 48, temperature: float = 0.7, stream: bool = True) -> dict:
@@ -450,7 +466,13 @@ def run(args: argparse.Namespace) -> int:
     summary = summarize(rec)
     print(format_summary(summary))
     if args.json_out:
-        report = {"summary": summary, "switches": rec.switches, "load": rec.load}
+        report = {
+            "summary": summary,
+            "switches": rec.switches,
+            "load": rec.load,
+            "chats": rec.chats,  # (t, ttft ms, e2e ms, tier) per admitted chat
+            "refused": rec.refused,  # (t, status, reason, answered in ms)
+        }
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
     if args.plot:
         try:

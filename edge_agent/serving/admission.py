@@ -8,10 +8,12 @@ takes the first place that frees, holds it for its own prefill and expected toke
 This request starts when a place frees after all of those have started: with fewer requests ahead than
 free places that is at once (behind the prefills ahead of it), otherwise when the soonest-ending holder
 ends, which under a long queue comes to the work ahead divided by the batch size. Its first token then
-costs its own prefill and one decode step.
+comes from its own prefill.
 
 Rates (``Rates``) are learnt from what the device thread measures: milliseconds per decode step and per
-prompt token prefilled, and the tokens requests really generate (most stop well before their cap). Each
+prompt token prefilled, and the tokens requests really generate (most stop well before their cap). A
+prefill costs about one step plus its tokens: the per-token rate is learnt only from prefills of at least
+``PREFILL_MIN_TOKENS`` (a short one, a prefix-cache hit or a resumed row, is mostly the call itself). Each
 is an exponentially weighted mean that ages out: a value not refreshed for ``STALE_S`` is replaced by the
 next sample, not averaged with it (the device may have changed: thermal state, other load). Until a rate
 is known the prediction is None and the request is admitted: nothing says it would be late.
@@ -28,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 STALE_S = 60.0  # a rate not refreshed for this long no longer describes the device
+PREFILL_MIN_TOKENS = 32  # shorter prefills say little about the cost per token
 EWMA = 0.2  # weight of the newest sample in a fresh rate
 
 
@@ -81,18 +84,20 @@ class Rates:
         self._step.learn(ms, now)
 
     def prefill(self, tokens: int, ms: float, now: float) -> None:
-        if tokens > 0:
-            self._prefill.learn(ms / tokens, now)
+        if tokens >= PREFILL_MIN_TOKENS:
+            step = self._step.current(now) or 0.0
+            self._prefill.learn(max(0.0, ms - step) / tokens, now)
 
     def finished(self, tokens: int, now: float) -> None:
         self._tokens.learn(float(tokens), now)
 
     def snapshot(self, now: float) -> Snapshot | None:
-        """The current rates, or None while the step or prefill rate is unknown or stale."""
-        step, prefill = self._step.current(now), self._prefill.current(now)
-        if step is None or prefill is None:
+        """The current rates, or None while the step rate is unknown or stale (no per-token prefill rate yet:
+        a prefill costs one step)."""
+        step = self._step.current(now)
+        if step is None:
             return None
-        return Snapshot(step, prefill, self._tokens.current(now))
+        return Snapshot(step, self._prefill.current(now) or 0.0, self._tokens.current(now))
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +129,10 @@ def predict_ttft_ms(
     the batch places this request's class may use."""
     step, per_token = rates.step_ms, rates.prefill_ms_per_token
     rows = max(1, rows)
+
+    def prefill(tokens: int) -> float:
+        return step + tokens * per_token if tokens > 0 else 0.0
+
     frees = sorted(left * step for left in running_left)
     if len(frees) > rows:  # more running than this class may use: only the soonest-ending ones count
         frees = frees[:rows]
@@ -132,10 +141,10 @@ def predict_ttft_ms(
     prefills = 0.0  # prompt work ahead, which runs on the same device before this prompt's
     for work in ahead:
         start = heapq.heappop(heap)
-        heapq.heappush(heap, start + work.prompt_tokens * per_token + work.new_tokens * step)
-        prefills += work.prompt_tokens * per_token
+        heapq.heappush(heap, start + prefill(work.prompt_tokens) + work.new_tokens * step)
+        prefills += prefill(work.prompt_tokens)
     start = max(heapq.heappop(heap), prefills)
-    return start + prompt_tokens * per_token + step
+    return start + prefill(prompt_tokens)  # the prefill's last logits give the first token
 
 
 def judge(predicted_ms: float | None, budget_ms: float, what: str = "request") -> Verdict:

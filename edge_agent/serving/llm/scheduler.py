@@ -215,16 +215,16 @@ class LLMScheduler:
             if rates is None:
                 return None
             waiting = [s for s in self._waiting if s.interactive or not interactive]
-            rows = list(self._batch.rows)
+            batch = list(self._batch.rows)
             prefilling = self._prefills.pending()
             max_rows = self.limits.max_batch if interactive else self.chat_rows()
             if rows is not None:
                 max_rows = rows - (self.limits.max_batch - max_rows)
         if interactive:  # it preempts a chat if it must: only voice turns and prefills hold it back
-            rows = [s for s in rows if s.interactive]
+            batch = [s for s in batch if s.interactive]
         steps_per_token = rates.prefill_ms_per_token / rates.step_ms
-        running = [rates.expected_new(s.params.max_new_tokens, len(s.generated)) for s in rows]
-        running += [left * steps_per_token + rates.expected_new(s.params.max_new_tokens) for s, left in prefilling]
+        running = [rates.expected_new(s.params.max_new_tokens, len(s.generated)) for s in batch]
+        running += [1 + left * steps_per_token + rates.expected_new(s.params.max_new_tokens) for s, left in prefilling]
         ahead = [Work(_to_prefill(s), rates.expected_new(s.params.max_new_tokens, len(s.generated))) for s in waiting]
         return predict_ttft_ms(running, ahead, prompt_tokens, max_rows, rates)
 

@@ -1,0 +1,172 @@
+"""Overload on a real demo model (ONNX Runtime, CPU): a voice turn preempts a chat whose output stays the
+reference's, admission refuses what would miss its budget, warm-ups take only free rows, and a switch
+moves every waiting request to the new tier (without a load when the tiers share weights)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from edge_agent.backends import SessionOptions
+from edge_agent.errors import Overloaded
+from edge_agent.metrics.window import WARMUP
+from edge_agent.models.catalog import resolve_model
+from edge_agent.models.llm import DecoderLM
+from edge_agent.models.sampling import SamplingParams
+from edge_agent.serving.llm.admission import INTERACTIVE
+from edge_agent.serving.llm.scheduler import Limits, LLMScheduler
+from edge_agent.serving.llm.tiers import Tier, TieredLLM
+
+PROMPT = [2, 10, 20, 30, 40, 50, 60, 70]
+OTHER = [2, 11, 21, 31]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return resolve_model("demo-gemma2", tmp_path_factory.mktemp("m"))
+
+
+@pytest.fixture(scope="module")
+def lm(folder):
+    model = DecoderLM.open(folder, "onnxruntime", SessionOptions(threads=1))
+    yield model
+    model.close()
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_new_tokens=n, ignore_eos=True)
+
+
+def test_a_voice_turn_preempts_a_chat_and_the_chat_resumes_with_its_reference_tokens(lm):
+    expected = list(lm.generate_greedy(PROMPT, 30, stop_at_eos=False))
+    timings = []
+    sched = LLMScheduler(lm, Limits(max_batch=1, batch_timeout_ms=0), on_finished=timings.append).start()
+    try:
+        chat = sched.submit(PROMPT, greedy(30))
+        events = iter(chat)
+        for _ in range(5):  # it holds the only row, five tokens in
+            next(events)
+        voice = sched.submit(OTHER, greedy(4), tags=(INTERACTIVE,))
+        voice_done = voice.result(30)
+        chat_done = chat.result(30)
+    finally:
+        sched.stop()
+    assert sched.preemptions == 1
+    assert list(chat_done.token_ids) == expected  # resumed from its own KV: the same tokens
+    assert list(voice_done.token_ids) == list(lm.generate_greedy(OTHER, 4, stop_at_eos=False))
+    # the only row went to the voice turn: it finished while the chat waited
+    assert voice_done.timing.finished_s < chat_done.timing.finished_s
+    assert chat_done.timing.ttft_ms is not None and len(chat_done.timing.token_times_s) == 30
+
+
+def test_a_warm_up_takes_a_free_row_or_none(lm):
+    sched = LLMScheduler(lm, Limits(max_batch=1, batch_timeout_ms=0)).start()
+    ladder_free = sched.free_rows()
+    try:
+        chat = sched.submit(PROMPT, greedy(40))
+        next(iter(chat))
+        warm = sched.submit(OTHER, greedy(1), tags=(WARMUP, INTERACTIVE))
+        with pytest.raises(Overloaded, match="no free row for a warm-up"):
+            warm.result(30)
+        assert chat.result(30).finish_reason == "length"
+    finally:
+        sched.stop()
+    assert ladder_free == 1
+
+
+def _ladder(folder, opened: list[str], tiers=None, **kwargs) -> TieredLLM:
+    def opener(name):
+        def open_tier():
+            opened.append(name)
+            return DecoderLM.open(folder, "onnxruntime", SessionOptions(threads=1))
+
+        return open_tier
+
+    tiers = tiers or [
+        Tier("full", opener("full"), Limits(max_batch=1, batch_timeout_ms=0), 40, weights="demo"),
+        Tier("short", opener("short"), Limits(max_batch=2, batch_timeout_ms=0), 6, weights="demo"),
+    ]
+    return TieredLLM(tiers, **kwargs).start()
+
+
+def test_a_chat_predicted_over_its_budget_is_refused_at_once_and_a_voice_turn_is_not(folder):
+    ladder = _ladder(folder, [])
+    try:
+        ladder.submit("warm the rates up", greedy(3), raw=True).result(30)
+        ladder.sla_ms = lambda: 0.001  # no first token can come that fast
+        with pytest.raises(Overloaded) as refused:
+            ladder.submit("hello there", greedy(3), raw=True)
+        assert refused.value.retry_after_s >= 1 and "budget" in str(refused.value)
+        assert ladder.load == (0, 0)  # nothing was queued
+        voice = ladder.submit("turn on the light", greedy(3), raw=True, tags=(INTERACTIVE,))
+        assert voice.result(30).finish_reason == "length"
+        counted = ladder.pressure()
+        assert (counted.arrivals, counted.over_budget, counted.refused) == (1, 1, 1)
+        ladder.sla_ms = lambda: 60_000.0
+        assert ladder.submit("hello there", greedy(3), raw=True, budget_ms=60_000).result(30).token_ids
+    finally:
+        ladder.stop()
+
+
+def test_a_switch_between_tiers_sharing_weights_loads_nothing_and_moves_the_waiting(folder):
+    opened: list[str] = []
+    ladder = _ladder(folder, opened)
+    try:
+        running = ladder.submit("a long one", greedy(40), raw=True)
+        next(iter(running))
+        waiting = [ladder.submit(f"waiting {i}", greedy(30), raw=True) for i in range(3)]
+        assert ladder.load[0] == 3
+        assert ladder.switch_to(1)
+        ladder.wait_switched(30)
+        assert opened == ["full"]  # one model for both tiers
+        assert ladder.active_tier == "short"
+        done = [h.result(60) for h in waiting]
+        # every waiting request was served by the new tier, under its reply cap of 6
+        assert [h.tier for h in waiting] == ["short"] * 3
+        assert [len(d.token_ids) for d in done] == [6, 6, 6]
+        assert len(running.result(60).token_ids) == 40  # the running one kept what it was granted
+    finally:
+        ladder.stop()
+
+
+def test_a_switch_to_other_weights_moves_the_waiting_to_the_new_model(folder):
+    opened: list[str] = []
+    gate = threading.Event()  # the top tier's decode steps wait on it: its row stays busy through the switch
+
+    def opener(name):
+        def open_tier():
+            opened.append(name)
+            model = DecoderLM.open(folder, "onnxruntime", SessionOptions(threads=1))
+            if name == "top":
+                step = model.decode_runs
+
+                def gated(*args, **kwargs):
+                    gate.wait(60)
+                    return step(*args, **kwargs)
+
+                model.decode_runs = gated  # type: ignore[method-assign]
+            return model
+
+        return open_tier
+
+    tiers = [
+        Tier("top", opener("top"), Limits(max_batch=1, batch_timeout_ms=0), 40),
+        Tier("low", opener("low"), Limits(max_batch=4, batch_timeout_ms=0), 8),
+    ]
+    ladder = TieredLLM(tiers).start()
+    try:
+        running = ladder.submit("a long one", greedy(40), raw=True)
+        next(iter(running))  # its first token comes from its prefill; its next step waits for the gate
+        waiting = [ladder.submit(f"waiting {i}", greedy(30), raw=True) for i in range(3)]
+        assert ladder.switch_to(1)
+        while ladder.active_tier != "low":
+            ladder.wait_switched(0.05)  # the switch thread swaps, then drains the old tier (held by the gate)
+        gate.set()
+        done = [h.result(60) for h in waiting]
+        ladder.wait_switched(60)
+        assert opened == ["top", "low"]
+        assert [h.tier for h in waiting] == ["low"] * 3 and [len(d.token_ids) for d in done] == [8, 8, 8]
+        assert len(running.result(60).token_ids) == 40  # the old tier finished the row it ran
+    finally:
+        ladder.stop()

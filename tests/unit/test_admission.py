@@ -1,0 +1,73 @@
+"""Admission's prediction and verdict (serving.admission), checked against hand-computed schedules."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge_agent.serving.admission import PREFILL_MIN_TOKENS, STALE_S, Rates, Snapshot, Work, judge, predict_ttft_ms
+
+RATES = Snapshot(step_ms=10.0, prefill_ms_per_token=0.5, mean_new_tokens=None)
+
+
+def test_an_idle_tier_gives_the_first_token_after_its_own_prefill():
+    # one step of overhead plus 40 tokens at 0.5 ms
+    assert predict_ttft_ms([], [], 40, rows=4, rates=RATES) == pytest.approx(10 + 20)
+
+
+def test_fewer_ahead_than_free_rows_start_at_once_behind_their_prefills():
+    ahead = [Work(20, 30), Work(20, 30)]  # each prefill: 10 + 10 ms
+    # rows free: both ahead start now; this one waits only for their prefills (40 ms), then its own (20 ms)
+    assert predict_ttft_ms([5], ahead, 20, rows=4, rates=RATES) == pytest.approx(40 + 20)
+
+
+def test_a_full_batch_starts_the_request_when_the_soonest_row_frees():
+    running = [50, 10, 30, 40]  # tokens left: rows free at 500, 100, 300, 400 ms
+    assert predict_ttft_ms(running, [], 0, rows=4, rates=RATES) == pytest.approx(100)
+
+
+def test_a_long_queue_costs_its_work_spread_over_the_rows():
+    # 2 rows, both free at 0; 6 requests ahead of 0 prompt tokens and 10 tokens (100 ms) each: they run in
+    # three waves, so this one starts at 300 ms
+    ahead = [Work(0, 10)] * 6
+    assert predict_ttft_ms([], ahead, 0, rows=2, rates=RATES) == pytest.approx(300)
+
+
+def test_only_the_rows_a_class_may_use_count():
+    # 3 rows running; chats may use 2 of them (one kept for voice): the soonest two decide
+    assert predict_ttft_ms([10, 20, 30], [], 0, rows=2, rates=RATES) == pytest.approx(100)
+
+
+def test_expected_tokens_follow_what_requests_really_generate():
+    snap = Snapshot(10.0, 0.0, mean_new_tokens=40)
+    assert snap.expected_new(128) == 40
+    assert snap.expected_new(16) == 16  # never past the cap
+    assert snap.expected_new(128, generated=30) == 10
+    assert snap.expected_new(128, generated=60) == 10  # past the mean: a quarter of it at least
+    assert Snapshot(10.0, 0.0).expected_new(128, generated=28) == 100  # no mean yet: its cap
+
+
+def test_judge_admits_within_the_budget_and_refuses_with_a_retry_hint():
+    assert judge(None, 387).admit  # nothing known: nothing says it would be late
+    assert judge(387, 387).admit
+    refused = judge(2_600, 387, "chat")
+    assert not refused.admit and refused.retry_after_s == 3  # 2.213 s over, in whole seconds
+    assert "2600 ms" in refused.reason and "387 ms" in refused.reason
+    assert judge(400, 387).retry_after_s == 1
+
+
+def test_rates_learn_steps_prefills_and_lengths_and_age_out():
+    rates = Rates()
+    assert rates.snapshot(0.0) is None
+    rates.step(20.0, 0.0)
+    assert rates.snapshot(0.0) == Snapshot(20.0, 0.0, None)  # no prefill rate yet: a prefill costs one step
+    rates.prefill(PREFILL_MIN_TOKENS - 1, 500.0, 0.0)  # too short to say anything per token
+    assert rates.snapshot(0.0).prefill_ms_per_token == 0.0
+    rates.prefill(100, 120.0, 0.0)  # 20 ms is the call, 100 ms the tokens
+    assert rates.snapshot(0.0).prefill_ms_per_token == pytest.approx(1.0)
+    rates.step(30.0, 1.0)
+    assert rates.snapshot(1.0).step_ms == pytest.approx(22.0)  # weighted towards the older value
+    rates.finished(48, 1.0)
+    assert rates.snapshot(1.0).mean_new_tokens == 48
+    assert rates.snapshot(1.0 + STALE_S + 1) is None  # stale: the device may have changed
+    rates.step(50.0, 2.0 + STALE_S)
+    assert rates.snapshot(2.0 + STALE_S).step_ms == 50.0  # replaced, not averaged with a stale value
