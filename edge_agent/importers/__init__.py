@@ -13,7 +13,8 @@ Weights are read and dequantized with numpy (and the ``gguf`` package); neither 
 runtime is needed. Every importer writes into a staging folder beside the destination and renames it
 into place only when complete (``staging.staged_folder``), so a failed import leaves nothing behind.
 Imported folders live under ``<models cache>/imported/<name>`` unless ``--out`` says otherwise, and are
-then addressable by that name wherever a model is taken.
+then addressable by that name wherever a model is taken. A name is one path component of safe characters
+(``result.check_name``); a destination must be new, empty or an earlier import (``staging.check_destination``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import stat
 from pathlib import Path
 
 from ..errors import ModelError
-from .result import ImportResult, ProgressFn, imported_dir
+from .result import ImportResult, ProgressFn, check_name, imported_dir
 
 __all__ = ["ImportResult", "ProgressFn", "detect_format", "import_model", "imported_dir"]
 
@@ -67,6 +68,8 @@ def import_model(
 ) -> ImportResult:
     """Import ``src`` into ``out`` (default: ``<cache_dir>/imported/<name>``); see the module docstring."""
     src = Path(src).expanduser()
+    if name is not None:
+        check_name(name)
     fmt = detect_format(src)
     if fmt == "gguf":
         from .gguf import import_gguf

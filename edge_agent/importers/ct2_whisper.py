@@ -25,7 +25,7 @@ from pathlib import Path
 from ..errors import BackendUnavailable, ModelError
 from .ct2_file import Ct2File
 from .result import ImportResult, ProgressFn, imported_dir
-from .staging import sha256_file, staged_folder
+from .staging import check_destination, sha256_file, staged_folder
 
 IMPORT_RECORD = "import.json"
 GRAPHS = ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx")
@@ -132,11 +132,10 @@ def import_ct2_whisper(
     lang_ids = [int(i) for i in ct2_config.get("lang_ids") or []]
     ids = _token_ids(src / "tokenizer.json", lang_ids)
     name = name or default_name(src, dims)
-    dest = Path(out).expanduser() if out is not None else imported_dir(cache_dir) / name
+    dest = check_destination(Path(out) if out is not None else imported_dir(cache_dir) / name)
     itemsize = {"float32": 4, "float16": 2, "bfloat16": 2, "int16": 2, "int32": 4}
     params = sum(v.nbytes // itemsize.get(v.dtype, 1) for v in f.variables.values() if not v.name.endswith("_scale"))
     need = params * 4 * 2 + (64 << 20)  # float32, the embedding table in both decoders
-    dest.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(dest.parent).free
     if free < need:
         raise ModelError(

@@ -20,7 +20,7 @@ from ..errors import ModelError
 from .gguf_arch import DecoderSpec, check_tensors, hf_config, read_spec
 from .gguf_file import GgufFile
 from .result import ImportResult, ProgressFn, imported_dir
-from .staging import sha256_file, staged_folder
+from .staging import check_destination, sha256_file, staged_folder
 
 IMPORT_RECORD = "import.json"
 IMPORTER_VERSION = 3  # bumped when the folder this import writes changes (graph, tokenizer, config)
@@ -58,9 +58,8 @@ def import_gguf(
             f"{src}: the vocabulary has {n_tokens:,} tokens but the embedding table has {spec.vocab:,} rows"
         )
     name = name or default_name(f)
-    dest = Path(out).expanduser() if out is not None else imported_dir(cache_dir) / name
+    dest = check_destination(Path(out) if out is not None else imported_dir(cache_dir) / name)
     need = fp32_bytes(spec) + (64 << 20)
-    dest.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(dest.parent).free
     if free < need:
         raise ModelError(
