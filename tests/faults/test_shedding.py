@@ -28,7 +28,10 @@ min_samples = 2
 cooldown_s = {COOLDOWN_S}
 min_dwell_s = 0
 shed_after = 1
-"""  # appended to the [sla] table of the e2e config (evaluate_every_s = 1)
+[batching]
+admission = false
+"""  # appended to the e2e config (its [sla] has evaluate_every_s = 1); with admission on, an impossible
+# target refuses every chat at once (429) on its prediction: this test is about shedding
 
 
 def complete(daemon: Daemon, timeout_s: float = 30.0) -> int:

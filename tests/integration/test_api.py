@@ -434,3 +434,42 @@ def test_clients_that_leave_while_their_body_arrives_cost_one_line_not_a_traceba
     assert not noisy, f"{len(noisy)} lines like: {noisy[:1]}"
     left = [r.getMessage() for r in caplog.records if "went away" in r.getMessage()]
     assert left == ["client went away during POST /v1/chat/completions"]
+
+
+def _post_chat(server, body: dict) -> tuple[int, dict, dict]:
+    req = urllib.request.Request(
+        server[0].address + "/v1/chat/completions",
+        json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, dict(resp.headers), {"raw": resp.read().decode()}
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), json.loads(exc.read())
+
+
+def test_a_chat_predicted_over_its_budget_gets_429_with_retry_after_before_any_stream(server):
+    _, llm, _ = server
+    messages = [{"role": "user", "content": "hi"}]
+    status, _, _ = _post_chat(server, {"messages": messages, "max_tokens": 3})  # the rates are measured
+    assert status == 200
+    llm.sla_ms = lambda: 0.001
+    try:
+        status, headers, body = _post_chat(server, {"messages": messages, "max_tokens": 3, "stream": True})
+    finally:
+        llm.sla_ms = None
+    assert status == 429 and int(headers["Retry-After"]) >= 1
+    assert body["error"]["code"] == "overloaded" and "budget" in body["error"]["message"]
+    # the client's own budget: checked like any field, and it only ever shortens the SLA's
+    for bad in (0, -5, 10**9, "soon"):
+        status, _, body = _post_chat(server, {"messages": messages, "deadline_ms": bad})
+        assert status == 400 and "deadline_ms" in body["error"]["message"], (bad, body)
+    llm.sla_ms = lambda: 60_000.0
+    try:
+        status, _, _ = _post_chat(server, {"messages": messages, "max_tokens": 3, "deadline_ms": 60_000})
+        assert status == 200
+        status, _, body = _post_chat(server, {"messages": messages, "max_tokens": 3, "deadline_ms": 0.001})
+        assert status == 429 and body["error"]["code"] == "overloaded"
+    finally:
+        llm.sla_ms = None
