@@ -17,6 +17,7 @@ unknown dtype, a missing variable.
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from ..errors import ModelError
 _DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16, 5: np.uint16}  # 5: bfloat16 bits
 _DTYPE_NAMES = {0: "float32", 1: "int8", 2: "int16", 3: "int32", 4: "float16", 5: "bfloat16"}
 SUPPORTED_VERSIONS = (5, 6)
+MAX_VARIABLES = 65_536  # Whisper large holds about 1,300; each is read into a record before any check of the set
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +63,12 @@ class Ct2File:
         self.version = version
         self.spec = self._s()
         self.revision = self._u("I")
-        for _ in range(self._u("I")):
+        count = self._u("I")
+        if count > MAX_VARIABLES:
+            raise ModelError(
+                f"{self.path}: the header declares {count:,} variables; at most {MAX_VARIABLES:,} are read"
+            )
+        for _ in range(count):
             name = self._s()
             rank = self._u("B")
             shape = tuple(self._u("I") for _ in range(rank))
@@ -69,7 +76,7 @@ class Ct2File:
             if dtype_id not in _DTYPES:
                 raise ModelError(f"{self.path}: variable {name!r} has unknown dtype id {dtype_id}")
             nbytes = self._u("I")
-            expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(_DTYPES[dtype_id]).itemsize
+            expected = math.prod(shape) * np.dtype(_DTYPES[dtype_id]).itemsize
             if nbytes != expected:
                 raise ModelError(
                     f"{self.path}: variable {name!r} has {nbytes} bytes, its shape {shape} needs {expected}"
@@ -79,7 +86,10 @@ class Ct2File:
             self.variables[name] = Ct2Variable(name, shape, _DTYPE_NAMES[dtype_id], self._off, nbytes)
             self._off += nbytes
         if self._off < len(self._buf):
-            for _ in range(self._u("I")):
+            aliases = self._u("I")
+            if aliases > MAX_VARIABLES:
+                raise ModelError(f"{self.path}: the header declares {aliases:,} aliases; at most {MAX_VARIABLES:,}")
+            for _ in range(aliases):
                 alias = self._s()
                 self.aliases[alias] = self._s()
 
@@ -124,7 +134,10 @@ class Ct2File:
         return arr
 
     def scalar(self, name: str) -> float:
-        return float(self.raw(name).reshape(-1)[0])
+        values = self.raw(name).reshape(-1)
+        if values.size == 0:
+            raise ModelError(f"{self.path}: variable {name!r} is empty; a scalar was expected")
+        return float(values[0])
 
     def tensor(self, name: str) -> np.ndarray:
         """The variable as float32, dequantized with its ``_scale`` when it is stored as int8/int16."""

@@ -45,25 +45,38 @@ def read_dims(f: Ct2File):
 
     if f.spec != "WhisperSpec":
         raise ModelError(f"{f.path}: a CTranslate2 {f.spec!r}, not a WhisperSpec; models import takes Whisper folders")
-    conv1 = f.info("encoder/conv1/weight").shape  # [d, mels, 3]
-    embed = f.info("decoder/embeddings/weight").shape  # [vocab, d]
-    ffn = f.info("encoder/layer_0/ffn/linear_0/weight").shape[0]
+
+    def shape(name: str, rank: int) -> tuple[int, ...]:
+        got = f.info(name).shape
+        if len(got) != rank or not all(got):
+            raise ModelError(f"{f.path}: variable {name!r} has shape {list(got)}; Whisper's has {rank} dimensions")
+        return got
+
+    conv1 = shape("encoder/conv1/weight", 3)  # [d, mels, 3]
+    embed = shape("decoder/embeddings/weight", 2)  # [vocab, d]
+    ffn = shape("encoder/layer_0/ffn/linear_0/weight", 2)[0]
     d = conv1[0]
-    enc_heads = int(f.scalar("encoder/num_heads")) if f.has("encoder/num_heads") else d // 64
-    dec_heads = int(f.scalar("decoder/num_heads")) if f.has("decoder/num_heads") else d // 64
+
+    def heads(side: str) -> int:
+        name = f"{side}/num_heads"
+        n = f.scalar(name) if f.has(name) else d // 64
+        if not (n == int(n) and 1 <= n <= d and d % int(n) == 0):
+            raise ModelError(f"{f.path}: {name} is {n:g}; it must be a whole number of heads dividing {d}")
+        return int(n)
+
     if f.has("decoder/pre_norm") and not f.scalar("decoder/pre_norm"):
         raise ModelError(f"{f.path}: a post-norm decoder is not Whisper's layout")
     return WhisperDims(
         n_mels=conv1[1],
         d_model=d,
         encoder_layers=_layers(f, "encoder"),
-        encoder_heads=enc_heads,
+        encoder_heads=heads("encoder"),
         decoder_layers=_layers(f, "decoder"),
-        decoder_heads=dec_heads,
+        decoder_heads=heads("decoder"),
         ffn=ffn,
         vocab=embed[0],
-        source_positions=f.info("encoder/position_encodings/encodings").shape[0],
-        target_positions=f.info("decoder/position_encodings/encodings").shape[0],
+        source_positions=shape("encoder/position_encodings/encodings", 2)[0],
+        target_positions=shape("decoder/position_encodings/encodings", 2)[0],
     )
 
 
@@ -78,24 +91,68 @@ def default_name(src: Path, dims) -> str:
     return f"whisper-{sizes.get(dims.d_model, f'd{dims.d_model}')}"
 
 
-def _token_ids(tokenizer_path: Path, lang_ids: list[int]) -> dict:
+def _show(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+
+
+def _read_config(path: Path) -> dict:
+    """CTranslate2's ``config.json``: a JSON object, else a ``ModelError`` naming the file."""
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ModelError(f"{path}: not readable JSON ({type(exc).__name__}: {str(exc)[:120]})") from exc
+    if not isinstance(config, dict):
+        raise ModelError(f"{path}: a JSON {type(config).__name__}, not an object; CTranslate2 writes an object")
+    return config
+
+
+def _ids(config: dict, key: str, path: Path, rows: int, default: list[int] | None = None) -> list[int]:
+    """The token ids under ``key`` of CTranslate2's config: a list of integers in 0..rows-1."""
+    value = config.get(key)
+    if value is None:
+        return list(default or [])
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise ModelError(f"{path}: {key} is {_show(value)}; it must be a list of token ids (integers)")
+    for i in value:
+        if not 0 <= i < rows:
+            raise ModelError(f"{path}: {key} holds {_show(i)}, outside the model's {rows:,} tokens (0..{rows - 1:,})")
+    return value
+
+
+def _token_ids(tokenizer_path: Path, lang_ids: list[int], rows: int) -> dict:
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(tokenizer_path))
+    try:
+        tok = Tokenizer.from_file(str(tokenizer_path))
+    except Exception as exc:  # tokenizers raises a bare Exception for any file it cannot read
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"{tokenizer_path}: not a tokenizer.json the tokenizers library reads ({first})") from exc
+
+    def check(text: str, i: int) -> int:
+        if not 0 <= i < rows:
+            raise ModelError(
+                f"{tokenizer_path}: {text} is id {i:,}, outside the model's {rows:,} embedding rows (0..{rows - 1:,})"
+            )
+        return i
 
     def need(text: str) -> int:
         i = tok.token_to_id(text)
         if i is None:
             raise ModelError(f"{tokenizer_path}: no token {text!r}; is this a Whisper tokenizer?")
-        return int(i)
+        return check(text, int(i))
+
+    def optional(text: str) -> int | None:
+        i = tok.token_to_id(text)
+        return None if i is None else check(text, int(i))
 
     ids: dict = {
         "eot": need("<|endoftext|>"),
         "sot": need("<|startoftranscript|>"),
         "no_timestamps": need("<|notimestamps|>"),
-        "transcribe": tok.token_to_id("<|transcribe|>"),
-        "translate": tok.token_to_id("<|translate|>"),
-        "prev": tok.token_to_id("<|startofprev|>"),
+        "transcribe": optional("<|transcribe|>"),
+        "translate": optional("<|translate|>"),
+        "prev": optional("<|startofprev|>"),
     }
     langs = {}
     for i in lang_ids:
@@ -123,14 +180,17 @@ def import_ct2_whisper(
         raise ModelError(
             f"{src}: no tokenizer.json (a faster-whisper folder ships one; copy it from the model's source)"
         )
-    try:
-        ct2_config = json.loads((src / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"{src / 'config.json'}: not readable JSON ({exc})") from exc
+    config_path = src / "config.json"
+    ct2_config = _read_config(config_path)
     f = Ct2File(src / "model.bin")
     dims = read_dims(f)
-    lang_ids = [int(i) for i in ct2_config.get("lang_ids") or []]
-    ids = _token_ids(src / "tokenizer.json", lang_ids)
+    lang_ids = _ids(ct2_config, "lang_ids", config_path, dims.vocab)
+    ids = _token_ids(src / "tokenizer.json", lang_ids, dims.vocab)
+    ct2_config = {
+        **ct2_config,
+        "suppress_ids": _ids(ct2_config, "suppress_ids", config_path, dims.vocab),
+        "suppress_ids_begin": _ids(ct2_config, "suppress_ids_begin", config_path, dims.vocab, [220, ids["eot"]]),
+    }
     name = name or default_name(src, dims)
     dest = check_destination(Path(out) if out is not None else imported_dir(cache_dir) / name)
     itemsize = {"float32": 4, "float16": 2, "bfloat16": 2, "int16": 2, "int32": 4}
@@ -196,8 +256,8 @@ def import_ct2_whisper(
 
 def _write_configs(folder: Path, dims, ct2_config: dict, ids: dict) -> None:
     eot, sot = ids["eot"], ids["sot"]
-    suppress = [int(i) for i in ct2_config.get("suppress_ids") or []]
-    begin = [int(i) for i in ct2_config.get("suppress_ids_begin") or [220, eot]]
+    suppress = list(ct2_config["suppress_ids"])  # checked: token ids of the model
+    begin = list(ct2_config["suppress_ids_begin"]) or [220, eot]
     task_to_id = {k: ids[k] for k in ("transcribe", "translate") if ids[k] is not None}
     config = {
         "architectures": ["WhisperForConditionalGeneration"],
