@@ -383,9 +383,12 @@ class LLMScheduler:
         chats = [(i, s) for i, s in enumerate(self._batch.rows) if not s.interactive and not s.handle.done]
         if not chats:
             return
+        row_kv = getattr(self._batch, "row_kv", None)
+        if row_kv is None:
+            return
         index, victim = max(chats, key=lambda c: c[1].params.max_new_tokens - len(c[1].generated))
         tokens = len(victim.history) - len(victim.feed)  # what its cache holds: the pending tokens are not in
-        kv = {name: np.array(a[None]) for name, a in self._batch.row_kv(index, tokens).items()}
+        kv = {name: np.array(a[None]) for name, a in row_kv(index, tokens).items()}
         self._batch.remove([index])
         victim.resume, victim.preempted = (tokens, kv), True
         self.queue.put(victim)

@@ -101,6 +101,12 @@ class Pressure:
 
 
 class _Loaded:
+    engine: str | None
+    rates: Rates
+    rates_lock: threading.Lock
+    scheduler: LLMScheduler
+    label: list[str]
+
     def __init__(
         self,
         index: int,
