@@ -281,8 +281,9 @@ class TieredLLM(Ladder):
     def _load(self, index: int) -> _Loaded:
         current = self._active
         tier = self.tiers[index]
-        if current is not None and tier.weights is not None and tier.weights == current.tier.weights:
-            # the same weights with other settings: nothing to load (see the module doc)
+        if current is not None and index != current.index and tier.weights == current.tier.weights is not None:
+            # the same weights with other settings: nothing to load (see the module doc); a reload of the
+            # active tier (a newly built engine) loads again
             return _Loaded(index, tier, current.lm, self._observe, self._clock, share=current)
         if current is not None and current.spill is not None and current.spill.index == index:
             # a switch down to the tier already loaded beside a one-sequence tier: take it over
