@@ -8,10 +8,13 @@ records are collected (``Harness.records``) so a test can check each line it wro
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import threading
 from dataclasses import dataclass, field
+
+LINE_MAX = 400  # no log line the server writes about a client is longer than this
 
 
 @dataclass
@@ -142,3 +145,28 @@ def event_bytes(kind: str, data: dict | None = None, payload: bytes = b"") -> by
     if payload:
         header["payload_length"] = len(payload)
     return json.dumps(header).encode() + b"\n" + body + payload
+
+
+def still_serves(port: int) -> None:
+    """One whole request on a fresh connection ends with ``transcript`` and ``transcript-stop``."""
+    from wyoming.asr import Transcribe
+    from wyoming.audio import AudioChunk, AudioStart, AudioStop
+    from wyoming.client import AsyncTcpClient
+
+    async def go() -> list[str]:
+        client = AsyncTcpClient("127.0.0.1", port)
+        await client.connect()
+        await client.write_event(Transcribe(language="en").event())
+        await client.write_event(AudioStart(rate=16000, width=2, channels=1).event())
+        await client.write_event(AudioChunk(rate=16000, width=2, channels=1, audio=b"\0\0" * 1600).event())
+        await client.write_event(AudioStop().event())
+        types: list[str] = []
+        while not types or types[-1] not in ("transcript-stop", "error"):
+            event = await asyncio.wait_for(client.read_event(), 30)
+            assert event is not None, types
+            types.append(event.type)
+        await client.disconnect()
+        return types
+
+    types = asyncio.run(go())
+    assert types[-2:] == ["transcript", "transcript-stop"], types
