@@ -230,6 +230,7 @@ class Agent:
     # -- parts ----------------------------------------------------------------------------------
 
     def _start_telemetry(self):
+        from ..telemetry.admission import prometheus_totals
         from ..telemetry.service import Telemetry
 
         caps = ["llm"] + (["asr"] if self.settings.models.asr else [])
@@ -241,6 +242,7 @@ class Agent:
             target=self.remote,
             capabilities=caps,
             inventory=book,
+            admission=functools.partial(prometheus_totals, self.metrics),  # refusals, preemptions per window
         )
         telemetry.calibration_capture = self.settings.calibration.summary()  # meta says whether it is on
         return telemetry.start()

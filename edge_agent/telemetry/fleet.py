@@ -3,7 +3,9 @@
 Per device: online/offline (``state``, incl. the Last Will), active tier (from the latest window or the
 retained ``reported``, whichever came last), TTFT P95/P99 read from the device's histograms merged over
 the last ``window_s`` seconds of *live* windows, ASR first-partial and final P95, throughput, health (CPU
-temperature, RSS, CPU % when windows carry ``health``), *stale* when no window came for more than
+temperature, RSS, CPU % when windows carry ``health``), requests refused at admission (by reason and
+class) and chats preempted by voice turns over the same windows (when windows carry ``admission``;
+an older agent's windows show these columns absent), *stale* when no window came for more than
 ``STALE_INTERVALS`` times the device's window length, and ``seq`` bookkeeping: a duplicate
 (at-least-once delivery) is counted and ignored, a missing number is a gap until a replayed
 (``historical``) window fills it. The fleet row merges every device's
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..metrics.histogram import ExponentialHistogram
-from .schema import Event, LatencyWindow, Reported, State
+from .schema import Admission, Event, LatencyWindow, Reported, State
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,7 @@ MAX_WINDOWS_PER_DEVICE = 4096
 STALE_INTERVALS = 3.0  # a device is stale after this many of its own window lengths without a window
 ASR_METRICS = ("first_partial_ms", "final_ms")
 DEFAULT_PREFIX = "edge/v1"
+ADVISORY = ("health", "admission")  # window fields dropped, not the window, when this schema cannot read them
 
 
 def split_device_topic(topic: str, prefix: str = DEFAULT_PREFIX) -> tuple[str, str] | None:
@@ -103,8 +106,10 @@ class DeviceView:
     session: int | None = None
     tiers: dict[str, str] = field(default_factory=dict)
     seq: SeqTracker = field(default_factory=SeqTracker)
-    # (received at, {metric: histogram}, requests, tokens, duration_s) of live windows; the histograms
-    # hold the watched workload's metrics plus the ASR metrics of the "asr" workload
+    # (received at, {metric: histogram}, requests, tokens, duration_s, admission) of live windows; the
+    # histograms hold the watched workload's metrics plus the ASR metrics of the "asr" workload;
+    # admission is the watched workload's refusals and preemptions (``AdmissionCounts``), None when the
+    # window did not carry them
     windows: deque = field(default_factory=lambda: deque(maxlen=MAX_WINDOWS_PER_DEVICE))
     historical: int = 0
     events: dict[str, int] = field(default_factory=dict)
@@ -176,8 +181,9 @@ class FleetView:
             try:
                 win = LatencyWindow.model_validate(raw)
             except ValueError:
-                # Health is advisory: a window whose health this schema cannot read still counts its latency.
-                if raw.pop("health", None) is None:
+                # Health and admission are advisory: a window whose health or counts this schema cannot
+                # read still counts its latency (those columns show absent).
+                if not [raw.pop(k) for k in ADVISORY if k in raw]:
                     raise
                 win = LatencyWindow.model_validate(raw)
             dev = self._device(device_id)
@@ -207,7 +213,8 @@ class FleetView:
                             hists[key].merge(hist)
                         else:
                             hists[key] = hist
-            dev.windows.append((self.clock(), hists, requests, tokens, win.window.duration_s))
+            admission = None if win.admission is None else AdmissionCounts.of(win.admission, self.workload)
+            dev.windows.append((self.clock(), hists, requests, tokens, win.window.duration_s, admission))
         elif kind.startswith("evt/"):
             ev = Event.model_validate_json(payload)
             dev = self._device(device_id)
@@ -218,7 +225,7 @@ class FleetView:
     def _recent(self, dev: DeviceView, now: float) -> tuple[ExponentialHistogram | None, float, float]:
         requests = tokens = 0
         duration = 0.0
-        for at, _hists, req, tok, dur in dev.windows:
+        for at, _hists, req, tok, dur, _adm in dev.windows:
             if now - at <= self.window_s:
                 requests, tokens, duration = requests + req, tokens + tok, duration + dur
         merged = self._merged(dev, now, self.metric)
@@ -226,7 +233,7 @@ class FleetView:
 
     def _merged(self, dev: DeviceView, now: float, key: str) -> ExponentialHistogram | None:
         merged: ExponentialHistogram | None = None
-        for at, hists, _req, _tok, _dur in dev.windows:
+        for at, hists, _req, _tok, _dur, _adm in dev.windows:
             h = hists.get(key) if now - at <= self.window_s else None
             if h is not None:
                 if merged is None:
@@ -234,6 +241,15 @@ class FleetView:
                 else:
                     merged.merge(h)
         return merged
+
+    def _admission(self, dev: DeviceView, now: float) -> AdmissionCounts | None:
+        """The watched workload's refusals and preemptions summed over the recent windows; None when
+        none of them carried the counts (an agent that does not report them)."""
+        total: AdmissionCounts | None = None
+        for at, _hists, _req, _tok, _dur, adm in dev.windows:
+            if adm is not None and now - at <= self.window_s:
+                total = (total or AdmissionCounts()).add(adm)
+        return total
 
     def _stale(self, dev: DeviceView, now: float) -> bool:
         # Only a device whose cadence is known can be late; one that said "offline" is not stale, it is gone.
@@ -246,6 +262,7 @@ class FleetView:
         out = []
         fleet: ExponentialHistogram | None = None
         fleet_rps = fleet_tps = 0.0
+        fleet_adm: AdmissionCounts | None = None
         with self._lock:
             for dev in sorted(self.devices.values(), key=lambda d: d.device_id):
                 hist, rps, tps = self._recent(dev, now)
@@ -256,6 +273,9 @@ class FleetView:
                         fleet.merge(hist)
                 fleet_rps, fleet_tps = fleet_rps + rps, fleet_tps + tps
                 asr = {m: _p95(self._merged(dev, now, f"asr.{m}")) for m in ASR_METRICS}
+                adm = self._admission(dev, now)
+                if adm is not None:
+                    fleet_adm = (fleet_adm or AdmissionCounts()).add(adm)
                 seen = None if dev.last_seen is None else round(now - dev.last_seen, 3)
                 out.append(
                     {
@@ -275,6 +295,7 @@ class FleetView:
                         "cpu_percent": dev.health.get("cpu_percent"),
                         "requests_per_s": round(rps, 3),
                         "tokens_per_s": round(tps, 3),
+                        **AdmissionCounts.columns(adm),
                         "windows": dev.seq.received,
                         "historical": dev.historical,
                         "gaps": dev.seq.gaps,
@@ -291,6 +312,7 @@ class FleetView:
             **_quantiles(fleet),
             "requests_per_s": round(fleet_rps, 3),
             "tokens_per_s": round(fleet_tps, 3),
+            **AdmissionCounts.columns(fleet_adm),
             "gaps": sum(r["gaps"] for r in out),
             "duplicates": sum(r["duplicates"] for r in out),
         }
@@ -316,6 +338,46 @@ class FleetView:
                 else:
                     merged.merge(h)
         return merged
+
+
+@dataclass
+class AdmissionCounts:
+    """One workload's refusals (in all, by reason, by class) and preemptions, over one or more windows."""
+
+    refused: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+    by_class: dict[str, int] = field(default_factory=dict)
+    preempted: int = 0
+
+    @classmethod
+    def of(cls, admission: Admission, workload: str) -> AdmissionCounts:
+        out = cls(preempted=admission.preempted.get(workload, 0))
+        for r in admission.refused:
+            if r.workload == workload:
+                out.refused += r.count
+                out.by_reason[r.reason] = out.by_reason.get(r.reason, 0) + r.count
+                out.by_class[r.class_] = out.by_class.get(r.class_, 0) + r.count
+        return out
+
+    def add(self, other: AdmissionCounts) -> AdmissionCounts:
+        self.refused += other.refused
+        self.preempted += other.preempted
+        for mine, theirs in ((self.by_reason, other.by_reason), (self.by_class, other.by_class)):
+            for k, n in theirs.items():
+                mine[k] = mine.get(k, 0) + n
+        return self
+
+    @staticmethod
+    def columns(counts: AdmissionCounts | None) -> dict[str, Any]:
+        """The row's columns: None throughout when no window carried the counts."""
+        if counts is None:
+            return {"refused": None, "refused_by_reason": None, "refused_by_class": None, "preempted": None}
+        return {
+            "refused": counts.refused,
+            "refused_by_reason": dict(sorted(counts.by_reason.items())),
+            "refused_by_class": dict(sorted(counts.by_class.items())),
+            "preempted": counts.preempted,
+        }
 
 
 def _quantiles(hist: ExponentialHistogram | None) -> dict[str, Any]:
@@ -395,7 +457,7 @@ def render_table(view: dict[str, Any]) -> str:
     head = (
         f"{'DEVICE':<20} {'STATE':<8} {'TIER':<8} {m + ' P95':>9} {m + ' P99':>9} {'N':>6} "
         f"{'REQ/S':>7} {'TOK/S':>8} {'GAPS':>5} {'DUPS':>5} {'ASR1P95':>8} {'FINP95':>8} "
-        f"{'TEMP':>6} {'RSS MB':>7} {'CPU%':>6}"
+        f"{'TEMP':>6} {'RSS MB':>7} {'CPU%':>6} {'REFUSED':>7} {'PREEMPT':>7}"
     )
     lines = [head]
     for r in view["devices"]:
@@ -405,7 +467,7 @@ def render_table(view: dict[str, Any]) -> str:
             f"{f(r['p99_ms']):>9} {r['count']:>6} {r['requests_per_s']:>7.2f} {r['tokens_per_s']:>8.1f} "
             f"{r['gaps']:>5} {r['duplicates']:>5} {f(r['asr_first_partial_p95_ms']):>8} "
             f"{f(r['asr_final_p95_ms']):>8} {f(r['cpu_temp_c']):>6} {f(r['rss_mb']):>7} "
-            f"{f(r['cpu_percent']):>6}"
+            f"{f(r['cpu_percent']):>6} {f(r['refused']):>7} {f(r['preempted']):>7}"
         )
     fl = view["fleet"]
     err = f" (±{fl['relative_error'] * 100:.1f} %)" if fl["relative_error"] is not None else ""
@@ -414,6 +476,10 @@ def render_table(view: dict[str, Any]) -> str:
         f"{f(fl['p95_ms']):>9} {f(fl['p99_ms']):>9} {fl['count']:>6} {fl['requests_per_s']:>7.2f} "
         f"{fl['tokens_per_s']:>8.1f} {fl['gaps']:>5} {fl['duplicates']:>5}{err}"
     )
+    if fl["refused"]:
+        reasons = ", ".join(f"{k} {n}" for k, n in fl["refused_by_reason"].items())
+        classes = ", ".join(f"{k} {n}" for k, n in fl["refused_by_class"].items())
+        lines.append(f"refused {fl['refused']} in the last {view['window_s']:g} s: {reasons} (class: {classes})")
     if fl["stale"]:
         lines.append(f"{fl['stale']} device(s) stale: no window for more than {STALE_INTERVALS:g} intervals")
     if view["malformed"]:

@@ -40,7 +40,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from pydantic import ValidationError
 
 from ..metrics.histogram import DEFAULT_MAX_SIZE, MIN_MAX_SIZE, ExponentialHistogram, lower_boundary
-from .fleet import DEFAULT_PREFIX, SeqTracker, split_device_topic
+from .fleet import ADVISORY, DEFAULT_PREFIX, SeqTracker, split_device_topic
 from .schema import Event, LatencyWindow, Reported, State
 
 log = logging.getLogger(__name__)
@@ -266,11 +266,11 @@ class FleetStore:
         try:
             win = LatencyWindow.model_validate(data)
         except ValidationError:
-            if "health" not in data:
+            if not any(k in data for k in ADVISORY):
                 raise
             # A newer agent's window may carry fields this schema version does not know: the
             # histograms are what matters here, so read the rest without them.
-            win = LatencyWindow.model_validate({k: v for k, v in data.items() if k != "health"})
+            win = LatencyWindow.model_validate({k: v for k, v in data.items() if k not in ADVISORY})
         dev = self._device(device_id)
         if dev is None:
             return  # refused and counted: no room for another device

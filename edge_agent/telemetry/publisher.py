@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .client import MqttLink
-from .schema import Event, Health, LatencyWindow, WindowTimes
+from .schema import Admission, Event, Health, LatencyWindow, WindowTimes
 from .spool import Kind, Record, Spool
 from .windows import WindowAccumulator
 
@@ -97,11 +97,13 @@ class Publisher:
         clock_synced: Callable[[], bool] = kernel_clock_synced,
         on_degraded: Callable[[str | None], None] | None = None,
         health: Callable[[], dict[str, Any]] | None = None,
+        admission: Callable[[], Admission] | None = None,
     ) -> None:
         """``on_degraded`` hears the spool become degraded (why) or fine again (None); ``health`` gives
-        the device's health as each window is sealed (None leaves it out of the windows)."""
+        the device's health as each window is sealed (None leaves it out of the windows);
+        ``admission`` the refusals and preemptions since the last window (None leaves them out)."""
         self.link, self.spool, self.acc, self.identity = link, spool, accumulator, identity
-        self.on_degraded, self.health = on_degraded, health
+        self.on_degraded, self.health, self.admission = on_degraded, health, admission
         self.interval_s = interval_s
         self.replay_per_s, self.replay_burst = replay_per_s, replay_burst
         self.live_age_s = live_age_s if live_age_s is not None else max(2.0 * interval_s, 5.0)
@@ -218,6 +220,12 @@ class Publisher:
                 health = Health.model_validate(self.health())
             except Exception:  # health explains a window; it must never cost one
                 log.warning("device health could not be read for this window", exc_info=True)
+        admission = None
+        if self.admission is not None:
+            try:
+                admission = self.admission()
+            except Exception:  # the counts explain a window; they must never cost one
+                log.warning("refusals and preemptions could not be read for this window", exc_info=True)
 
         def build(seq: int) -> bytes:
             return LatencyWindow(
@@ -237,6 +245,7 @@ class Publisher:
                 series=series,
                 version=ident.version,
                 health=health,
+                admission=admission,
             ).to_json()
 
         record = self._append("window", "tele/latency", build)

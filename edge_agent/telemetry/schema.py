@@ -32,11 +32,13 @@ from .wire import (
 from .wire_device import Desired, Inventory, Meta, Reported, ServingEngine, SlaSpec, SourceKey, SourceValue, State
 from .wire_events import CommandRequest, CommandResponse, Event, SpoolDrop
 from .wire_latency import (
+    Admission,
     Buckets,
     Health,
     Histogram,
     LatencyWindow,
     LocalQuantiles,
+    Refusals,
     Series,
     Throughput,
     WindowTimes,
@@ -51,6 +53,7 @@ __all__ = [
     "UINT64_MAX",
     "WINDOW_METRICS",
     "WORKLOAD",
+    "Admission",
     "Buckets",
     "CommandRequest",
     "CommandResponse",
@@ -63,6 +66,7 @@ __all__ = [
     "LocalQuantiles",
     "Meta",
     "MetricName",
+    "Refusals",
     "Reported",
     "Series",
     "ServingEngine",

@@ -24,6 +24,7 @@ from ..config import MqttConfig, TelemetryConfig
 from ..metrics.histogram import DEFAULT_MAX_SIZE, relative_error
 from ..metrics.timing import RequestTiming
 from ..observe import Observation
+from .admission import AdmissionDeltas, AdmissionTotals
 from .client import Incoming, MqttLink, Outgoing, response_properties
 from .health import HealthReader
 from .homeassistant import Discovery
@@ -64,7 +65,10 @@ class Telemetry:
         live_age_s: float | None = None,
         inventory: InventoryBook | None = None,
         health_root: str | Path = "/",
+        admission: Callable[[], AdmissionTotals] | None = None,
     ) -> None:
+        """``admission``: the agent's running totals of refusals and preemptions (``prometheus_totals``
+        of its ``/metrics``); each window carries what they grew by. None: windows leave them out."""
         self.mqtt_cfg, self.cfg = mqtt, telemetry
         self.version, self.target, self.capabilities = version, target, list(capabilities)
         self.wall = wall
@@ -97,6 +101,7 @@ class Telemetry:
             live_age_s=live_age_s,
             on_degraded=self._spool_degraded,
             health=self.health.snapshot,
+            admission=AdmissionDeltas(admission).take if admission is not None else None,
         )
         self.inventory = inventory
         # A spool that starts on a full disk is degraded from the first birth message on.

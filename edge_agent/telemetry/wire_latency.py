@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from ..metrics.histogram import ExponentialHistogram
 from .wire import NAME, UINT64_MAX, WORKLOAD, MetricName, Wire, schema_field
@@ -125,6 +125,34 @@ class Health(BaseModel):
     absent: list[str] = Field(default_factory=list, max_length=32, description="sources not present or not readable")
 
 
+REASON = r"^[a-z][a-z0-9_]{0,31}$"
+
+
+class Refusals(BaseModel):
+    """Requests of one workload and class refused at admission for one reason during the window."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    workload: str = Field(pattern=WORKLOAD)
+    reason: str = Field(pattern=REASON, description="over_budget, start_deadline, queue_full, ...")
+    class_: str = Field(alias="class", pattern=REASON, description="chat or interactive (voice turns)")
+    count: int = Field(ge=1)
+
+
+class Admission(BaseModel):
+    """Refusals and preemptions during the window (counts in this window, like ``requests``): present
+    when the agent counts them, so an empty object means none happened and a missing one means an
+    agent that does not say."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    refused: list[Refusals] = Field(default_factory=list, max_length=64)
+    preempted: dict[Annotated[str, StringConstraints(pattern=WORKLOAD)], Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="workload -> running requests that gave their row to a voice turn",
+        json_schema_extra={"additionalProperties": False},  # a key that is no workload name is refused
+    )
+
+
 class LatencyWindow(Wire):
     """``tele/latency``: one telemetry window."""
 
@@ -140,3 +168,4 @@ class LatencyWindow(Wire):
     series: list[Series] = Field(default_factory=list, max_length=256)
     version: str = Field(max_length=64)
     health: Health | None = Field(None, description="device health read as the window was sealed")
+    admission: Admission | None = Field(None, description="refusals and preemptions in this window")
