@@ -13,7 +13,8 @@ comes from its own prefill.
 Rates (``Rates``) are learnt from what the device thread measures: milliseconds per decode step and per
 prompt token prefilled, and the tokens requests really generate (most stop well before their cap). A
 prefill costs about one step plus its tokens: the per-token rate is learnt only from prefills of at least
-``PREFILL_MIN_TOKENS`` (a short one, a prefix-cache hit or a resumed row, is mostly the call itself). Each
+``PREFILL_MIN_TOKENS`` (a short one, a prefix-cache hit or a resumed row, is mostly the call itself). A
+request stopped by its cap only says it wanted at least that many: it never lowers the mean. Each
 is an exponentially weighted mean that ages out: a value not refreshed for ``STALE_S`` is replaced by the
 next sample, not averaged with it (the device may have changed: thermal state, other load). Until a rate
 is known the prediction is None and the request is admitted: nothing says it would be late.
@@ -88,8 +89,16 @@ class Rates:
             step = self._step.current(now) or 0.0
             self._prefill.learn(max(0.0, ms - step) / tokens, now)
 
-    def finished(self, tokens: int, now: float) -> None:
-        self._tokens.learn(float(tokens), now)
+    def finished(self, tokens: int, now: float, capped: bool = False) -> None:
+        """A request finished with ``tokens`` generated; ``capped``: it stopped at its cap, so it would have
+        made at least that many: evidence for a longer mean, never for a shorter one (a chat capped at 8
+        says nothing of one capped at 48)."""
+        if not capped:
+            self._tokens.learn(float(tokens), now)
+            return
+        mean = self._tokens.current(now)
+        if mean is not None:
+            self._tokens.learn(max(float(tokens), mean), now)
 
     def snapshot(self, now: float) -> Snapshot | None:
         """The current rates, or None while the step rate is unknown or stale (no per-token prefill rate yet:

@@ -55,6 +55,18 @@ def test_judge_admits_within_the_budget_and_refuses_with_a_retry_hint():
     assert judge(400, 387).retry_after_s == 1
 
 
+def test_a_request_stopped_by_its_cap_never_lowers_the_expected_length():
+    rates = Rates()
+    rates.step(10.0, 0.0)
+    rates.finished(8, 0.0, capped=True)  # it wanted at least 8: no length is known yet
+    assert rates.snapshot(0.0).mean_new_tokens is None
+    rates.finished(30, 0.0)
+    rates.finished(8, 0.0, capped=True)  # at least 8 says nothing against a mean of 30
+    assert rates.snapshot(0.0).mean_new_tokens == 30
+    rates.finished(80, 0.0, capped=True)  # at least 80 raises it
+    assert rates.snapshot(0.0).mean_new_tokens == pytest.approx(30 + 0.2 * 50)
+
+
 def test_rates_learn_steps_prefills_and_lengths_and_age_out():
     rates = Rates()
     assert rates.snapshot(0.0) is None

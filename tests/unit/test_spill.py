@@ -5,7 +5,6 @@ Times are given, never measured."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 
 import pytest
 
@@ -15,8 +14,9 @@ from edge_agent.metrics.timing import RequestTiming
 from edge_agent.metrics.window import WARMUP
 from edge_agent.models.sampling import SamplingParams
 from edge_agent.observe import Observation
+from edge_agent.serving.admission import STALE_S, Rates, Snapshot, Work, predict_ttft_ms
 from edge_agent.serving.api_voice import VoiceSession
-from edge_agent.serving.llm.spill import STALE_S, Rates, Work, decide
+from edge_agent.serving.llm.spill import decide
 from edge_agent.serving.tier_policy import DEFAULT_SPILL_TTFT_MS, overlay, policy_from_config
 from edge_agent.telemetry.schema import SlaSpec
 
@@ -32,51 +32,48 @@ def _timing(
     return RequestTiming(start, start, times, max(finished_s, times[-1]), tokens_in=tokens_in, tags=frozenset(tags))
 
 
+def _rates(step_ms: float, prompt_tokens: int, prefill_ms: float, at: float = 10.0) -> Snapshot:
+    rates = Rates()
+    rates.step(step_ms, at)
+    rates.prefill(prompt_tokens, prefill_ms, at)
+    snap = rates.snapshot(at)
+    assert snap is not None
+    return snap
+
+
 def test_an_idle_tier_takes_every_request_whatever_its_last_request_cost() -> None:
-    rates = Rates()
-    rates.learn(_timing(10.0, 380, 921.0, 10.0, 2))  # one slow first token: 921 ms
-    assert decide([], Work(380, 0), rates.current(10.0), 387.0).take
+    assert decide(0, 921.0, 387.0).take  # one slow first token predicted: an idle tier still takes it
 
 
-def test_a_busy_tier_is_judged_per_token_from_the_work_ahead() -> None:
-    rates = Rates()
-    rates.learn(_timing(10.0, 100, 200.0, 10.0, 11))  # 2 ms a prompt token, 10 ms a generated token
-    assert rates.current(10.0) == pytest.approx((2.0, 10.0))
-    ahead = [Work(0, 20), Work(50, 8)]  # one decoding with 20 tokens left, one waiting
-    verdict = decide(ahead, Work(30, 0), rates.current(10.0), 387.0)
-    # 20 × 10 + (50 × 2 + 8 × 10) + 30 × 2 = 440 ms
-    assert not verdict.take and verdict.expected_ms == pytest.approx(440.0)
-    assert verdict.reason == "queue: expected first token in 440 ms > 387 ms"
-    assert decide(ahead, Work(30, 0), rates.current(10.0), 500.0).take
-    assert decide(ahead, Work(30, 0), rates.current(10.0), None).take  # no threshold: it queues
+def test_a_busy_tier_is_judged_by_its_predicted_first_token() -> None:
+    rates = _rates(10.0, 100, 210.0)  # 10 ms a step; a 100-token prefill took a step + 2 ms a token
+    assert rates.prefill_ms_per_token == pytest.approx(2.0)
+    # one sequence decoding with 20 tokens left, one waiting (50 prompt tokens, 8 to generate), one row:
+    # the row frees at 200 ms; the waiting one holds it for 10 + 50 x 2 + 8 x 10 = 190 ms; then this
+    # request's prefill, 10 + 30 x 2 = 70 ms: 460 ms
+    predicted = predict_ttft_ms([20], [Work(50, 8)], 30, 1, rates)
+    assert predicted == pytest.approx(460.0)
+    verdict = decide(2, predicted, 387.0)
+    assert not verdict.take and verdict.expected_ms == pytest.approx(460.0)
+    assert verdict.reason == "queue: expected first token in 460 ms > 387 ms"
+    assert decide(2, predicted, 500.0).take
+    assert decide(2, predicted, None).take  # no threshold: it queues
 
 
 def test_a_short_prompt_is_not_judged_by_a_long_prompts_first_token() -> None:
+    rates = _rates(10.0, 380, 921.0)
+    predicted = predict_ttft_ms([1], [], 20, 1, rates)
+    assert predicted == pytest.approx(10.0 + 10.0 + 20 * (921.0 - 10.0) / 380)
+    assert decide(1, predicted, 387.0).take
+
+
+def test_a_busy_tier_without_recent_rates_hands_the_request_on() -> None:
     rates = Rates()
-    rates.learn(_timing(10.0, 380, 921.0, 10.0, 2))
-    verdict = decide([Work(0, 1)], Work(20, 0), rates.current(10.0), 387.0)
-    assert verdict.take and verdict.expected_ms == pytest.approx(10.0 + 20 * 921.0 / 380)
-
-
-def test_rates_age_out_and_a_busy_tier_without_them_hands_the_request_on() -> None:
-    rates = Rates()
-    rates.learn(_timing(10.0, 100, 200.0, 10.0, 11))
-    assert rates.current(10.0 + STALE_S) is not None
-    assert rates.current(10.0 + STALE_S + 1) is None
-    verdict = decide([Work(0, 5)], Work(10, 0), rates.current(10.0 + STALE_S + 1), 387.0)
-    assert not verdict.take and "no recent timing" in verdict.reason
-    # a sample after the gap replaces the old rate instead of averaging with it
-    rates.learn(_timing(100.0, 100, 50.0, 4.0, 11))
-    assert rates.current(100.0) == pytest.approx((0.5, 4.0))
-    rates.learn(_timing(101.0, 100, 150.0, 4.0, 11))  # a fresh one averages
-    assert rates.current(101.0)[0] == pytest.approx(0.5 + 0.2 * (1.5 - 0.5))
-
-
-def test_cached_prompt_tokens_are_not_counted_as_prefilled() -> None:
-    rates = Rates()
-    timing = _timing(10.0, 100, 60.0, 10.0, 2)
-    rates.learn(replace(timing, cached_tokens=80))
-    assert rates.current(10.0)[0] == pytest.approx(3.0)  # 60 ms over the 20 tokens prefilled
+    rates.step(10.0, 10.0)
+    assert rates.snapshot(10.0 + STALE_S) is not None
+    assert rates.snapshot(10.0 + STALE_S + 1) is None  # aged out: nothing to predict with
+    verdict = decide(1, None, 387.0)
+    assert not verdict.take and verdict.reason == "queue: 1 request(s) ahead and no recent timing to wait on"
 
 
 @pytest.mark.parametrize(

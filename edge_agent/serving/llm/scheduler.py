@@ -618,7 +618,7 @@ class LLMScheduler:
         timing = seq.recorder.finish()
         if reason != "cancelled" and not seq.warmup:
             with self._cond:
-                self.rates.finished(len(seq.generated), timing.finished_s)
+                self.rates.finished(len(seq.generated), timing.finished_s, capped=reason == "length")
         if self._wait is not None and timing.ttft_ms is not None:
             with self._cond:
                 self._wait.on_latency(timing.ttft_ms, self.sla_ms())

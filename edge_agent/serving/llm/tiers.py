@@ -28,7 +28,7 @@ active scheduler's batch within what its KV buffers hold.
 beside it, loaded with it: a request goes there instead when the active tier cannot take it (its prompt
 does not fit the NPU's context, or is too short for its prefill) or when the work already on it would
 make its first token later than the spill threshold (``spill.decide``: an idle tier takes every request
-it can hold; a busy one is judged per token, at rates that age out). The threshold is read at each
+it can hold; a busy one by its predicted first token, from the tier's measured rates). The threshold is read at each
 decision (``spill_threshold``, set by the agent to follow the SLA in force), and the decision and the
 hand-over to the scheduler are one step under one lock, so requests arriving together never all see an
 idle tier. The handle says so (``spill``: the tier it left and why); the request is observed under the
@@ -64,7 +64,7 @@ from ...observe import Observation, Observer
 from ..admission import judge
 from ..tier_ladder import Ladder
 from .scheduler import DEFAULT_PARAMS, Limits, LLMScheduler, RequestHandle
-from .spill import Rates, Verdict, Work, decide
+from .spill import Verdict, decide
 
 MAX_CHARS_PER_TOKEN = 32
 SPILLED_FROM = "spilled_from:"  # a request tag: served by the spill tier of the tier named after it
@@ -102,8 +102,6 @@ class Pressure:
 
 class _Loaded:
     engine: str | None
-    rates: Rates
-    rates_lock: threading.Lock
     scheduler: LLMScheduler
     label: list[str]
 
@@ -122,21 +120,17 @@ class _Loaded:
         self.spill: _Loaded | None = None  # the next tier, beside a one-sequence tier (see the module doc)
         self.adopted = False  # swapped out, but kept as the new active tier's spill tier
         if share is not None:
-            self.engine, self.rates, self.rates_lock = share.engine, share.rates, share.rates_lock
+            self.engine = share.engine
             self.scheduler, self.label = share.scheduler, share.label
             self.first = False  # nothing was loaded
             return
         # The tier is known here, where the scheduler is made: each observation says so, typed, with
         # the engine it opened (asked once, now that it is open: a later build does not rename this one).
         engine = self.engine = tier.engine() if tier.engine is not None else None
-        self.rates = Rates()  # per token, for the spill decision when this tier holds one sequence
-        self.rates_lock = threading.Lock()
         self.label = [tier.name, tier.model]  # the tier its requests are observed under (settings-only switches)
         label = self.label
 
         def finished(timing) -> None:
-            with self.rates_lock:
-                self.rates.learn(timing)
             obs = Observation.of_request(timing, label[0], label[1], engine)
             spilled = [t[len(SPILLED_FROM) :] for t in timing.tags if t.startswith(SPILLED_FROM)]
             observe(replace(obs, spilled_from=spilled[0]) if spilled else obs)
@@ -145,11 +139,10 @@ class _Loaded:
         self.first = True  # the next request is the first after a load: excluded from SLA windows
 
     def verdict(self, prompt_tokens: int, threshold_ms: float | None, now: float) -> Verdict:
-        """Whether this one-sequence tier takes a prompt of ``prompt_tokens`` now (``spill.decide``)."""
-        ahead = [Work(p, n) for p, n in self.scheduler.backlog()]
-        with self.rates_lock:
-            rates = self.rates.current(now)
-        return decide(ahead, Work(prompt_tokens, 0), rates, threshold_ms)
+        """Whether this one-sequence tier takes a prompt of ``prompt_tokens`` now (``spill.decide`` on the
+        scheduler's own prediction)."""
+        busy = len(self.scheduler.backlog())
+        return decide(busy, self.scheduler.predict_ttft_ms(prompt_tokens, now=now), threshold_ms)
 
     def limits(self) -> Limits:
         """This tier's limits within what its scheduler's batch holds."""
