@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..bench import asr, calls, fleet, grammar, llm, serve, telemetry, tiers, voice
+from ..bench import asr, calls, fleet, grammar, llm, overload, serve, telemetry, tiers, voice
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -20,3 +20,4 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     grammar.add_parser(bsub)
     voice.add_parser(bsub)
     calls.add_parser(bsub)
+    overload.add_parser(bsub)
