@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 HISTOGRAM = "edge_fleet_latency_ms"
 MAX_HEALTH_KEYS = 64  # a device cannot blow up the exporter's cardinality through its health object
 MAX_WORKLOADS = 16  # workloads per device in the tier gauge and the tier-switch counter
+MAX_REFUSAL_LABELS = 64  # (workload, reason, class) label sets per device in the refused-requests counter
 MAX_LABEL = 64  # characters of a tier, workload or version label taken from a payload
 MAX_DEVICE_ID = 128  # a longer device id (the topic level) would be repeated in every one of its samples
 LOG_EVERY_S = 600.0  # a store-wide refusal reason is logged at most this often (the counter has every one)
@@ -137,6 +138,9 @@ class ExportDevice:
     heard: float = 0.0  # the store's clock when any message of this device last arrived
     merged_at: dict[tuple[str, str, str], float] = field(default_factory=dict)  # per series, for expiry
     refused_series: int = 0  # series refused over max_series_per_device (a counter with a device label)
+    # windows' ``admission`` summed: (workload, reason, class) -> requests refused, workload -> preemptions
+    refused_requests: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    preemptions: dict[str, int] = field(default_factory=dict)
 
 
 class FleetStore:
@@ -283,6 +287,8 @@ class FleetStore:
             dev.health = dict(islice(_flat_numbers(health), MAX_HEALTH_KEYS))
         if win.historical:
             dev.historical += 1  # a replayed window still counts: the cumulative histogram wants every sample
+        if win.admission is not None:
+            self._admission(device_id, dev, win.admission)
         limit = self.limits.max_series_per_device
         for s, raw in zip(win.series, data["series"]):
             self._set_tier(dev, s.workload, s.tier, replace=not win.historical)
@@ -315,6 +321,20 @@ class FleetStore:
                 else:
                     hist.merge(incoming)
                 dev.merged_at[key] = now
+
+    def _admission(self, device_id: str, dev: ExportDevice, admission: Any) -> None:
+        """A window's refusals and preemptions added to the device's counters (bounded label sets)."""
+        for r in admission.refused:
+            key = (r.workload, r.reason, r.class_)
+            if key not in dev.refused_requests and len(dev.refused_requests) >= MAX_REFUSAL_LABELS:
+                self._refuse("workload_limit", f"refusals {'/'.join(key)} on {device_id!r}: {MAX_REFUSAL_LABELS} held")
+                continue
+            dev.refused_requests[key] = dev.refused_requests.get(key, 0) + r.count
+        for workload, n in admission.preempted.items():
+            if workload not in dev.preemptions and len(dev.preemptions) >= MAX_WORKLOADS:
+                self._refuse("workload_limit", f"preemptions of {workload!r} on {device_id!r}: {MAX_WORKLOADS} held")
+                continue
+            dev.preemptions[workload] = dev.preemptions.get(workload, 0) + n
 
     def _maybe_expire(self, now: float) -> None:
         """Drop series and devices idle for ``stale_after_s``; a sweep at most every ``stale_after_s / 8``."""
@@ -375,6 +395,8 @@ class FleetStore:
                     dict(d.meta),
                     heard=d.heard,
                     refused_series=d.refused_series,
+                    refused_requests=dict(d.refused_requests),
+                    preemptions=dict(d.preemptions),
                 )
                 for d in self.devices.values()
             ]
@@ -426,6 +448,16 @@ class FleetCollector:
             "series refused from a device over --max-series-per-device (only devices that went over)",
             labels=("device",),
         )
+        refused_requests = CounterMetricFamily(
+            "edge_fleet_device_requests_refused",
+            "requests refused at admission, from the windows' admission",
+            labels=("device", "workload", "reason", "class"),
+        )
+        preemptions = CounterMetricFamily(
+            "edge_fleet_device_preemptions",
+            "running requests that gave their row to a voice turn, from the windows' admission",
+            labels=("device", "workload"),
+        )
         for dev in sorted(devices, key=lambda d: d.device_id):
             d = dev.device_id
             for (workload, tier_name, metric), h in sorted(dev.hists.items()):
@@ -449,7 +481,12 @@ class FleetCollector:
                 switches.add_metric([d, workload], n)
             if dev.refused_series:
                 over.add_metric([d], dev.refused_series)
+            for (workload, reason, klass), n in sorted(dev.refused_requests.items()):
+                refused_requests.add_metric([d, workload, reason, klass], n)
+            for workload, n in sorted(dev.preemptions.items()):
+                preemptions.add_metric([d, workload], n)
         yield from (hist, online, tier, health, gaps, dups, windows, age, switches, over)
+        yield from (refused_requests, preemptions)
         msgs = CounterMetricFamily("edge_fleet_export_messages", "MQTT messages ingested", labels=("kind",))
         for kind, n in sorted(self.store.messages.items()):
             msgs.add_metric([kind], n)

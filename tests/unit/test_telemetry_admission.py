@@ -190,3 +190,27 @@ def test_fleet_view_counts_only_recent_windows():
     assert (view.rows()["devices"][0]["refused"], view.rows()["devices"][0]["preempted"]) == (5, 1)
     now[0] = 200.0  # none recent: nothing is known about the last minute
     assert view.rows()["devices"][0]["refused"] is None
+
+
+def test_fleet_export_counts_every_windows_refusals_once_with_bounded_labels():
+    from edge_agent.telemetry.fleet_export import MAX_REFUSAL_LABELS, FleetStore
+    from tests.unit.test_fleet_export import scrape
+
+    store = FleetStore()
+    over = {"workload": "llm", "reason": "over_budget", "class": "chat"}
+    first = {"refused": [{**over, "count": 4}], "preempted": {"llm": 1}}
+    store.ingest("edge/v1/a/tele/latency", with_admission("a", 1, [10.0], first))
+    store.ingest("edge/v1/a/tele/latency", with_admission("a", 1, [10.0], first))  # a duplicate: once
+    store.ingest("edge/v1/a/tele/latency", with_admission("a", 2, [10.0], {"refused": [{**over, "count": 3}]}))
+    store.ingest("edge/v1/b/tele/latency", with_admission("b", 1, [10.0], None))  # an older agent: no series
+    flood = [{"workload": "llm", "reason": f"r{k}", "class": "chat", "count": 1} for k in range(MAX_REFUSAL_LABELS)]
+    store.ingest("edge/v1/c/tele/latency", with_admission("c", 1, [10.0], {"refused": flood}))
+    store.ingest("edge/v1/c/tele/latency", with_admission("c", 2, [10.0], {"refused": [{**over, "count": 1}]}))
+    got = scrape(store)
+    refused = {
+        (s.labels["device"], s.labels["reason"]): s.value for s in got["edge_fleet_device_requests_refused_total"]
+    }
+    assert refused[("a", "over_budget")] == 7 and not any(d == "b" for d, _ in refused)
+    assert sum(1 for d, _ in refused if d == "c") == MAX_REFUSAL_LABELS and ("c", "over_budget") not in refused
+    assert store.counters()["refused"]["workload_limit"] == 1
+    assert [(s.labels["device"], s.value) for s in got["edge_fleet_device_preemptions_total"]] == [("a", 1.0)]
