@@ -16,12 +16,12 @@ engine that is not faster only costs accuracy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .recipes import WEIGHT_ONLY, AccuracyBudget
+from .recipes import TOP_RUNG, WEIGHT_ONLY, AccuracyBudget
 
 
 @dataclass(slots=True)
@@ -37,6 +37,14 @@ class Verdict:
     latency_ms: float | None = None  # median per sample on this device
     reference_latency_ms: float | None = None
     flavour: str = ""  # e.g. "qdq-static", "dynamic", "nncf"
+    # With lower rungs ([rungs.NAME]): per rung, within its budget ("top" is [accuracy]); empty otherwise.
+    rungs: dict[str, bool] = field(default_factory=dict)
+
+    def passes(self, rung: str = TOP_RUNG) -> bool:
+        """Within ``rung``'s budget: a verdict judged without rungs passes the top rung only."""
+        if self.rungs:
+            return bool(self.rungs.get(rung, False))
+        return self.passed and rung == TOP_RUNG
 
     @property
     def speedup(self) -> float | None:
@@ -137,8 +145,34 @@ def asr_metrics(
 
 
 def judge(
-    workload: str, metrics: dict[str, float], budget: AccuracyBudget, precision: str, backend: str, flavour: str = ""
+    workload: str,
+    metrics: dict[str, float],
+    budget: AccuracyBudget,
+    precision: str,
+    backend: str,
+    flavour: str = "",
+    rungs: Mapping[str, AccuracyBudget] | None = None,
 ) -> Verdict:
+    """The candidate against ``budget`` (the top rung's) and each lower rung's: it passes (enters the cache)
+    when within any of them; ``rungs`` says which, the reasons say what broke each budget it missed."""
+    limits, reasons = _limits_and_reasons(workload, metrics, budget)
+    if not rungs:
+        return Verdict(precision, backend, metrics, limits, not reasons, reasons, flavour=flavour)
+    within = {TOP_RUNG: not reasons}
+    all_reasons = [f"{TOP_RUNG}: {r}" for r in reasons]
+    for name, rung in rungs.items():
+        rung_limits, rung_reasons = _limits_and_reasons(workload, metrics, rung)
+        limits.update({f"{name}.{k}": v for k, v in rung_limits.items()})
+        within[name] = not rung_reasons
+        all_reasons += [f"{name}: {r}" for r in rung_reasons]
+    return Verdict(
+        precision, backend, metrics, limits, any(within.values()), all_reasons, flavour=flavour, rungs=within
+    )
+
+
+def _limits_and_reasons(
+    workload: str, metrics: dict[str, float], budget: AccuracyBudget
+) -> tuple[dict[str, float], list[str]]:
     reasons: list[str] = []
     limits: dict[str, float]
     if workload == "llm":
@@ -158,7 +192,7 @@ def judge(
                 f"WER {metrics['wer']:.3f} is {metrics['wer_delta']:+.3f} over FP32's "
                 f"{metrics['wer_fp32']:.3f} (budget +{budget.max_wer_delta})"
             )
-    return Verdict(precision, backend, metrics, limits, not reasons, reasons, flavour=flavour)
+    return limits, reasons
 
 
 _QUANTIZED = ("int8", *WEIGHT_ONLY)  # int8, int8w, int4
@@ -173,9 +207,10 @@ def _cost(v: Verdict, paired: bool) -> float:
     return latency
 
 
-def choose(verdicts: Sequence[Verdict]) -> Verdict | None:
-    """The engine to use: fastest passing one; a quantized one only if faster than all passing float ones."""
-    passing = [v for v in verdicts if v.passed and v.latency_ms is not None]
+def choose(verdicts: Sequence[Verdict], rung: str = TOP_RUNG) -> Verdict | None:
+    """The engine to use on ``rung``: the fastest within its budget; a quantized one only if faster than all
+    float ones within it."""
+    passing = [v for v in verdicts if v.passes(rung) and v.latency_ms is not None]
     if not passing:
         return None
     paired = all(v.reference_latency_ms for v in passing)

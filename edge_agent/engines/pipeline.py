@@ -395,7 +395,13 @@ class Pipeline:
         else:
             metrics = gates.asr_metrics(reference["references"], reference["texts"], texts)
         verdict = gates.judge(
-            self.recipe.workload, metrics, self.recipe.accuracy, parts["precision"], parts["backend"], parts["flavour"]
+            self.recipe.workload,
+            metrics,
+            self.recipe.accuracy,
+            parts["precision"],
+            parts["backend"],
+            parts["flavour"],
+            rungs=self.recipe.rungs,
         )
         speed = self._speed(staged, parts)
         # An LLM's speed is its decode (ms per token, batch 1, KV cache); the prefill stays in the report.

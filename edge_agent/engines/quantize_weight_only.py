@@ -33,12 +33,15 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendUnavailable, InputError, ModelError
+from . import int4_methods
 from .quantize_ort import _onnx, _quiet_tools, _save_external
 from .quiet import folded
 
 log = logging.getLogger(__name__)
 
-ALGORITHMS = ("rtn", "hqq")
+ALGORITHMS = ("rtn", "hqq", *(m for m in int4_methods.METHODS if m != "rtn"))
+# Written here in numpy (int4_methods), the rest by ONNX Runtime's quantizer.
+NUMPY_ALGORITHMS = ("rtn_asym", "kquant", "gptq")
 
 
 def ort_quantizer_available() -> bool:
@@ -182,6 +185,52 @@ def _rewrite(
         model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
 
 
+def _nbits_node(node: Any, name: str, blocks: int4_methods.Blocks, accuracy_level: int, graph: Any) -> Any:
+    """``node`` (MatMul of ``name``) as MatMulNBits over ``blocks``, zero points stored (uint8, packed)."""
+    from onnx import helper, numpy_helper
+
+    packed, scales, zero_points = blocks.pack()
+    bits = blocks.bits
+    q = numpy_helper.from_array(packed, f"{name}_Q{bits}")
+    s = numpy_helper.from_array(scales, f"{name}_scales")
+    zp = numpy_helper.from_array(zero_points, f"{name}_zero_points")
+    graph.initializer.extend([q, s, zp])
+    attrs: dict[str, Any] = {"K": blocks.rows, "N": packed.shape[0], "bits": bits, "block_size": blocks.block_size}
+    if accuracy_level:
+        attrs["accuracy_level"] = accuracy_level
+    return helper.make_node(
+        "MatMulNBits",
+        [node.input[0], q.name, s.name, zp.name],
+        list(node.output),
+        name=f"{node.name}_Q{bits}" if node.name else "",
+        domain="com.microsoft",
+        **attrs,
+    )
+
+
+def _rewrite_blocks(model: Any, chosen: dict[str, int4_methods.Blocks], accuracy_level: int) -> None:
+    """Each MatMul named in ``chosen`` becomes MatMulNBits over its (already quantized) blocks."""
+    onnx = _onnx()
+    graph = model.graph
+    nodes = []
+    replaced: set[str] = set()
+    for node in graph.node:
+        blocks = chosen.get(node.name) if node.op_type == "MatMul" else None
+        if blocks is None:
+            nodes.append(node)
+            continue
+        nodes.append(_nbits_node(node, node.input[1], blocks, accuracy_level, graph))
+        replaced.add(node.input[1])
+    del graph.node[:]
+    graph.node.extend(nodes)
+    still_used = {i for n in graph.node for i in n.input}
+    keep = [i for i in graph.initializer if i.name not in replaced or i.name in still_used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+
+
 def quantize_embedding_gathers(model: Any, block_size: int, min_rows: int = 1024) -> int:
     """Gather(table, ids) over a float [rows, width] table becomes ``GatherBlockQuantized``: the table
     as 8-bit integers (uint8 around 128), one float scale per ``block_size`` values of a row
@@ -256,13 +305,51 @@ def quantize_matmul_nbits(
     embedding_bits: int = 0,
     head_bits: int = 0,
     head_block_size: int = 0,
+    calibration: str | Path | None = None,
+    calibration_skip_tokens: int = 0,
+    calibration_tokens: int = 2048,
+    sensitivity_tokens: int = 512,
+    mixed_budget_pct: float | None = None,
+    source: Any = None,
+    threads: int = 0,
+    progress: Any = None,
 ) -> dict:
     """Weight-only ``bits``-bit (4 or 8) MatMulNBits model of ``src`` at ``dst``; returns what was done.
 
     ``use_ort_quantizer``: None = onnxruntime's MatMulNBitsQuantizer when it imports, else the
     rewrite over the same kernels; True / False force one (tests compare the two).
     ``embedding_bits`` 8: embedding tables too (``quantize_embedding_gathers``); 0 keeps them float.
-    ``head_bits`` / ``head_block_size``: the LM head's own (0: as the rest), RTN through the rewrite."""
+    ``head_bits`` / ``head_block_size``: the LM head's own (0: as the rest), RTN through the rewrite.
+
+    ``algorithm`` ``rtn_asym`` / ``kquant`` / ``gptq`` run ``int4_methods`` here (asymmetric blocks, uint8
+    zero points). ``calibration`` (a text file; tokens ``calibration_skip_tokens ..`` + ``calibration_tokens``
+    of it) gives ``kquant`` its importance per input and ``gptq`` its Hessians, measured on ``source`` (the
+    FP32 model's ``ModelRef``: its plain graph, tokenizer and config). ``mixed_budget_pct``: the 4-bit
+    precision keeps the layers (and head) at 8 bits that ``int4_sensitivity.keep_8bit`` picks to stay within
+    that Δperplexity on ``sensitivity_tokens`` of the calibration text; the choice is in the result."""
+    numpy_path = algorithm in NUMPY_ALGORITHMS or mixed_budget_pct is not None
+    if numpy_path:
+        if algorithm not in ALGORITHMS:
+            raise InputError(f"weight_only.algorithm {algorithm!r}: choose one of {', '.join(ALGORITHMS)}")
+        return _quantize_numpy(
+            src,
+            dst,
+            bits,
+            block_size,
+            accuracy_level,
+            algorithm,
+            embedding_bits,
+            head_bits or bits,
+            head_block_size or block_size,
+            calibration,
+            calibration_skip_tokens,
+            calibration_tokens,
+            sensitivity_tokens,
+            mixed_budget_pct,
+            source,
+            threads,
+            progress,
+        )
     head_bits, head_block_size = head_bits or bits, head_block_size or block_size
     for what, b in (("", bits), ("head_", head_bits)):
         if b not in (4, 8):
@@ -345,3 +432,164 @@ def quantize_matmul_nbits(
         "embedding_tables_8bit": gathers,
         "head": {"node": head, "bits": head_bits, "block_size": head_block_size} if head else None,
     }
+
+
+def _calibration_ids(source: Any, text: Path, skip: int, count: int) -> tuple[list[int], int | None]:
+    from ..models.perplexity import text_tokens
+    from ..models.tokenizer import Tokenizer
+    from .datasets import read_text_corpus
+
+    ids, bos = text_tokens(Tokenizer(source.path, source.model_type), read_text_corpus(Path(text)))
+    chosen = ids[skip : skip + count]
+    if len(chosen) < 2:
+        raise InputError(
+            f"weight_only.calibration {text}: {len(ids)} tokens, none left after calibration_skip_tokens = {skip}"
+        )
+    return chosen, bos
+
+
+def _quantize_numpy(
+    src: Path,
+    dst: Path,
+    bits: int,
+    block_size: int,
+    accuracy_level: int,
+    algorithm: str,
+    embedding_bits: int,
+    head_bits: int,
+    head_block_size: int,
+    calibration: str | Path | None,
+    skip: int,
+    count: int,
+    sensitivity_tokens: int,
+    budget: float | None,
+    source: Any,
+    threads: int,
+    progress: Any,
+) -> dict:
+    """The numpy methods' path (see ``quantize_matmul_nbits``)."""
+    import time
+
+    from onnx import numpy_helper
+
+    from . import int4_sensitivity as sv
+
+    say = progress or (lambda m: log.info("%s", m))
+    for what, b in (("", bits), ("head_", head_bits)):
+        if b not in (4, 8):
+            raise InputError(f"weight-only quantization takes 4 or 8 bits, not {what}bits = {b}")
+    for what, size in (("block_size", block_size), ("head_block_size", head_block_size)):
+        if size < 16 or size & (size - 1):
+            raise InputError(f"weight_only.{what} {size}: MatMulNBits takes a power of two >= 16")
+    if embedding_bits not in (0, 8):
+        raise InputError(f"weight_only.embedding_bits {embedding_bits}: 0 (float) or 8")
+    if algorithm in int4_methods.NEEDS_CALIBRATION and calibration is None:
+        raise InputError(f"weight_only.algorithm = {algorithm!r} needs weight_only.calibration (a text file)")
+    if budget is not None and calibration is None:
+        raise InputError(
+            "weight_only.mixed_budget_pct (the sensitivity pass) needs weight_only.calibration (a text file)"
+        )
+    if calibration is not None and source is None:
+        raise InputError("weight_only.calibration: the FP32 source model is needed to run it (source=)")
+    if algorithm == "hqq":
+        raise InputError("weight_only.mixed_budget_pct takes the numpy methods (rtn_asym, kquant, gptq), not hqq")
+    t0 = time.perf_counter()
+    onnx = _onnx()
+    model = onnx.load(str(src))
+    untied = untie_transposed_weights(model)
+    head = head_matmul(model)
+    targets = sv.sites(model, head)
+    if not targets:
+        raise ModelError(f"{src}: no MatMul with a constant 2-D weight to quantize (is it an LLM export?)")
+    cal = None
+    plain = model
+    report: dict[str, Any] = {}
+    if calibration is not None:
+        source_graph = Path(source.path) / "model.onnx"
+        for candidate in (Path(source.path) / src.name, source_graph):
+            if candidate.is_file():
+                source_graph = candidate
+                break
+        if source_graph.resolve() != Path(src).resolve():
+            plain = onnx.load(str(source_graph))
+            untie_transposed_weights(plain)
+        ids, bos = _calibration_ids(source, Path(calibration), skip, count)
+        cal = sv.calibrate(plain, head_matmul(plain), ids, bos, dict(source.config), threads=threads, progress=say)
+        report["calibration"] = {"text": str(calibration), "skip_tokens": skip, "tokens": len(ids)}
+    inits = {i.name: i for i in model.graph.initializer}
+    blocks4: dict[str, int4_methods.Blocks] = {}
+    for i, s in enumerate(targets):
+        key = sv.site_key(s)
+        w = numpy_helper.to_array(inits[s.weight])
+        b, size = (head_bits, head_block_size) if s.group == "head" else (bits, block_size)
+        if b != 4:
+            continue
+        blocks4[s.node] = int4_methods.quantize(
+            w,
+            4,
+            size,
+            algorithm,
+            importance=cal.importance(key) if cal else None,
+            hessian=cal.hessian(key) if cal else None,
+        )
+        say(f"{algorithm} {i + 1}/{len(targets)}: {s.weight}")
+    keep: set[str] = {s.node for s in targets if s.node not in blocks4}  # 8-bit by the recipe
+    if budget is not None and cal is not None:
+        plain_sites = sv.sites(plain, head_matmul(plain))
+        by_key = {sv.site_key(s): s for s in targets}
+        plain_inits = {i.name: i for i in plain.graph.initializer}
+        deq4, deq8 = {}, {}
+        for s in plain_sites:
+            mine = by_key.get(sv.site_key(s))
+            if mine is None or mine.node not in blocks4:
+                continue
+            deq4[s.weight] = blocks4[mine.node].dequantize()
+            w = numpy_helper.to_array(plain_inits[s.weight])
+            deq8[s.weight] = int4_methods.quantize(
+                w, 8, head_block_size if s.group == "head" else block_size, "rtn"
+            ).dequantize()
+        quantizable = [s for s in plain_sites if s.weight in deq4]
+        evaluator = sv.Evaluator(plain, _first_tokens(cal.windows, sensitivity_tokens), dict(source.config), threads)
+        choice = sv.keep_8bit(evaluator, quantizable, deq4, budget, deq8, progress=say)
+        report["mixed"] = choice.to_dict()
+        groups = set(choice.keep_8bit)
+        keep |= {s.node for s in targets if s.group in groups}
+    chosen = {n: b for n, b in blocks4.items() if n not in keep}
+    _rewrite_blocks(model, chosen, accuracy_level)
+    eight = [s for s in targets if s.node in keep]
+    for size in sorted({head_block_size if s.group == "head" else block_size for s in eight}):
+        only = [s.node for s in eight if (head_block_size if s.group == "head" else block_size) == size]
+        _rewrite(model, 8, size, True, accuracy_level, only=only)
+    gathers = quantize_embedding_gathers(model, block_size) if embedding_bits else 0
+    _save_external(model, dst)
+    return {
+        "tool": f"edge_agent.engines.int4_methods ({algorithm}), ONNX Runtime MatMulNBits with uint8 zero points",
+        "op": "com.microsoft.MatMulNBits",
+        "bits": bits,
+        "block_size": block_size,
+        "symmetric": False,
+        "algorithm": algorithm,
+        "accuracy_level": accuracy_level,
+        "matmuls_quantized": sum(1 for n in model.graph.node if n.op_type == "MatMulNBits"),
+        "matmuls_4bit": len(chosen),
+        "matmuls_8bit": len(eight),
+        "matmuls_8bit_names": sorted(s.weight for s in eight),
+        "matmuls_float": sum(1 for n in model.graph.node if n.op_type == "MatMul"),
+        "tied_heads_untied": untied,
+        "embedding_tables_8bit": gathers,
+        "head": {"node": head, "bits": 8 if head in keep else 4, "block_size": head_block_size} if head else None,
+        "quantize_s": round(time.perf_counter() - t0, 1),
+        **report,
+    }
+
+
+def _first_tokens(windows: list[list[int]], tokens: int) -> list[list[int]]:
+    """The first windows holding about ``tokens`` tokens (at least one)."""
+    out: list[list[int]] = []
+    total = 0
+    for w in windows:
+        if out and total >= tokens:
+            break
+        out.append(w)
+        total += len(w)
+    return out

@@ -65,6 +65,7 @@ Every problem is reported as ``dotted.path: message`` through ``ConfigError``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -84,6 +85,8 @@ else:  # pragma: no cover
 
 Target = Literal["cpu", "jetson", "intel-npu"]
 BuildPrecision = Literal["fp32", "fp16", "int8", "int8w", "int4"]
+# The ladder's top rung: its budget is the recipe's [accuracy]; lower rungs are named in [rungs.NAME].
+TOP_RUNG = "top"
 # Weight-only precisions: only the weights are quantized (int8w: 8 bits, int4: 4 bits, per block); LLMs only.
 WEIGHT_ONLY: dict[str, int] = {"int8w": 8, "int4": 4}
 Method = Literal["minmax", "entropy", "percentile"]
@@ -163,12 +166,25 @@ class PerplexitySpec(_Strict):
         return self
 
 
+_CALIBRATION_KEYS = (
+    "calibration",
+    "calibration_skip_tokens",
+    "calibration_tokens",
+    "sensitivity_tokens",
+    "mixed_budget_pct",
+)
+
+
 class WeightOnlySpec(_Strict):
     """How the weight-only precisions (int8w, int4) quantize MatMul weights, per backend's tool."""
 
     block_size: int = Field(32, ge=16, le=4096, description="weights per scale along K (ORT block, NNCF group)")
     symmetric: bool = Field(True, description="no zero points (NNCF *_SYM modes), else asymmetric (*_ASYM)")
-    algorithm: Literal["rtn", "hqq"] = Field("rtn", description="ONNX Runtime: rtn, or hqq (onnx-ir + torch)")
+    algorithm: Literal["rtn", "hqq", "rtn_asym", "kquant", "gptq"] = Field(
+        "rtn",
+        description="ONNX Runtime: rtn, hqq (onnx-ir + torch); rtn_asym, kquant (searched asymmetric blocks), "
+        "gptq (needs calibration): int4_methods",
+    )
     accuracy_level: Literal[0, 1, 2, 3, 4] = Field(
         4, description="ONNX Runtime MatMulNBits compute type: 0 as the input (fp32), 4 int8 activations"
     )
@@ -179,13 +195,47 @@ class WeightOnlySpec(_Strict):
         0, description="ONNX Runtime: the LM head's own bits in both weight-only precisions (0: the precision's)"
     )
     head_block_size: int = Field(0, ge=0, le=4096, description="ONNX Runtime: the LM head's block size (0: block_size)")
+    calibration: Path | None = Field(
+        None, description="ONNX Runtime: a text file (relative to the recipe) for kquant's importance, gptq, mixed"
+    )
+    calibration_skip_tokens: int = Field(0, ge=0, description="tokens of the calibration text skipped first")
+    calibration_tokens: int = Field(2048, ge=2, le=65536, description="calibration tokens after the skipped ones")
+    sensitivity_tokens: int = Field(512, ge=2, le=65536, description="calibration tokens the sensitivity pass scores")
+    mixed_budget_pct: float | None = Field(
+        None,
+        ge=0.0,
+        description="ONNX Runtime int4: keep the layers at 8 bits that the sensitivity pass picks to stay within "
+        "this perplexity increase on the calibration text (needs calibration)",
+    )
+
+    @model_validator(mode="after")
+    def _calibrated(self) -> WeightOnlySpec:
+        if self.algorithm == "gptq" and self.calibration is None:
+            raise ValueError("calibration: algorithm 'gptq' needs a calibration text (weight_only.calibration)")
+        if self.mixed_budget_pct is not None and self.calibration is None:
+            raise ValueError("calibration: mixed_budget_pct (the sensitivity pass) needs a calibration text")
+        if self.mixed_budget_pct is not None and self.algorithm == "hqq":
+            raise ValueError("mixed_budget_pct takes rtn, rtn_asym, kquant or gptq, not hqq")
+        return self
 
     def unset_head(self) -> set[str]:
-        """The head keys left at 0: kept out of cache keys, so engines built before they existed stay valid."""
-        return {k for k in ("head_bits", "head_block_size") if not getattr(self, k)}
+        """The head keys left at 0 and the calibration keys left unset: kept out of cache keys, so engines
+        built before they existed stay valid."""
+        unset = {k for k in ("head_bits", "head_block_size") if not getattr(self, k)}
+        return unset | (
+            {k for k in _CALIBRATION_KEYS if k not in self.model_fields_set} if self.calibration is None else set()
+        )
 
     def key(self) -> dict:
-        return self.model_dump(exclude=self.unset_head())
+        """The cache key part: the calibration text by its content (sha256), not its path."""
+        out = self.model_dump(mode="json", exclude=self.unset_head())
+        if self.calibration is not None:
+            try:
+                digest = hashlib.sha256(Path(self.calibration).read_bytes()).hexdigest()
+            except OSError as exc:
+                raise ConfigError([("weight_only.calibration", f"cannot read {self.calibration}: {exc}")]) from exc
+            out["calibration"] = {"name": Path(self.calibration).name, "sha256": digest}
+        return out
 
     def ort_args(self) -> dict:
         """``quantize_matmul_nbits``'s keyword arguments for an LLM graph (all but src, dst and bits)."""
@@ -256,6 +306,11 @@ class Recipe(_Strict):
     heldout: DataRef | None = None
     perplexity: PerplexitySpec | None = Field(None, description="LLM: held-out text scored by perplexity")
     accuracy: AccuracyBudget = Field(default_factory=AccuracyBudget)
+    rungs: dict[str, AccuracyBudget] = Field(
+        default_factory=dict,
+        description="budgets of lower ladder rungs by name ([rungs.lower]); [accuracy] is the top rung's. An "
+        "engine within any rung's budget enters the cache; each rung serves the fastest engine within its own",
+    )
     weight_only: WeightOnlySpec | None = Field(None, description="int8w / int4 settings (defaults when absent)")
     profiles: list[Profile] = Field(default_factory=list)
     npu_llm: NpuLlmSpec | None = Field(None, description="the NPU's LLM mode (defaults when absent)")
@@ -278,6 +333,11 @@ class Recipe(_Strict):
             raise ValueError("graphs lists an ASR model's graphs (Whisper), onnx_file among them")
         if self.weight_only is not None and not set(WEIGHT_ONLY) & set(self.precisions):
             raise ValueError("[weight_only] configures int8w / int4, which precisions does not list")
+        if TOP_RUNG in self.rungs:
+            raise ValueError(f"rungs.{TOP_RUNG}: the top rung's budget is [accuracy]; name lower rungs otherwise")
+        for name, rung in self.rungs.items():
+            if rung.judges_perplexity and self.perplexity is None:
+                raise ValueError(f"rungs.{name}: a perplexity budget needs a [perplexity] section (held-out text)")
         names = [p.name for p in self.profiles]
         if len(set(names)) != len(names):
             raise ValueError(f"profile names must be unique: {names}")
@@ -335,8 +395,16 @@ class Recipe(_Strict):
 
     @property
     def weight_spec(self) -> WeightOnlySpec:
-        """The ``[weight_only]`` settings, the defaults when the recipe has none."""
-        return self.weight_only or WeightOnlySpec()
+        """The ``[weight_only]`` settings, the defaults when the recipe has none; a calibration text as an
+        absolute path (found like the recipe's other data)."""
+        spec = self.weight_only or WeightOnlySpec()
+        if spec.calibration is not None:
+            spec = spec.model_copy(update={"calibration": self.resolve(spec.calibration)})
+        return spec
+
+    def rung_budgets(self) -> dict[str, AccuracyBudget]:
+        """Every rung's budget, the top one (``[accuracy]``) first under ``TOP_RUNG``."""
+        return {TOP_RUNG: self.accuracy, **self.rungs}
 
     def fingerprint(self) -> dict:
         """What about the recipe changes an engine (the cache key part): everything but its file path.
@@ -353,6 +421,7 @@ class Recipe(_Strict):
             exclude["weight_only"] = dict.fromkeys(head_unset, True)
         exclude |= {"npu_llm": True} if self.npu_llm is None else {}
         exclude |= {"perplexity": True} if self.perplexity is None else {}
+        exclude |= {"rungs": True} if not self.rungs else {}
         unset = {k for k in ("max_ppl_increase_pct", "min_greedy_agreement") if getattr(self.accuracy, k) is None}
         if unset:  # recipes without a perplexity budget keep the keys they had
             exclude["accuracy"] = dict.fromkeys(unset, True)

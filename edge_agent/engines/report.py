@@ -61,7 +61,8 @@ def source_verdicts(verdicts: Sequence[Verdict], workload: str) -> list[Verdict]
         else:
             wer = mine[0].metrics.get("wer_fp32", 0.0)
             metrics = {"wer": wer, "wer_fp32": wer, "wer_delta": 0.0, "text_agreement": 1.0}
-        out.append(Verdict("fp32", backend, metrics, dict(mine[0].budget), True, [], lat, lat, "source"))
+        rungs = dict.fromkeys(mine[0].rungs, True)  # the source is within every rung's budget
+        out.append(Verdict("fp32", backend, metrics, dict(mine[0].budget), True, [], lat, lat, "source", rungs))
     return out
 
 
@@ -129,6 +130,8 @@ def checks(v: Verdict, workload: str) -> dict[str, str]:
 def _why_not(v: Verdict, chosen: Verdict | None, target: str) -> str:
     if not v.passed:
         return "refused: " + "; ".join(v.reasons)
+    if not v.passes():  # within a lower rung's budget only
+        return "lower rung only: " + "; ".join(v.reasons)
     if chosen is None:
         return "reference only: no engine passed, the model folder serves" if v.flavour == "source" else ""
     speed, best = v.speedup or 0.0, chosen.speedup or 0.0
@@ -199,6 +202,7 @@ def decide(
             latency_ms=r["accuracy"].get("latency_ms"),
             reference_latency_ms=r["accuracy"].get("reference_latency_ms"),
             flavour=r["accuracy"].get("flavour", ""),
+            rungs=dict(r["accuracy"].get("rungs") or {}),
         )
         for r in measured
     ]
@@ -208,6 +212,11 @@ def decide(
     chosen = gates.choose([v for v, _ in by_verdict])
     if verdicts and not any(v.passed for v in verdicts):
         chosen = None  # every engine refused: the FP32 source is a reference, not a choice
+    rung_names = list(dict.fromkeys(n for v in verdicts for n in v.rungs))
+    per_rung: dict[str, Any] = {}
+    for rung in rung_names:  # a lower rung: the fastest within its own budget (the FP32 source is within all)
+        pick = gates.choose([v for v, _ in by_verdict], rung)
+        per_rung[rung] = None if pick is None or chosen is None else name_of(pick)
     cpu_word = "CPU" if target == "cpu" else target
     rows = []
     for v, rep in by_verdict:
@@ -221,6 +230,7 @@ def decide(
                 "budget": v.budget,
                 "checks": checks(v, workload),
                 "passed": v.passed,
+                "rungs": v.rungs,
                 "reasons": v.reasons,
                 "latency_ms": v.latency_ms,
                 "reference_latency_ms": v.reference_latency_ms,
@@ -235,6 +245,7 @@ def decide(
     return {
         "verdict": verdict_line(rows, cpu_word),
         "chosen": chosen.to_dict() if chosen else None,
+        "rungs": per_rung,
         "rows": rows,
         "skipped": list(skipped),
         "legend": [
@@ -296,9 +307,13 @@ def render(report: dict[str, Any], workload: str) -> str:
         + timing_head
         + f" {'build s':>8} {'calib s':>8} {'load ms':>8}  verdict"
     )
-    lines = [report["verdict"], "", head, "-" * len(head)]
+    rung_lines = [f"rung {name}: {pick or 'none within its budget'}" for name, pick in report.get("rungs", {}).items()]
+    lines = [report["verdict"], *rung_lines, "", head, "-" * len(head)]
     for r in report["rows"]:
         verdict = "← chosen" if r["chosen"] else ("PASS, not chosen: " if r["passed"] else "") + r["why_not_chosen"]
+        within = [n for n, ok in (r.get("rungs") or {}).items() if ok]
+        if r.get("rungs") and r["flavour"] != "source":
+            verdict += f" [within: {', '.join(within) or 'no rung'}]"
         lines.append(
             f"{r['candidate']:<26} "
             + " ".join(f"{r['checks'].get(c, ''):<{w}}" for c, w in zip(cols, widths))

@@ -76,9 +76,16 @@ class EngineResolver:
     def __init__(self, cache: EngineCache, models_dir: Path, on_event: Event) -> None:
         self.cache, self.models_dir, self.on_event = cache, models_dir, on_event
 
-    def resolve(self, tier: TierConfig) -> Resolved:
+    def resolve(self, tier: TierConfig, rung: str | None = None) -> Resolved:
+        """The engine ``tier`` serves: with precision "auto", the gate's choice for ``rung`` (default: the
+        tier's ``rung`` setting when it has one, else the top rung, the recipe's ``[accuracy]``): the
+        fastest engine within that rung's budget (``[rungs.NAME]``). A lower rung no engine was judged
+        within serves the top rung's choice."""
         from .fingerprint import device_fingerprint, runtime_version
         from .gate import Verdict, choose
+        from .recipes import TOP_RUNG
+
+        rung = rung or getattr(tier, "rung", None) or TOP_RUNG
 
         source = resolve_model(tier.model, self.models_dir)
         model_hash = hash_model(source.path, self.cache.root / "model-hashes.json")
@@ -112,8 +119,13 @@ class EngineResolver:
                     [],
                     acc.get("latency_ms"),
                     acc.get("reference_latency_ms"),
+                    rungs=dict(acc.get("rungs") or {}),
                 )
-            best = choose(list(verdicts.values()))
+            best = choose(list(verdicts.values()), rung)
+            if best is None and rung != TOP_RUNG:
+                log.info("tier %r: no engine within rung %r's budget; the top rung's choice serves", tier.name, rung)
+                rung = TOP_RUNG
+                best = choose(list(verdicts.values()), rung)
             if best is None:
                 break
             key = next(k for k, v in verdicts.items() if v is best)

@@ -180,7 +180,9 @@ def _convert_onnx(ctx: StageContext, src: Path, dst: Path, parts: KeyParts, req:
     if precision in WEIGHT_ONLY and backend == "onnxruntime":
         from .quantize_weight_only import quantize_matmul_nbits
 
-        return quantize_matmul_nbits(src, dst, WEIGHT_ONLY[precision], **ctx.recipe.weight_spec.ort_args())
+        return quantize_matmul_nbits(
+            src, dst, WEIGHT_ONLY[precision], **ctx.recipe.weight_spec.ort_args(), source=ctx.ref, threads=ctx.threads
+        )
     if precision == "int8" and flavour == "calibrator":
         return {"tool": "TensorRT IInt8EntropyCalibrator2 at compile time (TensorRT < 11)", "method": "entropy"}
     if precision == "int8" and flavour == "dynamic":

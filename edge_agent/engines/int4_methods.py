@@ -1,0 +1,240 @@
+"""Block quantizers for weight-only 4-bit (and 8-bit) weights, in numpy, in ONNX Runtime's MatMulNBits layout.
+
+A ``[K, N]`` MatMul weight is cut along K into blocks of ``block_size``; each output column's block gets a
+float scale ``s`` and an integer zero point ``z`` (uint8, 0..2^bits - 1), and its values are stored as codes
+``q`` with ``w ≈ s * (q - z)``. Integer zero points are what ONNX Runtime's fast integer kernels take
+(accuracy_level 4); float zero points would drop it to a dequantize-every-call path.
+
+Methods (``quantize``):
+
+``rtn``       symmetric round to nearest: ``s = max|w| / 2^(bits-1)``, ``z = 2^(bits-1)`` (ONNX Runtime's default).
+``rtn_asym``  asymmetric round to nearest over ``[min, max]``.
+``kquant``    asymmetric with a searched scale and zero point (llama.cpp's k-quant search, ``make_qkx`` style):
+              for 21 candidate scales around ``(max - min) / (2^bits - 1)`` the codes are rounded, the best
+              ``(s, m)`` refitted by weighted least squares, the zero point rounded to an integer and ``s``
+              refitted once more; the candidate with the least weighted squared error wins. The weight of
+              a value is ``importance[k] * sqrt(mean(block²) + w²)``: ``importance`` is the mean square of
+              the activations that multiply input ``k`` on calibration text (an importance matrix, as
+              llama.cpp's imatrix), or 1 without calibration.
+``gptq``      GPTQ (Frantar et al. 2022) with blocks: columns of K are quantized in order (each block's scale
+              and zero point found by the ``kquant`` search on the weights as updated so far), and each
+              column's rounding error is spread over the columns not yet quantized through the inverse
+              Hessian ``H = X^T X`` of the calibration activations, so the layer's output on them moves least.
+
+``search_error`` is the objective ``kquant`` minimises, exposed so tests can check it against a brute-force
+search over every integer zero point and a fine grid of scales on small blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError
+
+METHODS = ("rtn", "rtn_asym", "kquant", "gptq")
+NEEDS_CALIBRATION = ("gptq",)
+
+
+@dataclass(frozen=True, slots=True)
+class Blocks:
+    """A quantized ``[K, N]`` weight: ``codes`` [N, blocks, block_size] (uint8, padding rows 0 weight),
+    ``scales`` [N, blocks] float32, ``zero_points`` [N, blocks] uint8."""
+
+    codes: np.ndarray
+    scales: np.ndarray
+    zero_points: np.ndarray
+    bits: int
+    block_size: int
+    rows: int  # K
+
+    def dequantize(self) -> np.ndarray:
+        """The float ``[K, N]`` weight these blocks stand for (what MatMulNBits multiplies by)."""
+        w = self.scales[..., None] * (self.codes.astype(np.float32) - self.zero_points[..., None].astype(np.float32))
+        return np.ascontiguousarray(w.reshape(w.shape[0], -1)[:, : self.rows].T)
+
+    def pack(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """MatMulNBits' initializers: B [N, blocks, block_size * bits / 8] (the first code of a byte in its low
+        bits), scales [N, blocks] float32, zero points [N, ceil(blocks * bits / 8)] packed the same way."""
+        n, nblk, bs = self.codes.shape
+        if self.bits == 8:
+            return self.codes, self.scales.astype(np.float32), self.zero_points
+        c = self.codes.reshape(n, nblk, bs // 2, 2)
+        packed = (c[..., 0] | (c[..., 1] << 4)).astype(np.uint8)
+        z = self.zero_points
+        if nblk % 2:
+            z = np.concatenate([z, np.zeros((n, 1), np.uint8)], axis=1)
+        zp = (z[:, 0::2] | (z[:, 1::2] << 4)).astype(np.uint8)
+        return packed, self.scales.astype(np.float32), zp
+
+
+def _blocks(weight: np.ndarray, block_size: int) -> np.ndarray:
+    """``[K, N]`` -> ``[N, blocks, block_size]`` (K padded with zeros to whole blocks)."""
+    rows, cols = weight.shape
+    nblk = -(-rows // block_size)
+    pad = nblk * block_size - rows
+    w = np.pad(weight, ((0, pad), (0, 0))) if pad else weight
+    return np.ascontiguousarray(w.T.reshape(cols, nblk, block_size), dtype=np.float32)
+
+
+def search_error(x: np.ndarray, weights: np.ndarray, scale: np.ndarray, zero: np.ndarray, bits: int) -> np.ndarray:
+    """Weighted squared error of blocks ``x`` [..., bs] stored with ``scale`` / integer ``zero`` [..., 1]."""
+    maxq = (1 << bits) - 1
+    q = np.clip(np.rint(x / scale) + zero, 0, maxq)
+    return np.sum(weights * (scale * (q - zero) - x) ** 2, axis=-1, keepdims=True)
+
+
+def _search(x: np.ndarray, weights: np.ndarray, bits: int, steps: int = 21) -> tuple[np.ndarray, np.ndarray]:
+    """The ``kquant`` search over blocks ``x`` [M, bs] with per-value ``weights``: (scale, zero) [M, 1]."""
+    maxq = (1 << bits) - 1
+    lo = np.minimum(x.min(axis=1, keepdims=True), 0.0)
+    hi = np.maximum(x.max(axis=1, keepdims=True), 0.0)
+    span = np.where(hi > lo, hi - lo, 1.0)
+    best_s = span / maxq
+    best_z = np.clip(np.rint(-lo / best_s), 0, maxq)
+    best_e = search_error(x, weights, best_s, best_z, bits)
+    sw = weights.sum(axis=1, keepdims=True)
+    swx = (weights * x).sum(axis=1, keepdims=True)
+    for delta in np.linspace(-1.0, 1.0, steps):
+        q = np.clip(np.rint((maxq + delta) / span * (x - lo)), 0, maxq)
+        wq = weights * q
+        sl, sl2, sxl = wq.sum(1, keepdims=True), (wq * q).sum(1, keepdims=True), (wq * x).sum(1, keepdims=True)
+        det = sw * sl2 - sl * sl
+        ok = det > 0
+        s = np.where(ok, (sw * sxl - swx * sl) / np.where(ok, det, 1.0), best_s)
+        m = np.where(ok, (sl2 * swx - sl * sxl) / np.where(ok, det, 1.0), lo)
+        s0 = np.where(s > 1e-12, s, best_s)
+        for shift in (0.0, -1.0, 1.0):  # the zero point rounded, and its neighbours
+            s = s0
+            z = np.clip(np.rint(-m / s0) + shift, 0, maxq)
+            for _ in range(2):  # with the zero point an integer, the codes and then the scale again
+                q = np.clip(np.rint(x / s) + z, 0, maxq) - z
+                den = (weights * q * q).sum(1, keepdims=True)
+                s_new = (weights * q * x).sum(1, keepdims=True) / np.where(den > 0, den, 1.0)
+                s = np.where((den > 0) & (s_new > 1e-12), s_new, s)
+            e = search_error(x, weights, s, z, bits)
+            better = e < best_e
+            best_s, best_z = np.where(better, s, best_s), np.where(better, z, best_z)
+            best_e = np.where(better, e, best_e)
+    return best_s.astype(np.float32), best_z
+
+
+def _codes(x: np.ndarray, scale: np.ndarray, zero: np.ndarray, bits: int) -> np.ndarray:
+    return np.clip(np.rint(x / scale) + zero, 0, (1 << bits) - 1).astype(np.uint8)
+
+
+def _value_weights(x: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
+    """Per-value weights of blocks ``x`` [M, bs]: ``importance`` (broadcast [M, bs] or [bs]) x sqrt(σ² + x²)."""
+    sigma2 = np.mean(x * x, axis=1, keepdims=True)
+    w = np.sqrt(sigma2 + x * x)
+    return w * importance if importance is not None else w
+
+
+def quantize(
+    weight: np.ndarray,
+    bits: int = 4,
+    block_size: int = 32,
+    method: str = "kquant",
+    importance: np.ndarray | None = None,
+    hessian: np.ndarray | None = None,
+    damp: float = 0.01,
+) -> Blocks:
+    """Quantize a ``[K, N]`` float weight by ``method`` (see the module doc). ``importance`` [K]: mean square
+    of the activations per input (``kquant``, ``gptq``'s block search); ``hessian`` [K, K]: ``X^T X`` (``gptq``)."""
+    if method not in METHODS:
+        raise InputError(f"weight_only.algorithm {method!r}: choose one of {', '.join(METHODS)}")
+    if bits not in (4, 8):
+        raise InputError(f"weight-only quantization takes 4 or 8 bits, not {bits}")
+    rows = weight.shape[0]
+    weight = np.asarray(weight, dtype=np.float32)
+    if method == "gptq":
+        if hessian is None:
+            raise InputError("weight_only.algorithm 'gptq' needs calibration activations (weight_only.calibration)")
+        return _gptq(weight, bits, block_size, hessian, damp)
+    x = _blocks(weight, block_size)  # [N, nblk, bs]
+    n, nblk, bs = x.shape
+    maxq = (1 << bits) - 1
+    if method == "rtn":
+        half = 1 << (bits - 1)
+        amax = np.abs(x).max(axis=2, keepdims=True)
+        # ONNX Runtime's symmetric blocks: the value of largest magnitude maps to -2^(bits-1) exactly
+        signed = np.take_along_axis(x, np.abs(x).argmax(axis=2)[..., None], axis=2)
+        scale = np.where(amax > 0, signed / -half, 1.0).astype(np.float32)
+        zero = np.full_like(scale, half)
+        codes = _codes(x, scale, zero, bits)
+        return Blocks(codes, scale[..., 0], zero[..., 0].astype(np.uint8), bits, block_size, rows)
+    if method == "rtn_asym":
+        lo = np.minimum(x.min(axis=2, keepdims=True), 0.0)
+        hi = np.maximum(x.max(axis=2, keepdims=True), 0.0)
+        scale = np.where(hi > lo, (hi - lo) / maxq, 1.0).astype(np.float32)
+        zero = np.clip(np.rint(-lo / scale), 0, maxq)
+        return Blocks(
+            _codes(x, scale, zero, bits), scale[..., 0], zero[..., 0].astype(np.uint8), bits, block_size, rows
+        )
+    imp: np.ndarray | None = None
+    if importance is not None:
+        padded = np.pad(np.asarray(importance, np.float32), (0, nblk * bs - rows)).reshape(1, nblk, bs)
+        imp = np.broadcast_to(padded, x.shape).reshape(-1, bs)
+    flat = x.reshape(-1, bs)
+    scale = np.empty((flat.shape[0], 1), np.float32)
+    zero = np.empty((flat.shape[0], 1), np.float64)
+    step = 1 << 16
+    for a in range(0, flat.shape[0], step):  # bounded temporaries for the head's 8 M blocks
+        part = flat[a : a + step]
+        scale[a : a + step], zero[a : a + step] = _search(
+            part, _value_weights(part, None if imp is None else imp[a : a + step]), bits
+        )
+    codes = _codes(flat, scale, zero, bits).reshape(n, nblk, bs)
+    return Blocks(codes, scale.reshape(n, nblk), zero.reshape(n, nblk).astype(np.uint8), bits, block_size, rows)
+
+
+def _gptq(weight: np.ndarray, bits: int, block_size: int, hessian: np.ndarray, damp: float) -> Blocks:
+    rows, cols = weight.shape
+    if hessian.shape != (rows, rows):
+        raise InputError(f"gptq: Hessian {hessian.shape} does not match the weight's {rows} inputs")
+    if rows % block_size:
+        raise InputError(f"gptq: K = {rows} is not a multiple of block_size {block_size}")
+    h = np.array(hessian, dtype=np.float64)
+    dead = np.diag(h) <= 0
+    h[dead, dead] = 1.0
+    h += damp * np.mean(np.diag(h)) * np.eye(rows)
+    # the upper Cholesky factor of H^-1: row i holds how column i's error spreads over the later columns
+    hinv = np.linalg.cholesky(np.linalg.inv(h)).T
+    importance = np.diag(h).astype(np.float32)
+    nblk = rows // block_size
+    codes = np.empty((cols, nblk, block_size), np.uint8)
+    scales = np.empty((cols, nblk), np.float32)
+    zeros = np.empty((cols, nblk), np.uint8)
+    maxq = (1 << bits) - 1
+    chunk = 32768  # output columns are independent: bounded memory for the head
+    for c0 in range(0, cols, chunk):
+        w = np.array(weight[:, c0 : c0 + chunk].T, dtype=np.float32)  # [n, K]
+        w[:, dead] = 0.0
+        for b in range(nblk):
+            a, e = b * block_size, (b + 1) * block_size
+            blk = w[:, a:e]
+            s, z = _search(blk, _value_weights(blk, importance[a:e][None, :]), bits)
+            err = np.empty_like(blk)
+            for i in range(block_size):
+                col = blk[:, i]
+                q = np.clip(np.rint(col / s[:, 0]) + z[:, 0], 0, maxq)
+                codes[c0 : c0 + chunk, b, i] = q.astype(np.uint8)
+                dq = s[:, 0] * (q - z[:, 0])
+                err[:, i] = (col - dq) / hinv[a + i, a + i]
+                if i + 1 < block_size:
+                    blk[:, i + 1 :] -= np.outer(err[:, i], hinv[a + i, a + i + 1 : e]).astype(np.float32)
+            if e < rows:
+                w[:, e:] -= (err @ hinv[a:e, e:].astype(np.float32)).astype(np.float32)
+            scales[c0 : c0 + chunk, b] = s[:, 0]
+            zeros[c0 : c0 + chunk, b] = z[:, 0].astype(np.uint8)
+    return Blocks(codes, scales, zeros, bits, block_size, rows)
+
+
+def relative_error(weight: np.ndarray, blocks: Blocks, importance: np.ndarray | None = None) -> float:
+    """||W - dequantize|| / ||W|| (rows weighted by ``importance`` [K] when given: the output error's proxy)."""
+    d = (weight - blocks.dequantize()) ** 2
+    w2 = weight.astype(np.float64) ** 2
+    if importance is not None:
+        d, w2 = d * importance[:, None], w2 * importance[:, None]
+    return float(np.sqrt(d.sum() / max(w2.sum(), 1e-30)))

@@ -1,0 +1,135 @@
+"""The numpy block quantizers (int4_methods) against numpy references: brute-force optima on small blocks,
+the MatMulNBits op's output against numpy matmul on the dequantized weights, GPTQ's output error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edge_agent.engines import int4_methods as im
+from edge_agent.errors import InputError
+
+
+def _brute_force(x: np.ndarray, weights: np.ndarray, bits: int) -> np.ndarray:
+    """Per block [M, bs]: the least weighted error over every integer zero point and 400 scales."""
+    maxq = (1 << bits) - 1
+    span = np.maximum(x.max(1) - x.min(1), 1e-9)
+    best = np.full(len(x), np.inf)
+    for f in np.linspace(0.5, 1.6, 400):
+        s = (span * f / maxq)[:, None]
+        for z in range(maxq + 1):
+            e = im.search_error(x, weights, s, np.full_like(s, z), bits)[:, 0]
+            best = np.minimum(best, e)
+    return best
+
+
+def test_kquant_search_is_never_worse_than_round_to_nearest_and_near_the_brute_force_optimum() -> None:
+    rng = np.random.default_rng(0)
+    w = (rng.standard_t(4, size=(64, 48)) * 0.02).astype(np.float32)  # heavy tails, like trained weights
+    imp = rng.uniform(0.1, 3.0, size=64).astype(np.float32)
+    k = im.quantize(w, 4, 16, "kquant", importance=imp)
+    a = im.quantize(w, 4, 16, "rtn_asym")
+    x = im._blocks(w, 16).reshape(-1, 16)
+    vw = im._value_weights(x, np.broadcast_to(imp.reshape(1, 4, 16), (48, 4, 16)).reshape(-1, 16))
+
+    def err(b: im.Blocks) -> np.ndarray:
+        return im.search_error(x, vw, b.scales.reshape(-1, 1), b.zero_points.reshape(-1, 1).astype(float), 4)[:, 0]
+
+    ek, ea = err(k), err(a)
+    assert np.all(ek <= ea * (1 + 1e-5))  # rtn_asym's (scale, zero) is the search's first candidate
+    optimum = _brute_force(x, vw, 4)
+    assert ek.sum() <= 1.05 * optimum.sum()  # the search lands within 5 % of the brute force over all blocks
+    assert ek.sum() < 0.9 * ea.sum()  # and the search is worth having
+
+
+@pytest.mark.parametrize("method", ["rtn", "rtn_asym", "kquant"])
+def test_every_value_is_within_one_step_and_codes_fit_the_bits(method: str) -> None:
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(96, 20)).astype(np.float32)
+    b = im.quantize(w, 4, 32, method)
+    assert b.codes.max() <= 15 and b.zero_points.max() <= 15
+    step = np.repeat(np.abs(b.scales).T, 32, axis=0)  # [K, N]
+    assert np.all(np.abs(b.dequantize() - w) <= step * 1.0001 + 1e-7)
+
+
+def test_rtn_is_onnxruntimes_symmetric_kernel() -> None:
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits
+
+    rng = np.random.default_rng(2)
+    k, n, bs = 64, 24, 32
+    w = rng.normal(size=(k, n)).astype(np.float32)
+    packed = np.zeros((n, k // bs, bs // 2), np.uint8)
+    scales = np.zeros((n, k // bs), np.float32)
+    zps = np.zeros((n, 1), np.uint8)
+    quantize_matmul_4bits(packed, w, scales, zps, bs, n, k, True)
+    mine = im.quantize(w, 4, bs, "rtn")
+    np.testing.assert_allclose(mine.scales, scales, rtol=1e-6)
+    assert np.mean(mine.pack()[0] == packed) > 0.99  # rounding of exact ties may differ
+
+
+@pytest.mark.parametrize(("bits", "k", "block"), [(4, 96, 32), (4, 160, 32), (8, 64, 16), (4, 64, 64)])
+def test_matmul_nbits_with_packed_blocks_is_numpy_matmul_on_the_dequantized_weight(
+    bits: int, k: int, block: int
+) -> None:
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(bits + k)
+    n = 40
+    w = rng.normal(size=(k, n)).astype(np.float32)
+    b = im.quantize(w, bits, block, "kquant" if bits == 4 else "rtn_asym")
+    packed, scales, zps = b.pack()
+    inits = [
+        numpy_helper.from_array(packed, "q"),
+        numpy_helper.from_array(scales, "s"),
+        numpy_helper.from_array(zps, "z"),
+    ]
+    node = helper.make_node(
+        "MatMulNBits", ["x", "q", "s", "z"], ["y"], domain="com.microsoft", K=k, N=n, bits=bits, block_size=block
+    )
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, n])],
+        inits,
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
+    x = rng.normal(size=(3, k)).astype(np.float32)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    y = sess.run(None, {"x": x})[0]
+    np.testing.assert_allclose(y, x.astype(np.float64) @ b.dequantize(), rtol=1e-4, atol=1e-4)
+    onnx.checker.check_model(model)
+
+
+def test_gptq_moves_the_layer_output_less_than_the_search_alone_on_correlated_inputs() -> None:
+    rng = np.random.default_rng(3)
+    k, n, tokens = 128, 48, 2000
+    mix = rng.normal(size=(k, k)) / np.sqrt(k) + np.eye(k)
+    x = (rng.normal(size=(tokens, k)) @ mix).astype(np.float32)  # correlated inputs, as activations are
+    w = rng.normal(size=(k, n)).astype(np.float32) * 0.05
+    h = x.astype(np.float64).T @ x
+    imp = np.diag(h) / tokens
+    g = im.quantize(w, 4, 32, "gptq", importance=imp, hessian=h)
+    s = im.quantize(w, 4, 32, "kquant", importance=imp)
+    out = x @ w
+
+    def output_error(b: im.Blocks) -> float:
+        return float(np.linalg.norm(x @ b.dequantize() - out))
+
+    assert output_error(g) < 0.8 * output_error(s)
+    # the weight itself moves more: GPTQ trades weight error for output error
+    assert im.relative_error(w, g) > im.relative_error(w, s)
+
+
+def test_bad_input_names_the_key() -> None:
+    w = np.ones((32, 4), np.float32)
+    with pytest.raises(InputError, match="algorithm 'awq'"):
+        im.quantize(w, 4, 32, "awq")
+    with pytest.raises(InputError, match="calibration"):
+        im.quantize(w, 4, 32, "gptq")
+    with pytest.raises(InputError, match="4 or 8 bits, not 3"):
+        im.quantize(w, 3, 32, "kquant")
