@@ -513,18 +513,29 @@ class Daemon:
 
 
 class LlamaServer:
-    """llama.cpp's ``llama-server`` with ``slots`` slots on ``gguf``, ``threads`` threads."""
+    """llama.cpp's ``llama-server`` with ``slots`` slots on ``gguf``, ``threads`` threads; or, with ``python``
+    (an interpreter with ``llama-cpp-python[server]``), ``python -m llama_cpp.server``: one request at a time
+    (it has no slots), queued requests never interrupting the one that runs."""
 
-    def __init__(self, binary: str, gguf: Path, slots: int, threads: int, workdir: Path) -> None:
+    def __init__(
+        self, binary: str | None, gguf: Path, slots: int, threads: int, workdir: Path, python: str = ""
+    ) -> None:
         from .netproxy import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / "llama-server.log"
-        cmd = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port), "--parallel", str(slots),
-               "-c", str(1024 * slots), "--threads", str(threads), "--threads-batch", str(threads)]  # fmt: skip
-        if "--kv-unified" in subprocess.run([binary, "--help"], capture_output=True, text=True).stdout:
-            cmd.append("--kv-unified")  # one KV buffer for all slots (the split one is slow in multi-sequence decode)
+        if binary:
+            cmd = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port), "--parallel", str(slots),
+                   "-c", str(1024 * slots), "--threads", str(threads), "--threads-batch", str(threads)]  # fmt: skip
+            if "--kv-unified" in subprocess.run([binary, "--help"], capture_output=True, text=True).stdout:
+                cmd.append("--kv-unified")  # one KV buffer for all slots (a split one is slow in multi-sequence decode)
+            self.slots = slots
+        else:
+            cmd = [python, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port",
+                   str(self.port), "--n_ctx", "1024", "--n_threads", str(threads), "--n_threads_batch", str(threads),
+                   "--interrupt_requests", "False"]  # fmt: skip
+            self.slots = 1
         self.cmd = cmd
         with open(self.log, "w") as out:
             self.proc: subprocess.Popen | None = subprocess.Popen(cmd, stdout=out, stderr=out)
@@ -540,9 +551,10 @@ class LlamaServer:
         import urllib.request
 
         deadline = time.monotonic() + 120
+        route = "/health" if self.slots > 1 or "llama_cpp.server" not in self.cmd else "/v1/models"
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                with urllib.request.urlopen(self.url + route, timeout=2) as r:
                     if r.status == 200:
                         return
             except (urllib.error.URLError, OSError):
@@ -614,9 +626,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="where overload.md, overload.json and overload.png go (default ./overload)")  # fmt: skip
     p.add_argument("--llama-server", default="llama-server", metavar="BIN",
                    help="llama.cpp's server binary (default: llama-server on PATH)")  # fmt: skip
+    p.add_argument("--llamacpp-python", default=None, metavar="PY",
+                   help="without llama-server: this Python's llama_cpp.server (one request at a time)")  # fmt: skip
     p.add_argument("--gguf", type=Path, default=None, help="its model (default: the GGUF the default model came from)")
     p.add_argument("--threads", type=_positive(int, "--threads"), default=os.cpu_count() or 1,
                    help="llama-server's threads (default: every core)")  # fmt: skip
+    p.add_argument("--resume", type=Path, default=None, metavar="JSON",
+                   help="keep the systems of this earlier overload.json, run the others on its schedule")  # fmt: skip
     p.add_argument("--no-llamacpp", action="store_true", help="the daemon only")
     p.add_argument("--no-speech", action="store_true", help="chats only")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -629,6 +645,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise InputError(f"--seconds must be at least 5, got {args.seconds:g}")
     if args.out.exists() and not args.out.is_dir():
         raise InputError(f"--out {args.out}: exists and is not a folder")
+    if args.resume is not None and not args.resume.is_file():
+        raise InputError(f"--resume {args.resume}: no such file")
     if args.gguf is not None and not args.gguf.is_file():
         raise InputError(f"--gguf {args.gguf}: no such file")
 
@@ -646,6 +664,23 @@ def machine() -> dict:
             "python": platform.python_version()}  # fmt: skip
 
 
+def _resume(args: argparse.Namespace, report: dict, say: Callable[[str], None]) -> dict:
+    """A previous report whose systems are kept: its capacity, seconds, rounds and seed are taken, so the
+    systems run now get the same arrival times."""
+    try:
+        old = json.loads(args.resume.read_text())
+        report.update({k: old[k] for k in ("capacity_per_s", "capacity_measured_per_s", "capacity_source")})
+        args.seconds, args.rounds, args.seed, args.sla_ms = old["seconds"], old["rounds"], old["seed"], old["sla_ms"]
+        systems = old["systems"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"--resume {args.resume}: not a bench overload report ({exc})") from exc
+    report.update(seconds=args.seconds, rounds=args.rounds, seed=args.seed, sla_ms=args.sla_ms)
+    report["machine_before"] = old.get("machine")
+    say(f"keeping {', '.join(systems)} from {args.resume}: {args.rounds} round(s) of {args.seconds:g} s, seed "
+        f"{args.seed}, capacity {report['capacity_per_s']:.2f}/s")  # fmt: skip
+    return old
+
+
 def run(args: argparse.Namespace) -> int:
     _validate(args)
     say = (lambda text: None) if args.quiet else (lambda text: print(f"overload: {text}", flush=True))
@@ -656,17 +691,19 @@ def run(args: argparse.Namespace) -> int:
         "machine": machine(), "seconds": args.seconds, "rounds": args.rounds, "seed": args.seed,
         "sla_ms": args.sla_ms, "levels": list(LEVELS), "systems": {},
     }  # fmt: skip
+    resumed = _resume(args, report, say) if args.resume else None
     gguf, gguf_note = (args.gguf, str(args.gguf)) if args.gguf else default_gguf()
     llama_bin = None if args.no_llamacpp else shutil.which(args.llama_server)
-    if not args.no_llamacpp and llama_bin is None:
-        say(f"no llama.cpp server ({args.llama_server!r} not found): the daemon only")
+    llama_py = None if args.no_llamacpp or llama_bin else args.llamacpp_python
+    if not args.no_llamacpp and llama_bin is None and llama_py is None:
+        say(f"no llama.cpp server ({args.llama_server!r} not found, no --llamacpp-python): the daemon only")
     if gguf is None or not gguf.is_file():
         say(f"no GGUF for llama.cpp ({gguf_note}): the daemon only")
-        llama_bin = None
+        llama_bin = llama_py = None
     speech = None if args.no_speech else load_speech(workdir)
     if speech is not None and not speech.clips:
         say("espeak-ng and sox are not both installed: no spoken commands")
-    total_s = args.seconds * len(LEVELS) * args.rounds * (2 if llama_bin else 1)
+    total_s = args.seconds * len(LEVELS) * args.rounds * (2 if llama_bin or llama_py else 1)
     progress = Progress("overload", "s of load", enabled=not args.quiet, min_interval_s=None)
     done_s = 0.0
     rounds: dict[str, list[list[dict]]] = {EDGE: [], LLAMA: []}
@@ -705,28 +742,33 @@ def run(args: argparse.Namespace) -> int:
         return fig
 
     daemon = None
+    kept = resumed["systems"] if resumed else {}
     try:
-        say(f"starting the daemon on the default tiers (log {workdir / 'daemon.log'})")
-        daemon = Daemon(workdir, say)
-        say("daemon up; warming it and measuring its capacity (4 chats in flight)")
-        measured = asyncio.run(capacity(daemon.url))
-        cap = args.capacity or measured
-        report["capacity_per_s"] = cap
-        report["capacity_measured_per_s"] = measured
-        report["capacity_source"] = "--capacity" if args.capacity else "measured"
-        say(f"capacity {measured:.2f} chats/s measured; levels from {cap:.2f}/s")
-        time.sleep(31)  # the probe's completions leave the default SLA window (30 s) before the load
-        daemon.reload_default_sla()
-        for r in range(args.rounds):
-            rounds[EDGE].append([level(EDGE, daemon.url, r, k, cap, speech) for k in range(len(LEVELS))])
-        daemon.stop()
-        daemon = None
-        if llama_bin and gguf:
-            server = LlamaServer(llama_bin, gguf, PROBE_CONCURRENCY, args.threads, workdir)
+        if EDGE in kept:
+            cap = report["capacity_per_s"]
+            total_s -= args.seconds * len(LEVELS) * args.rounds
+        else:
+            say(f"starting the daemon on the default tiers (log {workdir / 'daemon.log'})")
+            daemon = Daemon(workdir, say)
+            say("daemon up; warming it and measuring its capacity (4 chats in flight)")
+            measured = asyncio.run(capacity(daemon.url))
+            cap = args.capacity or measured
+            report["capacity_per_s"] = cap
+            report["capacity_measured_per_s"] = measured
+            report["capacity_source"] = "--capacity" if args.capacity else "measured"
+            say(f"capacity {measured:.2f} chats/s measured; levels from {cap:.2f}/s")
+            time.sleep(31)  # the probe's completions leave the default SLA window (30 s) before the load
+            daemon.reload_default_sla()
+            for r in range(args.rounds):
+                rounds[EDGE].append([level(EDGE, daemon.url, r, k, cap, speech) for k in range(len(LEVELS))])
+            daemon.stop()
+            daemon = None
+        if (llama_bin or llama_py) and gguf and LLAMA not in kept:
+            server = LlamaServer(llama_bin, gguf, PROBE_CONCURRENCY, args.threads, workdir, llama_py or "")
             try:
-                report["llamacpp"] = {"command": " ".join(server.cmd), "gguf": gguf_note,
+                report["llamacpp"] = {"command": " ".join(server.cmd), "gguf": gguf_note, "slots": server.slots,
                                       "capacity_per_s": asyncio.run(capacity(server.url))}  # fmt: skip
-                say(f"llama-server up: capacity {report['llamacpp']['capacity_per_s']:.2f} chats/s (4 slots)")
+                say(f"llama.cpp up: {report['llamacpp']['capacity_per_s']:.2f} chats/s ({server.slots} slot(s))")
                 for r in range(args.rounds):
                     rounds[LLAMA].append([level(LLAMA, server.url, r, k, cap, None) for k in range(len(LEVELS))])
             finally:
@@ -736,6 +778,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if daemon is not None:
             daemon.stop()
+    report["systems"].update(kept)
     for system, per_round in rounds.items():
         if per_round:
             report["systems"][system] = {"rounds": per_round, "levels": combine(per_round)}

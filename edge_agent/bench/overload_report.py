@@ -138,9 +138,17 @@ def format_report(report: dict) -> str:
         f"machine: {m['cpu']}, {m['cores']} cores; 1-min load average {m['load_avg_at_start'][0]:.1f} at the start, "
         f"{_load_range(report)} at the levels' ends",
     ]
+    if report.get("machine_before"):
+        lines.append(
+            "(systems kept from an earlier run, started at a 1-min load average of "
+            f"{report['machine_before']['load_avg_at_start'][0]:.1f})"
+        )
     if "llamacpp" in report:
         lc = report["llamacpp"]
-        lines.append(f"llama.cpp: `{lc['command']}` on {lc['gguf']}; its capacity {lc['capacity_per_s']:.2f} chats/s")
+        lines.append(
+            f"llama.cpp: `{lc['command']}` on {lc['gguf']}; {lc.get('slots', 4)} slot(s); it completed "
+            f"{lc['capacity_per_s']:.2f} chats/s with 4 in flight"
+        )
     lines += ["", *table(report), ""]
     lines.append("Median over the rounds (min–max); counts are totals over the rounds.")
     lines += ["", "| target | median | met |", "|---|---|---|"]

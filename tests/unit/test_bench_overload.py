@@ -277,3 +277,21 @@ def test_bad_arguments_are_one_line_errors_naming_the_option() -> None:
     assert short.stderr.strip().splitlines() == ["edge-agent: --seconds must be at least 5, got 2"]
     zero = _cli("--rounds", "0")
     assert zero.returncode == 2 and "--rounds must be > 0, got '0'" in zero.stderr
+
+
+def test_resume_takes_the_earlier_schedule_and_refuses_what_is_not_a_report(tmp_path) -> None:
+    import argparse
+
+    earlier = _report(300.0, 0.3, 20.0, 1.0, 1.0)
+    earlier.update(capacity_per_s=0.8, seconds=20.0, rounds=2, seed=9)
+    path = tmp_path / "overload.json"
+    path.write_text(json.dumps(earlier))
+    args = argparse.Namespace(resume=path, seconds=30.0, rounds=3, seed=42, sla_ms=387.0)
+    report: dict = {"machine": {}}
+    kept = ov._resume(args, report, lambda text: None)
+    assert set(kept["systems"]) == {EDGE}
+    assert (args.seconds, args.rounds, args.seed) == (20.0, 2, 9)  # the same arrival times as the kept system's
+    assert report["capacity_per_s"] == 0.8 and report["machine_before"] == earlier["machine"]
+    path.write_text('{"systems": {}}')
+    with pytest.raises(InputError, match=r"--resume .*overload.json: not a bench overload report"):
+        ov._resume(args, {}, lambda text: None)
