@@ -52,6 +52,7 @@ def _random_llm_ladder(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
         from edge_agent.config import tiers
 
         monkeypatch.setattr(tiers, "default_llm_tiers", tiers.random_llm_tiers)
+        monkeypatch.setattr(tiers, "default_asr_tiers", tiers.demo_asr_tiers)
 
 
 @pytest.fixture(autouse=True)

@@ -44,6 +44,7 @@ class Utterance:
     line: int
     audio: Path
     text: str
+    voice: str = ""  # who speaks it: the line's "voice", else its recipe's (``voice_of``)
 
 
 def read_manifest(path: Path, need_text: bool = True) -> list[Utterance]:
@@ -71,10 +72,20 @@ def read_manifest(path: Path, need_text: bool = True) -> list[Utterance]:
         if not audio.is_file():
             hint = " (synthesised audio: regenerate it with scripts/asr-eval-audio)" if "synth" in item else ""
             raise InputError(f"{path}:{number}: audio file {item['audio']} not found at {audio}{hint}")
-        items.append(Utterance(number, audio, text or ""))
+        items.append(Utterance(number, audio, text or "", voice_of(item)))
     if not items:
         raise InputError(f"{path}: the manifest has no utterances")
     return items
+
+
+def voice_of(item: dict) -> str:
+    """A manifest line's voice: its ``voice`` label, else the espeak-ng recipe's voice, else ""."""
+    if isinstance(item.get("voice"), str):
+        return item["voice"]
+    synth = item.get("synth")
+    if isinstance(synth, dict) and isinstance(synth.get("voice"), str):
+        return f"espeak-ng {synth['voice'].split('+')[0]}" if "engine" not in synth else str(synth["voice"])
+    return ""
 
 
 def evaluate(
@@ -88,13 +99,18 @@ def evaluate(
     limit: int | None = None,
     cache_dir: Path | None = None,
     audio=None,
+    prompt: str = "",
 ) -> dict:
     """Score ``model`` on manifest ``data``; the report ``edge-agent eval asr --json`` prints."""
     from ..backends import SessionOptions
     from ..models.asr_streaming_ctc import StreamingCtcRunner
 
+    ref = _speech_model(model, cache_dir)
+    if ref.kind == "asr-whisper":
+        from .eval_whisper import evaluate_whisper
+
+        return evaluate_whisper(ref, data, backend, device, precision, threads, limit, prompt=prompt)
     items = read_manifest(data)[:limit]
-    ref = _streaming_ctc_model(model, cache_dir)
     options = SessionOptions(device=device, precision=precision, threads=threads)
     runner = StreamingCtcRunner(ref.path, backend, options)
     if decoders is None:
@@ -141,15 +157,15 @@ class _DirectRun:
     max_diff: float = 0.0  # largest |streamed - whole| log-probability over all utterances
 
 
-def _streaming_ctc_model(model: str, cache_dir: Path | None) -> ModelRef:
-    """The catalog's ``model``, refused unless it is a streaming CTC model (the only kind eval asr scores)."""
+def _speech_model(model: str, cache_dir: Path | None) -> ModelRef:
+    """The catalog's ``model``, refused unless eval asr scores its kind: a streaming CTC model or Whisper."""
     from ..models.catalog import resolve_model
 
     ref = resolve_model(model, cache_dir or Path.home() / ".cache" / "edge-agent" / "models")
-    if ref.model_type != "streaming-ctc":
+    if ref.model_type != "streaming-ctc" and ref.kind != "asr-whisper":
         raise ModelError(
             f"{ref.name}: eval asr scores streaming CTC models (config.json model_type "
-            f"'streaming-ctc'); this one is {ref.model_type!r}"
+            f"'streaming-ctc') and Whisper models; this one is {ref.model_type!r}"
         )
     return ref
 

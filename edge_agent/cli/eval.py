@@ -13,6 +13,11 @@ from ..bench.eval_asr import evaluate
 
 
 def _print_report(report: dict) -> None:
+    if "per_voice" in report:  # a Whisper model's report (bench/eval_whisper.py)
+        from ..bench.eval_whisper import format_whisper_report
+
+        print(format_whisper_report(report))
+        return
     print(
         f"{report['model']} on {report['data']} ({report['utterances']} utterances, {report['audio_s']:.0f} s, "
         f"{report['backend']} {report['device']} {report['precision']}, {report['threads']} thread(s))"
@@ -54,6 +59,7 @@ def cmd_eval_asr(args: argparse.Namespace) -> int:
         limit=args.limit,
         cache_dir=settings.models.cache_dir,
         audio=settings.audio,
+        prompt=settings.asr.prompt_text() if args.prompt is None else args.prompt,
     )
     if args.json is None:
         _print_report(report)
@@ -114,7 +120,9 @@ def cmd_eval_llm(args: argparse.Namespace) -> int:
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("eval", help="accuracy of a model over a data manifest")
     esub = p.add_subparsers(dest="eval_command", metavar="WORKLOAD", required=True)
-    q = esub.add_parser("asr", help="WER/CER and latency of a streaming CTC speech model over an audio manifest")
+    q = esub.add_parser(
+        "asr", help="WER/CER and latency of a speech model (streaming CTC or Whisper) over an audio manifest"
+    )
     q.add_argument("--config", metavar="FILE", help="TOML config (default /etc/edge-agent/agent.toml if present)")
     q.add_argument(
         "--json",
@@ -137,6 +145,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         "plus lm when it also has lm.arpa)",
     )
     q.add_argument("--limit", type=int, help="score only the first N utterances")
+    q.add_argument(
+        "--prompt",
+        default=None,
+        metavar="WORDS",
+        help="Whisper: words to expect, its initial prompt (default: the [asr] prompt words; '' for none)",
+    )
     q.set_defaults(func=cmd_eval_asr)
 
     m = esub.add_parser(

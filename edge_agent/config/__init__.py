@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from ..errors import ConfigError
 from .api import ApiConfig
+from .asr import AsrConfig
 from .base import INTERNAL_BACKENDS, Backend, DeviceConfig, Precision, Section, default_cache_dir
 from .mqtt import FLEET_COMMANDS, FleetCommand, MqttConfig, TelemetryConfig, TlsConfig
 from .prefix_cache import PrefixCacheConfig
@@ -45,6 +46,7 @@ __all__ = [
     "INTERNAL_BACKENDS",
     "SLA_PRESETS",
     "ApiConfig",
+    "AsrConfig",
     "AsrSlaConfig",
     "AsrSlaMetric",
     "AudioConfig",

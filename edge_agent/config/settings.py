@@ -7,6 +7,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from .api import ApiConfig
+from .asr import AsrConfig
 from .base import DeviceConfig
 from .mqtt import MqttConfig, TelemetryConfig
 from .prefix_cache import PrefixCacheConfig
@@ -36,6 +37,7 @@ class Settings(BaseSettings):
     audio: AudioConfig = Field(default_factory=AudioConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     wyoming: WyomingConfig = Field(default_factory=WyomingConfig)
+    asr: AsrConfig = Field(default_factory=AsrConfig)
 
     @classmethod
     def settings_customise_sources(

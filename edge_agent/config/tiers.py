@@ -41,7 +41,20 @@ def random_llm_tiers() -> list[TierConfig]:
     return [TierConfig(name="small", model="demo-phi3-small"), TierConfig(name="tiny", model="demo-phi3")]
 
 
-def _default_asr_tiers() -> list[TierConfig]:
+DEFAULT_ASR_MODEL = "whisper-base"  # `edge-agent models fetch whisper-base` brings it
+
+
+def default_asr_tiers() -> list[TierConfig]:
+    """The embedded default's ASR ladder: OpenAI's Whisper base (real weights, fetched and pinned like the
+    LLM), alone. demo-asr, trained on espeak-ng only, does not hear natural voices (WER 60-80 % on Piper
+    and flite, docs/asr.md): it is no rung; a lighter Whisper rung joins only when it passes the WER gate
+    of engines/whisper-base.toml."""
+    return [TierConfig(name="whisper-base", model=DEFAULT_ASR_MODEL)]
+
+
+def demo_asr_tiers() -> list[TierConfig]:
+    """The small trained streaming model (espeak-ng speech only): tests and code paths that need no
+    fetched weights (``edge-agent demo --random-models``)."""
     return [TierConfig(name="ctc", model="demo-asr")]
 
 
@@ -50,7 +63,7 @@ class ModelsConfig(Section):
 
     # looked up at call time, so tests that exercise code paths can put the random ladder in its place
     llm: list[TierConfig] = Field(default_factory=lambda: default_llm_tiers(), description="heaviest tier first")
-    asr: list[TierConfig] = Field(default_factory=_default_asr_tiers, description="heaviest tier first")
+    asr: list[TierConfig] = Field(default_factory=lambda: default_asr_tiers(), description="heaviest tier first")
     cache_dir: Path = Field(default_factory=lambda: default_cache_dir() / "models")
 
     @field_validator("llm", "asr")

@@ -1,7 +1,9 @@
 """Synthesised calibration audio, made on first use.
 
-The shipped ASR manifests (``calibration/asr/*.jsonl``) carry, per line, the espeak-ng recipe its
-WAV is made from (``"synth"``); the WAVs themselves (40 MB) are neither committed nor shipped. When a
+The shipped ASR manifests (``calibration/asr/*.jsonl``) carry, per line, the recipe its WAV is made
+from (``"synth"``): the espeak-ng training synthesiser's, or one naming a voice engine (Piper, flite,
+espeak-ng: ``engines/voices.py``, the natural-voice sets ``voices-*.jsonl``); the WAVs themselves
+(40 MB) are neither committed nor shipped. When a
 build needs them and they are missing, they are synthesised here with the same code as
 ``scripts/asr-eval-audio`` (``scripts/train_asr/synth.py``, shipped with the package): next to the
 manifest when it is the user's or a checkout's, else (the package's own, read-only under systemd)
@@ -22,6 +24,7 @@ from types import ModuleType
 from ..errors import InputError
 from ..progress import Progress
 from ..shipped import calibration_dir, is_packaged, synth_script
+from .voices import from_recipe, is_voice_recipe, pad, synthesize
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +73,12 @@ def materialise(manifest: Path, records: list[tuple[int, dict]]) -> Path:
         todo = [(n, item) for n, item in todo if not (home.parent / item["audio"]).is_file()]
         if not todo:
             return home
+    natural = [(n, item) for n, item in todo if is_voice_recipe(item["synth"])]
+    if natural:
+        _voices(manifest, home, natural)
+        todo = [(n, item) for n, item in todo if not is_voice_recipe(item["synth"])]
+        if not todo:
+            return home
     missing = missing_tools()
     if missing:
         raise InputError(
@@ -98,6 +107,36 @@ def materialise(manifest: Path, records: list[tuple[int, dict]]) -> Path:
     return home
 
 
+def _voices(manifest: Path, home: Path, todo: list[tuple[int, dict]]) -> None:
+    """The lines whose recipe names a voice engine (Piper, flite, espeak-ng: ``engines/voices.py``)."""
+    recipes = []
+    for number, item in todo:
+        try:
+            recipes.append(from_recipe(item["synth"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"{manifest}:{number}: a malformed voice recipe for {item['audio']} ({exc})") from None
+    voices = sorted({v for v, _, _ in recipes}, key=lambda v: v.spec)
+    print(
+        f"synthesising {len(todo)} WAVs of {manifest.name} ({', '.join(v.label for v in voices)}) into "
+        f"{home.parent} (once)",
+        file=sys.stderr,
+        flush=True,
+    )
+    with Progress(f"synthesising {manifest.name}", "WAVs") as bar:
+        try:
+            spoken = synthesize([(item["text"], v) for (_, item), (v, _, _) in zip(todo, recipes)], bar.update)
+        except RuntimeError as exc:
+            raise InputError(f"{manifest}: {exc}") from None
+    from ..audio.wav import write_wav
+
+    for (_, item), (_, lead, tail), samples in zip(todo, recipes, spoken):
+        out = home.parent / item["audio"]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_wav(out.with_suffix(".tmp.wav"), pad(samples, lead, tail))
+        out.with_suffix(".tmp.wav").replace(out)
+    log.info("synthesised %d WAVs for %s into %s", len(todo), manifest, home.parent)
+
+
 def _synth_module() -> ModuleType:
     path = synth_script()
     if not path.is_file():
@@ -116,3 +155,22 @@ def _synth_module() -> ModuleType:
         del sys.modules[name]
         raise
     return module
+
+
+def materialise_file(manifest: Path) -> Path:
+    """Every missing WAV of ``manifest`` synthesised (scripts/asr-eval-audio for the voice sets)."""
+    import json
+
+    records = []
+    for number, line in enumerate(manifest.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                records.append((number, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{manifest}:{number}: not valid JSON ({exc.msg})") from None
+    return materialise(manifest, records)
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        print(materialise_file(Path(arg)))

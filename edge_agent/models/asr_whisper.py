@@ -7,7 +7,10 @@ token + ``past_key_values.*`` → ``logits`` + new decoder k/v; the encoder k/v 
 first step).
 
 Decoding: the prompt ``<|startoftranscript|><|lang|><|task|><|notimestamps|>``, then greedy with
-the KV cache. Suppressed: the model's ``suppress_tokens``, ``begin_suppress_tokens`` at the first
+the KV cache. A stream may carry context in front of it (``context_ids``: ``<|startofprev|>`` and the
+words it expects, Whisper's ``initial_prompt``: a voice turn's tools, the operator's ``[asr]`` words), at
+most ``MAX_CONTEXT_TOKENS``; rows of one decode batch share a prompt length, so streams with different
+contexts decode in separate batches. Suppressed: the model's ``suppress_tokens``, ``begin_suppress_tokens`` at the first
 position, and every special and timestamp token (ids above ``<|endoftext|>``): with
 ``<|notimestamps|>`` in the prompt a timestamp is never a valid output. ``language="auto"`` picks
 the likeliest language token after ``<|startoftranscript|>``.
@@ -42,6 +45,7 @@ from .recognizer import AudioStream, Hypothesis, read_json
 from .whisper_features import WhisperFeatureConfig, log_mel_spectrogram
 
 log = logging.getLogger(__name__)
+MAX_CONTEXT_TOKENS = 223  # Whisper's prompt: <|startofprev|> + at most 223 tokens (half the 448 positions)
 PARTIAL_PADDING_S = 6.0  # padding after a partial's audio in a short-context pass (context_frames)
 
 
@@ -56,6 +60,7 @@ class WhisperStream(AudioStream):
         self.agreement = LocalAgreement(2)
         self.language = language  # None until detected (language="auto")
         self.last_ids: list[int] = []
+        self.context: list[int] = []  # ``<|startofprev|>`` and the initial prompt's tokens (``context_ids``)
 
     def reuses_last(self) -> bool:
         """The final may be the last hypothesis: a 30 s pass over all the audio there is."""
@@ -112,6 +117,8 @@ class WhisperRecognizer:
         self._begin_mask = self._suppress_mask.copy()
         self._begin_mask[[t for t in gen.get("begin_suppress_tokens") or [] if t < self.vocab_size]] = True
         self._prompt_len = 2 + bool(self.lang_to_id) + bool(self.task_to_id)
+        self.prev = self.tokenizer.token_to_id("<|startofprev|>")  # None: no context (a tokenizer without it)
+        self._context_cache: dict[str, list[int]] = {}
 
     @classmethod
     def open(
@@ -160,8 +167,23 @@ class WhisperRecognizer:
         padded = int(np.ceil((samples + PARTIAL_PADDING_S * self.sample_rate) / step)) * step
         return min(full, int(np.ceil(padded / self.features.hop_length / 2)) * 2)
 
-    def prompt(self, language: str | None = None) -> list[int]:
-        ids = [self.sot]
+    def context_ids(self, text: str) -> list[int]:
+        """``<|startofprev|>`` and ``text``'s tokens, its last ``MAX_CONTEXT_TOKENS`` (the words nearest the
+        utterance are kept, as Whisper keeps the latest ones), or [] for no text or no such token."""
+        text = " ".join(text.split())
+        if not text or self.prev is None:
+            return []
+        cached = self._context_cache.get(text)
+        if cached is None:
+            ids = self.tokenizer.encode(" " + text, add_special_tokens=False).ids
+            cached = [self.prev, *[i for i in ids if i < self.eot][-MAX_CONTEXT_TOKENS:]]
+            if len(self._context_cache) > 64:
+                self._context_cache.clear()
+            self._context_cache[text] = cached
+        return cached
+
+    def prompt(self, language: str | None = None, context: Sequence[int] = ()) -> list[int]:
+        ids = [*context, self.sot]
         if self.lang_to_id:
             ids.append(self.lang_to_id[language or self.language])
         if self.task_to_id:
@@ -243,10 +265,10 @@ class WhisperRecognizer:
             position += 1
         return out
 
-    def _budget(self, audio_s: float, forced: int) -> int:
+    def _budget(self, audio_s: float, forced: int, context: int = 0) -> int:
         """Tokens a decode may produce: a few per second of audio (a random or confused model
         otherwise loops to the 448-position limit), never fewer than the forced prefix + 1."""
-        limit = self.max_positions - self._prompt_len - 1
+        limit = self.max_positions - self._prompt_len - context - 1
         return min(limit, max(forced + 1, int(4 + self.max_tokens_per_s * audio_s)))
 
     # -- streaming ---------------------------------------------------------------------------
@@ -281,10 +303,11 @@ class WhisperRecognizer:
         if not todo:
             return results
         run = [i for i in todo if not (i in ended_at and streams[i].reuses_last())]
-        by_context: dict[int, list[int]] = {}
+        by_context: dict[tuple[int, int], list[int]] = {}
         for i in run:
-            by_context.setdefault(self.context_frames(streams[i].audio.size, i in ended_at), []).append(i)
-        for frames, group in by_context.items():
+            key = (self.context_frames(streams[i].audio.size, i in ended_at), len(streams[i].context))
+            by_context.setdefault(key, []).append(i)
+        for (frames, _), group in by_context.items():
             self._pass([streams[i] for i in group], frames)
         for i in todo:
             s = streams[i]
@@ -308,22 +331,26 @@ class WhisperRecognizer:
                 streams[j].language = lang
         ids = self.decode(
             hidden,
-            [self.prompt(s.language) for s in streams],
+            [self.prompt(s.language, s.context) for s in streams],
             [s.agreement.committed for s in streams],
-            [self._budget(s.audio.size / self.sample_rate, len(s.agreement.committed)) for s in streams],
+            [
+                self._budget(s.audio.size / self.sample_rate, len(s.agreement.committed), len(s.context))
+                for s in streams
+            ],
             suppress=self.suppress,
         )
         for s, hyp in zip(streams, ids):
             s.last_ids, s.decoded_at = hyp, s.audio.size
             s.decoded_full = frames == self.features.nb_max_frames
 
-    def transcribe(self, samples: np.ndarray) -> Hypothesis:
+    def transcribe(self, samples: np.ndarray, context: str = "") -> Hypothesis:
+        """One 30 s pass over ``samples``; ``context``: words to expect (Whisper's initial prompt)."""
         x = np.asarray(samples, np.float32).reshape(-1)[: self.features.n_samples]
         hidden = self.encode([x])
         lang = self.language if self.language != "auto" else self.detect_language(hidden)[0]
-        ids = self.decode(
-            hidden, [self.prompt(lang)], [[]], [self._budget(x.size / self.sample_rate, 0)], suppress=self.suppress
-        )[0]
+        prev = self.context_ids(context)
+        budget = self._budget(x.size / self.sample_rate, 0, len(prev))
+        ids = self.decode(hidden, [self.prompt(lang, prev)], [[]], [budget], suppress=self.suppress)[0]
         text = self.text(ids)
         return Hypothesis(text, tuple(ids), True, text, x.size / self.sample_rate)
 

@@ -100,6 +100,8 @@ class VoiceSession:
         old.close()
         if self.stream is not None:  # a whole command for these tools may end a turn early
             self.stream.set_complete(command_check(tools))
+            if hasattr(self.stream, "set_context"):  # the recogniser is told the words these tools expect
+                self.stream.set_context(tools)
         self.configured = True
 
     def on_event(self, event: AsrEvent) -> None:

@@ -31,7 +31,7 @@ def test_embedded_default_is_cpu_onnxruntime_with_real_gemma_tiers_and_local_bro
     assert [(t.name, t.model) for t in s.models.llm] == [("full", "gemma-3-270m-home"), ("short", "gemma-3-270m-home")]
     full, short = s.models.llm
     assert short.max_new_tokens < full.max_new_tokens and short.max_batch > full.max_batch
-    assert [t.model for t in s.models.asr] == ["demo-asr"]
+    assert [t.model for t in s.models.asr] == ["whisper-base"]  # real weights: demo-asr hears no natural voice
     # the annotated example shows the defaults
     assert load_settings(EXAMPLE).models.llm == s.models.llm
     assert all(t.backend == "onnxruntime" and t.device == "cpu" for t in s.models.llm + s.models.asr)
@@ -289,10 +289,13 @@ def test_check_config_says_how_to_get_the_default_model_and_finds_imported_model
     assert main(["check-config"]) == 2  # no file: the built-in defaults, whose model is not fetched yet
     lines = capsys.readouterr().out.strip().splitlines()
     fetch = "is not here yet: get it with `edge-agent models fetch gemma-3-270m-home`"
-    assert [line.split(": ", 1)[0] for line in lines] == ["models.llm[0].model", "models.llm[1].model"]
-    assert all(fetch in line for line in lines), lines
+    keys = ["models.llm[0].model", "models.llm[1].model", "models.asr[0].model"]
+    assert [line.split(": ", 1)[0] for line in lines] == keys
+    assert all(fetch in line for line in lines[:2]), lines
+    assert "edge-agent models fetch whisper-base" in lines[2]  # the default voice tier: real Whisper base
     # once imported (any LLM folder under <cache>/imported/<name>), the name resolves
     shutil.copytree(REPO / "tests" / "data" / "phi3-optimum-tiny", cache / "imported" / "gemma-3-270m-home")
+    shutil.copytree(REPO / "edge_agent" / "demo_models" / "demo-whisper", cache / "imported" / "whisper-base")
     assert main(["check-config"]) == 0, capsys.readouterr().out
     # the same for a file that fails its schema (each tier's model checked on its own)
     path = write(tmp_path, '[mqtt]\nhots = "x"\n[[models.llm]]\nname = "a"\nmodel = "gemma-3-270m-home"\n')

@@ -42,9 +42,10 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -52,6 +53,7 @@ from ...audio.vad import Detector, EndpointConfig, Endpointer, SpeechAudio, Spee
 from ...errors import Overloaded
 from ...metrics.histogram import ExponentialHistogram
 from ...metrics.window import MetricSnapshot, RollingWindow
+from ...models.asr_prompt import build_prompt
 from ...models.recognizer import Hypothesis, Recognizer
 from .batcher import Batcher, BatchLimits
 from .events import AsrEvent, UtteranceMetrics
@@ -175,6 +177,17 @@ class AsrService:
         self._lock = threading.Lock()
         # [calibration] capture: told each utterance's audio, sample rate and final text; it never blocks
         self.capture: Callable[[list[np.ndarray], int, str], None] | None = None
+        # [asr] prompt_words: every stream's context, ahead of a voice turn's tools (``AsrStream.set_context``)
+        self.prompt_words: tuple[str, ...] = ()
+        self.tool_context = True  # [asr] tool_context: a voice turn's tools' words join the context
+
+    def new_engine_stream(self, context: str) -> Any:
+        """A recogniser stream carrying ``context`` (the words to expect) when the recogniser takes one."""
+        rstream = self.engine.new_stream()
+        ids = getattr(self.engine, "context_ids", None)
+        if context and ids is not None:
+            rstream.context = ids(context)  # type: ignore[attr-defined]  # a recogniser with context_ids
+        return rstream
 
     def start(self) -> AsrService:
         self.batcher.start()
@@ -327,6 +340,20 @@ class AsrStream:
         self._endpoints: dict[int, tuple[float, float]] = {}  # utterance → (speech end, decision), clock
         self.pause_ms: int | None = None  # see ``AsrService.open_stream``
         self._pausing = 0  # pause decodes in flight
+        self._tools: Sequence[Any] | None = None  # a voice turn's tools: their words are the context
+        self._recent: deque[str] = deque(maxlen=2)  # the last finals' text: context for the next utterance
+        self.context = build_prompt(None, getattr(service, "prompt_words", ()))
+
+    def set_context(self, tools: Sequence[Any] | None) -> None:
+        """The words the recogniser is told to expect from now on: the service's ``[asr] prompt_words``,
+        ``tools``' words (a voice turn's: names, enum values, descriptions) and the last finals' text."""
+        with self._lock:
+            self._tools = tools if getattr(self.service, "tool_context", True) else None
+            self._update_context()
+
+    def _update_context(self) -> None:
+        words = getattr(self.service, "prompt_words", ())
+        self.context = build_prompt(self._tools, words, tuple(self._recent))
 
     def set_complete(self, complete: Callable[[str], bool | None] | None) -> None:
         """The caller's completeness check for an early end (see ``AsrService.open_stream``)."""
@@ -378,7 +405,7 @@ class AsrStream:
         if fork is not None:
             twin = fork()
         else:
-            twin = self.service.engine.new_stream()
+            twin = self.service.new_engine_stream(self.context)
             for block in u.audio or []:
                 twin.add_audio(block)
         twin.end()
@@ -524,7 +551,7 @@ class AsrStream:
                 resumed = self._early if e.resumes else None
                 index = resumed.index if resumed is not None else self._count
                 onset_s = resumed.onset_s if resumed is not None else e.at_s
-                u = _Utterance(self, index, svc.engine.new_stream(), onset_s, self._arrival_of(e.at_s, now))
+                u = _Utterance(self, index, svc.new_engine_stream(self.context), onset_s, self._arrival_of(e.at_s, now))
                 if svc.capture is not None:
                     u.pcm = []
                 if self.endpointer.config.early_silence_ms is not None or self.pause_ms is not None:
@@ -620,6 +647,9 @@ class AsrStream:
         self.service.record(m)
         event = AsrEvent("final", self.id, u.index, hyp.text, hyp.text, u.onset_s + hyp.audio_s, now, m, end_at)
         self.finals.append(event)
+        if hyp.text.strip():
+            self._recent.append(hyp.text.strip())
+            self._update_context()
         self._emit(event)
         self._close_one()
         capture, pcm, u.pcm = self.service.capture, u.pcm, None

@@ -166,6 +166,10 @@ class PcmStream:
         """A voice turn's own check of a whole command (``AsrStream.set_complete``), before any audio."""
         self._stream.set_complete(complete)
 
+    def set_context(self, tools: Sequence[dict] | None) -> None:
+        """A voice turn's tools, whose words the recogniser is told to expect (``AsrStream.set_context``)."""
+        self._stream.set_context(tools)
+
     def end(self) -> None:
         """No more audio: an open utterance ends now; its final (and any other) still comes."""
         self._stream.close()
@@ -225,6 +229,8 @@ class TieredSpeech(Ladder):
         turn's stream sends its text ahead (None: never)."""
         super().__init__(tiers, on_switched)
         self.pause_ms = pause_ms
+        self.prompt_words: tuple[str, ...] = ()  # [asr] prompt_words, set on every tier's service
+        self.tool_context = True  # [asr] tool_context
         self._make_service = make_service
         self._observe = observe or (lambda obs: None)
         self._drain_s = drain_s
@@ -242,6 +248,7 @@ class TieredSpeech(Ladder):
             engine.close()
             raise
         service.capture = self._capture
+        service.prompt_words, service.tool_context = self.prompt_words, self.tool_context
         return _Loaded(index, self.tiers[index], engine, service, self._observe)
 
     def set_capture(self, capture: Callable[[list[np.ndarray], int, str], None] | None) -> None:
@@ -430,6 +437,7 @@ def open_speech(
         drain_s,
         pause_ms=audio.pause_ms if audio.prefill_ahead and audio.respond_ahead else None,
     )
+    speech.prompt_words, speech.tool_context = tuple(settings.asr.prompt_words), settings.asr.tool_context
     errors = speech.start_first(on_load_failed)
     if speech.active_tier is None:
         raise none_loaded("ASR", errors)

@@ -1,0 +1,207 @@
+"""The words a recogniser is told to expect: built from a voice turn's tools and the operator's words,
+bounded for Whisper's 224 prompt tokens, carried by each stream into Whisper's decoder as
+``<|startofprev|> words <|startoftranscript|> ...`` (demo-whisper, random weights: the token plumbing,
+not what it hears), and kept per stream by the ASR service (a fake recogniser records what it was given)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge_agent.models.asr_prompt import ENUM_VALUES, TOOL_CHARS, build_prompt, tool_words
+
+HOME_TOOLS = json.loads(
+    (Path(__file__).resolve().parents[2] / "edge_agent" / "demo_models" / "home-tools.json").read_text()
+)["tools"]
+
+
+def test_the_home_tools_give_their_descriptions_names_enum_values_and_parameters():
+    words, cut = tool_words(HOME_TOOLS)
+    assert not cut
+    for w in ("Switch a room's light on or off, or dim it", "set light", "set timer", "living room", "hallway"):
+        assert w in words
+    assert "brightness" in words and "celsius" in words and "minutes" in words
+    prompt = build_prompt(HOME_TOOLS, ["Anna", "garage"], ["turn on the kitchen light"])
+    assert prompt.startswith("Anna, garage ")  # the operator's words first
+    assert prompt.endswith("turn on the kitchen light")  # the last turn nearest the utterance
+    assert "Start a countdown timer." in prompt and "kitchen, living room, bedroom" in prompt
+
+
+def test_a_ten_thousand_value_enum_is_cut_and_said_once(caplog):
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "play_song",
+                "description": "Play a song",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"title": {"enum": [f"song {i}" for i in range(10_000)]}},
+                },
+            },
+        }
+    ]
+    with caplog.at_level(logging.INFO, logger="edge_agent.models.asr_prompt"):
+        first = build_prompt(tools)
+        again = build_prompt(tools)
+    assert first == again
+    assert len(first) <= TOOL_CHARS + 2
+    assert "song 0" in first and f"song {ENUM_VALUES}" not in first
+    assert sum("left out" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_malformed_tools_are_skipped_and_nothing_gives_an_empty_prompt():
+    assert build_prompt(None) == "" and build_prompt([]) == ""
+    odd = [1, "x", {"function": {"name": 5, "parameters": {"properties": [1, 2]}}}, {"function": "no"}]
+    assert build_prompt(odd) == ""
+
+
+# -- Whisper ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def whisper(tmp_path_factory):
+    from edge_agent.backends import SessionOptions
+    from edge_agent.models.asr import open_recognizer
+    from edge_agent.models.catalog import resolve_model
+
+    engine = open_recognizer(
+        resolve_model("demo-whisper", tmp_path_factory.mktemp("models")), "onnxruntime", SessionOptions(threads=1)
+    )
+    yield engine
+    engine.close()
+
+
+class _Recording:
+    """A session proxy keeping the ``input_ids`` of every run."""
+
+    def __init__(self, session) -> None:
+        self.session, self.calls = session, []
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+    def run(self, feeds, outputs=None):
+        self.calls.append(np.array(feeds["input_ids"]))
+        return self.session.run(feeds, outputs) if outputs is not None else self.session.run(feeds)
+
+
+def test_context_ids_are_startofprev_then_the_words_last_223_tokens_kept(whisper):
+    prev = whisper.tokenizer.token_to_id("<|startofprev|>")
+    ids = whisper.context_ids("kitchen   light")
+    assert ids[0] == prev and whisper.tokenizer.decode(ids[1:]) == " kitchen light"
+    assert whisper.context_ids("") == [] and whisper.context_ids("   ") == []
+    long = " ".join(f"word{i}" for i in range(3000))
+    ids = whisper.context_ids(long)
+    assert len(ids) == 224 and ids[0] == prev
+    assert whisper.tokenizer.decode(ids[1:]).endswith("word2999")
+
+
+def test_the_context_goes_before_the_prompt_in_the_decoders_first_step(whisper, monkeypatch):
+    rec = _Recording(whisper.decoder)
+    monkeypatch.setattr(whisper, "decoder", rec)
+    x = np.random.default_rng(0).standard_normal(16000).astype(np.float32) * 0.1
+    whisper.transcribe(x, context="kitchen light")
+    first = rec.calls[-1][0].tolist()
+    context = whisper.context_ids("kitchen light")
+    assert first[: len(context) + 4] == context + whisper.prompt("en")
+
+
+def test_streams_with_other_contexts_in_one_step_each_get_what_they_get_alone(whisper):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(24000).astype(np.float32) * 0.1
+    contexts = ["", "kitchen light", "set a timer for ten minutes in the living room"]
+    alone = [whisper.transcribe(x, context=c).token_ids for c in contexts]
+    streams = []
+    for c in contexts:
+        s = whisper.new_stream()
+        s.context = whisper.context_ids(c)
+        s.add_audio(x)
+        s.end()
+        streams.append(s)
+    finals = whisper.step(streams)
+    assert [h.token_ids for h in finals] == alone
+    assert all(h.final for h in finals)
+
+
+# -- the service ------------------------------------------------------------------------------
+
+
+class _Engine:
+    """A recogniser that records the context each of its streams was given, and hears "ok" when ended."""
+
+    name, kind, sample_rate, max_utterance_s = "fake", "fake", 16000, 30.0
+
+    def __init__(self) -> None:
+        self.contexts: list[str] = []
+
+    def context_ids(self, text: str) -> list[int]:
+        self.contexts.append(text)
+        return [len(text)]
+
+    def new_stream(self):
+        from edge_agent.models.recognizer import AudioStream
+
+        return AudioStream(16000)
+
+    def step(self, streams):
+        from edge_agent.models.recognizer import Hypothesis
+
+        out = []
+        for s in streams:
+            _, ended = s.take()
+            out.append(Hypothesis("turn on the kitchen light" if ended else "turn", (), ended, "", 1.0))
+        return out
+
+    def close(self):
+        pass
+
+
+def _utterance(stream) -> None:
+    stream.feed(np.full(16000, 0.3, np.float32))  # one second of "speech" (energy VAD)
+    stream.feed(np.zeros(16000, np.float32))  # then a second of silence ends it
+    stream.wait_steps(10.0)
+
+
+def test_the_service_gives_each_new_utterance_the_operator_words_tools_and_last_final():
+    from edge_agent.audio.vad import EndpointConfig
+    from edge_agent.serving.asr.batcher import BatchLimits
+    from edge_agent.serving.asr.service import AsrService
+
+    engine = _Engine()
+    svc = AsrService(
+        engine,
+        limits=BatchLimits(max_batch=1, batch_timeout_ms=0),
+        endpoint=EndpointConfig(60, 300, 100),
+        chunk_ms=100,
+    )
+    svc.prompt_words = ("Anna",)
+    svc.start()
+    try:
+        st = svc.open_stream()
+        assert st.context == "Anna"
+        st.set_context(HOME_TOOLS)
+        _utterance(st)
+        _utterance(st)
+        st.close()
+        assert st.wait(10.0)
+    finally:
+        svc.stop()
+    assert len(st.finals) == 2
+    first, second = engine.contexts[0], engine.contexts[-1]
+    assert first == build_prompt(HOME_TOOLS, ["Anna"])
+    assert second == build_prompt(HOME_TOOLS, ["Anna"], ["turn on the kitchen light"])
+
+
+def test_tool_context_off_keeps_only_the_operator_words():
+    from edge_agent.serving.asr.service import AsrService
+
+    svc = AsrService(_Engine())
+    svc.prompt_words, svc.tool_context = ("Anna",), False
+    st = svc.open_stream(vad=False)
+    st.set_context(HOME_TOOLS)
+    assert st.context == "Anna"
