@@ -494,6 +494,12 @@ class Daemon:
             self.stop()
             raise
 
+    def serving(self) -> list[str]:
+        """What the daemon said it serves: its ``serving:`` line and each tier's engine (or model folder)."""
+        keep = ("edge_agent.daemon.app: serving:", "edge_agent.engines.resolve:")
+        lines = self.log.read_text(errors="replace").splitlines()
+        return [line.split(": ", 1)[1] if ": " in line else line for line in lines if any(k in line for k in keep)]
+
     def reload_default_sla(self) -> None:
         """SIGHUP onto the default SLA; waits (10 s at most) until the daemon says it applied it."""
         assert self.proc is not None
@@ -752,6 +758,7 @@ def run(args: argparse.Namespace) -> int:
             daemon = Daemon(workdir, say)
             say("daemon up; warming it and measuring its capacity (4 chats in flight)")
             measured = asyncio.run(capacity(daemon.url))
+            report["daemon_serving"] = daemon.serving()
             cap = args.capacity or measured
             report["capacity_per_s"] = cap
             report["capacity_measured_per_s"] = measured

@@ -138,6 +138,7 @@ def format_report(report: dict) -> str:
         f"machine: {m['cpu']}, {m['cores']} cores; 1-min load average {m['load_avg_at_start'][0]:.1f} at the start, "
         f"{_load_range(report)} at the levels' ends",
     ]
+    lines += [f"daemon: {line}" for line in report.get("daemon_serving", [])]
     if report.get("machine_before"):
         lines.append(
             "(systems kept from an earlier run, started at a 1-min load average of "
@@ -186,15 +187,16 @@ def plot(report: dict, path: Path) -> Path:
         ax.set_xlabel("offered load (x measured capacity)")
         ax.set_title(title)
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend()
-    axes[0].plot([0, 3], [0, 3 * report["capacity_per_s"]], color="gray", linestyle=":", linewidth=1)
-    axes[1].axhline(report["sla_ms"], color="red", linestyle="--", linewidth=1)
+    axes[0].plot([0, 3], [0, 3 * report["capacity_per_s"]], color="gray", linestyle=":", linewidth=1, label="offered")
+    axes[0].axhline(report["capacity_per_s"], color="gray", linestyle="--", linewidth=1, label="measured capacity")
     axes[1].set_yscale("log")
     xs = [1 + k / 20 for k in range(41)]
     axes[2].plot(
         xs, [100 * (1 - 1 / x) for x in xs], color="gray", linestyle=":", linewidth=1, label="1 - capacity/offered"
     )
+    axes[1].axhline(report["sla_ms"], color="red", linestyle="--", linewidth=1, label="SLA")
+    for ax in axes:
+        ax.legend(fontsize=8)
     fig.suptitle(
         f"bench overload · capacity {report['capacity_per_s']:.2f} chats/s · {report['seconds']:g} s per level · "
         f"{report['rounds']} round(s) · {report['machine']['cores']} cores"
