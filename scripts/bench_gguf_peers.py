@@ -1,8 +1,9 @@
 """edge-agent against llama.cpp on the identical GGUF file: speed, memory and perplexity, interleaved rounds.
 
 Engines (each measured in a fresh process per round by scripts/bench_gguf_worker.py, same threads):
-- llama.cpp (llama-cpp-python, compiled for this CPU) on the file as shipped (Q4_K_M) and on its Q8_0 and
-  F16 requantizations (llama.cpp's own ``llama_model_quantize``, from the shipped file);
+- llama.cpp (llama-cpp-python, compiled for this CPU) on the file as shipped (Q4_K_M) and on its
+  requantizations (llama.cpp's own ``llama_model_quantize``; ``--requant``, default Q8_0 and F16 from the shipped
+  file; Q4_0 and Q4_K_M from its F32 requantization, the fp32 weights edge-agent imports);
 - edge-agent on what it builds from the same file: the imported float32 folder and any engine folders
   given with ``--agent LABEL=FOLDER`` (e.g. the int8w / int4 engines ``edge-agent build`` makes).
 
@@ -30,7 +31,11 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "scripts" / "bench_gguf_worker.py"
 LLAMA_PY = ROOT / ".venv-llamacpp" / "bin" / "python"
 TEXT = ROOT / "calibration" / "llm" / "text" / "python-reference.txt"
-FTYPES = {"q8_0": 7, "f16": 1}  # llama_ftype: LLAMA_FTYPE_MOSTLY_Q8_0, LLAMA_FTYPE_MOSTLY_F16
+# llama_ftype: LLAMA_FTYPE_ALL_F32, MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_Q4_0, MOSTLY_Q4_K_M
+FTYPES = {"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2, "q4_k_m": 15}
+# The 4-bit requantizations start from the F32 one: the shipped blocks dequantized exactly, the same fp32
+# weights edge-agent's import holds, so llama.cpp's 4-bit methods and edge-agent's start from one place.
+FROM_F32 = ("q4_0", "q4_k_m")
 
 METRICS = [
     ("prefill 128: TTFT ms", lambda r: r["prefill"]["128"]["ttft_ms"], False),
@@ -91,6 +96,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--perplexity-tokens", type=int, default=4096)
+    ap.add_argument(
+        "--requant", default="q8_0,f16", help=f"llama.cpp requantizations, comma-separated of {', '.join(FTYPES)}"
+    )
     ap.add_argument("--work", type=Path, default=Path.home() / ".cache" / "edge-agent" / "bench" / "gguf")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
@@ -99,11 +107,21 @@ def main() -> int:
         sys.exit(f"bench-gguf-peers: no {LLAMA_PY}: run scripts/bench-gguf-peers (it builds llama-cpp-python)")
     args.work.mkdir(parents=True, exist_ok=True)
     engines: dict[str, tuple[str, str]] = {"llama.cpp Q4_K_M": ("llamacpp", str(args.gguf))}
-    for kind in ("q8_0", "f16"):
-        dst = args.work / f"{args.gguf.stem.split('-q')[0]}-{kind}.gguf"
+    kinds = [k for k in args.requant.split(",") if k]
+    unknown = [k for k in kinds if k not in FTYPES]
+    if unknown:
+        sys.exit(f"bench-gguf-peers: --requant {','.join(unknown)}: choose among {', '.join(FTYPES)}")
+    stem = args.gguf.stem.split("-q")[0]
+    f32 = args.work / f"{stem}-f32.gguf"
+    for kind in kinds:
+        dst = args.work / f"{stem}-{kind}.gguf"
+        if kind in FROM_F32:
+            print("bench-gguf-peers: requantizing to f32 (llama.cpp)", file=sys.stderr, flush=True)
+            requantize(args.gguf, f32, "f32")
         print(f"bench-gguf-peers: requantizing to {kind} (llama.cpp)", file=sys.stderr, flush=True)
-        requantize(args.gguf, dst, kind)
-        engines[f"llama.cpp {kind.upper()}"] = ("llamacpp", str(dst))
+        requantize(f32 if kind in FROM_F32 else args.gguf, dst, kind)
+        label = f"{kind.upper()} (from F32)" if kind in FROM_F32 else kind.upper()
+        engines[f"llama.cpp {label}"] = ("llamacpp", str(dst))
     engines["edge-agent fp32"] = ("agent", str(args.imported))
     for item in args.agent:
         label, _, folder = item.partition("=")

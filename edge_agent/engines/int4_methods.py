@@ -10,9 +10,10 @@ Methods (``quantize``):
 ``rtn``       symmetric round to nearest: ``s = max|w| / 2^(bits-1)``, ``z = 2^(bits-1)`` (ONNX Runtime's default).
 ``rtn_asym``  asymmetric round to nearest over ``[min, max]``.
 ``kquant``    asymmetric with a searched scale and zero point (llama.cpp's k-quant search, ``make_qkx`` style):
-              for 21 candidate scales around ``(max - min) / (2^bits - 1)`` the codes are rounded, the best
+              for 12 candidate ranges (``max - min`` over 0.6 .. 1.1) the codes are rounded, the best
               ``(s, m)`` refitted by weighted least squares, the zero point rounded to an integer and ``s``
-              refitted once more; the candidate with the least weighted squared error wins. The weight of
+              refitted once more; the best one's zero point's neighbours are tried too; the least weighted
+              squared error wins. The weight of
               a value is ``importance[k] * sqrt(mean(block²) + w²)``: ``importance`` is the mean square of
               the activations that multiply input ``k`` on calibration text (an importance matrix, as
               llama.cpp's imatrix), or 1 without calibration.
@@ -85,7 +86,18 @@ def search_error(x: np.ndarray, weights: np.ndarray, scale: np.ndarray, zero: np
     return np.sum(weights * (scale * (q - zero) - x) ** 2, axis=-1, keepdims=True)
 
 
-def _search(x: np.ndarray, weights: np.ndarray, bits: int, steps: int = 21) -> tuple[np.ndarray, np.ndarray]:
+def _refit(x: np.ndarray, weights: np.ndarray, s: np.ndarray, z: np.ndarray, bits: int) -> np.ndarray:
+    """With the zero point an integer: the codes, then the least-squares scale for them, twice."""
+    maxq = (1 << bits) - 1
+    for _ in range(2):
+        q = np.clip(np.rint(x / s) + z, 0, maxq) - z
+        den = (weights * q * q).sum(1, keepdims=True)
+        s_new = (weights * q * x).sum(1, keepdims=True) / np.where(den > 0, den, 1.0)
+        s = np.where((den > 0) & (s_new > 1e-12), s_new, s)
+    return s
+
+
+def _search(x: np.ndarray, weights: np.ndarray, bits: int, steps: int = 12) -> tuple[np.ndarray, np.ndarray]:
     """The ``kquant`` search over blocks ``x`` [M, bs] with per-value ``weights``: (scale, zero) [M, 1]."""
     maxq = (1 << bits) - 1
     lo = np.minimum(x.min(axis=1, keepdims=True), 0.0)
@@ -96,27 +108,30 @@ def _search(x: np.ndarray, weights: np.ndarray, bits: int, steps: int = 21) -> t
     best_e = search_error(x, weights, best_s, best_z, bits)
     sw = weights.sum(axis=1, keepdims=True)
     swx = (weights * x).sum(axis=1, keepdims=True)
-    for delta in np.linspace(-1.0, 1.0, steps):
-        q = np.clip(np.rint((maxq + delta) / span * (x - lo)), 0, maxq)
+
+    def keep(s: np.ndarray, z: np.ndarray) -> None:
+        nonlocal best_s, best_z, best_e
+        e = search_error(x, weights, s, z, bits)
+        better = e < best_e
+        best_s, best_z, best_e = np.where(better, s, best_s), np.where(better, z, best_z), np.where(better, e, best_e)
+
+    for factor in np.linspace(
+        0.6, 1.1, steps
+    ).tolist():  # codes over [min, min + span / factor]: clipping the tail, or not
+        q = np.clip(np.rint(maxq * factor / span * (x - lo)), 0, maxq)
         wq = weights * q
         sl, sl2, sxl = wq.sum(1, keepdims=True), (wq * q).sum(1, keepdims=True), (wq * x).sum(1, keepdims=True)
         det = sw * sl2 - sl * sl
         ok = det > 0
         s = np.where(ok, (sw * sxl - swx * sl) / np.where(ok, det, 1.0), best_s)
         m = np.where(ok, (sl2 * swx - sl * sxl) / np.where(ok, det, 1.0), lo)
-        s0 = np.where(s > 1e-12, s, best_s)
-        for shift in (0.0, -1.0, 1.0):  # the zero point rounded, and its neighbours
-            s = s0
-            z = np.clip(np.rint(-m / s0) + shift, 0, maxq)
-            for _ in range(2):  # with the zero point an integer, the codes and then the scale again
-                q = np.clip(np.rint(x / s) + z, 0, maxq) - z
-                den = (weights * q * q).sum(1, keepdims=True)
-                s_new = (weights * q * x).sum(1, keepdims=True) / np.where(den > 0, den, 1.0)
-                s = np.where((den > 0) & (s_new > 1e-12), s_new, s)
-            e = search_error(x, weights, s, z, bits)
-            better = e < best_e
-            best_s, best_z = np.where(better, s, best_s), np.where(better, z, best_z)
-            best_e = np.where(better, e, best_e)
+        s = np.where(s > 1e-12, s, best_s)
+        z = np.clip(np.rint(-m / s), 0, maxq)
+        keep(_refit(x, weights, s, z, bits), z)
+    s0, z0 = best_s, best_z
+    for shift in (-1.0, 1.0):  # the best zero point's neighbours, the scale refitted for each
+        z = np.clip(z0 + shift, 0, maxq)
+        keep(_refit(x, weights, s0, z, bits), z)
     return best_s.astype(np.float32), best_z
 
 

@@ -327,8 +327,11 @@ def quantize_matmul_nbits(
     FP32 model's ``ModelRef``: its plain graph, tokenizer and config). ``mixed_budget_pct``: the 4-bit
     precision keeps the layers (and head) at 8 bits that ``int4_sensitivity.keep_8bit`` picks to stay within
     that Δperplexity on ``sensitivity_tokens`` of the calibration text; the choice is in the result."""
-    numpy_path = algorithm in NUMPY_ALGORITHMS or mixed_budget_pct is not None
-    if numpy_path:
+    if bits == 8 and algorithm in NUMPY_ALGORITHMS:  # the 4-bit methods: 8-bit weights stay as int8w has them
+        algorithm, mixed_budget_pct = "rtn", None
+    if bits == 8:
+        mixed_budget_pct = None
+    if algorithm in NUMPY_ALGORITHMS or mixed_budget_pct is not None:
         if algorithm not in ALGORITHMS:
             raise InputError(f"weight_only.algorithm {algorithm!r}: choose one of {', '.join(ALGORITHMS)}")
         return _quantize_numpy(

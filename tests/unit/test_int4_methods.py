@@ -133,3 +133,36 @@ def test_bad_input_names_the_key() -> None:
         im.quantize(w, 4, 32, "gptq")
     with pytest.raises(InputError, match="4 or 8 bits, not 3"):
         im.quantize(w, 3, 32, "kquant")
+
+
+class _FakeEvaluator:
+    """Perplexity as a known function of which weights are overridden: each 4-bit group adds its cost, each
+    8-bit group a tenth of it (so the greedy choice can be checked against every prefix by hand)."""
+
+    def __init__(self, cost: dict[str, float]) -> None:
+        self.cost, self.calls = cost, 0
+
+    def perplexity(self, overrides: dict[str, np.ndarray]) -> float:
+        self.calls += 1
+        extra = sum(self.cost[name] * (0.1 if float(v.flat[0]) == 8.0 else 1.0) for name, v in overrides.items())
+        return 10.0 * (1 + extra / 100)
+
+
+def test_keep_8bit_keeps_the_shortest_most_sensitive_per_byte_prefix_that_fits() -> None:
+    from edge_agent.engines import int4_sensitivity as sv
+
+    shapes = {"a": (64, 64), "b": (64, 256), "c": (64, 64), "head": (64, 1024)}
+    cost = {"a": 4.0, "b": 4.0, "c": 0.5, "head": 6.0}  # Δppl % alone at 4 bits
+    sites = [sv.Site(f"n.{g}", g, "x", shapes[g], g) for g in shapes]
+    q4 = {g: np.full((1,), 4.0) for g in shapes}
+    q8 = {g: np.full((1,), 8.0) for g in shapes}
+    ev = _FakeEvaluator(cost)
+    choice = sv.keep_8bit(ev, sites, q4, 7.0, q8)  # type: ignore[arg-type]
+    # Δppl per byte 4 bits saves: a 4 / 2048 > b 4 / 8192 > c 0.5 / 2048 > head 6 / 32768
+    assert choice.order == ["a", "b", "c", "head"]
+    # prefixes by hand: 0 -> 14.5 %, 1 -> 10.9 %, 2 -> 7.3 %, 3 -> 6.85 % (the first within 7 %)
+    assert choice.keep_8bit == ["a", "b", "c"] and choice.fits
+    assert choice.mixed_ppl == pytest.approx(10 * (1 + (0.4 + 0.4 + 0.05 + 6.0) / 100))
+    assert sv.keep_8bit(_FakeEvaluator(cost), sites, q4, 20.0, q8).keep_8bit == []  # all 4-bit fits  # type: ignore[arg-type]
+    none = sv.keep_8bit(_FakeEvaluator(cost), sites, q4, 0.5, q8)  # type: ignore[arg-type]
+    assert not none.fits and none.keep_8bit == ["a", "b", "c", "head"]  # nothing fits: all 8-bit, said so
