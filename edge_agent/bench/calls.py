@@ -8,8 +8,11 @@ call grammar of ``"required"``; the prefix cache and jump-forward on, as the dae
 scheduler:
 
 - **text**: the command's words as written;
-- **speech** (``--speech``): the words spoken by espeak-ng in the command's voice, transcribed whole by
-  the configured ASR tier (or ``--asr-model``); the LLM gets what was heard.
+- **speech** (``--speech``): the words spoken by the natural-voice set in turn (``--voices``, default
+  ``standard``: Piper joe at three length/noise settings, flite slt/rms/awb/kal16, espeak-ng en-us as the
+  stress voice; command i in voice i mod n, ``engines/voices.py``), transcribed whole by the configured ASR
+  tier (or ``--asr-model``) told the tools' words as its context (``--context on``; ``off``, or ``both``
+  to score each way); the LLM gets what was heard.
 
 A command is right when the reply makes exactly the expected call (name and arguments, numbers by
 value) or, where no tool fits, makes none. Reported per set and input: right / of, the wrong ones
@@ -28,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..demo_models.home_commands import DEMO, DEV, HELD_OUT, Command, judge
+from ..demo_models.home_commands import DEMO, DEV, HELD_OUT, judge
 from ..errors import InputError
 
 HOME_TOOLS = Path(__file__).resolve().parent.parent / "demo_models" / "home-tools.json"
@@ -47,6 +50,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--sets", default="demo,held-out,dev", help="comma-separated: demo, held-out, dev")
     p.add_argument("--speech", action="store_true", help="also speak each command and score what the ASR heard")
     p.add_argument("--asr-model", default=None, help="ASR model (default: the top configured ASR tier)")
+    p.add_argument(
+        "--voices",
+        default="standard",
+        help="who speaks the commands, in turn: standard, natural, stress or specs (piper:joe:0.85, flite:slt, …)",
+    )
+    p.add_argument(
+        "--context",
+        choices=("on", "off", "both"),
+        default="on",
+        help="the ASR told the tools' words and [asr] prompt_words (Whisper's initial prompt): on, off or both",
+    )
     p.add_argument("--tool-choice", choices=("auto", "required"), default="auto")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: the configured device threads)")
@@ -56,17 +70,37 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def heard_by(recognizer: Any, command: Command) -> str:
-    """What ``recognizer`` hears when espeak-ng says ``command`` in its voice (silence around it)."""
-    from .voice import RATE, _espeak
+def heard_by(recognizer: Any, speech: np.ndarray, context: str = "") -> str:
+    """What ``recognizer`` hears in ``speech`` (16 kHz; silence added around it), told ``context``."""
+    from ..engines.voices import RATE
 
-    speech = _espeak(command.text, command.voice, 160)
     pad = np.zeros(int(0.4 * RATE), np.float32)
-    return recognizer.transcribe(np.concatenate([pad, speech, pad, pad])).text.strip()
+    audio = np.concatenate([pad, speech, pad, pad])
+    if context and hasattr(recognizer, "context_ids"):
+        return str(recognizer.transcribe(audio, context=context).text).strip()
+    return str(recognizer.transcribe(audio).text).strip()
 
 
-def score(scheduler: Any, tokenizer: Any, tools: list[dict], commands, heard: list[str], tool_choice: str, limit: int):
+def spoken(commands, voices) -> tuple[list[np.ndarray], list[str]]:
+    """Each command spoken by ``voices`` in turn (command i by voice i mod n): the audio and voice labels."""
+    from ..engines.voices import synthesize
+
+    who = [voices[i % len(voices)] for i in range(len(commands))]
+    return synthesize([(c.text, v) for c, v in zip(commands, who)]), [v.label for v in who]
+
+
+def score(
+    scheduler: Any,
+    tokenizer: Any,
+    tools: list[dict],
+    commands,
+    heard: list[str],
+    tool_choice: str,
+    limit: int,
+    voice_of: dict[str, str] | None = None,
+):
     """Each command's reply to what was heard (one request at a time): rows and the summary."""
+    voice_of = voice_of or {}
     from ..models.sampling import SamplingParams
     from ..serving.voice_turn import VoiceTurn, chat_submit
 
@@ -84,7 +118,7 @@ def score(scheduler: Any, tokenizer: Any, tools: list[dict], commands, heard: li
         rows.append(
             {
                 "said": command.text,
-                "voice": command.voice,
+                "voice": voice_of.get(command.text, command.voice),
                 "heard": text,
                 "expected": command.call,
                 "call": call,
@@ -130,29 +164,51 @@ def run(args: argparse.Namespace) -> int:
     tools = load_tools(HOME_TOOLS)
     inputs: dict[str, dict[str, list[str]]] = {n: {"text": [c.text for c in SETS[n]]} for n in names}
     asr_name = None
+    voices_used: dict[str, dict[str, str]] = {}
     if args.speech:
+        from ..engines.voices import parse_voices, require
         from ..models.asr import open_configured
-        from .voice import require_tools
+        from ..models.asr_prompt import build_prompt
 
-        require_tools()
+        voices = parse_voices(args.voices)
+        require(voices)
+        context = build_prompt(tools if settings.asr.tool_context else None, settings.asr.prompt_words)
+        ways = {"on": [("speech", context)], "off": [("speech", "")]}.get(args.context)
+        ways = ways or [("speech", context), ("speech/no-context", "")]
         recognizer = open_configured(settings, args.asr_model)
         asr_name = recognizer.name if hasattr(recognizer, "name") else args.asr_model
         try:
             for n in names:
-                inputs[n]["speech"] = [heard_by(recognizer, c) for c in SETS[n]]
+                audio, labels = spoken(SETS[n], voices)
+                voices_used[n] = {c.text: label for c, label in zip(SETS[n], labels)}
+                for kind, words in ways:
+                    inputs[n][kind] = [heard_by(recognizer, x, words) for x in audio]
         finally:
             recognizer.close()
+        report_voices = [v.label for v in voices]
+        report_context = {kind: words for kind, words in ways}
     ref = resolve_model(args.llm_model, settings.models.cache_dir)
     threads = args.threads or settings.device.threads
     lm = DecoderLM.open(ref, args.backend, SessionOptions(threads=threads, cache_dir=settings.engines.cache_dir))
     report: dict[str, Any] = {"llm_model": ref.name, "llm_path": str(ref.path), "backend": args.backend}
     report.update(asr_model=asr_name, tool_choice=args.tool_choice, threads=threads, results={})
+    if args.speech:
+        report.update(voices=report_voices, asr_context=report_context)
     try:
         scheduler = LLMScheduler(lm, turn_limits(settings)).start()
         try:
             for n in names:
                 for kind, heard in inputs[n].items():
-                    rows = score(scheduler, lm.tokenizer, tools, SETS[n], heard, args.tool_choice, args.max_new_tokens)
+                    rows = score(
+                        scheduler,
+                        lm.tokenizer,
+                        tools,
+                        SETS[n],
+                        heard,
+                        args.tool_choice,
+                        args.max_new_tokens,
+                        voices_used.get(n) if kind != "text" else None,
+                    )
                     report["results"][f"{n}/{kind}"] = {**summary(rows), "rows": rows}
         finally:
             scheduler.stop()
@@ -173,6 +229,10 @@ def format_report(report: dict) -> str:
         f"bench calls: {report['llm_model']} ({report['backend']}, {report['threads']} threads), tool_choice "
         f"{report['tool_choice']}" + (f", speech heard by {report['asr_model']}" if report.get("asr_model") else "")
     ]
+    if report.get("voices"):
+        lines.append(f"  voices (in turn): {', '.join(report['voices'])}")
+        for kind, words in report.get("asr_context", {}).items():
+            lines.append(f"  {kind}: ASR context {words[:100] + '…' if len(words) > 100 else words or 'none'!r}")
     for key, res in report["results"].items():
         t = res["reply_ms"]
         lines.append(
@@ -180,7 +240,7 @@ def format_report(report: dict) -> str:
             f"reply P50 {t['p50']:.0f} · P95 {t['p95']:.0f} ms"
         )
         for w in res["wrong"]:
-            heard = "" if w["heard"] == w["said"] else f", heard {w['heard']!r}"
+            heard = "" if w["heard"] == w["said"] else f", heard {w['heard']!r} ({w['voice']})"
             got = _call_text(w["call"]) if w["call"] else f"no call ({w['reply'][:60]!r})"
             lines.append(f"      wrong: {w['said']!r}{heard} → {got}; expected {_call_text(w['expected'])}")
     return "\n".join(lines)

@@ -44,6 +44,7 @@ def evaluate_whisper(
     prompt: str = "",
     modes: tuple[str, ...] = MODES,
     progress=None,
+    final_padding_s: float | None = None,
 ) -> dict:
     """Score the Whisper model ``ref`` on manifest ``data``; the report ``eval asr --json`` prints."""
     from ..audio.wav import read_audio
@@ -54,7 +55,8 @@ def evaluate_whisper(
 
     items = read_manifest(data)[:limit]
     options = SessionOptions(device=device, precision=precision, threads=threads)  # type: ignore[arg-type]
-    engine: Any = open_recognizer(ref, backend, options)  # a WhisperRecognizer: transcribe takes context
+    extra = {} if final_padding_s is None else {"final_padding_s": final_padding_s}
+    engine: Any = open_recognizer(ref, backend, options, **extra)  # a WhisperRecognizer: transcribe takes context
     rows: list[dict] = []
     times: dict[str, list[float]] = {m: [] for m in modes}
     final_ms: list[float] = []
@@ -96,6 +98,7 @@ def evaluate_whisper(
         "utterances": len(items),
         "audio_s": round(audio_s, 2),
         "prompt": prompt,
+        "final_padding_s": getattr(engine, "final_padding_s", None),
         "voices": voices,
         "results": results,
         "per_voice": per_voice,

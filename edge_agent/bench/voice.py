@@ -43,6 +43,8 @@ from typing import Any
 import numpy as np
 
 from ..demo_models.home_commands import heat, judge, light, timer
+from ..engines import voices
+from ..engines.voices import Voice
 from ..errors import InputError
 from ..serving.command_check import command_check
 
@@ -93,6 +95,7 @@ class Clip:
     utterance: Utterance
     samples: np.ndarray
     speech_end: int  # samples: the last voiced sample + 1
+    voice: str = ""  # who spoke it (``Voice.label``); "" for espeak-ng in the utterance's own voice
 
 
 # -- speech ---------------------------------------------------------------------------------------
@@ -119,16 +122,22 @@ def _espeak(text: str, voice: str, wpm: int) -> np.ndarray:
     return (x * (0.5 / float(np.max(np.abs(x))))).astype(np.float32)
 
 
-def synthesize(utterance: Utterance, lead_s: float, tail_s: float) -> Clip:
-    """The utterance with ``lead_s`` of silence before it, ``tail_s`` after, and ``PAUSE_S`` between its parts."""
+def synthesize(utterance: Utterance, lead_s: float, tail_s: float, voice: Voice | None = None) -> Clip:
+    """The utterance with ``lead_s`` of silence before it, ``tail_s`` after, and ``PAUSE_S`` between its parts;
+    spoken by ``voice`` (``engines/voices.py``: Piper, flite, espeak-ng), else by espeak-ng in its own voice."""
     pieces: list[np.ndarray] = [np.zeros(int(lead_s * RATE), np.float32)]
-    for k, part in enumerate(utterance.parts):
+    spoken = (
+        voices.synthesize([(part, voice) for part in utterance.parts])
+        if voice is not None
+        else [_espeak(part, utterance.voice, utterance.wpm) for part in utterance.parts]
+    )
+    for k, part in enumerate(spoken):
         if k:
             pieces.append(np.zeros(int(PAUSE_S * RATE), np.float32))
-        pieces.append(_espeak(part, utterance.voice, utterance.wpm))
+        pieces.append(part)
     speech_end = sum(p.size for p in pieces)
     pieces.append(np.zeros(int(tail_s * RATE), np.float32))
-    return Clip(utterance, np.concatenate(pieces), speech_end)
+    return Clip(utterance, np.concatenate(pieces), speech_end, voice.label if voice is not None else "")
 
 
 def require_tools() -> None:
@@ -262,6 +271,7 @@ def replay(side: Side, llm: Llm, clip: Clip, block_ms: int) -> RunResult:
     stream = side.service.open_stream(
         on_event=on_event, pause_ms=side.pause_ms, early_end=True, complete=command_check(llm.tools)
     )
+    stream.set_context(llm.tools)  # the recogniser told the tools' words, as a voice turn's stream is
     block = max(1, block_ms * RATE // 1000)
     speech_end_s = None
     start = time.monotonic()
@@ -308,7 +318,7 @@ def record(result: RunResult, clip: Clip, side: str, round_: int, index: int) ->
         "utterance": index,
         "side": side,
         "said": u.text,
-        "voice": u.voice,
+        "voice": clip.voice or f"espeak-ng {u.voice}",
         "wpm": u.wpm,
         "pause": u.pause,
         "heard": [t.text for _, t in delivered],
@@ -368,6 +378,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default="required",
         help="required (default): always a call; auto: a call or words, as the demo asks",
     )
+    p.add_argument(
+        "--voices",
+        default="standard",
+        help="who speaks the commands, in turn (engines/voices.py): standard (Piper joe ×3, flite ×4, "
+        "espeak-ng en-us), natural, stress, specs (piper:joe:0.85, flite:slt), or 'own': espeak-ng in each "
+        "command's own voice",
+    )
     p.add_argument("--json", dest="json_out", metavar="OUT", default=None, help="write the JSON report to OUT")
     p.add_argument("--plot", metavar="PNG", default=None, help="turn-time distributions, default vs baseline")
     p.add_argument("--config", metavar="FILE", default=None, help="TOML config (default: the daemon's)")
@@ -388,18 +405,27 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.utterances <= len(UTTERANCES):
         raise InputError(f"--utterances must lie in 1..{len(UTTERANCES)}")
     require_tools()
+    who = None if args.voices == "own" else voices.parse_voices(args.voices)
+    if who is not None:
+        voices.require(who)
     tools = load_tools(args.tools)
     settings = load_settings(args.config)
     base, toggles, missing = baseline_settings(settings)
     tail_s = max(1.2, settings.audio.trailing_silence_ms / 1e3 + 0.7)  # every turn ends by silence
-    clips = [synthesize(u, 0.4, tail_s) for u in UTTERANCES[: args.utterances]]
-    warmup = synthesize(WARMUP, 0.4, tail_s)
+    clips = [
+        synthesize(u, 0.4, tail_s, who[k % len(who)] if who else None)
+        for k, u in enumerate(UTTERANCES[: args.utterances])
+    ]
+    warmup = synthesize(WARMUP, 0.4, tail_s, who[0] if who else None)
     engine = open_configured(settings, args.asr_model)
     llm = Llm(args, settings, tools)
     sides = [
         Side(name, s, make_service(engine, s.audio, s.batching, early_end=True).start())
         for name, s in (("default", settings), ("baseline", base))
     ]
+    for side in sides:
+        side.service.prompt_words = tuple(side.settings.asr.prompt_words)
+        side.service.tool_context = side.settings.asr.tool_context
     rows: list[dict] = []
     try:
         rows = _rounds(args, sides, llm, clips, warmup, settings.audio.block_ms)
@@ -414,6 +440,7 @@ def run(args: argparse.Namespace) -> int:
         rows,
         meta={
             "asr_model": engine.name,
+            "voices": [v.label for v in who] if who else ["espeak-ng (each command's own voice)"],
             "llm_model": llm.name,
             "llm_backend": llm.backend,
             "rounds": args.rounds,

@@ -113,6 +113,7 @@ def format_table(report: dict) -> str:
         f"bench voice: {report['asr_model']} → {report['llm_model']} ({report['llm_backend']}) · "
         f"{report['utterances']} utterances ({report['with_pause']} with a {report['pause_ms']:.0f} ms pause) · "
         f"{report['rounds']} round(s), medians",
+        f"voices (in turn): {', '.join(report.get('voices') or ['not recorded'])}",
         f"{'metric':<26}{'default':>12}{'baseline':>12}{'default/baseline':>18}   rounds' range: default · baseline",
     ]
 

@@ -85,6 +85,7 @@ class WhisperRecognizer:
         min_step_s: float = 0.5,
         max_tokens_per_s: float = 8.0,
         partial_context_s: float = 1.0,
+        final_padding_s: float = 0.0,
     ) -> None:
         from tokenizers import Tokenizer
 
@@ -110,6 +111,8 @@ class WhisperRecognizer:
         self.language, self.task = language, task
         self.suppress, self.min_step_s, self.max_tokens_per_s = suppress, min_step_s, max_tokens_per_s
         self.partial_context_s = partial_context_s  # 0: every partial is a 30 s pass
+        # >0 (with short_context): a final (and transcribe) encodes its audio and this much padding, not 30 s
+        self.final_padding_s = final_padding_s
         self.short_context = False  # set by open() when the encoder takes shorter inputs
         self._suppress_mask = np.zeros(self.vocab_size, bool)
         self._suppress_mask[[t for t in gen.get("suppress_tokens") or [] if t < self.vocab_size]] = True
@@ -127,7 +130,16 @@ class WhisperRecognizer:
         kwargs = {
             k: v
             for k, v in kwargs.items()
-            if k in ("language", "task", "suppress", "min_step_s", "max_tokens_per_s", "partial_context_s")
+            if k
+            in (
+                "language",
+                "task",
+                "suppress",
+                "min_step_s",
+                "max_tokens_per_s",
+                "partial_context_s",
+                "final_padding_s",
+            )
         }
         files = [ref.path / n for n in ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx")]
         missing = [p.name for p in files if not p.is_file()]
@@ -161,10 +173,11 @@ class WhisperRecognizer:
         …") or changes the last words; with 6 s its streamed finals on the race corpus matched the
         30 s partials' as often (10 of 12 equal to the one-pass transcript, both ways)."""
         full = self.features.nb_max_frames
-        if final or not self.short_context:
+        if not self.short_context or (final and self.final_padding_s <= 0):
             return full
+        padding = self.final_padding_s if final else PARTIAL_PADDING_S
         step = self.partial_context_s * self.sample_rate
-        padded = int(np.ceil((samples + PARTIAL_PADDING_S * self.sample_rate) / step)) * step
+        padded = int(np.ceil((samples + padding * self.sample_rate) / step)) * step
         return min(full, int(np.ceil(padded / self.features.hop_length / 2)) * 2)
 
     def context_ids(self, text: str) -> list[int]:
@@ -341,12 +354,12 @@ class WhisperRecognizer:
         )
         for s, hyp in zip(streams, ids):
             s.last_ids, s.decoded_at = hyp, s.audio.size
-            s.decoded_full = frames == self.features.nb_max_frames
+            s.decoded_full = frames == self.context_frames(s.audio.size, True)
 
     def transcribe(self, samples: np.ndarray, context: str = "") -> Hypothesis:
         """One 30 s pass over ``samples``; ``context``: words to expect (Whisper's initial prompt)."""
         x = np.asarray(samples, np.float32).reshape(-1)[: self.features.n_samples]
-        hidden = self.encode([x])
+        hidden = self.encode([x], self.context_frames(x.size, True))
         lang = self.language if self.language != "auto" else self.detect_language(hidden)[0]
         prev = self.context_ids(context)
         budget = self._budget(x.size / self.sample_rate, 0, len(prev))
