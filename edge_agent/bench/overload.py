@@ -97,6 +97,7 @@ class Outcome:
     code: str = ""  # the error body's code (refused) or what failed
     retry_after: str | None = None
     model: str = ""  # the tier (or model) that served it
+    message: str = ""  # refused or failed: the error body's message (the reason)
     tokens_out: int | None = None
 
 
@@ -217,12 +218,14 @@ async def send_chat(session, url: str, body: dict, t_s: float) -> Outcome:
                 answered = (time.perf_counter() - start) * 1e3
                 text = await resp.text()
                 try:
-                    code = str(json.loads(text)["error"].get("code") or "?")
+                    error = json.loads(text)["error"]
+                    code, message = str(error.get("code") or "?"), str(error.get("message") or "")
                 except (ValueError, KeyError, TypeError, AttributeError):
-                    code = text[:60]
+                    code, message = text[:60], ""
                 kind = "refused" if resp.status in (429, 503) else "failed"
                 retry = resp.headers.get("Retry-After")
-                return Outcome(t_s, kind, answered_ms=answered, status=resp.status, code=code, retry_after=retry)
+                return Outcome(t_s, kind, answered_ms=answered, status=resp.status, code=code, retry_after=retry,
+                               message=message[:200])  # fmt: skip
             ttft, model, tokens = None, "", None
             async for raw in resp.content:
                 line = raw.strip()

@@ -248,6 +248,7 @@ def test_drive_level_accounts_refused_failed_cancelled_and_completed() -> None:
     by_prompt = {i: o for i, o in enumerate(outs)}  # sorted by arrival: index i sent PROMPTS[i]
     assert [o.kind for o in outs] == ["refused", "cancelled", "failed", "failed", "completed", "completed"]
     assert by_prompt[0].status == 429 and by_prompt[0].code == "overloaded" and by_prompt[0].retry_after == "2"
+    assert by_prompt[0].message == "over budget"
     assert by_prompt[0].answered_ms is not None and by_prompt[0].answered_ms > 0
     assert by_prompt[2].code == "timeout" and by_prompt[3].status == 500
     assert by_prompt[4].model == "full" and by_prompt[4].tokens_out == 2
