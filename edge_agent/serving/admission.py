@@ -14,7 +14,9 @@ Rates (``Rates``) are learnt from what the device thread measures: milliseconds 
 prompt token prefilled, and the tokens requests really generate (most stop well before their cap). A
 prefill costs about one step plus its tokens: the per-token rate is learnt only from prefills of at least
 ``PREFILL_MIN_TOKENS`` (a short one, a prefix-cache hit or a resumed row, is mostly the call itself). A
-request stopped by its cap only says it wanted at least that many: it never lowers the mean. Each
+request stopped by its cap only says it wanted at least that many: it never lowers the mean. A load
+seeds the step and prefill rates with one timed prefill and step (``seed``), replaced by the first real
+samples. Each
 is an exponentially weighted mean that ages out: a value not refreshed for ``STALE_S`` is replaced by the
 next sample, not averaged with it (the device may have changed: thermal state, other load). Until a rate
 is known the prediction is None and the request is admitted: nothing says it would be late.
@@ -55,18 +57,22 @@ class Verdict:
 
 
 class _Ewma:
-    __slots__ = ("at_s", "value")
+    __slots__ = ("at_s", "provisional", "value")
 
     def __init__(self) -> None:
         self.value: float | None = None
         self.at_s = -math.inf
+        self.provisional = False  # a seed: the first real sample replaces it
 
     def learn(self, sample: float, now: float) -> None:
-        if self.value is None or now - self.at_s > STALE_S:
+        if self.value is None or self.provisional or now - self.at_s > STALE_S:
             self.value = sample  # nothing recent to average with
         else:
             self.value += EWMA * (sample - self.value)
-        self.at_s = now
+        self.at_s, self.provisional = now, False
+
+    def seed(self, sample: float, now: float) -> None:
+        self.value, self.at_s, self.provisional = sample, now, True
 
     def current(self, now: float) -> float | None:
         return self.value if now - self.at_s <= STALE_S else None
@@ -80,6 +86,13 @@ class Rates:
         self._step = _Ewma()  # ms per decode step (any batch size: the step's cost grows little with it)
         self._prefill = _Ewma()  # ms per prompt token prefilled
         self._tokens = _Ewma()  # tokens a finished request generated
+
+    def seed(self, step_ms: float, prefill_tokens: int, prefill_ms: float, now: float) -> None:
+        """Rates timed once at load (one prefill, one step), so the first requests after a load are not
+        admitted blind; the first real sample of each replaces its seed."""
+        self._step.seed(step_ms, now)
+        if prefill_tokens >= PREFILL_MIN_TOKENS:
+            self._prefill.seed(max(0.0, prefill_ms - step_ms) / prefill_tokens, now)
 
     def step(self, ms: float, now: float) -> None:
         self._step.learn(ms, now)

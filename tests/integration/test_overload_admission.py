@@ -60,6 +60,22 @@ def test_a_voice_turn_preempts_a_chat_and_the_chat_resumes_with_its_reference_to
     assert chat_done.timing.ttft_ms is not None and len(chat_done.timing.token_times_s) == 30
 
 
+def test_a_loaded_scheduler_predicts_from_its_own_timing_before_any_request(lm):
+    sched = LLMScheduler(lm, Limits(max_batch=2, batch_timeout_ms=0))
+    rates = sched.rates.snapshot(sched.clock())
+    assert rates is not None and rates.step_ms > 0 and rates.prefill_ms_per_token > 0
+    assert sched.load == (0, 0) and sched.free_rows() == 2  # the timed prefill left nothing behind
+    # an idle scheduler: a 100-token prompt's first token is its own prefill, from the seeded rates
+    predicted = sched.predict_ttft_ms(100)
+    assert predicted == pytest.approx(rates.step_ms + 100 * rates.prefill_ms_per_token)
+    sched.start()
+    try:  # and the batch the timing used still serves the reference's tokens
+        done = sched.submit(PROMPT, greedy(6)).result(30)
+    finally:
+        sched.stop()
+    assert list(done.token_ids) == list(lm.generate_greedy(PROMPT, 6, stop_at_eos=False))
+
+
 def test_a_warm_up_takes_a_free_row_or_none(lm):
     sched = LLMScheduler(lm, Limits(max_batch=1, batch_timeout_ms=0)).start()
     ladder_free = sched.free_rows()

@@ -55,6 +55,20 @@ def test_judge_admits_within_the_budget_and_refuses_with_a_retry_hint():
     assert judge(400, 387).retry_after_s == 1
 
 
+def test_seeded_rates_serve_until_the_first_real_samples_replace_them():
+    rates = Rates()
+    rates.seed(20.0, 64, 84.0, 0.0)  # at load: a 20 ms step, a 64-token prefill in 84 ms (1 ms a token)
+    assert rates.snapshot(0.0) == Snapshot(20.0, pytest.approx(1.0), None)
+    rates.step(30.0, 1.0)  # replaced, not averaged: the load-time timing was one sample
+    rates.prefill(100, 230.0, 1.0)
+    assert rates.snapshot(1.0) == Snapshot(30.0, pytest.approx(2.0), None)
+    rates.step(40.0, 2.0)  # real samples average as before
+    assert rates.snapshot(2.0).step_ms == pytest.approx(32.0)
+    short = Rates()
+    short.seed(20.0, PREFILL_MIN_TOKENS - 1, 500.0, 0.0)  # too short a prefill to seed a per-token rate
+    assert short.snapshot(0.0) == Snapshot(20.0, 0.0, None)
+
+
 def test_a_request_stopped_by_its_cap_never_lowers_the_expected_length():
     rates = Rates()
     rates.step(10.0, 0.0)

@@ -71,6 +71,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PARAMS = SamplingParams()  # frozen: one shared default
 DEFAULT_LIMITS = Limits()
+SEED_PROMPT_TOKENS = 64  # the prefill timed at load to seed admission's rates (over PREFILL_MIN_TOKENS)
 CLOSING_MARGIN = 24  # constrained output: prefer closing tokens once this few tokens are left
 CLOSING_REPEATS = 6  # or once one token came this many times in a row
 
@@ -164,7 +165,28 @@ class LLMScheduler:
         self._limited = LogLimiter(clock=clock, logger=log)
         self.steps = 0  # decode steps run (progress, for the watchdog)
         self.rates = Rates()  # written by the device thread under the queue's lock
+        self._seed_rates()
         self.preemptions = 0
+
+    def _seed_rates(self) -> None:
+        """Time one prefill of ``SEED_PROMPT_TOKENS`` and one decode step into the empty batch, here on the
+        loading thread, and seed the admission rates with them: the first requests after a load are then
+        judged on this model's speed. Timed on the wall clock (the serving clock may be a test's); a model
+        that cannot run it (a stateful one with a shorter prompt limit) starts unseeded."""
+        row, prompt = object(), [1 + i % 64 for i in range(SEED_PROMPT_TOKENS)]
+        try:
+            start = time.perf_counter()
+            self.lm.join(self._batch, [row], [prompt], reach=[SEED_PROMPT_TOKENS + 1])
+            prefilled = time.perf_counter()
+            self.lm.decode(self._batch, [prompt[0]])
+            stepped = time.perf_counter()
+        except Exception as exc:  # best effort: requests measure the rates anyway
+            log.debug("%s: rates not seeded at load: %s", self.lm.ref.name, exc)
+            return
+        finally:
+            self._batch.remove(range(len(self._batch)))
+        step_ms, prefill_ms = (stepped - prefilled) * 1e3, (prefilled - start) * 1e3
+        self.rates.seed(step_ms, SEED_PROMPT_TOKENS, prefill_ms, self.clock())
 
     def start(self) -> LLMScheduler:
         self._thread.start()
