@@ -1,5 +1,4 @@
-"""What the engine commands share: the engine cache from the config, the default build target, and
-the report on stdout or in a file.
+"""What the engine commands share: the engine cache from the config and the report on stdout or in a file.
 
 ``--json`` prints the report as one JSON object on stdout, or writes it to the file given (then the
 text still prints).
@@ -33,16 +32,3 @@ def emit(args: argparse.Namespace, report: dict[str, Any], text: str) -> None:
     else:
         Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
         print(text)
-
-
-def default_target(configured: str) -> str:
-    """The build target when ``--target`` is not given: the config's ``device.target`` unless it is
-    ``auto``, else what this machine is (a Jetson has /etc/nv_tegra_release, an Intel NPU shows up
-    as /dev/accel/accel0), else ``cpu``."""
-    if configured != "auto":
-        return configured
-    if Path("/etc/nv_tegra_release").exists():
-        return "jetson"
-    if Path("/dev/accel/accel0").exists():
-        return "intel-npu"
-    return "cpu"

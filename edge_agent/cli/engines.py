@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..engines.machine_build import this_target
 from ..errors import InputError
 from .engine_cache_cmds import cmd_engines_list, cmd_engines_prune, cmd_engines_verify
-from .engine_io import default_target, emit, open_cache
+from .engine_io import emit, open_cache
 
 PRECISIONS = ("fp32", "fp16", "int8", "int8w", "int4")
 EXIT_ALL_REFUSED = 3  # `build`/`calibrate`: every candidate refused by the accuracy gate (distinct from 1, an error)
@@ -156,7 +157,7 @@ def _setup(args: argparse.Namespace):
 
     settings, cache = open_cache(args)
     if getattr(args, "target", "") is None:
-        args.target = default_target(settings.device.target)
+        args.target = this_target(settings.device.target)
     recipe = load_recipe(args.recipe, settings.engines.recipes_dir)
     threads = args.threads if args.threads is not None else (settings.device.threads or 1)
     pipe = Pipeline(recipe, cache, settings.models.cache_dir, threads, Heartbeat(enabled=not args.quiet))
@@ -218,32 +219,19 @@ class _Interrupted(Exception):
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from ..engines.pipeline import BuildRequest
-    from ..engines.stages import weight_only_unsupported
+    from ..engines.machine_build import plan
 
     _, _, pipe = _setup(args)
-    precisions = [p for p in pipe.recipe.precisions] if args.precision == "all" else [args.precision]
-    requests, skipped = [], []
-    for precision in precisions:
-        backend = args.backend or pipe.backend_for(BuildRequest(args.target, precision))
-        why = weight_only_unsupported(backend, precision)
-        npu_llm = args.target == "intel-npu" and pipe.recipe.workload == "llm"
-        if npu_llm and precision == "int8" and not args.int8_flavour:
-            why = "the NPU's LLM mode takes weight-only formats (int4, int8w, fp16), not static INT8"
-        if why and args.precision == "all":
-            skipped.append({"candidate": f"{backend}/{precision}", "why": why})
-            continue
-        requests.append(
-            BuildRequest(
-                args.target,
-                precision,
-                args.backend,
-                args.int8_flavour if precision == "int8" else None,
-                args.data,
-                args.method,
-                args.force,
-            )
-        )
+    requests, skipped = plan(
+        pipe,
+        args.target,
+        args.precision,
+        args.backend,
+        args.int8_flavour,
+        args.data,
+        args.method,
+        args.force,
+    )
     reports: list[dict] = []
     try:
         _attempts(pipe, requests, reports)

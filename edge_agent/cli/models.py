@@ -97,32 +97,24 @@ def cmd_models_fetch(args: argparse.Namespace) -> int:
 
 
 def build_recipe_engines(name: str, config: str | None, say: bool = True) -> int:
-    """Build and gate every engine of ``name``'s recipe for this machine, as ``edge-agent build --recipe NAME``
-    (the same command, so the same progress, report and cache): a no-op for a model without an LLM recipe,
-    and quick when the engines are already cached. Its exit status (0: an engine passed the gate)."""
+    """Build and gate every engine of ``name``'s LLM recipe for this machine, as ``edge-agent build --recipe
+    NAME`` does (``engines.machine_build``: quick when they are cached; nothing for a model without one).
+    0 when an engine passed the gate or there was nothing to build, else 3."""
     from ..config import load_settings
-    from ..engines.recipes import find_recipe, load_recipe
-    from ..errors import ConfigError
-    from .engines import add_commands
+    from ..engines.machine_build import build_recipe
+    from ..engines.report import render
+    from .engines import EXIT_ALL_REFUSED
 
-    settings = load_settings(config)
-    try:
-        path = find_recipe(name, settings.engines.recipes_dir)
-    except ConfigError:
-        return 0  # no recipe: the imported folder is what serves
-    if load_recipe(path).workload != "llm":
-        return 0
     if say:
         print(
-            f"models fetch: building the engines of recipe {name!r} for this machine (the gate picks the one to serve)",
-            file=sys.stderr,
+            f"models fetch: building the engines of recipe {name!r} for this machine, if there is one", file=sys.stderr
         )
-    argv = ["build", "--recipe", name, *(["--config", config] if config else []), *([] if say else ["--quiet"])]
-    parser = argparse.ArgumentParser(prog="edge-agent")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    status: int = args.func(args)
-    return status
+    summary = build_recipe(name, load_settings(config), quiet=not say)
+    if summary is None:
+        return 0
+    if say:
+        print(render(summary, "llm"), file=sys.stderr)
+    return 0 if summary["chosen"] is not None else EXIT_ALL_REFUSED
 
 
 def cmd_models_list(args: argparse.Namespace) -> int:

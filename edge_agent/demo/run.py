@@ -114,21 +114,31 @@ def llm_tiers(real: bool) -> str:
 
 
 def real_model(models_dir: Path, say) -> tuple[bool, str]:
-    """Whether the real model is here, fetched on first use, and a one-line note (how to get it if not)."""
+    """Whether the real model is here, fetched on first use with its engines built (the recipe's gate's
+    choice, cached), and a one-line note (how to get it if not)."""
+    from ..config import load_settings
+    from ..engines.machine_build import build_recipe
     from ..importers.fetch import fetch
     from ..importers.result import imported_dir
 
-    if (imported_dir(models_dir) / REAL_MODEL / "model.onnx").is_file():
-        return True, f"LLM tiers on {REAL_MODEL} (real weights)"
-    say(f"first run: fetching {REAL_MODEL} (Gemma 3 270M and its home-commands adapter, about 250 MB)")
-    try:
-        fetch(REAL_MODEL, models_dir, say=say)
-    except EdgeAgentError as exc:
-        return False, (
-            f"no real model ({exc}); the LLM tiers are random demo models: "
-            f"get it with `edge-agent models fetch {REAL_MODEL}`"
-        )
-    return True, f"LLM tiers on {REAL_MODEL} (real weights, fetched now)"
+    fetched = ""
+    if not (imported_dir(models_dir) / REAL_MODEL / "model.onnx").is_file():
+        say(f"first run: fetching {REAL_MODEL} (Gemma 3 270M and its home-commands adapter, about 250 MB)")
+        try:
+            fetch(REAL_MODEL, models_dir, say=say)
+        except EdgeAgentError as exc:
+            return False, (
+                f"no real model ({exc}); the LLM tiers are random demo models: "
+                f"get it with `edge-agent models fetch {REAL_MODEL}`"
+            )
+        fetched = ", fetched now"
+    # the engine its recipe's gate chooses, built as `models fetch` builds it: once, then found in the cache
+    # (the default settings' cache: the one the demo's daemon reads)
+    say(f"the engines of {REAL_MODEL}'s recipe (built and gated once for this machine, then cached)")
+    summary = build_recipe(REAL_MODEL, load_settings(None))
+    chosen = summary["chosen"] if summary else None
+    served = f"its {chosen['backend']}/{chosen['precision']} engine" if chosen else "the FP32 folder: no engine passed"
+    return True, f"LLM tiers on {REAL_MODEL} (real weights{fetched}; {served})"
 
 
 def daemon_config(

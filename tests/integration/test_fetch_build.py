@@ -47,6 +47,7 @@ def test_an_llm_recipe_is_built_and_gated_and_a_second_call_finds_it_cached(dirs
     assert build_recipe_engines("tiny-home", None, say=True) == 0
     err = capsys.readouterr().err
     assert "building the engines of recipe 'tiny-home'" in err
+    assert "onnxruntime/fp32" in err and "chosen" in err  # the build's report, as `edge-agent build` prints it
     entries = EngineCache(dirs["engines"], 1 << 30).entries()
     assert [e.manifest["key_parts"]["precision"] for e in entries] == ["fp32"]
     assert build_recipe_engines("tiny-home", None, say=False) == 0  # cached: a hit, nothing built again
