@@ -5,7 +5,7 @@ Everything here runs the FP32 graph on calibration text (never the gate's held-o
 ``activation_stats``   every weight MatMul's input over the text: ``X^T X`` (GPTQ's Hessian) and its diagonal
                        over the token count (the importance of each input: ``kquant``'s weights).
 ``Evaluator``          perplexity of the FP32 graph with some weights swapped for their dequantized 4-bit values
-                       (ONNX Runtime's ``add_initializer`` overrides; one graph in memory). This is the weight
+                       (the weights are inputs of one session, fed per run). This is the weight
                        error alone: activations stay float here, where the engine's accuracy_level 4 also
                        quantizes them per block; so it ranks groups, and the gate measures the real engine.
 ``sensitivity``        Δperplexity of quantizing one group alone to 4 bits, the rest FP32. Groups are per
@@ -117,13 +117,14 @@ def activation_stats(
     import onnx
 
     inputs = sorted({s.input for s in sites(model, None)})
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    have = {o.name for o in probe.graph.output}
-    for name in inputs:
-        if name not in have:
-            probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-    session, _ = _session(probe.SerializeToString(), threads)
+    have = {o.name for o in model.graph.output}
+    added = [n for n in inputs if n not in have]
+    for name in added:  # for the one serialization, then taken out again
+        model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    try:
+        session, _ = _session(model.SerializeToString(), threads)
+    finally:
+        del model.graph.output[len(model.graph.output) - len(added) :]
     stats = Stats()
     windows = list(windows)
     for i, ids in enumerate(windows):
@@ -138,20 +139,69 @@ def activation_stats(
     return stats
 
 
-class Evaluator:
-    """Perplexity of ``model`` on calibration windows with chosen weights replaced by given values."""
+def _without_weights(model: Any) -> Any:
+    """A copy of ``model`` without its initializers (those are added back by the caller, as it chooses)."""
+    import onnx
 
-    def __init__(self, model: Any, windows: Sequence[Sequence[int]], config: dict, threads: int = 0) -> None:
-        self.bytes = model.SerializeToString()
+    probe = onnx.ModelProto()
+    kept = list(model.graph.initializer)
+    del model.graph.initializer[:]
+    try:
+        probe.CopyFrom(model)
+    finally:
+        model.graph.initializer.extend(kept)
+    return probe
+
+
+def _view(init: Any) -> np.ndarray:
+    """A float initializer's values without a copy (its raw bytes), else a copy."""
+    from onnx import numpy_helper
+
+    if init.raw_data and init.data_type == 1:
+        return np.frombuffer(init.raw_data, dtype=np.float32).reshape(tuple(init.dims))
+    return numpy_helper.to_array(init)
+
+
+def _input_of(init: Any) -> Any:
+    import onnx
+
+    return onnx.helper.make_tensor_value_info(init.name, onnx.TensorProto.FLOAT, list(init.dims))
+
+
+class Evaluator:
+    """Perplexity of ``model`` on calibration windows with chosen weights replaced by given values.
+
+    The weights of ``sites`` become graph inputs of one session (fed their FP32 values unless overridden), so
+    each measurement is a run, not a new session."""
+
+    def __init__(
+        self, model: Any, windows: Sequence[Sequence[int]], config: dict, threads: int = 0, names: Iterable[str] = ()
+    ) -> None:
+        wanted = set(names)
+        probe = _without_weights(model)
+        self.defaults: dict[str, np.ndarray] = {}
+        kept = []
+        for init in model.graph.initializer:
+            if init.name in wanted:  # a view of the proto's bytes, no copy
+                self.defaults[init.name] = _view(init)
+                probe.graph.input.append(_input_of(init))
+            else:
+                kept.append(init)
+        probe.graph.initializer.extend(kept)
+        self.session, _ = _session(probe.SerializeToString(), threads)
+        del probe
         self.windows = [list(w) for w in windows]
         self.config = config
-        self.threads = threads
 
     def perplexity(self, overrides: dict[str, np.ndarray]) -> float:
-        session, _keep = _session(self.bytes, self.threads, overrides)
+        unknown = set(overrides) - set(self.defaults)
+        if unknown:
+            raise ValueError(f"not an input of the evaluator: {sorted(unknown)[:3]}")
+        weights = {**self.defaults, **{k: np.ascontiguousarray(v, np.float32) for k, v in overrides.items()}}
         nll, count = 0.0, 0
         for ids in self.windows:
-            logits = session.run(["logits"], _feeds(session, ids, self.config))[0][0].astype(np.float64)
+            feeds = {**_feeds(self.session, ids, self.config), **weights}
+            logits = self.session.run(["logits"], feeds)[0][0].astype(np.float64)
             targets = np.asarray(ids[1:])
             rows = logits[:-1]
             top = rows.max(axis=-1)
@@ -198,13 +248,14 @@ class Choice:
 def keep_8bit(
     evaluator: Evaluator,
     all_sites: Sequence[Site],
-    quantized: dict[str, np.ndarray],
+    quantized: Callable[[Site], np.ndarray],
     budget_pct: float,
-    eight_bit: dict[str, np.ndarray],
+    eight_bit: Callable[[Site], np.ndarray],
     progress: Progress | None = None,
 ) -> Choice:
     """Which groups stay 8-bit so the calibration perplexity is within ``budget_pct`` of FP32's, at the least
-    bytes: ``quantized`` / ``eight_bit`` map weight names to their dequantized 4- / 8-bit values."""
+    bytes: ``quantized`` / ``eight_bit`` give a site's dequantized 4- / 8-bit weight (made when needed, so
+    at most one mixed model's weights are in memory at once)."""
     if budget_pct < 0:
         raise InputError(f"weight_only.mixed_budget_pct {budget_pct}: must be >= 0")
     say = progress or (lambda _m: None)
@@ -219,14 +270,14 @@ def keep_8bit(
 
     sens: dict[str, float] = {}
     for i, (g, members) in enumerate(sorted(groups.items())):
-        sens[g] = pct(evaluator.perplexity({s.weight: quantized[s.weight] for s in members}))
+        sens[g] = pct(evaluator.perplexity({s.weight: quantized(s) for s in members}))
         say(f"sensitivity {i + 1}/{len(groups)}: {g} {sens[g]:+.2f}%")
     saved = {g: sum(bytes_saved(s, 8, 4, 0) for s in m) for g, m in groups.items()}
     order = sorted(groups, key=lambda g: sens[g] / saved[g], reverse=True)
 
     def mixed(prefix: int) -> dict[str, np.ndarray]:
         keep = set(order[:prefix])
-        return {s.weight: (eight_bit if s.group in keep else quantized)[s.weight] for s in all_sites}
+        return {s.weight: (eight_bit if s.group in keep else quantized)(s) for s in all_sites}
 
     measured: dict[int, float] = {}
 

@@ -541,19 +541,25 @@ def _quantize_numpy(
         plain_sites = sv.sites(plain, head_matmul(plain))
         by_key = {sv.site_key(s): s for s in targets}
         plain_inits = {i.name: i for i in plain.graph.initializer}
-        deq4, deq8 = {}, {}
-        for s in plain_sites:
-            mine = by_key.get(sv.site_key(s))
-            if mine is None or mine.node not in blocks4:
-                continue
-            deq4[s.weight] = blocks4[mine.node].dequantize()
-            w = numpy_helper.to_array(plain_inits[s.weight])
-            deq8[s.weight] = int4_methods.quantize(
-                w, 8, head_block_size if s.group == "head" else block_size, "rtn"
-            ).dequantize()
-        quantizable = [s for s in plain_sites if s.weight in deq4]
-        evaluator = sv.Evaluator(plain, _first_tokens(cal.windows, sensitivity_tokens), dict(source.config), threads)
-        choice = sv.keep_8bit(evaluator, quantizable, deq4, budget, deq8, progress=say)
+        quantizable = [s for s in plain_sites if (by_key.get(sv.site_key(s)) or s).node in blocks4]
+
+        def four_bit_of(site: Any) -> np.ndarray:
+            return blocks4[by_key[sv.site_key(site)].node].dequantize()
+
+        def eight_bit_of(site: Any) -> np.ndarray:
+            size = head_block_size if site.group == "head" else block_size
+            w = numpy_helper.to_array(plain_inits[site.weight])
+            return int4_methods.quantize(w, 8, size, "rtn").dequantize()
+
+        evaluator = sv.Evaluator(
+            plain,
+            _first_tokens(cal.windows, sensitivity_tokens),
+            dict(source.config),
+            threads,
+            names=[s.weight for s in quantizable],
+        )
+        choice = sv.keep_8bit(evaluator, quantizable, four_bit_of, budget, eight_bit_of, progress=say)
+        del evaluator
         report["mixed"] = choice.to_dict()
         groups = set(choice.keep_8bit)
         keep |= {s.node for s in targets if s.group in groups}
