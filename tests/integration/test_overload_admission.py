@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from edge_agent.backends import SessionOptions
-from edge_agent.errors import Overloaded
+from edge_agent.errors import Overloaded, Unavailable
 from edge_agent.metrics.window import WARMUP
 from edge_agent.models.catalog import resolve_model
 from edge_agent.models.llm import DecoderLM
@@ -184,5 +184,20 @@ def test_a_switch_to_other_weights_moves_the_waiting_to_the_new_model(folder):
         assert opened == ["top", "low"]
         assert [h.tier for h in waiting] == ["low"] * 3 and [len(d.token_ids) for d in done] == [8, 8, 8]
         assert len(running.result(60).token_ids) == 40  # the old tier finished the row it ran
+    finally:
+        ladder.stop()
+
+
+def test_with_admission_on_the_controller_never_sheds_and_with_it_off_it_does(folder):
+    ladder = _ladder(folder, [])
+    try:
+        ladder.relieve(True, 0.5)  # the controller, at the lightest tier over target
+        assert not ladder.shedding and ladder.token_cap_ratio == 0.5  # admission refuses instead
+        assert ladder.submit("hello there", greedy(2), raw=True).result(30).token_ids
+        ladder.predictive = False
+        ladder.relieve(True)
+        assert ladder.shedding
+        with pytest.raises(Unavailable, match="shedding load"):
+            ladder.submit("hello there", greedy(2), raw=True)
     finally:
         ladder.stop()

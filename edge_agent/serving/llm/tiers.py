@@ -21,8 +21,9 @@ tokenizers.
 
 Relief from the controller applies to new requests: ``token_cap_ratio`` truncates their
 ``max_new_tokens`` (not a constrained request's: a tool call or JSON cut short is no answer),
-``shedding`` rejects them with ``Unavailable`` (HTTP 503, with a retry hint), ``max_batch`` resizes the
-active scheduler's batch within what its KV buffers hold.
+``shedding`` rejects them with ``Unavailable`` (HTTP 503, with a retry hint) only with admission off
+(``predictive`` False: with it on, admission refuses precisely what would be late and never a voice turn),
+``max_batch`` resizes the active scheduler's batch within what its KV buffers hold.
 
 **Spill.** A tier that holds one sequence at a time (the NPU's LLM mode) is served with the next tier
 beside it, loaded with it: a request goes there instead when the active tier cannot take it (its prompt
@@ -499,6 +500,12 @@ class TieredLLM(Ladder):
             )
         loaded.lm.check_prompt(ids, params.max_new_tokens)
         return list(ids), params
+
+    def relieve(self, shedding: bool, token_cap_ratio: float | None = None) -> None:
+        """The controller's relief (``Ladder.relieve``); with admission on, no shedding: admission already
+        refuses each chat predicted late, with its Retry-After, and never a voice turn, and it admits again
+        the moment the work ahead allows, where shedding would refuse everything for a cooldown."""
+        super().relieve(shedding and not self.predictive, token_cap_ratio)
 
     def set_max_batch(self, max_batch: int) -> None:
         """Adaptive batching: resize the active tier's batch, never above its configured max."""
