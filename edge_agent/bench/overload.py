@@ -182,9 +182,13 @@ def combine(rounds: Sequence[Sequence[dict]]) -> list[dict]:
     out = []
     for per_level in zip(*rounds, strict=True):
         row: dict = {"load": per_level[0]["load"], "offered_per_s": per_level[0]["offered_per_s"]}
-        for key, value in per_level[0].items():
-            if key in ("load", "offered_per_s") or not isinstance(value, (int, float)) or isinstance(value, bool):
-                continue
+        numeric = {
+            key
+            for r in per_level
+            for key, value in r.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)
+        }  # a figure a round did not measure (no refusals: no refusal latency) is None there
+        for key in sorted(numeric - {"load", "offered_per_s"}):
             row[key] = spread([r.get(key) for r in per_level])
         for key in SUMMED:
             row[f"total_{key}"] = sum(int(r.get(key) or 0) for r in per_level)
@@ -723,6 +727,8 @@ def run(args: argparse.Namespace) -> int:
         schedule = poisson_schedule(rate, args.seconds, level_seed(args.seed, round_, k))
 
         def tick(t: float, outs: list[Outcome]) -> None:
+            if t > args.seconds + 1:
+                return  # draining: the level's line follows
             progress.label = (
                 f"round {round_ + 1}/{args.rounds} {system} {LEVELS[k]:g}x ({rate:.2f}/s) "
                 f"t={min(t, args.seconds):.0f}s done {sum(o.kind == 'completed' for o in outs)} "

@@ -296,3 +296,11 @@ def test_resume_takes_the_earlier_schedule_and_refuses_what_is_not_a_report(tmp_
     path.write_text('{"systems": {}}')
     with pytest.raises(InputError, match=r"--resume .*overload.json: not a bench overload report"):
         ov._resume(args, {}, lambda text: None)
+
+
+def test_combine_keeps_a_figure_the_first_round_did_not_measure() -> None:
+    first = [{"load": 0.5, "offered_per_s": 1.0, "accounted": 1, "sent": 0, "refusal_p95_ms": None}]
+    later = [{"load": 0.5, "offered_per_s": 1.0, "accounted": 1, "sent": 2, "refusal_p95_ms": 30.0}]
+    (row,) = ov.combine([first, later, [{**later[0], "refusal_p95_ms": 50.0}]])
+    assert row["refusal_p95_ms"] == {"median": 40.0, "min": 30.0, "max": 50.0, "n": 2}
+    assert row["total_sent"] == 4
