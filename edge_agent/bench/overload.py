@@ -10,8 +10,9 @@ server on the same GGUF beside it.
 2. Per round and load level (0.5x, 1x, 1.5x, 2x, 3x that capacity): seeded Poisson arrivals for
    ``--seconds``, whatever is in flight (open loop). Each chat is streamed; a level waits for every
    request it sent (at most ``--drain-s``, after which the rest are cancelled and counted as such) and for
-   the server to be idle before the next. Spoken commands (synthesised by ``audio.spoken``) are streamed in
-   real time through the speech WebSocket with ``respond=true`` meanwhile, one after another.
+   the server to be idle before the next. Spoken commands (the demo's, in natural voices by
+   ``engines.voices``) are streamed in real time through the speech WebSocket with ``respond=true``
+   meanwhile, one after another.
 3. The same arrival times against llama.cpp's server (``llama-server --parallel 4``: four slots, its queue
    unbounded) on the GGUF the home model was imported from (the base model's: the adapter is merged only
    into the import). Chats only: it has no voice route.
@@ -299,27 +300,41 @@ async def speak(session, url: str, pcm: bytes, settings: str, said: str, expecte
 
 @dataclass
 class Speech:
-    """The spoken commands: PCM16 at 16 kHz, what was said and the call each must become."""
+    """The spoken commands: PCM16 at 16 kHz, what was said and the call each must become; the voices."""
 
     clips: list[tuple[bytes, str, dict | None]] = field(default_factory=list)
     settings: str = ""
+    voices: list[str] = field(default_factory=list)
 
 
 def load_speech(workdir: Path) -> Speech:
-    """The demo's commands, synthesised by ``audio.spoken`` (empty when espeak-ng or sox is missing)."""
-    from ..audio.spoken import synthesize
-    from ..audio.wav import read_audio
+    """The demo's commands, each in two of the natural voices (``engines.voices``: Piper, flite), with
+    0.2 s of silence before and 0.6 s after; espeak-ng (``audio.spoken``) where those are not installed;
+    none without either."""
     from ..demo_models.home_commands import DEMO
+    from ..engines import voices as tts
     from .voice import HOME_TOOLS
 
-    clips = []
+    tools = json.loads(HOME_TOOLS.read_text())["tools"]
+    settings = json.dumps({"tools": tools, "tool_choice": "auto", "max_tokens": 64})
     expected = {c.text: c.call for c in DEMO}
+    natural = [v for v in tts.NATURAL if not tts.missing([v])]
+    if natural:
+        items = [(c.text, natural[(i + k * len(DEMO)) % len(natural)]) for k in range(2) for i, c in enumerate(DEMO)]
+        spoken = tts.synthesize(items)
+        clips = []
+        for (text, _voice), samples in zip(items, spoken, strict=True):
+            padded = tts.pad(samples, 0.2, 0.6)
+            clips.append(((np.clip(padded, -1, 1) * 32767).astype("<i2").tobytes(), text, expected.get(text)))
+        return Speech(clips, settings, sorted({v.label for _, v in items}))
+    from ..audio.spoken import synthesize
+    from ..audio.wav import read_audio
+
+    out = []
     for path, said in synthesize(workdir, [(c.text, c.voice) for c in DEMO]):
         samples, _info = read_audio(path, 16000)
-        pcm = (np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
-        clips.append((pcm, said, expected.get(said)))
-    tools = json.loads(HOME_TOOLS.read_text())["tools"]
-    return Speech(clips, json.dumps({"tools": tools, "tool_choice": "auto", "max_tokens": 64}))
+        out.append(((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes(), said, expected.get(said)))
+    return Speech(out, settings, sorted({f"espeak-ng {c.voice}" for c in DEMO}) if out else [])
 
 
 async def drive_level(
@@ -715,7 +730,10 @@ def run(args: argparse.Namespace) -> int:
         llama_bin = llama_py = None
     speech = None if args.no_speech else load_speech(workdir)
     if speech is not None and not speech.clips:
-        say("espeak-ng and sox are not both installed: no spoken commands")
+        say("no speech synthesiser installed (Piper or flite; espeak-ng and sox): no spoken commands")
+    if speech is not None and speech.clips:
+        report["voices"] = speech.voices
+        say(f"{len(speech.clips)} spoken commands in {', '.join(speech.voices)}")
     total_s = args.seconds * len(LEVELS) * args.rounds * (2 if llama_bin or llama_py else 1)
     progress = Progress("overload", "s of load", enabled=not args.quiet, min_interval_s=None)
     done_s = 0.0

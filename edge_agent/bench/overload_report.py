@@ -139,6 +139,8 @@ def format_report(report: dict) -> str:
         f"{_load_range(report)} at the levels' ends",
     ]
     lines += [f"daemon: {line}" for line in report.get("daemon_serving", [])]
+    if report.get("voices"):
+        lines.append(f"spoken commands: the demo's, in {', '.join(report['voices'])}")
     if report.get("machine_before"):
         lines.append(
             "(systems kept from an earlier run, started at a 1-min load average of "
