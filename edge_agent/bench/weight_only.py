@@ -66,9 +66,17 @@ def make_engines(recipe: Recipe, ref: ModelRef, backend: str, work: Path) -> dic
 
 
 def run(
-    recipe: Recipe, models_dir: Path, backend: str, rounds: int, prompts: int, tokens: int, threads: int
+    recipe: Recipe,
+    models_dir: Path,
+    backend: str,
+    rounds: int,
+    prompts: int,
+    tokens: int,
+    threads: int,
+    engines: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
-    """Build the three engines, then time them interleaved; returns the figures (see ``render``)."""
+    """Build the three engines (or take ``engines``: label -> built engine folder, e.g. the cache's, beside
+    the FP32 source), then time them interleaved; returns the figures (see ``render``)."""
     folder = recipe.resolve(recipe.model)
     ref = resolve_model(folder if folder.is_dir() else recipe.model, models_dir)
     if recipe.heldout is None:
@@ -77,7 +85,13 @@ def run(
     samples = read_text_manifest(recipe.resolve(recipe.heldout.data), prompts)
     ids = [probe.token_ids(s) for s in samples]
     with tempfile.TemporaryDirectory(prefix="edge-agent-weight-only-") as tmp:
-        folders = make_engines(recipe, ref, backend, Path(tmp))
+        if engines:
+            folders = {"fp32": ref.path, **engines}
+            for label, folder in engines.items():
+                if not (folder / "model.onnx").is_file():
+                    raise SystemExit(f"--engine {label}={folder}: no model.onnx there")
+        else:
+            folders = make_engines(recipe, ref, backend, Path(tmp))
         options = SessionOptions(device="cpu" if backend == "onnxruntime" else "CPU", threads=threads)
         lms: dict[str, DecoderLM] = {}
         try:
@@ -156,12 +170,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=64, help="decoded tokens per prompt (default 64)")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
     p.add_argument("--json", metavar="OUT", help="also write the figures as JSON to OUT")
+    p.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="LABEL=FOLDER",
+        help="time this built engine folder (e.g. a cache entry's model/) instead of making int8w and int4",
+    )
     args = p.parse_args(argv)
+    engines = {}
+    for item in args.engine:
+        label, sep, folder = item.partition("=")
+        if not sep or not label or not folder:
+            p.error(f"--engine {item!r}: LABEL=FOLDER")
+        engines[label] = Path(folder).expanduser()
+    if engines and args.backend != "onnxruntime":
+        p.error("--engine takes ONNX Runtime engine folders (--backend onnxruntime)")
     if min(args.rounds, args.prompts, args.tokens, args.threads) < 1:
         p.error("--rounds, --prompts, --tokens and --threads must be at least 1")
     settings = load_settings(None)
     recipe = load_recipe(args.recipe, settings.engines.recipes_dir)
-    result = run(recipe, settings.models.cache_dir, args.backend, args.rounds, args.prompts, args.tokens, args.threads)
+    result = run(
+        recipe,
+        settings.models.cache_dir,
+        args.backend,
+        args.rounds,
+        args.prompts,
+        args.tokens,
+        args.threads,
+        engines,
+    )
     print(render(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

@@ -313,10 +313,16 @@ def keep_8bit(
     )
 
 
+_ROLE = re.compile(r"(q_proj|k_proj|v_proj|o_proj|qkv_proj|gate_proj|up_proj|gate_up_proj|down_proj)")
+
+
 def site_key(site: Site) -> str:
-    """A site's name across graphs of one model (the plain export, its in-place KV form): the weight's
-    initializer name, or ``head`` for the LM head (its untied copy is named after the node)."""
-    return "head" if site.group == "head" else site.weight
+    """A site's name across graphs of one model (the plain export, its in-place KV form): ``head`` for the
+    LM head, else its layer and projection (``layer.03/q_proj``) where the names say, else its weight's name."""
+    if site.group == "head":
+        return "head"
+    role = _ROLE.search(site.node) or _ROLE.search(site.weight)
+    return f"{site.group}/{role[1]}" if role and site.group.startswith("layer.") else site.weight
 
 
 @dataclass(slots=True)

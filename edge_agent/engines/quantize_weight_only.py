@@ -527,6 +527,8 @@ def _quantize_numpy(
         b, size = (head_bits, head_block_size) if s.group == "head" else (bits, block_size)
         if b != 4:
             continue
+        if cal is not None and algorithm == "gptq" and cal.hessian(key) is None:
+            raise ModelError(f"{src}: no calibration activations for {s.weight} ({key}) in the FP32 source graph")
         blocks4[s.node] = int4_methods.quantize(
             w,
             4,
