@@ -276,21 +276,24 @@ class Pipeline:
         (the prefill, for LLMs), and for LLMs batch-1 decode with the KV cache (``decode_timing``)."""
         samples = self._heldout()[:count]
         backend = "onnxruntime" if parts["backend"] == "tensorrt" else parts["backend"]
+        same = is_fp32_source(parts)  # the candidate is the reference: timed once, for both columns
         reference = self._open_reference(backend)
-        candidate = open_candidate(self.stage_context(), staged / "model", parts)
+        candidate = reference if same else open_candidate(self.stage_context(), staged / "model", parts)
         ref_ms: list[float] = []
-        cand_ms: list[float] = []
+        cand_ms: list[float] = ref_ms if same else []
+        turns = [(reference, ref_ms, "fp32")] + ([] if same else [(candidate, cand_ms, parts["precision"])])
         out: dict[str, Any] = {}
         try:
             for r in range(rounds):
-                for handle, acc, name in ((reference, ref_ms, "fp32"), (candidate, cand_ms, parts["precision"])):
+                for handle, acc, name in turns:
                     label = f"speed {name} (round {r + 1}/{rounds})"
                     acc.extend(self._run_held_out(handle, label, samples, every_position=False)[1])
             if self.recipe.workload == "llm":
-                out = self._decode_speed(reference, candidate, samples, staged / "model", parts)
+                out = self._decode_speed(reference, None if same else candidate, samples, staged / "model", parts)
         finally:
             reference.close()
-            candidate.close()
+            if not same:
+                candidate.close()
         out.update(prefill_ms=float(np.median(cand_ms)), reference_prefill_ms=float(np.median(ref_ms)))
         return out
 
@@ -302,10 +305,12 @@ class Pipeline:
         prompts = [probe.token_ids(s) for s in samples[: dt.DECODE_PROMPTS]]
         # An in-place KV engine decodes through its own folder's adapter (per-slot buffers), as it is served.
         cand_ref = inspect_folder(folder, name=self.ref.name) if (folder / "genai_config.json").is_file() else self.ref
-        engines = {"fp32": dt.adapter(self.ref, reference), "candidate": dt.adapter(cand_ref, candidate)}
+        engines = {"fp32": dt.adapter(self.ref, reference)}
+        if candidate is not None:  # None: the candidate is the FP32 source itself
+            engines["candidate"] = dt.adapter(cand_ref, candidate)
         with self.hb.bar(f"decode speed {parts['backend']}/{parts['precision']} vs fp32", "runs") as bar:
             per = dt.interleaved(engines, prompts, tick=self.hb.callback(bar))
-        ref_ms, cand_ms = dt.median(per["fp32"]), dt.median(per["candidate"])
+        ref_ms, cand_ms = dt.median(per["fp32"]), dt.median(per.get("candidate", per["fp32"]))
         return {
             "timing": "decode",
             "decode_ms": cand_ms,
@@ -371,9 +376,12 @@ class Pipeline:
             )
         handle = open_candidate(self.stage_context(), staged / "model", parts)
         ppl = None
+        # The FP32 export on the reference's runtime is the reference: its held-out outputs are run (the
+        # engine opens and answers), its perplexity is the reference's, not scored a second time.
+        same = is_fp32_source(parts) and self.recipe.workload == "llm"
         try:
             outs, _lat, texts = self._run_held_out(handle, f"gate {parts['backend']}/{parts['precision']}")
-            if self.recipe.perplexity is not None:
+            if self.recipe.perplexity is not None and not same:
                 from .perplexity_gate import measure
 
                 with self.hb.bar(f"perplexity {parts['backend']}/{parts['precision']}", "tokens") as bar:
@@ -387,11 +395,14 @@ class Pipeline:
             # position: each compares the positions it gave, the prompt's last ones.
             ref_outs = [r[len(r) - len(o) :] if len(o) < len(r) else r for r, o in zip(ref_outs, outs)]
             metrics = gates.llm_metrics(ref_outs, outs)
-            if ppl is not None:
+            if ppl is not None or (same and self.recipe.perplexity is not None):
                 ref_ppl = reference["perplexity"]["perplexity"]
                 ref_argmax = np.load(staged / "reference_argmax.npy")
-                metrics.update(gates.perplexity_metrics(ref_ppl, ppl.perplexity, ref_argmax, ppl.argmax))
-                metrics["ppl_tokens_per_s"] = ppl.tokens_per_s
+                if ppl is None:
+                    metrics.update(gates.perplexity_metrics(ref_ppl, ref_ppl, ref_argmax, ref_argmax))
+                else:
+                    metrics.update(gates.perplexity_metrics(ref_ppl, ppl.perplexity, ref_argmax, ppl.argmax))
+                    metrics["ppl_tokens_per_s"] = ppl.tokens_per_s
         else:
             metrics = gates.asr_metrics(reference["references"], reference["texts"], texts)
         verdict = gates.judge(
@@ -418,6 +429,12 @@ class Pipeline:
         ms = (time.perf_counter() - t0) * 1e3
         handle.close()
         return round(ms, 1)
+
+
+def is_fp32_source(parts: dict) -> bool:
+    """An ONNX Runtime FP32 build without a layout change: the engine is the FP32 export itself (the
+    reference the gate compares with), so it is measured once, as the reference."""
+    return parts["backend"] == "onnxruntime" and parts["precision"] == "fp32" and not parts.get("layout")
 
 
 def _public(parts: dict) -> dict:
