@@ -152,7 +152,7 @@ def level_figures(outcomes: Sequence[Outcome], seconds: float, sla_ms: float, vo
         "ttft_p50_ms": percentile(ttft, 50),
         "ttft_p95_ms": percentile(ttft, 95),
         "ttft_p99_ms": percentile(ttft, 99),
-        "refused_share": acc["refused"] / acc["sent"] if acc["sent"] else 0.0,
+        "refused_share": acc["refused"] / acc["sent"] if acc["sent"] else None,  # nothing sent: no share
         "refusal_p50_ms": percentile(answered, 50),
         "refusal_p95_ms": percentile(answered, 95),
         "refused_without_retry_after": sum(1 for o in outcomes if o.kind == "refused" and not o.retry_after),

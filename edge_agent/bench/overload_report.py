@@ -187,6 +187,7 @@ def plot(report: dict, path: Path) -> Path:
                 color, marker = styles.get(system, ("tab:gray", "^"))
                 ax.errorbar(xs, ys, yerr=[lo, hi], color=color, marker=marker, capsize=3, label=system)
         ax.set_xlabel("offered load (x measured capacity)")
+        ax.set_xlim(0.3, 3.2)
         ax.set_title(title)
         ax.grid(alpha=0.3)
     axes[0].plot([0, 3], [0, 3 * report["capacity_per_s"]], color="gray", linestyle=":", linewidth=1, label="offered")
