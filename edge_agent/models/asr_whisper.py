@@ -61,6 +61,18 @@ class WhisperStream(AudioStream):
         self.language = language  # None until detected (language="auto")
         self.last_ids: list[int] = []
         self.context: list[int] = []  # ``<|startofprev|>`` and the initial prompt's tokens (``context_ids``)
+        self.draft: list[int] = []  # a fork's: the tokens its parent's last pass decoded (verified, not trusted)
+
+    def fork(self) -> WhisperStream:
+        """A stream with this one's audio so far (pending included) and context, its last tokens as a draft
+        the twin's decode verifies in one decoder call: what this stream's final would say if it ended now
+        (the service's pause decode). Called while no step of this stream is in flight."""
+        twin = WhisperStream(self.rate, self.language)
+        with self._lock:
+            pending = list(self._pending)
+        twin.add_audio(np.concatenate([self.audio, *pending]) if pending else self.audio.copy())
+        twin.context, twin.draft = self.context, list(self.last_ids)
+        return twin
 
     def reuses_last(self) -> bool:
         """The final may be the last hypothesis: a 30 s pass over all the audio there is."""
@@ -232,9 +244,22 @@ class WhisperRecognizer:
         max_new: Sequence[int],
         suppress: bool = True,
         stop_at_eot: bool = True,
+        drafts: Sequence[Sequence[int]] | None = None,
     ) -> list[list[int]]:
-        """Greedy, batched in lockstep. Returns per row the generated ids (forced ones included, no EOT)."""
+        """Greedy, batched in lockstep. Returns per row the generated ids (forced ones included, no EOT).
+        ``drafts``: per row, tokens a greedy decode is likely to produce (the last partial's, beyond the
+        forced ones): checked in the first decoder call, the longest prefix the model agrees with is kept
+        and decoding goes on from there; the result is exactly the greedy decode without a draft."""
         assert self.decoder is not None and self.decoder_past is not None  # see detect_language
+        if drafts is not None and any(len(d) > len(f) for d, f in zip(drafts, forced)):
+            if hidden.shape[0] > 1:  # rows verify drafts of their own lengths: one at a time
+                return [
+                    self.decode(hidden[r : r + 1], [prompts[r]], [forced[r]], [max_new[r]], suppress, stop_at_eot, [d])[
+                        0
+                    ]
+                    for r, d in enumerate(drafts)
+                ]
+            return self._decode_draft(hidden, prompts[0], forced[0], max_new[0], drafts[0], suppress, stop_at_eot)
         rows = list(range(hidden.shape[0]))
         if len({len(p) for p in prompts}) != 1:
             raise InputError("rows of one decode batch need prompts of the same length")
@@ -277,6 +302,66 @@ class WhisperRecognizer:
             logits = res["logits"][:, -1]
             position += 1
         return out
+
+    def _decode_draft(
+        self,
+        hidden: np.ndarray,
+        prompt: Sequence[int],
+        forced: Sequence[int],
+        max_new: int,
+        draft: Sequence[int],
+        suppress: bool,
+        stop_at_eot: bool,
+    ) -> list[list[int]]:
+        """One row: the prompt, the forced tokens and the draft in one decoder call; the draft kept up to the
+        first token greedy decoding would not choose (or an end of text), the cache cut there, then greedy."""
+        assert self.decoder is not None and self.decoder_past is not None
+        room = min(max_new, self.max_positions - len(prompt) - 2)
+        if list(draft[: len(forced)]) != list(forced):
+            draft = forced  # a draft that does not extend the forced tokens is no draft
+        draft = [int(t) for t in draft[:room]]
+        first = [*prompt, *draft]
+        res = self.decoder.run({"input_ids": np.asarray([first], np.int64), "encoder_hidden_states": hidden})
+        logits_all = res["logits"][0]
+        base = len(prompt)
+        keep = min(len(forced), len(draft))
+        while keep < len(draft):
+            scores = logits_all[base + keep - 1]
+            if suppress:
+                scores = np.where(self._begin_mask if keep == 0 else self._suppress_mask, -np.inf, scores)
+            if int(np.argmax(scores)) != draft[keep]:
+                break
+            keep += 1
+        end = base + keep
+        past = {
+            k.replace("present.", "past_key_values.", 1): (v[:, :, :end] if ".decoder." in k else v)
+            for k, v in res.items()
+            if k != "logits"
+        }
+        out = list(draft[:keep])
+        logits = logits_all[end - 1]
+        position = end
+        while len(out) < max_new and position < self.max_positions:
+            t = len(out)
+            if t < len(forced):
+                token = int(forced[t])
+            else:
+                scores = logits
+                if suppress:
+                    scores = np.where(self._begin_mask if t == 0 else self._suppress_mask, -np.inf, scores)
+                token = int(np.argmax(scores))
+                if stop_at_eot and token == self.eot:
+                    break
+            out.append(token)
+            if len(out) >= max_new or position + 1 >= self.max_positions:
+                break
+            res = self.decoder_past.run({"input_ids": np.asarray([[token]], np.int64), **past})
+            for k, v in res.items():
+                if k != "logits":
+                    past[k.replace("present.", "past_key_values.", 1)] = v
+            logits = res["logits"][0, -1]
+            position += 1
+        return [out]
 
     def _budget(self, audio_s: float, forced: int, context: int = 0) -> int:
         """Tokens a decode may produce: a few per second of audio (a random or confused model
@@ -351,6 +436,7 @@ class WhisperRecognizer:
                 for s in streams
             ],
             suppress=self.suppress,
+            drafts=[s.draft or s.last_ids for s in streams],
         )
         for s, hyp in zip(streams, ids):
             s.last_ids, s.decoded_at = hyp, s.audio.size

@@ -216,8 +216,10 @@ class NpuWhisperRecognizer(WhisperRecognizer):
         max_new: Sequence[int],
         suppress: bool = True,
         stop_at_eot: bool = True,
+        drafts: Sequence[Sequence[int]] | None = None,
     ) -> list[list[int]]:
-        """Greedy, one row after the other, with the choices and limits of ``WhisperRecognizer.decode``."""
+        """Greedy, one row after the other, with the choices and limits of ``WhisperRecognizer.decode``
+        (``drafts`` unused: the fixed cache is fed one token at a time)."""
         return [
             self._decode_row(hidden[r : r + 1], prompts[r], forced[r], max_new[r], suppress, stop_at_eot)
             for r in range(hidden.shape[0])

@@ -205,3 +205,55 @@ def test_tool_context_off_keeps_only_the_operator_words():
     st = svc.open_stream(vad=False)
     st.set_context(HOME_TOOLS)
     assert st.context == "Anna"
+
+
+# -- drafts: the last partial's tokens verified in one decoder call ------------------------------
+
+
+def _greedy_setup(whisper, seed: int):
+    x = np.random.default_rng(seed).standard_normal(20000).astype(np.float32) * 0.1
+    hidden = whisper.encode([x])
+    prompt = whisper.prompt("en")
+    plain = whisper.decode(hidden, [prompt], [[]], [24])[0]
+    return hidden, prompt, plain
+
+
+def test_a_draft_changes_nothing_but_the_number_of_decoder_steps(whisper, monkeypatch):
+    hidden, prompt, plain = _greedy_setup(whisper, 2)
+    assert len(plain) >= 3
+    wrong = [*plain[:2], (plain[2] + 1) % whisper.eot, *plain[3:]]
+    for draft in (plain, plain[:1], wrong, [*plain, 7, 8, 9], [5, 6], []):
+        assert whisper.decode(hidden, [prompt], [[]], [24], drafts=[draft])[0] == plain, draft
+    forced = [11, 12]
+    plain_forced = whisper.decode(hidden, [prompt], [forced], [24])[0]
+    for draft in (plain_forced, [*forced, 3], [12, 11, 5]):  # the last one does not extend the forced tokens
+        assert whisper.decode(hidden, [prompt], [forced], [24], drafts=[draft])[0] == plain_forced
+    steps = _Recording(whisper.decoder_past)
+    monkeypatch.setattr(whisper, "decoder_past", steps)
+    whisper.decode(hidden, [prompt], [[]], [24], drafts=[plain])
+    with_draft = len(steps.calls)
+    whisper.decode(hidden, [prompt], [[]], [24])
+    assert with_draft < len(steps.calls) - with_draft  # the whole draft kept: (almost) no steps left
+
+
+def test_drafts_in_a_batch_give_each_row_its_plain_greedy_decode(whisper):
+    x = np.random.default_rng(3).standard_normal(20000).astype(np.float32) * 0.1
+    hidden = whisper.encode([x, x[::-1].copy()])
+    prompts = [whisper.prompt("en")] * 2
+    plain = whisper.decode(hidden, prompts, [[], []], [20, 20])
+    out = whisper.decode(hidden, prompts, [[], []], [20, 20], drafts=[plain[0][:4], [1, 2, 3]])
+    assert out == plain
+
+
+def test_a_fork_carries_the_audio_context_and_last_tokens_and_decodes_as_a_fresh_stream(whisper):
+    x = np.random.default_rng(4).standard_normal(24000).astype(np.float32) * 0.1
+    s = whisper.new_stream()
+    s.context = whisper.context_ids("kitchen")
+    s.add_audio(x[:16000])
+    whisper.step([s])  # a partial over the first second
+    s.add_audio(x[16000:])  # pending, not yet taken
+    twin = s.fork()
+    assert twin.draft == s.last_ids and twin.context == s.context
+    twin.end()
+    (final,) = whisper.step([twin])
+    assert final.final and final.token_ids == whisper.transcribe(x, context="kitchen").token_ids
