@@ -19,6 +19,13 @@ class TierConfig(Section):
     precision: Precision = "auto"
     max_new_tokens: int = Field(256, ge=1, le=32768)
     max_batch: int = Field(4, ge=1, le=128)
+    rung: str | None = Field(
+        None,
+        pattern=r"^[a-z][a-z0-9_-]{0,31}$",
+        description='with precision "auto": which of the recipe\'s rungs this tier serves ("lower": the '
+        "fastest engine within [rungs.lower]'s budget); unset: the top rung, the recipe's [accuracy]. A rung no "
+        "engine is within serves the top rung's choice",
+    )
 
 
 DEFAULT_LLM_MODEL = "gemma-3-270m-home"  # `edge-agent models fetch gemma-3-270m-home` brings it
@@ -26,12 +33,13 @@ DEFAULT_LLM_MODEL = "gemma-3-270m-home"  # `edge-agent models fetch gemma-3-270m
 
 def default_llm_tiers() -> list[TierConfig]:
     """The embedded default's LLM ladder, on real weights: Gemma 3 270M with the shipped home-commands
-    adapter (the engine its recipe's gate chose, else the FP32 folder) at the top, and below it the
-    same weights with replies capped at 64 tokens (a whole tool call still fits) and batches of 8: more
+    adapter (the engine its recipe's gate chose for the top rung, else the FP32 folder) at the top, and
+    below it the recipe's lower rung (the fastest engine within its looser budget; the top rung's engine
+    while none is) with replies capped at 64 tokens (a whole tool call still fits) and batches of 8: more
     requests served per second under load, each token a little later."""
     return [
         TierConfig(name="full", model=DEFAULT_LLM_MODEL, max_new_tokens=128, max_batch=4),
-        TierConfig(name="short", model=DEFAULT_LLM_MODEL, max_new_tokens=64, max_batch=8),
+        TierConfig(name="short", model=DEFAULT_LLM_MODEL, max_new_tokens=64, max_batch=8, rung="lower"),
     ]
 
 

@@ -277,6 +277,7 @@ class Agent:
 
     def _start_llm(self) -> TieredLLM:
         s = self.settings
+        weights = {t.name: self._weights(t) for t in s.models.llm}
         tiers = [
             Tier(
                 t.name,
@@ -285,7 +286,7 @@ class Agent:
                 t.max_new_tokens,
                 t.model,
                 engine=functools.partial(self.inventory.engine_identity, t.name),
-                weights=f"{t.model}|{t.backend}|{t.device}|{t.precision}",  # equal: one loaded model for both
+                weights=weights[t.name],  # equal: one loaded model for both
             )
             for t in s.models.llm
         ]
@@ -334,6 +335,15 @@ class Agent:
             return engines.open(tier, s.device.threads)  # the cached engine if current and intact, else the folder
 
         return open_tier
+
+    def _weights(self, tier: TierConfig) -> str:
+        """What ``tier`` would load, as the ladder compares it (tiers with equal weights share one model):
+        the engine the resolver picks now (a lower rung with no engine of its own picks the top rung's), else
+        its model folder with its runtime settings. A model not here yet: its name (the load says why)."""
+        try:
+            return self.tier_engines().resolver.weights(tier)
+        except (EdgeAgentError, OSError):
+            return f"{tier.model}|{tier.backend}|{tier.device}|{tier.precision}"
 
     def _limits(self, tier: TierConfig) -> Limits:
         return llm_limits(self.settings, tier)

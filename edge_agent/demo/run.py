@@ -108,7 +108,7 @@ def llm_tiers(real: bool) -> str:
     tiers = default_llm_tiers() if real else random_llm_tiers()
     return "".join(
         f'[[models.llm]]\nname = "{t.name}"\nmodel = "{t.model}"\n'
-        f"max_new_tokens = {t.max_new_tokens}\nmax_batch = {t.max_batch}\n"
+        f"max_new_tokens = {t.max_new_tokens}\nmax_batch = {t.max_batch}\n" + (f'rung = "{t.rung}"\n' if t.rung else "")
         for t in tiers
     )
 

@@ -81,8 +81,6 @@ class EngineResolver:
         tier's ``rung`` setting when it has one, else the top rung, the recipe's ``[accuracy]``): the
         fastest engine within that rung's budget (``[rungs.NAME]``). A lower rung no engine was judged
         within serves the top rung's choice."""
-        from .fingerprint import device_fingerprint, runtime_version
-        from .gate import Verdict, choose
         from .recipes import TOP_RUNG
 
         rung = rung or getattr(tier, "rung", None) or TOP_RUNG
@@ -91,6 +89,38 @@ class EngineResolver:
         model_hash = hash_model(source.path, self.cache.root / "model-hashes.json")
         if tier.backend == "fake" or tier.precision == "bf16":
             return Resolved(tier.name, source, model_hash, why_plain=f"no engines for {tier.backend}/{tier.precision}")
+        candidates = self._candidates(tier, source, model_hash)
+        precision = None if tier.precision == "auto" else tier.precision
+        while candidates:  # the gate's choice; a corrupt one is quarantined and the next best tried
+            key = self._choice(tier, candidates, rung)
+            if key is None:
+                break
+            entry = self.cache.lookup(key)  # re-hashes every file; quarantines a mismatch
+            if entry is not None:
+                return Resolved(tier.name, source, model_hash, entry)
+            del candidates[key]
+            reason = self._quarantine_reason(key)
+            self.on_event("engine_quarantined", {"workload": "llm", "tier": tier.name, "key": key, "reason": reason})
+        why = "no engine in the cache for this runtime, device and model" + (f" ({precision})" if precision else "")
+        return Resolved(tier.name, source, model_hash, why_plain=why)
+
+    def weights(self, tier: TierConfig) -> str:
+        """What ``resolve`` would serve ``tier`` now, without verifying it (no re-hash): ``engine:KEY`` or
+        ``model:HASH``. Tiers with equal weights can share one loaded model (the ladder's ``Tier.weights``)."""
+        from .recipes import TOP_RUNG
+
+        source = resolve_model(tier.model, self.models_dir)
+        model_hash = hash_model(source.path, self.cache.root / "model-hashes.json")
+        if tier.backend == "fake" or tier.precision == "bf16":
+            return f"model:{model_hash}|{tier.backend}|{tier.device}|{tier.precision}"
+        rung = getattr(tier, "rung", None) or TOP_RUNG
+        key = self._choice(tier, self._candidates(tier, source, model_hash), rung, quiet=True)
+        return f"engine:{key}" if key else f"model:{model_hash}|{tier.backend}|{tier.device}|{tier.precision}"
+
+    def _candidates(self, tier: TierConfig, source: ModelRef, model_hash: str) -> dict[str, Entry]:
+        """The cache entries ``tier`` may serve: this model's, for its runtime, device and precision."""
+        from .fingerprint import device_fingerprint, runtime_version
+
         version, device = runtime_version(tier.backend), device_fingerprint(target_of(tier))
         precision = None if tier.precision == "auto" else tier.precision
         candidates = {
@@ -105,38 +135,34 @@ class EngineResolver:
         }
         # An in-place KV engine (the same weights, no per-token cache copy) replaces a plain one of its precision.
         inplace = {e.manifest.get("precision") for e in candidates.values() if _layout(e)}
-        candidates = {k: e for k, e in candidates.items() if _layout(e) or e.manifest.get("precision") not in inplace}
-        while candidates:  # the gate's choice; a corrupt one is quarantined and the next best tried
-            verdicts = {}
-            for key, e in candidates.items():
-                acc = e.manifest.get("accuracy") or {}
-                verdicts[key] = Verdict(
-                    str(e.manifest.get("precision")),
-                    tier.backend,
-                    acc.get("metrics", {}),
-                    {},
-                    bool(acc.get("passed", True)),
-                    [],
-                    acc.get("latency_ms"),
-                    acc.get("reference_latency_ms"),
-                    rungs=dict(acc.get("rungs") or {}),
-                )
-            best = choose(list(verdicts.values()), rung)
-            if best is None and rung != TOP_RUNG:
+        return {k: e for k, e in candidates.items() if _layout(e) or e.manifest.get("precision") not in inplace}
+
+    def _choice(self, tier: TierConfig, candidates: dict[str, Entry], rung: str, quiet: bool = False) -> str | None:
+        """The key of the gate's choice among ``candidates`` for ``rung`` (a rung no engine is within: the
+        top rung's), or None."""
+        from .gate import Verdict, choose
+        from .recipes import TOP_RUNG
+
+        verdicts = {}
+        for key, e in candidates.items():
+            acc = e.manifest.get("accuracy") or {}
+            verdicts[key] = Verdict(
+                str(e.manifest.get("precision")),
+                tier.backend,
+                acc.get("metrics", {}),
+                {},
+                bool(acc.get("passed", True)),
+                [],
+                acc.get("latency_ms"),
+                acc.get("reference_latency_ms"),
+                rungs=dict(acc.get("rungs") or {}),
+            )
+        best = choose(list(verdicts.values()), rung)
+        if best is None and rung != TOP_RUNG:
+            if not quiet:
                 log.info("tier %r: no engine within rung %r's budget; the top rung's choice serves", tier.name, rung)
-                rung = TOP_RUNG
-                best = choose(list(verdicts.values()), rung)
-            if best is None:
-                break
-            key = next(k for k, v in verdicts.items() if v is best)
-            entry = self.cache.lookup(key)  # re-hashes every file; quarantines a mismatch
-            if entry is not None:
-                return Resolved(tier.name, source, model_hash, entry)
-            del candidates[key]
-            reason = self._quarantine_reason(key)
-            self.on_event("engine_quarantined", {"workload": "llm", "tier": tier.name, "key": key, "reason": reason})
-        why = "no engine in the cache for this runtime, device and model" + (f" ({precision})" if precision else "")
-        return Resolved(tier.name, source, model_hash, why_plain=why)
+            best = choose(list(verdicts.values()), TOP_RUNG)
+        return None if best is None else next(k for k, v in verdicts.items() if v is best)
 
     def open(self, resolved: Resolved, tier: TierConfig, device_threads: int = 0) -> DecoderLM:
         """Open what ``resolve`` chose for ``tier``: the cached engine, else the model folder."""

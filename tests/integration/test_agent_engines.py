@@ -314,3 +314,21 @@ def test_an_openvino_tier_serves_its_cached_ir_engine(tmp_path: Path, started) -
     assert agent.llm._active.lm.session.backend == "openvino"
     assert agent.remote.engine_hashes() == {"ov": f"engine:{built['key']}"}
     assert generate(agent)
+
+
+def test_a_lower_rung_without_an_engine_of_its_own_shares_the_top_rungs_loaded_engine(tmp_path: Path, started) -> None:
+    tiers = [
+        {"name": "top", "model": "demo-phi3", "max_new_tokens": 8, "max_batch": 2},
+        {"name": "low", "model": "demo-phi3", "max_new_tokens": 4, "max_batch": 4, "rung": "lower"},
+    ]
+    s = settings(tmp_path, tiers=tiers, build_on_start=False)
+    built = prebuild(s)
+    agent = started(RecordingAgent(s, notifier=Notifier({}), drain_s=5))
+    # the recipe has no [rungs.lower]: the lower rung serves the top rung's choice, the same engine
+    assert [t.weights for t in agent.llm.tiers] == [f"engine:{built['key']}"] * 2
+    model = agent.llm._active.lm
+    assert agent.llm.switch_to(1)
+    agent.llm.wait_switched(60)
+    assert agent.llm.active_tier == "low"
+    assert agent.llm._active.lm is model  # nothing loaded: one model serves both tiers
+    assert generate(agent)

@@ -345,3 +345,12 @@ def test_the_end_of_turn_keys_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("EDGE_AGENT_AUDIO__COMMAND_END_MIN_PROB", "0")
     audio = load_settings(None).audio
     assert (audio.command_end_silence_ms, audio.command_end_min_prob) == (140, 0.0)
+
+
+@pytest.mark.embedded_default
+def test_a_tier_names_a_rung_by_a_plain_name_and_the_default_lighter_tier_serves_the_lower_one(tmp_path):
+    assert [t.rung for t in load_settings(None).models.llm] == [None, "lower"]
+    bad = write(tmp_path, '[[models.llm]]\nname = "a"\nmodel = "demo-phi3"\nrung = "Lower rung!"\n')
+    with pytest.raises(ConfigError) as err:
+        load_settings(bad)
+    assert "rung" in str(err.value)
