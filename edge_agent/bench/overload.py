@@ -724,7 +724,8 @@ def run(args: argparse.Namespace) -> int:
     llama_bin = None if args.no_llamacpp else shutil.which(args.llama_server)
     llama_py = None if args.no_llamacpp or llama_bin else args.llamacpp_python
     if not args.no_llamacpp and llama_bin is None and llama_py is None:
-        say(f"no llama.cpp server ({args.llama_server!r} not found, no --llamacpp-python): the daemon only")
+        say(f"no llama.cpp server yet ({args.llama_server!r} not found, no --llamacpp-python): looked for again later")
+        llama_bin = args.llama_server  # a server still being built may be there when the daemon's levels end
     if gguf is None or not gguf.is_file():
         say(f"no GGUF for llama.cpp ({gguf_note}): the daemon only")
         llama_bin = llama_py = None
@@ -797,6 +798,9 @@ def run(args: argparse.Namespace) -> int:
                 rounds[EDGE].append([level(EDGE, daemon.url, r, k, cap, speech) for k in range(len(LEVELS))])
             daemon.stop()
             daemon = None
+        llama_bin = shutil.which(llama_bin) if llama_bin else None
+        if not args.no_llamacpp and not llama_bin and not llama_py:
+            say(f"no llama.cpp server ({args.llama_server!r} not found, no --llamacpp-python): the daemon only")
         if (llama_bin or llama_py) and gguf and LLAMA not in kept:
             server = LlamaServer(llama_bin, gguf, PROBE_CONCURRENCY, args.threads, workdir, llama_py or "")
             try:
