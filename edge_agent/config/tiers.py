@@ -73,6 +73,11 @@ class ModelsConfig(Section):
     llm: list[TierConfig] = Field(default_factory=lambda: default_llm_tiers(), description="heaviest tier first")
     asr: list[TierConfig] = Field(default_factory=lambda: default_asr_tiers(), description="heaviest tier first")
     cache_dir: Path = Field(default_factory=lambda: default_cache_dir() / "models")
+    load_ahead: bool = Field(
+        True,
+        description="load the LLM tier below the serving one beside it when its weights differ (another "
+        "engine), so a switch down loads nothing; its memory is held meanwhile. false: a switch loads it then",
+    )
 
     @field_validator("llm", "asr")
     @classmethod

@@ -304,6 +304,7 @@ class Agent:
         )
         # One live SLA: admission's chat budget and the adaptive batch wait read the policy in force.
         served.sla_ms, served.predictive = served.spill_threshold, s.batching.admission
+        served.load_ahead = s.models.load_ahead
         served.on_preempted = lambda: self.metrics.preemptions.labels("llm").inc()
         for t in s.models.llm:  # each tier's prefix cache, in /metrics while the tier is loaded
             self.metrics.track_prefix_cache(t.name, functools.partial(served.prefix_stats, t.name))

@@ -2,8 +2,9 @@
 
 ``TierEngines`` announces an engine that passed the gate (``on_engine_ready``); the app wires that
 to ``swap_onto_engine``, so the engines never hold the ladder that serves them. The reload loads
-and warms the engine aside and swaps it in between batches: no request fails. A tier that is not
-serving picks its engine up the next time it is loaded (a controller switch).
+and warms the engine aside and swaps it in between batches: no request fails. A tier loaded ahead
+(beside the serving one) is loaded ahead again onto it; any other picks its engine up the next time it
+is loaded (a controller switch).
 """
 
 from __future__ import annotations
@@ -24,7 +25,12 @@ def swap_onto_engine(
 ) -> None:
     """Reload ``tier`` onto its new engine when it is the one serving; ``serving(tier)`` says what it
     serves afterwards (for the ``engine_swap`` event)."""
-    if ladder is None or ladder.active_tier != tier or not reload_in_place(ladder, ladder.active):
+    if ladder is None:
+        return
+    if ladder.active_tier != tier:
+        ladder.reload_ahead(tier)  # loaded ahead of a switch: again, onto the new engine
+        return
+    if not reload_in_place(ladder, ladder.active):
         return
     ladder.wait_switched()
     now = serving(tier)

@@ -201,3 +201,62 @@ def test_with_admission_on_the_controller_never_sheds_and_with_it_off_it_does(fo
             ladder.submit("hello there", greedy(2), raw=True)
     finally:
         ladder.stop()
+
+
+def test_a_lighter_tier_with_other_weights_is_loaded_ahead_and_a_switch_down_loads_nothing(folder):
+    opened: list[str] = []
+    tiers = [
+        Tier("top", _opener_of(folder, opened, "top"), Limits(max_batch=1, batch_timeout_ms=0), 40, weights="a"),
+        Tier("low", _opener_of(folder, opened, "low"), Limits(max_batch=2, batch_timeout_ms=0), 8, weights="b"),
+    ]
+    ladder = TieredLLM(tiers).start()
+    try:
+        ladder.wait_ahead(60)
+        assert opened == ["top", "low"]  # the lower tier loaded beside the serving one
+        stale = ladder._active.ahead
+        assert stale is not None and stale.tier.name == "low"
+        assert not ladder.reload_ahead("top")  # not the tier ahead
+        assert ladder.reload_ahead("low")  # its engine changed: loaded ahead again, the old copy closed
+        ladder.wait_ahead(60)
+        low = ladder._active.ahead
+        assert opened == ["top", "low", "low"] and low is not None and low is not stale and stale.scheduler._stopping
+        assert ladder.switch_to(1)
+        ladder.wait_switched(60)
+        assert ladder.active_tier == "low" and ladder._active is low and opened == ["top", "low", "low"]
+        assert len(ladder.submit("hello there", greedy(3), raw=True).result(30).token_ids) == 3
+        assert ladder.switch_to(0)  # back up: the upper tier loads again, the lower one stays ahead
+        ladder.wait_switched(60)
+        assert opened == ["top", "low", "low", "top"] and ladder._active.ahead is low
+        assert ladder.switch_to(1)
+        ladder.wait_switched(60)
+        assert opened == ["top", "low", "low", "top"] and ladder._active is low
+    finally:
+        ladder.stop()
+    assert low.scheduler._stopping  # stopped with the ladder
+
+
+def test_without_load_ahead_a_switch_down_loads_the_lighter_tier_then(folder):
+    opened: list[str] = []
+    tiers = [
+        Tier("top", _opener_of(folder, opened, "top"), Limits(max_batch=1, batch_timeout_ms=0), 40, weights="a"),
+        Tier("low", _opener_of(folder, opened, "low"), Limits(max_batch=2, batch_timeout_ms=0), 8, weights="b"),
+    ]
+    ladder = TieredLLM(tiers)
+    ladder.load_ahead = False
+    ladder.start()
+    try:
+        ladder.wait_ahead(60)
+        assert opened == ["top"]
+        assert ladder.switch_to(1)
+        ladder.wait_switched(60)
+        assert opened == ["top", "low"] and ladder.active_tier == "low"
+    finally:
+        ladder.stop()
+
+
+def _opener_of(folder, opened: list[str], name: str):
+    def open_tier():
+        opened.append(name)
+        return DecoderLM.open(folder, "onnxruntime", SessionOptions(threads=1))
+
+    return open_tier

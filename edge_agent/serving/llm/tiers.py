@@ -25,6 +25,12 @@ Relief from the controller applies to new requests: ``token_cap_ratio`` truncate
 (``predictive`` False: with it on, admission refuses precisely what would be late and never a voice turn),
 ``max_batch`` resizes the active scheduler's batch within what its KV buffers hold.
 
+**Loaded ahead.** The tier below the serving one, when its weights differ (another engine: the recipe's
+lower rung), is loaded and warmed on a thread of its own once the serving tier is up (``load_ahead``), and
+waits idle beside it: a switch down takes it over and loads nothing; a switch back up loads the upper
+tier and keeps the lower one as the tier ahead (it finishes its running rows meanwhile). The cost is the
+lower tier's memory, held while the upper one serves.
+
 **Spill.** A tier that holds one sequence at a time (the NPU's LLM mode) is served with the next tier
 beside it, loaded with it: a request goes there instead when the active tier cannot take it (its prompt
 does not fit the NPU's context, or is too short for its prefill) or when the work already on it would
@@ -119,6 +125,7 @@ class _Loaded:
         """``share``: a loaded tier with the same weights, whose model and scheduler this one serves with."""
         self.index, self.tier, self.lm = index, tier, lm
         self.spill: _Loaded | None = None  # the next tier, beside a one-sequence tier (see the module doc)
+        self.ahead: _Loaded | None = None  # the next tier, loaded ahead when its weights differ (module doc)
         self.adopted = False  # swapped out, but kept as the new active tier's spill tier
         if share is not None:
             self.engine = share.engine
@@ -157,6 +164,9 @@ class _Loaded:
         if self.spill is not None:
             self.spill.close(drain_s)
             self.spill = None
+        if self.ahead is not None:
+            self.ahead.close(drain_s)
+            self.ahead = None
 
 
 class TieredLLM(Ladder):
@@ -195,6 +205,9 @@ class TieredLLM(Ladder):
         self.on_preempted: Callable[[], None] | None = None
         self._pressure = Pressure()
         self._voice_streams = 0
+        self.load_ahead = True  # the next tier with other weights is loaded ahead (see the module doc)
+        self._ahead: tuple[int, threading.Thread] | None = None  # (tier index, the thread loading it)
+        self._stopped = False
 
     def start(self, tier: int = 0) -> TieredLLM:
         super().start(tier)
@@ -209,12 +222,62 @@ class TieredLLM(Ladder):
         if self.sla_ms is not None:
             sched.sla_ms = self.sla_ms
         sched.queue.set_voice_streams(self._voice_streams)
+        self._prepare_ahead(loaded)
         loaded.label[:] = [loaded.tier.name, loaded.tier.model]
+
+    def _prepare_ahead(self, loaded: _Loaded) -> None:
+        """Load the tier below ``loaded`` on a thread of its own when its weights differ (see the module doc);
+        it waits, warm and idle, until a switch takes it over or ``loaded`` retires."""
+        index = loaded.index + 1
+        if not self.load_ahead or index >= len(self.tiers) or loaded.spill is not None or loaded.ahead is not None:
+            return
+        tier = self.tiers[index]
+        if tier.weights is not None and tier.weights == loaded.tier.weights:
+            return  # it shares the loaded model: nothing to load
+
+        def run() -> None:
+            try:
+                ahead = self._open(index)
+            except Exception as exc:  # a switch to it tries again, and says why then
+                log.warning("tier %r could not be loaded ahead of a switch: %s", tier.name, exc)
+                return
+            with self._lock:
+                if self._active is loaded and not self._stopped and loaded.ahead is None:
+                    loaded.ahead = ahead
+                    log.info("tier %r loaded ahead beside %r: a switch loads nothing", tier.name, loaded.tier.name)
+                    return
+            ahead.close(5.0)  # the ladder moved on while it loaded (idle: its thread ends at once)
+
+        thread = threading.Thread(target=run, name=f"llm-ahead-{index}", daemon=True)
+        self._ahead = (index, thread)
+        thread.start()
+
+    def reload_ahead(self, tier: str) -> bool:
+        """``tier``, loaded ahead, now resolves to another engine (a background build passed): load it ahead
+        again. False when ``tier`` is not the one loaded ahead (it picks its engine up when next loaded)."""
+        with self._lock:
+            loaded = self._active
+            stale = loaded.ahead if loaded is not None else None
+            if loaded is None or stale is None or stale.tier.name != tier:
+                return False
+            loaded.ahead = None
+            self._prepare_ahead(loaded)
+        stale.close(self._drain_s)  # idle: nothing to drain
+        return True
+
+    def wait_ahead(self, timeout_s: float | None = None) -> None:
+        """Wait for a tier being loaded ahead (tests, and a switch to that very tier)."""
+        if self._ahead is not None:
+            self._ahead[1].join(timeout_s)
 
     def _swapped(self, old: _Loaded) -> None:
         """Under the lock, right after a switch (see the module doc): the new tier's limits apply at once,
         and every request still waiting is served by it, under its reply cap."""
         new = self._active
+        if old.ahead is not None and old.ahead.index == new.index + 1 and new.ahead is None:
+            new.ahead, old.ahead = old.ahead, None  # a reload of the active tier keeps what was loaded ahead
+        elif self.load_ahead and old.index == new.index + 1 and old.scheduler is not new.scheduler and not old.adopted:
+            new.ahead, old.adopted = old, True  # a switch up: the tier left stays loaded, ahead of the next switch
         self._serve(new)
         source, target = old.scheduler.queue, new.scheduler.queue
         with source.cond:
@@ -283,6 +346,11 @@ class TieredLLM(Ladder):
             # a switch down to the tier already loaded beside a one-sequence tier: take it over
             loaded, current.spill = current.spill, None
             return loaded
+        if self._ahead is not None and self._ahead[0] == index:
+            self.wait_ahead()  # being loaded ahead: that copy, not a second one
+        if current is not None and current.ahead is not None and current.ahead.index == index:
+            loaded, current.ahead = current.ahead, None  # loaded ahead: take it over
+            return loaded
         loaded = self._open(index)
         if loaded.lm.max_rows == 1 and index + 1 < len(self.tiers):
             if current is not None and current.index == index + 1:
@@ -303,7 +371,7 @@ class TieredLLM(Ladder):
         return _Loaded(index, tier, tier.open(), self._observe, self._clock, rows=max(sharing, default=None))
 
     def _retire(self, old: _Loaded) -> None:
-        if old.adopted:  # it serves on as the new tier's spill tier
+        if old.adopted:  # it serves on as the new tier's spill tier, or waits as its tier loaded ahead
             old.adopted = False
             return
         if self._active is not None and self._active.scheduler is old.scheduler:
@@ -517,6 +585,9 @@ class TieredLLM(Ladder):
 
     def stop(self, drain_s: float | None = None) -> None:
         self.wait_switched()
+        with self._lock:
+            self._stopped = True
+        self.wait_ahead()
         if self._active is not None:
             self._active.close(self._drain_s if drain_s is None else drain_s)
             self._active = None
