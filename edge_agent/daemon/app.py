@@ -373,6 +373,9 @@ class Agent:
         except EdgeAgentError as exc:  # speech is one workload; the LLM keeps serving without it
             log.error("ASR could not start: %s", exc)
             return None
+        # One live SLA: every tier's adaptive batch wait reads the ASR policy in force (the controller's, which
+        # reload, set_sla and desired change; with one tier, the file's as last reloaded)
+        speech.set_sla(lambda: self._asr_policy().target_ms)
         if len(speech.tiers) > 1:
             self.asr_controller = TierController(
                 speech,
@@ -384,6 +387,12 @@ class Agent:
             ).start()
             self.observers.register(self.asr_controller.observe)
         return speech
+
+    def _asr_policy(self):  # -> Policy
+        """The ASR SLA in force: its controller's (reload, set_sla, desired), else the file's as last reloaded."""
+        return (
+            self.asr_controller.policy if self.asr_controller is not None else policy_from_config(self.settings.sla.asr)
+        )
 
     def tier_engines(self) -> TierEngines:
         """What each LLM tier loads (cached engine or model folder) and the background engine builds."""

@@ -165,6 +165,7 @@ class AsrService:
         first = chunk_ms if first_chunk_ms is None else first_chunk_ms
         self.first_chunk_samples = max(1, engine.sample_rate * first // 1000)
         self.sla_ms = sla_ms
+        self.live_sla: Callable[[], float] | None = None  # the SLA in force, read at each use (daemon.app)
         self.batcher: Batcher[_Utterance, Hypothesis | None] = Batcher(
             self._run_batch, limits, clock=clock, name=f"asr-{engine.name}"
         )
@@ -188,6 +189,10 @@ class AsrService:
         if context and ids is not None:
             rstream.context = ids(context)  # type: ignore[attr-defined]  # a recogniser with context_ids
         return rstream
+
+    def target_ms(self) -> float:
+        """The SLA the adaptive batch wait answers: the one in force (``live_sla``), else ``sla_ms``."""
+        return self.live_sla() if self.live_sla is not None else self.sla_ms
 
     def start(self) -> AsrService:
         self.batcher.start()
@@ -620,7 +625,7 @@ class AsrStream:
             if hyp is not None and not hyp.final and hyp.text and hyp.text != u.last_text:
                 if u.first_partial_ms is None:
                     u.first_partial_ms = (now - u.voiced_at) * 1e3
-                    self.service.batcher.on_latency(u.first_partial_ms, self.service.sla_ms)
+                    self.service.batcher.on_latency(u.first_partial_ms, self.service.target_ms())
                 u.last_text = hyp.text
                 self._emit(
                     AsrEvent("partial", self.id, u.index, hyp.text, hyp.stable_text, u.onset_s + hyp.audio_s, now)

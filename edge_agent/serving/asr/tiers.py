@@ -237,6 +237,7 @@ class TieredSpeech(Ladder):
         self._changed = threading.Condition(self._lock)  # a stream closed
         self._draining: _Loaded | None = None
         self.shedding = False
+        self.sla_ms: Callable[[], float] | None = None  # the SLA in force, handed to every tier's service
         # [calibration] capture, handed to every tier's service (set_capture)
         self._capture: Callable[[list[np.ndarray], int, str], None] | None = None
 
@@ -247,9 +248,16 @@ class TieredSpeech(Ladder):
         except BaseException:
             engine.close()
             raise
-        service.capture = self._capture
+        service.capture, service.live_sla = self._capture, self.sla_ms
         service.prompt_words, service.tool_context = self.prompt_words, self.tool_context
         return _Loaded(index, self.tiers[index], engine, service, self._observe)
+
+    def set_sla(self, sla_ms: Callable[[], float] | None) -> None:
+        """The SLA in force, read at each use by the active tier's service and every tier loaded later."""
+        with self._lock:
+            self.sla_ms = sla_ms
+            if self._active is not None:
+                self._active.service.live_sla = sla_ms
 
     def set_capture(self, capture: Callable[[list[np.ndarray], int, str], None] | None) -> None:
         """Capture utterances from the active tier now and from every tier loaded later."""
