@@ -149,24 +149,35 @@ def predict_ttft_ms(
     ``running_left``: the tokens each running sequence is still expected to generate (prompts still being
     prefilled count as ``ahead``); ``ahead``: the requests that start before this one, in order; ``rows``:
     the batch places this request's class may use."""
-    step, per_token = rates.step_ms, rates.prefill_ms_per_token
-    rows = max(1, rows)
+    start = predict_starts(running_left, [*ahead, Work(prompt_tokens, 0.0)], rows, rates)[-1]
+    return start + prefill_ms(prompt_tokens, rates)  # the prefill's last logits give the first token
 
-    def prefill(tokens: int) -> float:
-        return step + tokens * per_token if tokens > 0 else 0.0
 
+def predict_starts(running_left: Sequence[float], queue: Sequence[Work], rows: int, rates: Snapshot) -> list[float]:
+    """When each request of ``queue`` (in order) starts its prefill, in ms from now: each takes the first
+    place that frees and holds it for its prefill and expected tokens, and none starts before the prefills
+    queued ahead of it have run (they share the device). ``predict_ttft_ms`` is the last one's plus its
+    prefill; the scheduler checks the waiting ones against their start deadlines with it."""
+    step = rates.step_ms
     frees = sorted(left * step for left in running_left)
+    rows = max(1, rows)
     if len(frees) > rows:  # more running than this class may use: only the soonest-ending ones count
         frees = frees[:rows]
     heap = frees + [0.0] * (rows - len(frees))
     heapq.heapify(heap)
     prefills = 0.0  # prompt work ahead, which runs on the same device before this prompt's
-    for work in ahead:
-        start = heapq.heappop(heap)
-        heapq.heappush(heap, start + prefill(work.prompt_tokens) + work.new_tokens * step)
-        prefills += prefill(work.prompt_tokens)
-    start = max(heapq.heappop(heap), prefills)
-    return start + prefill(prompt_tokens)  # the prefill's last logits give the first token
+    starts = []
+    for work in queue:
+        free = heapq.heappop(heap)
+        starts.append(max(free, prefills))
+        heapq.heappush(heap, free + prefill_ms(work.prompt_tokens, rates) + work.new_tokens * step)
+        prefills += prefill_ms(work.prompt_tokens, rates)
+    return starts
+
+
+def prefill_ms(tokens: int, rates: Snapshot) -> float:
+    """A prefill of ``tokens``: one step plus the per-token rate (none for nothing to prefill)."""
+    return rates.step_ms + tokens * rates.prefill_ms_per_token if tokens > 0 else 0.0
 
 
 def judge(predicted_ms: float | None, budget_ms: float, what: str = "request") -> Verdict:

@@ -260,3 +260,24 @@ def _opener_of(folder, opened: list[str], name: str):
         return DecoderLM.open(folder, "onnxruntime", SessionOptions(threads=1))
 
     return open_tier
+
+
+def test_a_waiting_chat_predicted_to_miss_its_start_deadline_is_refused_then_not_at_the_deadline(lm):
+    clock = [100.0]  # a fake clock: no deadline passes while the test looks
+    sched = LLMScheduler(lm, Limits(max_batch=1, batch_timeout_ms=0), clock=lambda: clock[0])
+    sched.rates.seed(10.0, 64, 10.0 + 64 * 0.5, clock[0])  # given: 10 ms a step, 0.5 ms a prompt token
+    ahead = sched.enqueue(sched.prepare(PROMPT, greedy(40)))  # 8 prompt tokens, 40 to generate, one row
+    doomed = sched.enqueue(sched.prepare(OTHER, greedy(3), start_by_ms=50.0))
+    fine = sched.enqueue(sched.prepare(OTHER, greedy(3), start_by_ms=5_000.0))
+    # the row frees after the first one's prefill (10 + 8 x 0.5 ms) and 40 steps: 414 ms, far past 50 ms
+    with sched._cond:
+        assert sched._take_admitted()
+    with pytest.raises(Overloaded, match="is now predicted to start") as refused:
+        doomed.result(1)
+    assert refused.value.reason == "start_deadline" and refused.value.retry_after_s == 1.0
+    assert not fine.done and not ahead.done and sched.load == (1, 1)  # one prefilling, one still waiting
+    sched.start()  # the clock stays: what was admitted runs, nothing else is refused
+    try:
+        assert len(ahead.result(30).token_ids) == 40 and len(fine.result(30).token_ids) == 3
+    finally:
+        sched.stop()

@@ -155,8 +155,9 @@ def test_a_failing_batch_fails_only_its_requests_and_serving_continues(lm):
             raise EdgeAgentError("injected engine failure")
         return real_forward(*args)
 
+    sched = LLMScheduler(lm, Limits(batch_timeout_ms=0))  # its load-time timing runs before the fault
     lm.forward = flaky_forward
-    sched = LLMScheduler(lm, Limits(batch_timeout_ms=0)).start()
+    sched.start()
     try:
         doomed = sched.submit([5, 6, 7], greedy(3))
         with pytest.raises(EdgeAgentError, match="injected"):

@@ -41,6 +41,7 @@ request arriving now would have its first token.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -59,7 +60,7 @@ from ...models.llm_contract import kv_bytes_per_token
 from ...models.prefix_cache import PrefixCache, PrefixStats
 from ...models.sampling import Sampler, SamplingParams, find_stop, logprobs_of, repeated_too_often
 from ...models.tokenizer import StreamDecoder
-from ..admission import Rates, Work, predict_ttft_ms
+from ..admission import Rates, Snapshot, Work, predict_starts, predict_ttft_ms, prefill_ms
 from ..batch_wait import AdaptiveWait
 from .admission import INTERACTIVE, Limits, plan_admission
 from .handle import Completion, RequestHandle, TokenEvent, TokenLogprob
@@ -233,22 +234,63 @@ class LLMScheduler:
         ``rows``: the batch size to predict with, when another than the current limits' (a lighter tier's)."""
         now = self.clock() if now is None else now
         with self._cond:
+            view = self._view(now, interactive, rows)
+        if view is None:
+            return None
+        running, ahead, max_rows, rates = view
+        return predict_ttft_ms(running, [w for _, w in ahead], prompt_tokens, max_rows, rates)
+
+    def prefill_ms(self, prompt_tokens: int, now: float | None = None) -> float:
+        """The expected prefill of ``prompt_tokens`` from the measured rates (0 while none are known)."""
+        now = self.clock() if now is None else now
+        with self._cond:
             rates = self.rates.snapshot(now)
-            if rates is None:
-                return None
-            waiting = [s for s in self._waiting if s.interactive or not interactive]
-            batch = list(self._batch.rows)
-            prefilling = self._prefills.pending()
-            max_rows = self.limits.max_batch if interactive else self.chat_rows()
-            if rows is not None:
-                max_rows = rows - (self.limits.max_batch - max_rows)
+        return prefill_ms(prompt_tokens, rates) if rates is not None else 0.0
+
+    def _view(
+        self, now: float, interactive: bool = False, rows: int | None = None
+    ) -> tuple[list[float], list[tuple[_Sequence, Work]], int, Snapshot] | None:
+        """Under the lock: what a prediction for a request of this class reads: the tokens each running
+        sequence has left, the waiting ones ahead (each with its work), the rows the class may use, the
+        rates; None while no rates are known."""
+        rates = self.rates.snapshot(now)
+        if rates is None:
+            return None
+        waiting = [s for s in self._waiting if s.interactive or not interactive]
+        batch = list(self._batch.rows)
+        prefilling = self._prefills.pending()
+        max_rows = self.limits.max_batch if interactive else self.chat_rows()
+        if rows is not None:
+            max_rows = rows - (self.limits.max_batch - max_rows)
         if interactive:  # it preempts a chat if it must: only voice turns and prefills hold it back
             batch = [s for s in batch if s.interactive]
-        steps_per_token = rates.prefill_ms_per_token / rates.step_ms
+        steps_per_token = rates.prefill_ms_per_token / rates.step_ms if rates.step_ms > 0 else 0.0  # a coarse clock
         running = [rates.expected_new(s.params.max_new_tokens, len(s.generated)) for s in batch]
         running += [1 + left * steps_per_token + rates.expected_new(s.params.max_new_tokens) for s, left in prefilling]
-        ahead = [Work(_to_prefill(s), rates.expected_new(s.params.max_new_tokens, len(s.generated))) for s in waiting]
-        return predict_ttft_ms(running, ahead, prompt_tokens, max_rows, rates)
+        ahead = [
+            (s, Work(_to_prefill(s), rates.expected_new(s.params.max_new_tokens, len(s.generated)))) for s in waiting
+        ]
+        return running, ahead, max_rows, rates
+
+    def _late_to_start(self, now: float) -> list[tuple[_Sequence, float]]:
+        """Under the lock: the waiting chats now predicted to start more than a step after their start
+        deadline (something changed since they were admitted: slower steps, a voice turn ahead), each with
+        how late, so they are refused now rather than at their deadline."""
+        if not any(s.start_by_s is not None for s in self._waiting):
+            return []
+        view = self._view(now, rows=self.capacity)  # as many rows as any tier sharing this model: no false alarm
+        if view is None:
+            return []
+        running, ahead, max_rows, rates = view
+        starts = predict_starts(running, [w for _, w in ahead], max_rows, rates)
+        late = []
+        for (seq, _), start_ms in zip(ahead, starts):
+            if seq.start_by_s is None or seq.interactive or seq.preempted:
+                continue
+            excess_ms = (now + start_ms / 1e3 - seq.start_by_s) * 1e3
+            if excess_ms > rates.step_ms:
+                late.append((seq, excess_ms))
+        return late
 
     def backlog(self) -> list[tuple[int, int]]:
         """(prompt tokens still to prefill, tokens still to generate) of each sequence decoding, being
@@ -361,6 +403,9 @@ class LLMScheduler:
             for seq in [s for s in waiting if s.handle.cancelled or self._expired(s, now, running=running)]:
                 waiting.remove(seq)
                 self._reject(seq, now)
+            for seq, excess_ms in self._late_to_start(now):
+                waiting.remove(seq)
+                self._refuse_late(seq, now, excess_ms)
             self._preempt_for_voice()
             running = len(self._batch) + len(self._prefills)
             n, wake_at = plan_admission([s.admitted_s for s in waiting], running, now, self.limits, self._wait)
@@ -453,6 +498,21 @@ class LLMScheduler:
                 f"not started (queue timeout {self.limits.queue_timeout_ms:.0f} ms)"
             )
         seq.handle.finish(None, error)
+
+    def _refuse_late(self, seq: _Sequence, now: float, excess_ms: float) -> None:
+        """A waiting chat predicted to start after its start deadline: refused now (``start_deadline``)."""
+        timing = seq.recorder.finish()
+        self._report(timing)
+        budget_ms = (seq.start_by_s - seq.admitted_s) * 1e3 if seq.start_by_s is not None else 0.0
+        seq.handle.finish(
+            None,
+            Overloaded(
+                f"overloaded: request {seq.handle.id} is now predicted to start {excess_ms:.0f} ms after its "
+                f"{budget_ms:.0f} ms budget allows; retry later",
+                retry_after_s=max(1.0, math.ceil(excess_ms / 1e3)),
+                reason="start_deadline",
+            ),
+        )
 
     def _prefill(self) -> None:
         """This turn's share of the admitted prompts (``prefill.plan_chunks``); those complete join the batch

@@ -508,7 +508,8 @@ class TieredLLM(Ladder):
         if seq.interactive or self.sla_ms is None or not self.predictive:
             return served.tier  # a voice turn preempts a chat rather than wait; no SLA: no predicted refusals
         budget = self.sla_ms() if budget_ms is None else min(budget_ms, self.sla_ms())
-        seq.start_by_s = seq.admitted_s + budget / 1e3
+        # it must start early enough for its own prefill to end within the budget
+        seq.start_by_s = seq.admitted_s + max(0.0, budget - sched.prefill_ms(len(seq.prompt), seq.admitted_s)) / 1e3
         self._pressure.arrivals += 1
         verdict = judge(sched.predict_ttft_ms(len(seq.prompt), now=seq.admitted_s), budget, "chat")
         if verdict.admit:
