@@ -35,8 +35,8 @@ lower tier's memory, held while the upper one serves.
 beside it, loaded with it: a request goes there instead when the active tier cannot take it (its prompt
 does not fit the NPU's context, or is too short for its prefill) or when the work already on it would
 make its first token later than the spill threshold (``spill.decide``: an idle tier takes every request
-it can hold; a busy one by its predicted first token, from the tier's measured rates). The threshold is read at each
-decision (``spill_threshold``, set by the agent to follow the SLA in force), and the decision and the
+it can hold; a busy one by its predicted first token, from the tier's measured rates). The threshold is
+read at each decision (``spill_threshold``, set by the agent to follow the SLA in force), and the decision and the
 hand-over to the scheduler are one step under one lock, so requests arriving together never all see an
 idle tier. The handle says so (``spill``: the tier it left and why); the request is observed under the
 tier that served it, marked as spilled from the active tier, so the active tier's controller still sees
@@ -126,7 +126,7 @@ class _Loaded:
         self.index, self.tier, self.lm = index, tier, lm
         self.spill: _Loaded | None = None  # the next tier, beside a one-sequence tier (see the module doc)
         self.ahead: _Loaded | None = None  # the next tier, loaded ahead when its weights differ (module doc)
-        self.adopted = False  # swapped out, but kept as the new active tier's spill tier
+        self.adopted = False  # swapped out, but kept as the new active tier's spill tier or tier ahead
         if share is not None:
             self.engine = share.engine
             self.scheduler, self.label = share.scheduler, share.label
