@@ -100,6 +100,7 @@ def evaluate(
     cache_dir: Path | None = None,
     audio=None,
     prompt: str = "",
+    final_padding_s: float | None = None,
 ) -> dict:
     """Score ``model`` on manifest ``data``; the report ``edge-agent eval asr --json`` prints."""
     from ..backends import SessionOptions
@@ -109,7 +110,9 @@ def evaluate(
     if ref.kind == "asr-whisper":
         from .eval_whisper import evaluate_whisper
 
-        return evaluate_whisper(ref, data, backend, device, precision, threads, limit, prompt=prompt)
+        return evaluate_whisper(
+            ref, data, backend, device, precision, threads, limit, prompt=prompt, final_padding_s=final_padding_s
+        )
     items = read_manifest(data)[:limit]
     options = SessionOptions(device=device, precision=precision, threads=threads)
     runner = StreamingCtcRunner(ref.path, backend, options)

@@ -60,6 +60,7 @@ def cmd_eval_asr(args: argparse.Namespace) -> int:
         cache_dir=settings.models.cache_dir,
         audio=settings.audio,
         prompt=settings.asr.prompt_text() if args.prompt is None else args.prompt,
+        final_padding_s=settings.asr.final_padding_s,
     )
     if args.json is None:
         _print_report(report)

@@ -18,6 +18,13 @@ class AsrConfig(Section):
     tool_context: bool = Field(
         True, description="a voice turn's tools (names, enum values, descriptions) become the recogniser's context"
     )
+    final_padding_s: float = Field(
+        6.0,
+        ge=0.0,
+        le=30.0,
+        description="Whisper: a final encodes its audio and this much padding, not 30 s (0: the 30 s pass); "
+        "WER on the natural-voice set 5.99 % at 30 s, 5.68 % at 6 s (docs/asr.md)",
+    )
 
     @field_validator("prompt_words")
     @classmethod

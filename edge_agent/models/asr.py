@@ -54,4 +54,12 @@ def open_configured(
     backend = backend or (tier.backend if not model else "onnxruntime")
     device = tier.device if not model else ("CPU" if backend == "openvino" else "cpu")
     options = SessionOptions(device=device, threads=settings.device.threads, cache_dir=settings.engines.cache_dir)
-    return open_recognizer(ref, backend, options, decoder=decoder, beam_width=beam_width, language=language)
+    return open_recognizer(
+        ref,
+        backend,
+        options,
+        decoder=decoder,
+        beam_width=beam_width,
+        language=language,
+        final_padding_s=settings.asr.final_padding_s,
+    )

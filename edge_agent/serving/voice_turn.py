@@ -120,6 +120,15 @@ def chat_submit(scheduler: Any, tokenizer: Any) -> Callable[..., Any]:
     return submit
 
 
+def spoken_command(text: str) -> str:
+    """A recogniser's sentence as a spoken command is written: lower case, no closing punctuation, ``%`` as
+    "percent" (Whisper writes "Turn the bathroom lights down to 20%."; the home-commands adapter reads
+    "turn the bathroom lights down to 20 percent": on the natural-voice home commands heard by Whisper base
+    25 of 31 calls right against 24, docs/asr.md)."""
+    out = " ".join(text.replace("%", " percent").split()).lower()
+    return out.rstrip(".!?,;: ").strip()
+
+
 class VoiceTurn:
     """One stream's voice turns: prefill ahead on stable partials, the reply ahead on a pause, the final →
     the LLM, early replies cancelled when the utterance continues. ``llm_submit(chat, params, tags=...)``
@@ -278,9 +287,11 @@ class VoiceTurn:
     # -- the final (the caller's thread) ---------------------------------------------------------------
 
     def chat(self, text: str) -> list[Message]:
-        """The prompt for ``text``: the user turn, with the tools described at its start."""
-        chat = [Message("user", text)]
-        return with_tools(chat, self.tools, self.tool_choice) if self.tools else chat
+        """The prompt for ``text``: the user turn, with the tools described at its start. With tools the
+        words are put as a spoken command is written (``spoken_command``)."""
+        if not self.tools:
+            return [Message("user", text)]
+        return with_tools([Message("user", spoken_command(text))], self.tools, self.tool_choice)
 
     def on_final(self, event: Any, speech_end_s: float | None = None, on_token: Callable[[str], None] | None = None):
         """The reply to a final transcript (blocks until it is complete or cancelled). ``speech_end_s``:

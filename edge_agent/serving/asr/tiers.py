@@ -419,7 +419,7 @@ def _opener(tier: TierConfig, settings: Settings, opened: dict[str, str]) -> Cal
             precision=tier.precision,
             cache_dir=settings.engines.cache_dir,
         )
-        return open_recognizer(ref, tier.backend, options)
+        return open_recognizer(ref, tier.backend, options, final_padding_s=settings.asr.final_padding_s)
 
     return open_tier
 
