@@ -51,7 +51,7 @@ def evaluate_whisper(
     from ..backends import SessionOptions
     from ..metrics.wer import normalize
     from ..models.asr import open_recognizer
-    from .eval_asr import read_manifest
+    from .asr_manifest import read_manifest
 
     items = read_manifest(data)[:limit]
     options = SessionOptions(device=device, precision=precision, threads=threads)  # type: ignore[arg-type]

@@ -1,8 +1,8 @@
 """Agent configuration: a TOML file, then ``EDGE_AGENT_…`` environment variables on top.
 
 Sources, lowest to highest priority:
-1. built-in defaults (the embedded default: ONNX Runtime on the CPU, Gemma 3 270M LLM tiers, the demo-asr
-   speech tier, local broker);
+1. built-in defaults (the embedded default: ONNX Runtime on the CPU, Gemma 3 270M LLM tiers, the Whisper
+   base speech tier, local broker);
 2. the TOML file: ``--config FILE`` (must exist), else ``/etc/edge-agent/agent.toml`` if present;
 3. environment: ``EDGE_AGENT_MQTT__PORT=1883`` (``__`` separates nested keys; lists as JSON).
 

@@ -189,8 +189,11 @@ def test_eval_cli_end_to_end(spoken: Path, tmp_path: Path) -> None:
     )
     assert "first stable word at" in done.stdout
     assert report["stream_vs_full_max_abs_diff"] < 1e-3
-    # --json without a file: only JSON on stdout; default model = the top ASR tier (demo-asr)
-    done = _cli("eval", "asr", "--data", str(tiny), "--json", "--decoder", "greedy")
+    # --json without a file: only JSON on stdout; default model = the top configured ASR tier (demo-asr here;
+    # the embedded default is Whisper base, fetched)
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text('[[models.asr]]\nname = "ctc"\nmodel = "demo-asr"\n')
+    done = _cli("eval", "asr", "--config", str(cfg), "--data", str(tiny), "--json", "--decoder", "greedy")
     assert done.returncode == 0, done.stderr
     assert set(json.loads(done.stdout)["results"]) == {"stream/greedy", "full/greedy", "service/greedy"}
 
