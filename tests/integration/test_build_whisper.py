@@ -51,7 +51,9 @@ def source(tmp_path_factory) -> Path:
 def pipeline(source: Path, tmp_path: Path) -> Pipeline:
     text = (ROOT / "engines" / "whisper-base.toml").read_text()
     text = text.replace('model = "whisper-base"', f'model = "{source}"')
-    text = text.replace('"../calibration/asr/voices-heldout.jsonl"', f'"{source.parent.parent.parent / "heldout.jsonl"}"')
+    text = text.replace(
+        '"../calibration/asr/voices-heldout.jsonl"', f'"{source.parent.parent.parent / "heldout.jsonl"}"'
+    )
     text = text.replace("samples = 48", "samples = 2").replace("max_wer_delta = 0.015", "max_wer_delta = 1.0")
     path = tmp_path / "whisper.toml"
     path.write_text(text)
