@@ -353,7 +353,8 @@ async def drive_level(
     turns: list[VoiceTurn] = []
     tasks: dict[asyncio.Task, float] = {}
     timeout = aiohttp.ClientTimeout(total=None)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)  # a connection per request (see capacity)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         t0 = time.perf_counter()
 
         async def voice() -> None:
@@ -395,11 +396,16 @@ async def capacity(url: str, concurrency: int = PROBE_CONCURRENCY, max_s: float 
     """Chats completed per second with ``concurrency`` always in flight (closed loop), as the demo measures it:
     the first ``concurrency`` completions (cold) left out, the rate taken between completions from then on,
     over ``PROBE_REQUESTS`` more or ``max_s`` in all."""
+    import aiohttp
+
     from .serve_client import Load, Target
 
     stamps: list[float] = []
     target = Target(url, timeout_s=max_s + 60)
-    async with target.session() as session:
+    # a connection per request: llama-server closes idle keep-alive connections after 5 s, and a pooled one
+    # it has closed fails the next request (ClientOSError)
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=max_s + 60)) as session:
         load = Load(
             session,
             target,
@@ -709,6 +715,11 @@ def _resume(args: argparse.Namespace, report: dict, say: Callable[[str], None]) 
     return old
 
 
+def _write(out: Path, report: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "overload.json").write_text(json.dumps(report, indent=1) + "\n")
+
+
 def run(args: argparse.Namespace) -> int:
     _validate(args)
     say = (lambda text: None) if args.quiet else (lambda text: print(f"overload: {text}", flush=True))
@@ -802,6 +813,10 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_llamacpp and not llama_bin and not llama_py:
             say(f"no llama.cpp server ({args.llama_server!r} not found, no --llamacpp-python): the daemon only")
         if (llama_bin or llama_py) and gguf and LLAMA not in kept:
+            if rounds[EDGE]:  # kept whatever happens to the other side
+                _write(
+                    args.out, {**report, "systems": {EDGE: {"rounds": rounds[EDGE], "levels": combine(rounds[EDGE])}}}
+                )
             server = LlamaServer(llama_bin, gguf, PROBE_CONCURRENCY, args.threads, workdir, llama_py or "")
             try:
                 report["llamacpp"] = {"command": " ".join(server.cmd), "gguf": gguf_note, "slots": server.slots,
@@ -809,6 +824,8 @@ def run(args: argparse.Namespace) -> int:
                 say(f"llama.cpp up: {report['llamacpp']['capacity_per_s']:.2f} chats/s ({server.slots} slot(s))")
                 for r in range(args.rounds):
                     rounds[LLAMA].append([level(LLAMA, server.url, r, k, cap, None) for k in range(len(LEVELS))])
+            except EdgeAgentError as exc:
+                say(f"llama.cpp side stopped: {exc}")
             finally:
                 server.stop()
     except KeyboardInterrupt:
@@ -823,8 +840,7 @@ def run(args: argparse.Namespace) -> int:
     if EDGE not in report["systems"]:
         raise EdgeAgentError("no level finished")
     report["targets"] = check_targets(report)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "overload.json").write_text(json.dumps(report, indent=1) + "\n")
+    _write(args.out, report)
     text = format_report(report)
     (args.out / "overload.md").write_text(text + "\n")
     print(text)
