@@ -370,6 +370,8 @@ def _run_like_the_unit(exe: Path, site: Path, tmp_path: Path, user: str | None =
         # the random ladder in place of the example's Gemma 3 tiers (not fetched here): its shipped recipe
         # builds in the background, which is what this run stops
         "EDGE_AGENT_MODELS__LLM": json.dumps([{"name": "small", "model": "demo-phi3-small"}]),
+        # and demo-asr in place of the example's Whisper base tier (not fetched here either)
+        "EDGE_AGENT_MODELS__ASR": json.dumps([{"name": "ctc", "model": "demo-asr"}]),
     }
     log = tmp_path / "daemon.log"
     with log.open("w") as out:

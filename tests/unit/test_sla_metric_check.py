@@ -51,6 +51,7 @@ def check_config(tmp_path, **env: str) -> subprocess.CompletedProcess:
     clean.update(HOME=str(tmp_path), XDG_CONFIG_HOME=str(tmp_path / "config"), **env)
     # random tiers: the built-in ones need the real model fetched, which is not the subject here
     clean["EDGE_AGENT_MODELS__LLM"] = '[{"name": "small", "model": "demo-phi3-small"}]'
+    clean["EDGE_AGENT_MODELS__ASR"] = '[{"name": "ctc", "model": "demo-asr"}]'  # likewise Whisper base
     return subprocess.run(
         [str(REPO / ".venv" / "bin" / "edge-agent"), "check-config"],
         capture_output=True,
