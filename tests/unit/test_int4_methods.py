@@ -154,6 +154,7 @@ def test_keep_8bit_keeps_the_shortest_most_sensitive_per_byte_prefix_that_fits()
     shapes = {"a": (64, 64), "b": (64, 256), "c": (64, 64), "head": (64, 1024)}
     cost = {"a": 4.0, "b": 4.0, "c": 0.5, "head": 6.0}  # Δppl % alone at 4 bits
     sites = [sv.Site(f"n.{g}", g, "x", shapes[g], g) for g in shapes]
+
     def q4(site: sv.Site) -> np.ndarray:
         return np.full((1,), 4.0)
 
