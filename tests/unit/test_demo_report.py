@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from edge_agent.demo.actions import action_of
 from edge_agent.demo.report import Record, format_summary, summarize
 from edge_agent.demo_models.home_commands import light, timer
@@ -61,6 +63,7 @@ def test_the_summary_counts_right_calls_lists_the_wrong_ones_and_the_switches():
     assert "'What is the capital of France?' → 'Paris.'" in text
 
 
+@pytest.mark.embedded_default
 def test_the_real_weights_config_loads_with_two_tiers_of_one_model(tmp_path):
     from edge_agent.config import load_settings
     from edge_agent.demo.run import daemon_config
