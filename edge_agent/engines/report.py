@@ -173,8 +173,12 @@ def verdict_line(rows: list[dict], target: str) -> str:
         if r["chosen"]:
             continue
         label = f"{r['precision'].upper()}" + (f" {r['flavour']}" if r["flavour"] else "")
+        rungs = r.get("rungs") or {}
         if not r["passed"]:
             others.append(f"{label} refused ({r['reasons'][0]})" if r["reasons"] else f"{label} refused")
+        elif rungs and not rungs.get("top", False):
+            lower = ", ".join(n for n, ok in rungs.items() if ok)
+            others.append(f"{label} within the {lower} rung's budget only ({r['speedup'] or 0:.2f}x)")
         elif r["precision"] in _QUANTIZED:
             others.append(f"{label} within budget but {r['speedup'] or 0:.2f}x as fast here")
         else:

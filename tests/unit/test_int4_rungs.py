@@ -129,3 +129,4 @@ def test_the_report_names_each_rungs_engine() -> None:
     assert out["chosen"]["precision"] == "int8w"
     text = render(out, "llm")
     assert "rung lower: onnxruntime/int4" in text and "lower rung only" in text
+    assert "INT4 within the lower rung's budget only" in out["verdict"]
