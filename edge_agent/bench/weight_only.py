@@ -135,7 +135,7 @@ def run(
         "rounds": rounds,
         "prompts": len(ids),
         "new_tokens": tokens,
-        "weight_only": recipe.weight_spec.model_dump(),
+        "weight_only": recipe.weight_spec.model_dump(mode="json"),
         "rows": rows,
     }
 
