@@ -649,7 +649,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "TTFT, refusals and voice turns per level; writes a markdown table, JSON and a PNG plot under --out.",
     )
     p.add_argument("--seconds", type=_positive(float, "--seconds"), default=30.0, help="per level (default 30)")
-    p.add_argument("--rounds", type=_positive(int, "--rounds"), default=3, help="rounds of all levels (default 3)")
+    p.add_argument("--rounds", type=_positive(int, "--rounds"), default=None,
+                   help="rounds of all levels (default 3; with --resume: the earlier report's)")  # fmt: skip
     p.add_argument("--capacity", type=_positive(float, "--capacity"), default=None, metavar="PER_S",
                    help="chats/s the levels are multiples of (default: measured on the daemon first)")  # fmt: skip
     p.add_argument("--sla-ms", type=_positive(float, "--sla-ms"), default=SLA_MS, help="goodput's TTFT bound")
@@ -704,7 +705,10 @@ def _resume(args: argparse.Namespace, report: dict, say: Callable[[str], None]) 
     try:
         old = json.loads(args.resume.read_text())
         report.update({k: old[k] for k in ("capacity_per_s", "capacity_measured_per_s", "capacity_source")})
-        args.seconds, args.rounds, args.seed, args.sla_ms = old["seconds"], old["rounds"], old["seed"], old["sla_ms"]
+        args.seconds, args.seed, args.sla_ms = old["seconds"], old["seed"], old["sla_ms"]
+        if args.rounds is None:  # else fewer (or more) rounds for the systems run now, on the same schedules
+            args.rounds = old["rounds"]
+        report["rounds_kept"] = old["rounds"]
         systems = old["systems"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputError(f"--resume {args.resume}: not a bench overload report ({exc})") from exc
@@ -722,6 +726,8 @@ def _write(out: Path, report: dict) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _validate(args)
+    if args.rounds is None and args.resume is None:
+        args.rounds = 3
     say = (lambda text: None) if args.quiet else (lambda text: print(f"overload: {text}", flush=True))
     workdir = Path(tempfile.mkdtemp(prefix="edge-agent-overload-"))
     report: dict = {
@@ -791,7 +797,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if EDGE in kept:
             cap = report["capacity_per_s"]
-            total_s -= args.seconds * len(LEVELS) * args.rounds
+            total_s -= args.seconds * len(LEVELS) * args.rounds  # the bar counts the rounds run now
         else:
             say(f"starting the daemon on the default tiers (log {workdir / 'daemon.log'})")
             daemon = Daemon(workdir, say)

@@ -79,6 +79,13 @@ def _rounds_at(report: dict, load: float) -> list[dict]:
     return [lvl for per_round in rounds for lvl in per_round if abs(lvl["load"] - load) < 1e-9]
 
 
+def _rounds_text(report: dict) -> str:
+    counts = {system: len(data.get("rounds", [])) for system, data in report["systems"].items()}
+    if len(set(counts.values())) > 1:
+        return ", ".join(f"{n} round(s) of {system}" for system, n in counts.items())
+    return f"{report['rounds']} round(s)"
+
+
 def _load_range(report: dict) -> str:
     loads = [
         lvl["load_avg_1m"]
@@ -133,7 +140,7 @@ def format_report(report: dict) -> str:
     m = report["machine"]
     lines = [
         f"capacity {report['capacity_per_s']:.2f} chats/s ({report['capacity_source']}; the daemon completed "
-        f"{report['capacity_measured_per_s']:.2f}/s with 4 in flight); {report['rounds']} round(s) of "
+        f"{report['capacity_measured_per_s']:.2f}/s with 4 in flight); {_rounds_text(report)} of "
         f"{report['seconds']:g} s per level; SLA {report['sla_ms']:g} ms; seed {report['seed']}",
         f"machine: {m['cpu']}, {m['cores']} cores; 1-min load average {m['load_avg_at_start'][0]:.1f} at the start, "
         f"{_load_range(report)} at the levels' ends",

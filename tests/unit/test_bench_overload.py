@@ -287,11 +287,14 @@ def test_resume_takes_the_earlier_schedule_and_refuses_what_is_not_a_report(tmp_
     earlier.update(capacity_per_s=0.8, seconds=20.0, rounds=2, seed=9)
     path = tmp_path / "overload.json"
     path.write_text(json.dumps(earlier))
-    args = argparse.Namespace(resume=path, seconds=30.0, rounds=3, seed=42, sla_ms=387.0)
+    args = argparse.Namespace(resume=path, seconds=30.0, rounds=None, seed=42, sla_ms=387.0)
     report: dict = {"machine": {}}
     kept = ov._resume(args, report, lambda text: None)
     assert set(kept["systems"]) == {EDGE}
     assert (args.seconds, args.rounds, args.seed) == (20.0, 2, 9)  # the same arrival times as the kept system's
+    fewer = argparse.Namespace(resume=path, seconds=30.0, rounds=1, seed=42, sla_ms=387.0)
+    ov._resume(fewer, {}, lambda text: None)
+    assert (fewer.seconds, fewer.rounds, fewer.seed) == (20.0, 1, 9)  # fewer rounds, the same schedules
     assert report["capacity_per_s"] == 0.8 and report["machine_before"] == earlier["machine"]
     path.write_text('{"systems": {}}')
     with pytest.raises(InputError, match=r"--resume .*overload.json: not a bench overload report"):
