@@ -746,7 +746,8 @@ def run(args: argparse.Namespace) -> int:
     if gguf is None or not gguf.is_file():
         say(f"no GGUF for llama.cpp ({gguf_note}): the daemon only")
         llama_bin = llama_py = None
-    speech = None if args.no_speech else load_speech(workdir)
+    daemon_kept = resumed is not None and EDGE in resumed["systems"]
+    speech = None if args.no_speech or daemon_kept else load_speech(workdir)  # llama.cpp has no voice
     if speech is not None and not speech.clips:
         say("no speech synthesiser installed (Piper or flite; espeak-ng and sox): no spoken commands")
     if speech is not None and speech.clips:
