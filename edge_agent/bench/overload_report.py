@@ -209,7 +209,7 @@ def plot(report: dict, path: Path) -> Path:
         ax.legend(fontsize=8)
     fig.suptitle(
         f"bench overload · capacity {report['capacity_per_s']:.2f} chats/s · {report['seconds']:g} s per level · "
-        f"{report['rounds']} round(s) · {report['machine']['cores']} cores"
+        f"{_rounds_text(report)} · {report['machine']['cores']} cores"
     )
     fig.tight_layout()
     path = Path(path)
