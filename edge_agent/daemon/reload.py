@@ -70,6 +70,7 @@ NEEDS_RESTART = (
     "calibration",
     "api",
     "audio",
+    "asr",
     "wyoming",
 )
 
