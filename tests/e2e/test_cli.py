@@ -39,12 +39,18 @@ def test_check_config_accepts_the_example_once_its_model_is_fetched(tmp_path):
     example = str(REPO / "systemd" / "agent.toml")
     env = {"EDGE_AGENT_MODELS__CACHE_DIR": str(tmp_path / "models")}
     out = run_cli("check-config", "--config", example, env=env)
-    assert out.returncode == 2  # its Gemma 3 tiers: fetched once, and check-config says how
+    assert out.returncode == 2  # its Gemma 3 tiers and Whisper base: fetched once, and check-config says how
     assert out.stdout.count("get it with `edge-agent models fetch gemma-3-270m-home`") == 2, out.stdout
-    # an LLM folder where `models fetch` puts it
+    assert out.stdout.count("get it with `edge-agent models fetch whisper-base`") == 1, out.stdout
+    # an LLM folder and a Whisper import where `models fetch` puts them
     shutil.copytree(
         REPO / "tests" / "data" / "phi3-optimum-tiny", tmp_path / "models" / "imported" / "gemma-3-270m-home"
     )
+    from edge_agent.importers import import_model
+    from tests import ct2_whisper_tiny
+
+    ct2_whisper_tiny.write_folder(tmp_path / "ct2", "float32")
+    import_model(tmp_path / "ct2", tmp_path / "models" / "imported" / "whisper-base", tmp_path / "models")
     out = run_cli("check-config", "--config", example, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "configuration OK" in out.stdout

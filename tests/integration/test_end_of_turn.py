@@ -20,7 +20,8 @@ def service():
     from edge_agent.models.asr import open_configured
     from edge_agent.serving.asr.factory import make_service
 
-    settings = Settings()
+    # demo-asr named here: a module's fixture is made before the per-test default tiers are swapped in
+    settings = Settings(models={"asr": [{"name": "ctc", "model": "demo-asr"}]})
     engine = open_configured(settings, None)
     svc = make_service(engine, settings.audio, settings.batching, early_end=True).start()
     yield svc
