@@ -63,7 +63,7 @@ def test_a_voice_turn_preempts_a_chat_and_the_chat_resumes_with_its_reference_to
 def test_a_loaded_scheduler_predicts_from_its_own_timing_before_any_request(lm):
     sched = LLMScheduler(lm, Limits(max_batch=2, batch_timeout_ms=0))
     rates = sched.rates.snapshot(sched.clock())
-    assert rates is not None and rates.step_ms > 0 and rates.prefill_ms_per_token > 0
+    assert rates is not None and rates.step_ms > 0 and rates.prefill_ms_per_token >= 0  # a tiny model: maybe ~0
     assert sched.load == (0, 0) and sched.free_rows() == 2  # the timed prefill left nothing behind
     # an idle scheduler: a 100-token prompt's first token is its own prefill, from the seeded rates
     predicted = sched.predict_ttft_ms(100)
@@ -107,18 +107,43 @@ def _ladder(folder, opened: list[str], tiers=None, **kwargs) -> TieredLLM:
 
 
 def test_a_chat_predicted_over_its_budget_is_refused_at_once_and_a_voice_turn_is_not(folder):
-    ladder = _ladder(folder, [])
+    gate = threading.Event()
+    gate.set()
+
+    def gated_open():  # decode steps wait on the gate: a chat ahead holds its row as long as the test says
+        model = DecoderLM.open(folder, "onnxruntime", SessionOptions(threads=1))
+        step = model.decode_runs
+
+        def gated(*args, **kwargs):
+            gate.wait(60)
+            return step(*args, **kwargs)
+
+        model.decode_runs = gated  # type: ignore[method-assign]
+        return model
+
+    tiers = [
+        Tier("full", gated_open, Limits(max_batch=1, batch_timeout_ms=0), 40, weights="demo"),
+        Tier("short", gated_open, Limits(max_batch=2, batch_timeout_ms=0), 6, weights="demo"),
+    ]
+    ladder = _ladder(folder, [], tiers)
     try:
         ladder.submit("warm the rates up", greedy(3), raw=True).result(30)
         ladder.sla_ms = lambda: 0.001  # no first token can come that fast
+        alone = ladder.submit("an idle tier serves one", greedy(3), raw=True)  # refusing it would protect no one
+        assert len(alone.result(30).token_ids) == 3
+        gate.clear()
+        running = ladder.submit("a long one ahead", greedy(40), raw=True)
+        next(iter(running))  # its first token came from its prefill; its next step waits for the gate
         with pytest.raises(Overloaded) as refused:
             ladder.submit("hello there", greedy(3), raw=True)
         assert refused.value.retry_after_s >= 1 and "budget" in str(refused.value)
-        assert ladder.load == (0, 0)  # nothing was queued
+        assert ladder.load == (0, 1)  # nothing was queued
+        gate.set()
+        assert len(running.result(30).token_ids) == 40
         voice = ladder.submit("turn on the light", greedy(3), raw=True, tags=(INTERACTIVE,))
         assert voice.result(30).finish_reason == "length"
         counted = ladder.pressure()
-        assert (counted.arrivals, counted.over_budget, counted.refused) == (1, 1, 1)
+        assert (counted.arrivals, counted.over_budget, counted.refused) == (3, 1, 1)  # the idle one, the long one
         ladder.sla_ms = lambda: 60_000.0
         assert ladder.submit("hello there", greedy(3), raw=True, budget_ms=60_000).result(30).token_ids
     finally:

@@ -240,12 +240,13 @@ class LLMScheduler:
         running, ahead, max_rows, rates = view
         return predict_ttft_ms(running, [w for _, w in ahead], prompt_tokens, max_rows, rates)
 
-    def prefill_ms(self, prompt_tokens: int, now: float | None = None) -> float:
-        """The expected prefill of ``prompt_tokens`` from the measured rates (0 while none are known)."""
+    def prefill_ms(self, prompt_tokens: int, now: float | None = None) -> tuple[float, float]:
+        """(the expected prefill of ``prompt_tokens``, a decode step) from the measured rates (0s while none
+        are known)."""
         now = self.clock() if now is None else now
         with self._cond:
             rates = self.rates.snapshot(now)
-        return prefill_ms(prompt_tokens, rates) if rates is not None else 0.0
+        return (prefill_ms(prompt_tokens, rates), rates.step_ms) if rates is not None else (0.0, 0.0)
 
     def _view(
         self, now: float, interactive: bool = False, rows: int | None = None

@@ -508,11 +508,18 @@ class TieredLLM(Ladder):
         if seq.interactive or self.sla_ms is None or not self.predictive:
             return served.tier  # a voice turn preempts a chat rather than wait; no SLA: no predicted refusals
         budget = self.sla_ms() if budget_ms is None else min(budget_ms, self.sla_ms())
-        # it must start early enough for its own prefill to end within the budget
-        seq.start_by_s = seq.admitted_s + max(0.0, budget - sched.prefill_ms(len(seq.prompt), seq.admitted_s)) / 1e3
+        # it must start early enough for its own prefill to end within the budget (and has a couple of
+        # steps at least: one that cannot meet it even at once is still served on an idle tier)
+        prefill, step = sched.prefill_ms(len(seq.prompt), seq.admitted_s)
+        seq.start_by_s = seq.admitted_s + max(budget - prefill, 2 * step) / 1e3
         self._pressure.arrivals += 1
-        verdict = judge(sched.predict_ttft_ms(len(seq.prompt), now=seq.admitted_s), budget, "chat")
+        predicted = sched.predict_ttft_ms(len(seq.prompt), now=seq.admitted_s)
+        verdict = judge(predicted, budget, "chat")
         if verdict.admit:
+            return served.tier
+        if sched.load == (0, 0):
+            # an idle tier: only its own prefill is over the budget (a long prompt, a slow device); refusing
+            # it protects no one and would leave the rates unmeasured (refusing all that follows), so it is served
             return served.tier
         self._pressure.over_budget += 1
         for lighter in self._lighter_sharing(served):
