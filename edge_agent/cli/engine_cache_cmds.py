@@ -24,6 +24,7 @@ def _setup(args: argparse.Namespace):
 def cmd_engines_list(args: argparse.Namespace) -> int:
     from ..engines.fingerprint import device_fingerprint, runtime_versions
     from ..engines.gate import Verdict, choose
+    from ..engines.recipes import TOP_RUNG
     from ..engines.report import checks
     from ..engines.serving_mark import served_keys
 
@@ -50,6 +51,7 @@ def cmd_engines_list(args: argparse.Namespace) -> int:
             acc.get("latency_ms"),
             acc.get("reference_latency_ms"),
             str(m.get("flavour") or ""),
+            rungs=dict(acc.get("rungs") or {}),
         )
         if current:  # what the daemon's resolver picks among: one model, target and backend, current entries
             group = (m.get("model_name"), (m.get("key_parts") or {}).get("model"), target, m.get("backend"))
@@ -75,15 +77,20 @@ def cmd_engines_list(args: argparse.Namespace) -> int:
                 "accuracy": checks(verdict, workload) if verdict.metrics else {},
                 "gate": "PASS" if verdict.passed else "REFUSED",
                 "chosen": False,
+                "chosen_rungs": [],
                 "serving": served.get(e.key, []),
                 "path": str(e.path),
             }
         )
-    for members in groups.values():
-        best = choose([v for _, v in members])
-        for key, v in members:
-            if v is best:
-                next(r for r in rows if r["key"] == key)["chosen"] = True
+    for members in groups.values():  # each rung's choice: the top rung's is "chosen", a lower one's is named
+        rungs = [TOP_RUNG, *sorted({r for _, v in members for r in v.rungs} - {TOP_RUNG})]
+        for rung in rungs:
+            best = choose([v for _, v in members], rung)
+            for key, v in members:
+                if v is best:
+                    row = next(r for r in rows if r["key"] == key)
+                    row["chosen_rungs"].append(rung)
+                    row["chosen"] = row["chosen"] or rung == TOP_RUNG
     lines = [
         f"{'KEY':<13} {'RECIPE':<18} {'ENGINE':<24} {'ACCURACY':<56} {'GATE':<5} {'speed':>6} {'MB':>7} "
         f"{'STATUS':<8} MARK"
@@ -92,7 +99,8 @@ def cmd_engines_list(args: argparse.Namespace) -> int:
         engine = f"{r['backend']}/{r['precision']}" + (f" {r['flavour']}" if r["flavour"] else "")
         accuracy = ", ".join(f"{k} {v}" for k, v in r["accuracy"].items()) or "-"
         speed = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
-        mark = ", ".join((["chosen"] if r["chosen"] else []) + [f"serving ({t})" for t in r["serving"]])
+        chosen = [f"chosen ({rung})" if rung != TOP_RUNG else "chosen" for rung in r["chosen_rungs"]]
+        mark = ", ".join(chosen + [f"serving ({t})" for t in r["serving"]])
         lines.append(
             f"{r['key'][:12]:<13} {r['recipe']!s:<18} {engine:<24} {accuracy:<56} {r['gate']:<5} {speed:>6} "
             f"{r['bytes'] / 1e6:7.1f} {r['status']:<8} {mark}"

@@ -255,8 +255,9 @@ class EngineCache:
                 bool(acc.get("passed", True)),
                 [],
                 acc.get("latency_ms"),
+                rungs=dict(acc.get("rungs") or {}),
             )
-        best = choose(list(verdicts.values()))
+        best = choose(list(verdicts.values()))  # the top rung's
         key = next((k for k, v in verdicts.items() if v is best), None)
         entry = next((e for e in candidates if e.key == key), None) if key else None
         return self.lookup(entry.key) if entry else None
