@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..demo_models.home_commands import CHAT_PROMPTS
 from ..errors import EdgeAgentError, InputError
 from ..metrics.window import percentile
 from ..progress import Progress
@@ -54,14 +55,6 @@ PROBE_TARGET_MS = 600_000.0  # the SLA while the capacity probe queues requests 
 PROBE_REQUESTS = 12  # completions the capacity is measured over, after the cold ones
 PROBE_CONCURRENCY = 4  # the top tier's max_batch, and llama.cpp's slots
 MAX_TOKENS = 48
-PROMPTS = (
-    "Turn on the kitchen light.",
-    "What is on my calendar tomorrow?",
-    "Summarize today's notes briefly.",
-    "Set a timer for ten minutes.",
-    "How warm is the living room?",
-    "Translate 'thank you' into Spanish.",
-)
 
 
 # -- the pure parts: schedule, accounting, figures --------------------------------------------------
@@ -208,7 +201,7 @@ def chat_body(index: int, max_tokens: int = MAX_TOKENS) -> dict:
         "stream_options": {"include_usage": True},
         "max_tokens": max_tokens,
         "temperature": 0.7,
-        "messages": [{"role": "user", "content": PROMPTS[index % len(PROMPTS)]}],
+        "messages": [{"role": "user", "content": CHAT_PROMPTS[index % len(CHAT_PROMPTS)]}],
     }
 
 

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from ..config.tiers import DEFAULT_LLM_MODEL, default_llm_tiers, random_llm_tiers
-from ..demo_models.home_commands import DEMO, Command
+from ..demo_models.home_commands import CHAT_PROMPTS, DEMO, Command
 from ..errors import EdgeAgentError, InputError
 from ..metrics.window import percentile
 from .actions import action_of, home_tools, reply_settings
@@ -57,14 +57,6 @@ SHOWN = (  # the chat replies printed at the end, greedy
     "What colour is the sky on a clear day?",
     "What is the capital of France?",
     "Give me a tip for sleeping well.",
-)
-CHAT = (
-    "Turn on the kitchen light.",
-    "What is on my calendar tomorrow?",
-    "Summarize today's notes briefly.",
-    "Set a timer for ten minutes.",
-    "How warm is the living room?",
-    "Translate 'thank you' into Spanish.",
 )
 
 
@@ -234,7 +226,7 @@ async def chat_load(
             t = time.monotonic() - t0
             burst = duration / 3 <= t < 2 * duration / 3
             await asyncio.sleep(rng.expovariate(burst_rate if burst else rate))
-            task = asyncio.create_task(one(session, rng.choice(CHAT)))
+            task = asyncio.create_task(one(session, rng.choice(CHAT_PROMPTS)))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         if tasks:
@@ -270,7 +262,7 @@ async def capacity(base: str, concurrency: int, max_seconds: float = PROBE_MAX_S
         rng = random.Random(k)
         while len(done) < wanted and time.monotonic() - start < max_seconds:
             async with session.post(
-                f"{base}/v1/chat/completions", json=_chat_body(rng.choice(CHAT), stream=False)
+                f"{base}/v1/chat/completions", json=_chat_body(rng.choice(CHAT_PROMPTS), stream=False)
             ) as r:
                 await r.read()
                 if r.status == 200:

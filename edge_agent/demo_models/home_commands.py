@@ -86,6 +86,17 @@ HELD_OUT = (
 )
 
 
+# Chats that load the LLM beside the spoken commands (the demo's burst, bench overload's arrivals)
+CHAT_PROMPTS = (
+    "Turn on the kitchen light.",
+    "What is on my calendar tomorrow?",
+    "Summarize today's notes briefly.",
+    "Set a timer for ten minutes.",
+    "How warm is the living room?",
+    "Translate 'thank you' into Spanish.",
+)
+
+
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
