@@ -210,16 +210,16 @@ def test_drive_level_accounts_refused_failed_cancelled_and_completed() -> None:
 
     async def chat(request: web.Request) -> web.StreamResponse:
         prompt = (await request.json())["messages"][0]["content"]
-        if prompt == ov.PROMPTS[0]:
+        if prompt == ov.CHAT_PROMPTS[0]:
             body = {"error": {"message": "over budget", "code": "overloaded"}}
             return web.json_response(body, status=429, headers={"Retry-After": "2"})
-        if prompt == ov.PROMPTS[1]:
+        if prompt == ov.CHAT_PROMPTS[1]:
             await hang.wait()
-        if prompt == ov.PROMPTS[3]:
+        if prompt == ov.CHAT_PROMPTS[3]:
             return web.json_response({"error": {"message": "boom", "code": "internal"}}, status=500)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        if prompt == ov.PROMPTS[2]:
+        if prompt == ov.CHAT_PROMPTS[2]:
             await resp.write(b'data: {"error": {"message": "timed out", "code": "timeout"}}\n\n')
             return resp
         for chunk in ({"model": "full", "choices": [{"delta": {"role": "assistant"}}]},
@@ -245,7 +245,7 @@ def test_drive_level_accounts_refused_failed_cancelled_and_completed() -> None:
 
     outs, turns = asyncio.run(main())
     assert turns == []
-    by_prompt = {i: o for i, o in enumerate(outs)}  # sorted by arrival: index i sent PROMPTS[i]
+    by_prompt = {i: o for i, o in enumerate(outs)}  # sorted by arrival: index i sent CHAT_PROMPTS[i]
     assert [o.kind for o in outs] == ["refused", "cancelled", "failed", "failed", "completed", "completed"]
     assert by_prompt[0].status == 429 and by_prompt[0].code == "overloaded" and by_prompt[0].retry_after == "2"
     assert by_prompt[0].message == "over budget"
