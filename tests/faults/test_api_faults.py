@@ -349,8 +349,11 @@ def test_a_second_daemon_on_the_same_unix_socket_is_refused_and_a_stale_one_repl
 
 def check_config(tmp_path: Path, api: str) -> tuple[int, str]:
     cfg = tmp_path / "check.toml"
-    # random tiers: the built-in ones need the real model fetched, which is not the subject here
-    cfg.write_text("[api]\n" + api + '\n[[models.llm]]\nname = "small"\nmodel = "demo-phi3-small"\n')
+    # demo tiers: the built-in ones need the real models fetched, which is not the subject here
+    cfg.write_text(
+        "[api]\n" + api + '\n[[models.llm]]\nname = "small"\nmodel = "demo-phi3-small"\n'
+        '[[models.asr]]\nname = "ctc"\nmodel = "demo-asr"\n'
+    )
     exe = Path(sys.executable).with_name("edge-agent")
     proc = subprocess.run([str(exe), "check-config", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
     return proc.returncode, proc.stdout + proc.stderr
