@@ -127,7 +127,11 @@ def real_model(models_dir: Path, say) -> tuple[bool, str]:
     # the engine its recipe's gate chooses, built as `models fetch` builds it: once, then found in the cache
     # (the default settings' cache: the one the demo's daemon reads)
     say(f"the engines of {REAL_MODEL}'s recipe (built and gated once for this machine, then cached)")
-    summary = build_recipe(REAL_MODEL, load_settings(None))
+    try:
+        summary = build_recipe(REAL_MODEL, load_settings(None))
+    except EdgeAgentError as exc:  # the folder still serves: the demo goes on and says why
+        say(f"the engines could not be built ({exc}); the tiers serve the FP32 folder")
+        summary = None
     chosen = summary["chosen"] if summary else None
     served = f"its {chosen['backend']}/{chosen['precision']} engine" if chosen else "the FP32 folder: no engine passed"
     return True, f"LLM tiers on {REAL_MODEL} (real weights{fetched}; {served})"
