@@ -30,7 +30,9 @@ def test_int8w_of_the_real_model_is_gated_by_perplexity(gemma3_model: Path, tmp_
         .replace("../calibration/llm", str(calibration))
         .replace("samples = 8", "samples = 4")
     )
-    assert text.count(str(calibration)) == 4 and "max_tokens = 1024" in text  # held-out, prompts, text, int4 calibration
+    assert (
+        text.count(str(calibration)) == 4 and "max_tokens = 1024" in text
+    )  # held-out, prompts, text, int4 calibration
     (recipes / "gemma-3-270m.toml").write_text(text)
     recipe = load_recipe(recipes / "gemma-3-270m.toml")
     env = {
@@ -56,9 +58,11 @@ def test_int8w_of_the_real_model_is_gated_by_perplexity(gemma3_model: Path, tmp_
     m = acc["metrics"]
     assert engine["model"] == "gemma-3-270m" and engine["precision"] == "int8w"
     assert m["ppl_tokens"] == 1024 and m["perplexity"] > 1 and m["perplexity_fp32"] > 1
-    assert acc["budget"] == {
-        "max_ppl_increase_pct": recipe.accuracy.max_ppl_increase_pct,
-        "min_greedy_agreement": recipe.accuracy.min_greedy_agreement,
+    rungs = {"": recipe.accuracy, **{f"{name}.": budget for name, budget in recipe.rungs.items()}}
+    assert acc["budget"] == {  # the top rung's budget, and each lower rung's under its name
+        f"{prefix}{key}": getattr(budget, key)
+        for prefix, budget in rungs.items()
+        for key in ("max_ppl_increase_pct", "min_greedy_agreement")
     }
     assert_gate_decided(acc, recipe.accuracy)
     assert proc.returncode == (0 if acc["passed"] else 3)
