@@ -293,19 +293,6 @@ class LLMScheduler:
                 late.append((seq, excess_ms))
         return late
 
-    def backlog(self) -> list[tuple[int, int]]:
-        """(prompt tokens still to prefill, tokens still to generate) of each sequence decoding, being
-        prefilled or waiting: the work ahead of a request admitted now (any thread: a snapshot)."""
-        # Read in the order sequences move (waiting → prefills → batch): one moving between two reads is
-        # counted twice, never missed.
-        with self._cond:
-            waiting = list(self._waiting)
-        prefilling = self._prefills.pending()
-        rows = list(self._batch.rows)
-        out = [(0, max(0, s.params.max_new_tokens - len(s.generated))) for s in rows]
-        out += [(left, s.params.max_new_tokens) for s, left in prefilling]
-        return out + [(len(s.prompt), s.params.max_new_tokens) for s in waiting]
-
     def submit(
         self,
         prompt_ids: Sequence[int],

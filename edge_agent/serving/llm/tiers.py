@@ -149,7 +149,7 @@ class _Loaded:
     def verdict(self, prompt_tokens: int, threshold_ms: float | None, now: float) -> Verdict:
         """Whether this one-sequence tier takes a prompt of ``prompt_tokens`` now (``spill.decide`` on the
         scheduler's own prediction)."""
-        busy = len(self.scheduler.backlog())
+        busy = sum(self.scheduler.load)  # waiting + running (prefilling included)
         return decide(busy, self.scheduler.predict_ttft_ms(prompt_tokens, now=now), threshold_ms)
 
     def limits(self) -> Limits:
