@@ -7,7 +7,7 @@ onnxruntime-genai layout instead (``genai_config.json`` + a GroupQueryAttention 
 past and present are one preallocated buffer, ``past_present_share_buffer``), which the agent serves
 with per-slot buffers appended in place (``models.kv_slots.SlotCache``) and onnxruntime-genai's own
 generator can open too. Only numpy and onnx are needed (no torch): weights are recovered from the
-graph (``inplace_kv_weights``) and a new graph is written (``inplace_kv_graph``).
+graph (``inplace_kv_weights``) and a new graph is written (``graphs.inplace_kv``).
 
 ``convert_inplace`` refuses its own result unless it matches the source: last-position logits after
 prefill and at every teacher-forced decode step (two prompts of different lengths in one batch,
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelError
-from .inplace_kv_graph import build_graph
+from ..graphs.inplace_kv import build_graph
 from .inplace_kv_weights import FAMILIES, Arch, read_arch, recover
 
 SIDECARS = (

@@ -269,8 +269,8 @@ def compile_artifact(ctx: StageContext, staged: Path, parts: KeyParts, req: Buil
             npu_llm(ctx, parts),
         )
     else:
+        from ..graphs.tensorrt import decoder_profile_problems, last_position_graph
         from .tensorrt_build import BuildSpec, build_plan, load_tensorrt
-        from .tensorrt_graph import decoder_profile_problems, last_position_graph
 
         trt = load_tensorrt()
         onnx_path = converted if converted.is_file() else src

@@ -77,7 +77,7 @@ def import_gguf(
     with staged_folder(dest) as folder:
         from tokenizers import Tokenizer
 
-        from .decoder_graph import DATA_FILE, build_decoder
+        from ..graphs.decoder import DATA_FILE, build_decoder
         from .gguf_tokenizer import write_tokenizer
 
         tok_config = write_tokenizer(f, spec.arch, folder)

@@ -28,7 +28,7 @@ from edge_agent.engines.model_io import LlmProbe
 from edge_agent.engines.pipeline import BuildRequest, Pipeline
 from edge_agent.engines.recipes import load_recipe
 from edge_agent.engines.stages import compile_artifact, convert, weight_only_unsupported
-from edge_agent.engines.tensorrt_graph import last_position_graph
+from edge_agent.graphs.tensorrt import last_position_graph
 from edge_agent.models.catalog import inspect_folder
 from edge_agent.models.perplexity import perplexity
 from edge_agent.systemd import Notifier

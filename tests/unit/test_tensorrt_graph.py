@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edge_agent.engines.tensorrt_graph import decoder_profile_problems
+from edge_agent.graphs.tensorrt import decoder_profile_problems
 
 
 def decoder(seq: tuple[int, int, int], past: tuple[int, int, int], total: tuple[int, int, int]) -> dict:

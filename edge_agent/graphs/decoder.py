@@ -30,12 +30,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import ModelError
-from .gguf_arch import DecoderSpec
+
+if TYPE_CHECKING:
+    from ..importers.gguf_arch import DecoderSpec
 
 OPSET = 17
 DATA_FILE = "model.onnx.data"

@@ -1,8 +1,8 @@
 """The ONNX graph a TensorRT build parses, and the checks its decoder profiles must pass.
 
-An imported decoder (``importers.decoder_graph``, and the in-place KV graphs) takes ``logits_to_keep``,
-an optional int64 scalar whose default (0: every position) is an initializer listed among the graph
-inputs. TensorRT's ONNX parser takes such an input for a constant, so the default would be built in:
+An imported decoder (``graphs.decoder``, and the in-place KV graphs of ``graphs.inplace_kv``) takes
+``logits_to_keep``, an optional int64 scalar whose default (0: every position) is an initializer listed
+among the graph inputs. TensorRT's ONNX parser takes such an input for a constant, so the default would be built in:
 logits for every position, ``[batch, seq, vocab]``, which for Gemma 3's 262,144-token head is 1 MB per
 position (8.6 GB for 4 x 2,048). Making it a real input instead is no way out: its value sets the
 logits' shape, which makes it a host shape tensor with value ranges per profile (int32 only on

@@ -24,9 +24,12 @@ GroupQueryAttention's ``local_window_size`` ``w`` (ONNX Runtime 1.32 counts the 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from .inplace_kv_weights import Arch, DecoderWeights
+if TYPE_CHECKING:
+    from ..engines.inplace_kv_weights import Arch, DecoderWeights
 
 OPSET = 17
 

@@ -1,0 +1,11 @@
+"""ONNX graphs the agent writes itself, with the ``onnx`` helper API and numpy only.
+
+decoder.py      a decoder from a GGUF file's weights (``importers.gguf``): the plain KV-cache export contract
+inplace_kv.py   a plain decoder export's recovered weights as an in-place KV graph with GroupQueryAttention
+                (``engines.inplace_kv``)
+tensorrt.py     the graph a TensorRT build parses (the last position's logits only), and the checks its
+                decoder profiles must pass (``engines.stages``)
+
+The builders take what they build from as arguments (a spec, weights, a path) and import nothing of the
+agent but ``errors``; the layers above them (importers, engines) read the files and call them.
+"""
