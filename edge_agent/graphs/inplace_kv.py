@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .builder import GraphBuilder, kv_decoder_io, logits_to_keep_default
+
 if TYPE_CHECKING:
     from ..engines.inplace_kv_weights import Arch, DecoderWeights
-
-OPSET = 17
 
 
 def rotary_caches(arch: Arch, theta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -44,19 +44,9 @@ def rotary_caches(arch: Arch, theta: float) -> tuple[np.ndarray, np.ndarray]:
     return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
 
 
-class _Graph:
-    """Accumulates nodes and initializers with unique names."""
-
-    def __init__(self) -> None:
-        from onnx import helper, numpy_helper
-
-        self.h, self.nh = helper, numpy_helper
-        self.nodes: list = []
-        self.inits: list = []
-
-    def init(self, name: str, value: np.ndarray) -> str:
-        self.inits.append(self.nh.from_array(np.ascontiguousarray(value), name))
-        return name
+class _Graph(GraphBuilder):
+    """Nodes named by the caller (``/model/layers.3/attn/...``, as onnxruntime-genai's builder names them),
+    each output ``{node}/output_{i}``."""
 
     def node(self, op: str, inputs: list[str], name: str, outputs: int = 1, domain: str = "", **attrs) -> list[str]:
         outs = [f"{name}/output_{i}" for i in range(outputs)]
@@ -66,8 +56,6 @@ class _Graph:
 
 def build_graph(arch: Arch, w: DecoderWeights):
     """The in-place KV ``onnx.ModelProto`` of ``w`` (weights as initializers; save with external data)."""
-    from onnx import helper
-
     g = _Graph()
     one = _constants(g, arch)
     seqlens_k, total_len = _mask_lengths(g, one)
@@ -76,11 +64,10 @@ def build_graph(arch: Arch, w: DecoderWeights):
     for i, lw in enumerate(w.layers):
         delta, residual = _layer(g, arch, i, lw, delta, residual, seqlens_k, total_len)
     _lm_head(g, arch, w, delta, residual)
-    inputs, outputs = _inputs_outputs(arch, w)
-    g.inits.append(g.nh.from_array(np.array(0, dtype=np.int64), "logits_to_keep"))  # a scalar (init() makes [1])
-    graph = helper.make_graph(g.nodes, "inplace_kv_decoder", inputs, outputs, g.inits)
-    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
-    return helper.make_model(graph, opset_imports=opsets, ir_version=8, producer_name="edge-agent inplace-kv")
+    vocab = w.lm_head.shape[1]
+    inputs, outputs = kv_decoder_io(arch.layers, arch.kv_heads, arch.head_dim, vocab, position_ids=False)
+    g.inits.append(logits_to_keep_default())
+    return g.model("inplace_kv_decoder", inputs, outputs, "edge-agent inplace-kv", domains=[("com.microsoft", 1)])
 
 
 def _constants(g: _Graph, arch: Arch) -> str:
@@ -267,27 +254,6 @@ def _lm_head(g: _Graph, arch: Arch, w: DecoderWeights, delta: str, residual: str
         (d,) = g.node("Div", [logits_name, cap], "/model/softcap/Div")
         (t,) = g.node("Tanh", [d], "/model/softcap/Tanh")
         g.nodes.append(helper.make_node("Mul", [t, cap], ["logits"], name="/model/softcap/Mul"))
-
-
-def _inputs_outputs(arch: Arch, w: DecoderWeights) -> tuple[list, list]:
-    """The graph's inputs (``input_ids``, ``attention_mask``, each layer's past key and value) and
-    outputs (``logits``, each layer's present key and value), with their shapes."""
-    from onnx import TensorProto, helper
-
-    f32, i64 = TensorProto.FLOAT, TensorProto.INT64
-    kv_shape: list[str | int] = ["batch_size", arch.kv_heads, "past_sequence_length", arch.head_dim]
-    present_shape: list[str | int] = ["batch_size", arch.kv_heads, "total_sequence_length", arch.head_dim]
-    inputs = [
-        helper.make_tensor_value_info("input_ids", i64, ["batch_size", "sequence_length"]),
-        helper.make_tensor_value_info("attention_mask", i64, ["batch_size", "total_sequence_length"]),
-    ]
-    outputs = [helper.make_tensor_value_info("logits", f32, ["batch_size", "logits_length", w.lm_head.shape[1]])]
-    for i in range(arch.layers):
-        for kv in ("key", "value"):
-            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kv}", f32, kv_shape))
-            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kv}", f32, present_shape))
-    inputs.append(helper.make_tensor_value_info("logits_to_keep", i64, []))  # its default: an initializer
-    return inputs, outputs
 
 
 def _activation(g: _Graph, kind: str, x: str, name: str) -> str:
