@@ -1,5 +1,6 @@
 """ONNX graphs the agent writes itself, with the ``onnx`` helper API and numpy only.
 
+builder.py      what they share: the graph under construction, the opset, a KV-cache decoder's inputs and outputs
 decoder.py      a decoder from a GGUF file's weights (``importers.gguf``): the plain KV-cache export contract
 inplace_kv.py   a plain decoder export's recovered weights as an in-place KV graph with GroupQueryAttention
                 (``engines.inplace_kv``)

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-KEEP = "logits_to_keep"
+from .builder import LOGITS_TO_KEEP as KEEP
+
 _LEVELS = ("min", "opt", "max")
 
 Shapes = dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
