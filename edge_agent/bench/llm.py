@@ -31,7 +31,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..config import TierConfig, load_settings, resolve_config_path
+from ..config import LLMTierConfig, load_settings, resolve_config_path
 from ..daemon.app import llm_limits
 from ..engines.cache import EngineCache
 from ..engines.resolve import EngineResolver, Resolved
@@ -171,7 +171,7 @@ class Served:
     """What the daemon would serve for the measured tier: the tier (with any override), what its engine
     resolved to, the scheduler limits and threads, and where the settings came from."""
 
-    tier: TierConfig
+    tier: LLMTierConfig
     resolved: Resolved
     limits: Limits
     threads: int

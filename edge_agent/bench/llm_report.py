@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..metrics.timing import LatencyStats, RequestTiming
 
 if TYPE_CHECKING:
-    from ..config import TierConfig
+    from ..config import LLMTierConfig
     from ..engines.resolve import Resolved
     from ..serving.llm.scheduler import Limits
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 class ServedTier(Protocol):
     """What the report says of the measured tier (``llm.Served`` is one)."""
 
-    tier: TierConfig
+    tier: LLMTierConfig
     resolved: Resolved
     limits: Limits
     threads: int

@@ -38,10 +38,10 @@ RATE = 16_000
 
 
 def _settings(names: Sequence[str], threads: int):
-    from ..config import TierConfig, load_settings
+    from ..config import AsrTierConfig, load_settings
 
     s = load_settings(None)
-    tiers = [TierConfig(name=n, model=n) for n in names]
+    tiers = [AsrTierConfig(name=n, model=n) for n in names]
     return s.model_copy(
         update={
             "models": s.models.model_copy(update={"asr": tiers}),

@@ -30,7 +30,7 @@ from .problems import validation_problems
 from .runtime import AudioConfig, CalibrationConfig, EnginesConfig, LoggingConfig
 from .settings import ENV_PREFIX, Settings
 from .sla import ASR_SLA_METRICS, SLA_PRESETS, AsrSlaConfig, AsrSlaMetric, SlaConfig, SlaPreset
-from .tiers import BatchingConfig, ModelsConfig, TierConfig
+from .tiers import AsrTierConfig, BatchingConfig, LLMTierConfig, ModelsConfig, TierConfig
 from .wyoming import WyomingConfig
 
 if sys.version_info >= (3, 11):
@@ -49,6 +49,7 @@ __all__ = [
     "AsrConfig",
     "AsrSlaConfig",
     "AsrSlaMetric",
+    "AsrTierConfig",
     "AudioConfig",
     "Backend",
     "BatchingConfig",
@@ -56,6 +57,7 @@ __all__ = [
     "DeviceConfig",
     "EnginesConfig",
     "FleetCommand",
+    "LLMTierConfig",
     "LoggingConfig",
     "ModelsConfig",
     "MqttConfig",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -10,15 +11,22 @@ from .base import Backend, Precision, Section, default_cache_dir
 
 
 class TierConfig(Section):
-    """One tier of ``[[models.llm]]`` or ``[[models.asr]]``: the model, backend, device and precision it runs with."""
+    """What every tier names, LLM or ASR: the model and the backend, device and precision it runs with."""
 
     name: str = Field(min_length=1)
     model: str = Field(min_length=1, description="demo model name or a model folder")
     backend: Backend = "onnxruntime"
     device: str = "cpu"
     precision: Precision = "auto"
+
+
+class LLMTierConfig(TierConfig):
+    """One tier of ``[[models.llm]]``: a tier, its reply cap, its batch and the recipe rung it serves."""
+
     max_new_tokens: int = Field(256, ge=1, le=32768)
-    max_batch: int = Field(4, ge=1, le=128)
+    max_batch: int | None = Field(
+        None, ge=1, le=128, description="rows decoded together on this tier; unset: [batching] max_batch"
+    )
     rung: str | None = Field(
         None,
         pattern=r"^[a-z][a-z0-9_-]{0,31}$",
@@ -27,51 +35,61 @@ class TierConfig(Section):
         "engine is within serves the top rung's choice",
     )
 
+    def rows(self, batching: BatchingConfig) -> int:
+        """The batch this tier serves: its own ``max_batch``, else ``[batching]``'s (the one value every
+        consumer reads: the scheduler's limits, the policy's batch bound)."""
+        return self.max_batch if self.max_batch is not None else batching.max_batch
+
+
+class AsrTierConfig(TierConfig):
+    """One tier of ``[[models.asr]]``: a tier and nothing LLM-only (a reply cap or a batch here is an error;
+    speech batches by ``[batching]``)."""
+
 
 DEFAULT_LLM_MODEL = "gemma-3-270m-home"  # `edge-agent models fetch gemma-3-270m-home` brings it
 
 
-def default_llm_tiers() -> list[TierConfig]:
+def default_llm_tiers() -> list[LLMTierConfig]:
     """The embedded default's LLM ladder, on real weights: Gemma 3 270M with the shipped home-commands
     adapter (the engine its recipe's gate chose for the top rung, else the FP32 folder) at the top, and
     below it the recipe's lower rung (the fastest engine within its looser budget; the top rung's engine
     while none is) with replies capped at 64 tokens (a whole tool call still fits) and batches of 8: more
     requests served per second under load, each token a little later."""
     return [
-        TierConfig(name="full", model=DEFAULT_LLM_MODEL, max_new_tokens=128, max_batch=4),
-        TierConfig(name="short", model=DEFAULT_LLM_MODEL, max_new_tokens=64, max_batch=8, rung="lower"),
+        LLMTierConfig(name="full", model=DEFAULT_LLM_MODEL, max_new_tokens=128),
+        LLMTierConfig(name="short", model=DEFAULT_LLM_MODEL, max_new_tokens=64, max_batch=8, rung="lower"),
     ]
 
 
-def random_llm_tiers() -> list[TierConfig]:
+def random_llm_tiers() -> list[LLMTierConfig]:
     """The random-weight demo ladder (code paths and speed only, never answers): ``edge-agent demo
     --random-models``, tests and benchmarks."""
-    return [TierConfig(name="small", model="demo-phi3-small"), TierConfig(name="tiny", model="demo-phi3")]
+    return [LLMTierConfig(name="small", model="demo-phi3-small"), LLMTierConfig(name="tiny", model="demo-phi3")]
 
 
 DEFAULT_ASR_MODEL = "whisper-base"  # `edge-agent models fetch whisper-base` brings it
 
 
-def default_asr_tiers() -> list[TierConfig]:
+def default_asr_tiers() -> list[AsrTierConfig]:
     """The embedded default's ASR ladder: OpenAI's Whisper base (real weights, fetched and pinned like the
     LLM), alone. demo-asr, trained on espeak-ng only, does not hear natural voices (WER 60-80 % on Piper
     and flite, docs/asr.md): it is no rung; a lighter Whisper rung joins only when it passes the WER gate
     of engines/whisper-base.toml."""
-    return [TierConfig(name="whisper-base", model=DEFAULT_ASR_MODEL)]
+    return [AsrTierConfig(name="whisper-base", model=DEFAULT_ASR_MODEL)]
 
 
-def demo_asr_tiers() -> list[TierConfig]:
+def demo_asr_tiers() -> list[AsrTierConfig]:
     """The small trained streaming model (espeak-ng speech only): tests and code paths that need no
     fetched weights (``edge-agent demo --random-models``)."""
-    return [TierConfig(name="ctc", model="demo-asr")]
+    return [AsrTierConfig(name="ctc", model="demo-asr")]
 
 
 class ModelsConfig(Section):
     """``[models]``: the LLM and ASR tiers, heaviest first, and the cache of generated demo weights."""
 
     # looked up at call time, so tests that exercise code paths can put the random ladder in its place
-    llm: list[TierConfig] = Field(default_factory=lambda: default_llm_tiers(), description="heaviest tier first")
-    asr: list[TierConfig] = Field(default_factory=lambda: default_asr_tiers(), description="heaviest tier first")
+    llm: list[LLMTierConfig] = Field(default_factory=lambda: default_llm_tiers(), description="heaviest tier first")
+    asr: list[AsrTierConfig] = Field(default_factory=lambda: default_asr_tiers(), description="heaviest tier first")
     cache_dir: Path = Field(default_factory=lambda: default_cache_dir() / "models")
     load_ahead: bool = Field(
         True,
@@ -81,7 +99,7 @@ class ModelsConfig(Section):
 
     @field_validator("llm", "asr")
     @classmethod
-    def _unique_names(cls, tiers: list[TierConfig]) -> list[TierConfig]:
+    def _unique_names(cls, tiers: list[Any]) -> list[Any]:
         names = [t.name for t in tiers]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..config import Settings, TierConfig
+from ..config import LLMTierConfig, Settings, TierConfig
 from ..diagnostics.preflight import prefix_cache_problems
 from ..errors import ConfigError, EdgeAgentError
 from ..metrics.prometheus import PrometheusMetrics
@@ -55,10 +55,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def llm_limits(settings: Settings, tier: TierConfig) -> Limits:
+def llm_limits(settings: Settings, tier: LLMTierConfig) -> Limits:
     """The batching and admission limits the daemon gives ``tier``'s scheduler (``bench llm`` uses them too)."""
     b = settings.batching
-    max_batch = min(tier.max_batch, b.max_batch)
+    max_batch = tier.rows(b)
     return Limits(
         max_batch=max_batch,
         batch_timeout_ms=b.batch_timeout_ms,
@@ -296,7 +296,7 @@ class Agent:
             on_switched=functools.partial(self._switched, "llm"),
             drain_s=self.drain_s,
         )
-        policy = policy_from_config(s.sla, max(t.max_batch for t in s.models.llm))
+        policy = policy_from_config(s.sla, max(t.rows(s.batching) for t in s.models.llm))
         # A one-sequence tier (the NPU) spills what would miss the SLA in force: read at each decision, so
         # a reload, a set_sla and a desired (all through the controller's set_policy) change it at once.
         served.spill_threshold = lambda: (
@@ -346,7 +346,7 @@ class Agent:
         except (EdgeAgentError, OSError):
             return f"{tier.model}|{tier.backend}|{tier.device}|{tier.precision}"
 
-    def _limits(self, tier: TierConfig) -> Limits:
+    def _limits(self, tier: LLMTierConfig) -> Limits:
         return llm_limits(self.settings, tier)
 
     def _start_asr(self):

@@ -134,7 +134,7 @@ def _apply_sla(agent: Reloadable, commands: CommandProcessor | None) -> None:
         (
             "llm",
             agent.controller,
-            lambda: policy_from_config(s.sla, max(t.max_batch for t in s.models.llm)),
+            lambda: policy_from_config(s.sla, max(t.rows(s.batching) for t in s.models.llm)),
             s.sla.window_s,
             s.sla.evaluate_every_s,
         ),

@@ -88,19 +88,19 @@ class InventoryFeed:
             out.append(doc)
         asr_active = agent.asr.active_tier if agent.asr is not None else None
         asr_tiers: dict[str, Any] = {t.name: t for t in agent.asr.tiers} if agent.asr is not None else {}
-        for t in agent.settings.models.asr:
-            speech_tier = asr_tiers.get(t.name)
-            if t.name == asr_active and speech_tier is not None:
+        for a in agent.settings.models.asr:
+            speech_tier = asr_tiers.get(a.name)
+            if a.name == asr_active and speech_tier is not None:
                 identity = speech_tier.engine() if speech_tier.engine is not None else None
                 out.append(
                     {
                         "workload": "asr",
-                        "tier": t.name,
-                        "model": t.model,
+                        "tier": a.name,
+                        "model": a.model,
                         "identity": identity,
-                        "backend": t.backend,
-                        "device": t.device,
-                        "precision": t.precision,
+                        "backend": a.backend,
+                        "device": a.device,
+                        "precision": a.precision,
                         "loaded": True,
                     }
                 )

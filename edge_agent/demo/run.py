@@ -100,7 +100,9 @@ def llm_tiers(real: bool) -> str:
     tiers = default_llm_tiers() if real else random_llm_tiers()
     return "".join(
         f'[[models.llm]]\nname = "{t.name}"\nmodel = "{t.model}"\n'
-        f"max_new_tokens = {t.max_new_tokens}\nmax_batch = {t.max_batch}\n" + (f'rung = "{t.rung}"\n' if t.rung else "")
+        f"max_new_tokens = {t.max_new_tokens}\n"
+        + (f"max_batch = {t.max_batch}\n" if t.max_batch is not None else "")
+        + (f'rung = "{t.rung}"\n' if t.rung else "")
         for t in tiers
     )
 
@@ -164,8 +166,6 @@ ledger_path = "{workdir / "ledger.sqlite"}"
 [api]
 host = "127.0.0.1"
 port = {api_port}
-[batching]
-max_batch = 8  # each tier's own max_batch caps it
 [engines]
 build_on_start = false  # engines already built (edge-agent build) are served; none is built mid-demo
 [sla]

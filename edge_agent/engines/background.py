@@ -26,7 +26,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -129,7 +129,7 @@ class TierEngines:
             return plain_export_recipe(tier)
         return found
 
-    def recipes(self, tiers: list[TierConfig]) -> list[str]:
+    def recipes(self, tiers: Sequence[TierConfig]) -> list[str]:
         return list(dict.fromkeys(r.name for t in tiers if (r := self.recipe_for(t)) is not None))
 
     # -- resolve and open --------------------------------------------------------------------------
@@ -153,7 +153,7 @@ class TierEngines:
 
     # -- builds ----------------------------------------------------------------------------------
 
-    def start_builds(self, tiers: list[TierConfig]) -> list[dict[str, Any]]:
+    def start_builds(self, tiers: Sequence[TierConfig]) -> list[dict[str, Any]]:
         """Queue one background build per recipe of the tiers that serve no engine (the worker skips a
         tier whose engine turns out to be cached)."""
         by_recipe: dict[str, tuple[Recipe, list[TierConfig]]] = {}
@@ -163,7 +163,7 @@ class TierEngines:
                 by_recipe.setdefault(recipe.name, (recipe, []))[1].append(tier)
         return [self.schedule(r, ts, False, "no engine cached at start") for r, ts in by_recipe.values()]
 
-    def rebuild(self, name: str, tiers: list[TierConfig]) -> dict[str, Any]:
+    def rebuild(self, name: str, tiers: Sequence[TierConfig]) -> dict[str, Any]:
         """The ``rebuild_engine`` command: build ``name`` again (forced) for the tiers it serves."""
         self._recipes = None  # re-read: the field engineer may have edited the recipe since the start
         mine = [t for t in tiers if (r := self.recipe_for(t)) is not None and r.name == name]
@@ -176,7 +176,7 @@ class TierEngines:
         assert recipe is not None
         return self.schedule(recipe, mine, True, "rebuild_engine command")
 
-    def schedule(self, recipe: Recipe, tiers: list[TierConfig], force: bool, reason: str) -> dict[str, Any]:
+    def schedule(self, recipe: Recipe, tiers: Sequence[TierConfig], force: bool, reason: str) -> dict[str, Any]:
         """Queue a background build of ``recipe`` for ``tiers``; returns at once. Without the build
         tooling (a core install, no ``[build]`` extra) nothing is queued: one ``engine_build`` event
         and one log line say why, and the model folder keeps serving."""
@@ -213,7 +213,7 @@ class TierEngines:
                 self._worker = threading.Thread(target=self._work, name="engine-build", daemon=True)
                 self._worker.start()
             position = self._jobs.qsize()
-        self._jobs.put(_Job(recipe, tiers, force, reason))
+        self._jobs.put(_Job(recipe, list(tiers), force, reason))
         return {
             "recipe": recipe.name,
             "state": "started" if position == 0 else "queued",
@@ -348,7 +348,7 @@ class TierEngines:
                 self.on_engine_ready(tier.name, ready[tier.name])
         return bool(ready)
 
-    def build_then_start(self, ladder: Startable, tiers: list[TierConfig], errors: list[tuple[str, str]]) -> None:
+    def build_then_start(self, ladder: Startable, tiers: Sequence[TierConfig], errors: list[tuple[str, str]]) -> None:
         """No tier loads without an engine (TensorRT tiers on a fresh Jetson): build the lightest one that
         has a recipe while the start waits (the build sends EXTEND_TIMEOUT_USEC), then serve it."""
         for index in reversed(range(len(tiers))):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.config import TierConfig, load_settings
+from edge_agent.config import LLMTierConfig, load_settings
 from edge_agent.daemon.app import Agent, llm_limits
 from edge_agent.diagnostics.preflight import config_problems
 from edge_agent.errors import ConfigError
@@ -23,7 +23,7 @@ from edge_agent.systemd import Notifier
 
 
 def test_the_config_sizes_or_turns_off_each_tiers_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    tier = TierConfig(name="t", model="demo-phi3")
+    tier = LLMTierConfig(name="t", model="demo-phi3")
     monkeypatch.setenv("EDGE_AGENT_PREFIX_CACHE__MAX_MB", "64")
     on = llm_limits(load_settings(None), tier)
     assert on.prefix_cache_mb == 64
@@ -33,7 +33,7 @@ def test_the_config_sizes_or_turns_off_each_tiers_cache(monkeypatch: pytest.Monk
 
 def test_metrics_carry_the_loaded_tiers_prefix_cache(tmp_path: Path) -> None:
     ref = resolve_model("demo-phi3", tmp_path / "models")
-    limits = llm_limits(load_settings(None), TierConfig(name="t", model="demo-phi3"))
+    limits = llm_limits(load_settings(None), LLMTierConfig(name="t", model="demo-phi3"))
     served = TieredLLM([Tier("t", lambda: DecoderLM.open(ref, "onnxruntime"), limits, 16, "demo-phi3")]).start()
     metrics = PrometheusMetrics()
     metrics.track_prefix_cache("t", functools.partial(served.prefix_stats, "t"))

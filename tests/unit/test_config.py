@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.config import SLA_PRESETS, Settings, TierConfig, load_settings
+from edge_agent.config import SLA_PRESETS, LLMTierConfig, Settings, load_settings
 from edge_agent.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -30,7 +30,7 @@ def test_embedded_default_is_cpu_onnxruntime_with_real_gemma_tiers_and_local_bro
     # real weights on both tiers; the lighter one trades reply length for larger batches
     assert [(t.name, t.model) for t in s.models.llm] == [("full", "gemma-3-270m-home"), ("short", "gemma-3-270m-home")]
     full, short = s.models.llm
-    assert short.max_new_tokens < full.max_new_tokens and short.max_batch > full.max_batch
+    assert short.max_new_tokens < full.max_new_tokens and short.rows(s.batching) > full.rows(s.batching)
     assert [t.model for t in s.models.asr] == ["whisper-base"]  # real weights: demo-asr hears no natural voice
     # the annotated example shows the defaults
     assert load_settings(EXAMPLE).models.llm == s.models.llm
@@ -322,8 +322,8 @@ def test_check_config_cli_prints_every_problem_and_exits_2(tmp_path, capsys):
 def test_prompts_are_prefilled_together_on_tensorrt_tiers_only_unless_configured() -> None:
     from edge_agent.daemon.app import llm_limits
 
-    cpu = TierConfig(name="c", model="demo-phi3")
-    gpu = TierConfig(name="g", model="demo-phi3", backend="tensorrt", device="cuda")
+    cpu = LLMTierConfig(name="c", model="demo-phi3")
+    gpu = LLMTierConfig(name="g", model="demo-phi3", backend="tensorrt", device="cuda")
     auto = Settings()
     assert (llm_limits(auto, cpu).prefill_together, llm_limits(auto, gpu).prefill_together) == (False, True)
     for value in (True, False):
@@ -354,3 +354,28 @@ def test_a_tier_names_a_rung_by_a_plain_name_and_the_default_lighter_tier_serves
     with pytest.raises(ConfigError) as err:
         load_settings(bad)
     assert "rung" in str(err.value)
+
+
+def test_a_tier_batch_is_its_own_else_the_batching_sections_one_value_every_consumer_reads(tmp_path):
+    from edge_agent.daemon.app import llm_limits
+
+    s = load_settings(
+        write(
+            tmp_path,
+            "[batching]\nmax_batch = 2\npreferred_batch_sizes = [2]\n"
+            '[[models.llm]]\nname = "a"\nmodel = "demo-phi3"\nmax_batch = 8\n'
+            '[[models.llm]]\nname = "b"\nmodel = "demo-phi3"\n',
+        )
+    )
+    wide, plain = s.models.llm
+    # a tier's own batch is not clamped by [batching]'s (it used to be: 8 served as 2)
+    assert (llm_limits(s, wide).max_batch, llm_limits(s, plain).max_batch) == (8, 2)
+    assert llm_limits(s, wide).preferred_batch_sizes == (2,)
+
+
+def test_an_asr_tier_refuses_llm_only_keys_by_name(tmp_path):
+    path = write(tmp_path, '[[models.asr]]\nname = "w"\nmodel = "whisper-base"\nmax_new_tokens = 64\nrung = "lower"\n')
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    problems = dict(err.value.problems)
+    assert set(problems) == {"models.asr[0].max_new_tokens", "models.asr[0].rung"}

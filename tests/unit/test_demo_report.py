@@ -69,9 +69,11 @@ def test_the_real_weights_config_loads_with_two_tiers_of_one_model(tmp_path):
     from edge_agent.demo.run import daemon_config
 
     cfg = daemon_config(tmp_path, ("127.0.0.1", 1883), 8123, speech=True, real=True)
-    tiers = load_settings(cfg).models.llm
+    settings = load_settings(cfg)
+    tiers = settings.models.llm
     assert [(t.name, t.model) for t in tiers] == [("full", "gemma-3-270m-home"), ("short", "gemma-3-270m-home")]
-    assert tiers[1].max_new_tokens < tiers[0].max_new_tokens and tiers[1].max_batch > tiers[0].max_batch
+    assert tiers[1].max_new_tokens < tiers[0].max_new_tokens
+    assert tiers[1].rows(settings.batching) > tiers[0].rows(settings.batching)
     assert load_settings(cfg).sla.target_ms == 387.0  # the default SLA, once the capacity probe is over
     probe = daemon_config(tmp_path, ("127.0.0.1", 1883), 8123, speech=True, real=True, target_ms=600_000)
     assert load_settings(probe).sla.target_ms == 600_000
