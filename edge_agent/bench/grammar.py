@@ -10,73 +10,31 @@ engines run in a rotating order; figures are medians over rounds, with each engi
 The tokenizer is a Phi-3-sized BPE (32,000 tokens + Phi-3's chat tokens, 32,064 logits) trained once on
 local text (``vocab32k``), or ``--tokenizer``.
 
-    python -m edge_agent.bench.grammar [--rounds N] [--tokens N] [--plot out.png] [--json]
+    edge-agent bench grammar [--rounds N] [--tokens N] [--plot out.png] [--json]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import sys
-from pathlib import Path
 from typing import Any
 
-from ..errors import EdgeAgentError, InputError
+from ..errors import InputError
 from ..metrics.window import percentile
 from . import grammar_engines as ge
 from .grammar_docs import SCHEMAS, documents
 from .grammar_report import apply_cost, format_table, plot_report
 from .grammar_walk import allocate, walk
+from .options import GrammarOptions
 from .vocab32k import N_LOGITS, load_or_train
 
 EOS_CANDIDATES = ("<|end|>", "<|eot_id|>", "<|im_end|>", "<|endoftext|>", "</s>", "<eos>")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rounds", type=int, default=3, help="rounds over all engines; medians reported (default 3)")
-    parser.add_argument(
-        "--tokens", type=int, default=400, help="mask steps per batch row per walk, at least (default 400)"
-    )
-    parser.add_argument("--batch", type=int, default=4, help="rows stepping together in the batched walk (default 4)")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=min(4, os.cpu_count() or 1),
-        help="threads for llguidance's batch executor and xgrammar's compiler (default min(4, CPUs))",
-    )
-    parser.add_argument("--engines", default=",".join(ge.ENGINES), help="comma-separated subset (default all)")
-    parser.add_argument("--grammars", default=",".join(SCHEMAS), help="comma-separated subset (default all)")
-    parser.add_argument(
-        "--tokenizer", type=Path, metavar="PATH", help="a tokenizer.json (default: the trained 32k Phi-3-style one)"
-    )
-    parser.add_argument("--eos", help=f"EOS token text (default: the first found of {', '.join(EOS_CANDIDATES)})")
-    parser.add_argument(
-        "--n-logits", type=int, help="the model's logit count (default 32064, or the vocabulary rounded up to 64)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the generated documents (default 0)")
-    parser.add_argument("--plot", type=Path, metavar="PNG", help="bar charts of compile and mask times (matplotlib)")
-    parser.add_argument("--json", action="store_true", help="print the JSON report on stdout instead of the table")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``grammar`` under ``edge-agent bench``."""
-    p = subparsers.add_parser(
-        "grammar",
-        help="grammar engines for structured output: compile and per-token mask times, side by side",
-        description="Compile a tool-call JSON schema and json_object with llguidance, outlines-core and "
-        "xgrammar, walk schema-valid documents token by token at batch 1 and 4, checking every mask, and "
-        "report medians over rounds with each engine's ratio to llguidance.",
-    )
-    add_arguments(p)
-    p.set_defaults(func=main)
-    return p
-
-
-def _log(args: argparse.Namespace, msg: str) -> None:
-    if not args.quiet:
+def _log(opts: GrammarOptions, msg: str) -> None:
+    if not opts.quiet:
         print(f"bench grammar: {msg}", file=sys.stderr, flush=True)
 
 
@@ -88,15 +46,15 @@ def _choose(text: str, known: tuple[str, ...] | list[str], what: str) -> list[st
     return names
 
 
-def tokenizer_spec(args: argparse.Namespace) -> tuple[ge.TokenizerSpec, Any, str]:
+def tokenizer_spec(opts: GrammarOptions) -> tuple[ge.TokenizerSpec, Any, str]:
     """The tokenizer spec, the ``tokenizers.Tokenizer`` and a line describing it (training it when needed)."""
     from tokenizers import Tokenizer
 
-    if args.tokenizer is None:
-        text, path = load_or_train(log=lambda m: _log(args, m))
+    if opts.tokenizer is None:
+        text, path = load_or_train(log=lambda m: _log(opts, m))
         source = f"trained 32k Phi-3-style BPE ({path})"
     else:
-        path = args.tokenizer / "tokenizer.json" if args.tokenizer.is_dir() else args.tokenizer
+        path = opts.tokenizer / "tokenizer.json" if opts.tokenizer.is_dir() else opts.tokenizer
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
@@ -107,11 +65,11 @@ def tokenizer_spec(args: argparse.Namespace) -> tuple[ge.TokenizerSpec, Any, str
     except Exception as exc:  # the tokenizers library raises its own Exception subclass
         raise InputError(f"--tokenizer {path}: not a tokenizers JSON file ({exc})") from exc
     size = tok.get_vocab_size(with_added_tokens=True)
-    names = [args.eos] if args.eos else [n for n in EOS_CANDIDATES if tok.token_to_id(n) is not None][:1]
+    names = [opts.eos] if opts.eos else [n for n in EOS_CANDIDATES if tok.token_to_id(n) is not None][:1]
     eos = tok.token_to_id(names[0]) if names else None
     if eos is None:
-        raise InputError(f"{path}: no EOS token {args.eos or EOS_CANDIDATES}; name one with --eos")
-    n_logits = args.n_logits or (N_LOGITS if args.tokenizer is None else -(-size // 64) * 64)
+        raise InputError(f"{path}: no EOS token {opts.eos or EOS_CANDIDATES}; name one with --eos")
+    n_logits = opts.n_logits or (N_LOGITS if opts.tokenizer is None else -(-size // 64) * 64)
     if n_logits < size:
         raise InputError(f"--n-logits {n_logits} is below the tokenizer's {size} tokens")
     desc = f"{source}: {size} tokens, {n_logits} logits, EOS {names[0]!r} = {eos}"
@@ -153,43 +111,43 @@ def _round_figures(loaded: ge.Loaded, grammar: str, docs: list[list[list[int]]],
     }
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Measure every engine on every grammar over ``args.rounds`` rounds; the report as a dict."""
-    names = _choose(args.engines, ge.ENGINES, "engines")
-    grammars = _choose(args.grammars, list(SCHEMAS), "grammars")
-    if args.rounds < 1 or args.tokens < 1 or args.batch < 1:
+def run(opts: GrammarOptions) -> dict[str, Any]:
+    """Measure every engine on every grammar over ``opts.rounds`` rounds; the report as a dict."""
+    names = _choose(opts.engines, ge.ENGINES, "engines")
+    grammars = _choose(opts.grammars, list(SCHEMAS), "grammars")
+    if opts.rounds < 1 or opts.tokens < 1 or opts.batch < 1:
         raise InputError("--rounds, --tokens and --batch must be at least 1")
-    spec, tok, desc = tokenizer_spec(args)
-    _log(args, f"tokenizer: {desc}")
+    spec, tok, desc = tokenizer_spec(opts)
+    _log(opts, f"tokenizer: {desc}")
     loaded: list[ge.Loaded] = []
     skipped: dict[str, str] = {}
     for name in names:
-        got = ge.load(name, spec, args.threads)
+        got = ge.load(name, spec, opts.threads)
         if isinstance(got, str):
             skipped[name] = got
-            _log(args, f"{name}: skipped ({got})")
+            _log(opts, f"{name}: skipped ({got})")
         else:
             loaded.append(got)
-            _log(args, f"{name} {got.version}: import {got.import_ms:.0f} ms, vocabulary {got.vocab_ms:.0f} ms")
+            _log(opts, f"{name} {got.version}: import {got.import_ms:.0f} ms, vocabulary {got.vocab_ms:.0f} ms")
     if not loaded:
         raise InputError(f"no grammar engine could be loaded: {skipped}")
-    docs = {g: [documents(g, tok, args.tokens, args.seed + r) for r in range(max(1, args.batch))] for g in grammars}
+    docs = {g: [documents(g, tok, opts.tokens, opts.seed + r) for r in range(max(1, opts.batch))] for g in grammars}
     g0 = grammars[0]
     for e in loaded:  # warm-up, not measured: first-use costs (thread pools, lazy tables) stay out of round 1
         compiled = e.engine.compile(SCHEMAS[g0])
-        walk(e.engine, compiled, [row[:1] for row in docs[g0][: args.batch]], spec.n_logits, spec.eos, e.name)
+        walk(e.engine, compiled, [row[:1] for row in docs[g0][: opts.batch]], spec.n_logits, spec.eos, e.name)
     samples: dict[str, dict[str, list[dict]]] = {e.name: {g: [] for g in grammars} for e in loaded}
-    for rnd in range(args.rounds):
+    for rnd in range(opts.rounds):
         shift = rnd % len(loaded)
         for engine in loaded[shift:] + loaded[:shift]:
             for g in grammars:
-                fig = _round_figures(engine, g, docs[g], spec, args.batch)
+                fig = _round_figures(engine, g, docs[g], spec, opts.batch)
                 samples[engine.name][g].append(fig)
                 _log(
-                    args,
-                    f"round {rnd + 1}/{args.rounds} {engine.name} {g}: compile {fig['compile_ms']:.1f} ms, "
+                    opts,
+                    f"round {rnd + 1}/{opts.rounds} {engine.name} {g}: compile {fig['compile_ms']:.1f} ms, "
                     f"mask p50 {fig['mask_us_b1_p50']:.1f} µs (batch 1), {fig['mask_us_bN_p50']:.1f} µs "
-                    f"(batch {args.batch}); {fig['steps_b1']} steps checked",
+                    f"(batch {opts.batch}); {fig['steps_b1']} steps checked",
                 )
     results: dict[str, dict[str, dict]] = {}
     for e in loaded:
@@ -197,16 +155,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for g in grammars:
             rounds = samples[e.name][g]
             results[e.name][g] = {k: _median([r[k] for r in rounds]) for k in rounds[0]}
-    _log(args, "applying masks to logits with numpy")
-    sample_mask = allocate(args.batch, spec.n_logits)
+    _log(opts, "applying masks to logits with numpy")
+    sample_mask = allocate(opts.batch, spec.n_logits)
     sample_mask[:, ::3] = 0x0F0F0F0F  # any mixed pattern: the cost does not depend on which bits are set
     return {
         "tokenizer": desc,
         "n_logits": spec.n_logits,
-        "rounds": args.rounds,
-        "tokens": args.tokens,
-        "batch": args.batch,
-        "threads": args.threads,
+        "rounds": opts.rounds,
+        "tokens": opts.tokens,
+        "batch": opts.batch,
+        "threads": opts.threads,
         "cpu_count": os.cpu_count(),
         "engines": {
             e.name: {
@@ -220,29 +178,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "skipped": skipped,
         "results": results,
-        "apply": apply_cost(sample_mask, spec.n_logits, rounds=args.rounds),
+        "apply": apply_cost(sample_mask, spec.n_logits, rounds=opts.rounds),
     }
 
 
-def main(args: argparse.Namespace) -> int:
-    report = run(args)
-    if args.json:
+def main(opts: GrammarOptions) -> int:
+    """Measure, then print the table (or the JSON report) and draw the plot when asked."""
+    report = run(opts)
+    if opts.json:
         print(json.dumps(report, indent=2))
     else:
         print(format_table(report))
-    if args.plot:
-        path = plot_report(report, args.plot)
-        _log(args, f"plot written to {path}")
+    if opts.plot:
+        path = plot_report(report, opts.plot)
+        _log(opts, f"plot written to {path}")
     return 0
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m edge_agent.bench.grammar", description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    try:
-        sys.exit(main(parser.parse_args()))
-    except EdgeAgentError as exc:
-        print(f"bench grammar: {exc}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(130)

@@ -22,13 +22,10 @@ requests whose TTFT is within ``--sla-ms`` (default 387 ms, the agent's default 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
 import os
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 from ..config import LLMTierConfig, load_settings, resolve_config_path
@@ -56,111 +53,30 @@ from .llm_report import (
     side_summary,
 )
 from .llm_runners import BareLoop, agent_round, peer_round, run_baseline, synthetic_prompts
+from .options import LLMOptions
 
 log = logging.getLogger(__name__)
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "llm",
-        help="benchmark LLM serving: agent vs a bare runtime loop, with a bandwidth roofline",
-        description="Run synthetic requests through the agent's scheduler and through a bare sequential "
-        "runtime loop (alternating rounds), report TTFT/ITL/TPOT/E2E percentiles, tokens/s, "
-        "goodput, overhead ratios and the memory-bandwidth roofline.",
-    )
-    p.add_argument(
-        "--config", metavar="FILE", default=None, help="the daemon's config (default: installed, else embedded)"
-    )
-    p.add_argument("--tier", default=None, help="the configured LLM tier to measure (default: the top one)")
-    p.add_argument("--model", default=None, help="another model (demo name or folder) on that tier's settings")
-    p.add_argument("--backend", default=None, choices=("onnxruntime", "openvino"), help="default: the tier's")
-    p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: device.threads, as served)")
-    p.add_argument(
-        "--concurrency",
-        type=int,
-        default=1,
-        metavar="C",
-        help="closed-loop clients (default 1); batch limits: the daemon's",
-    )
-    p.add_argument("--requests", type=int, default=16, metavar="N", help="requests per round (default 16)")
-    p.add_argument(
-        "--rate",
-        type=float,
-        default=None,
-        metavar="R",
-        help="Poisson arrivals at R requests/s (seeded); default: closed loop with C clients",
-    )
-    p.add_argument("--prompt-tokens", type=int, default=128, metavar="P", help="synthetic prompt length (default 128)")
-    p.add_argument(
-        "--max-new-tokens", type=int, default=128, metavar="T", help="tokens per request, EOS ignored (default 128)"
-    )
-    p.add_argument(
-        "--sla-ms",
-        type=float,
-        default=None,
-        help="goodput counts requests with ttft_ms <= this (default: the config's sla.target_ms, 387)",
-    )
-    p.add_argument(
-        "--rounds", type=int, default=3, help="alternating agent/baseline rounds; medians reported (default 3)"
-    )
-    p.add_argument("--json", dest="json_out", metavar="OUT", default=None, help="write the JSON report to OUT")
-    p.add_argument("--plot", metavar="PNG", default=None, help="draw TTFT/ITL distributions and tokens/s to PNG")
-    p.add_argument("--no-baseline", action="store_true", help="skip the bare-loop baseline")
-    p.add_argument(
-        "--prefix-cache",
-        action="store_true",
-        help="keep the tier's prefix KV cache on (off by default: every round sends the same prompts, and the "
-        "peers have none)",
-    )
-    p.add_argument(
-        "--genai",
-        metavar="DIR",
-        default=None,
-        help="onnxruntime-genai folder of the same model to compare with (default: MODEL-genai next to "
-        "the model if present; 'none' to skip)",
-    )
-    ov_genai.add_argument(p)
-    p.add_argument(
-        "--ramp-s",
-        type=float,
-        default=None,
-        metavar="S",
-        help="closed loop: client k starts at k·S/C (default: one measured request's e2e when C > 1, "
-        "so clients do not arrive in lockstep; 0 = all at once)",
-    )
-    p.add_argument(
-        "--scaling",
-        type=int,
-        default=None,
-        metavar="K",
-        help="also run concurrency K in the same rounds and report K's tokens/s and TTFT P99 as ratios "
-        "to C's (e.g. --concurrency 1 --scaling 4)",
-    )
-    p.add_argument("--cache-dir", type=Path, default=None, help="model cache (default: the configured models cache)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.set_defaults(func=run)
-    return p
-
-
-def _validate(args: argparse.Namespace) -> None:
-    if args.requests < 1:
-        raise InputError(f"--requests must be at least 1, got {args.requests}")
-    if args.concurrency < 1:
-        raise InputError(f"--concurrency must be at least 1, got {args.concurrency}")
-    if args.rate is not None and not args.rate > 0:
-        raise InputError(f"--rate must be > 0 requests/s, got {args.rate}")
-    if args.prompt_tokens < 1:
-        raise InputError(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
-    if args.max_new_tokens < 1:
-        raise InputError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    if args.threads is not None and args.threads < 0:
-        raise InputError(f"--threads must be >= 0 (0: the runtime's default), got {args.threads}")
-    if args.scaling is not None and args.scaling < 1:
-        raise InputError(f"--scaling must be at least 1, got {args.scaling}")
-    if args.rounds < 1:
-        raise InputError(f"--rounds must be at least 1, got {args.rounds}")
-    if args.sla_ms is not None and not args.sla_ms > 0:
-        raise InputError(f"--sla-ms must be > 0, got {args.sla_ms}")
+def _validate(opts: LLMOptions) -> None:
+    if opts.requests < 1:
+        raise InputError(f"--requests must be at least 1, got {opts.requests}")
+    if opts.concurrency < 1:
+        raise InputError(f"--concurrency must be at least 1, got {opts.concurrency}")
+    if opts.rate is not None and not opts.rate > 0:
+        raise InputError(f"--rate must be > 0 requests/s, got {opts.rate}")
+    if opts.prompt_tokens < 1:
+        raise InputError(f"--prompt-tokens must be at least 1, got {opts.prompt_tokens}")
+    if opts.max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens must be at least 1, got {opts.max_new_tokens}")
+    if opts.threads is not None and opts.threads < 0:
+        raise InputError(f"--threads must be >= 0 (0: the runtime's default), got {opts.threads}")
+    if opts.scaling is not None and opts.scaling < 1:
+        raise InputError(f"--scaling must be at least 1, got {opts.scaling}")
+    if opts.rounds < 1:
+        raise InputError(f"--rounds must be at least 1, got {opts.rounds}")
+    if opts.sla_ms is not None and not opts.sla_ms > 0:
+        raise InputError(f"--sla-ms must be > 0, got {opts.sla_ms}")
 
 
 # -- the command --------------------------------------------------------------------------------
@@ -195,19 +111,20 @@ class Served:
         )
 
 
-def _served(args: argparse.Namespace, show: bool) -> Served:
-    """The tier, engine, limits and threads ``edge-agent run`` would use with the same config."""
-    settings = load_settings(args.config)
-    path = resolve_config_path(args.config)
+def _served(opts: LLMOptions, show: bool) -> tuple[Served, float]:
+    """The tier, engine, limits and threads ``edge-agent run`` would use with the same config, and the
+    config's TTFT target (``sla.target_ms``)."""
+    settings = load_settings(opts.config)
+    path = resolve_config_path(opts.config)
     tiers = settings.models.llm
     if not tiers:
         raise InputError("the config has no [[models.llm]] tier to measure")
-    tier = tiers[0] if args.tier is None else next((t for t in tiers if t.name == args.tier), None)
+    tier = tiers[0] if opts.tier is None else next((t for t in tiers if t.name == opts.tier), None)
     if tier is None:
-        raise InputError(f"--tier {args.tier!r}: no such LLM tier; configured: {[t.name for t in tiers]}")
-    update = {k: v for k, v in (("model", args.model), ("backend", args.backend)) if v is not None}
+        raise InputError(f"--tier {opts.tier!r}: no such LLM tier; configured: {[t.name for t in tiers]}")
+    update = {k: v for k, v in (("model", opts.model), ("backend", opts.backend)) if v is not None}
     tier = tier.model_copy(update=update)
-    models_dir = Path(args.cache_dir) if args.cache_dir else settings.models.cache_dir
+    models_dir = Path(opts.cache_dir) if opts.cache_dir else settings.models.cache_dir
     with Progress("demo weights", "MB", enabled=show) as weights:
         resolve_model(tier.model, models_dir, progress=lambda done, total: weights.update(done / 1e6, total / 1e6))
     cache = EngineCache(settings.engines.cache_dir, settings.engines.max_bytes)
@@ -215,27 +132,28 @@ def _served(args: argparse.Namespace, show: bool) -> Served:
     limits = llm_limits(settings, tier)
     # The admission bounds only refuse requests (the daemon answers 429/504): a benchmark must lose none.
     limits = dataclasses.replace(
-        limits, max_queue=max(limits.max_queue, args.requests + 1), queue_timeout_ms=max(limits.queue_timeout_ms, 3.6e6)
+        limits, max_queue=max(limits.max_queue, opts.requests + 1), queue_timeout_ms=max(limits.queue_timeout_ms, 3.6e6)
     )
-    if not args.prefix_cache:  # the rounds repeat their prompts: a prefix cache would time hits, not prefills
+    if not opts.prefix_cache:  # the rounds repeat their prompts: a prefix cache would time hits, not prefills
         limits = dataclasses.replace(limits, prefix_cache_mb=0.0)
-    if args.sla_ms is None:
-        args.sla_ms = settings.sla.target_ms
-    threads = settings.device.threads if args.threads is None else args.threads
+    threads = settings.device.threads if opts.threads is None else opts.threads
     config = str(path) if path else "the embedded default"
-    return Served(tier, resolver.resolve(tier), limits, threads, config, resolver)
+    return Served(tier, resolver.resolve(tier), limits, threads, config, resolver), settings.sla.target_ms
 
 
-def run(args: argparse.Namespace) -> int:
-    _validate(args)
-    show = not getattr(args, "quiet", False)
-    served = _served(args, show)
+def run(opts: LLMOptions) -> int:
+    """Measure the tier ``opts`` names against its peers; print the report (and write its JSON and plot)."""
+    _validate(opts)
+    show = not opts.quiet
+    served, target_ms = _served(opts, show)
+    if opts.sla_ms is None:
+        opts = dataclasses.replace(opts, sla_ms=target_ms)
     lm = served.open()
     if lm.max_rows is not None and served.limits.max_batch > lm.max_rows:  # a stateful model, as the scheduler caps it
         served.limits = dataclasses.replace(served.limits, max_batch=lm.max_rows, preferred_batch_sizes=(lm.max_rows,))
     try:
-        lm.check_prompt([0] * args.prompt_tokens, args.max_new_tokens)  # fits the model's context
-        return _run_loaded(args, served, lm, show)
+        lm.check_prompt([0] * opts.prompt_tokens, opts.max_new_tokens)  # fits the model's context
+        return _run_loaded(opts, served, lm, show)
     finally:
         lm.close()
 
@@ -252,11 +170,11 @@ class Peers:
     ov_reason: str | None
 
 
-def _peers(args: argparse.Namespace, served: Served, lm) -> Peers:
+def _peers(opts: LLMOptions, served: Served, lm) -> Peers:
     """Find (and open) the onnxruntime-genai folder and the openvino-genai IR of the measured model."""
-    genai_folder, genai_reason = find_genai_folder(served.resolved.source, args.genai)
+    genai_folder, genai_reason = find_genai_folder(served.resolved.source, opts.genai)
     genai = GenaiRunner(genai_folder, served.threads or 2) if genai_folder else None
-    ov_ir, ov_reason = ov_genai.find_ir(lm, served.resolved.ref, args.ov_genai)
+    ov_ir, ov_reason = ov_genai.find_ir(lm, served.resolved.ref, opts.ov_genai)
     ov = ov_genai.OvGenaiRunner(ov_ir, lm.npu_shape, lm.config.get("sliding_window")) if ov_ir else None
     return Peers(genai, genai_folder, genai_reason, ov, ov_reason)
 
@@ -284,7 +202,9 @@ class Measured:
     k_ramp_s: float = 0.0
 
 
-def _measure(args, lm: DecoderLM, limits: Limits, prompts: list[list[int]], peers: Peers, show: bool) -> Measured:
+def _measure(
+    opts: LLMOptions, lm: DecoderLM, limits: Limits, prompts: list[list[int]], peers: Peers, show: bool
+) -> Measured:
     """Warm every side up, then run ``--rounds`` rounds, each side in turn (agent, agent at K, baseline, genai,
     ov-genai), so slow drifts of the machine fall on all of them alike. Closes the openvino-genai pipeline."""
     m = Measured()
@@ -292,9 +212,9 @@ def _measure(args, lm: DecoderLM, limits: Limits, prompts: list[list[int]], peer
     # One scheduler with the daemon's limits serves every concurrency: the load changes, the daemon does not.
     scheduler = LLMScheduler(lm, limits, on_finished=sink.append).start()
     try:
-        _warm_up(args, scheduler, lm, prompts, peers, m)
-        for r in range(args.rounds):
-            _round(args, r, scheduler, sink, lm, prompts, peers, m, show)
+        _warm_up(opts, scheduler, lm, prompts, peers, m)
+        for r in range(opts.rounds):
+            _round(opts, r, scheduler, sink, lm, prompts, peers, m, show)
     finally:
         scheduler.stop()
         if peers.ov:
@@ -302,17 +222,17 @@ def _measure(args, lm: DecoderLM, limits: Limits, prompts: list[list[int]], peer
     return m
 
 
-def _warm_up(args, scheduler: LLMScheduler, lm: DecoderLM, prompts, peers: Peers, m: Measured) -> None:
+def _warm_up(opts: LLMOptions, scheduler: LLMScheduler, lm: DecoderLM, prompts, peers: Peers, m: Measured) -> None:
     """One request each way, excluded from the figures; the agent's full-length one sets the closed loop's ramps
     (``m.ramp_s`` at C, ``m.k_ramp_s`` at K) unless ``--ramp-s`` gives them."""
     from ..models.sampling import SamplingParams
 
-    C, K, T = args.concurrency, args.scaling, args.max_new_tokens
+    C, K, T = opts.concurrency, opts.scaling, opts.max_new_tokens
     warm = scheduler.submit(prompts[0], SamplingParams(max_new_tokens=T, ignore_eos=True), tags=("warmup",))
     e2e_s = (warm.result(600).timing.e2e_ms or 0.0) / 1e3
-    m.ramp_s = args.ramp_s if args.ramp_s is not None else (e2e_s if args.rate is None and C > 1 else 0.0)
-    m.k_ramp_s = args.ramp_s if args.ramp_s is not None else (e2e_s if args.rate is None and (K or 0) > 1 else 0.0)
-    if not args.no_baseline:
+    m.ramp_s = opts.ramp_s if opts.ramp_s is not None else (e2e_s if opts.rate is None and C > 1 else 0.0)
+    m.k_ramp_s = opts.ramp_s if opts.ramp_s is not None else (e2e_s if opts.rate is None and (K or 0) > 1 else 0.0)
+    if not opts.no_baseline:
         run_baseline(lm, [prompts[0][:8]], 2, [])
     if peers.genai:
         peers.genai.generate(prompts[0][:8], 2)
@@ -320,25 +240,27 @@ def _warm_up(args, scheduler: LLMScheduler, lm: DecoderLM, prompts, peers: Peers
         peers.ov.generate(prompts[0], T)
 
 
-def _round(args, r: int, scheduler, sink, lm: DecoderLM, prompts, peers: Peers, m: Measured, show: bool) -> None:
+def _round(
+    opts: LLMOptions, r: int, scheduler, sink, lm: DecoderLM, prompts, peers: Peers, m: Measured, show: bool
+) -> None:
     """Round ``r`` of every side, appended to ``m``."""
-    C, K, raw = args.concurrency, args.scaling, m.raw
-    label = f"agent round {r + 1}/{args.rounds}"
-    m.agent.append(agent_round(scheduler, sink, prompts, C, args, m.ramp_s, raw["agent"], label, show, m.agent_tokens))
+    C, K, raw = opts.concurrency, opts.scaling, m.raw
+    label = f"agent round {r + 1}/{opts.rounds}"
+    m.agent.append(agent_round(scheduler, sink, prompts, C, opts, m.ramp_s, raw["agent"], label, show, m.agent_tokens))
     if K:
         k_raw: dict[str, list[float]] = {"ttft_ms": [], "itl_ms": []}  # the C=K rounds keep no raw samples
-        label = f"agent C={K} round {r + 1}/{args.rounds}"
-        m.at_k.append(agent_round(scheduler, sink, prompts, K, args, m.k_ramp_s, k_raw, label, show))
-    of = f"round {r + 1}/{args.rounds}"
-    if not args.no_baseline:
-        peer_round(BareLoop(lm), f"baseline {of}", prompts, args, raw["baseline"], m.baseline)
+        label = f"agent C={K} round {r + 1}/{opts.rounds}"
+        m.at_k.append(agent_round(scheduler, sink, prompts, K, opts, m.k_ramp_s, k_raw, label, show))
+    of = f"round {r + 1}/{opts.rounds}"
+    if not opts.no_baseline:
+        peer_round(BareLoop(lm), f"baseline {of}", prompts, opts, raw["baseline"], m.baseline)
     if peers.genai:
-        m.genai_tokens = peer_round(peers.genai, f"onnxruntime-genai {of}", prompts, args, raw["genai"], m.genai)
+        m.genai_tokens = peer_round(peers.genai, f"onnxruntime-genai {of}", prompts, opts, raw["genai"], m.genai)
     if peers.ov:
-        m.ov_tokens = peer_round(peers.ov, f"openvino-genai NPU {of}", prompts, args, raw["ov_genai"], m.ov)
+        m.ov_tokens = peer_round(peers.ov, f"openvino-genai NPU {of}", prompts, opts, raw["ov_genai"], m.ov)
 
 
-def _roofline(args, served: Served, lm: DecoderLM, agent: dict, baseline: dict | None) -> dict:
+def _roofline(opts: LLMOptions, served: Served, lm: DecoderLM, agent: dict, baseline: dict | None) -> dict:
     """The memory-bandwidth roofline of the model, with the achieved decode tokens/s (the agent's, else the
     baseline's) as a fraction of its bound."""
     source, achieved = None, None
@@ -346,44 +268,44 @@ def _roofline(args, served: Served, lm: DecoderLM, agent: dict, baseline: dict |
         source, achieved = "agent", agent["decode_tokens_per_s"]
     elif baseline:
         source, achieved = "baseline", baseline["decode_tokens_per_s"]
-    mean_context = args.prompt_tokens + (args.max_new_tokens - 1) / 2
+    mean_context = opts.prompt_tokens + (opts.max_new_tokens - 1) / 2
     threads = served.threads or os.cpu_count() or 1
     roof = rl.of_model(served.resolved.ref.path, lm.config, lm.contract, threads, mean_context, achieved)
     roof["achieved_source"] = source
     return roof
 
 
-def _genai_side(args, lm: DecoderLM, prompts, peers: Peers, m: Measured, agent: dict) -> dict | None:
+def _genai_side(opts: LLMOptions, lm: DecoderLM, prompts, peers: Peers, m: Measured, agent: dict) -> dict | None:
     """onnxruntime-genai's medians, its greedy agreement with the bare loop and the agent/genai ratios."""
     if not m.genai:
         return None
-    ours = [list(lm.generate_greedy(p, args.max_new_tokens, stop_at_eos=False)) for p in prompts[:2]]
+    ours = [list(lm.generate_greedy(p, opts.max_new_tokens, stop_at_eos=False)) for p in prompts[:2]]
     return genai_summary(m.genai, m.agent, agent, peers.genai_folder, ours, m.genai_tokens[:2])
 
 
-def _ov_side(args, lm: DecoderLM, prompts, peers: Peers, m: Measured) -> dict | None:
+def _ov_side(opts: LLMOptions, lm: DecoderLM, prompts, peers: Peers, m: Measured) -> dict | None:
     """openvino-genai's medians and ratios to the agent, and how its greedy tokens agree with the agent's."""
     if not (peers.ov and m.ov):
         return None
     side = ov_genai.summary(_median_of(m.ov), peers.ov, m.agent, m.ov, m.raw)
-    T = args.max_new_tokens
+    T = opts.max_new_tokens
     bare_all = [list(lm.generate_greedy(p, T, stop_at_eos=False, known_only=False)) for p in prompts]
     ours = [m.agent_tokens[i] for i in sorted(m.agent_tokens)]
     side["tokens"] = ov_genai.token_check(ours, m.ov_tokens, bare_all, lm.vocab_limit)
     return side
 
 
-def _summaries(args, served: Served, lm: DecoderLM, prompts, peers: Peers, m: Measured) -> dict:
+def _summaries(opts: LLMOptions, served: Served, lm: DecoderLM, prompts, peers: Peers, m: Measured) -> dict:
     """The measured part of the report: each side's medians, the C=1 ratios, the roofline, the peers, scaling
     and the notes (in the report's order)."""
     agent = side_summary(m.agent)
     baseline = side_summary(m.baseline, mode=baseline_mode(bool(lm.max_rows))) if m.baseline else None
-    overhead, decode_ratio = c1_ratios(agent, baseline) if args.concurrency == 1 else (None, None)
-    roof = _roofline(args, served, lm, agent, baseline)
-    genai = _genai_side(args, lm, prompts, peers, m, agent)
+    overhead, decode_ratio = c1_ratios(agent, baseline) if opts.concurrency == 1 else (None, None)
+    roof = _roofline(opts, served, lm, agent, baseline)
+    genai = _genai_side(opts, lm, prompts, peers, m, agent)
     if genai and genai["decode_tokens_per_s"]:  # how close each side comes to the same bound
         roof["genai_fraction"] = round(genai["decode_tokens_per_s"] / roof["bound_tokens_per_s"], 3)
-    ov_side = _ov_side(args, lm, prompts, peers, m)
+    ov_side = _ov_side(opts, lm, prompts, peers, m)
     return {
         "agent": agent,
         "baseline": baseline,
@@ -394,40 +316,29 @@ def _summaries(args, served: Served, lm: DecoderLM, prompts, peers: Peers, m: Me
         "genai_reason": peers.genai_reason,
         "ov_genai": ov_side,
         "ov_genai_reason": peers.ov_reason,
-        "scaling": scaling_summary(args.scaling, m.at_k, agent),
-        "notes": report_notes(args, served.limits, served.tier.max_new_tokens, baseline, genai, ov_side),
+        "scaling": scaling_summary(opts.scaling, m.at_k, agent),
+        "notes": report_notes(opts, served.limits, served.tier.max_new_tokens, baseline, genai, ov_side),
     }
 
 
-def _emit(args, report: dict, raw: dict[str, dict[str, list[float]]]) -> None:
+def _emit(opts: LLMOptions, report: dict, raw: dict[str, dict[str, list[float]]]) -> None:
     """Print the report (header, table, openvino-genai lines); write its JSON (``--json``) and plot (``--plot``)."""
     print(report["header"])
     print(format_table(report))
     print("\n".join(ov_genai.format_lines(report)))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
-    if args.plot:
+    if opts.json_out:
+        Path(opts.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    if opts.plot:
         from .plot import plot_report
 
-        plot_report(report, raw, Path(args.plot))
+        plot_report(report, raw, Path(opts.plot))
 
 
-def _run_loaded(args, served: Served, lm: DecoderLM, show: bool) -> int:
+def _run_loaded(opts: LLMOptions, served: Served, lm: DecoderLM, show: bool) -> int:
     """Measure the opened model against its peers, then print and write the report."""
-    prompts = synthetic_prompts(lm, args.requests, args.prompt_tokens)
-    peers = _peers(args, served, lm)
-    m = _measure(args, lm, served.limits, prompts, peers, show)
-    report = {**setup_section(args, served, m.ramp_s), **_summaries(args, served, lm, prompts, peers, m)}
-    _emit(args, report, m.raw)
+    prompts = synthetic_prompts(lm, opts.requests, opts.prompt_tokens)
+    peers = _peers(opts, served, lm)
+    m = _measure(opts, lm, served.limits, prompts, peers, show)
+    report = {**setup_section(opts, served, m.ramp_s), **_summaries(opts, served, lm, prompts, peers, m)}
+    _emit(opts, report, m.raw)
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="edge-agent bench")
-    add_parser(parser.add_subparsers(dest="bench_command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..metrics.timing import LatencyStats, RequestTiming
+from .options import LLMOptions
 
 if TYPE_CHECKING:
     from ..config import LLMTierConfig
@@ -117,14 +118,14 @@ def scaling_summary(k: int | None, k_rounds: list[dict], agent: dict) -> dict | 
     }
 
 
-def report_notes(args, limits: Limits, tier_max_new_tokens: int, baseline, genai, ov_side) -> list[str]:
+def report_notes(opts: LLMOptions, limits: Limits, tier_max_new_tokens: int, baseline, genai, ov_side) -> list[str]:
     """What a reader must know to read the figures: ratios that C or open-loop arrivals make meaningless, peers
     that run one request at a time, the batching wait in the agent's TTFT, the tier's own token cap."""
-    C, T = args.concurrency, args.max_new_tokens
+    C, T = opts.concurrency, opts.max_new_tokens
     out = []
     if baseline is not None:
         if C == 1:
-            if args.rate is not None:
+            if opts.rate is not None:
                 out.append(
                     "open loop (Poisson): agent TTFT includes queueing behind earlier requests, "
                     "so overhead_ratio mixes load with agent overhead"
@@ -149,7 +150,7 @@ def report_notes(args, limits: Limits, tier_max_new_tokens: int, baseline, genai
     return out
 
 
-def setup_section(args, served: ServedTier, ramp_s: float) -> dict:
+def setup_section(opts: LLMOptions, served: ServedTier, ramp_s: float) -> dict:
     """The report's first part: what was measured and how (tier, engine, load, limits)."""
     return {
         "header": served.header(),
@@ -160,14 +161,14 @@ def setup_section(args, served: ServedTier, ramp_s: float) -> dict:
         "backend": served.tier.backend,
         "device": served.tier.device,
         "threads": served.threads,
-        "concurrency": args.concurrency,
-        "requests": args.requests,
-        "rate": args.rate,
-        "arrivals": "poisson" if args.rate is not None else "closed-loop",
-        "prompt_tokens": args.prompt_tokens,
-        "max_new_tokens": args.max_new_tokens,
-        "sla_ms": args.sla_ms,
-        "rounds": {"count": args.rounds, "aggregation": "median across rounds, agent, baseline and genai alternating"},
+        "concurrency": opts.concurrency,
+        "requests": opts.requests,
+        "rate": opts.rate,
+        "arrivals": "poisson" if opts.rate is not None else "closed-loop",
+        "prompt_tokens": opts.prompt_tokens,
+        "max_new_tokens": opts.max_new_tokens,
+        "sla_ms": opts.sla_ms,
+        "rounds": {"count": opts.rounds, "aggregation": "median across rounds, agent, baseline and genai alternating"},
         "ramp_s": ramp_s,
         "limits": dataclasses.asdict(served.limits),
     }

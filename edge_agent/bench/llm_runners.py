@@ -13,6 +13,7 @@ import numpy as np
 from ..metrics.timing import RequestTiming
 from ..progress import Progress
 from .llm_report import summarize
+from .options import LLMOptions
 
 SEED = 1234
 
@@ -146,12 +147,18 @@ class BareLoop:
         return run_baseline(self.lm, prompts, max_new_tokens, sink, progress), []
 
 
+def _sla_ms(opts: LLMOptions) -> float:
+    if opts.sla_ms is None:  # ``llm.run`` fills it in from the config before any round
+        raise ValueError("bench llm rounds need sla_ms")
+    return opts.sla_ms
+
+
 def agent_round(
     scheduler,
     sink: list,
     prompts,
     concurrency: int,
-    args,
+    opts: LLMOptions,
     ramp_s: float,
     raw: dict,
     label: str,
@@ -160,23 +167,23 @@ def agent_round(
 ) -> dict:
     sink.clear()
     with Progress(label, "req", enabled=show) as prog:
-        wall = run_agent(scheduler, prompts, concurrency, args.rate, args.max_new_tokens, sink, prog, ramp_s, outputs)
+        wall = run_agent(scheduler, prompts, concurrency, opts.rate, opts.max_new_tokens, sink, prog, ramp_s, outputs)
     deadline = time.monotonic() + 5
     while len(sink) < len(prompts) and time.monotonic() < deadline:  # on_finished runs after the handle resolves
         time.sleep(0.001)
     timings = [t for t in sink if "warmup" not in t.tags]
     collect(raw, timings)
-    return summarize(timings, wall, args.sla_ms, batch1=concurrency == 1)
+    return summarize(timings, wall, _sla_ms(opts), batch1=concurrency == 1)
 
 
-def peer_round(runner, label: str, prompts, args, raw: dict, rounds: list[dict]) -> list[list[int]]:
+def peer_round(runner, label: str, prompts, opts: LLMOptions, raw: dict, rounds: list[dict]) -> list[list[int]]:
     """One round of a peer engine (``runner.run``: one request at a time): its summary appended to ``rounds``,
     its samples to ``raw``; returns each request's token ids."""
     timings: list[RequestTiming] = []
-    with Progress(label, "req", enabled=not getattr(args, "quiet", False)) as prog:
-        wall, tokens = runner.run(prompts, args.max_new_tokens, timings, prog)
+    with Progress(label, "req", enabled=not opts.quiet) as prog:
+        wall, tokens = runner.run(prompts, opts.max_new_tokens, timings, prog)
     collect(raw, timings)
-    rounds.append(summarize(timings, wall, args.sla_ms, batch1=True))
+    rounds.append(summarize(timings, wall, _sla_ms(opts), batch1=True))
     return tokens
 
 

@@ -34,16 +34,6 @@ IR = "openvino_model.xml"
 RENAMED = {"NPUW_LLM_MAX_PROMPT_LEN": "MAX_PROMPT_LEN", "NPUW_LLM_MIN_RESPONSE_LEN": "MIN_RESPONSE_LEN"}
 
 
-def add_argument(p) -> None:
-    p.add_argument(
-        "--ov-genai",
-        metavar="DIR",
-        default=None,
-        help="openvino-genai's NPU pipeline on a stateful IR folder, beside an NPU tier ('auto', the default "
-        "on an NPU tier: the IR the tier serves; 'none' to skip)",
-    )
-
-
 def pipeline_properties(shape: npu.LlmShape) -> dict[str, object]:
     """The agent's NPU compile properties for ``shape``, named as ``LLMPipeline(..., "NPU", **props)`` takes them."""
     return {RENAMED.get(k, k): v for k, v in npu.compile_properties(shape).items()}

@@ -10,7 +10,6 @@ requests, and the time spent over the SLA target, adaptive vs. fixed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +27,7 @@ from ..serving.llm.scheduler import Limits
 from ..serving.llm.tiers import Tier, TieredLLM
 from ..serving.tier_control import TierController
 from ..serving.tier_policy import Policy, knobs
+from .options import TiersOptions
 from .ramp import arrivals, plot_tiers, rate_at, table_lines, timeline
 
 PROMPTS = (
@@ -38,60 +38,6 @@ PROMPTS = (
     "Translate 'good evening' into French.",
     "Which room is the warmest right now?",
 )
-
-
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "tiers",
-        help="rising/holding/falling load: tier controller vs a fixed top tier",
-        description=__doc__.splitlines()[0],
-    )
-    p.add_argument(
-        "--workload",
-        choices=("llm", "asr"),
-        default="llm",
-        help="llm: the LLM ladder on chat requests (default); asr: the ASR ladder on real-time "
-        "spoken-command streams (bench/tiers_asr.py)",
-    )
-    p.add_argument(
-        "--tiers",
-        default=None,
-        help="model ladder, heaviest first (comma separated; default "
-        "demo-phi3-small,demo-phi3 for llm, demo-whisper,demo-asr for asr)",
-    )
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--duration-s", type=float, default=None, help="seconds per run (default 60 for llm, 35 for asr)")
-    p.add_argument(
-        "--base-rate",
-        type=float,
-        default=None,
-        help="requests/s at the start and end (default: the top "
-        "tier's single-request rate, 1 / its e2e alone; asr: 0.3 streams/s)",
-    )
-    p.add_argument(
-        "--peak-rate",
-        type=float,
-        default=None,
-        help="requests/s at the peak (default: 5 × that rate, "
-        "beyond what batching lets the top tier serve; asr: 1.5 streams/s)",
-    )
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--max-batch", type=int, default=4)
-    p.add_argument(
-        "--target-ms",
-        type=float,
-        default=None,
-        help="P95 target: TTFT for llm (default 387, the agent's "
-        "SLA), first_partial_ms for asr (default [sla.asr] target_ms, 300)",
-    )
-    p.add_argument("--window-s", type=float, default=6.0)
-    p.add_argument("--evaluate-every-s", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--json", dest="json_out", metavar="OUT")
-    p.add_argument("--plot", metavar="PNG")
-    p.add_argument("--quiet", action="store_true")
-    p.set_defaults(func=run)
-    return p
 
 
 def _drive(served: TieredLLM, schedule: Sequence[float], max_new: int, label: str, show: bool) -> dict:
@@ -130,24 +76,24 @@ def _drive(served: TieredLLM, schedule: Sequence[float], max_new: int, label: st
     }
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.workload == "asr":
+def run(opts: TiersOptions) -> int:
+    if opts.workload == "asr":
         from . import tiers_asr
 
-        return tiers_asr.run(args)
-    names = _llm_tier_names(args)
-    show = not args.quiet
-    ladder = _ladder(args, names)
-    load = _size_load(ladder[0], args)
-    policy = _policy(args)
-    adaptive, events = _adaptive_run(args, ladder, policy, load.schedule, show)
-    fixed = _fixed_run(ladder[0], load.schedule, args.max_new_tokens, show)
-    report = _report(args, names, load, policy, adaptive, fixed, events)
+        return tiers_asr.run(opts)
+    plan = _llm_plan(opts)
+    show = not opts.quiet
+    ladder = _ladder(opts, plan.names)
+    load = _size_load(ladder[0], opts, plan.duration_s)
+    policy = _policy(opts, plan.target_ms)
+    adaptive, events = _adaptive_run(opts, ladder, policy, load.schedule, show)
+    fixed = _fixed_run(ladder[0], load.schedule, opts.max_new_tokens, show)
+    report = _report(opts, plan, load, policy, adaptive, fixed, events)
     print(format_report(report))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
-    if args.plot:
-        plot_tiers(report, Path(args.plot))
+    if opts.json_out:
+        Path(opts.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    if opts.plot:
+        plot_tiers(report, Path(opts.plot))
     return 1 if adaptive["failed"] else 0
 
 
@@ -162,20 +108,28 @@ class _Load:
     schedule: list[float]
 
 
-def _llm_tier_names(args: argparse.Namespace) -> list[str]:
-    """The llm workload's defaults filled in on ``args`` and checked; the tier models, heaviest first."""
-    args.tiers = args.tiers or "demo-phi3-small,demo-phi3"
-    args.duration_s = 60.0 if args.duration_s is None else args.duration_s
-    args.target_ms = args.target_ms or 387.0
-    names = [n.strip() for n in args.tiers.split(",") if n.strip()]
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """The llm workload's settings with their defaults filled in: the tier models (heaviest first), the
+    seconds per run and the TTFT P95 target."""
+
+    names: list[str]
+    duration_s: float
+    target_ms: float
+
+
+def _llm_plan(opts: TiersOptions) -> _Plan:
+    """The llm workload's defaults filled in and checked."""
+    names = [n.strip() for n in (opts.tiers or "demo-phi3-small,demo-phi3").split(",") if n.strip()]
     if len(names) < 2:
         raise InputError("--tiers needs at least two models, heaviest first")
-    if args.duration_s < 10:
-        raise InputError(f"--duration-s must be at least 10, got {args.duration_s}")
-    return names
+    duration_s = 60.0 if opts.duration_s is None else opts.duration_s
+    if duration_s < 10:
+        raise InputError(f"--duration-s must be at least 10, got {duration_s}")
+    return _Plan(names, duration_s, opts.target_ms or 387.0)
 
 
-def _ladder(args: argparse.Namespace, names: list[str]) -> list[Tier]:
+def _ladder(opts: TiersOptions, names: list[str]) -> list[Tier]:
     """One tier per model, resolved from the configured model cache: a DecoderLM on ONNX Runtime's
     CPU with ``--threads``, ``--max-batch`` and ``--max-new-tokens``, and a queue that takes the
     whole schedule."""
@@ -183,9 +137,9 @@ def _ladder(args: argparse.Namespace, names: list[str]) -> list[Tier]:
 
     cache = load_settings(None).models.cache_dir
     refs = [resolve_model(n, cache) for n in names]
-    options = SessionOptions(device="cpu", threads=args.threads)
+    options = SessionOptions(device="cpu", threads=opts.threads)
     limits = Limits(
-        max_batch=args.max_batch,
+        max_batch=opts.max_batch,
         batch_timeout_ms=10.0,
         preferred_batch_sizes=(),
         max_queue=10_000,
@@ -195,44 +149,44 @@ def _ladder(args: argparse.Namespace, names: list[str]) -> list[Tier]:
     def opener(ref: ModelRef) -> Callable[[], DecoderLM]:
         return lambda: DecoderLM.open(ref, "onnxruntime", options)
 
-    return [Tier(ref.name, opener(ref), limits, args.max_new_tokens) for ref in refs]
+    return [Tier(ref.name, opener(ref), limits, opts.max_new_tokens) for ref in refs]
 
 
-def _size_load(top: Tier, args: argparse.Namespace) -> _Load:
+def _size_load(top: Tier, opts: TiersOptions, duration_s: float) -> _Load:
     """Size the load from the top tier: one request alone, after a warm-up, gives its e2e; the rates
     default to 1× (base) and 5× (peak) the rate that serves such requests back to back."""
     probe = TieredLLM([top])
     probe.start()
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=opts.max_new_tokens, temperature=0.0, ignore_eos=True)
     probe.submit(PROMPTS[0], params).result(600)
     single_s = probe.submit(PROMPTS[1], params).result(600).timing.e2e_ms / 1e3
     probe.stop()
-    base = args.base_rate or 1.0 / single_s
-    peak = args.peak_rate or 5.0 / single_s
+    base = opts.base_rate or 1.0 / single_s
+    peak = opts.peak_rate or 5.0 / single_s
     if not 0 < base <= peak:
         raise InputError(f"need 0 < --base-rate ({base:g}) <= --peak-rate ({peak:g})")
-    return _Load(single_s, base, peak, arrivals(args.duration_s, base, peak, args.seed))
+    return _Load(single_s, base, peak, arrivals(duration_s, base, peak, opts.seed))
 
 
-def _policy(args: argparse.Namespace) -> Policy:
+def _policy(opts: TiersOptions, target_ms: float) -> Policy:
     """The adaptive run's SLA policy: TTFT P95 against ``--target-ms``, its cooldown and dwell a few
     ``--evaluate-every-s`` long."""
     return Policy(
         metric="ttft_ms",
         percentile=95,
-        target_ms=args.target_ms,
+        target_ms=target_ms,
         min_samples=6,
         downgrade_after=2,
         upgrade_after=3,
         upgrade_ratio=0.7,
-        cooldown_s=4 * args.evaluate_every_s,
-        min_dwell_s=2 * args.evaluate_every_s,
-        max_batch=args.max_batch,
+        cooldown_s=4 * opts.evaluate_every_s,
+        min_dwell_s=2 * opts.evaluate_every_s,
+        max_batch=opts.max_batch,
     )
 
 
 def _adaptive_run(
-    args: argparse.Namespace, ladder: list[Tier], policy: Policy, schedule: Sequence[float], show: bool
+    opts: TiersOptions, ladder: list[Tier], policy: Policy, schedule: Sequence[float], show: bool
 ) -> tuple[dict, list[tuple[float, str, dict]]]:
     """The schedule on the whole ladder with a TierController switching tiers: the run, and the
     controller's events and tier loads as (seconds since the controller started, kind, payload)."""
@@ -250,14 +204,14 @@ def _adaptive_run(
     controller = holder["c"] = TierController(
         served,
         policy,
-        window_s=args.window_s,
-        evaluate_every_s=args.evaluate_every_s,
+        window_s=opts.window_s,
+        evaluate_every_s=opts.evaluate_every_s,
         on_event=lambda kind, payload: events.append((time.monotonic() - t0[0], kind, payload)),
     )
     t0[0] = time.monotonic()
     controller.start()
     try:
-        adaptive = _drive(served, schedule, args.max_new_tokens, "adaptive run", show)
+        adaptive = _drive(served, schedule, opts.max_new_tokens, "adaptive run", show)
     finally:
         controller.stop()
         served.stop()
@@ -275,8 +229,8 @@ def _fixed_run(top: Tier, schedule: Sequence[float], max_new: int, show: bool) -
 
 
 def _report(
-    args: argparse.Namespace,
-    names: list[str],
+    opts: TiersOptions,
+    plan: _Plan,
     load: _Load,
     policy: Policy,
     adaptive: dict,
@@ -285,27 +239,27 @@ def _report(
 ) -> dict:
     """What ``--json`` writes: the load and the policy, each run's summary and time over the target,
     the switches and every controller event, the timeline of both runs, and each request's row."""
-    bucket_s = max(1.0, args.duration_s / 30)
-    tl_a, over_a = timeline(adaptive, args.duration_s, bucket_s, args.target_ms)
-    tl_f, over_f = timeline(fixed, args.duration_s, bucket_s, args.target_ms)
+    bucket_s = max(1.0, plan.duration_s / 30)
+    tl_a, over_a = timeline(adaptive, plan.duration_s, bucket_s, plan.target_ms)
+    tl_f, over_f = timeline(fixed, plan.duration_s, bucket_s, plan.target_ms)
     return {
-        "tiers": names,
-        "threads": args.threads,
-        "duration_s": args.duration_s,
-        "target_ms": args.target_ms,
+        "tiers": plan.names,
+        "threads": opts.threads,
+        "duration_s": plan.duration_s,
+        "target_ms": plan.target_ms,
         "single_request_s": load.single_s,
         "base_rate": load.base,
         "peak_rate": load.peak,
         "requests": len(load.schedule),
         "policy": knobs(policy),
-        "window_s": args.window_s,
-        "evaluate_every_s": args.evaluate_every_s,
+        "window_s": opts.window_s,
+        "evaluate_every_s": opts.evaluate_every_s,
         "adaptive": _summary(adaptive, over_a),
         "fixed": _summary(fixed, over_f),
         "over_target_ratio": (over_a / over_f) if over_f else None,
         "switches": [{"t_s": round(t, 2), **p} for t, kind, p in events if kind == "tier_switch"],
         "events": [{"t_s": round(t, 2), "kind": k, **p} for t, k, p in events],
-        "timeline": _side_by_side(tl_a, tl_f, bucket_s, args.duration_s, load),
+        "timeline": _side_by_side(tl_a, tl_f, bucket_s, plan.duration_s, load),
         "raw": {"adaptive": adaptive["rows"], "fixed": fixed["rows"]},
     }
 

@@ -12,7 +12,6 @@ over target, adaptive vs. fixed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import threading
@@ -29,6 +28,7 @@ from ..progress import Progress
 from ..serving.tier_control import TierController
 from ..serving.tier_policy import knobs, policy_from_config
 from . import ramp
+from .options import TiersOptions
 from .ramp import arrivals, rate_at, table_lines, timeline
 
 DEFAULT_TIERS = "demo-whisper,demo-asr"
@@ -162,27 +162,28 @@ def _summary(run: dict, over_s: float) -> dict:
     }
 
 
-def run(args: argparse.Namespace) -> int:
+def run(opts: TiersOptions) -> int:
+    """The ASR ladder against its fixed heavy tier on the same arrivals; 1 when a stream failed."""
     from ..serving.asr.tiers import open_speech
 
-    names = [n.strip() for n in (args.tiers or DEFAULT_TIERS).split(",") if n.strip()]
+    names = [n.strip() for n in (opts.tiers or DEFAULT_TIERS).split(",") if n.strip()]
     if len(names) < 2:
         raise InputError("--tiers needs at least two ASR models, heaviest first")
-    duration = 35.0 if args.duration_s is None else args.duration_s
+    duration = 35.0 if opts.duration_s is None else opts.duration_s
     if duration < 10:
         raise InputError(f"--duration-s must be at least 10, got {duration}")
-    base = args.base_rate or 0.3
-    peak = args.peak_rate or 1.5
+    base = opts.base_rate or 0.3
+    peak = opts.peak_rate or 1.5
     if not 0 < base <= peak:
         raise InputError(f"need 0 < --base-rate ({base:g}) <= --peak-rate ({peak:g})")
-    settings = _settings(names, args.threads)
-    target = args.target_ms or settings.sla.asr.target_ms
-    show = not args.quiet
+    settings = _settings(names, opts.threads)
+    target = opts.target_ms or settings.sla.asr.target_ms
+    show = not opts.quiet
     with tempfile.TemporaryDirectory(prefix="edge-agent-asr-bench-") as tmp:
         clips = _clips(Path(tmp))
-    schedule = arrivals(duration, base, peak, args.seed)
+    schedule = arrivals(duration, base, peak, opts.seed)
 
-    ev = args.evaluate_every_s
+    ev = opts.evaluate_every_s
     policy = replace(
         policy_from_config(settings.sla.asr),
         target_ms=target,
@@ -210,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
 
     speech = open_speech(settings, observe=utterance, on_switched=switched, drain_s=60.0)
     controller = holder["c"] = TierController(
-        speech, policy, window_s=args.window_s, evaluate_every_s=ev, on_event=note, workload="asr"
+        speech, policy, window_s=opts.window_s, evaluate_every_s=ev, on_event=note, workload="asr"
     )
     t0[0] = time.monotonic()
     controller.start()
@@ -219,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         controller.stop()
         speech.stop(60.0)
-    fixed_speech = open_speech(_settings(names[:1], args.threads), drain_s=60.0)
+    fixed_speech = open_speech(_settings(names[:1], opts.threads), drain_s=60.0)
     try:
         fixed = _drive(fixed_speech, schedule, clips, "fixed heavy tier", show)
     finally:
@@ -232,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
         "workload": "asr",
         "metric": METRIC,
         "tiers": names,
-        "threads": args.threads,
+        "threads": opts.threads,
         "duration_s": duration,
         "target_ms": target,
         "base_rate": base,
@@ -241,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         "arrivals": [round(t, 4) for t in schedule],
         "clips": [{"text": text, "audio_s": len(pcm) / 2 / RATE} for pcm, text in clips],
         "policy": knobs(policy),
-        "window_s": args.window_s,
+        "window_s": opts.window_s,
         "evaluate_every_s": ev,
         "adaptive": _summary(adaptive, over_a),
         "fixed": _summary(fixed, over_f),
@@ -263,10 +264,10 @@ def run(args: argparse.Namespace) -> int:
         "shed_at": {"adaptive": adaptive["shed_at"], "fixed": fixed["shed_at"]},
     }
     print(format_report(report))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
-    if args.plot:
-        plot_tiers(report, Path(args.plot))
+    if opts.json_out:
+        Path(opts.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    if opts.plot:
+        plot_tiers(report, Path(opts.plot))
     return 1 if adaptive["failed"] or fixed["failed"] else 0
 
 

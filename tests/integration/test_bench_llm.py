@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.bench.llm import add_parser
+from edge_agent.cli import build_parser
 from edge_agent.errors import InputError
 
 REQUESTS, PROMPT, NEW = 4, 16, 8
@@ -16,9 +16,7 @@ GENAI_PHI3 = Path(__file__).resolve().parent.parent / "data" / "demo-phi3-genai"
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="bench")
-    add_parser(parser.add_subparsers(dest="cmd", required=True))
-    return parser.parse_args(["llm", *argv])
+    return build_parser().parse_args(["bench", "llm", *argv])
 
 
 def _base(tmp_path) -> list[str]:

@@ -21,6 +21,7 @@ import pytest
 
 from edge_agent.backends import npu
 from edge_agent.bench import llm
+from edge_agent.bench.options import LLMOptions
 
 pytest.importorskip("openvino")
 
@@ -49,9 +50,18 @@ def _run(tmp_path: Path) -> dict:
         '[[models.llm]]\nname = "npu"\nmodel = "demo-phi3"\nbackend = "openvino"\ndevice = "NPU"\n'
     )
     out = tmp_path / "report.json"
-    argv = ["llm", "--config", str(config), "--tier", "npu", "--rounds", "1", "--requests", "2"]
-    argv += ["--prompt-tokens", "24", "--max-new-tokens", "12", "--genai", "none", "--json", str(out), "--quiet"]
-    assert llm.main(argv) == 0
+    opts = LLMOptions(
+        config=config,
+        tier="npu",
+        rounds=1,
+        requests=2,
+        prompt_tokens=24,
+        max_new_tokens=12,
+        genai="none",
+        json_out=out,
+        quiet=True,
+    )
+    assert llm.run(opts) == 0
     return json.loads(out.read_text())
 
 
