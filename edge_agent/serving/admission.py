@@ -21,6 +21,12 @@ is an exponentially weighted mean that ages out: a value not refreshed for ``STA
 next sample, not averaged with it (the device may have changed: thermal state, other load). Until a rate
 is known the prediction is None and the request is admitted: nothing says it would be late.
 
+What the model leaves out (another workload on the same cores, a voice turn that jumps the queue, the
+batch wait for batch-mates) shows as admitted requests starting later than predicted. ``Lateness`` keeps
+the last ``LATENESS_SAMPLES`` of those errors and gives their ``LATENESS_QUANTILE`` as a margin that
+admission adds to each prediction: a box whose chats start 150 ms late in one of ten admits 150 ms less,
+up front, instead of refusing those chats after they waited (a refusal is only quick at arrival).
+
 ``judge`` turns a prediction into a verdict: admit when it fits the budget, else refuse with the
 predicted time until a request of this size would fit (``Retry-After``) and the reason in words.
 """
@@ -29,12 +35,16 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 STALE_S = 60.0  # a rate not refreshed for this long no longer describes the device
 PREFILL_MIN_TOKENS = 32  # shorter prefills say little about the cost per token
 EWMA = 0.2  # weight of the newest sample in a fresh rate
+LATENESS_SAMPLES = 32  # admitted requests whose start the margin describes
+LATENESS_QUANTILE = 0.9  # the margin covers this share of them
+LATENESS_MIN_SAMPLES = 8  # fewer say nothing: no margin
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +132,26 @@ class Rates:
         return Snapshot(step, self._prefill.current(now) or 0.0, self._tokens.current(now))
 
 
+class Lateness:
+    """How much later than predicted admitted requests started lately (see the module doc). Not thread-safe
+    by itself: the scheduler's device thread writes it and admission reads it under the scheduler's lock."""
+
+    def __init__(self) -> None:
+        self._errors: deque[tuple[float, float]] = deque(maxlen=LATENESS_SAMPLES)  # (when, ms late; < 0: early)
+
+    def started(self, predicted_s: float, started_s: float) -> None:
+        """A request predicted to start at ``predicted_s`` started at ``started_s`` (both on the clock)."""
+        self._errors.append((started_s, (started_s - predicted_s) * 1e3))
+
+    def margin_ms(self, now: float) -> float:
+        """The ``LATENESS_QUANTILE`` of the recent errors (those within ``STALE_S``), never below 0; 0 with
+        fewer than ``LATENESS_MIN_SAMPLES``."""
+        recent = sorted(ms for at, ms in self._errors if now - at <= STALE_S)
+        if len(recent) < LATENESS_MIN_SAMPLES:
+            return 0.0
+        return max(0.0, recent[min(len(recent) - 1, math.ceil(LATENESS_QUANTILE * len(recent)) - 1)])
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """Rates at one moment: ms per decode step, ms per prompt token, mean tokens generated (None: unknown)."""
@@ -180,17 +210,20 @@ def prefill_ms(tokens: int, rates: Snapshot) -> float:
     return rates.step_ms + tokens * rates.prefill_ms_per_token if tokens > 0 else 0.0
 
 
-def judge(predicted_ms: float | None, budget_ms: float, what: str = "request") -> Verdict:
-    """Admit when the prediction fits ``budget_ms`` (or nothing could be predicted); else refuse, with the
-    time until one would fit: the predicted excess, at least a second (``Retry-After`` counts seconds)."""
-    if predicted_ms is None or predicted_ms <= budget_ms:
+def judge(predicted_ms: float | None, budget_ms: float, what: str = "request", margin_ms: float = 0.0) -> Verdict:
+    """Admit when the prediction plus ``margin_ms`` (``Lateness``) fits ``budget_ms`` (or nothing could be
+    predicted); else refuse, with the time until one would fit: the excess, at least a second
+    (``Retry-After`` counts seconds)."""
+    if predicted_ms is None or predicted_ms + margin_ms <= budget_ms:
         return Verdict(True, predicted_ms, budget_ms)
-    excess_s = (predicted_ms - budget_ms) / 1e3
+    expected_ms = predicted_ms + margin_ms
+    excess_s = (expected_ms - budget_ms) / 1e3
+    late = f" (with {margin_ms:.0f} ms of recent lateness)" if margin_ms > 0 else ""
     return Verdict(
         False,
         predicted_ms,
         budget_ms,
         retry_after_s=max(1.0, math.ceil(excess_s)),
-        reason=f"overloaded: a {what} arriving now would get its first token in about {predicted_ms:.0f} ms, "
-        f"over its {budget_ms:.0f} ms budget",
+        reason=f"overloaded: a {what} arriving now would get its first token in about {expected_ms:.0f} ms"
+        f"{late}, over its {budget_ms:.0f} ms budget",
     )

@@ -14,6 +14,7 @@ from edge_agent.metrics.window import WARMUP
 from edge_agent.models.catalog import resolve_model
 from edge_agent.models.llm import DecoderLM
 from edge_agent.models.sampling import SamplingParams
+from edge_agent.serving.admission import Lateness
 from edge_agent.serving.llm.admission import INTERACTIVE
 from edge_agent.serving.llm.scheduler import Limits, LLMScheduler
 from edge_agent.serving.llm.tiers import Tier, TieredLLM
@@ -306,3 +307,59 @@ def test_a_waiting_chat_predicted_to_miss_its_start_deadline_is_refused_then_not
         assert len(ahead.result(30).token_ids) == 40 and len(fine.result(30).token_ids) == 3
     finally:
         sched.stop()
+
+
+def test_the_scheduler_learns_how_late_admitted_chats_start_against_their_predictions(lm):
+    clock = [100.0]  # a fake clock: a chat starts exactly when the test lets it
+    sched = LLMScheduler(lm, Limits(max_batch=16, batch_timeout_ms=0), clock=lambda: clock[0])
+    for k in range(10):
+        seq = sched.prepare(OTHER, greedy(1))
+        seq.predicted_start_s = clock[0]  # admission said: at once
+        sched.enqueue(seq)
+        clock[0] += 0.2 if k < 9 else 1.0  # nine start 200 ms late, one a whole second
+        with sched._cond:
+            assert sched._take_admitted()
+    assert sched.lateness_ms() == pytest.approx(200.0)  # the ninetieth percentile: not the one outlier
+    assert sched.lateness_ms(clock[0] + 61) == 0.0  # aged out
+
+
+def test_admission_adds_the_recent_lateness_to_its_prediction(folder):
+    gate = threading.Event()
+    gate.set()
+
+    def gated_open():  # decode steps wait on the gate: the chat ahead holds its row as long as the test says
+        model = DecoderLM.open(folder, "onnxruntime", SessionOptions(threads=1))
+        step = model.decode_runs
+
+        def gated(*args, **kwargs):
+            gate.wait(60)
+            return step(*args, **kwargs)
+
+        model.decode_runs = gated  # type: ignore[method-assign]
+        return model
+
+    ladder = _ladder(folder, [], [Tier("full", gated_open, Limits(max_batch=1, batch_timeout_ms=0), 40)])
+    try:
+        ladder.submit("warm the rates up", greedy(3), raw=True).result(30)
+        gate.clear()
+        running = ladder.submit("a long one ahead", greedy(40), raw=True)
+        next(iter(running))  # a busy tier: an idle one serves whatever arrives
+        sched = ladder._active.scheduler
+        now = sched.clock()
+        with sched._cond:
+            for _ in range(10):
+                sched.lateness.started(now - 1.0, now - 0.5)  # ten chats started 500 ms late
+        predicted = sched.predict_ttft_ms(4)
+        assert predicted is not None
+        ladder.sla_ms = lambda: predicted + 200.0  # the prediction alone fits, with room
+        with pytest.raises(Overloaded, match="500 ms of recent lateness") as refused:
+            ladder.submit("hi", greedy(3), raw=True)
+        assert refused.value.reason == "over_budget" and refused.value.retry_after_s >= 1
+        with sched._cond:
+            sched.lateness = Lateness()  # no lateness: the same prediction is admitted
+        admitted = ladder.submit("hi", greedy(3), raw=True)
+        gate.set()
+        assert len(admitted.result(30).token_ids) == 3 and len(running.result(30).token_ids) == 40
+    finally:
+        gate.set()
+        ladder.stop()

@@ -60,7 +60,7 @@ from ...models.llm_contract import kv_bytes_per_token
 from ...models.prefix_cache import PrefixCache, PrefixStats
 from ...models.sampling import Sampler, SamplingParams, find_stop, logprobs_of, repeated_too_often
 from ...models.tokenizer import StreamDecoder
-from ..admission import Rates, Snapshot, Work, predict_starts, predict_ttft_ms, prefill_ms
+from ..admission import Lateness, Rates, Snapshot, Work, predict_starts, predict_ttft_ms, prefill_ms
 from ..batch_wait import AdaptiveWait
 from .admission import INTERACTIVE, Limits, plan_admission
 from .handle import Completion, RequestHandle, TokenEvent, TokenLogprob
@@ -103,6 +103,7 @@ class _Sequence:
         self.recorder = TimingRecorder(len(prompt), tags, clock=clock, admitted_s=admitted_s)
         self.deadline_s = deadline_s
         self.start_by_s = start_by_s  # refused (Overloaded) if not started by then
+        self.predicted_start_s: float | None = None  # when admission predicted it would start (Lateness)
         self.preempted = False  # it ran, gave its row to a voice turn, and waits to resume
         self.resume: tuple[int, dict[str, np.ndarray]] | None = None  # (tokens, their KV) it resumes from
         self.lm: DecoderLM | None = None  # the model it was prepared for (ids, format, decoder)
@@ -166,6 +167,7 @@ class LLMScheduler:
         self._limited = LogLimiter(clock=clock, logger=log)
         self.steps = 0  # decode steps run (progress, for the watchdog)
         self.rates = Rates()  # written by the device thread under the queue's lock
+        self.lateness = Lateness()  # admitted chats' starts against their predictions, likewise
         self._seed_rates()
         self.preemptions = 0
 
@@ -239,6 +241,13 @@ class LLMScheduler:
             return None
         running, ahead, max_rows, rates = view
         return predict_ttft_ms(running, [w for _, w in ahead], prompt_tokens, max_rows, rates)
+
+    def lateness_ms(self, now: float | None = None) -> float:
+        """The margin admission adds to a prediction here: how late admitted chats started lately
+        (``serving.admission.Lateness``)."""
+        now = self.clock() if now is None else now
+        with self._cond:
+            return self.lateness.margin_ms(now)
 
     def prefill_ms(self, prompt_tokens: int, now: float | None = None) -> tuple[float, float]:
         """(the expected prefill of ``prompt_tokens``, a decode step) from the measured rates (0s while none
@@ -408,6 +417,9 @@ class LLMScheduler:
                 )
                 for seq in admitted:
                     seq.resume = None
+                    if seq.predicted_start_s is not None:
+                        self.lateness.started(seq.predicted_start_s, now)
+                        seq.predicted_start_s = None
                 return True
             if self._stopping and not waiting:
                 return False
