@@ -5,8 +5,10 @@ server on the same GGUF beside it.
    ``gemma-3-270m-home``; the ASR tier for the spoken commands), the API on a free port, telemetry into a
    private mosquitto, state under a temporary folder, no engine built meanwhile (``[engines]
    build_on_start = false``: whatever is already built is served). Its capacity is measured first as the
-   demo does (chats completed per second with four always in flight, under an SLA no queue breaks), then a
-   SIGHUP puts the default SLA (387 ms TTFT P95) in force. ``--capacity`` skips the probe.
+   demo does (chats completed per second with four always in flight, under an SLA no queue breaks), with
+   the spoken commands running meanwhile as they do in the levels (the capacity of the mix offered, not of
+   chats alone), then a SIGHUP puts the default SLA (387 ms TTFT P95) in force. ``--capacity`` skips the
+   probe.
 2. Per round and load level (0.5x, 1x, 1.5x, 2x, 3x that capacity): seeded Poisson arrivals for
    ``--seconds``, whatever is in flight (open loop). Each chat is streamed; a level waits for every
    request it sent (at most ``--drain-s``, after which the rest are cancelled and counted as such) and for
@@ -330,6 +332,19 @@ def load_speech(workdir: Path) -> Speech:
     return Speech(out, settings, sorted({f"espeak-ng {c.voice}" for c in DEMO}) if out else [])
 
 
+async def speak_meanwhile(
+    session, url: str, speech: Speech | None, t0: float, until: Callable[[], float], turns: list[VoiceTurn]
+) -> None:
+    """The spoken commands one after another (a second apart) until ``until()`` (a perf_counter time), each
+    turn appended to ``turns``: the voice mix a level and the capacity probe both run."""
+    k = 0
+    while speech and speech.clips and time.perf_counter() < until():
+        pcm, said, expected = speech.clips[k % len(speech.clips)]
+        k += 1
+        turns.append(await speak(session, url, pcm, speech.settings, said, expected, time.perf_counter() - t0))
+        await asyncio.sleep(1.0)
+
+
 async def drive_level(
     url: str,
     schedule: Sequence[float],
@@ -350,20 +365,12 @@ async def drive_level(
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         t0 = time.perf_counter()
 
-        async def voice() -> None:
-            k = 0
-            while speech and speech.clips and time.perf_counter() - t0 < seconds - 3:
-                pcm, said, expected = speech.clips[k % len(speech.clips)]
-                k += 1
-                turns.append(await speak(session, url, pcm, speech.settings, said, expected, time.perf_counter() - t0))
-                await asyncio.sleep(1.0)
-
         async def ticker() -> None:
             while True:
                 tick(time.perf_counter() - t0, outcomes)
                 await asyncio.sleep(1.0)
 
-        voice_task = asyncio.create_task(voice())
+        voice_task = asyncio.create_task(speak_meanwhile(session, url, speech, t0, lambda: t0 + seconds - 3, turns))
         tick_task = asyncio.create_task(ticker())
         for i, t in enumerate(schedule):
             await asyncio.sleep(max(0.0, t0 + t - time.perf_counter()))
@@ -385,10 +392,14 @@ async def drive_level(
     return outcomes, turns
 
 
-async def capacity(url: str, concurrency: int = PROBE_CONCURRENCY, max_s: float = 60.0) -> float:
+async def capacity(
+    url: str, concurrency: int = PROBE_CONCURRENCY, max_s: float = 60.0, speech: Speech | None = None
+) -> float:
     """Chats completed per second with ``concurrency`` always in flight (closed loop), as the demo measures it:
     the first ``concurrency`` completions (cold) left out, the rate taken between completions from then on,
-    over ``PROBE_REQUESTS`` more or ``max_s`` in all."""
+    over ``PROBE_REQUESTS`` more or ``max_s`` in all. With ``speech``, its spoken commands run meanwhile as
+    in the levels: the capacity is then that of the mix the levels offer (Whisper's passes and the voice
+    replies take the same cores from the chats), not of chats alone."""
     import aiohttp
 
     from .serve_client import Load, Target
@@ -407,7 +418,14 @@ async def capacity(url: str, concurrency: int = PROBE_CONCURRENCY, max_s: float 
             max_s,
             on_done=lambda n: stamps.append(time.perf_counter()),
         )
-        await load.closed(concurrency, ramp_s=1.0)
+        done = False
+        t0 = time.perf_counter()
+        voice = asyncio.create_task(speak_meanwhile(session, url, speech, t0, lambda: -1.0 if done else t0 + max_s, []))
+        try:
+            await load.closed(concurrency, ramp_s=1.0)
+        finally:
+            done = True
+            await voice
     bad = [r.status for r in load.results if not r.ok]
     if bad:
         raise EdgeAgentError(f"the capacity probe at {url} got {len(bad)} failed chats (statuses {sorted(set(bad))})")
@@ -795,8 +813,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             say(f"starting the daemon on the default tiers (log {workdir / 'daemon.log'})")
             daemon = Daemon(workdir, say)
-            say("daemon up; warming it and measuring its capacity (4 chats in flight)")
-            measured = asyncio.run(capacity(daemon.url))
+            mix = "4 chats in flight" + (", the spoken commands meanwhile" if speech and speech.clips else "")
+            say(f"daemon up; warming it and measuring its capacity ({mix})")
+            measured = asyncio.run(capacity(daemon.url, speech=speech))
             report["daemon_serving"] = daemon.serving()
             cap = args.capacity or measured
             report["capacity_per_s"] = cap
