@@ -21,82 +21,30 @@ installed, else a synthetic speech-like signal (said in the report).
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 from ..errors import InputError
-from ..models.ctc_lexicon import DECODERS
 from .asr_replay import SEED, median_rounds, run_baseline, run_streaming, segments, setup, summarize
-
-
-def _streams(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--streams: {text!r} is not a number or a comma list (1,4)") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"--streams: {text!r}: give counts of at least 1")
-    return values
-
-
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "asr",
-        help="benchmark streaming ASR with N concurrent streams against one-pass decoding",
-        description="Replay speech on N concurrent streams in real time through the streaming ASR service "
-        "(endpointing, dynamic batching) and decode the same utterances in one pass each; report "
-        "first-partial / final / first-text percentiles and RTF side by side.",
-    )
-    p.add_argument(
-        "--streams",
-        type=_streams,
-        default=[1],
-        metavar="N[,N…]",
-        help="concurrent streams (default 1; a comma list with --compare, e.g. 1,4)",
-    )
-    p.add_argument(
-        "--compare",
-        action="store_true",
-        help="the fixed batching wait and whole first chunk (the previous behaviour) against the adaptive "
-        "wait and early first step, in alternating rounds, side by side with ratios",
-    )
-    p.add_argument("--model", default=None, help="ASR demo model or folder (default: the top configured ASR tier)")
-    p.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "openvino"))
-    p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds; medians reported (default 3)")
-    p.add_argument("--audio", action="append", default=[], metavar="FILE", help="speech to replay (repeatable)")
-    p.add_argument("--max-batch", type=int, default=None, help="default: batching.max_batch")
-    p.add_argument("--batch-timeout-ms", type=float, default=None, help="default: batching.batch_timeout_ms")
-    p.add_argument(
-        "--decoder",
-        choices=DECODERS,
-        default="auto",
-        help="CTC decoding; auto = the folder's lexicon + LM when it has them (default)",
-    )
-    p.add_argument("--json", dest="json_out", metavar="OUT", default=None, help="write the JSON report to OUT")
-    p.add_argument("--plot", metavar="PNG", default=None, help="CDFs of final and first-text latency, RTF bars")
-    p.add_argument("--config", metavar="FILE", default=None, help=argparse.SUPPRESS)
-    p.set_defaults(func=run)
-    return p
-
+from .options import AsrOptions
 
 # -- the command --------------------------------------------------------------------------------
 
 
-def run(args: argparse.Namespace) -> int:
+def run(opts: AsrOptions) -> int:
+    """Measure streaming against one-pass decoding (or, with ``compare``, the two batching waits); print the table."""
     from ..serving.asr.factory import make_service
 
-    if args.rounds < 1:
+    if opts.rounds < 1:
         raise InputError("--rounds must be at least 1")
-    if args.compare:
+    if opts.compare:
         from .asr_compare import run_compare
 
-        return run_compare(args)
-    if len(args.streams) != 1:
-        raise InputError(f"--streams {args.streams}: one count, or a list with --compare")
-    streams = args.streams[0]
-    settings, batching, ref, engine, audio, audio_source = setup(args)
+        return run_compare(opts)
+    if len(opts.streams) != 1:
+        raise InputError(f"--streams {opts.streams}: one count, or a list with --compare")
+    streams = opts.streams[0]
+    settings, batching, ref, engine, audio, audio_source = setup(opts)
     stream_rounds: list[dict] = []
     base_rounds: list[dict] = []
     raw: dict[str, list[dict]] = {"streaming": [], "baseline": []}
@@ -106,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         service = make_service(engine, settings.audio, batching, streams=streams)
         segs = segments(engine, audio, service)
         engine.transcribe(segs[0] if segs else audio[:16000])  # warm-up
-        for r in range(args.rounds):
+        for r in range(opts.rounds):
             service = make_service(engine, settings.audio, batching, streams=streams).start()
             try:
                 rows, _wall = run_streaming(service, audio, streams, SEED + r)
@@ -130,10 +78,10 @@ def run(args: argparse.Namespace) -> int:
     report = {
         "model": ref.name,
         "kind": engine.kind,
-        "backend": args.backend,
-        "threads": args.threads,
+        "backend": opts.backend,
+        "threads": opts.threads,
         "streams": streams,
-        "rounds": args.rounds,
+        "rounds": opts.rounds,
         "audio": audio_source,
         "utterances_per_stream": len(segs),
         "audio_s_per_stream": round(audio.size / 16000, 2),
@@ -157,8 +105,8 @@ def run(args: argparse.Namespace) -> int:
     from .asr_report import format_table, plot_report
 
     print(format_table(report))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
-    if args.plot:
-        plot_report(report, raw, Path(args.plot))
+    if opts.json_out:
+        Path(opts.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    if opts.plot:
+        plot_report(report, raw, Path(opts.plot))
     return 0

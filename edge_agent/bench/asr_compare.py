@@ -18,7 +18,6 @@ faster), and whether each column's finals equal the one-pass text.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from dataclasses import replace
@@ -28,6 +27,7 @@ from typing import Any
 from ..serving.asr.service import AsrService
 from .asr_replay import SEED, median_rounds, run_streaming, segments, setup, summarize
 from .asr_report import fmt
+from .options import AsrOptions
 
 CONFIGS = ("fixed", "adaptive")
 ROWS = (
@@ -58,16 +58,16 @@ def make_config(base: AsrService, config: str, chunk_ms: int) -> AsrService:
     )
 
 
-def run_compare(args: argparse.Namespace) -> int:
+def run_compare(opts: AsrOptions) -> int:
     from ..serving.asr.factory import make_service
 
-    settings, batching, ref, engine, audio, audio_source = setup(args)
+    settings, batching, ref, engine, audio, audio_source = setup(opts)
     report: dict = {
         "model": ref.name,
         "kind": engine.kind,
-        "backend": args.backend,
-        "threads": args.threads,
-        "rounds": args.rounds,
+        "backend": opts.backend,
+        "threads": opts.threads,
+        "rounds": opts.rounds,
         "audio": audio_source,
         "batch_timeout_ms": batching.batch_timeout_ms,
         "chunk_ms": settings.audio.chunk_ms,
@@ -77,12 +77,12 @@ def run_compare(args: argparse.Namespace) -> int:
         probe = make_service(engine, settings.audio, batching)
         segs = segments(engine, audio, probe)
         one_pass = [engine.transcribe(seg).text for seg in segs]  # also the warm-up
-        for n in args.streams:
+        for n in opts.streams:
             base = make_service(engine, settings.audio, batching, streams=n)
             rounds: dict[str, list[dict]] = {c: [] for c in CONFIGS}
             equal = dict.fromkeys(CONFIGS, 0)
             sizes: dict[str, list[float]] = {c: [] for c in CONFIGS}
-            for r in range(args.rounds):
+            for r in range(opts.rounds):
                 for config in CONFIGS if r % 2 == 0 else CONFIGS[::-1]:
                     service = make_config(base, config, settings.audio.chunk_ms).start()
                     try:
@@ -95,7 +95,7 @@ def run_compare(args: argparse.Namespace) -> int:
                         equal[config] += sum(a == b for a, b in zip(got, one_pass)) if len(got) == len(segs) else 0
                     bs = service.batcher.batch_sizes
                     sizes[config].append(sum(s * c for s, c in bs.items()) / max(1, sum(bs.values())))
-            total = args.rounds * n * len(segs)
+            total = opts.rounds * n * len(segs)
             report["streams"][str(n)] = {
                 c: {
                     **median_rounds(rounds[c]),
@@ -107,8 +107,8 @@ def run_compare(args: argparse.Namespace) -> int:
     finally:
         engine.close()
     print(format_compare(report))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    if opts.json_out:
+        Path(opts.json_out).write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 

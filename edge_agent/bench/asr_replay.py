@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import statistics
 import subprocess
@@ -15,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
+from .options import AsrOptions
 
 SENTENCES = ("turn on the kitchen lights", "what is the weather like tomorrow morning", "set a timer for ten minutes")
 SEED = 1234
@@ -184,18 +185,18 @@ def median_rounds(rounds: list[dict]) -> dict:
     return out
 
 
-def setup(args: argparse.Namespace):
+def setup(opts: AsrOptions):
     """Settings, batching config (with the command's overrides), model, open engine, replayed audio."""
     from ..backends import SessionOptions
     from ..config import load_settings
     from ..models.asr import open_recognizer
     from ..models.catalog import resolve_model
 
-    settings = load_settings(args.config)
+    settings = load_settings(opts.config)
     batching = settings.batching.model_copy(
         update={
             k: v
-            for k, v in (("max_batch", args.max_batch), ("batch_timeout_ms", args.batch_timeout_ms))
+            for k, v in (("max_batch", opts.max_batch), ("batch_timeout_ms", opts.batch_timeout_ms))
             if v is not None
         }
     )
@@ -203,13 +204,13 @@ def setup(args: argparse.Namespace):
         batching = batching.model_copy(
             update={"preferred_batch_sizes": [s for s in batching.preferred_batch_sizes if s <= batching.max_batch]}
         )
-    ref = resolve_model(args.model or settings.models.asr[0].model, settings.models.cache_dir)
-    device = "CPU" if args.backend == "openvino" else "cpu"
+    ref = resolve_model(opts.model or settings.models.asr[0].model, settings.models.cache_dir)
+    device = "CPU" if opts.backend == "openvino" else "cpu"
     engine = open_recognizer(
-        ref, args.backend, SessionOptions(device=device, threads=args.threads), decoder=args.decoder
+        ref, opts.backend, SessionOptions(device=device, threads=opts.threads), decoder=opts.decoder
     )
     try:
-        clips, audio_source = load_audio(args.audio)
+        clips, audio_source = load_audio(opts.audio)
     except BaseException:
         engine.close()
         raise

@@ -17,7 +17,6 @@ for one box doing everything; the ratios between rows are what to read. Each cou
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -33,33 +32,9 @@ from typing import Any
 
 from ..errors import BackendUnavailable
 from .netproxy import free_port
+from .options import FleetOptions
 
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "fleet",
-        help="the fleet side (export, watch) at N simulated devices",
-        description="Simulated devices publish through a local mosquitto; measure messages/s, "
-        "fleet export and fleet watch lag and CPU per device count.",
-    )
-    p.add_argument("--devices", default="100,1000", help="device counts, comma-separated (default 100,1000)")
-    p.add_argument("--interval-s", type=float, default=1.0, help="window interval per device (default 1)")
-    p.add_argument("--duration-s", type=float, default=20.0, help="measured seconds per run (default 20)")
-    p.add_argument("--warmup-s", type=float, default=5.0)
-    p.add_argument("--rounds", type=int, default=1)
-    p.add_argument(
-        "--scrape-every-s",
-        type=float,
-        default=10.0,
-        help="scrape the exporter's /metrics this often, as Prometheus would (default 10)",
-    )
-    p.add_argument("--json", dest="json_out", metavar="OUT", default=None, help="write the JSON report to OUT")
-    p.add_argument("--role", choices=("bench", "watch"), default="bench", help=argparse.SUPPRESS)
-    p.add_argument("--broker", default=None, help=argparse.SUPPRESS)
-    p.set_defaults(func=run)
-    return p
 
 
 def _cpu_s(pid: int) -> float:
@@ -67,13 +42,14 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
 
 
-def _watch_role(args: argparse.Namespace) -> int:
-    """The ``fleet watch`` core alone: ingest for warmup + duration, then print stats as one JSON line."""
+def watch_role(broker: str, warmup_s: float, duration_s: float) -> int:
+    """The ``fleet watch`` core alone on ``broker`` (HOST:PORT): ingest for warmup + duration, then print stats
+    as one JSON line (what ``run`` starts in a process of its own, as ``bench fleet --role watch``)."""
     import paho.mqtt.client as mqtt
 
     from ..telemetry.fleet import FleetView
 
-    host, _, port = args.broker.rpartition(":")
+    host, _, port = broker.rpartition(":")
     view = FleetView(window_s=60.0)
     lags: list[float] = []
     state = {"measuring": False, "messages": 0}
@@ -90,10 +66,10 @@ def _watch_role(args: argparse.Namespace) -> int:
     client.on_message = on_message
     client.connect(host, int(port))
     client.loop_start()
-    time.sleep(args.warmup_s)
+    time.sleep(warmup_s)
     cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
     state["measuring"] = True
-    time.sleep(args.duration_s)
+    time.sleep(duration_s)
     state["measuring"] = False
     cpu1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
     view.rows()  # the table's aggregation is part of watch's cost
@@ -130,7 +106,7 @@ def _gauge(text: str, prefix: str) -> float | None:
     return None
 
 
-def _one_run(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def _one_run(n: int, opts: FleetOptions, work: Path) -> dict[str, Any]:
     mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     if not Path(mosquitto).exists():
         raise BackendUnavailable("bench fleet needs mosquitto (apt-get install mosquitto)")
@@ -148,7 +124,7 @@ def _one_run(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
             [*py, "fleet", "export", "--broker", broker, "--listen", f"127.0.0.1:{ex_port}"], stdout=log, stderr=log
         )
         procs.append(exporter)
-        total = args.warmup_s + args.duration_s
+        total = opts.warmup_s + opts.duration_s
         watch = subprocess.Popen(
             [
                 *py,
@@ -159,9 +135,9 @@ def _one_run(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 "--broker",
                 broker,
                 "--warmup-s",
-                str(args.warmup_s),
+                str(opts.warmup_s),
                 "--duration-s",
-                str(args.duration_s),
+                str(opts.duration_s),
             ],
             stdout=subprocess.PIPE,
             stderr=log,
@@ -178,7 +154,7 @@ def _one_run(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 "--devices",
                 str(n),
                 "--interval-s",
-                str(args.interval_s),
+                str(opts.interval_s),
                 "--duration-s",
                 str(total + 1.0),
             ],
@@ -186,13 +162,13 @@ def _one_run(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
             stderr=log,
         )
         procs.append(sim)
-        time.sleep(args.warmup_s)
+        time.sleep(opts.warmup_s)
         text0, _ = _metrics(ex_port)
         cpu0, t0 = _cpu_s(exporter.pid), time.monotonic()
         msgs0 = _gauge(text0, 'edge_fleet_export_messages_total{kind="tele/latency"}') or 0.0
         scrapes = []
-        while time.monotonic() - t0 < args.duration_s:
-            time.sleep(min(args.scrape_every_s, max(0.0, args.duration_s - (time.monotonic() - t0))))
+        while time.monotonic() - t0 < opts.duration_s:
+            time.sleep(min(opts.scrape_every_s, max(0.0, opts.duration_s - (time.monotonic() - t0))))
             text, took = _metrics(ex_port)
             scrapes.append(took)
         cpu1, t1 = _cpu_s(exporter.pid), time.monotonic()
@@ -205,7 +181,7 @@ def _one_run(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         lag95 = _gauge(text, 'edge_fleet_export_ingest_lag_seconds{quantile="0.95"}')
         return {
             "devices": n,
-            "expected_msgs_per_s": n / args.interval_s,
+            "expected_msgs_per_s": n / opts.interval_s,
             "export_msgs_per_s": (msgs1 - msgs0) / (t1 - t0),
             "export_cpu_pct": 100 * (cpu1 - cpu0) / (t1 - t0),
             "export_lag_p50_s": None if lag50 is None else lag50 + scrape,
@@ -252,14 +228,13 @@ def render(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.role == "watch":
-        return _watch_role(args)
-    counts = [int(c) for c in str(args.devices).split(",") if c.strip()]
+def run(opts: FleetOptions) -> int:
+    """Per device count, ``rounds`` runs of simulator, exporter and watch on one broker; the medians printed."""
+    counts = [int(c) for c in str(opts.devices).split(",") if c.strip()]
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
         for n in counts:
-            runs = [_one_run(n, args, Path(tmp)) for _ in range(max(1, args.rounds))]
+            runs = [_one_run(n, opts, Path(tmp)) for _ in range(max(1, opts.rounds))]
             row = dict(runs[0])
             for key, value in runs[0].items():
                 if isinstance(value, float):
@@ -268,8 +243,8 @@ def run(args: argparse.Namespace) -> int:
             rows.append(row)
             print(f"{n} devices: {row['simulator']}", file=sys.stderr, flush=True)
     print(render(rows))
-    if args.json_out:
-        Path(args.json_out).write_text(
-            json.dumps({"interval_s": args.interval_s, "duration_s": args.duration_s, "rows": rows}, indent=2)
+    if opts.json_out:
+        Path(opts.json_out).write_text(
+            json.dumps({"interval_s": opts.interval_s, "duration_s": opts.duration_s, "rows": rows}, indent=2)
         )
     return 0

@@ -15,7 +15,6 @@ on shared cores is about ±10 %: ratios within that are "the same".
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -28,39 +27,7 @@ from typing import Any
 
 from ..errors import BackendUnavailable, InputError
 from ..metrics.window import percentile
-
-CONDITIONS = ("off", "up", "down", "slow")
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "telemetry",
-        help="inference latency with telemetry off / broker up / down / slow",
-        description="Run LLM requests through the scheduler while telemetry publishes at a fast interval "
-        "with the MQTT broker up, down and slow (delay proxy); compare P50/P99 with telemetry off.",
-    )
-    p.add_argument(
-        "--model",
-        default="demo-phi3-small",
-        help="demo model name or model folder (default demo-phi3-small, 28.6 M parameters)",
-    )
-    p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
-    p.add_argument("--requests", type=int, default=24, help="requests per condition per round (default 24)")
-    p.add_argument("--prompt-tokens", type=int, default=64)
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=3, help="rounds over all conditions; medians reported (default 3)")
-    p.add_argument(
-        "--interval-s", type=float, default=0.05, help="telemetry window interval (default 0.05: 20 windows/s)"
-    )
-    p.add_argument("--delay-ms", type=float, default=250.0, help="proxy delay for the slow broker (default 250)")
-    p.add_argument("--broker", metavar="HOST:PORT", help="use this broker (default: start mosquitto on a free port)")
-    p.add_argument("--mosquitto", default=None, help="mosquitto binary (default: from PATH or /usr/sbin)")
-    p.add_argument("--conditions", default=",".join(CONDITIONS), help="subset, comma-separated (default all)")
-    p.add_argument("--json", dest="json_out", metavar="OUT", default=None, help="write the JSON report to OUT")
-    p.add_argument("--quiet", action="store_true")
-    p.add_argument("--config", metavar="FILE", default=None, help=argparse.SUPPRESS)
-    p.set_defaults(func=run)
-    return p
+from .options import CONDITIONS, TelemetryOptions
 
 
 class _Mosquitto:
@@ -117,7 +84,7 @@ def _prompts(lm: Any, n: int, length: int) -> list[list[int]]:
 
 
 def _run_condition(
-    cond: str, lm: Any, prompts: list[list[int]], args: argparse.Namespace, host: str, port: int, workdir: Path
+    cond: str, lm: Any, prompts: list[list[int]], opts: TelemetryOptions, host: str, port: int, workdir: Path
 ) -> dict[str, Any]:
     from ..config import MqttConfig, TelemetryConfig
     from ..metrics.timing import RequestTiming
@@ -135,12 +102,12 @@ def _run_condition(
             target_port = free_port()  # nothing listens there
         elif cond == "slow":
             proxy = TcpProxy(port).start()
-            proxy.delay(args.delay_ms / 1e3)
+            proxy.delay(opts.delay_ms / 1e3)
             target_port = proxy.port
         d = Path(tempfile.mkdtemp(prefix=f"{cond}-", dir=workdir))
         tele = Telemetry(
             MqttConfig(host=host, port=target_port, device_id=f"bench-{cond}", reconnect_max_s=2),
-            TelemetryConfig(interval_s=args.interval_s, spool_path=d / "spool.sqlite", ledger_path=d / "ledger.sqlite"),
+            TelemetryConfig(interval_s=opts.interval_s, spool_path=d / "spool.sqlite", ledger_path=d / "ledger.sqlite"),
         ).start()
         observe = tele.llm_observer("bench", lm.ref.name)
     else:
@@ -152,7 +119,7 @@ def _run_condition(
             observe(timing)
 
     scheduler = LLMScheduler(lm, Limits(max_batch=1, batch_timeout_ms=0), on_finished=on_finished).start()
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=opts.max_new_tokens, ignore_eos=True)
     try:
         if tele is not None and cond == "up":
             tele.link.wait_connected(10)
@@ -182,41 +149,42 @@ def _run_condition(
     }
 
 
-def run(args: argparse.Namespace) -> int:
+def run(opts: TelemetryOptions) -> int:
+    """Every condition in every round, medians and P99 ratios against 'off' printed (and written as JSON)."""
     from ..backends import SessionOptions
     from ..config import load_settings
     from ..models.catalog import resolve_model
     from ..models.llm import DecoderLM
 
-    conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
+    conditions = [c.strip() for c in opts.conditions.split(",") if c.strip()]
     bad = [c for c in conditions if c not in CONDITIONS]
     if bad or "off" not in conditions:
         raise InputError(
-            f"--conditions must name some of {', '.join(CONDITIONS)} and include 'off'; got {args.conditions!r}"
+            f"--conditions must name some of {', '.join(CONDITIONS)} and include 'off'; got {opts.conditions!r}"
         )
-    if args.requests < 2 or args.rounds < 1 or not args.interval_s > 0:
+    if opts.requests < 2 or opts.rounds < 1 or not opts.interval_s > 0:
         raise InputError("--requests must be >= 2, --rounds >= 1 and --interval-s > 0")
-    settings = load_settings(args.config)
-    ref = resolve_model(args.model, settings.models.cache_dir)
-    lm = DecoderLM.open(ref, "onnxruntime", SessionOptions(device="cpu", threads=args.threads))
-    prompts = _prompts(lm, args.requests, args.prompt_tokens)
+    settings = load_settings(opts.config)
+    ref = resolve_model(opts.model, settings.models.cache_dir)
+    lm = DecoderLM.open(ref, "onnxruntime", SessionOptions(device="cpu", threads=opts.threads))
+    prompts = _prompts(lm, opts.requests, opts.prompt_tokens)
     workdir = Path(tempfile.mkdtemp(prefix="edge-agent-bench-telemetry-"))
     broker = None
     try:
-        if args.broker:
-            host, _, port_s = args.broker.rpartition(":")
+        if opts.broker:
+            host, _, port_s = opts.broker.rpartition(":")
             host, port = host or "127.0.0.1", int(port_s)
         else:
-            broker = _Mosquitto(args.mosquitto, workdir)
+            broker = _Mosquitto(opts.mosquitto, workdir)
             host, port = "127.0.0.1", broker.port
-        _run_condition("off", lm, prompts[:2], args, host, port, workdir)  # warm-up, not reported
+        _run_condition("off", lm, prompts[:2], opts, host, port, workdir)  # warm-up, not reported
         rounds: dict[str, list[dict]] = {c: [] for c in conditions}
-        for r in range(args.rounds):
+        for r in range(opts.rounds):
             order = conditions[r % len(conditions) :] + conditions[: r % len(conditions)]
             for cond in order:
-                res = _run_condition(cond, lm, prompts, args, host, port, workdir)
+                res = _run_condition(cond, lm, prompts, opts, host, port, workdir)
                 rounds[cond].append(res)
-                if not args.quiet:
+                if not opts.quiet:
                     print(
                         f"round {r + 1} {cond:<5} TTFT p50 {res['ttft_p50']:.1f} p99 {res['ttft_p99']:.1f} ms · "
                         f"E2E p50 {res['e2e_p50']:.1f} p99 {res['e2e_p99']:.1f} ms · windows {res['windows']}",
@@ -227,14 +195,14 @@ def run(args: argparse.Namespace) -> int:
             broker.stop()
         lm.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    report = _report(rounds, args)
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    report = _report(rounds, opts)
+    if opts.json_out:
+        Path(opts.json_out).write_text(json.dumps(report, indent=2) + "\n")
     print(_table(report))
     return 0
 
 
-def _report(rounds: dict[str, list[dict]], args: argparse.Namespace) -> dict[str, Any]:
+def _report(rounds: dict[str, list[dict]], opts: TelemetryOptions) -> dict[str, Any]:
     med = {
         c: {
             k: statistics.median(r[k] for r in rs)
@@ -248,14 +216,14 @@ def _report(rounds: dict[str, list[dict]], args: argparse.Namespace) -> dict[str
         m["e2e_p99_ratio"] = round(m["e2e_p99"] / off["e2e_p99"], 3) if off["e2e_p99"] else None
         m["e2e_p50_ratio"] = round(m["e2e_p50"] / off["e2e_p50"], 3) if off["e2e_p50"] else None
     return {
-        "model": args.model,
-        "threads": args.threads,
-        "requests_per_condition": args.requests,
-        "rounds": args.rounds,
-        "interval_s": args.interval_s,
-        "delay_ms": args.delay_ms,
-        "prompt_tokens": args.prompt_tokens,
-        "max_new_tokens": args.max_new_tokens,
+        "model": opts.model,
+        "threads": opts.threads,
+        "requests_per_condition": opts.requests,
+        "rounds": opts.rounds,
+        "interval_s": opts.interval_s,
+        "delay_ms": opts.delay_ms,
+        "prompt_tokens": opts.prompt_tokens,
+        "max_new_tokens": opts.max_new_tokens,
         "median": med,
         "per_round": rounds,
     }

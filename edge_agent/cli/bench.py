@@ -1,13 +1,14 @@
 """``edge-agent bench``: benchmarks that print figures measured side by side. The workloads live in
 ``edge_agent/bench/`` and take their options as dataclasses (``bench/options.py``); their flags are parsed
-here, one module per family: ``bench_llm.py`` (llm, tiers, grammar). ``overload`` still adds its own parser."""
+here, one module per family: ``bench_llm.py`` (llm, tiers, grammar), ``bench_speech.py`` (asr) and
+``bench_daemon.py`` (telemetry, fleet, serve). ``overload`` still adds its own parser."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..bench import asr, calls, fleet, overload, serve, telemetry, voice
-from . import bench_llm
+from ..bench import calls, overload, voice
+from . import bench_daemon, bench_llm, bench_speech
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -15,10 +16,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     bsub = p.add_subparsers(dest="bench_command", metavar="WORKLOAD", required=True)
     bench_llm.add_llm(bsub)
     bench_llm.add_tiers(bsub)
-    asr.add_parser(bsub)
-    telemetry.add_parser(bsub)
-    fleet.add_parser(bsub)
-    serve.add_parser(bsub)
+    bench_speech.add_asr(bsub)
+    bench_daemon.add_telemetry(bsub)
+    bench_daemon.add_fleet(bsub)
+    bench_daemon.add_serve(bsub)
     bench_llm.add_grammar(bsub)
     voice.add_parser(bsub)
     calls.add_parser(bsub)
