@@ -206,3 +206,20 @@ def test_onnxruntime_tensorrt_provider_options_are_keyed_by_runtime_version(monk
     assert trt["trt_fp16_enable"] is True and trt["trt_int8_enable"] is False
     # The TRT EP never invalidates its cache on upgrade: the folder carries the runtime version.
     assert trt["trt_engine_cache_path"].endswith(f"ort-trt-{ort.__version__}")
+
+
+def test_onnxruntime_threads_sleep_between_ops_unless_asked_to_spin(model):
+    # several sessions share the cores (LLM tiers, the recogniser): a spinning pool takes them from the others
+    path, w, b = model
+    quiet = open_session(path, "onnxruntime", SessionOptions(threads=2))
+    spinning = open_session(path, "onnxruntime", SessionOptions(threads=2, extra={"allow_spinning": True}))
+    key = "session.intra_op.allow_spinning"
+    try:
+        assert quiet._session.get_session_options().get_session_config_entry(key) == "0"
+        assert spinning._session.get_session_options().get_session_config_entry(key) == "1"
+        x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+        for session in (quiet, spinning):
+            np.testing.assert_allclose(session.run({"x": x})["y"], affine_relu_reference(x, w, b), rtol=1e-5, atol=1e-5)
+    finally:
+        quiet.close()
+        spinning.close()
