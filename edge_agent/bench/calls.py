@@ -23,7 +23,6 @@ streaming is ``bench voice``'s to measure.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -33,41 +32,10 @@ import numpy as np
 
 from ..demo_models.home_commands import DEMO, DEV, HELD_OUT, judge
 from ..errors import InputError
+from .options import CallsOptions
 
 HOME_TOOLS = Path(__file__).resolve().parent.parent / "demo_models" / "home-tools.json"
 SETS = {"demo": DEMO, "held-out": HELD_OUT, "dev": DEV}
-
-
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "calls",
-        help="home commands (text, and speech with --speech) → tool calls: how many exactly right",
-        description="Run the demo's and the held-out home commands through the agent's voice-turn request "
-        "and score each reply's call (name and arguments) against the expected one.",
-    )
-    p.add_argument("--llm-model", default="gemma-3-270m-home", help="model name or folder (an engine's too)")
-    p.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "openvino"))
-    p.add_argument("--sets", default="demo,held-out,dev", help="comma-separated: demo, held-out, dev")
-    p.add_argument("--speech", action="store_true", help="also speak each command and score what the ASR heard")
-    p.add_argument("--asr-model", default=None, help="ASR model (default: the top configured ASR tier)")
-    p.add_argument(
-        "--voices",
-        default="standard",
-        help="who speaks the commands, in turn: standard, natural, stress or specs (piper:joe:0.85, flite:slt, …)",
-    )
-    p.add_argument(
-        "--context",
-        choices=("on", "off", "both"),
-        default="on",
-        help="the ASR told the tools' words and [asr] prompt_words (Whisper's initial prompt): on, off or both",
-    )
-    p.add_argument("--tool-choice", choices=("auto", "required"), default="auto")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: the configured device threads)")
-    p.add_argument("--json", dest="json_out", metavar="OUT", default=None, help="write the JSON report to OUT")
-    p.add_argument("--config", metavar="FILE", default=None, help="TOML config (default: the daemon's)")
-    p.set_defaults(func=run)
-    return p
 
 
 def heard_by(recognizer: Any, speech: np.ndarray, context: str = "") -> str:
@@ -147,7 +115,8 @@ def summary(rows: list[dict]) -> dict:
     }
 
 
-def run(args: argparse.Namespace) -> int:
+def run(opts: CallsOptions) -> int:
+    """Score every command of the asked-for sets (text, and what the ASR heard); print the report (JSON)."""
     from ..backends import SessionOptions
     from ..config import load_settings
     from ..models.catalog import resolve_model
@@ -156,27 +125,27 @@ def run(args: argparse.Namespace) -> int:
     from ..serving.openai_output import load_tools
     from ..serving.voice_turn import turn_limits
 
-    names = [s.strip() for s in args.sets.split(",") if s.strip()]
+    names = [s.strip() for s in opts.sets.split(",") if s.strip()]
     unknown = [s for s in names if s not in SETS]
     if unknown or not names:
         raise InputError(f"--sets: unknown {unknown or names}; known: {', '.join(SETS)}")
-    settings = load_settings(args.config)
+    settings = load_settings(opts.config)
     tools = load_tools(HOME_TOOLS)
     inputs: dict[str, dict[str, list[str]]] = {n: {"text": [c.text for c in SETS[n]]} for n in names}
     asr_name = None
     voices_used: dict[str, dict[str, str]] = {}
-    if args.speech:
+    if opts.speech:
         from ..engines.voices import parse_voices, require
         from ..models.asr import open_configured
         from ..models.asr_prompt import build_prompt
 
-        voices = parse_voices(args.voices)
+        voices = parse_voices(opts.voices)
         require(voices)
         context = build_prompt(tools if settings.asr.tool_context else None, settings.asr.prompt_words)
-        ways = {"on": [("speech", context)], "off": [("speech", "")]}.get(args.context)
+        ways = {"on": [("speech", context)], "off": [("speech", "")]}.get(opts.context)
         ways = ways or [("speech", context), ("speech/no-context", "")]
-        recognizer = open_configured(settings, args.asr_model)
-        asr_name = recognizer.name if hasattr(recognizer, "name") else args.asr_model
+        recognizer = open_configured(settings, opts.asr_model)
+        asr_name = recognizer.name if hasattr(recognizer, "name") else opts.asr_model
         try:
             for n in names:
                 audio, labels = spoken(SETS[n], voices)
@@ -187,12 +156,12 @@ def run(args: argparse.Namespace) -> int:
             recognizer.close()
         report_voices = [v.label for v in voices]
         report_context = {kind: words for kind, words in ways}
-    ref = resolve_model(args.llm_model, settings.models.cache_dir)
-    threads = args.threads or settings.device.threads
-    lm = DecoderLM.open(ref, args.backend, SessionOptions(threads=threads, cache_dir=settings.engines.cache_dir))
-    report: dict[str, Any] = {"llm_model": ref.name, "llm_path": str(ref.path), "backend": args.backend}
-    report.update(asr_model=asr_name, tool_choice=args.tool_choice, threads=threads, results={})
-    if args.speech:
+    ref = resolve_model(opts.llm_model, settings.models.cache_dir)
+    threads = opts.threads or settings.device.threads
+    lm = DecoderLM.open(ref, opts.backend, SessionOptions(threads=threads, cache_dir=settings.engines.cache_dir))
+    report: dict[str, Any] = {"llm_model": ref.name, "llm_path": str(ref.path), "backend": opts.backend}
+    report.update(asr_model=asr_name, tool_choice=opts.tool_choice, threads=threads, results={})
+    if opts.speech:
         report.update(voices=report_voices, asr_context=report_context)
     try:
         scheduler = LLMScheduler(lm, turn_limits(settings)).start()
@@ -205,8 +174,8 @@ def run(args: argparse.Namespace) -> int:
                         tools,
                         SETS[n],
                         heard,
-                        args.tool_choice,
-                        args.max_new_tokens,
+                        opts.tool_choice,
+                        opts.max_new_tokens,
                         voices_used.get(n) if kind != "text" else None,
                     )
                     report["results"][f"{n}/{kind}"] = {**summary(rows), "rows": rows}
@@ -215,8 +184,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         lm.close()
     print(format_report(report))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    if opts.json_out:
+        Path(opts.json_out).write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 

@@ -29,7 +29,6 @@ served from what the cache kept of it earlier.
 
 from __future__ import annotations
 
-import argparse
 import json
 import queue
 import shutil
@@ -47,6 +46,7 @@ from ..engines import voices
 from ..engines.voices import Voice
 from ..errors import InputError
 from ..serving.command_check import command_check
+from .options import VoiceOptions
 
 RATE = 16000
 PAUSE_S = 0.3
@@ -208,24 +208,24 @@ class Side:
 class Llm:
     """The top LLM tier (or ``--llm-model``), opened as ``listen --respond`` opens it, and the tools."""
 
-    def __init__(self, args: argparse.Namespace, settings, tools: list[dict]) -> None:
+    def __init__(self, opts: VoiceOptions, settings, tools: list[dict]) -> None:
         from ..backends import SessionOptions
         from ..models.catalog import resolve_model
         from ..models.llm import DecoderLM
 
         tier = settings.models.llm[0]
-        ref = resolve_model(args.llm_model or tier.model, settings.models.cache_dir)
-        self.backend = tier.backend if not args.llm_model else "onnxruntime"
+        ref = resolve_model(opts.llm_model or tier.model, settings.models.cache_dir)
+        self.backend = tier.backend if not opts.llm_model else "onnxruntime"
         options = SessionOptions(
-            device=tier.device if not args.llm_model else "cpu",
+            device=tier.device if not opts.llm_model else "cpu",
             threads=settings.device.threads,
             cache_dir=settings.engines.cache_dir,
         )
         self.lm = DecoderLM.open(ref, self.backend, options)
         self.name = ref.name
         self.tools = tools
-        self.max_new_tokens = args.max_new_tokens
-        self.tool_choice = args.tool_choice
+        self.max_new_tokens = opts.max_new_tokens
+        self.tool_choice = opts.tool_choice
 
 
 # -- one run: an utterance replayed on one side --------------------------------------------------
@@ -347,78 +347,31 @@ def record(result: RunResult, clip: Clip, side: str, round_: int, index: int) ->
 # -- the command ----------------------------------------------------------------------------------
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "voice",
-        help="the voice turn end to end (speech in real time → ASR → end of turn → tool call), "
-        "default settings against the latency features off",
-        description="Replay synthesised spoken commands in real time through the configured ASR tier and the "
-        "top LLM tier with the home tools, on the default settings and on a baseline with the prefix cache, "
-        "prefill-ahead, the reply ahead, the early end of turn and jump-forward decoding off, interleaved; "
-        "report end of speech → end of turn, first "
-        "token and complete tool call, false cuts and duplicated calls, with ratios.",
-    )
-    p.add_argument("--rounds", type=int, default=3, help="rounds over the utterances; medians reported (default 3)")
-    p.add_argument(
-        "--utterances",
-        type=int,
-        default=len(UTTERANCES),
-        metavar="N",
-        help=f"the first N of the {len(UTTERANCES)} commands (default all)",
-    )
-    p.add_argument("--asr-model", default=None, help="ASR demo model or folder (default: the top configured ASR tier)")
-    p.add_argument("--llm-model", default=None, help="LLM demo model or folder (default: the top configured LLM tier)")
-    p.add_argument(
-        "--tools", default=str(HOME_TOOLS), metavar="FILE", help="OpenAI function tools (default: home tools)"
-    )
-    p.add_argument("--max-new-tokens", type=int, default=160, help="the tool call's token budget (default 160)")
-    p.add_argument(
-        "--tool-choice",
-        choices=("auto", "required"),
-        default="required",
-        help="required (default): always a call; auto: a call or words, as the demo asks",
-    )
-    p.add_argument(
-        "--voices",
-        default="standard",
-        help="who speaks the commands, in turn (engines/voices.py): standard (Piper joe ×3, flite ×4, "
-        "espeak-ng en-us), natural, stress, specs (piper:joe:0.85, flite:slt), or 'own': espeak-ng in each "
-        "command's own voice",
-    )
-    p.add_argument("--json", dest="json_out", metavar="OUT", default=None, help="write the JSON report to OUT")
-    p.add_argument("--plot", metavar="PNG", default=None, help="turn-time distributions, default vs baseline")
-    p.add_argument("--config", metavar="FILE", default=None, help="TOML config (default: the daemon's)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.set_defaults(func=run)
-    return p
-
-
-def run(args: argparse.Namespace) -> int:
+def run(opts: VoiceOptions) -> int:
+    """Both sides over the utterances, interleaved, for ``rounds`` rounds; the table printed (JSON, plot)."""
     from ..config import load_settings
     from ..models.asr import open_configured
     from ..serving.asr.factory import make_service
     from ..serving.openai_output import load_tools
     from .voice_report import build_report, format_table, plot_report
 
-    if args.rounds < 1:
+    if opts.rounds < 1:
         raise InputError("--rounds must be at least 1")
-    if not 1 <= args.utterances <= len(UTTERANCES):
+    count = len(UTTERANCES) if opts.utterances is None else opts.utterances
+    if not 1 <= count <= len(UTTERANCES):
         raise InputError(f"--utterances must lie in 1..{len(UTTERANCES)}")
     require_tools()
-    who = None if args.voices == "own" else voices.parse_voices(args.voices)
+    who = None if opts.voices == "own" else voices.parse_voices(opts.voices)
     if who is not None:
         voices.require(who)
-    tools = load_tools(args.tools)
-    settings = load_settings(args.config)
+    tools = load_tools(opts.tools or HOME_TOOLS)
+    settings = load_settings(opts.config)
     base, toggles, missing = baseline_settings(settings)
     tail_s = max(1.2, settings.audio.trailing_silence_ms / 1e3 + 0.7)  # every turn ends by silence
-    clips = [
-        synthesize(u, 0.4, tail_s, who[k % len(who)] if who else None)
-        for k, u in enumerate(UTTERANCES[: args.utterances])
-    ]
+    clips = [synthesize(u, 0.4, tail_s, who[k % len(who)] if who else None) for k, u in enumerate(UTTERANCES[:count])]
     warmup = synthesize(WARMUP, 0.4, tail_s, who[0] if who else None)
-    engine = open_configured(settings, args.asr_model)
-    llm = Llm(args, settings, tools)
+    engine = open_configured(settings, opts.asr_model)
+    llm = Llm(opts, settings, tools)
     sides = [
         Side(name, s, make_service(engine, s.audio, s.batching, early_end=True).start())
         for name, s in (("default", settings), ("baseline", base))
@@ -428,7 +381,7 @@ def run(args: argparse.Namespace) -> int:
         side.service.tool_context = side.settings.asr.tool_context
     rows: list[dict] = []
     try:
-        rows = _rounds(args, sides, llm, clips, warmup, settings.audio.block_ms)
+        rows = _rounds(opts, sides, llm, clips, warmup, settings.audio.block_ms)
     finally:
         for side in sides:
             side.service.stop()
@@ -443,7 +396,7 @@ def run(args: argparse.Namespace) -> int:
             "voices": [v.label for v in who] if who else ["espeak-ng (each command's own voice)"],
             "llm_model": llm.name,
             "llm_backend": llm.backend,
-            "rounds": args.rounds,
+            "rounds": opts.rounds,
             "utterances": len(clips),
             "with_pause": sum(c.utterance.pause for c in clips),
             "pause_ms": PAUSE_S * 1e3,
@@ -453,21 +406,23 @@ def run(args: argparse.Namespace) -> int:
         },
     )
     print(format_table(report))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
-    if args.plot:
-        plot_report(report, Path(args.plot))
+    if opts.json_out:
+        Path(opts.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    if opts.plot:
+        plot_report(report, Path(opts.plot))
     return 0
 
 
-def _rounds(args, sides: list[Side], llm: Llm, clips: list[Clip], warmup: Clip, block_ms: int) -> list[dict]:
+def _rounds(
+    opts: VoiceOptions, sides: list[Side], llm: Llm, clips: list[Clip], warmup: Clip, block_ms: int
+) -> list[dict]:
     from ..progress import Progress
     from ..serving.llm.scheduler import LLMScheduler
 
     rows: list[dict] = []
-    total = args.rounds * len(clips)
-    with Progress("bench voice", "utterances", enabled=not args.quiet, min_interval_s=0.0) as bar:
-        for r in range(args.rounds):
+    total = opts.rounds * len(clips)
+    with Progress("bench voice", "utterances", enabled=not opts.quiet, min_interval_s=0.0) as bar:
+        for r in range(opts.rounds):
             for side in sides:  # an empty prefix cache each round, primed by one command as a running daemon's is
                 if side.scheduler is not None:
                     side.scheduler.stop()
@@ -477,6 +432,6 @@ def _rounds(args, sides: list[Side], llm: Llm, clips: list[Clip], warmup: Clip, 
             for k, clip in enumerate(clips):
                 for side in order:
                     rows.append(record(replay(side, llm, clip, block_ms), clip, side.name, r, k))
-                bar.label = f"bench voice round {r + 1}/{args.rounds}: {clip.utterance.text!r}"
+                bar.label = f"bench voice round {r + 1}/{opts.rounds}: {clip.utterance.text!r}"
                 bar.update(r * len(clips) + k + 1, total)
     return rows

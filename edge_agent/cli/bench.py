@@ -1,13 +1,13 @@
 """``edge-agent bench``: benchmarks that print figures measured side by side. The workloads live in
 ``edge_agent/bench/`` and take their options as dataclasses (``bench/options.py``); their flags are parsed
-here, one module per family: ``bench_llm.py`` (llm, tiers, grammar), ``bench_speech.py`` (asr) and
-``bench_daemon.py`` (telemetry, fleet, serve). ``overload`` still adds its own parser."""
+here, one module per family: ``bench_llm.py`` (llm, tiers, grammar), ``bench_speech.py`` (asr, voice,
+calls) and ``bench_daemon.py`` (telemetry, fleet, serve). ``overload`` still adds its own parser."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..bench import calls, overload, voice
+from ..bench import overload
 from . import bench_daemon, bench_llm, bench_speech
 
 
@@ -21,6 +21,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     bench_daemon.add_fleet(bsub)
     bench_daemon.add_serve(bsub)
     bench_llm.add_grammar(bsub)
-    voice.add_parser(bsub)
-    calls.add_parser(bsub)
+    bench_speech.add_voice(bsub)
+    bench_speech.add_calls(bsub)
     overload.add_parser(bsub)
