@@ -13,6 +13,7 @@ callers catch ``EdgeAgentError``.
     │   ├── DeviceUnavailable   the runtime is there, the device (GPU, NPU) is not
     │   └── EngineError         an engine/plan file is corrupt or was built for another runtime/device
     ├── InputError              a request's inputs are malformed (shapes, dtypes, names, prompt text)
+    │   └── FieldError          one named request field cannot be honoured (HTTP 400)
     ├── Overloaded              the agent is at capacity; try again later (HTTP 429)
     │   └── Unavailable         shedding load or shutting down (HTTP 503)
     └── DeadlineExceeded        a request waited past its queue timeout or deadline
@@ -65,6 +66,14 @@ class InputError(EdgeAgentError):
 
     def __init__(self, message: str = "", param: str | None = None) -> None:
         super().__init__(message)
+        self.param = param
+
+
+class FieldError(InputError):
+    """A request field that cannot be honoured (HTTP 400); ``param`` names the field (it is required)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        InputError.__init__(self, message)
         self.param = param
 
 

@@ -4,7 +4,7 @@ Commands come from templates (three tools, rooms, on/off, brightness, minutes, d
 numbers as words or digits, polite and terse forms) plus requests no tool answers (questions,
 chit-chat, other languages, word salad, commands cut short), each paired with its call, or with
 ``NO_ACTION`` text. Every prompt is what the agent itself sends for a voice turn: the user's words with
-the home tools described in front (``serving.openai_output.with_tools``), rendered by the model's chat
+the home tools described in front (``serving.doors.openai.output.with_tools``), rendered by the model's chat
 template (``Tokenizer.encode_chat``), for both ``tool_choice`` modes. The tools' part is the same for every
 command, so it is written once per mode as ``prefix``; each example holds only what follows it.
 
@@ -249,7 +249,7 @@ def examples(rng: random.Random, count: int) -> list[tuple[str, dict | None]]:
 def main() -> None:
     from edge_agent.models.catalog import inspect_folder
     from edge_agent.models.tokenizer import Message, Tokenizer
-    from edge_agent.serving.openai_output import with_tools
+    from edge_agent.serving.doors.openai.output import with_tools
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="the imported Gemma 3 folder (its tokenizer and chat template)")

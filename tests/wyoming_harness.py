@@ -83,7 +83,7 @@ class Harness:
 
     def __init__(self, **config) -> None:
         from edge_agent.config import WyomingConfig
-        from edge_agent.serving.wyoming_server import WyomingServer
+        from edge_agent.serving.doors.wyoming.server import WyomingServer
 
         self.asr = FakeSpeech()
         self._handler = _Collect()

@@ -70,7 +70,7 @@ def score(
     """Each command's reply to what was heard (one request at a time): rows and the summary."""
     voice_of = voice_of or {}
     from ..models.sampling import SamplingParams
-    from ..serving.voice_turn import VoiceTurn, chat_submit
+    from ..serving.doors.voice.turn import VoiceTurn, chat_submit
 
     turn = VoiceTurn(
         chat_submit(scheduler, tokenizer), tools, tool_choice=tool_choice, prefill_ahead=False, tick_s=None
@@ -121,9 +121,9 @@ def run(opts: CallsOptions) -> int:
     from ..config import load_settings
     from ..models.catalog import resolve_model
     from ..models.llm import DecoderLM
+    from ..serving.doors.openai.output import load_tools
+    from ..serving.doors.voice.turn import turn_limits
     from ..serving.llm.scheduler import LLMScheduler
-    from ..serving.openai_output import load_tools
-    from ..serving.voice_turn import turn_limits
 
     names = [s.strip() for s in opts.sets.split(",") if s.strip()]
     unknown = [s for s in names if s not in SETS]

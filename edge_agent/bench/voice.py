@@ -45,7 +45,7 @@ from ..demo_models.home_commands import heat, judge, light, timer
 from ..engines import voices
 from ..engines.voices import Voice
 from ..errors import InputError
-from ..serving.command_check import command_check
+from ..serving.doors.voice.command_check import command_check
 from .options import VoiceOptions
 
 RATE = 16000
@@ -185,20 +185,20 @@ class Side:
     scheduler: Any = None
 
     def limits(self):
-        from ..serving.voice_turn import turn_limits
+        from ..serving.doors.voice.turn import turn_limits
 
         return turn_limits(self.settings)  # the voice turn's own scheduler, as ``listen --respond`` makes it
 
     @property
     def pause_ms(self) -> int | None:
         """The streams' pause partials (``[audio] pause_ms``) when this side starts replies ahead on them."""
-        from ..serving.voice_turn import turn_pause_ms
+        from ..serving.doors.voice.turn import turn_pause_ms
 
         return turn_pause_ms(self.settings.audio)
 
     def voice_turn(self, llm: Llm):
         """A ``VoiceTurn`` for one stream, with this side's prefill-ahead settings."""
-        from ..serving.voice_turn import VoiceTurn, chat_submit, turn_options
+        from ..serving.doors.voice.turn import VoiceTurn, chat_submit, turn_options
 
         options = turn_options(self.settings.audio)
         submit = chat_submit(self.scheduler, llm.lm.tokenizer)
@@ -352,7 +352,7 @@ def run(opts: VoiceOptions) -> int:
     from ..config import load_settings
     from ..models.asr import open_configured
     from ..serving.asr.factory import make_service
-    from ..serving.openai_output import load_tools
+    from ..serving.doors.openai.output import load_tools
     from .voice_report import build_report, format_table, plot_report
 
     if opts.rounds < 1:

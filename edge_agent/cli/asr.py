@@ -25,8 +25,8 @@ from typing import Any
 
 from ..errors import InputError
 from ..models.ctc_lexicon import DECODERS
-from ..serving.command_check import command_check
-from ..serving.openai_output import load_tools
+from ..serving.doors.openai.output import load_tools
+from ..serving.doors.voice.command_check import command_check
 from .respond import Responder
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """``listen --respond``: the voice turn, a stream's transcripts → the LLM through the serving scheduler.
 
-Each audio stream gets a ``VoiceTurn`` (``serving/voice_turn.py``): stable partials are prefilled
+Each audio stream gets a ``VoiceTurn`` (``serving/doors/voice/turn.py``): stable partials are prefilled
 into the prefix cache while the user speaks (``[audio] prefill_ahead``), the final's reply follows,
 and an early end's reply is cancelled if the utterance continues. Without tools the reply streams to
 the terminal and ``turn_ms`` runs from the end of speech to the first token; with ``--tools`` the
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..serving.voice_turn import TurnResult, VoiceTurn, chat_submit, turn_limits, turn_options, turn_pause_ms
+from ..serving.doors.voice.turn import TurnResult, VoiceTurn, chat_submit, turn_limits, turn_options, turn_pause_ms
 
 
 class Responder:

@@ -32,13 +32,13 @@ from ..errors import ConfigError, EdgeAgentError
 from ..metrics.prometheus import PrometheusMetrics
 from ..models.llm import DecoderLM
 from ..observe import Observers
-from ..serving.api import ApiServer
 from ..serving.capture import Capture
+from ..serving.doors.http.server import ApiServer
+from ..serving.doors.voice.turn import turn_options
 from ..serving.llm.scheduler import Limits
 from ..serving.llm.tiers import Tier, TieredLLM
 from ..serving.tier_control import TierController
 from ..serving.tier_policy import policy_from_config
-from ..serving.voice_turn import turn_options
 from ..systemd import LoopHeartbeat, Notifier, Watchdog
 from ..telemetry.health import HealthReader
 from ..telemetry.inventory import InventoryBook, config_digest
@@ -49,7 +49,7 @@ from .serving_inventory import InventoryFeed
 if TYPE_CHECKING:
     from ..engines.background import TierEngines
     from ..engines.resolve import Resolved
-    from ..serving.wyoming_server import WyomingServer
+    from ..serving.doors.wyoming.server import WyomingServer
     from ..telemetry.service import Telemetry
 
 log = logging.getLogger(__name__)
@@ -252,7 +252,7 @@ class Agent:
         cfg = self.settings.wyoming
         if not cfg.enabled:
             return None
-        from ..serving.wyoming_server import WyomingServer
+        from ..serving.doors.wyoming.server import WyomingServer
 
         return WyomingServer(cfg, self.asr, self.llm, self.metrics.wyoming_request, __version__).start()
 

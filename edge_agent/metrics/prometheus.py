@@ -200,7 +200,7 @@ class PrometheusMetrics:
         self.requests.labels(*lab).inc()
 
     def wyoming_request(self, kind: str, outcome: str) -> None:
-        """One Wyoming request (``serving/wyoming_server.py``); ``kind`` and ``outcome`` come from fixed sets."""
+        """One Wyoming request (``serving/doors/wyoming/server.py``); ``kind`` and ``outcome`` come from fixed sets."""
         self.wyoming.labels(kind, outcome).inc()
 
     def failed(self, workload: str, reason: str) -> None:

@@ -15,7 +15,7 @@ from edge_agent.models.catalog import resolve_model
 from edge_agent.models.llm import DecoderLM
 from edge_agent.models.sampling import SamplingParams
 from edge_agent.models.tokenizer import Message
-from edge_agent.serving.api import ApiServer
+from edge_agent.serving.doors.http.server import ApiServer
 from edge_agent.serving.llm.scheduler import Limits
 from edge_agent.serving.llm.tiers import Tier, TieredLLM
 
@@ -190,7 +190,7 @@ def test_metrics_are_prometheus_text_with_vllm_like_names(server, client):
 )
 def test_errors_map_to_http_statuses(exc, status, retry):
     import edge_agent.errors as errors
-    from edge_agent.serving.api_errors import from_exception as _from_exception
+    from edge_agent.serving.doors.http.errors import from_exception as _from_exception
 
     resp = _from_exception(getattr(errors, exc)("boom"))
     assert resp.status == status and resp.headers.get("Retry-After") == retry
@@ -349,7 +349,7 @@ def test_an_empty_token_is_refused_rather_than_disabling_auth(server):
 
 
 def test_an_open_api_without_a_token_is_warned_about():
-    from edge_agent.serving.http_guard import exposure_warning
+    from edge_agent.serving.doors.http.guard import exposure_warning
 
     warning = exposure_warning("0.0.0.0", 8080, None, None)
     assert warning is not None and "0.0.0.0:8080" in warning and "NO token" in warning
@@ -364,7 +364,7 @@ def test_a_unix_socket_in_use_is_refused_a_stale_one_removed(tmp_path):
     import socket
 
     from edge_agent.errors import EdgeAgentError
-    from edge_agent.serving.http_guard import claim_unix_socket
+    from edge_agent.serving.doors.http.guard import claim_unix_socket
 
     path = tmp_path / "api.sock"
     claim_unix_socket(str(path))  # nothing there: fine
@@ -392,7 +392,7 @@ def test_clients_that_leave_while_their_body_arrives_cost_one_line_not_a_traceba
     import threading
 
     from edge_agent.logsetup import LogLimiter
-    from edge_agent.serving import http_guard
+    from edge_agent.serving.doors.http import guard as http_guard
 
     clients = 30
     if hasattr(http_guard, "DEPARTURES"):  # one period for the whole test: the limiter's clock stands still

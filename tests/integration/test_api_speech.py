@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from edge_agent.config import Settings
-from edge_agent.serving.api import ApiServer
 from edge_agent.serving.asr.tiers import open_speech
+from edge_agent.serving.doors.http.server import ApiServer
 from tests.speech import require_tools, speech_samples, speech_wav
 
 aiohttp = pytest.importorskip("aiohttp")

@@ -17,7 +17,7 @@ from edge_agent.backends import SessionOptions
 from edge_agent.models.catalog import resolve_model
 from edge_agent.models.llm import DecoderLM
 from edge_agent.models.tokenizer import Message
-from edge_agent.serving.api import ApiServer
+from edge_agent.serving.doors.http.server import ApiServer
 from edge_agent.serving.llm.scheduler import Limits
 from edge_agent.serving.llm.tiers import Tier, TieredLLM
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from edge_agent.config import Settings
-from edge_agent.serving.api import ApiServer
 from edge_agent.serving.asr.tiers import open_speech
+from edge_agent.serving.doors.http.server import ApiServer
 from tests.speech import require_tools, speech_samples
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")

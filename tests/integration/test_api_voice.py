@@ -18,11 +18,11 @@ from edge_agent.config import Settings
 from edge_agent.models.catalog import resolve_model
 from edge_agent.models.grammar import tool_call_schema
 from edge_agent.models.llm import DecoderLM
-from edge_agent.serving.api import ApiServer
 from edge_agent.serving.asr.tiers import open_speech
+from edge_agent.serving.doors.http.server import ApiServer
+from edge_agent.serving.doors.voice.turn import turn_options
 from edge_agent.serving.llm.scheduler import Limits
 from edge_agent.serving.llm.tiers import Tier, TieredLLM
-from edge_agent.serving.voice_turn import turn_options
 from tests.speech import require_tools, speech_samples
 
 aiohttp = pytest.importorskip("aiohttp")

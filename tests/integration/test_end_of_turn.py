@@ -9,8 +9,8 @@ import pytest
 
 from edge_agent.bench.voice import HOME_TOOLS, Utterance, synthesize
 from edge_agent.config.runtime import AudioConfig
-from edge_agent.serving.command_check import command_check
-from edge_agent.serving.openai_output import load_tools
+from edge_agent.serving.doors.openai.output import load_tools
+from edge_agent.serving.doors.voice.command_check import command_check
 from tests.speech import require_tools
 
 

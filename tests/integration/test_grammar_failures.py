@@ -24,7 +24,7 @@ from edge_agent.models import grammar
 from edge_agent.models.catalog import resolve_model
 from edge_agent.models.llm import DecoderLM
 from edge_agent.models.sampling import SamplingParams
-from edge_agent.serving.api import ApiServer
+from edge_agent.serving.doors.http.server import ApiServer
 from edge_agent.serving.llm.scheduler import Limits, LLMScheduler
 from edge_agent.serving.llm.tiers import Tier, TieredLLM
 

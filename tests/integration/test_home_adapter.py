@@ -54,8 +54,8 @@ def test_the_merged_model_answers_a_command_with_a_schema_valid_call(gemma3_mode
     from edge_agent.models.grammar import tool_call_schema
     from edge_agent.models.llm import DecoderLM
     from edge_agent.models.sampling import SamplingParams
+    from edge_agent.serving.doors.voice.turn import VoiceTurn, chat_submit
     from edge_agent.serving.llm.scheduler import Limits, LLMScheduler
-    from edge_agent.serving.voice_turn import VoiceTurn, chat_submit
 
     merged = merge(ADAPTERS["gemma-3-270m-home"], gemma3_model, tmp_path / "gemma-3-270m-home").path
     tools = json.loads((REPO / "edge_agent" / "demo_models" / "home-tools.json").read_text())["tools"]

@@ -20,8 +20,8 @@ from edge_agent.backends import SessionOptions
 from edge_agent.config import Settings
 from edge_agent.models.catalog import resolve_model
 from edge_agent.models.llm import DecoderLM
-from edge_agent.serving.api import ApiServer
 from edge_agent.serving.asr.tiers import open_speech
+from edge_agent.serving.doors.http.server import ApiServer
 from edge_agent.serving.llm.scheduler import Limits
 from edge_agent.serving.llm.tiers import Tier, TieredLLM
 

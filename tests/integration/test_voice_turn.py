@@ -13,10 +13,10 @@ import pytest
 from edge_agent.models.catalog import resolve_model
 from edge_agent.models.llm import DecoderLM
 from edge_agent.serving.asr.events import AsrEvent, UtteranceMetrics
+from edge_agent.serving.doors.openai.output import load_tools
+from edge_agent.serving.doors.voice.turn import VoiceTurn, chat_submit
 from edge_agent.serving.llm.admission import INTERACTIVE
 from edge_agent.serving.llm.scheduler import Limits, LLMScheduler
-from edge_agent.serving.openai_output import load_tools
-from edge_agent.serving.voice_turn import VoiceTurn, chat_submit
 
 TEXT = "turn on the kitchen lights"
 TOOLS = load_tools(Path(__file__).resolve().parents[2] / "edge_agent" / "demo_models" / "home-tools.json")

@@ -113,7 +113,7 @@ def test_audio_past_max_audio_s_is_refused_before_it_is_converted():
 
 @pytest.mark.parametrize(("rate", "width"), [(8000, 1), (11025, 1), (47999, 2), (48000, 4), (44100, 1)])
 def test_one_largest_chunk_converts_in_bounded_memory(rate, width):
-    from edge_agent.serving.wyoming_audio import AudioConverter
+    from edge_agent.serving.doors.wyoming.audio import AudioConverter
 
     conv = AudioConverter(rate, width, 1, 16000)
     conv.convert(b"\x01" * width * 64)  # the kernel built once, outside the measurement

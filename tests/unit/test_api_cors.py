@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from edge_agent.config import Settings
 from edge_agent.config.api import ApiConfig
-from edge_agent.serving.http_guard import Cors
+from edge_agent.serving.doors.http.guard import Cors
 
 
 def test_cors_is_off_by_default():

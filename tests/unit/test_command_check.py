@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.serving.command_check import command_check, names_a_command
+from edge_agent.serving.doors.voice.command_check import command_check, names_a_command
 
 HOME = json.loads((Path(__file__).resolve().parents[2] / "edge_agent" / "demo_models" / "home-tools.json").read_text())[
     "tools"

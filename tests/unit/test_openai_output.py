@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edge_agent.models.sampling import Sampler, SamplingParams, logprobs_of
-from edge_agent.serving.openai_output import ToolCallStream, split_tool_call, tool_call
+from edge_agent.serving.doors.openai.output import ToolCallStream, split_tool_call, tool_call
 
 CALL = '{"name": "set_light", "arguments": {"room": "kit\\"chen }", "level": 80, "tags": ["warm"]}}'
 

@@ -10,7 +10,7 @@ from edge_agent.config import load_settings
 from edge_agent.metrics.prometheus import PrometheusMetrics
 from edge_agent.metrics.timing import RequestTiming, TimingRecorder
 from edge_agent.models.prefix_cache import PrefixCache, PrefixStats
-from edge_agent.serving.openai_output import usage
+from edge_agent.serving.doors.openai.output import usage
 
 B = 4  # tokens per block
 NAMES = ("0.key", "0.value")

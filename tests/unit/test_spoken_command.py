@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from edge_agent.serving.voice_turn import VoiceTurn, spoken_command
+from edge_agent.serving.doors.voice.turn import VoiceTurn, spoken_command
 
 
 def test_case_closing_punctuation_and_percent():

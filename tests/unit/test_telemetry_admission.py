@@ -14,7 +14,7 @@ import pytest
 
 from edge_agent.errors import Overloaded
 from edge_agent.metrics.prometheus import PrometheusMetrics
-from edge_agent.serving.api_llm import _count_refusal
+from edge_agent.serving.doors.http.llm_routes import _count_refusal
 from edge_agent.telemetry.admission import AdmissionDeltas, AdmissionTotals, prometheus_totals
 from edge_agent.telemetry.fleet import FleetView, render_table
 from edge_agent.telemetry.schema import SCHEMA_DIR, LatencyWindow

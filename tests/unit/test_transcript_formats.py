@@ -12,8 +12,8 @@ import pytest
 from multidict import MultiDict
 
 from edge_agent.errors import InputError
-from edge_agent.serving.transcript_formats import render, srt, timestamp, verbose_json, vtt
-from edge_agent.serving.transcription_request import FORMATS, TranscriptionOptions, parse_options
+from edge_agent.serving.doors.http.transcript_formats import render, srt, timestamp, verbose_json, vtt
+from edge_agent.serving.doors.http.transcription_request import FORMATS, TranscriptionOptions, parse_options
 
 
 def reference_stamp(seconds: float, sep: str) -> str:

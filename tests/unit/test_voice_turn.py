@@ -9,9 +9,9 @@ import threading
 from edge_agent.metrics.timing import RequestTiming
 from edge_agent.metrics.window import WARMUP
 from edge_agent.serving.asr.events import AsrEvent, UtteranceMetrics
+from edge_agent.serving.doors.voice.turn import VoiceTurn
 from edge_agent.serving.llm.admission import INTERACTIVE
 from edge_agent.serving.llm.handle import Completion, RequestHandle, TokenEvent
-from edge_agent.serving.voice_turn import VoiceTurn
 
 TOOLS = [
     {

@@ -13,8 +13,8 @@ pytest.importorskip("wyoming")
 from wyoming.audio import AudioChunk
 from wyoming.event import async_write_event
 
-from edge_agent.serving.wyoming_audio import AudioConverter, BadAudio
-from edge_agent.serving.wyoming_protocol import MAX_LINE, ProtocolError, read_event
+from edge_agent.serving.doors.wyoming.audio import AudioConverter, BadAudio
+from edge_agent.serving.doors.wyoming.protocol import MAX_LINE, ProtocolError, read_event
 
 
 class _Sink:

@@ -19,8 +19,7 @@ import numpy as np
 
 from ...audio.vad import Endpointer, Event, SpeechEnd, SpeechStart
 from ...audio.wav import AudioInfo, read_audio
-from ...errors import DeadlineExceeded, EdgeAgentError, InputError, Overloaded
-from ..transcription_request import FieldError
+from ...errors import DeadlineExceeded, EdgeAgentError, FieldError, InputError, Overloaded
 from .service import AsrEvent, AsrStream
 
 DEFAULT_LANGUAGE = "en"  # what a model folder that does not say (config.json "language") is taken to transcribe

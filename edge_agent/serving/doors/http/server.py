@@ -22,7 +22,7 @@ bridged from its request handle with ``call_soon_threadsafe``.
 Nothing slow runs on that loop: a body is read within ``body_timeout_s`` and parsed, and a prompt
 tokenized, on the executor; a prompt that cannot fit the context is refused before tokenizing
 (``llm.tiers.MAX_CHARS_PER_TOKEN``). Each connection must deliver a request head within
-``header_timeout_s`` (``http_guard.HeadDeadline``). A client that goes away, streaming or not, has
+``header_timeout_s`` (``guard.HeadDeadline``). A client that goes away, streaming or not, has
 its request cancelled (its batch slot is freed), logged on one line. The loop ticks ``ticks`` so the
 watchdog can tell it is alive.
 """
@@ -38,15 +38,15 @@ from typing import Any
 
 from aiohttp import web
 
-from ..errors import EdgeAgentError
-from ..metrics.prometheus import CONTENT_TYPE_LATEST, PrometheusMetrics
-from . import api_llm, api_speech, http_guard
-from .api_errors import error as _error
-from .api_errors import from_exception as _from_exception
-from .api_errors import model_not_found
-from .api_speech import ASR_ALIASES, SpeechService
-from .llm.tiers import TieredLLM
-from .openai_schema import ChatRequest, CompletionRequest
+from ....errors import EdgeAgentError
+from ....metrics.prometheus import CONTENT_TYPE_LATEST, PrometheusMetrics
+from ...llm.tiers import TieredLLM
+from ..openai.schema import ChatRequest, CompletionRequest
+from . import guard, llm_routes, speech_routes
+from .errors import error as _error
+from .errors import from_exception as _from_exception
+from .errors import model_not_found
+from .speech_routes import ASR_ALIASES, SpeechService
 
 log = logging.getLogger(__name__)
 MAX_BODY = 32 * 1024 * 1024  # audio uploads included
@@ -60,7 +60,7 @@ DISCONNECTS = (ConnectionResetError, BrokenPipeError)  # aiohttp's ClientConnect
 class ApiServer:
     """The local API on its own thread and asyncio loop (see the module doc): ``start(host, port,
     unix_socket)``, ``draining`` (new requests get 503 while the rest finish), ``stop``. The LLM
-    routes are here; the speech routes are ``api_speech``'s, errors are shaped by ``api_errors``."""
+    routes are here; the speech routes are ``speech_routes``, errors are shaped by ``errors``."""
 
     def __init__(
         self,
@@ -81,14 +81,14 @@ class ApiServer:
         self.metrics = metrics or PrometheusMetrics()
         self._health = health or (lambda: {})
         self.header_timeout_s, self.body_timeout_s = header_timeout_s, body_timeout_s
-        self.cors = http_guard.Cors(cors_origins)
+        self.cors = guard.Cors(cors_origins)
         self.voice_options = voice_options or {}  # the voice turns of ``/v1/audio/stream?respond=true``
         self.draining = False
         self.ticks = 0  # advanced by the loop every TICK_S: the watchdog's sign that it is not blocked
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._server: asyncio.AbstractServer | None = None
-        self._connections: dict[Any, http_guard.HeadDeadline] = {}
+        self._connections: dict[Any, guard.HeadDeadline] = {}
         self._thread: threading.Thread | None = None
         self.address = ""
 
@@ -101,7 +101,7 @@ class ApiServer:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{id:.+}", self._model)
-        app.router.add_post("/v1/audio/transcriptions", self._transcriptions)  # api_speech.py
+        app.router.add_post("/v1/audio/transcriptions", self._transcriptions)  # speech_routes.py
         app.router.add_get("/v1/audio/stream", self._audio_stream)
         app.router.add_get("/health", self._health_route)
         app.router.add_get("/metrics", self._metrics)
@@ -113,7 +113,7 @@ class ApiServer:
         if connection is not None:
             connection.started()  # the head is in: its deadline no longer applies
         try:
-            if http_guard.Cors.is_preflight(request.method, request.headers):
+            if guard.Cors.is_preflight(request.method, request.headers):
                 return self._preflight(request)  # before the token: a browser never sends it on a preflight
             if self.token and request.path not in ("/health",) and not self._authorized(request):
                 return _error(401, "missing or wrong bearer token (Authorization: Bearer …)", code="invalid_api_key")
@@ -127,13 +127,13 @@ class ApiServer:
         except DISCONNECTS:
             if request.transport is not None and not request.transport.is_closing():
                 raise  # not the client's connection: a real error, logged as one
-            http_guard.client_left(" during %s %s", request.method, request.path)
+            guard.client_left(" during %s %s", request.method, request.path)
             return web.Response(status=499)  # never delivered: aiohttp drops it quietly
         finally:
             if connection is not None:
                 connection.finished()
-            if http_guard.body_bytes.get() >= RELEASE_AFTER:
-                asyncio.get_running_loop().run_in_executor(None, http_guard.release_memory)
+            if guard.body_bytes.get() >= RELEASE_AFTER:
+                asyncio.get_running_loop().run_in_executor(None, guard.release_memory)
 
     def _preflight(self, request: web.Request) -> web.Response:
         origin = request.headers["Origin"]
@@ -173,7 +173,7 @@ class ApiServer:
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
-            body = await api_llm.read_request(
+            body = await llm_routes.read_request(
                 request, ChatRequest if chat else CompletionRequest, MAX_BODY, self.body_timeout_s
             )
         except DISCONNECTS:  # the client left while its body arrived: the guard says so, in one line
@@ -184,7 +184,7 @@ class ApiServer:
         if refused is not None:
             return refused
         assert self.llm is not None  # _check_model refused otherwise
-        return await api_llm.generate(self.llm, self.metrics, request, body)
+        return await llm_routes.generate(self.llm, self.metrics, request, body)
 
     def model_entries(self) -> list[dict[str, Any]]:
         """``GET /v1/models``' data: the generic id, the LLM tiers, the ASR tiers (a name both ladders
@@ -213,10 +213,10 @@ class ApiServer:
         return web.json_response(found)
 
     async def _transcriptions(self, request: web.Request) -> web.Response:
-        return await api_speech.transcriptions(self.asr, request)
+        return await speech_routes.transcriptions(self.asr, request)
 
     async def _audio_stream(self, request: web.Request) -> web.StreamResponse:
-        return await api_speech.audio_stream(self.asr, request, self.llm, self.voice_options)
+        return await speech_routes.audio_stream(self.asr, request, self.llm, self.voice_options)
 
     async def _health_route(self, request: web.Request) -> web.Response:
         """Liveness and, per workload, what is serving: tier, model, load, shedding, switching."""
@@ -250,8 +250,8 @@ class ApiServer:
     def start(self, host: str = "127.0.0.1", port: int = 8080, unix_socket: str | None = None) -> ApiServer:
         """Serve on a thread of its own; returns once listening (``address`` says where)."""
         if unix_socket:
-            http_guard.claim_unix_socket(unix_socket)  # never silently take over another agent's socket
-        warning = http_guard.exposure_warning(host, port, self.token, unix_socket)
+            guard.claim_unix_socket(unix_socket)  # never silently take over another agent's socket
+        warning = guard.exposure_warning(host, port, self.token, unix_socket)
         if warning:
             log.warning("SECURITY: %s", warning)
         ready = threading.Event()
@@ -266,8 +266,8 @@ class ApiServer:
                 server = self._runner.server
                 assert server is not None  # set up just above
 
-                def connection() -> http_guard.HeadDeadline:
-                    return http_guard.HeadDeadline(server(), self.header_timeout_s, self._connections)
+                def connection() -> guard.HeadDeadline:
+                    return guard.HeadDeadline(server(), self.header_timeout_s, self._connections)
 
                 if unix_socket:
                     self._server = loop.run_until_complete(loop.create_unix_server(connection, unix_socket))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import InputError
+from ....errors import InputError
 
 URL = ""  # the attribution's address: the project names none
 
@@ -26,7 +26,7 @@ class RequestRefused(InputError):
 
 
 def asr_language(engine: Any) -> str:
-    from .asr.upload import model_language
+    from ...asr.upload import model_language
 
     return model_language(engine) if engine is not None else "en"
 
@@ -42,7 +42,7 @@ def check_request(request: Any, asr: Any, language: str) -> None:
     """Refuse (``RequestRefused``) a ``Transcribe`` naming a model or a language that is not served."""
     if request is None:
         return
-    from .wyoming_protocol import clip
+    from .protocol import clip
 
     names = ["edge-agent", *(t.name for t in asr.tiers)]
     if request.name and request.name not in names:

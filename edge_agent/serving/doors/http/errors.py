@@ -13,9 +13,9 @@ from collections.abc import Iterable
 from aiohttp import web
 from pydantic import ValidationError
 
-from ..errors import DeadlineExceeded, EdgeAgentError, InputError, Overloaded, Unavailable
-from . import http_guard
-from .openai_schema import validation_message
+from ....errors import DeadlineExceeded, EdgeAgentError, InputError, Overloaded, Unavailable
+from ..openai.schema import validation_message
+from . import guard
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def from_exception(exc: BaseException) -> web.Response:
     if isinstance(exc, ValidationError):
         message, param = validation_message(exc)
         return error(400, message, param=param)
-    if isinstance(exc, http_guard.BodyError):
+    if isinstance(exc, guard.BodyError):
         return error(exc.status, str(exc), code=exc.code)
     if isinstance(exc, RecursionError):  # nesting a parser refused to follow: the client's mistake
         return error(400, "the body is nested too deeply")

@@ -1,10 +1,10 @@
-"""The local API's speech routes, on the API's loop (``api.ApiServer`` routes them here):
+"""The local API's speech routes, on the API's loop (``server.ApiServer`` routes them here):
 
     POST /v1/audio/transcriptions multipart file → json / text / srt / vtt / verbose_json (OpenAI's shapes),
                                   decoded on the executor; ``whisper-1`` (``ASR_ALIASES``) is the active
                                   tier, said in ``warnings``; an unknown model is a 404 ``model_not_found``
     GET  /v1/audio/stream         WebSocket: binary 16 kHz mono PCM16 in, partial/final JSON out;
-                                  ``?respond=true``: each final answered by the LLM (``api_voice``)
+                                  ``?respond=true``: each final answered by the LLM (``voice_session``)
 
 A live stream is opened before the WebSocket upgrade, so shedding or draining is a plain 503 with
 ``Retry-After``; back-pressure, the stall bound and the close codes are described in ``audio_stream``.
@@ -21,10 +21,10 @@ from typing import Any, Protocol
 
 from aiohttp import WSMsgType, web
 
-from ..errors import InputError
-from .api_errors import error as _error
-from .api_errors import from_exception as _from_exception
-from .api_errors import model_not_found
+from ....errors import InputError
+from .errors import error as _error
+from .errors import from_exception as _from_exception
+from .errors import model_not_found
 from .transcript_formats import render
 from .transcription_request import parse_options
 
@@ -110,7 +110,7 @@ async def audio_stream(
     asr: SpeechService | None, request: web.Request, llm: Any = None, voice_options: dict | None = None
 ) -> web.StreamResponse:
     """``GET /v1/audio/stream``: one live stream on the active ASR tier, events back as JSON; with
-    ``?respond=true`` a voice turn on ``llm`` answers each final (``api_voice``)."""
+    ``?respond=true`` a voice turn on ``llm`` answers each final (``voice_session``)."""
     if asr is None:
         return _error(503, "no ASR tier is configured", "server_error", "unavailable")
     respond = request.query.get("respond", "").lower()
@@ -122,7 +122,7 @@ async def audio_stream(
     if respond in ("1", "true"):
         if llm is None:
             return _error(503, "respond needs an LLM tier and none is configured", "server_error", "unavailable")
-        from .api_voice import VoiceSession
+        from .voice_session import VoiceSession
 
         voice = VoiceSession(llm, loop, outbox, voice_options or {})
     try:  # before the upgrade, so shedding or draining is a plain 503 with Retry-After

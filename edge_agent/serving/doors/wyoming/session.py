@@ -5,7 +5,7 @@ Speech to text (``transcribe`` is optional; HA sends it first)::
     -> transcribe {name?, language?}, audio-start {rate, width, channels}, audio-chunk*, audio-stop
     <- transcript-start, transcript-chunk {text}*, transcript {text}, transcript-stop
 
-The audio is converted to the active ASR tier's PCM16 mono (``wyoming_audio``) and fed to a live stream
+The audio is converted to the active ASR tier's PCM16 mono (``audio``) and fed to a live stream
 on the ladder (``TieredSpeech.open_stream``, as ``GET /v1/audio/stream`` does): its endpointer, batching,
 SLA window and tier switches apply, and every utterance is observed (``/metrics``, telemetry). A chunk's
 text is what became stable since the last one (the text a partial's ``stable_text`` added: it is never
@@ -30,12 +30,12 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..errors import EdgeAgentError, InputError
-from .wyoming_audio import AudioConverter
-from .wyoming_protocol import WRITE_TIMEOUT_S, ProtocolError, clip, read_event
+from ....errors import EdgeAgentError, InputError
+from .audio import AudioConverter
+from .protocol import WRITE_TIMEOUT_S, ProtocolError, clip, read_event
 
 if TYPE_CHECKING:
-    from .wyoming_server import WyomingServer
+    from .server import WyomingServer
 
 log = logging.getLogger(__name__)
 STALL_S = 5.0  # the recogniser this far behind a stream (after its backlog bound) is overloaded
@@ -125,7 +125,7 @@ class Session:
     # -- describe ----------------------------------------------------------------------------
 
     def server_info(self) -> Any:
-        from .wyoming_info import server_info
+        from .info import server_info
 
         return server_info(self.server)
 
@@ -142,7 +142,7 @@ class Session:
             self.server.count("transcribe", "unavailable")
             await self.error("no ASR tier is configured", "unavailable")
             return
-        from .wyoming_info import asr_language, check_request
+        from .info import asr_language, check_request
 
         engine = asr.active_engine
         rate = int(getattr(engine, "sample_rate", 16000))
@@ -286,8 +286,8 @@ class Session:
             self.server.count("handle", "unavailable")
             await self.write(h.NotHandled(text="this server has no conversation agent (no LLM tier)"))
             return
-        from ..models.sampling import SamplingParams
-        from ..models.tokenizer import Message
+        from ....models.sampling import SamplingParams
+        from ....models.tokenizer import Message
 
         chat = [Message("system", self.cfg.system_prompt)] if self.cfg.system_prompt else []
         chat.append(Message("user", text))

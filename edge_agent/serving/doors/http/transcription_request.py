@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..errors import InputError
+from ....errors import FieldError
 
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 TIMED_FORMATS = ("verbose_json", "srt", "vtt")
@@ -36,14 +36,6 @@ class FormFields(Protocol):
 
     def __iter__(self) -> Iterator[str]: ...
     def getall(self, key: str, default: list) -> list: ...
-
-
-class FieldError(InputError):
-    """A request field that cannot be honoured (HTTP 400); ``param`` names the field."""
-
-    def __init__(self, message: str, param: str) -> None:
-        InputError.__init__(self, message)
-        self.param = param
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import asyncio
 import json
 from typing import Any
 
-from ..errors import EdgeAgentError
+from ....errors import EdgeAgentError
 
 MAX_LINE = 64 * 1024  # one event's JSON header line
 MAX_DATA = 64 * 1024  # its additional data (data_length)

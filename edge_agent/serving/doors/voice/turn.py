@@ -44,12 +44,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from ..errors import Overloaded
-from ..metrics.window import WARMUP
-from ..models.sampling import SamplingParams
-from ..models.tokenizer import Message
-from .llm.admission import INTERACTIVE, Limits
-from .openai_output import tool_call, with_tools
+from ....errors import Overloaded
+from ....metrics.window import WARMUP
+from ....models.sampling import SamplingParams
+from ....models.tokenizer import Message
+from ...llm.admission import INTERACTIVE, Limits
+from ..openai.output import tool_call, with_tools
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class VoiceTurn:
         self.stable_ms, self.max_prefills, self.clock = stable_ms, max_prefills, clock
         self.grammar = None
         if tools:
-            from ..models import grammar
+            from ....models import grammar
 
             self.grammar = grammar.tool_call_grammar(tools) if tool_choice == "required" else None
             self.grammar = self.grammar or grammar.tool_or_text_grammar(tools)

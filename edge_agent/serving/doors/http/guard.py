@@ -28,11 +28,11 @@ from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from typing import Any
 
-from ..errors import EdgeAgentError
-from ..logsetup import LogLimiter
+from ....errors import EdgeAgentError
+from ....logsetup import LogLimiter
 
 log = logging.getLogger(__name__)
-DEPARTURES = LogLimiter(logger=logging.getLogger("edge_agent.serving.api"))  # see client_left
+DEPARTURES = LogLimiter(logger=logging.getLogger("edge_agent.serving.doors.http.server"))  # see client_left
 
 
 def client_left(fmt: str, *args: Any) -> None:
@@ -225,7 +225,7 @@ def claim_unix_socket(path: str) -> None:
 
 def exposure_warning(host: str, port: int, token: str | None, unix_socket: str | None) -> str | None:
     """The warning for an API other machines can reach without a token (None when there is none)."""
-    from ..config import ApiConfig
+    from ....config import ApiConfig
 
     if unix_socket or token or ApiConfig.is_loopback(host):
         return None

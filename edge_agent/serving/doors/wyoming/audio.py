@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..audio.resample import Resampler
+from ....audio.resample import Resampler
 
 MIN_RATE = 8_000  # telephone audio; below, each input sample becomes many outputs (1 Hz: 16,000)
 MAX_RATE = 48_000  # the highest rate microphones and satellites send; above, the filter grows with the rate

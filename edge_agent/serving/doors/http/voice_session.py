@@ -1,6 +1,6 @@
 """The speech WebSocket's respond option (``GET /v1/audio/stream?respond=true``): the voice turn on the daemon.
 
-The stream's finals are answered by the LLM ladder through a ``VoiceTurn`` (``serving/voice_turn.py``):
+The stream's finals are answered by the LLM ladder through a ``VoiceTurn`` (``doors/voice/turn.py``):
 its turns may end early (``[audio] early_end``), stable partials are prefilled ahead and a pause's text
 gets its whole reply started ahead (``[audio] prefill_ahead``, ``respond_ahead``), and an early reply is
 cancelled, never sent, when the speaker goes on. Before any audio the client may send one JSON text
@@ -26,11 +26,11 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..errors import InputError
-from .asr.events import AsrEvent
-from .command_check import command_check
-from .openai_output import parse_tools, split_tool_call
-from .voice_turn import TurnResult, VoiceTurn
+from ....errors import InputError
+from ...asr.events import AsrEvent
+from ..openai.output import parse_tools, split_tool_call
+from ..voice.command_check import command_check
+from ..voice.turn import TurnResult, VoiceTurn
 
 log = logging.getLogger(__name__)
 MAX_TOKENS = 1024  # a voice reply's bound, whatever the client asks
@@ -44,7 +44,7 @@ class VoiceSession:
     def __init__(
         self, llm: Any, loop: asyncio.AbstractEventLoop, outbox: asyncio.Queue, options: dict[str, Any]
     ) -> None:
-        """``options``: the ``VoiceTurn`` settings (``voice_turn.turn_options``)."""
+        """``options``: the ``VoiceTurn`` settings (``voice.turn.turn_options``)."""
         self.llm, self.loop, self.outbox = llm, loop, outbox
         self._options = dict(options)
         self.turn = self._turn(None, "required", None)

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
-from ..metrics.timing import RequestTiming
-from ..models import grammar
-from ..models.sampling import SamplingParams
-from ..models.tokenizer import Message
-from .llm.handle import RequestHandle, TokenLogprob
-from .openai_schema import ChatRequest, CompletionRequest, GenerateRequest, NamedToolChoice, Tool
+from ....errors import InputError
+from ....metrics.timing import RequestTiming
+from ....models import grammar
+from ....models.sampling import SamplingParams
+from ....models.tokenizer import Message
+from ...llm.handle import RequestHandle, TokenLogprob
+from .schema import ChatRequest, CompletionRequest, GenerateRequest, NamedToolChoice, Tool
 
 DEFAULT_MAX_TOKENS = 256
 _CALL_HEAD = '{"name": "'
@@ -237,7 +237,7 @@ class ToolCallStream:
             if end < 0 and not final:
                 return []
             self._named = True
-            # tool names are [A-Za-z0-9_-] (openai_schema.ToolFunction): no escapes, the first '"' ends one;
+            # tool names are [A-Za-z0-9_-] (schema.ToolFunction): no escapes, the first '"' ends one;
             # cut off (max_tokens) inside the name, the call is still reported, with the part written
             name = body[:end] if end >= 0 else body.split('"', 1)[0]
             out.append({"index": 0, "id": self.id, "type": "function", "function": {"name": name, "arguments": ""}})

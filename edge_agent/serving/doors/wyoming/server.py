@@ -2,7 +2,7 @@
 
 Wyoming is JSON lines with optional binary payloads over TCP. This server speaks it with the ``wyoming``
 library's events on its own thread and asyncio loop, as a thin adapter over the same serving layer as
-the HTTP API (``wyoming_session``): ``describe`` -> ``info``; ``transcribe`` + ``audio-start`` /
+the HTTP API (``session``): ``describe`` -> ``info``; ``transcribe`` + ``audio-start`` /
 ``audio-chunk`` / ``audio-stop`` -> ``transcript-start``, ``transcript-chunk`` …, ``transcript``,
 ``transcript-stop`` on the ASR ladder; ``transcript`` -> ``handled-start``, ``handled-chunk`` …,
 ``handled``, ``handled-stop`` (or ``not-handled``) on the LLM ladder.
@@ -11,14 +11,14 @@ What one connection cannot do to the others (each is closed with one log line sa
 
 - a header line over ``MAX_LINE`` bytes, one that is not a JSON object with a ``type``, ``data`` over
   ``MAX_DATA`` bytes or a payload over ``MAX_PAYLOAD`` bytes (nothing is read into memory first);
-- audio that cannot be what its header says (``wyoming_audio.BadAudio``), audio before ``audio-start``,
+- audio that cannot be what its header says (``audio.BadAudio``), audio before ``audio-start``,
   more than ``max_audio_s`` of audio in one request;
 - sending nothing for ``idle_timeout_s`` (a client that vanished without closing, an idle socket);
 - a client that stops reading: a write that cannot finish within ``WRITE_TIMEOUT_S``.
 
 Past ``max_connections`` a new connection is closed at once (logged, at most a line per second with
 the count held back). Memory per connection is bounded by these limits, the audio conversion's bound per
-chunk (``wyoming_audio``) and the ASR stream's backlog bound (``serving/asr/tiers.py``), so the server's
+chunk (``audio``) and the ASR stream's backlog bound (``serving/asr/tiers.py``), so the server's
 memory is bounded by ``max_connections``. A stop closes every open connection, each with a log line.
 """
 
@@ -30,12 +30,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..config import WyomingConfig
-from ..errors import EdgeAgentError
-from ..logsetup import LogLimiter
-from .wyoming_audio import BadAudio
-from .wyoming_protocol import MAX_LINE, ProtocolError, wyoming_events
-from .wyoming_session import Session
+from ....config import WyomingConfig
+from ....errors import EdgeAgentError
+from ....logsetup import LogLimiter
+from .audio import BadAudio
+from .protocol import MAX_LINE, ProtocolError, wyoming_events
+from .session import Session
 
 log = logging.getLogger(__name__)
 TICK_S = 0.1  # as the API loop: the watchdog checks every loop advanced since its last look
@@ -108,7 +108,7 @@ class WyomingServer:
         return self
 
     def _is_loopback(self) -> bool:
-        from ..config import ApiConfig
+        from ....config import ApiConfig
 
         return ApiConfig.is_loopback(self.config.host)
 

@@ -1,4 +1,4 @@
-"""The local API's generation routes, on the API's loop (``api.ApiServer`` routes them here):
+"""The local API's generation routes, on the API's loop (``server.ApiServer`` routes them here):
 
     POST /v1/chat/completions     chat, streaming (SSE) or not; response_format, tools, logprobs
     POST /v1/completions          raw prompt, streaming or not; logprobs, echo
@@ -30,14 +30,15 @@ from typing import Any
 
 from aiohttp import web
 
-from ..errors import DeadlineExceeded, EdgeAgentError, InputError, Overloaded
-from ..metrics.prometheus import PrometheusMetrics
-from ..models.grammar import FormatError
-from . import http_guard, openai_output
-from .api_errors import from_exception as _from_exception
-from .llm.handle import Completion, RequestHandle, TokenEvent
-from .llm.tiers import TieredLLM
-from .openai_schema import ChatRequest, CompletionRequest, GenerateRequest, parse
+from ....errors import DeadlineExceeded, EdgeAgentError, InputError, Overloaded
+from ....metrics.prometheus import PrometheusMetrics
+from ....models.grammar import FormatError
+from ...llm.handle import Completion, RequestHandle, TokenEvent
+from ...llm.tiers import TieredLLM
+from ..openai import output as openai_output
+from ..openai.schema import ChatRequest, CompletionRequest, GenerateRequest, parse
+from . import guard
+from .errors import from_exception as _from_exception
 
 log = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.05
@@ -48,7 +49,7 @@ FINISH = {"stop": "stop", "length": "length", "deadline": "length", "cancelled":
 async def read_request(request: web.Request, model: type[GenerateRequest], max_body: int, timeout_s: float):
     """Read the body (bounded in size and time), then parse it on the executor: a large body must not
     hold the loop."""
-    raw = await http_guard.read_body(request, max_body, timeout_s)
+    raw = await guard.read_body(request, max_body, timeout_s)
     return await asyncio.get_running_loop().run_in_executor(None, parse, raw, model)
 
 
@@ -214,7 +215,7 @@ class _Reply:
         except DISCONNECTS:  # the client went away: free its batch slots, say so once, no traceback
             if not all(h.cancelled for h in self.handles):
                 self._cancel()
-                http_guard.client_left(": %s cancelled", self.ident)
+                guard.client_left(": %s cancelled", self.ident)
         except asyncio.CancelledError:
             self._cancel()
             raise
@@ -345,7 +346,7 @@ async def _cancel_on_disconnect(request: web.Request, handles: list[RequestHandl
             if not all(h.cancelled for h in handles):
                 for handle in handles:
                     handle.cancel()
-                http_guard.client_left(": %s cancelled", ident)
+                guard.client_left(": %s cancelled", ident)
             return
 
 

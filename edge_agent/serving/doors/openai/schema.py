@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..errors import InputError
+from ....errors import InputError
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 MAX_CHOICES = 8  # n: each choice is a sequence of its own in the batch, so n is bounded like a burst of requests

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP API (``server.ApiServer``) and its routes."""

@@ -1,0 +1,1 @@
+"""The Wyoming server for Home Assistant's voice pipeline (``server.WyomingServer``)."""
