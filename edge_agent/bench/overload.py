@@ -99,11 +99,18 @@ class Outcome:
 
 @dataclass
 class VoiceTurn:
-    """One spoken command: its reply's ``complete_ms`` (the agent's end of speech → complete reply) or why not."""
+    """One spoken command: its reply's ``complete_ms`` (the agent's end of speech → complete reply) or why not,
+    and where that time went: ``final_ms`` (end of speech → the final transcript), ``endpoint_ms`` (→ the
+    end-of-turn decision), ``first_token_ms`` (→ the reply's first token), ``reply_ahead`` (the reply was the
+    one started on a pause)."""
 
     t_s: float
     said: str
     complete_ms: float | None = None
+    final_ms: float | None = None
+    endpoint_ms: float | None = None
+    first_token_ms: float | None = None
+    reply_ahead: bool = False
     refused: bool = False
     right: bool = False
     error: str = ""
@@ -155,6 +162,9 @@ def level_figures(outcomes: Sequence[Outcome], seconds: float, sla_ms: float, vo
         "voice_turns": len(voice),
         "voice_p50_ms": percentile(turns, 50),
         "voice_p95_ms": percentile(turns, 95),
+        "voice_final_p95_ms": percentile([v.final_ms for v in voice if v.final_ms is not None], 95),
+        "voice_first_token_p95_ms": percentile([v.first_token_ms for v in voice if v.first_token_ms is not None], 95),
+        "voice_replies_ahead": sum(1 for v in voice if v.reply_ahead),
         "voice_refused": sum(1 for v in voice if v.refused),
         "voice_right": sum(1 for v in voice if v.right),
         "served_by": served,
@@ -290,7 +300,16 @@ async def speak(session, url: str, pcm: bytes, settings: str, said: str, expecte
             call = None
     cut = call is not None and reply.get("finish_reason") != "tool_calls"  # a call cut short is never run
     right = not cut and judge(expected, call)
-    return VoiceTurn(t_s, said, complete_ms=reply.get("complete_ms"), right=bool(right))
+    return VoiceTurn(
+        t_s,
+        said,
+        complete_ms=reply.get("complete_ms"),
+        right=bool(right),
+        final_ms=finals[spoken[-1]].get("final_ms"),
+        endpoint_ms=reply.get("endpoint_ms"),
+        first_token_ms=reply.get("first_token_ms"),
+        reply_ahead=bool(reply.get("reply_ahead")),
+    )
 
 
 @dataclass
@@ -796,7 +815,12 @@ def run(args: argparse.Namespace) -> int:
             f"{fig['refused']} refused + {fig['cancelled']} cancelled + {fig['failed']} failed; goodput "
             f"{fig['goodput_per_s']:.2f}/s; TTFT P50/P95/P99 {fmt(fig['ttft_p50_ms'])}/{fmt(fig['ttft_p95_ms'])}/"
             f"{fmt(fig['ttft_p99_ms'])} ms; refusals P95 {fmt(fig['refusal_p95_ms'])} ms"
-            + (f"; voice P95 {fmt(fig['voice_p95_ms'])} ms ({fig['voice_turns']} turns)" if voice else "")
+            + (
+                f"; voice P95 {fmt(fig['voice_p95_ms'])} ms (final {fmt(fig['voice_final_p95_ms'])}, first token "
+                f"{fmt(fig['voice_first_token_p95_ms'])}; {fig['voice_turns']} turns)"
+                if voice
+                else ""
+            )
         )
         waited = asyncio.run(wait_idle(url, system))
         if waited > 1:

@@ -101,7 +101,8 @@ def table(report: dict) -> list[str]:
     """The per-level markdown table: the daemon's figures, then llama.cpp's where it ran."""
     llama = LLAMA in report["systems"]
     head = ["load", "offered/s", "sent = done + refused + cancelled + failed", "goodput/s", "TTFT P50 ms",
-            "TTFT P95 ms", "TTFT P99 ms", "refused %", "refusal P50 / P95 ms", "voice turn P95 ms"]  # fmt: skip
+            "TTFT P95 ms", "TTFT P99 ms", "refused %", "refusal P50 / P95 ms",
+            "voice turn P95 ms (final / first token P95)"]  # fmt: skip
     if llama:
         head += ["llama.cpp goodput/s", "llama.cpp TTFT P50 / P95 / P99 ms", "llama.cpp not completed"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -120,7 +121,12 @@ def table(report: dict) -> list[str]:
             cell(row.get("ttft_p99_ms")),
             cell(row.get("refused_share"), 100),
             f"{cell(row.get('refusal_p50_ms'))} / {cell(row.get('refusal_p95_ms'))}",
-            f"{cell(row.get('voice_p95_ms'))}, n={row['total_voice_turns']}" if row["total_voice_turns"] else "—",
+            (
+                f"{cell(row.get('voice_p95_ms'))} ({cell(row.get('voice_final_p95_ms'))} / "
+                f"{cell(row.get('voice_first_token_p95_ms'))}), n={row['total_voice_turns']}"
+            )
+            if row["total_voice_turns"]
+            else "—",
         ]
         if llama:
             other = _level(report, LLAMA, row["load"]) or {}

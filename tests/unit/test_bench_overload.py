@@ -110,12 +110,19 @@ def test_a_chat_exactly_at_the_sla_is_good_one_just_over_is_not() -> None:
 
 def test_voice_turns_percentiles_and_refusals() -> None:
     turns = [
-        ov.VoiceTurn(float(i), "x", complete_ms=float(v), right=i % 2 == 0) for i, v in enumerate(range(100, 1100, 50))
-    ]
+        ov.VoiceTurn(
+            float(i), "x", complete_ms=float(v), right=i % 2 == 0, final_ms=v / 2, first_token_ms=v - 40.0,
+            reply_ahead=i < 5,
+        )
+        for i, v in enumerate(range(100, 1100, 50))
+    ]  # fmt: skip
     turns.append(ov.VoiceTurn(30.0, "x", refused=True, error="overloaded"))
     fig = ov.level_figures([], 10.0, 387.0, turns)
     done = [t.complete_ms for t in turns if t.complete_ms is not None]
     assert fig["voice_p95_ms"] == nearest_rank(done, 95)
+    assert fig["voice_final_p95_ms"] == nearest_rank(sorted(v / 2 for v in done), 95)
+    assert fig["voice_first_token_p95_ms"] == nearest_rank(sorted(v - 40.0 for v in done), 95)
+    assert fig["voice_replies_ahead"] == 5
     assert (fig["voice_turns"], fig["voice_refused"], fig["voice_right"]) == (21, 1, 10)
     assert fig["sent"] == 0 and fig["ttft_p95_ms"] is None and fig["refused_share"] is None
 
