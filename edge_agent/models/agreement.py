@@ -2,8 +2,10 @@
 
 A streaming Whisper re-decodes its growing audio window every step. Early words are re-guessed
 as more audio arrives; LocalAgreement-n (Polák et al. 2022, as whisper_streaming uses it with
-n = 2) commits the longest common prefix of the last n hypotheses. Committed tokens never change:
-the next decode is forced to start with them, so every later hypothesis extends them.
+n = 2) commits the longest common prefix of the last n hypotheses. Committed tokens never change while
+the utterance lasts: the next partial's decode is forced to start with them, so every later hypothesis
+extends them. The final is decoded free of them (a one pass over the whole utterance), and ``finish``
+takes it whole: it may revise a committed word.
 
 Pure and small: tokens are any hashable values (token ids here).
 """
@@ -23,7 +25,7 @@ def common_prefix(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
 
 
 class LocalAgreement:
-    """LocalAgreement-n over a stream of hypotheses: ``committed`` only ever grows (see the module doc)."""
+    """LocalAgreement-n over a stream of hypotheses: ``committed`` only grows until ``finish`` (the module doc)."""
 
     def __init__(self, n: int = 2) -> None:
         if n < 1:
@@ -54,10 +56,10 @@ class LocalAgreement:
         return self._recent[-1][len(self.committed) :] if self._recent else []
 
     def finish(self, hypothesis: Sequence[Hashable] | None = None) -> list:
-        """End of the utterance: the last hypothesis is committed whole. Returns the newly committed."""
+        """End of the utterance: the final hypothesis (default: the last one) becomes the committed text whole,
+        even where it differs from what was committed. Returns its tokens after the prefix it shares with them."""
         last = list(hypothesis) if hypothesis is not None else (self._recent[-1] if self._recent else self.committed)
         keep = common_prefix(last, self.committed)
-        new = last[keep:] if keep == len(self.committed) else last[len(self.committed) :]
-        self.committed.extend(new)
-        self._recent = [list(self.committed)]
-        return new
+        self.committed = list(last)
+        self._recent = [list(last)]
+        return last[keep:]

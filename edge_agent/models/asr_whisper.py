@@ -15,16 +15,23 @@ position, and every special and timestamp token (ids above ``<|endoftext|>``): w
 ``<|notimestamps|>`` in the prompt a timestamp is never a valid output. ``language="auto"`` picks
 the likeliest language token after ``<|startoftranscript|>``.
 
-Streaming: every step re-encodes the utterance so far and re-decodes it forced to start with the
-committed tokens; LocalAgreement-2 commits the prefix the last two hypotheses share. A final (and
-``transcribe``) encodes the audio padded to 30 s, as Whisper is trained, so a final pass is the one
-pass faster-whisper makes. A partial, when the encoder takes a shorter input (``short_context``: the
-imported graphs slice their positions, whisper.cpp's ``audio_ctx``), encodes only the audio so far
-and 6 s of padding, rounded up to ``partial_context_s``: on two cores a 30 s pass of Whisper base's
-encoder costs ~1.3 s, an 8 s one ~0.3 s, which is what lets partials keep up with speech. Rows
-of a batch decode in lockstep: each takes its own forced token while it has one, then its own argmax,
-so row r of a batch sees exactly what it would see alone. The encoder batches the streams that share
-a context length.
+Streaming: every step re-encodes the utterance so far; a partial re-decodes it forced to start with the
+committed tokens, and LocalAgreement-2 commits the prefix the last two hypotheses share (commits only grow
+while the utterance lasts). A final decodes freely, as one pass over the same window does (``transcribe``):
+the committed tokens are only its draft, so a word a partial committed wrong is heard again, and the
+final's text is exactly the one pass's. The draft (the last pass's tokens) goes into the decoder's first
+call with the prompt and is kept as far as greedy decoding agrees with it: a right draft costs one decoder
+call instead of one per token. A final with no audio since the last pass over the final's window decodes
+on that pass's encoder states (kept per stream), or, when that pass forced nothing, is its text outright.
+
+A final (and ``transcribe``) encodes the audio padded to 30 s, as Whisper is trained, so a final pass is the
+one pass faster-whisper makes; with ``final_padding_s`` > 0 and an encoder that takes a shorter input
+(``short_context``: the imported graphs slice their positions, whisper.cpp's ``audio_ctx``) the audio and
+that much padding. A partial there encodes only the audio so far and 6 s of padding, rounded up to
+``partial_context_s``: on two cores a 30 s pass of Whisper base's encoder costs ~1.3 s, an 8 s one ~0.3 s,
+which is what lets partials keep up with speech. Rows of a batch decode in lockstep: each takes its own
+forced token while it has one, then its own argmax, so row r of a batch sees exactly what it would see
+alone. The encoder batches the streams that share a context length.
 
 On the NPU (static shapes only) ``asr_whisper_npu.NpuWhisperRecognizer`` runs the same decoding with a
 30 s encoder and a decoder step over a fixed-size cache, one stream at a time.
@@ -56,27 +63,37 @@ class WhisperStream(AudioStream):
         super().__init__(rate)
         self.audio = np.zeros(0, np.float32)
         self.decoded_at = 0  # samples covered by the last decode
-        self.decoded_full = False  # the last decode was a 30 s pass (a final's, without new audio, reuses it)
         self.agreement = LocalAgreement(2)
         self.language = language  # None until detected (language="auto")
         self.last_ids: list[int] = []
+        self.unforced = False  # the last decode forced nothing: ``last_ids`` is a one pass's over its window
         self.context: list[int] = []  # ``<|startofprev|>`` and the initial prompt's tokens (``context_ids``)
         self.draft: list[int] = []  # a fork's: the tokens its parent's last pass decoded (verified, not trusted)
+        # the encoder states of the last pass when its window was the final's, their frames and the samples
+        # they cover: a final with no audio since decodes on them without an encoder pass
+        self.hidden: np.ndarray | None = None
+        self.hidden_frames = self.hidden_at = 0
 
     def fork(self) -> WhisperStream:
         """A stream with this one's audio so far (pending included) and context, its last tokens as a draft
         the twin's decode verifies in one decoder call: what this stream's final would say if it ended now
-        (the service's pause decode). Called while no step of this stream is in flight."""
+        (the service's pause decode). With nothing pending since a pass over the final's window the twin
+        also takes that pass's encoder states (read only). Called while no step of this stream is in flight."""
         twin = WhisperStream(self.rate, self.language)
         with self._lock:
             pending = list(self._pending)
         twin.add_audio(np.concatenate([self.audio, *pending]) if pending else self.audio.copy())
         twin.context, twin.draft = self.context, list(self.last_ids)
+        if not pending and self.hidden is not None and self.hidden_at == self.audio.size:
+            twin.hidden, twin.hidden_frames, twin.hidden_at = self.hidden, self.hidden_frames, self.hidden_at
+            twin.last_ids, twin.unforced = list(self.last_ids), self.unforced
         return twin
 
-    def reuses_last(self) -> bool:
-        """The final may be the last hypothesis: a 30 s pass over all the audio there is."""
-        return self.audio.size == self.decoded_at and bool(self.last_ids) and self.decoded_full
+    def states_for(self, frames: int) -> np.ndarray | None:
+        """The kept encoder states when they are those of a ``frames`` pass over all the audio there is."""
+        if self.hidden is not None and self.hidden_frames == frames and self.hidden_at == self.audio.size:
+            return self.hidden
+        return None
 
 
 class WhisperRecognizer:
@@ -379,14 +396,12 @@ class WhisperRecognizer:
 
     def step(self, streams: Sequence[WhisperStream]) -> list[Hypothesis | None]:
         results: list[Hypothesis | None] = [None] * len(streams)
-        todo = []
         min_new = int(self.min_step_s * self.sample_rate)
         # ended when its audio was taken: end() during this step may follow audio this step never took
-        ended_at: set[int] = set()
+        finals: list[int] = []
+        partials: list[int] = []
         for i, s in enumerate(streams):
             new, ended = s.take()
-            if ended:
-                ended_at.add(i)
             if new.size:
                 s.audio = np.concatenate([s.audio, new])[: self.features.n_samples]
             if s.finished:
@@ -394,56 +409,73 @@ class WhisperRecognizer:
             if ended and s.audio.size == 0:
                 s.finished = True
                 results[i] = Hypothesis("", (), True, "", 0.0)
-            elif ended and s.reuses_last():
-                todo.append(i)  # nothing new: the last hypothesis becomes final below without a decode
-            elif ended or s.audio.size - s.decoded_at >= min_new:
-                todo.append(i)
-        if not todo:
-            return results
-        run = [i for i in todo if not (i in ended_at and streams[i].reuses_last())]
-        by_context: dict[tuple[int, int], list[int]] = {}
-        for i in run:
+            elif ended:
+                finals.append(i)
+            elif s.audio.size - s.decoded_at >= min_new:
+                partials.append(i)
+        ended_at = set(finals)
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i in [*(i for i in finals if not self._settled(streams[i])), *partials]:
             key = (self.context_frames(streams[i].audio.size, i in ended_at), len(streams[i].context))
-            by_context.setdefault(key, []).append(i)
-        for (frames, _), group in by_context.items():
-            self._pass([streams[i] for i in group], frames)
-        for i in todo:
-            s = streams[i]
-            if i in ended_at:
-                s.agreement.finish(s.last_ids)
-                s.finished = True
-            else:
-                s.agreement.insert(s.last_ids)
-            stable = self.text(s.agreement.committed)
-            results[i] = Hypothesis(
-                self.text(s.last_ids), tuple(s.last_ids), s.finished, stable, s.audio.size / self.sample_rate
-            )
+            groups.setdefault(key, []).append(i)
+        for (frames, _), group in groups.items():
+            self._pass([streams[i] for i in group], frames, [i in ended_at for i in group])
+        for i in [*finals, *partials]:
+            results[i] = self._hypothesis(streams[i], i in ended_at)
         return results
 
-    def _pass(self, streams: Sequence[WhisperStream], frames: int) -> None:
-        """One encoder pass of ``frames`` over the streams' audio and a decode forced by their commits."""
-        hidden = self.encode([s.audio for s in streams], frames)
-        unknown = [j for j, s in enumerate(streams) if s.language is None]
-        if unknown:
-            for j, lang in zip(unknown, self.detect_language(hidden[unknown])):
+    def _settled(self, s: WhisperStream) -> bool:
+        """The stream's last pass is what its final would be: unforced, over the final's window of all its
+        audio (its language fixed: ``auto`` detects a final's language on the final's own window)."""
+        frames = self.context_frames(s.audio.size, True)
+        return s.unforced and self.language != "auto" and s.states_for(frames) is not None
+
+    def _hypothesis(self, s: WhisperStream, final: bool) -> Hypothesis:
+        if final:
+            s.agreement.finish(s.last_ids)
+            s.finished = True
+        else:
+            s.agreement.insert(s.last_ids)
+        stable = self.text(s.agreement.committed)
+        return Hypothesis(self.text(s.last_ids), tuple(s.last_ids), final, stable, s.audio.size / self.sample_rate)
+
+    def _pass(self, streams: Sequence[WhisperStream], frames: int, final: Sequence[bool]) -> None:
+        """One encoder pass of ``frames`` over the streams' audio (a final's kept states stand in for its own
+        pass) and one decode: a partial forced to start with its commits, a final free (what one pass over its
+        window gives), each with its last tokens as a draft the decoder verifies in its first call."""
+        kept = [s.states_for(frames) if f else None for s, f in zip(streams, final)]
+        fresh = [j for j, h in enumerate(kept) if h is None]
+        if len(fresh) == len(streams):
+            hidden = self.encode([s.audio for s in streams], frames)
+        else:
+            if fresh:
+                encoded = self.encode([streams[j].audio for j in fresh], frames)
+                for k, j in enumerate(fresh):
+                    kept[j] = encoded[k : k + 1]
+            hidden = np.concatenate([h for h in kept if h is not None])
+        # a final detects its language on its own window, as the one pass does
+        detect = [j for j, s in enumerate(streams) if s.language is None or (final[j] and self.language == "auto")]
+        if detect:
+            for j, lang in zip(detect, self.detect_language(hidden[detect])):
                 streams[j].language = lang
+        forced = [[] if f else s.agreement.committed for s, f in zip(streams, final)]
         ids = self.decode(
             hidden,
             [self.prompt(s.language, s.context) for s in streams],
-            [s.agreement.committed for s in streams],
-            [
-                self._budget(s.audio.size / self.sample_rate, len(s.agreement.committed), len(s.context))
-                for s in streams
-            ],
+            forced,
+            [self._budget(s.audio.size / self.sample_rate, len(f), len(s.context)) for s, f in zip(streams, forced)],
             suppress=self.suppress,
             drafts=[s.draft or s.last_ids for s in streams],
         )
-        for s, hyp in zip(streams, ids):
-            s.last_ids, s.decoded_at = hyp, s.audio.size
-            s.decoded_full = frames == self.context_frames(s.audio.size, True)
+        for j, (s, hyp) in enumerate(zip(streams, ids)):
+            s.last_ids, s.decoded_at, s.unforced = hyp, s.audio.size, not forced[j]
+            s.hidden = None
+            if not final[j] and frames == self.context_frames(s.audio.size, True):
+                s.hidden, s.hidden_frames, s.hidden_at = hidden[j : j + 1].copy(), frames, s.audio.size
 
     def transcribe(self, samples: np.ndarray, context: str = "") -> Hypothesis:
-        """One 30 s pass over ``samples``; ``context``: words to expect (Whisper's initial prompt)."""
+        """One pass over ``samples`` in a final's window (30 s, or the audio and ``final_padding_s``);
+        ``context``: words to expect (Whisper's initial prompt). A streamed final is this pass's text."""
         x = np.asarray(samples, np.float32).reshape(-1)[: self.features.n_samples]
         hidden = self.encode([x], self.context_frames(x.size, True))
         lang = self.language if self.language != "auto" else self.detect_language(hidden)[0]

@@ -49,6 +49,20 @@ def test_finish_commits_the_last_hypothesis():
     assert la.committed == [1, 2, 3, 4]
 
 
+def test_a_final_that_revises_committed_tokens_replaces_them_whole():
+    la = LocalAgreement(2)
+    la.insert([1, 2, 3])
+    la.insert([1, 2, 3, 4])
+    assert la.committed == [1, 2, 3]
+    assert la.finish([1, 5, 3, 4]) == [5, 3, 4]  # a free final heard the second token again
+    assert la.committed == [1, 5, 3, 4] and la.unstable == []
+    la = LocalAgreement(2)
+    la.insert([7, 8])
+    la.insert([7, 8])
+    assert la.finish([7]) == [] and la.committed == [7]  # shorter than the commits: the final's text
+    assert LocalAgreement(2).finish() == []
+
+
 def test_n_three_needs_three_agreeing():
     la = LocalAgreement(3)
     assert la.insert([1, 2]) == [] and la.insert([1, 2]) == []
