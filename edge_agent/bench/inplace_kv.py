@@ -32,6 +32,7 @@ from ..engines.inplace_kv import convert_inplace
 from ..models.catalog import inspect_folder, resolve_model
 from ..models.llm import DecoderLM
 from .genai import GenaiRunner, find_genai_folder
+from .options import InplaceKvOptions, from_mapping
 
 Side = Callable[[Sequence[int], int], float]  # (prompt, tokens) -> seconds spent decoding
 
@@ -71,6 +72,51 @@ def measure(sides: dict[str, Side], prompts: list[list[int]], rounds: int, token
     return out
 
 
+def run(opts: InplaceKvOptions) -> dict:
+    """Every side over ``rounds`` rounds on the same prompts; tokens/s per side and round, their medians,
+    the sides skipped (with why) and the conversion's time and check."""
+    src = resolve_model(opts.model, default_cache_dir() / "models")
+    options = SessionOptions(threads=opts.threads)
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        conv = convert_inplace(src.path, Path(tmp) / "inplace", threads=opts.threads)
+        plain = DecoderLM.open(src, "onnxruntime", options)
+        inplace = DecoderLM.open(inspect_folder(Path(tmp) / "inplace", name=src.name), "onnxruntime", options)
+        vocab = min(1000, int(src.config.get("vocab_size", 1000)))
+        prompts = [rng.integers(3, vocab, size=opts.prompt_tokens).tolist() for _ in range(opts.prompts)]
+        sides: dict[str, Side] = {"plain": serving_decode(plain), "inplace": serving_decode(inplace)}
+        skipped: dict[str, str] = {}
+        builder_dir, why = find_genai_folder(src, opts.genai)
+        for name, folder, reason in (
+            ("genai(converted)", Path(tmp) / "inplace" if why is None or "installed" not in why else None, why),
+            ("genai(builder)", builder_dir, why),
+        ):
+            if folder is None:
+                skipped[name] = str(reason)
+                continue
+            sides[name] = genai_decode(GenaiRunner(folder, opts.threads))
+        rates = measure(sides, prompts, opts.rounds, opts.tokens)
+        plain.close()
+        inplace.close()
+    med = {name: float(np.median(v)) for name, v in rates.items()}
+    return {"model": src.name, "median_tok_s": med, "rounds": rates, "skipped": skipped, "conversion": conv}
+
+
+def format_report(report: dict, opts: InplaceKvOptions) -> str:
+    med, rates, conv = report["median_tok_s"], report["rounds"], report["conversion"]
+    lines = [
+        f"{report['model']}: batch-1 greedy decode, {opts.prompts} prompts x {opts.tokens} tokens, {opts.rounds} "
+        f"rounds, {opts.threads} thread(s); converted in {conv['convert_s']} s, check "
+        f"{conv['check']['max_rel_diff']:.1e}",
+        f"{'side':<18}{'tok/s (median)':>16}{'min-max':>18}{'vs plain':>10}",
+    ]
+    for name, v in rates.items():
+        lines.append(f"{name:<18}{med[name]:>16.1f}{f'{min(v):.1f}-{max(v):.1f}':>18}{med[name] / med['plain']:>9.2f}x")
+    for name, reason in report["skipped"].items():
+        lines.append(f"{name:<18}skipped: {reason}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     doc = __doc__ or ""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
@@ -83,42 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--genai", help="an onnxruntime-genai builder folder of the same model ('none': skip)")
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args(argv)
-
-    src = resolve_model(args.model, default_cache_dir() / "models")
-    options = SessionOptions(threads=args.threads)
-    rng = np.random.default_rng(0)
-    with tempfile.TemporaryDirectory() as tmp:
-        conv = convert_inplace(src.path, Path(tmp) / "inplace", threads=args.threads)
-        plain = DecoderLM.open(src, "onnxruntime", options)
-        inplace = DecoderLM.open(inspect_folder(Path(tmp) / "inplace", name=src.name), "onnxruntime", options)
-        vocab = min(1000, int(src.config.get("vocab_size", 1000)))
-        prompts = [rng.integers(3, vocab, size=args.prompt_tokens).tolist() for _ in range(args.prompts)]
-        sides: dict[str, Side] = {"plain": serving_decode(plain), "inplace": serving_decode(inplace)}
-        skipped: dict[str, str] = {}
-        builder_dir, why = find_genai_folder(src, args.genai)
-        for name, folder, reason in (
-            ("genai(converted)", Path(tmp) / "inplace" if why is None or "installed" not in why else None, why),
-            ("genai(builder)", builder_dir, why),
-        ):
-            if folder is None:
-                skipped[name] = str(reason)
-                continue
-            sides[name] = genai_decode(GenaiRunner(folder, args.threads))
-        rates = measure(sides, prompts, args.rounds, args.tokens)
-        plain.close()
-        inplace.close()
-    med = {name: float(np.median(v)) for name, v in rates.items()}
-    print(
-        f"{src.name}: batch-1 greedy decode, {args.prompts} prompts x {args.tokens} tokens, {args.rounds} rounds, "
-        f"{args.threads} thread(s); converted in {conv['convert_s']} s, check {conv['check']['max_rel_diff']:.1e}"
-    )
-    print(f"{'side':<18}{'tok/s (median)':>16}{'min-max':>18}{'vs plain':>10}")
-    for name, v in rates.items():
-        print(f"{name:<18}{med[name]:>16.1f}{f'{min(v):.1f}-{max(v):.1f}':>18}{med[name] / med['plain']:>9.2f}x")
-    for name, reason in skipped.items():
-        print(f"{name:<18}skipped: {reason}")
+    opts = from_mapping(InplaceKvOptions, vars(args))
+    report = run(opts)
+    print(format_report(report, opts))
     if args.json:
-        args.json.write_text(json.dumps({"median_tok_s": med, "rounds": rates, "skipped": skipped}, indent=2) + "\n")
+        figures = {k: report[k] for k in ("median_tok_s", "rounds", "skipped")}
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0
 
 

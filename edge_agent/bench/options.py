@@ -31,6 +31,11 @@ def from_mapping(cls: type[T], values: Mapping[str, Any]) -> T:
     return cls(**{k: v for k, v in values.items() if k in names})
 
 
+def as_json(opts: Any) -> dict[str, Any]:
+    """The fields of ``opts`` as a JSON-ready dict (paths as strings), as a report records its settings."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(opts).items()}
+
+
 @dataclasses.dataclass(frozen=True)
 class LLMOptions:
     """``bench llm``: a configured LLM tier as the daemon serves it, against a bare runtime loop and its peers."""
@@ -218,3 +223,63 @@ class CallsOptions:
     threads: int = 0  # 0: the configured device threads
     json_out: str | Path | None = None
     config: str | Path | None = None
+
+
+# -- the workloads run as ``python -m edge_agent.bench.<name>``: each parses its flags in its own ``main``
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillOptions:
+    """``bench.prefill``: running streams' ITL while a long prompt prefills, chunked against whole."""
+
+    model: str = "demo-phi3-small"
+    genai: str | Path | None = None  # an onnxruntime-genai folder instead of the model
+    cache_dir: str | Path | None = None  # where demo models are generated (default: [models] cache_dir)
+    streams: int = 3
+    long_prompt_tokens: int = 1024
+    long_new_tokens: int = 8
+    chunk: int = 256  # prefill_chunk_tokens when chunked
+    rounds: int = 5
+    threads: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefixCacheOptions:
+    """``bench.prefix_cache``: TTFT of a system prompt seen before against a fresh one of the same length."""
+
+    model: str = "demo-phi3-small"
+    cache_dir: str | Path | None = None
+    system_tokens: int = 1600
+    new_tokens: int = 4
+    rounds: int = 5
+    max_mb: float = 256.0  # the prefix cache's bound
+    threads: int = 2
+    inplace: bool = False  # also the in-place KV layout
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefixSoakOptions:
+    """``bench.prefix_soak``: the prefix cache over a long run of rotating system prompts, memory sampled."""
+
+    model: str = "demo-phi3"
+    cache_dir: str | Path | None = None
+    requests: int = 2000
+    prompts: int = 40  # distinct system prompts, rotating
+    system_tokens: int = 400
+    new_tokens: int = 2
+    max_mb: float = 4.0
+    every: int = 100  # sample memory every N requests
+    threads: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class InplaceKvOptions:
+    """``bench.inplace_kv``: batch-1 decode of a plain export, its in-place KV conversion and onnxruntime-genai."""
+
+    model: str = "demo-phi3-small"
+    rounds: int = 5
+    tokens: int = 64  # decoded tokens per prompt
+    prompts: int = 3
+    prompt_tokens: int = 32
+    threads: int = 1
+    genai: str | None = None  # an onnxruntime-genai builder folder of the same model ('none': skip)

@@ -36,6 +36,7 @@ from ..models.llm import DecoderLM
 from ..models.sampling import SamplingParams
 from ..serving.llm.handle import RequestHandle
 from ..serving.llm.scheduler import Limits, LLMScheduler
+from .options import PrefillOptions, as_json, from_mapping
 
 
 def _collect(handle: RequestHandle, times: list[float]) -> None:
@@ -92,36 +93,37 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def run(args: argparse.Namespace) -> dict:
-    if args.genai:
-        ref = inspect_folder(Path(args.genai))
+def run(opts: PrefillOptions) -> dict:
+    """Both settings over ``rounds`` alternating rounds on one model; the report (medians, ratios, rounds)."""
+    if opts.genai:
+        ref = inspect_folder(Path(opts.genai))
         if ref.model_type != "genai":
-            raise InputError(f"--genai {args.genai}: no genai_config.json there")
+            raise InputError(f"--genai {opts.genai}: no genai_config.json there")
     else:
         from ..config import load_settings
 
-        cache = Path(args.cache_dir) if args.cache_dir else load_settings(None).models.cache_dir
-        ref = resolve_model(args.model, cache)
-    lm = DecoderLM.open(ref, "onnxruntime", SessionOptions(threads=args.threads))
+        cache = Path(opts.cache_dir) if opts.cache_dir else load_settings(None).models.cache_dir
+        ref = resolve_model(opts.model, cache)
+    lm = DecoderLM.open(ref, "onnxruntime", SessionOptions(threads=opts.threads))
     try:
-        if args.long_prompt_tokens + args.long_new_tokens > lm.contract.max_context:
+        if opts.long_prompt_tokens + opts.long_new_tokens > lm.contract.max_context:
             raise InputError(f"--long-prompt-tokens: the model's context is {lm.contract.max_context} tokens")
         hi = max(4, lm.tokenizer.vocab_size - 16)
-        long_prompt = np.random.default_rng(0).integers(3, hi, size=args.long_prompt_tokens).tolist()
+        long_prompt = np.random.default_rng(0).integers(3, hi, size=opts.long_prompt_tokens).tolist()
         list(lm.generate_greedy(long_prompt, 2))  # warm the long shapes once
-        settings = {"whole": 0, "chunked": args.chunk}
+        settings = {"whole": 0, "chunked": opts.chunk}
         rounds: dict[str, list[dict]] = {name: [] for name in settings}
-        for r in range(args.rounds):
+        for r in range(opts.rounds):
             order = list(settings) if r % 2 == 0 else list(settings)[::-1]
             for name in order:
-                rounds[name].append(one_run(lm, settings[name], args.streams, long_prompt, args.long_new_tokens, r))
-                print(f"round {r + 1}/{args.rounds} {name}: {rounds[name][-1]}", file=sys.stderr)
+                rounds[name].append(one_run(lm, settings[name], opts.streams, long_prompt, opts.long_new_tokens, r))
+                print(f"round {r + 1}/{opts.rounds} {name}: {rounds[name][-1]}", file=sys.stderr)
     finally:
         lm.close()
     keys = ("itl_p50_ms", "itl_p99_ms", "itl_max_ms", "long_ttft_ms", "stream_tok_s")
     medians = {name: {k: _median(rows, k) for k in keys} for name, rows in rounds.items()}
     ratios = {k: _ratio(medians["chunked"][k], medians["whole"][k]) for k in keys}
-    return {"model": ref.name, "config": vars(args), "medians": medians, "ratios": ratios, "rounds": rounds}
+    return {"model": ref.name, "config": as_json(opts), "medians": medians, "ratios": ratios, "rounds": rounds}
 
 
 def format_report(report: dict) -> str:
@@ -157,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.streams < 1 or args.chunk < 1 or args.rounds < 1 or args.long_prompt_tokens < 1:
         p.error("--streams, --chunk, --rounds and --long-prompt-tokens must be at least 1")
-    report = run(args)
+    report = run(from_mapping(PrefillOptions, vars(args)))
     print(format_report(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))

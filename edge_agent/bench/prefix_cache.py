@@ -28,6 +28,7 @@ from ..models.llm import DecoderLM
 from ..models.sampling import SamplingParams
 from ..models.tokenizer import Message
 from ..serving.llm.scheduler import Limits, LLMScheduler
+from .options import PrefixCacheOptions, as_json, from_mapping
 
 _WORDS = (
     "kitchen light sensor morning evening garden door window heating schedule weather forecast music volume "
@@ -50,16 +51,16 @@ def _prompt(lm: DecoderLM, system: str, question: str) -> list[int]:
     return lm.tokenizer.encode_chat([Message("system", system), Message("user", question)])
 
 
-def measure(lm: DecoderLM, args: argparse.Namespace) -> dict:
+def measure(lm: DecoderLM, opts: PrefixCacheOptions) -> dict:
     """The rounds on one model: per round, the seen and the fresh request's TTFT and cached tokens."""
-    limits = Limits(batch_timeout_ms=0, prefix_cache_mb=args.max_mb)
+    limits = Limits(batch_timeout_ms=0, prefix_cache_mb=opts.max_mb)
     sched = LLMScheduler(lm, limits).start()
-    params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=opts.new_tokens, ignore_eos=True)
     rows: dict[str, list[dict]] = {"seen": [], "fresh": []}
     try:
-        sched.submit(_prompt(lm, system_prompt(lm, args.system_tokens, 10_000), "Hello?"), params).result(600)  # warm
-        for r in range(args.rounds):
-            seen, fresh = (system_prompt(lm, args.system_tokens, 2 * r + k) for k in (1, 2))
+        sched.submit(_prompt(lm, system_prompt(lm, opts.system_tokens, 10_000), "Hello?"), params).result(600)  # warm
+        for r in range(opts.rounds):
+            seen, fresh = (system_prompt(lm, opts.system_tokens, 2 * r + k) for k in (1, 2))
             sched.submit(_prompt(lm, seen, "Is the garage door closed?"), params).result(600)
             prompts = {
                 name: _prompt(lm, text, "Turn on the kitchen light.")
@@ -74,7 +75,7 @@ def measure(lm: DecoderLM, args: argparse.Namespace) -> dict:
                         "prompt_tokens": timing.tokens_in,
                     }
                 )
-                print(f"round {r + 1}/{args.rounds} {name}: {rows[name][-1]}", file=sys.stderr)
+                print(f"round {r + 1}/{opts.rounds} {name}: {rows[name][-1]}", file=sys.stderr)
     finally:
         sched.stop()
     stats = sched.prefix_stats
@@ -87,30 +88,31 @@ def _open(ref: ModelRef, threads: int) -> DecoderLM:
     return DecoderLM.open(ref, "onnxruntime", SessionOptions(threads=threads))
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(opts: PrefixCacheOptions) -> dict:
+    """The rounds on the plain export (and, with ``inplace``, its in-place KV conversion); the report."""
     from ..config import load_settings
 
-    cache = Path(args.cache_dir) if args.cache_dir else load_settings(None).models.cache_dir
-    ref = resolve_model(args.model, cache)
+    cache = Path(opts.cache_dir) if opts.cache_dir else load_settings(None).models.cache_dir
+    ref = resolve_model(opts.model, cache)
     layouts: dict[str, dict] = {}
-    lm = _open(ref, args.threads)
+    lm = _open(ref, opts.threads)
     try:
-        if args.system_tokens + 64 + args.new_tokens > lm.contract.max_context:
+        if opts.system_tokens + 64 + opts.new_tokens > lm.contract.max_context:
             raise InputError(f"--system-tokens: the model's context is {lm.contract.max_context} tokens")
-        layouts["plain"] = measure(lm, args)
+        layouts["plain"] = measure(lm, opts)
     finally:
         lm.close()
-    if args.inplace:
+    if opts.inplace:
         from ..engines.inplace_kv import convert_inplace
 
         with tempfile.TemporaryDirectory() as tmp:
             convert_inplace(ref.path, Path(tmp) / "inplace", check_tokens=0)
-            lm = _open(inspect_folder(Path(tmp) / "inplace", name=ref.name), args.threads)
+            lm = _open(inspect_folder(Path(tmp) / "inplace", name=ref.name), opts.threads)
             try:
-                layouts["inplace"] = measure(lm, args)
+                layouts["inplace"] = measure(lm, opts)
             finally:
                 lm.close()
-    return {"model": ref.name, "config": vars(args), "layouts": layouts}
+    return {"model": ref.name, "config": as_json(opts), "layouts": layouts}
 
 
 def format_report(report: dict) -> str:
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.rounds < 1 or args.system_tokens < 1 or args.new_tokens < 1:
         p.error("--rounds, --system-tokens and --new-tokens must be at least 1")
-    report = run(args)
+    report = run(from_mapping(PrefixCacheOptions, vars(args)))
     print(format_report(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))

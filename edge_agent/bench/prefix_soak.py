@@ -21,6 +21,7 @@ from ..models.catalog import resolve_model
 from ..models.sampling import SamplingParams
 from ..progress import Progress
 from ..serving.llm.scheduler import Limits, LLMScheduler
+from .options import PrefixSoakOptions, from_mapping
 from .prefix_cache import _open, _prompt, system_prompt
 
 
@@ -30,28 +31,28 @@ def rss_mb() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
 
 
-def soak(args: argparse.Namespace, show: bool = True) -> dict:
+def soak(opts: PrefixSoakOptions, show: bool = True) -> dict:
     """Serve the rotating prompts and sample memory (see the module doc)."""
     from ..config import load_settings
 
-    cache = Path(args.cache_dir) if args.cache_dir else load_settings(None).models.cache_dir
-    ref = resolve_model(args.model, cache)
-    lm = _open(ref, args.threads)
-    prompts = [_prompt(lm, system_prompt(lm, args.system_tokens, seed), "What now?") for seed in range(args.prompts)]
-    sched = LLMScheduler(lm, Limits(batch_timeout_ms=0, prefix_cache_mb=args.max_mb)).start()
-    params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
+    cache = Path(opts.cache_dir) if opts.cache_dir else load_settings(None).models.cache_dir
+    ref = resolve_model(opts.model, cache)
+    lm = _open(ref, opts.threads)
+    prompts = [_prompt(lm, system_prompt(lm, opts.system_tokens, seed), "What now?") for seed in range(opts.prompts)]
+    sched = LLMScheduler(lm, Limits(batch_timeout_ms=0, prefix_cache_mb=opts.max_mb)).start()
+    params = SamplingParams(max_new_tokens=opts.new_tokens, ignore_eos=True)
     samples: list[dict] = []
     cached = 0
     try:
         with Progress("prefix cache soak", "requests", enabled=show) as bar:
-            for i in range(args.requests):
+            for i in range(opts.requests):
                 done = sched.submit(prompts[i % len(prompts)], params).result(600)
                 cached += done.timing.cached_tokens or 0
-                if (i + 1) % args.every == 0 or i + 1 == args.requests:
+                if (i + 1) % opts.every == 0 or i + 1 == opts.requests:
                     now = sched.prefix_stats
                     held = now.bytes if now is not None else 0
                     samples.append({"requests": i + 1, "rss_mb": round(rss_mb(), 1), "cache_bytes": held})
-                bar.update(i + 1, args.requests)
+                bar.update(i + 1, opts.requests)
         stats = sched.prefix_stats
     finally:
         sched.stop()
@@ -59,12 +60,12 @@ def soak(args: argparse.Namespace, show: bool = True) -> dict:
     after_warmup = samples[1:] or samples
     return {
         "model": ref.name,
-        "requests": args.requests,
-        "distinct_prompts": args.prompts,
+        "requests": opts.requests,
+        "distinct_prompts": opts.prompts,
         "prompt_tokens": len(prompts[0]),
-        "max_mb": args.max_mb,
+        "max_mb": opts.max_mb,
         "cache_bytes_max": max(s["cache_bytes"] for s in samples),
-        "cache_bound_bytes": int(args.max_mb * (1 << 20)),
+        "cache_bound_bytes": int(opts.max_mb * (1 << 20)),
         "rss_mb": {
             "first": after_warmup[0]["rss_mb"],
             "last": after_warmup[-1]["rss_mb"],
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.requests, args.prompts, args.system_tokens, args.new_tokens, args.every) < 1 or args.max_mb <= 0:
         p.error("the counts must be at least 1 and --max-mb above 0")
     try:
-        report = soak(args, show=sys.stderr.isatty())
+        report = soak(from_mapping(PrefixSoakOptions, vars(args)), show=sys.stderr.isatty())
     except InputError as exc:
         p.error(str(exc))
     print(format_report(report))

@@ -3,12 +3,11 @@ flat, and every hit reported to its request."""
 
 from __future__ import annotations
 
-import argparse
-
+from edge_agent.bench.options import PrefixSoakOptions
 from edge_agent.bench.prefix_soak import soak
 
 
-def _args(tmp_path, **kw) -> argparse.Namespace:
+def _args(tmp_path, **kw) -> PrefixSoakOptions:
     base = dict(
         model="demo-phi3",
         cache_dir=str(tmp_path / "models"),
@@ -20,7 +19,7 @@ def _args(tmp_path, **kw) -> argparse.Namespace:
         every=50,
         threads=1,
     )
-    return argparse.Namespace(**{**base, **kw})
+    return PrefixSoakOptions(**{**base, **kw})
 
 
 def test_a_cache_smaller_than_the_rotation_stays_in_its_bound_and_memory_stays_flat(tmp_path) -> None:
