@@ -16,8 +16,8 @@ response; any other origin's preflight is a 403 and its responses carry no CORS 
 Errors have OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``): 400 for bad
 requests, 401 without the bearer token, 404 for unknown models, 413 for oversized bodies, 429
 (queue full) and 503 (shedding or draining) with ``Retry-After``. The server runs its own asyncio
-loop on one thread; engine work stays on the device threads, and each streaming response is
-bridged from its request handle with ``call_soon_threadsafe``.
+loop on one thread (``doors.host.LoopThread``); engine work stays on the device threads, and each
+streaming response is bridged from its request handles by a ``doors.host.Mailbox``.
 
 Nothing slow runs on that loop: a body is read within ``body_timeout_s`` and parsed, and a prompt
 tokenized, on the executor; a prompt that cannot fit the context is refused before tokenizing
@@ -30,9 +30,9 @@ watchdog can tell it is alive.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
-import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -41,6 +41,7 @@ from aiohttp import web
 from ....errors import EdgeAgentError
 from ....metrics.prometheus import CONTENT_TYPE_LATEST, PrometheusMetrics
 from ...llm.tiers import TieredLLM
+from ..host import LoopThread
 from ..openai.schema import ChatRequest, CompletionRequest
 from . import guard, llm_routes, speech_routes
 from .errors import error as _error
@@ -53,7 +54,6 @@ MAX_BODY = 32 * 1024 * 1024  # audio uploads included
 HEADER_TIMEOUT_S = 5.0  # a request head (line and headers) must arrive within this
 BODY_TIMEOUT_S = 30.0  # and a JSON body within this (a 32 MiB body over a 10 Mbit/s link takes ~27 s)
 RELEASE_AFTER = 1 << 20  # bodies at least this big: hand the heap they used back to the OS afterwards
-TICK_S = 0.1
 DISCONNECTS = (ConnectionResetError, BrokenPipeError)  # aiohttp's ClientConnectionResetError included
 
 
@@ -84,12 +84,10 @@ class ApiServer:
         self.cors = guard.Cors(cors_origins)
         self.voice_options = voice_options or {}  # the voice turns of ``/v1/audio/stream?respond=true``
         self.draining = False
-        self.ticks = 0  # advanced by the loop every TICK_S: the watchdog's sign that it is not blocked
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._host = LoopThread("api")
         self._runner: web.AppRunner | None = None
         self._server: asyncio.AbstractServer | None = None
         self._connections: dict[Any, guard.HeadDeadline] = {}
-        self._thread: threading.Thread | None = None
         self.address = ""
 
     # -- the app -------------------------------------------------------------------------------
@@ -254,58 +252,43 @@ class ApiServer:
         warning = guard.exposure_warning(host, port, self.token, unix_socket)
         if warning:
             log.warning("SECURITY: %s", warning)
-        ready = threading.Event()
-        failure: list[BaseException] = []
-
-        def serve() -> None:
-            loop = self._loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            try:
-                self._runner = web.AppRunner(self.app(), access_log=None)
-                loop.run_until_complete(self._runner.setup())
-                server = self._runner.server
-                assert server is not None  # set up just above
-
-                def connection() -> guard.HeadDeadline:
-                    return guard.HeadDeadline(server(), self.header_timeout_s, self._connections)
-
-                if unix_socket:
-                    self._server = loop.run_until_complete(loop.create_unix_server(connection, unix_socket))
-                    self.address = unix_socket
-                else:
-                    self._server = loop.run_until_complete(
-                        loop.create_server(connection, host, port, reuse_address=True)
-                    )
-                    name = self._server.sockets[0].getsockname()
-                    self.address = f"http://{f'[{name[0]}]' if ':' in name[0] else name[0]}:{name[1]}"
-            except BaseException as exc:  # e.g. the port is taken
-                failure.append(exc)
-                ready.set()
-                return
-            self._tick()
-            ready.set()
-            loop.run_forever()
-            self._server.close()
-            loop.run_until_complete(self._runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=serve, name="api", daemon=True)
-        self._thread.start()
-        ready.wait(30)
-        if failure:
-            raise EdgeAgentError(f"the API could not listen on {unix_socket or f'{host}:{port}'}: {failure[0]}")
+        self._host.start(
+            functools.partial(self._listen, host, port, unix_socket),
+            self._close,
+            f"the API could not listen on {unix_socket or f'{host}:{port}'}",
+        )
         return self
 
-    def _tick(self) -> None:
-        self.ticks += 1
-        assert self._loop is not None
-        self._loop.call_later(TICK_S, self._tick)
+    async def _listen(self, host: str, port: int, unix_socket: str | None) -> None:
+        loop = asyncio.get_running_loop()
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        server = self._runner.server
+        assert server is not None  # set up just above
+
+        def connection() -> guard.HeadDeadline:
+            return guard.HeadDeadline(server(), self.header_timeout_s, self._connections)
+
+        if unix_socket:
+            self._server = await loop.create_unix_server(connection, unix_socket)
+            self.address = unix_socket
+        else:
+            self._server = await loop.create_server(connection, host, port, reuse_address=True)
+            name = self._server.sockets[0].getsockname()
+            self.address = f"http://{f'[{name[0]}]' if ':' in name[0] else name[0]}:{name[1]}"
+
+    async def _close(self) -> None:
+        assert self._server is not None and self._runner is not None  # listening: ``_listen`` set them
+        self._server.close()
+        await self._runner.cleanup()
+
+    @property
+    def ticks(self) -> int:
+        """Advanced by the loop every ``host.TICK_S``: the watchdog's sign that it is not blocked."""
+        return self._host.ticks
 
     def stop(self) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
+        self._host.stop()
 
 
 def _model(ident: str, **extra: Any) -> dict[str, Any]:

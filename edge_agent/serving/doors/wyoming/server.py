@@ -26,19 +26,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from ....config import WyomingConfig
 from ....errors import EdgeAgentError
 from ....logsetup import LogLimiter
+from ..host import LoopThread
 from .audio import BadAudio
 from .protocol import MAX_LINE, ProtocolError, wyoming_events
 from .session import Session
 
 log = logging.getLogger(__name__)
-TICK_S = 0.1  # as the API loop: the watchdog checks every loop advanced since its last look
 
 
 class WyomingServer:
@@ -57,11 +56,9 @@ class WyomingServer:
         self.config, self.asr, self.llm, self.version = config, asr, llm, version
         self.count = count or (lambda kind, outcome: None)
         self.address: tuple[str, int] | None = None
-        self.ticks = 0  # advanced by the loop every TICK_S: the watchdog's sign that it is not blocked
         self.connections = 0
         self.draining = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._host = LoopThread("wyoming")
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task] = set()
         self._limited = LogLimiter(1.0, logger=log)
@@ -70,34 +67,7 @@ class WyomingServer:
     def start(self) -> WyomingServer:
         wyoming_events()
         cfg = self.config
-        ready, failure = threading.Event(), []
-
-        def serve() -> None:
-            loop = self._loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            try:
-                self._server = loop.run_until_complete(
-                    asyncio.start_server(self._accept, cfg.host, cfg.port, limit=MAX_LINE, reuse_address=True)
-                )
-                name = self._server.sockets[0].getsockname()
-                self.address = (name[0], name[1])
-                if cfg.announce:
-                    self._zeroconf = loop.run_until_complete(self._announce())
-            except BaseException as exc:  # the port is taken, zeroconf is missing
-                failure.append(exc)
-                ready.set()
-                return
-            self._tick()
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self._shutdown())
-            loop.close()
-
-        self._thread = threading.Thread(target=serve, name="wyoming", daemon=True)
-        self._thread.start()
-        ready.wait(30)
-        if failure:
-            raise EdgeAgentError(f"the Wyoming server could not listen on {cfg.host}:{cfg.port}: {failure[0]}")
+        self._host.start(self._listen, self._shutdown, f"the Wyoming server could not listen on {cfg.host}:{cfg.port}")
         if not self._is_loopback():
             log.warning(
                 "SECURITY: the Wyoming server on %s:%d is reachable from other machines and the protocol has no "
@@ -106,6 +76,19 @@ class WyomingServer:
             )
         log.info("Wyoming server on tcp://%s:%d", *self.address)  # type: ignore[misc]
         return self
+
+    async def _listen(self) -> None:
+        cfg = self.config
+        self._server = await asyncio.start_server(self._accept, cfg.host, cfg.port, limit=MAX_LINE, reuse_address=True)
+        name = self._server.sockets[0].getsockname()
+        self.address = (name[0], name[1])
+        if cfg.announce:  # zeroconf missing fails the start, as a port taken does
+            self._zeroconf = await self._announce()
+
+    @property
+    def ticks(self) -> int:
+        """Advanced by the loop every ``host.TICK_S``: the watchdog's sign that it is not blocked."""
+        return self._host.ticks
 
     def _is_loopback(self) -> bool:
         from ....config import ApiConfig
@@ -123,11 +106,6 @@ class WyomingServer:
         await zc.register_server()
         log.info("Wyoming server announced over zeroconf as %s._wyoming._tcp.local.", self.config.name)
         return zc
-
-    def _tick(self) -> None:
-        self.ticks += 1
-        assert self._loop is not None
-        self._loop.call_later(TICK_S, self._tick)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
@@ -182,7 +160,4 @@ class WyomingServer:
 
     def stop(self) -> None:
         self.draining = True
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
+        self._host.stop()
