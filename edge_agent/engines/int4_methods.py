@@ -17,6 +17,14 @@ Methods (``quantize``):
               a value is ``importance[k] * sqrt(mean(block²) + w²)``: ``importance`` is the mean square of
               the activations that multiply input ``k`` on calibration text (an importance matrix, as
               llama.cpp's imatrix), or 1 without calibration.
+``hqq``       HQQ (Badri & Shaji 2023, half-quadratic quantization), data-free: the scale is the block's
+              ``(max - min) / (2^bits - 1)``, the zero point is optimised for the l_p error (p = 0.7: a few large
+              errors cost less than many small ones) by HQQ's half-quadratic split: the error ``W_e`` is the
+              generalised soft-threshold (``shrink_lp``) of ``W - s (q - z)``, then the zero point is the
+              closed-form minimiser ``mean(q - (W - W_e) / s)`` of the quadratic term, ``beta`` grows by ``kappa``
+              each step (``hqq_zero``). HQQ's zero point is a float; MatMulNBits at accuracy_level 4 takes integer
+              ones, so the split goes on with the zero point rounded and the scale in the quadratic step as well
+              (least squares of ``W - W_e`` on ``q - z``), keeping each block's best l_p error (``hqq_integer``).
 ``gptq``      GPTQ (Frantar et al. 2022) with blocks: columns of K are quantized in order (each block's scale
               and zero point found by the ``kquant`` search on the weights as updated so far), and each
               column's rounding error is spread over the columns not yet quantized through the inverse
@@ -34,7 +42,7 @@ import numpy as np
 
 from ..errors import InputError
 
-METHODS = ("rtn", "rtn_asym", "kquant", "gptq")
+METHODS = ("rtn", "rtn_asym", "kquant", "hqq", "gptq")
 NEEDS_CALIBRATION = ("gptq",)
 
 
@@ -135,6 +143,102 @@ def _search(x: np.ndarray, weights: np.ndarray, bits: int, steps: int = 12) -> t
     return best_s.astype(np.float32), best_z
 
 
+# HQQ's published defaults: l_p norm, the penalty's start, its growth per step, the number of steps.
+HQQ_P, HQQ_BETA, HQQ_KAPPA, HQQ_ITERS = 0.7, 10.0, 1.01, 20
+
+
+def shrink_lp(x: np.ndarray, beta: float, p: float = HQQ_P) -> np.ndarray:
+    """HQQ's generalised soft-thresholding: the proximal step of ``|x|^p`` at penalty ``beta``."""
+    ax = np.abs(x)
+    return np.sign(x) * np.maximum(ax - np.power(ax + 1e-8, p - 1) / beta, 0.0)
+
+
+def hqq_zero(
+    x: np.ndarray,
+    scale: np.ndarray,
+    zero: np.ndarray,
+    bits: int,
+    iters: int = HQQ_ITERS,
+    p: float = HQQ_P,
+    beta: float = HQQ_BETA,
+    kappa: float = HQQ_KAPPA,
+    keep_best: bool = True,
+) -> np.ndarray:
+    """HQQ's zero-point solver for blocks ``x`` [M, bs] with ``scale`` [M, 1] fixed, from ``zero`` [M, 1]: per
+    step ``q = clip(round(x / s + z))``, ``W_e = shrink_lp(x - s (q - z), beta)``, ``z = mean(q - (x - W_e) / s)``,
+    ``beta *= kappa``. ``keep_best``: each block's zero point of least mean |error| seen (HQQ stops when the
+    error grows; per block here, as blocks are independent problems), else the last step's. Float zero points."""
+    maxq = (1 << bits) - 1
+    best_z, best_e = zero, np.full(zero.shape, np.inf, dtype=x.dtype)
+
+    def keep(z: np.ndarray, err: np.ndarray) -> None:
+        nonlocal best_z, best_e
+        e = np.mean(np.abs(err), axis=1, keepdims=True)
+        better = e < best_e
+        best_z, best_e = np.where(better, z, best_z), np.where(better, e, best_e)
+
+    for _ in range(iters):
+        q = np.clip(np.rint(x / scale + zero), 0, maxq)
+        err = x - scale * (q - zero)
+        if keep_best:
+            keep(zero, err)
+        w_e = shrink_lp(err, beta, p)
+        zero = np.mean(q - (x - w_e) / scale, axis=1, keepdims=True)
+        beta *= kappa
+    if not keep_best:
+        return zero
+    keep(zero, x - scale * (np.clip(np.rint(x / scale + zero), 0, maxq) - zero))
+    return best_z
+
+
+def hqq_integer(
+    x: np.ndarray,
+    scale: np.ndarray,
+    zero: np.ndarray,
+    bits: int,
+    iters: int = HQQ_ITERS,
+    p: float = HQQ_P,
+    beta: float = HQQ_BETA,
+    kappa: float = HQQ_KAPPA,
+) -> tuple[np.ndarray, np.ndarray]:
+    """HQQ's split with an integer zero point (what MatMulNBits stores), from a float ``zero``: per step the
+    error's shrinkage ``W_e`` as in ``hqq_zero``, then the quadratic step solved for the scale (least squares of
+    ``x - W_e`` on ``q - z``) and for the zero point, rounded. Each block keeps the (scale, zero) of least
+    ``sum |error|^p`` seen, the rounded start included. Returns (scale, zero) [M, 1]."""
+    maxq = (1 << bits) - 1
+    z = np.clip(np.rint(zero), 0, maxq)
+    s = scale
+
+    def step(s: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        q = np.clip(np.rint(x / s + z), 0, maxq)
+        err = x - s * (q - z)
+        return q, err, np.sum(np.power(np.abs(err), p), axis=1, keepdims=True)
+
+    q, err, best_e = step(s, z)
+    best_s, best_z = s, z
+    for _ in range(iters):
+        target = x - shrink_lp(err, beta, p)
+        d = q - z
+        den = np.sum(d * d, axis=1, keepdims=True)
+        fit = np.sum(d * target, axis=1, keepdims=True) / np.where(den > 0, den, 1.0)
+        s = np.where((den > 0) & (fit > 1e-12), fit, s)
+        z = np.clip(np.rint(np.mean(q - target / s, axis=1, keepdims=True)), 0, maxq)
+        q, err, e = step(s, z)
+        better = e < best_e
+        best_s, best_z, best_e = np.where(better, s, best_s), np.where(better, z, best_z), np.where(better, e, best_e)
+        beta *= kappa
+    return best_s.astype(np.float32), best_z
+
+
+def _hqq(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """HQQ over blocks ``x`` [M, bs]: the min-max start, ``hqq_zero``, then ``hqq_integer``."""
+    maxq = (1 << bits) - 1
+    lo, hi = x.min(axis=1, keepdims=True), x.max(axis=1, keepdims=True)
+    scale = np.where(hi > lo, (hi - lo) / maxq, 1.0).astype(x.dtype)
+    zero = hqq_zero(x, scale, np.rint(-lo / scale), bits)
+    return hqq_integer(x, scale, zero, bits)
+
+
 def _codes(x: np.ndarray, scale: np.ndarray, zero: np.ndarray, bits: int) -> np.ndarray:
     return np.clip(np.rint(x / scale) + zero, 0, (1 << bits) - 1).astype(np.uint8)
 
@@ -156,7 +260,8 @@ def quantize(
     damp: float = 0.01,
 ) -> Blocks:
     """Quantize a ``[K, N]`` float weight by ``method`` (see the module doc). ``importance`` [K]: mean square
-    of the activations per input (``kquant``, ``gptq``'s block search); ``hessian`` [K, K]: ``X^T X`` (``gptq``)."""
+    of the activations per input (``kquant``, ``gptq``'s block search; ``hqq`` is data-free); ``hessian``
+    [K, K]: ``X^T X`` (``gptq``)."""
     if method not in METHODS:
         raise InputError(f"weight_only.algorithm {method!r}: choose one of {', '.join(METHODS)}")
     if bits not in (4, 8):
@@ -197,6 +302,9 @@ def quantize(
     step = 1 << 16
     for a in range(0, flat.shape[0], step):  # bounded temporaries for the head's 8 M blocks
         part = flat[a : a + step]
+        if method == "hqq":  # data-free: no importance
+            scale[a : a + step], zero[a : a + step] = _hqq(part, bits)
+            continue
         scale[a : a + step], zero[a : a + step] = _search(
             part, _value_weights(part, None if imp is None else imp[a : a + step]), bits
         )

@@ -17,10 +17,11 @@ Both export layouts work: plain optimum exports (``past_key_values.N.key/value``
 onnxruntime-genai folders (``GroupQueryAttention`` with the KV buffer shared in place): only weight
 initializers change.
 
-Tools: ONNX Runtime's own ``MatMulNBitsQuantizer`` (RTN = its default blockwise quantizer, or
-HQQ); that module needs the ``onnx-ir`` package (HQQ also ``torch``). Without ``onnx-ir``, RTN runs
-the same ONNX Runtime packing kernels (``quantize_matmul_4bits`` / ``_8bits``) through the rewrite
-below, which writes the same nodes and initializers.
+Tools: RTN is ONNX Runtime's own ``MatMulNBitsQuantizer`` (its default blockwise quantizer), which needs
+the ``onnx-ir`` package; without it, RTN runs the same ONNX Runtime packing kernels
+(``quantize_matmul_4bits`` / ``_8bits``) through the rewrite below, which writes the same nodes and
+initializers. The other 4-bit methods (``rtn_asym``, ``kquant``, ``hqq``, ``gptq``) are ``int4_methods``,
+numpy only (no torch).
 """
 
 from __future__ import annotations
@@ -32,16 +33,16 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BackendUnavailable, InputError, ModelError
+from ..errors import InputError, ModelError
 from . import int4_methods
 from .quantize_ort import _onnx, _quiet_tools, _save_external
 from .quiet import folded
 
 log = logging.getLogger(__name__)
 
-ALGORITHMS = ("rtn", "hqq", *(m for m in int4_methods.METHODS if m != "rtn"))
-# Written here in numpy (int4_methods), the rest by ONNX Runtime's quantizer.
-NUMPY_ALGORITHMS = ("rtn_asym", "kquant", "gptq")
+ALGORITHMS = int4_methods.METHODS
+# Written here in numpy (int4_methods); rtn by ONNX Runtime's quantizer or its kernels.
+NUMPY_ALGORITHMS = tuple(m for m in ALGORITHMS if m != "rtn")
 
 
 def ort_quantizer_available() -> bool:
@@ -321,7 +322,7 @@ def quantize_matmul_nbits(
     ``embedding_bits`` 8: embedding tables too (``quantize_embedding_gathers``); 0 keeps them float.
     ``head_bits`` / ``head_block_size``: the LM head's own (0: as the rest), RTN through the rewrite.
 
-    ``algorithm`` ``rtn_asym`` / ``kquant`` / ``gptq`` run ``int4_methods`` here (asymmetric blocks, uint8
+    ``algorithm`` ``rtn_asym`` / ``kquant`` / ``hqq`` / ``gptq`` run ``int4_methods`` here (asymmetric blocks, uint8
     zero points). ``calibration`` (a text file; tokens ``calibration_skip_tokens ..`` + ``calibration_tokens``
     of it) gives ``kquant`` its importance per input and ``gptq`` its Hessians, measured on ``source`` (the
     FP32 model's ``ModelRef``: its plain graph, tokenizer and config). ``mixed_budget_pct``: the 4-bit
@@ -358,7 +359,7 @@ def quantize_matmul_nbits(
         if b not in (4, 8):
             raise InputError(f"weight-only quantization takes 4 or 8 bits, not {what}bits = {b}")
     if algorithm not in ALGORITHMS:
-        raise InputError(f"weight_only.algorithm {algorithm!r}: choose {' or '.join(ALGORITHMS)}")
+        raise InputError(f"weight_only.algorithm {algorithm!r}: choose one of {', '.join(ALGORITHMS)}")
     for what, size in (("block_size", block_size), ("head_block_size", head_block_size)):
         if size < 16 or size & (size - 1):
             raise InputError(f"weight_only.{what} {size}: MatMulNBits takes a power of two >= 16")
@@ -371,42 +372,25 @@ def quantize_matmul_nbits(
         raise ModelError(f"{src}: head_bits / head_block_size set, but no MatMul produces its logits output")
     own_head = [head] if head else []
     ort_tool = ort_quantizer_available() if use_ort_quantizer is None else use_ort_quantizer
-    if algorithm == "hqq" and not ort_tool:
-        raise BackendUnavailable(
-            "weight_only.algorithm = 'hqq' runs onnxruntime's MatMulNBitsQuantizer, which needs the "
-            "onnx-ir package (pip install onnx-ir) and torch; use algorithm = 'rtn' without them"
-        )
     if ort_tool:
         from onnxruntime.quantization.matmul_nbits_quantizer import (
             DefaultWeightOnlyQuantConfig,
-            HQQWeightOnlyQuantConfig,
             MatMulNBitsQuantizer,
         )
 
-        config = (
-            HQQWeightOnlyQuantConfig(block_size=block_size, bits=bits, op_types_to_quantize=("MatMul",))
-            if algorithm == "hqq"
-            else DefaultWeightOnlyQuantConfig(
-                block_size=block_size,
-                is_symmetric=symmetric,
-                accuracy_level=accuracy_level or None,
-                op_types_to_quantize=("MatMul",),
-                bits=bits,
-            )
+        config = DefaultWeightOnlyQuantConfig(
+            block_size=block_size,
+            is_symmetric=symmetric,
+            accuracy_level=accuracy_level or None,
+            op_types_to_quantize=("MatMul",),
+            bits=bits,
         )
         quantizer = MatMulNBitsQuantizer(
             model, bits=bits, block_size=block_size, nodes_to_exclude=own_head, algo_config=config
         )
-        try:
-            with _quiet_tools(), folded("onnxruntime.quantization"):
-                quantizer.process()
-        except ImportError as exc:  # HQQ imports torch inside
-            raise BackendUnavailable(f"weight_only.algorithm = 'hqq' needs {exc.name}: pip install {exc.name}") from exc
+        with _quiet_tools(), folded("onnxruntime.quantization"):
+            quantizer.process()
         model = quantizer.model.model
-        if algorithm == "hqq" and accuracy_level:
-            for node in model.graph.node:
-                if node.op_type == "MatMulNBits":
-                    node.attribute.append(onnx.helper.make_attribute("accuracy_level", accuracy_level))
         tool = "onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer"
     else:
         _rewrite(model, bits, block_size, symmetric, accuracy_level, skip=own_head)
@@ -494,8 +478,6 @@ def _quantize_numpy(
         )
     if calibration is not None and source is None:
         raise InputError("weight_only.calibration: the FP32 source model is needed to run it (source=)")
-    if algorithm == "hqq":
-        raise InputError("weight_only.mixed_budget_pct takes the numpy methods (rtn_asym, kquant, gptq), not hqq")
     t0 = time.perf_counter()
     onnx = _onnx()
     model = onnx.load(str(src))

@@ -14,7 +14,7 @@ shape profiles, which calibration and held-out data, and how much accuracy an en
     [weight_only]                      # how int8w / int4 weights are made (no calibration data needed)
     block_size = 32                    # weights per scale along K (ORT MatMulNBits block, NNCF group size)
     symmetric = true                   # no zero points (ORT: is_symmetric; NNCF: INT4_SYM / INT8_SYM, else *_ASYM)
-    algorithm = "rtn"                  # ORT: rtn (round to nearest) | hqq (needs onnx-ir and torch)
+    algorithm = "rtn"                  # ORT int4: rtn | rtn_asym | kquant | hqq | gptq (gptq needs calibration)
     accuracy_level = 4                 # ORT MatMulNBits compute: 0 = float activations, 4 = int8 activations
     embedding_bits = 0                 # ORT: 8 = embedding tables as 8-bit blocks too (GatherBlockQuantized)
     head_bits = 0                      # ORT: the LM head's own bits (0: as the precision's), e.g. 8 in int4
@@ -180,10 +180,10 @@ class WeightOnlySpec(_Strict):
 
     block_size: int = Field(32, ge=16, le=4096, description="weights per scale along K (ORT block, NNCF group)")
     symmetric: bool = Field(True, description="no zero points (NNCF *_SYM modes), else asymmetric (*_ASYM)")
-    algorithm: Literal["rtn", "hqq", "rtn_asym", "kquant", "gptq"] = Field(
+    algorithm: Literal["rtn", "rtn_asym", "kquant", "hqq", "gptq"] = Field(
         "rtn",
-        description="ONNX Runtime: rtn, hqq (onnx-ir + torch); rtn_asym, kquant (searched asymmetric blocks), "
-        "gptq (needs calibration): int4_methods",
+        description="ONNX Runtime int4: rtn (symmetric, ONNX Runtime's); rtn_asym, kquant (searched asymmetric "
+        "blocks), hqq (half-quadratic zero points), gptq (needs calibration): int4_methods",
     )
     accuracy_level: Literal[0, 1, 2, 3, 4] = Field(
         4, description="ONNX Runtime MatMulNBits compute type: 0 as the input (fp32), 4 int8 activations"
@@ -214,8 +214,6 @@ class WeightOnlySpec(_Strict):
             raise ValueError("calibration: algorithm 'gptq' needs a calibration text (weight_only.calibration)")
         if self.mixed_budget_pct is not None and self.calibration is None:
             raise ValueError("calibration: mixed_budget_pct (the sensitivity pass) needs a calibration text")
-        if self.mixed_budget_pct is not None and self.algorithm == "hqq":
-            raise ValueError("mixed_budget_pct takes rtn, rtn_asym, kquant or gptq, not hqq")
         return self
 
     def unset_head(self) -> set[str]:

@@ -28,7 +28,7 @@ def _two_matmuls(path: Path, w1: np.ndarray, w2: np.ndarray) -> None:
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 
 
-@pytest.mark.parametrize("method", ["kquant", "rtn_asym"])
+@pytest.mark.parametrize("method", ["kquant", "rtn_asym", "hqq"])
 def test_a_numpy_method_writes_matmul_nbits_that_onnxruntime_runs_as_numpy_does(tmp_path: Path, method: str) -> None:
     import onnxruntime as ort
 
