@@ -18,6 +18,7 @@ from edge_agent.serving.admission import Lateness
 from edge_agent.serving.llm.admission import INTERACTIVE
 from edge_agent.serving.llm.scheduler import Limits, LLMScheduler
 from edge_agent.serving.llm.tiers import Tier, TieredLLM
+from edge_agent.serving.urgency import Urgency
 
 PROMPT = [2, 10, 20, 30, 40, 50, 60, 70]
 OTHER = [2, 11, 21, 31]
@@ -363,3 +364,19 @@ def test_admission_adds_the_recent_lateness_to_its_prediction(folder):
     finally:
         gate.set()
         ladder.stop()
+
+
+def test_chat_steps_yield_to_urgent_work_and_a_voice_turns_steps_never_do(lm):
+    urgency = Urgency(max_yield_s=0.02)
+    sched = LLMScheduler(lm, Limits(max_batch=2, batch_timeout_ms=0), urgency=urgency).start()
+    try:
+        with urgency.held():  # a final pass that lasts the whole test
+            chat = sched.submit(OTHER, greedy(4))
+            assert len(chat.result(30).token_ids) == 4  # each step waited its bound, then went: never stopped
+            waited = urgency.yielded_s
+            assert waited >= 3 * 0.02 * 0.9  # the prefill's turn and each decode step's
+            voice = sched.submit(OTHER, greedy(4), tags=(INTERACTIVE,))
+            assert len(voice.result(30).token_ids) == 4
+            assert urgency.yielded_s == waited  # the voice turn's own steps took the cores at once
+    finally:
+        sched.stop()

@@ -7,7 +7,8 @@ dynamic batcher, with an adaptive wait):
 
 - a full batch (``max_batch``) goes at once; so does the largest ``preferred_batch_sizes`` entry
   that the queue can fill;
-- an urgent request (an end of speech, whose ``final_ms`` the user is waiting on) goes at once;
+- an urgent request (an end of speech, whose ``final_ms`` the user is waiting on) goes at once, and its
+  batch runs holding ``urgency`` (``serving.urgency``: the LLM's chat steps wait meanwhile);
 - otherwise, with ``adaptive`` (the default), a batch that finds the device idle goes at once unless
   a batch-mate is expected within the slack the SLA leaves (``serving/batch_wait.AdaptiveWait``:
   arrival-rate estimate, AIMD on the latencies the caller reports with ``on_latency``), never
@@ -28,11 +29,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from ...errors import EdgeAgentError, Overloaded
 from ..batch_wait import AdaptiveWait
+from ..urgency import URGENT, Urgency
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +110,11 @@ class Batcher(Generic[T, R]):
         *,
         clock: Callable[[], float] = time.monotonic,
         name: str = "batcher",
+        urgency: Urgency | None = URGENT,
     ) -> None:
+        """``urgency``: held while a batch with an urgent request runs (None: never)."""
         self.run_batch, self.limits, self.clock = run_batch, limits, clock
+        self.urgency = urgency
         self._queue: deque[_Request[T]] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -198,8 +204,10 @@ class Batcher(Generic[T, R]):
             if batch is None:
                 return
             start = time.perf_counter()
+            urgent = self.urgency is not None and any(r.waiting.urgent for r in batch)
             try:
-                results = list(self.run_batch([r.item for r in batch]))
+                with self.urgency.held() if urgent and self.urgency is not None else nullcontext():
+                    results = list(self.run_batch([r.item for r in batch]))
                 if len(results) != len(batch):
                     raise EdgeAgentError(f"engine returned {len(results)} results for a batch of {len(batch)}")
             except Exception as exc:  # a failing batch fails its requests, never the device thread

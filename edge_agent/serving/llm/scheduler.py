@@ -62,6 +62,7 @@ from ...models.sampling import Sampler, SamplingParams, find_stop, logprobs_of, 
 from ...models.tokenizer import StreamDecoder
 from ..admission import Lateness, Rates, Snapshot, Work, predict_starts, predict_ttft_ms, prefill_ms
 from ..batch_wait import AdaptiveWait
+from ..urgency import URGENT, Urgency
 from .admission import INTERACTIVE, Limits, plan_admission
 from .handle import Completion, RequestHandle, TokenEvent, TokenLogprob
 from .prefill import Prefills, prefill_deadline, prefill_error
@@ -139,12 +140,14 @@ class LLMScheduler:
         on_finished: Callable[[RequestTiming], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         rows: int | None = None,
+        urgency: Urgency | None = URGENT,
     ) -> None:
         """``rows``: the batch places to allocate when more than ``limits.max_batch`` (tiers sharing this model
-        with larger batches)."""
+        with larger batches); ``urgency``: what a step that serves no voice turn yields to (None: nothing)."""
         if lm.max_rows is not None and limits.max_batch > lm.max_rows:  # a stateful model: one sequence
             limits = replace(limits, max_batch=lm.max_rows, preferred_batch_sizes=(lm.max_rows,))
         self.lm, self.limits, self.clock = lm, limits, clock
+        self.urgency = urgency
         self.on_finished = on_finished
         self.on_preempted: Callable[[], None] | None = None  # told of each preemption (metrics)
         self.sla_ms: Callable[[], float] = lambda: self.limits.sla_ms  # the SLA in force, read at each use
@@ -379,6 +382,8 @@ class LLMScheduler:
                 if not self._take_admitted():
                     return
             try:
+                if self.urgency is not None and not self._serves_voice():
+                    self.urgency.wait_clear()  # a voice turn's pass has the cores (serving.urgency)
                 if len(self._prefills):
                     self._prefill()
                 if len(self._batch):
@@ -387,6 +392,10 @@ class LLMScheduler:
                 log.exception("serving loop error")
                 rows = self._batch.remove(range(len(self._batch))) + self._prefills.drop(self._batch)
                 self._fail([s for s in rows if not s.handle.done], EdgeAgentError(f"internal serving error: {exc}"))
+
+    def _serves_voice(self) -> bool:
+        """Whether a voice turn (an interactive request) is running or being prefilled: its steps never wait."""
+        return any(s.interactive for s in self._batch.rows) or any(s.interactive for s, _ in self._prefills.pending())
 
     def _take_admitted(self) -> bool:
         """Under the lock: drop expired/cancelled waiters, make room for a voice turn, then admit (to the

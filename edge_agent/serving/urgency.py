@@ -1,0 +1,65 @@
+"""Voice first on the cores: work a person is waiting on now holds ``Urgency``; background work yields to it.
+
+The LLM tiers and the recogniser run on device threads of their own, and on a CPU they share the same
+cores: a Whisper pass that a speaker's final transcript (or a paused partial the reply is started on)
+waits for runs at half speed while chats decode beside it. So the recogniser holds the process's
+urgency (``URGENT``) while it runs such a pass (``held``), and the LLM scheduler, before a step that
+serves no voice turn, waits while it is held (``wait_clear``), for at most ``max_yield_s`` per step: chats'
+next tokens come a little later, never stop, and the voice turn has the cores. A voice turn's own reply
+(an interactive request) never waits.
+
+One ``Urgency`` per process (``URGENT``): there is one set of cores. Tests make their own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+MAX_YIELD_S = 0.5  # the longest a background step waits for urgent work (then it runs one step)
+
+
+class Urgency:
+    """How many urgent passes run now; background work waits while any does (see the module doc)."""
+
+    def __init__(self, max_yield_s: float = MAX_YIELD_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self._cond = threading.Condition()
+        self._held = 0
+        self.max_yield_s = max_yield_s
+        self._clock = clock
+        self.yielded_s = 0.0  # background time spent waiting, in all (for metrics and tests)
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold urgency for the duration of the block (nested and concurrent holds count)."""
+        with self._cond:
+            self._held += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._held -= 1
+                if not self._held:
+                    self._cond.notify_all()
+
+    @property
+    def active(self) -> bool:
+        with self._cond:
+            return self._held > 0
+
+    def wait_clear(self, max_s: float | None = None) -> float:
+        """Wait while urgency is held, at most ``max_s`` (default ``max_yield_s``); the seconds waited (0 when
+        nothing was held)."""
+        with self._cond:
+            if not self._held:
+                return 0.0
+            start = self._clock()
+            self._cond.wait_for(lambda: not self._held, timeout=self.max_yield_s if max_s is None else max_s)
+            waited = max(0.0, self._clock() - start)
+            self.yielded_s += waited
+            return waited
+
+
+URGENT = Urgency()  # the process's: the LLM tiers and the recogniser share its cores

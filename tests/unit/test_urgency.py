@@ -1,0 +1,54 @@
+"""serving.urgency: background work waits while urgent work holds it, never past its bound."""
+
+from __future__ import annotations
+
+import threading
+
+from edge_agent.serving.urgency import Urgency
+
+
+def test_nothing_held_costs_nothing_and_holds_nest():
+    u = Urgency()
+    assert u.wait_clear() == 0.0 and not u.active
+    with u.held():
+        with u.held():
+            assert u.active
+        assert u.active  # the outer hold still counts
+    assert not u.active and u.wait_clear() == 0.0
+
+
+def test_a_waiter_never_waits_past_its_bound():
+    u = Urgency(max_yield_s=0.05)
+    with u.held():
+        waited = u.wait_clear()
+    assert 0.04 <= waited < 5.0 and u.yielded_s == waited
+
+
+def test_the_release_wakes_a_waiter_at_once():
+    u = Urgency(max_yield_s=30.0)
+    started, waited = threading.Event(), []
+    with u.held():
+        t = threading.Thread(target=lambda: (started.set(), waited.append(u.wait_clear())))
+        t.start()
+        started.wait(5)
+    t.join(10)  # released: it returns now, not after its 30 s bound
+    assert not t.is_alive() and waited[0] < 10.0
+
+
+def test_the_recogniser_holds_urgency_only_while_an_urgent_batch_runs():
+    from edge_agent.serving.asr.batcher import Batcher, BatchLimits
+
+    u = Urgency()
+    seen: list[tuple[str, bool]] = []
+    batcher = Batcher(
+        lambda items: [seen.append((i, u.active)) for i in items],
+        BatchLimits(max_batch=1, batch_timeout_ms=0),
+        urgency=u,
+    ).start()
+    try:
+        batcher.submit("partial").result(10)
+        batcher.submit("final", urgent=True).result(10)
+        batcher.submit("next partial").result(10)
+    finally:
+        batcher.stop()
+    assert seen == [("partial", False), ("final", True), ("next partial", False)]
