@@ -15,6 +15,7 @@ from edge_agent.metrics.window import WARMUP
 from edge_agent.models.sampling import SamplingParams
 from edge_agent.observe import Observation
 from edge_agent.serving.admission import STALE_S, Rates, Snapshot, Work, predict_ttft_ms
+from edge_agent.serving.doors.host import Mailbox
 from edge_agent.serving.doors.http.voice_session import VoiceSession
 from edge_agent.serving.llm.spill import decide
 from edge_agent.serving.tier_policy import DEFAULT_SPILL_TTFT_MS, overlay, policy_from_config
@@ -117,7 +118,7 @@ class _Recorder:
 def test_a_voice_sessions_prefill_ahead_is_routed_as_its_reply() -> None:
     llm, loop = _Recorder(), asyncio.new_event_loop()
     try:
-        session = VoiceSession(llm, loop, asyncio.Queue(), {"tick_s": None})
+        session = VoiceSession(llm, Mailbox(loop), {"tick_s": None})
         session.configure('{"max_tokens": 300}')
         session._submit([], SamplingParams(max_new_tokens=1), tags=(WARMUP,))
     finally:

@@ -12,9 +12,9 @@ clamped and the response says so (``warnings``, ``timings.max_tokens``). An outp
 start is a 400 naming ``response_format`` or ``tools``, before the request is admitted; one that
 breaks later fails that request alone (a 400, or an error chunk when streaming).
 
-Token events reach the loop through a sink (``call_soon_threadsafe`` from the scheduler thread),
-with no thread per request. A client that goes away has its request cancelled (its batch slot is
-freed), logged on one line.
+Token events reach the loop through a sink that posts them to its mailbox (``doors.host.Mailbox``)
+from the scheduler thread, with no thread per request. A client that goes away has its request
+cancelled (its batch slot is freed), logged on one line.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from ....metrics.prometheus import PrometheusMetrics
 from ....models.grammar import FormatError
 from ...llm.handle import Completion, RequestHandle, TokenEvent
 from ...llm.tiers import TieredLLM
+from ..host import Mailbox
 from ..openai import output as openai_output
 from ..openai.schema import ChatRequest, CompletionRequest, GenerateRequest, parse
 from . import guard
@@ -353,26 +354,16 @@ async def _cancel_on_disconnect(request: web.Request, handles: list[RequestHandl
 def _events(handles: list[RequestHandle], loop: asyncio.AbstractEventLoop):
     """An async iterator over the token events of one or more request handles, as ``(index, event)``
     in arrival order, ``(index, None)`` once handle ``index`` has finished; it ends when all have.
-    The scheduler thread hands each event to this loop (``RequestHandle.set_sink``), no thread in
-    between. A handle that failed raises its error."""
-    queue: asyncio.Queue = asyncio.Queue()
-
-    def sink_for(index: int):
-        def sink(item) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, (index, item))
-            except RuntimeError:  # the API's loop is closed (the agent is stopping): nobody is reading
-                pass
-
-        return sink
-
+    The scheduler thread posts each event to this loop's mailbox (``RequestHandle.set_sink``), no thread
+    in between. A handle that failed raises its error."""
+    box: Mailbox[tuple[int, TokenEvent | None]] = Mailbox(loop)
     for i, handle in enumerate(handles):
-        handle.set_sink(sink_for(i))
+        handle.set_sink(functools.partial(_post_indexed, box, i))
 
     async def events():
         open_ = len(handles)
         while open_:
-            index, item = await queue.get()
+            index, item = await box.get()
             if item is None:
                 error = handles[index].error
                 if error is not None:
@@ -381,3 +372,7 @@ def _events(handles: list[RequestHandle], loop: asyncio.AbstractEventLoop):
             yield index, item
 
     return events()
+
+
+def _post_indexed(box: Mailbox[tuple[int, TokenEvent | None]], index: int, item: TokenEvent | None) -> None:
+    box.post((index, item))

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from aiohttp import WSMsgType, web
 
 from ....errors import InputError
+from ..host import Mailbox
 from .errors import error as _error
 from .errors import from_exception as _from_exception
 from .errors import model_not_found
@@ -117,17 +118,16 @@ async def audio_stream(
     if respond not in ("", "0", "false", "1", "true"):
         return _error(400, f"respond must be true or false, not {respond!r}", "invalid_request_error", None, "respond")
     loop = asyncio.get_running_loop()
-    outbox: asyncio.Queue = asyncio.Queue()
+    outbox: Mailbox[dict | None] = Mailbox(loop)
     voice = None
     if respond in ("1", "true"):
         if llm is None:
             return _error(503, "respond needs an LLM tier and none is configured", "server_error", "unavailable")
         from .voice_session import VoiceSession
 
-        voice = VoiceSession(llm, loop, outbox, voice_options or {})
+        voice = VoiceSession(llm, outbox, voice_options or {})
     try:  # before the upgrade, so shedding or draining is a plain 503 with Retry-After
-        post = functools.partial(_post, loop, outbox)
-        stream = asr.open_stream(post, voice=voice.on_event) if voice else asr.open_stream(post)
+        stream = asr.open_stream(outbox.post, voice=voice.on_event) if voice else asr.open_stream(outbox.post)
     except Exception as exc:
         if voice is not None:
             voice.turn.close()
@@ -210,12 +210,12 @@ async def audio_stream(
             stream.abort(overloaded, "overloaded")
             log.warning("ASR stream closed: %s", overloaded)
             # queued like the stream's own events, so it comes after their utterance errors
-            loop.call_soon_threadsafe(outbox.put_nowait, _stream_error("overloaded", overloaded))
+            outbox.post(_stream_error("overloaded", overloaded))
         else:  # the client went away: drop its work rather than finish it for nobody
             stream.abort("the client closed the connection")
         if voice is not None:  # each final's reply, after the finals (or none: the client left)
             await (voice.finish() if ended else voice.abort())
-        loop.call_soon_threadsafe(outbox.put_nowait, None)  # after every event the stream emitted
+        outbox.post(None)  # after every event the stream emitted
         await sender
         if overloaded:
             await ws.close(code=1013, message=b"overloaded: the recogniser cannot keep up")
@@ -228,8 +228,3 @@ def _stream_error(code: str, message: str) -> dict:
     """An error about the whole stream (not one utterance), keyed like every other event: ``kind``
     ``error``, its ``code``, and the text as both ``message`` and ``error`` (an utterance's field)."""
     return {"kind": "error", "code": code, "message": message, "error": message}
-
-
-def _post(loop: asyncio.AbstractEventLoop, outbox: asyncio.Queue, event: dict | None) -> None:
-    """From the ASR thread: queue ``event`` for the loop's sender (``None`` ends it)."""
-    loop.call_soon_threadsafe(outbox.put_nowait, event)

@@ -28,6 +28,7 @@ from typing import Any
 
 from ....errors import InputError
 from ...asr.events import AsrEvent
+from ..host import Mailbox
 from ..openai.output import parse_tools, split_tool_call
 from ..voice.command_check import command_check
 from ..voice.turn import TurnResult, VoiceTurn
@@ -41,16 +42,15 @@ class VoiceSession:
     (from the ASR thread, every event as it is), ``run`` (the loop's task sending the replies), then
     ``finish`` (input ended: every final answered) or ``abort`` (the client left: replies cancelled)."""
 
-    def __init__(
-        self, llm: Any, loop: asyncio.AbstractEventLoop, outbox: asyncio.Queue, options: dict[str, Any]
-    ) -> None:
-        """``options``: the ``VoiceTurn`` settings (``voice.turn.turn_options``)."""
-        self.llm, self.loop, self.outbox = llm, loop, outbox
+    def __init__(self, llm: Any, outbox: Mailbox[dict | None], options: dict[str, Any]) -> None:
+        """``outbox``: the stream's events to the client (its loop is this session's); ``options``: the
+        ``VoiceTurn`` settings (``voice.turn.turn_options``)."""
+        self.llm, self.outbox, self.loop = llm, outbox, outbox.loop
         self._options = dict(options)
         self.turn = self._turn(None, "required", None)
         self.configured = False
         self.stream: Any = None  # the ASR stream (``PcmStream``), once it is open
-        self._finals: asyncio.Queue = asyncio.Queue()
+        self._finals: Mailbox[AsrEvent | None] = Mailbox(self.loop)
         self._task: asyncio.Task | None = None
         # its own thread for the blocking ``on_final``: a reply may take seconds, and the loop's default
         # executor also takes every stream's audio
@@ -109,7 +109,7 @@ class VoiceSession:
         self.configured = True  # audio has started: the settings are what they are
         self.turn.on_event(event)
         if event.kind == "final" and event.text.strip():
-            self.loop.call_soon_threadsafe(self._finals.put_nowait, event)
+            self._finals.post(event)
 
     def start(self) -> None:
         self._task = self.loop.create_task(self._run())
@@ -130,16 +130,16 @@ class VoiceSession:
             except Exception as exc:  # a bug in one turn must not end the stream's replies
                 log.exception("voice turn failed")
                 result = None
-                self.outbox.put_nowait(_error(event.utterance, str(exc)))
+                self.outbox.put(_error(event.utterance, str(exc)))
             if result is not None:
                 out = reply_event(result, bool(self.turn.tools))
                 if out is not None:
-                    self.outbox.put_nowait(out)
+                    self.outbox.put(out)
 
     async def finish(self) -> None:
         """Input ended and every final is out: answer what is queued, then stop."""
         # behind any final the ASR thread queued before the stream said it was finished
-        self.loop.call_soon(self._finals.put_nowait, None)
+        self._finals.post(None)
         if self._task is not None:
             await self._task
         self._voice(False)
@@ -149,9 +149,8 @@ class VoiceSession:
     async def abort(self) -> None:
         """The client left: what is running or ahead is cancelled, nothing more is sent."""
         self.turn.close()
-        while not self._finals.empty():
-            self._finals.get_nowait()
-        self._finals.put_nowait(None)
+        self._finals.clear()
+        self._finals.put(None)
         if self._task is not None:
             await self._task
         self._voice(False)

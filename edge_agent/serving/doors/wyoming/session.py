@@ -31,6 +31,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ....errors import EdgeAgentError, InputError
+from ...llm.handle import TokenEvent
+from ..host import Mailbox
 from .audio import AudioConverter
 from .protocol import WRITE_TIMEOUT_S, ProtocolError, clip, read_event
 
@@ -63,7 +65,7 @@ class Session:
         self.stream: Any = None  # the ASR stream of the request in progress
         self.converter: AudioConverter | None = None
         self.refused = False  # the request was answered with an error: its audio is read and dropped
-        self._asr_events: asyncio.Queue = asyncio.Queue()
+        self._asr_events: Mailbox[dict | None] = Mailbox(self.loop)  # from the ASR thread
         self._pump: asyncio.Task | None = None
         self._reply: Any = None  # the LLM request in progress
         self._held: list[bytes] = []  # converted audio of a client sending faster than real time
@@ -149,7 +151,7 @@ class Session:
         self.converter = AudioConverter(start.rate, start.width, start.channels, rate)  # BadAudio closes it
         try:
             check_request(request, asr, asr_language(engine))
-            self.stream = asr.open_stream(self._on_asr_event)
+            self.stream = asr.open_stream(self._asr_events.post)
         except InputError as exc:
             self.server.count("transcribe", "refused")
             await self.error(str(exc), getattr(exc, "code", "refused"))
@@ -166,10 +168,6 @@ class Session:
         self._any_sent = False
         await self.write(self.w_asr.TranscriptStart(language=asr_language(engine)))
         self._pump = asyncio.create_task(self._pump_events())
-
-    def _on_asr_event(self, event: dict) -> None:
-        """ASR thread: hand the event to the loop."""
-        self.loop.call_soon_threadsafe(self._asr_events.put_nowait, event)
 
     async def audio_chunk(self, event: Any) -> None:
         if self.converter is None:
@@ -238,8 +236,8 @@ class Session:
         while not stream.finished and self.loop.time() < deadline:
             await asyncio.sleep(0.005)
         stream.close(0)  # past the deadline: open utterances get errors (timeout), as the HTTP API does
-        # queued behind the stream's own events (each handed over with call_soon_threadsafe): after all of them
-        self.loop.call_soon(self._asr_events.put_nowait, None)
+        # posted behind the stream's own events: after all of them
+        self._asr_events.post(None)
         pump, self._pump = self._pump, None
         if pump is not None:
             await pump
@@ -299,8 +297,8 @@ class Session:
             await self.write(h.NotHandled(text=str(exc)))
             return
         self._reply = reply
-        tokens: asyncio.Queue = asyncio.Queue()
-        reply.set_sink(lambda ev: self.loop.call_soon_threadsafe(tokens.put_nowait, ev))
+        tokens: Mailbox[TokenEvent | None] = Mailbox(self.loop)
+        reply.set_sink(tokens.post)
         await self.write(h.HandledStart())
         while (ev := await tokens.get()) is not None:
             if ev.text:
