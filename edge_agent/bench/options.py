@@ -283,3 +283,24 @@ class InplaceKvOptions:
     prompt_tokens: int = 32
     threads: int = 1
     genai: str | None = None  # an onnxruntime-genai builder folder of the same model ('none': skip)
+
+
+@dataclasses.dataclass(frozen=True)
+class OverloadOptions:
+    """``bench overload``: the daemon on its default tiers under open-loop overload, llama.cpp's server beside it."""
+
+    seconds: float = 30.0  # per level
+    rounds: int | None = None  # rounds of all levels (default 3; with resume: the earlier report's)
+    capacity: float | None = None  # chats/s the levels are multiples of (default: measured on the daemon)
+    sla_ms: float = 387.0  # goodput's TTFT bound
+    drain_s: float = 90.0  # after a level, wait at most this long for its chats, then cancel them
+    seed: int = 42
+    out: Path = Path("overload")  # overload.md, overload.json and overload.png go here
+    llama_server: str = "llama-server"  # llama.cpp's server binary
+    llamacpp_python: str | None = None  # without llama-server: this Python's llama_cpp.server
+    gguf: Path | None = None  # llama.cpp's model (default: the GGUF the default model came from)
+    threads: int = dataclasses.field(default_factory=lambda: os.cpu_count() or 1)  # llama-server's threads
+    resume: Path | None = None  # keep the systems of this earlier overload.json, run the others on its schedule
+    no_llamacpp: bool = False
+    no_speech: bool = False
+    quiet: bool = False

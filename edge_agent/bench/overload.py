@@ -28,7 +28,6 @@ gives each figure's median over the rounds with its min–max.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -40,7 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -49,10 +48,10 @@ from ..demo_models.home_commands import CHAT_PROMPTS
 from ..errors import EdgeAgentError, InputError
 from ..metrics.window import percentile
 from ..progress import Progress
+from .options import OverloadOptions
 from .overload_report import EDGE, LLAMA, check_targets, format_report, plot
 
 LEVELS = (0.5, 1.0, 1.5, 2.0, 3.0)  # offered load, as multiples of the measured capacity
-SLA_MS = 387.0
 PROBE_TARGET_MS = 600_000.0  # the SLA while the capacity probe queues requests on purpose: no switch on them
 PROBE_REQUESTS = 12  # completions the capacity is measured over, after the cold ones
 PROBE_CONCURRENCY = 4  # the top tier's max_batch, and llama.cpp's slots
@@ -656,64 +655,15 @@ def default_gguf() -> tuple[Path | None, str]:
 # -- the command -------------------------------------------------------------------------------------
 
 
-def _positive(kind: type, name: str):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} takes a number, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text!r}")
-        return value
-
-    return parse
-
-
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "overload",
-        help="open-loop Poisson overload (0.5x-3x capacity) on the default tiers, llama.cpp's server beside it",
-        description="Start a daemon on the default tiers, measure its capacity, then per round send seeded "
-        "Poisson arrivals at 0.5x, 1x, 1.5x, 2x and 3x that capacity for --seconds each, spoken commands mixed "
-        "in; the same arrivals against llama.cpp's server (4 slots) on the same GGUF. Prints goodput, admitted "
-        "TTFT, refusals and voice turns per level; writes a markdown table, JSON and a PNG plot under --out.",
-    )
-    p.add_argument("--seconds", type=_positive(float, "--seconds"), default=30.0, help="per level (default 30)")
-    p.add_argument("--rounds", type=_positive(int, "--rounds"), default=None,
-                   help="rounds of all levels (default 3; with --resume: the earlier report's)")  # fmt: skip
-    p.add_argument("--capacity", type=_positive(float, "--capacity"), default=None, metavar="PER_S",
-                   help="chats/s the levels are multiples of (default: measured on the daemon first)")  # fmt: skip
-    p.add_argument("--sla-ms", type=_positive(float, "--sla-ms"), default=SLA_MS, help="goodput's TTFT bound")
-    p.add_argument("--drain-s", type=_positive(float, "--drain-s"), default=90.0,
-                   help="after a level, wait at most this long for its chats, then cancel them")  # fmt: skip
-    p.add_argument("--seed", type=int, default=42, help="arrival schedules' seed (default 42)")
-    p.add_argument("--out", type=Path, default=Path("overload"), metavar="DIR",
-                   help="where overload.md, overload.json and overload.png go (default ./overload)")  # fmt: skip
-    p.add_argument("--llama-server", default="llama-server", metavar="BIN",
-                   help="llama.cpp's server binary (default: llama-server on PATH)")  # fmt: skip
-    p.add_argument("--llamacpp-python", default=None, metavar="PY",
-                   help="without llama-server: this Python's llama_cpp.server (one request at a time)")  # fmt: skip
-    p.add_argument("--gguf", type=Path, default=None, help="its model (default: the GGUF the default model came from)")
-    p.add_argument("--threads", type=_positive(int, "--threads"), default=os.cpu_count() or 1,
-                   help="llama-server's threads (default: every core)")  # fmt: skip
-    p.add_argument("--resume", type=Path, default=None, metavar="JSON",
-                   help="keep the systems of this earlier overload.json, run the others on its schedule")  # fmt: skip
-    p.add_argument("--no-llamacpp", action="store_true", help="the daemon only")
-    p.add_argument("--no-speech", action="store_true", help="chats only")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.set_defaults(func=run)
-    return p
-
-
-def _validate(args: argparse.Namespace) -> None:
-    if args.seconds < 5:
-        raise InputError(f"--seconds must be at least 5, got {args.seconds:g}")
-    if args.out.exists() and not args.out.is_dir():
-        raise InputError(f"--out {args.out}: exists and is not a folder")
-    if args.resume is not None and not args.resume.is_file():
-        raise InputError(f"--resume {args.resume}: no such file")
-    if args.gguf is not None and not args.gguf.is_file():
-        raise InputError(f"--gguf {args.gguf}: no such file")
+def _validate(opts: OverloadOptions) -> None:
+    if opts.seconds < 5:
+        raise InputError(f"--seconds must be at least 5, got {opts.seconds:g}")
+    if opts.out.exists() and not opts.out.is_dir():
+        raise InputError(f"--out {opts.out}: exists and is not a folder")
+    if opts.resume is not None and not opts.resume.is_file():
+        raise InputError(f"--resume {opts.resume}: no such file")
+    if opts.gguf is not None and not opts.gguf.is_file():
+        raise InputError(f"--gguf {opts.gguf}: no such file")
 
 
 def machine() -> dict:
@@ -729,24 +679,25 @@ def machine() -> dict:
             "python": platform.python_version()}  # fmt: skip
 
 
-def _resume(args: argparse.Namespace, report: dict, say: Callable[[str], None]) -> dict:
-    """A previous report whose systems are kept: its capacity, seconds, rounds and seed are taken, so the
-    systems run now get the same arrival times."""
+def _resume(opts: OverloadOptions, report: dict, say: Callable[[str], None]) -> tuple[OverloadOptions, dict]:
+    """A previous report whose systems are kept: its capacity, seconds, rounds and seed are taken (the options
+    returned carry them), so the systems run now get the same arrival times."""
+    assert opts.resume is not None
     try:
-        old = json.loads(args.resume.read_text())
+        old = json.loads(opts.resume.read_text())
         report.update({k: old[k] for k in ("capacity_per_s", "capacity_measured_per_s", "capacity_source")})
-        args.seconds, args.seed, args.sla_ms = old["seconds"], old["seed"], old["sla_ms"]
-        if args.rounds is None:  # else fewer (or more) rounds for the systems run now, on the same schedules
-            args.rounds = old["rounds"]
+        # fewer (or more) rounds may be asked for the systems run now: the same schedules
+        opts = replace(opts, seconds=old["seconds"], seed=old["seed"], sla_ms=old["sla_ms"],
+                       rounds=opts.rounds if opts.rounds is not None else old["rounds"])  # fmt: skip
         report["rounds_kept"] = old["rounds"]
         systems = old["systems"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"--resume {args.resume}: not a bench overload report ({exc})") from exc
-    report.update(seconds=args.seconds, rounds=args.rounds, seed=args.seed, sla_ms=args.sla_ms)
+        raise InputError(f"--resume {opts.resume}: not a bench overload report ({exc})") from exc
+    report.update(seconds=opts.seconds, rounds=opts.rounds, seed=opts.seed, sla_ms=opts.sla_ms)
     report["machine_before"] = old.get("machine")
-    say(f"keeping {', '.join(systems)} from {args.resume}: {args.rounds} round(s) of {args.seconds:g} s, seed "
-        f"{args.seed}, capacity {report['capacity_per_s']:.2f}/s")  # fmt: skip
-    return old
+    say(f"keeping {', '.join(systems)} from {opts.resume}: {opts.rounds} round(s) of {opts.seconds:g} s, seed "
+        f"{opts.seed}, capacity {report['capacity_per_s']:.2f}/s")  # fmt: skip
+    return opts, old
 
 
 def _write(out: Path, report: dict) -> None:
@@ -754,142 +705,184 @@ def _write(out: Path, report: dict) -> None:
     (out / "overload.json").write_text(json.dumps(report, indent=1) + "\n")
 
 
-def run(args: argparse.Namespace) -> int:
-    _validate(args)
-    if args.rounds is None and args.resume is None:
-        args.rounds = 3
-    say = (lambda text: None) if args.quiet else (lambda text: print(f"overload: {text}", flush=True))
-    workdir = Path(tempfile.mkdtemp(prefix="edge-agent-overload-"))
-    report: dict = {
-        "command": "edge-agent bench overload " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "overload"]
-        else " ".join(sys.argv),
-        "machine": machine(), "seconds": args.seconds, "rounds": args.rounds, "seed": args.seed,
-        "sla_ms": args.sla_ms, "levels": list(LEVELS), "systems": {},
-    }  # fmt: skip
-    resumed = _resume(args, report, say) if args.resume else None
-    gguf, gguf_note = (args.gguf, str(args.gguf)) if args.gguf else default_gguf()
-    llama_bin = None if args.no_llamacpp else shutil.which(args.llama_server)
-    llama_py = None if args.no_llamacpp or llama_bin else args.llamacpp_python
-    if not args.no_llamacpp and llama_bin is None and llama_py is None:
-        say(f"no llama.cpp server yet ({args.llama_server!r} not found, no --llamacpp-python): looked for again later")
-        llama_bin = args.llama_server  # a server still being built may be there when the daemon's levels end
-    if gguf is None or not gguf.is_file():
-        say(f"no GGUF for llama.cpp ({gguf_note}): the daemon only")
-        llama_bin = llama_py = None
-    daemon_kept = resumed is not None and EDGE in resumed["systems"]
-    speech = None if args.no_speech or daemon_kept else load_speech(workdir)  # llama.cpp has no voice
-    if speech is not None and not speech.clips:
-        say("no speech synthesiser installed (Piper or flite; espeak-ng and sox): no spoken commands")
-    if speech is not None and speech.clips:
-        report["voices"] = speech.voices
-        say(f"{len(speech.clips)} spoken commands in {', '.join(speech.voices)}")
-    total_s = args.seconds * len(LEVELS) * args.rounds * (2 if llama_bin or llama_py else 1)
-    progress = Progress("overload", "s of load", enabled=not args.quiet, min_interval_s=None)
-    done_s = 0.0
-    rounds: dict[str, list[list[dict]]] = {EDGE: [], LLAMA: []}
+def run(opts: OverloadOptions) -> int:
+    """The bench (see the module doc): the daemon's rounds, then llama.cpp's on the same schedules, then the
+    report, its targets and its plot under ``opts.out``."""
+    _validate(opts)
+    bench = _Overload(opts)
+    try:
+        if EDGE not in bench.kept:
+            bench.daemon_rounds()
+        bench.llamacpp_rounds()
+    except KeyboardInterrupt:
+        bench.say("interrupted: reporting the rounds that finished")
+    finally:
+        if bench.daemon is not None:
+            bench.daemon.stop()
+    bench.finish()
+    return 0
 
-    def level(system: str, url: str, round_: int, k: int, cap: float, voice: Speech | None) -> dict:
-        nonlocal done_s
-        rate = LEVELS[k] * cap
-        schedule = poisson_schedule(rate, args.seconds, level_seed(args.seed, round_, k))
+
+class _Overload:
+    """One run's state: its options (as resumed), the report being built, the rounds measured, progress."""
+
+    def __init__(self, opts: OverloadOptions) -> None:
+        if opts.rounds is None and opts.resume is None:
+            opts = replace(opts, rounds=3)
+        self.say = (lambda text: None) if opts.quiet else (lambda text: print(f"overload: {text}", flush=True))
+        self.workdir = Path(tempfile.mkdtemp(prefix="edge-agent-overload-"))
+        self.report: dict = {
+            "command": "edge-agent bench overload " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "overload"]
+            else " ".join(sys.argv),
+            "machine": machine(), "seconds": opts.seconds, "rounds": opts.rounds, "seed": opts.seed,
+            "sla_ms": opts.sla_ms, "levels": list(LEVELS), "systems": {},
+        }  # fmt: skip
+        resumed = None
+        if opts.resume is not None:
+            opts, resumed = _resume(opts, self.report, self.say)
+        self.opts = opts
+        self.rounds_n: int = opts.rounds or 3
+        self.kept: dict = resumed["systems"] if resumed else {}
+        self.gguf, self.gguf_note = (opts.gguf, str(opts.gguf)) if opts.gguf else default_gguf()
+        self.llama_bin, self.llama_py = self._llamacpp()
+        self.speech = None if opts.no_speech or EDGE in self.kept else load_speech(self.workdir)  # no voice: llama
+        if self.speech is not None and not self.speech.clips:
+            self.say("no speech synthesiser installed (Piper or flite; espeak-ng and sox): no spoken commands")
+        if self.speech is not None and self.speech.clips:
+            self.report["voices"] = self.speech.voices
+            self.say(f"{len(self.speech.clips)} spoken commands in {', '.join(self.speech.voices)}")
+        systems = (0 if EDGE in self.kept else 1) + (1 if self.llama_bin or self.llama_py else 0)
+        self.total_s = opts.seconds * len(LEVELS) * self.rounds_n * max(1, systems)
+        self.progress = Progress("overload", "s of load", enabled=not opts.quiet, min_interval_s=None)
+        self.done_s = 0.0
+        self.rounds: dict[str, list[list[dict]]] = {EDGE: [], LLAMA: []}
+        self.daemon: Daemon | None = None
+
+    def _llamacpp(self) -> tuple[str | None, str | None]:
+        """llama.cpp's server binary (or a Python with llama_cpp.server), None where it will not run."""
+        opts = self.opts
+        if opts.no_llamacpp:
+            return None, None
+        llama_bin = shutil.which(opts.llama_server)
+        llama_py = None if llama_bin else opts.llamacpp_python
+        if llama_bin is None and llama_py is None:
+            self.say(f"no llama.cpp server yet ({opts.llama_server!r} not found, no --llamacpp-python): looked for "
+                     "again later")  # fmt: skip
+            llama_bin = opts.llama_server  # a server still being built may be there when the daemon's levels end
+        if self.gguf is None or not self.gguf.is_file():
+            self.say(f"no GGUF for llama.cpp ({self.gguf_note}): the daemon only")
+            return None, None
+        return llama_bin, llama_py
+
+    def daemon_rounds(self) -> None:
+        """The daemon: up, its capacity measured (the voice mix running), the default SLA put in force, then
+        every round of every level."""
+        say = self.say
+        say(f"starting the daemon on the default tiers (log {self.workdir / 'daemon.log'})")
+        self.daemon = daemon = Daemon(self.workdir, say)
+        mix = "4 chats in flight" + (", the spoken commands meanwhile" if self.speech and self.speech.clips else "")
+        say(f"daemon up; warming it and measuring its capacity ({mix})")
+        measured = asyncio.run(capacity(daemon.url, speech=self.speech))
+        cap = self.opts.capacity or measured
+        self.report.update(daemon_serving=daemon.serving(), capacity_per_s=cap, capacity_measured_per_s=measured,
+                           capacity_source="--capacity" if self.opts.capacity else "measured")  # fmt: skip
+        say(f"capacity {measured:.2f} chats/s measured; levels from {cap:.2f}/s")
+        time.sleep(31)  # the probe's completions leave the default SLA window (30 s) before the load
+        daemon.reload_default_sla()
+        for r in range(self.rounds_n):
+            self.rounds[EDGE].append([self.level(EDGE, daemon.url, r, k, self.speech) for k in range(len(LEVELS))])
+        daemon.stop()
+        self.daemon = None
+
+    def llamacpp_rounds(self) -> None:
+        """llama.cpp's server on the same schedules, when there is one and a GGUF (the daemon's rounds are
+        written first: kept whatever happens to this side)."""
+        opts, say = self.opts, self.say
+        llama_bin = shutil.which(self.llama_bin) if self.llama_bin else None
+        if not opts.no_llamacpp and not llama_bin and not self.llama_py:
+            say(f"no llama.cpp server ({opts.llama_server!r} not found, no --llamacpp-python): the daemon only")
+        if not (llama_bin or self.llama_py) or self.gguf is None or LLAMA in self.kept:
+            return
+        if self.rounds[EDGE]:
+            _write(opts.out, {**self.report, "systems": {EDGE: self._system(EDGE)}})
+        server = LlamaServer(llama_bin, self.gguf, PROBE_CONCURRENCY, opts.threads, self.workdir, self.llama_py or "")
+        try:
+            measured = asyncio.run(capacity(server.url))
+            self.report["llamacpp"] = {"command": " ".join(server.cmd), "gguf": self.gguf_note,
+                                       "slots": server.slots, "capacity_per_s": measured}  # fmt: skip
+            say(f"llama.cpp up: {self.report['llamacpp']['capacity_per_s']:.2f} chats/s ({server.slots} slot(s))")
+            for r in range(self.rounds_n):
+                self.rounds[LLAMA].append([self.level(LLAMA, server.url, r, k, None) for k in range(len(LEVELS))])
+        except EdgeAgentError as exc:
+            say(f"llama.cpp side stopped: {exc}")
+        finally:
+            server.stop()
+
+    def level(self, system: str, url: str, round_: int, k: int, voice: Speech | None) -> dict:
+        """One level of one round: its arrivals sent, its figures, the server idle again after it."""
+        opts = self.opts
+        rate = LEVELS[k] * self.report["capacity_per_s"]
+        schedule = poisson_schedule(rate, opts.seconds, level_seed(opts.seed, round_, k))
 
         def tick(t: float, outs: list[Outcome]) -> None:
-            if t > args.seconds + 1:
+            if t > opts.seconds + 1:
                 return  # draining: the level's line follows
-            progress.label = (
-                f"round {round_ + 1}/{args.rounds} {system} {LEVELS[k]:g}x ({rate:.2f}/s) "
-                f"t={min(t, args.seconds):.0f}s done {sum(o.kind == 'completed' for o in outs)} "
+            self.progress.label = (
+                f"round {round_ + 1}/{self.rounds_n} {system} {LEVELS[k]:g}x ({rate:.2f}/s) "
+                f"t={min(t, opts.seconds):.0f}s done {sum(o.kind == 'completed' for o in outs)} "
                 f"refused {sum(o.kind == 'refused' for o in outs)}"
             )
-            progress.update(done_s + min(t, args.seconds), total_s)
+            self.progress.update(self.done_s + min(t, opts.seconds), self.total_s)
 
-        outs, turns = asyncio.run(drive_level(url, schedule, args.seconds, args.drain_s, voice, tick))
-        done_s += args.seconds
-        fig = {"load": LEVELS[k], "offered_per_s": rate, **level_figures(outs, args.seconds, args.sla_ms, turns)}
+        outs, turns = asyncio.run(drive_level(url, schedule, opts.seconds, opts.drain_s, voice, tick))
+        self.done_s += opts.seconds
+        fig = {"load": LEVELS[k], "offered_per_s": rate, **level_figures(outs, opts.seconds, opts.sla_ms, turns)}
         fig["load_avg_1m"] = round(os.getloadavg()[0], 2)  # the machine is shared: what else ran
         fig["outcomes"] = [asdict(o) for o in outs]
         fig["voice"] = [asdict(v) for v in turns]
-        fmt = lambda v: "—" if v is None else f"{v:.0f}"  # noqa: E731
-        say(
-            f"round {round_ + 1} {system} {LEVELS[k]:g}x: sent {fig['sent']} = {fig['completed']} completed + "
-            f"{fig['refused']} refused + {fig['cancelled']} cancelled + {fig['failed']} failed; goodput "
-            f"{fig['goodput_per_s']:.2f}/s; TTFT P50/P95/P99 {fmt(fig['ttft_p50_ms'])}/{fmt(fig['ttft_p95_ms'])}/"
-            f"{fmt(fig['ttft_p99_ms'])} ms; refusals P95 {fmt(fig['refusal_p95_ms'])} ms"
-            + (
-                f"; voice P95 {fmt(fig['voice_p95_ms'])} ms (final {fmt(fig['voice_final_p95_ms'])}, first token "
-                f"{fmt(fig['voice_first_token_p95_ms'])}; {fig['voice_turns']} turns)"
-                if voice
-                else ""
-            )
-        )
+        self.say(f"round {round_ + 1} {system} {LEVELS[k]:g}x: {level_line(fig, voice is not None)}")
         waited = asyncio.run(wait_idle(url, system))
         if waited > 1:
-            say(f"{system} was busy {waited:.0f} s after the level")
+            self.say(f"{system} was busy {waited:.0f} s after the level")
         time.sleep(2.0)
         return fig
 
-    daemon = None
-    kept = resumed["systems"] if resumed else {}
-    try:
-        if EDGE in kept:
-            cap = report["capacity_per_s"]
-            total_s -= args.seconds * len(LEVELS) * args.rounds  # the bar counts the rounds run now
-        else:
-            say(f"starting the daemon on the default tiers (log {workdir / 'daemon.log'})")
-            daemon = Daemon(workdir, say)
-            mix = "4 chats in flight" + (", the spoken commands meanwhile" if speech and speech.clips else "")
-            say(f"daemon up; warming it and measuring its capacity ({mix})")
-            measured = asyncio.run(capacity(daemon.url, speech=speech))
-            report["daemon_serving"] = daemon.serving()
-            cap = args.capacity or measured
-            report["capacity_per_s"] = cap
-            report["capacity_measured_per_s"] = measured
-            report["capacity_source"] = "--capacity" if args.capacity else "measured"
-            say(f"capacity {measured:.2f} chats/s measured; levels from {cap:.2f}/s")
-            time.sleep(31)  # the probe's completions leave the default SLA window (30 s) before the load
-            daemon.reload_default_sla()
-            for r in range(args.rounds):
-                rounds[EDGE].append([level(EDGE, daemon.url, r, k, cap, speech) for k in range(len(LEVELS))])
-            daemon.stop()
-            daemon = None
-        llama_bin = shutil.which(llama_bin) if llama_bin else None
-        if not args.no_llamacpp and not llama_bin and not llama_py:
-            say(f"no llama.cpp server ({args.llama_server!r} not found, no --llamacpp-python): the daemon only")
-        if (llama_bin or llama_py) and gguf and LLAMA not in kept:
-            if rounds[EDGE]:  # kept whatever happens to the other side
-                _write(
-                    args.out, {**report, "systems": {EDGE: {"rounds": rounds[EDGE], "levels": combine(rounds[EDGE])}}}
-                )
-            server = LlamaServer(llama_bin, gguf, PROBE_CONCURRENCY, args.threads, workdir, llama_py or "")
-            try:
-                report["llamacpp"] = {"command": " ".join(server.cmd), "gguf": gguf_note, "slots": server.slots,
-                                      "capacity_per_s": asyncio.run(capacity(server.url))}  # fmt: skip
-                say(f"llama.cpp up: {report['llamacpp']['capacity_per_s']:.2f} chats/s ({server.slots} slot(s))")
-                for r in range(args.rounds):
-                    rounds[LLAMA].append([level(LLAMA, server.url, r, k, cap, None) for k in range(len(LEVELS))])
-            except EdgeAgentError as exc:
-                say(f"llama.cpp side stopped: {exc}")
-            finally:
-                server.stop()
-    except KeyboardInterrupt:
-        say("interrupted: reporting the rounds that finished")
-    finally:
-        if daemon is not None:
-            daemon.stop()
-    report["systems"].update(kept)
-    for system, per_round in rounds.items():
-        if per_round:
-            report["systems"][system] = {"rounds": per_round, "levels": combine(per_round)}
-    if EDGE not in report["systems"]:
-        raise EdgeAgentError("no level finished")
-    report["targets"] = check_targets(report)
-    _write(args.out, report)
-    text = format_report(report)
-    (args.out / "overload.md").write_text(text + "\n")
-    print(text)
-    try:
-        plot(report, args.out / "overload.png")
-        say(f"wrote {args.out / 'overload.md'}, overload.json and overload.png")
-    except InputError as exc:
-        say(f"no plot ({exc})")
-    return 0
+    def _system(self, system: str) -> dict:
+        return {"rounds": self.rounds[system], "levels": combine(self.rounds[system])}
+
+    def finish(self) -> None:
+        """The report: kept and measured systems, the targets, overload.json, overload.md and the plot."""
+        report, out = self.report, self.opts.out
+        report["systems"].update(self.kept)
+        for system, per_round in self.rounds.items():
+            if per_round:
+                report["systems"][system] = self._system(system)
+        if EDGE not in report["systems"]:
+            raise EdgeAgentError("no level finished")
+        report["targets"] = check_targets(report)
+        _write(out, report)
+        text = format_report(report)
+        (out / "overload.md").write_text(text + "\n")
+        print(text)
+        try:
+            plot(report, out / "overload.png")
+            self.say(f"wrote {out / 'overload.md'}, overload.json and overload.png")
+        except InputError as exc:
+            self.say(f"no plot ({exc})")
+
+
+def level_line(fig: dict, voice: bool) -> str:
+    """A level's figures in one line, as the bench prints them."""
+    fmt = lambda v: "—" if v is None else f"{v:.0f}"  # noqa: E731
+    line = (
+        f"sent {fig['sent']} = {fig['completed']} completed + {fig['refused']} refused + {fig['cancelled']} "
+        f"cancelled + {fig['failed']} failed; goodput {fig['goodput_per_s']:.2f}/s; TTFT P50/P95/P99 "
+        f"{fmt(fig['ttft_p50_ms'])}/{fmt(fig['ttft_p95_ms'])}/{fmt(fig['ttft_p99_ms'])} ms; refusals P95 "
+        f"{fmt(fig['refusal_p95_ms'])} ms"
+    )
+    if voice:
+        line += (
+            f"; voice P95 {fmt(fig['voice_p95_ms'])} ms (final {fmt(fig['voice_final_p95_ms'])}, first token "
+            f"{fmt(fig['voice_first_token_p95_ms'])}; {fig['voice_turns']} turns)"
+        )
+    return line

@@ -1,13 +1,12 @@
 """``edge-agent bench``: benchmarks that print figures measured side by side. The workloads live in
 ``edge_agent/bench/`` and take their options as dataclasses (``bench/options.py``); their flags are parsed
 here, one module per family: ``bench_llm.py`` (llm, tiers, grammar), ``bench_speech.py`` (asr, voice,
-calls) and ``bench_daemon.py`` (telemetry, fleet, serve). ``overload`` still adds its own parser."""
+calls) and ``bench_daemon.py`` (telemetry, fleet, serve, overload)."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..bench import overload
 from . import bench_daemon, bench_llm, bench_speech
 
 
@@ -23,4 +22,4 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     bench_llm.add_grammar(bsub)
     bench_speech.add_voice(bsub)
     bench_speech.add_calls(bsub)
-    overload.add_parser(bsub)
+    bench_daemon.add_overload(bsub)

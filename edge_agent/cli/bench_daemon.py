@@ -1,13 +1,15 @@
-"""``edge-agent bench telemetry``, ``bench fleet`` and ``bench serve``: the flags of the workloads around the
-daemon (its telemetry, the fleet side, its HTTP API), parsed into their options (``bench/options.py``) and
-handed to the workload's ``run``."""
+"""``edge-agent bench telemetry``, ``bench fleet``, ``bench serve`` and ``bench overload``: the flags of the
+workloads around the daemon (its telemetry, the fleet side, its HTTP API, the daemon under overload), parsed
+into their options (``bench/options.py``) and handed to the workload's ``run``."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
+from pathlib import Path
 
-from ..bench.options import CONDITIONS, FleetOptions, ServeOptions, TelemetryOptions, from_mapping
+from ..bench.options import CONDITIONS, FleetOptions, OverloadOptions, ServeOptions, TelemetryOptions, from_mapping
 
 
 def add_telemetry(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -147,3 +149,59 @@ def _serve(args: argparse.Namespace) -> int:
     from ..bench import serve
 
     return serve.run(from_mapping(ServeOptions, vars(args)))
+
+
+def _positive(kind: type, name: str):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} takes a number, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text!r}")
+        return value
+
+    return parse
+
+
+def add_overload(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    # one flag per statement: the list reads best whole
+    p = subparsers.add_parser(
+        "overload",
+        help="open-loop Poisson overload (0.5x-3x capacity) on the default tiers, llama.cpp's server beside it",
+        description="Start a daemon on the default tiers, measure its capacity, then per round send seeded "
+        "Poisson arrivals at 0.5x, 1x, 1.5x, 2x and 3x that capacity for --seconds each, spoken commands mixed "
+        "in; the same arrivals against llama.cpp's server (4 slots) on the same GGUF. Prints goodput, admitted "
+        "TTFT, refusals and voice turns per level; writes a markdown table, JSON and a PNG plot under --out.",
+    )
+    p.add_argument("--seconds", type=_positive(float, "--seconds"), default=30.0, help="per level (default 30)")
+    p.add_argument("--rounds", type=_positive(int, "--rounds"), default=None,
+                   help="rounds of all levels (default 3; with --resume: the earlier report's)")  # fmt: skip
+    p.add_argument("--capacity", type=_positive(float, "--capacity"), default=None, metavar="PER_S",
+                   help="chats/s the levels are multiples of (default: measured on the daemon first)")  # fmt: skip
+    p.add_argument("--sla-ms", type=_positive(float, "--sla-ms"), default=387.0, help="goodput's TTFT bound")
+    p.add_argument("--drain-s", type=_positive(float, "--drain-s"), default=90.0,
+                   help="after a level, wait at most this long for its chats, then cancel them")  # fmt: skip
+    p.add_argument("--seed", type=int, default=42, help="arrival schedules' seed (default 42)")
+    p.add_argument("--out", type=Path, default=Path("overload"), metavar="DIR",
+                   help="where overload.md, overload.json and overload.png go (default ./overload)")  # fmt: skip
+    p.add_argument("--llama-server", default="llama-server", metavar="BIN",
+                   help="llama.cpp's server binary (default: llama-server on PATH)")  # fmt: skip
+    p.add_argument("--llamacpp-python", default=None, metavar="PY",
+                   help="without llama-server: this Python's llama_cpp.server (one request at a time)")  # fmt: skip
+    p.add_argument("--gguf", type=Path, default=None, help="its model (default: the GGUF the default model came from)")
+    p.add_argument("--threads", type=_positive(int, "--threads"), default=os.cpu_count() or 1,
+                   help="llama-server's threads (default: every core)")  # fmt: skip
+    p.add_argument("--resume", type=Path, default=None, metavar="JSON",
+                   help="keep the systems of this earlier overload.json, run the others on its schedule")  # fmt: skip
+    p.add_argument("--no-llamacpp", action="store_true", help="the daemon only")
+    p.add_argument("--no-speech", action="store_true", help="chats only")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=_overload)
+    return p
+
+
+def _overload(args: argparse.Namespace) -> int:
+    from ..bench import overload
+
+    return overload.run(from_mapping(OverloadOptions, vars(args)))

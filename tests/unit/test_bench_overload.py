@@ -288,24 +288,24 @@ def test_bad_arguments_are_one_line_errors_naming_the_option() -> None:
 
 
 def test_resume_takes_the_earlier_schedule_and_refuses_what_is_not_a_report(tmp_path) -> None:
-    import argparse
+    from edge_agent.bench.options import OverloadOptions
 
     earlier = _report(300.0, 0.3, 20.0, 1.0, 1.0)
     earlier.update(capacity_per_s=0.8, seconds=20.0, rounds=2, seed=9)
     path = tmp_path / "overload.json"
     path.write_text(json.dumps(earlier))
-    args = argparse.Namespace(resume=path, seconds=30.0, rounds=None, seed=42, sla_ms=387.0)
+    asked = OverloadOptions(resume=path, seconds=30.0, seed=42)
     report: dict = {"machine": {}}
-    kept = ov._resume(args, report, lambda text: None)
+    opts, kept = ov._resume(asked, report, lambda text: None)
     assert set(kept["systems"]) == {EDGE}
-    assert (args.seconds, args.rounds, args.seed) == (20.0, 2, 9)  # the same arrival times as the kept system's
-    fewer = argparse.Namespace(resume=path, seconds=30.0, rounds=1, seed=42, sla_ms=387.0)
-    ov._resume(fewer, {}, lambda text: None)
+    assert (opts.seconds, opts.rounds, opts.seed) == (20.0, 2, 9)  # the same arrival times as the kept system's
+    assert (asked.seconds, asked.rounds, asked.seed) == (30.0, None, 42)  # the caller's options are not changed
+    fewer, _ = ov._resume(OverloadOptions(resume=path, rounds=1), {}, lambda text: None)
     assert (fewer.seconds, fewer.rounds, fewer.seed) == (20.0, 1, 9)  # fewer rounds, the same schedules
     assert report["capacity_per_s"] == 0.8 and report["machine_before"] == earlier["machine"]
     path.write_text('{"systems": {}}')
     with pytest.raises(InputError, match=r"--resume .*overload.json: not a bench overload report"):
-        ov._resume(args, {}, lambda text: None)
+        ov._resume(asked, {}, lambda text: None)
 
 
 def test_combine_keeps_a_figure_the_first_round_did_not_measure() -> None:

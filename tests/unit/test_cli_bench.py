@@ -24,6 +24,7 @@ WORKLOADS = {
     "serve": (o.ServeOptions, "serve", "run", ["--rate", "2,4.5", "--json"]),
     "voice": (o.VoiceOptions, "voice", "run", ["--utterances", "2", "--tools", "t.json", "--quiet"]),
     "calls": (o.CallsOptions, "calls", "run", ["--speech", "--context", "both", "--threads", "2"]),
+    "overload": (o.OverloadOptions, "overload", "run", ["--seconds", "10", "--no-llamacpp", "--resume", "r.json"]),
 }
 # Flags that only the command line has: argparse's own, the top-level ones, and fleet's hidden watch role.
 CLI_ONLY = {"command", "bench_command", "func", "debug", "log_format", "log_level"}
