@@ -8,6 +8,7 @@ wyoming/    the Wyoming server for Home Assistant (server.py: WyomingServer; ses
 voice/      the voice turn (turn.py: VoiceTurn; command_check.py), used by the HTTP door's respond option,
             ``listen --respond`` and ``bench voice``
 openai/     the OpenAI shapes (schema.py: the requests; output.py: grammar, tool calls, logprobs, timings)
+ladders.py  what a door reads from and asks of the LLM and speech ladders (LlmLadder, SpeechLadder: protocols)
 host.py     what every door runs on: its asyncio loop on a thread (LoopThread), the mailboxes that hand
             device threads' events to it (Mailbox)
 """

@@ -34,8 +34,8 @@ from ....errors import DeadlineExceeded, EdgeAgentError, InputError, Overloaded
 from ....metrics.prometheus import PrometheusMetrics
 from ....models.grammar import FormatError
 from ...llm.handle import Completion, RequestHandle, TokenEvent
-from ...llm.tiers import TieredLLM
 from ..host import Mailbox
+from ..ladders import LlmLadder
 from ..openai import output as openai_output
 from ..openai.schema import ChatRequest, CompletionRequest, GenerateRequest, parse
 from . import guard
@@ -54,7 +54,7 @@ async def read_request(request: web.Request, model: type[GenerateRequest], max_b
     return await asyncio.get_running_loop().run_in_executor(None, parse, raw, model)
 
 
-def _prepare(llm: TieredLLM, body: GenerateRequest) -> tuple[list[RequestHandle], openai_output.Plan]:
+def _prepare(llm: LlmLadder, body: GenerateRequest) -> tuple[list[RequestHandle], openai_output.Plan]:
     """On the executor: the output format compiled, the prompt measured, tokenized and admitted, once
     per choice (``n``). Choice ``i`` of a seeded request draws with ``seed + i``: the choices differ
     but a rerun gives the same ones. If one choice cannot be admitted, the ones already admitted are
@@ -85,7 +85,7 @@ def _named(exc: BaseException, plan: openai_output.Plan) -> BaseException:
 
 
 async def generate(
-    llm: TieredLLM, metrics: PrometheusMetrics, request: web.Request, body: GenerateRequest
+    llm: LlmLadder, metrics: PrometheusMetrics, request: web.Request, body: GenerateRequest
 ) -> web.StreamResponse:
     """Answer one parsed chat or completion request (see the module doc)."""
     loop = asyncio.get_running_loop()

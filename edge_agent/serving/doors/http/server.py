@@ -40,14 +40,14 @@ from aiohttp import web
 
 from ....errors import EdgeAgentError
 from ....metrics.prometheus import CONTENT_TYPE_LATEST, PrometheusMetrics
-from ...llm.tiers import TieredLLM
 from ..host import LoopThread
+from ..ladders import LlmLadder, SpeechLadder
 from ..openai.schema import ChatRequest, CompletionRequest
 from . import guard, llm_routes, speech_routes
 from .errors import error as _error
 from .errors import from_exception as _from_exception
 from .errors import model_not_found
-from .speech_routes import ASR_ALIASES, SpeechService
+from .speech_routes import ASR_ALIASES
 
 log = logging.getLogger(__name__)
 MAX_BODY = 32 * 1024 * 1024  # audio uploads included
@@ -64,10 +64,10 @@ class ApiServer:
 
     def __init__(
         self,
-        llm: TieredLLM | None,
+        llm: LlmLadder | None,
         metrics: PrometheusMetrics | None = None,
         token: str | None = None,
-        asr: SpeechService | None = None,
+        asr: SpeechLadder | None = None,
         health: Callable[[], dict] | None = None,
         header_timeout_s: float = HEADER_TIMEOUT_S,
         body_timeout_s: float = BODY_TIMEOUT_S,

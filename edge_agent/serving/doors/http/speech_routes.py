@@ -16,13 +16,13 @@ import asyncio
 import functools
 import logging
 import socket
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
 
 from aiohttp import WSMsgType, web
 
 from ....errors import InputError
 from ..host import Mailbox
+from ..ladders import LlmLadder, SpeechLadder
 from .errors import error as _error
 from .errors import from_exception as _from_exception
 from .errors import model_not_found
@@ -37,32 +37,7 @@ _END = ("end", '{"kind": "end"}', '{"kind":"end"}', '{"type": "end"}', '{"type":
 ASR_ALIASES = ("whisper-1",)
 
 
-class SpeechService(Protocol):
-    """What the API needs from the ASR side (``serving/asr/tiers.py``, ``TieredSpeech``, implements it)."""
-
-    def transcribe_bytes(
-        self, data: bytes, filename: str, *, model: str | None = None, language: str | None = None
-    ) -> dict: ...
-    # .push(pcm16: bytes), .close(), .endpoint(utterance); ``voice``: each event as it is, for a voice turn
-    def open_stream(self, on_event: Callable[[dict], None], voice: Callable[[Any], None] | None = None) -> Any: ...
-
-    # what /health reports of the speech workload
-    shedding: bool
-
-    @property
-    def tiers(self) -> Sequence[Any]: ...  # each has .name
-
-    @property
-    def active_tier(self) -> str | None: ...
-    @property
-    def model(self) -> str: ...
-    @property
-    def open_streams(self) -> dict[str, int]: ...
-    @property
-    def switching(self) -> bool: ...
-
-
-async def transcriptions(asr: SpeechService | None, request: web.Request) -> web.Response:
+async def transcriptions(asr: SpeechLadder | None, request: web.Request) -> web.Response:
     """``POST /v1/audio/transcriptions``: the whole upload through the active ASR tier, answered in the
     ``response_format`` asked for (``transcript_formats``); the form's fields are checked before any
     audio is decoded (``transcription_request``)."""
@@ -108,7 +83,7 @@ async def transcriptions(asr: SpeechService | None, request: web.Request) -> web
 
 
 async def audio_stream(
-    asr: SpeechService | None, request: web.Request, llm: Any = None, voice_options: dict | None = None
+    asr: SpeechLadder | None, request: web.Request, llm: LlmLadder | None = None, voice_options: dict | None = None
 ) -> web.StreamResponse:
     """``GET /v1/audio/stream``: one live stream on the active ASR tier, events back as JSON; with
     ``?respond=true`` a voice turn on ``llm`` answers each final (``voice_session``)."""

@@ -29,6 +29,7 @@ from typing import Any
 from ....errors import InputError
 from ...asr.events import AsrEvent
 from ..host import Mailbox
+from ..ladders import LlmLadder, SpeechStream
 from ..openai.output import parse_tools, split_tool_call
 from ..voice.command_check import command_check
 from ..voice.turn import TurnResult, VoiceTurn
@@ -42,14 +43,14 @@ class VoiceSession:
     (from the ASR thread, every event as it is), ``run`` (the loop's task sending the replies), then
     ``finish`` (input ended: every final answered) or ``abort`` (the client left: replies cancelled)."""
 
-    def __init__(self, llm: Any, outbox: Mailbox[dict | None], options: dict[str, Any]) -> None:
+    def __init__(self, llm: LlmLadder, outbox: Mailbox[dict | None], options: dict[str, Any]) -> None:
         """``outbox``: the stream's events to the client (its loop is this session's); ``options``: the
         ``VoiceTurn`` settings (``voice.turn.turn_options``)."""
         self.llm, self.outbox, self.loop = llm, outbox, outbox.loop
         self._options = dict(options)
         self.turn = self._turn(None, "required", None)
         self.configured = False
-        self.stream: Any = None  # the ASR stream (``PcmStream``), once it is open
+        self.stream: SpeechStream | None = None  # the ASR stream, once it is open
         self._finals: Mailbox[AsrEvent | None] = Mailbox(self.loop)
         self._task: asyncio.Task | None = None
         # its own thread for the blocking ``on_final``: a reply may take seconds, and the loop's default
@@ -100,8 +101,7 @@ class VoiceSession:
         old.close()
         if self.stream is not None:  # a whole command for these tools may end a turn early
             self.stream.set_complete(command_check(tools))
-            if hasattr(self.stream, "set_context"):  # the recogniser is told the words these tools expect
-                self.stream.set_context(tools)
+            self.stream.set_context(tools)  # the recogniser is told the words these tools expect
         self.configured = True
 
     def on_event(self, event: AsrEvent) -> None:
@@ -117,7 +117,7 @@ class VoiceSession:
 
     def _voice(self, opened: bool) -> None:
         """Tell the LLM ladder a voice stream opened or closed (chats then leave a row free for it)."""
-        if opened != self._open and hasattr(self.llm, "voice_opened"):
+        if opened != self._open:
             self._open = opened
             (self.llm.voice_opened if opened else self.llm.voice_closed)()
 

@@ -10,11 +10,33 @@ models are the LLM ladder's tiers, ``supports_handled_streaming``. A ``transcrib
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from ....config import WyomingConfig
 from ....errors import InputError
+from ..ladders import LlmLadder, SpeechLadder
+from .protocol import clip
 
 URL = ""  # the attribution's address: the project names none
+
+
+def _not_counted(kind: str, outcome: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What a Wyoming server offers each of its connections: its settings (``[wyoming]``), the ladders (None:
+    that one is not served), ``count(kind, outcome)`` for each request (``/metrics``) and the version ``info``
+    names."""
+
+    config: WyomingConfig
+    asr: SpeechLadder | None = None
+    llm: LlmLadder | None = None
+    count: Callable[[str, str], None] = _not_counted
+    version: str = ""
 
 
 class RequestRefused(InputError):
@@ -38,12 +60,10 @@ def asr_languages(engine: Any) -> list[str]:
     return [lang]
 
 
-def check_request(request: Any, asr: Any, language: str) -> None:
+def check_request(request: Any, asr: SpeechLadder, language: str) -> None:
     """Refuse (``RequestRefused``) a ``Transcribe`` naming a model or a language that is not served."""
     if request is None:
         return
-    from .protocol import clip
-
     names = ["edge-agent", *(t.name for t in asr.tiers)]
     if request.name and request.name not in names:
         raise RequestRefused(f"no ASR model {clip(request.name)} here; served: {', '.join(names)}", "model")
@@ -55,26 +75,26 @@ def check_request(request: Any, asr: Any, language: str) -> None:
             )
 
 
-def server_info(server: Any) -> Any:
-    """The ``info`` event's ``Info`` for ``server`` (a ``WyomingServer``)."""
+def server_info(offer: Offer) -> Any:
+    """The ``info`` event's ``Info`` for what ``offer`` serves."""
     from wyoming.info import AsrModel, AsrProgram, Attribution, HandleModel, HandleProgram, Info
 
     attribution = Attribution(name="edge-agent", url=URL)
-    name, version = server.config.name, server.version or None
+    name, version = offer.config.name, offer.version or None
     asr_programs, handle_programs = [], []
-    if server.asr is not None:
-        engine = server.asr.active_engine
+    if offer.asr is not None:
+        engine = offer.asr.active_engine
         languages = asr_languages(engine)
         models = [
             AsrModel(
                 name=tier.name,
                 attribution=attribution,
                 installed=True,
-                description=f"ASR tier {tier.name}" + (" (active)" if tier.name == server.asr.active_tier else ""),
+                description=f"ASR tier {tier.name}" + (" (active)" if tier.name == offer.asr.active_tier else ""),
                 version=version,
                 languages=languages,
             )
-            for tier in server.asr.tiers
+            for tier in offer.asr.tiers
         ]
         asr_programs.append(
             AsrProgram(
@@ -87,7 +107,7 @@ def server_info(server: Any) -> Any:
                 supports_transcript_streaming=True,
             )
         )
-    if server.llm is not None and server.config.handle:
+    if offer.llm is not None and offer.config.handle:
         handle_programs.append(
             HandleProgram(
                 name=name,
@@ -104,7 +124,7 @@ def server_info(server: Any) -> Any:
                         version=version,
                         languages=["en"],
                     )
-                    for tier in server.llm.tiers
+                    for tier in offer.llm.tiers
                 ],
                 supports_handled_streaming=True,
             )

@@ -33,7 +33,9 @@ from ....config import WyomingConfig
 from ....errors import EdgeAgentError
 from ....logsetup import LogLimiter
 from ..host import LoopThread
+from ..ladders import LlmLadder, SpeechLadder
 from .audio import BadAudio
+from .info import Offer
 from .protocol import MAX_LINE, ProtocolError, wyoming_events
 from .session import Session
 
@@ -46,15 +48,16 @@ class WyomingServer:
     def __init__(
         self,
         config: WyomingConfig,
-        asr: Any = None,
-        llm: Any = None,
+        asr: SpeechLadder | None = None,
+        llm: LlmLadder | None = None,
         count: Callable[[str, str], None] | None = None,
         version: str = "",
     ) -> None:
-        """``asr``: the ASR ladder (``TieredSpeech``) or None; ``llm``: the LLM ladder (``TieredLLM``) or
-        None; ``count(kind, outcome)``: each Wyoming request, for ``/metrics``."""
-        self.config, self.asr, self.llm, self.version = config, asr, llm, version
+        """``asr``, ``llm``: the ladders served (None: not that one); ``count(kind, outcome)``: each Wyoming
+        request, for ``/metrics``."""
+        self.config = config
         self.count = count or (lambda kind, outcome: None)
+        self.offer = Offer(config, asr, llm, self.count, version)  # what each connection is served
         self.address: tuple[str, int] | None = None
         self.connections = 0
         self.draining = False
@@ -120,7 +123,7 @@ class WyomingServer:
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
-        session = Session(self, reader, writer, who)
+        session = Session(self.offer, reader, writer, who)
         logged = True
         try:
             await session.run()

@@ -28,16 +28,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ....errors import EdgeAgentError, InputError
-from ...llm.handle import TokenEvent
+from ...llm.handle import RequestHandle, TokenEvent
 from ..host import Mailbox
+from ..ladders import SpeechStream
 from .audio import AudioConverter
+from .info import Offer, asr_language, check_request, server_info
 from .protocol import WRITE_TIMEOUT_S, ProtocolError, clip, read_event
-
-if TYPE_CHECKING:
-    from .server import WyomingServer
 
 log = logging.getLogger(__name__)
 STALL_S = 5.0  # the recogniser this far behind a stream (after its backlog bound) is overloaded
@@ -47,7 +46,7 @@ HOLD_MAX_S = 30.0  # audio of a client faster than real time gathered before it 
 class Session:
     """One connection (see the module doc): ``run`` reads and answers events until the client is done."""
 
-    def __init__(self, server: WyomingServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, who: str):
+    def __init__(self, offer: Offer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, who: str):
         import wyoming.asr
         import wyoming.audio
         import wyoming.error
@@ -57,17 +56,17 @@ class Session:
 
         self.w_asr, self.w_audio, self.w_error = wyoming.asr, wyoming.audio, wyoming.error
         self.w_event, self.w_handle, self.w_info = wyoming.event, wyoming.handle, wyoming.info
-        self.server, self.reader, self.writer, self.who = server, reader, writer, who
-        self.cfg = server.config
+        self.offer, self.reader, self.writer, self.who = offer, reader, writer, who
+        self.cfg = offer.config
         self.loop = asyncio.get_running_loop()
         self._write_lock = asyncio.Lock()
         self.request: Any = None  # the pending ``Transcribe``
-        self.stream: Any = None  # the ASR stream of the request in progress
+        self.stream: SpeechStream | None = None  # the ASR stream of the request in progress
         self.converter: AudioConverter | None = None
         self.refused = False  # the request was answered with an error: its audio is read and dropped
         self._asr_events: Mailbox[dict | None] = Mailbox(self.loop)  # from the ASR thread
         self._pump: asyncio.Task | None = None
-        self._reply: Any = None  # the LLM request in progress
+        self._reply: RequestHandle | None = None  # the LLM request in progress
         self._held: list[bytes] = []  # converted audio of a client sending faster than real time
         self._held_s = 0.0
         self._last_chunk_at = 0.0
@@ -90,8 +89,8 @@ class Session:
     async def dispatch(self, event: Any) -> None:
         a, asr, info = self.w_audio, self.w_asr, self.w_info
         if info.Describe.is_type(event.type):
-            self.server.count("describe", "ok")
-            await self.write(self.server_info())
+            self.offer.count("describe", "ok")
+            await self.write(server_info(self.offer))
         elif asr.Transcribe.is_type(event.type):
             self.request = asr.Transcribe.from_event(event)
         elif a.AudioStart.is_type(event.type):
@@ -124,13 +123,6 @@ class Session:
         if self._reply is not None:
             self._reply.cancel()
 
-    # -- describe ----------------------------------------------------------------------------
-
-    def server_info(self) -> Any:
-        from .info import server_info
-
-        return server_info(self.server)
-
     # -- speech to text ----------------------------------------------------------------------
 
     async def audio_start(self, event: Any) -> None:
@@ -138,14 +130,12 @@ class Session:
             raise ProtocolError("audio-start while a request's audio is still open (no audio-stop)")
         start = self.w_audio.AudioStart.from_event(event)
         request, self.request = self.request, None
-        asr = self.server.asr
+        asr = self.offer.asr
         self.refused = True  # until the stream is open
         if asr is None:
-            self.server.count("transcribe", "unavailable")
+            self.offer.count("transcribe", "unavailable")
             await self.error("no ASR tier is configured", "unavailable")
             return
-        from .info import asr_language, check_request
-
         engine = asr.active_engine
         rate = int(getattr(engine, "sample_rate", 16000))
         self.converter = AudioConverter(start.rate, start.width, start.channels, rate)  # BadAudio closes it
@@ -153,11 +143,11 @@ class Session:
             check_request(request, asr, asr_language(engine))
             self.stream = asr.open_stream(self._asr_events.post)
         except InputError as exc:
-            self.server.count("transcribe", "refused")
+            self.offer.count("transcribe", "refused")
             await self.error(str(exc), getattr(exc, "code", "refused"))
             return
         except EdgeAgentError as exc:
-            self.server.count("transcribe", "unavailable")
+            self.offer.count("transcribe", "unavailable")
             await self.error(str(exc), "unavailable")
             return
         self.refused = False
@@ -217,7 +207,7 @@ class Session:
                 )
                 stream.abort(why, "overloaded")
                 self.stream = None
-                self.server.count("transcribe", "overloaded")
+                self.offer.count("transcribe", "overloaded")
                 await self.error(why, "overloaded")
                 self.refused = True
 
@@ -243,13 +233,13 @@ class Session:
             await pump
         if self._errors:
             first = self._errors[0]
-            self.server.count("transcribe", first.get("code") or "failed")
+            self.offer.count("transcribe", first.get("code") or "failed")
             await self.error(f"utterance {first.get('utterance')}: {first.get('error')}", first.get("code") or "failed")
             return
         text = " ".join(t for _, t in sorted(self._finals.items()) if t)
         await self.write(self.w_asr.Transcript(text=text))
         await self.write(self.w_asr.TranscriptStop())
-        self.server.count("transcribe", "ok")
+        self.offer.count("transcribe", "ok")
 
     async def _pump_events(self) -> None:
         """ASR events -> ``transcript-chunk``: per utterance, the text that became stable since the last chunk."""
@@ -279,9 +269,9 @@ class Session:
 
     async def handle(self, text: str) -> None:
         h = self.w_handle
-        llm = self.server.llm
+        llm = self.offer.llm
         if llm is None or not self.cfg.handle:
-            self.server.count("handle", "unavailable")
+            self.offer.count("handle", "unavailable")
             await self.write(h.NotHandled(text="this server has no conversation agent (no LLM tier)"))
             return
         from ....models.sampling import SamplingParams
@@ -293,7 +283,7 @@ class Session:
         try:  # tokenizing is model work: on the executor, never on the loop
             reply = await self.loop.run_in_executor(None, functools.partial(llm.submit, chat, params))
         except EdgeAgentError as exc:
-            self.server.count("handle", "refused")
+            self.offer.count("handle", "refused")
             await self.write(h.NotHandled(text=str(exc)))
             return
         self._reply = reply
@@ -307,10 +297,10 @@ class Session:
         try:
             completion = reply.result(0)
         except Exception as exc:
-            self.server.count("handle", "failed")
+            self.offer.count("handle", "failed")
             await self.write(h.NotHandled(text=f"the reply failed: {exc}"))
             await self.write(h.HandledStop())
             return
         await self.write(h.Handled(text=completion.text))
         await self.write(h.HandledStop())
-        self.server.count("handle", "ok")
+        self.offer.count("handle", "ok")
