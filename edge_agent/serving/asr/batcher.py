@@ -7,13 +7,16 @@ dynamic batcher, with an adaptive wait):
 
 - a full batch (``max_batch``) goes at once; so does the largest ``preferred_batch_sizes`` entry
   that the queue can fill;
-- an urgent request (an end of speech, whose ``final_ms`` the user is waiting on) goes at once, and its
-  batch runs holding ``urgency`` (``serving.urgency``: the LLM's chat steps wait meanwhile);
+- an urgent request (an end of speech, whose ``final_ms`` the user is waiting on) goes at once;
 - otherwise, with ``adaptive`` (the default), a batch that finds the device idle goes at once unless
   a batch-mate is expected within the slack the SLA leaves (``serving/batch_wait.AdaptiveWait``:
   arrival-rate estimate, AIMD on the latencies the caller reports with ``on_latency``), never
   longer than ``batch_timeout_ms``; without it (the fixed rule) the batch waits until its oldest
   request has waited ``batch_timeout_ms``, then goes with what there is.
+
+Every batch runs holding ``urgency`` (``serving.urgency``): each pass is of someone speaking now, whose
+partials decide when their turn ends and whose final the reply waits for, so the LLM's chat steps wait
+meanwhile (each at most ``max_yield_s``) rather than halve the pass's speed on shared cores.
 
 A failing ``run_batch`` fails only that batch's requests; the thread keeps serving. The queue is
 bounded (``Overloaded`` at submit). Work nobody waits for any more leaves the queue without running:
@@ -112,7 +115,7 @@ class Batcher(Generic[T, R]):
         name: str = "batcher",
         urgency: Urgency | None = URGENT,
     ) -> None:
-        """``urgency``: held while a batch with an urgent request runs (None: never)."""
+        """``urgency``: held while a batch runs (None: never; see the module doc)."""
         self.run_batch, self.limits, self.clock = run_batch, limits, clock
         self.urgency = urgency
         self._queue: deque[_Request[T]] = deque()
@@ -204,9 +207,8 @@ class Batcher(Generic[T, R]):
             if batch is None:
                 return
             start = time.perf_counter()
-            urgent = self.urgency is not None and any(r.waiting.urgent for r in batch)
             try:
-                with self.urgency.held() if urgent and self.urgency is not None else nullcontext():
+                with self.urgency.held() if self.urgency is not None else nullcontext():
                     results = list(self.run_batch([r.item for r in batch]))
                 if len(results) != len(batch):
                     raise EdgeAgentError(f"engine returned {len(results)} results for a batch of {len(batch)}")
