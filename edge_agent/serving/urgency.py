@@ -49,14 +49,20 @@ class Urgency:
         with self._cond:
             return self._held > 0
 
-    def wait_clear(self, max_s: float | None = None) -> float:
-        """Wait while urgency is held, at most ``max_s`` (default ``max_yield_s``); the seconds waited (0 when
-        nothing was held)."""
+    def wake(self) -> None:
+        """Wake the waiters to look at their ``until`` again (e.g. a voice turn's request has arrived)."""
         with self._cond:
-            if not self._held:
+            self._cond.notify_all()
+
+    def wait_clear(self, max_s: float | None = None, until: Callable[[], bool] = lambda: False) -> float:
+        """Wait while urgency is held, at most ``max_s`` (default ``max_yield_s``) and only until ``until()``
+        (checked when ``wake`` is called); the seconds waited (0 when nothing was held)."""
+        with self._cond:
+            if not self._held or until():
                 return 0.0
             start = self._clock()
-            self._cond.wait_for(lambda: not self._held, timeout=self.max_yield_s if max_s is None else max_s)
+            limit = self.max_yield_s if max_s is None else max_s
+            self._cond.wait_for(lambda: not self._held or until(), timeout=limit)
             waited = max(0.0, self._clock() - start)
             self.yielded_s += waited
             return waited

@@ -380,3 +380,17 @@ def test_chat_steps_yield_to_urgent_work_and_a_voice_turns_steps_never_do(lm):
             assert urgency.yielded_s == waited  # the voice turn's own steps took the cores at once
     finally:
         sched.stop()
+
+
+def test_a_voice_turns_request_ends_a_chat_steps_wait_at_once(lm):
+    urgency = Urgency(max_yield_s=60.0)  # a chat step would wait a minute for the pass to end
+    sched = LLMScheduler(lm, Limits(max_batch=2, batch_timeout_ms=0), urgency=urgency).start()
+    try:
+        with urgency.held():
+            chat = sched.submit(OTHER, greedy(12))
+            voice = sched.submit(OTHER, greedy(3), tags=(INTERACTIVE,))
+            assert len(voice.result(20).token_ids) == 3  # not after the minute: its arrival ended the wait
+            assert not chat.done  # 12 tokens: the chat decoded beside the voice turn, then yields again
+        assert len(chat.result(30).token_ids) == 12
+    finally:
+        sched.stop()

@@ -367,6 +367,8 @@ class LLMScheduler:
             if self._wait is not None:
                 self._wait.observe_arrival(seq.admitted_s)
             self.queue.put(seq)
+        if seq.interactive and self.urgency is not None:
+            self.urgency.wake()  # a chat step yielding to a pass: the voice turn's request goes first
         return seq.handle
 
     def _wake(self) -> None:
@@ -383,7 +385,8 @@ class LLMScheduler:
                     return
             try:
                 if self.urgency is not None and not self._serves_voice():
-                    self.urgency.wait_clear()  # a voice turn's pass has the cores (serving.urgency)
+                    # a voice turn's pass has the cores (serving.urgency), until a voice turn's request comes
+                    self.urgency.wait_clear(until=self._voice_waiting)
                 if len(self._prefills):
                     self._prefill()
                 if len(self._batch):
@@ -392,6 +395,11 @@ class LLMScheduler:
                 log.exception("serving loop error")
                 rows = self._batch.remove(range(len(self._batch))) + self._prefills.drop(self._batch)
                 self._fail([s for s in rows if not s.handle.done], EdgeAgentError(f"internal serving error: {exc}"))
+
+    def _voice_waiting(self) -> bool:
+        """Whether a voice turn's request (not a warm-up) waits; read while a chat step yields."""
+        with self._cond:
+            return any(s.interactive and not s.warmup for s in self._waiting)
 
     def _serves_voice(self) -> bool:
         """Whether a voice turn (an interactive request) is running or being prefilled: its steps never wait."""
