@@ -297,7 +297,23 @@ class VoiceTurn:
         """The reply to a final transcript (blocks until it is complete or cancelled). ``speech_end_s``:
         the end of speech on ``clock`` (``AsrStream.endpoint``); without it times run from the decision.
         A reply started ahead on the same text is this reply; it reaches the caller no earlier than the
-        final does (``event.at_s``)."""
+        final does (``event.at_s``).
+
+        In steps, each on the final's record (``_Final``): take the final (what was sent ahead for its
+        utterance is adopted or cancelled), start its reply (or answer at once: superseded, no words, the
+        turn closed, refused), follow the reply's tokens, settle it (delivered, cancelled by resumed
+        speech, or the repeat of a call a false cut delivered), and the ``TurnResult``."""
+        final = self._take_final(event, speech_end_s)
+        answered = self._start_reply(final)
+        if answered is not None:
+            return answered
+        self._follow(final, on_token)
+        self._settle(final)
+        return self._result(final, on_token)
+
+    def _take_final(self, event: Any, speech_end_s: float | None) -> _Final:
+        """Count the final; adopt the reply started ahead on its text, cancel what was sent ahead for
+        another text."""
         key = (event.stream, event.utterance)
         early = event.metrics is not None and event.metrics.reason == "early"
         decided = event.speech_end_at_s
@@ -319,16 +335,22 @@ class VoiceTurn:
         wasted = sum(1 for t in sent if t != event.text)
         base = dict(stream=event.stream, utterance=event.utterance, text=event.text, early_end=early)
         base.update(endpoint_ms=endpoint_ms, prefill_ahead=len(sent), prefill_wasted=wasted)
-        if superseded or not event.text.strip():
-            if superseded:
+        return _Final(event, key, gen, early, superseded, origin, base, wasted, adopted, cut_call)
+
+    def _start_reply(self, final: _Final) -> TurnResult | None:
+        """The final's reply in flight (``final.handle``): the one started ahead, or a request sent now.
+        A ``TurnResult`` instead when there is none to wait for."""
+        event, key = final.event, final.key
+        if final.superseded or not event.text.strip():
+            if final.superseded:
                 self._count_cancel()
-            if adopted is not None:
-                adopted.handle.cancel()
-            return self._empty(base, delivered=False)
-        if adopted is not None:
-            handle = adopted.handle
+            if final.adopted is not None:
+                final.adopted.handle.cancel()
+            return self._empty(final.base, delivered=False)
+        if final.adopted is not None:
+            handle = final.adopted.handle
         elif self._closed.is_set():
-            return self._empty(base, delivered=False, error="the voice turn is closed")
+            return self._empty(final.base, delivered=False, error="the voice turn is closed")
         else:
             params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0, grammar=self.grammar)
             try:
@@ -336,63 +358,80 @@ class VoiceTurn:
             except Exception as exc:  # refused (overloaded, shutting down, too long): no reply, counted
                 log.warning("stream %d utterance %d: no reply (%s)", *key, exc)
                 self._count_cancel()
-                return self._empty(base, delivered=False, error=str(exc))
+                return self._empty(final.base, delivered=False, error=str(exc))
         with self._lock:
-            if self._starts.get(key, 1) > gen:  # resumed while we tokenized
+            if self._starts.get(key, 1) > final.gen:  # resumed while we tokenized
                 handle.cancel()
             else:
                 self._replying[key] = handle
-        first = None
-        held: list[str] | None = [] if cut_call is not None else None  # until it is known not to repeat the call
+        final.handle = handle
+        return None
+
+    def _follow(self, final: _Final, on_token: Callable[[str], None] | None) -> None:
+        """Wait for the reply's tokens, handing each to ``on_token`` as it comes; after a false cut they are
+        held until the reply is known not to repeat the call delivered (``final.held``)."""
+        handle = final.handle
+        final.held = [] if final.cut_call is not None else None
         try:
             for token in handle:
-                if first is None:
-                    first = token.time_s
-                if held is not None:
-                    held.append(token.text)
+                if final.first_s is None:
+                    final.first_s = token.time_s
+                if final.held is not None:
+                    final.held.append(token.text)
                 elif on_token is not None and token.text:
                     on_token(token.text)
-            done = handle.result(120.0)
+            final.done = handle.result(120.0)
         except Exception as exc:  # a cancelled or failed reply
-            log.info("stream %d utterance %d: reply not delivered (%s)", *key, exc)
-            done = None
-        call = self.call_of(done.text) if done is not None and self.tools else None
+            log.info("stream %d utterance %d: reply not delivered (%s)", *final.key, exc)
+            final.done = None
+
+    def _settle(self, final: _Final) -> None:
+        """Whether the reply is delivered: complete, not cancelled, the utterance not resumed since, and
+        not the same call as one a false cut delivered (``repeated``); the counters follow."""
+        done, key = final.done, final.key
+        final.call = self.call_of(done.text) if done is not None and self.tools else None
         with self._lock:
             self._replying.pop(key, None)
-            delivered = done is not None and not handle.cancelled and self._starts.get(key, 1) <= gen
-            repeated = delivered and cut_call is not None and call == cut_call
-            if repeated:
+            delivered = done is not None and not final.handle.cancelled and self._starts.get(key, 1) <= final.gen
+            final.repeated = delivered and final.cut_call is not None and final.call == final.cut_call
+            if final.repeated:
                 self.repeats += 1
                 delivered = False
             elif delivered:
                 self._cut_calls.pop(key, None)  # this call is the utterance's latest delivered one now
-                if early:
-                    self._delivered[key] = call
-            self.prefills_wasted += wasted if delivered else 0
-            self.replies_ahead_used += delivered and adopted is not None
-        if repeated:
-            log.info("stream %d utterance %d: the same call as before the speaker went on, not repeated", *key)
-            return replace(self._empty(base, delivered=False), reply=done.text, call=call, repeated=True)
-        if not delivered or done is None:
+                if final.early:
+                    self._delivered[key] = final.call
+            self.prefills_wasted += final.wasted if delivered else 0
+            self.replies_ahead_used += delivered and final.adopted is not None
+        final.delivered = delivered
+
+    def _result(self, final: _Final, on_token: Callable[[str], None] | None) -> TurnResult:
+        """The settled reply as a ``TurnResult``, times from the end of speech (a reply ahead counted from
+        no earlier than the final)."""
+        done, base = final.done, final.base
+        if final.repeated:
+            log.info("stream %d utterance %d: the same call as before the speaker went on, not repeated", *final.key)
+            return replace(self._empty(base, delivered=False), reply=done.text, call=final.call, repeated=True)
+        if not final.delivered or done is None:
             self._count_cancel()
             return self._empty(base, delivered=False)
-        for text in held or ():
+        for text in final.held or ():
             if on_token is not None and text:
                 on_token(text)
         times = done.timing.token_times_s
-        reply = done.text
-        floor = event.at_s if adopted is not None else float("-inf")  # a reply ahead waits for the final
+        floor = final.event.at_s if final.adopted is not None else float("-inf")  # a reply ahead waits for the final
+        origin = final.origin
 
         def since_origin(t: float | None) -> float | None:
             return None if t is None or origin is None else (max(t, floor) - origin) * 1e3
 
         return TurnResult(
             **base,
-            reply=reply,
-            call=call,
+            reply=done.text,
+            call=final.call,
             delivered=True,
-            reply_ahead=adopted is not None,
-            turn_first_token_ms=since_origin(first),
+            reply_ahead=final.adopted is not None,
+            turn_first_token_ms=since_origin(final.first_s),
             turn_complete_ms=since_origin(times[-1] if times else None),
             cached_tokens=done.timing.cached_tokens,
             prompt_tokens=done.timing.tokens_in,
@@ -477,3 +516,26 @@ class _Ahead:
         and not failed."""
         h = self.handle
         return self.full and self.text == text and not h.cancelled and not (h.done and h.error is not None)
+
+
+@dataclass
+class _Final:
+    """One final being answered (``VoiceTurn.on_final``): what was taken with it, then its reply's progress."""
+
+    event: Any
+    key: tuple[int, int]
+    gen: int  # which final of its utterance (more than one: the speech resumed after an early end)
+    early: bool  # the utterance was ended early
+    superseded: bool  # the speech resumed before this final was taken: no reply
+    origin: float | None  # where its times run from: the end of speech, else the end-of-turn decision
+    base: dict  # the TurnResult fields known from the start
+    wasted: int  # prefills sent ahead for another text
+    adopted: _Ahead | None  # the reply started ahead on its text, now its reply
+    cut_call: dict | None  # the call a false cut delivered for this utterance
+    handle: Any = None  # the reply in flight
+    first_s: float | None = None  # its first token's time
+    held: list[str] | None = None  # its tokens held back (after a false cut)
+    done: Any = None  # its completion (None: cancelled or failed)
+    call: dict | None = None
+    delivered: bool = False
+    repeated: bool = False
