@@ -21,11 +21,12 @@ import re
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from ..errors import BackendUnavailable, ModelError
 from .ct2_file import Ct2File
 from .result import ImportResult, ProgressFn, imported_dir
-from .staging import check_destination, sha256_file, staged_folder
+from .staging import check_destination, check_free_space, sha256_file, staged_folder
 
 IMPORT_RECORD = "import.json"
 GRAPHS = ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx")
@@ -176,31 +177,11 @@ def import_ct2_whisper(
 
     started = time.monotonic()
     src = Path(src)
-    if not (src / "tokenizer.json").is_file():
-        raise ModelError(
-            f"{src}: no tokenizer.json (a faster-whisper folder ships one; copy it from the model's source)"
-        )
-    config_path = src / "config.json"
-    ct2_config = _read_config(config_path)
-    f = Ct2File(src / "model.bin")
-    dims = read_dims(f)
-    lang_ids = _ids(ct2_config, "lang_ids", config_path, dims.vocab)
-    ids = _token_ids(src / "tokenizer.json", lang_ids, dims.vocab)
-    ct2_config = {
-        **ct2_config,
-        "suppress_ids": _ids(ct2_config, "suppress_ids", config_path, dims.vocab),
-        "suppress_ids_begin": _ids(ct2_config, "suppress_ids_begin", config_path, dims.vocab, [220, ids["eot"]]),
-    }
+    f, dims, ct2_config, ids = _read_source(src)
     name = name or default_name(src, dims)
     dest = check_destination(Path(out) if out is not None else imported_dir(cache_dir) / name)
-    itemsize = {"float32": 4, "float16": 2, "bfloat16": 2, "int16": 2, "int32": 4}
-    params = sum(v.nbytes // itemsize.get(v.dtype, 1) for v in f.variables.values() if not v.name.endswith("_scale"))
-    need = params * 4 * 2 + (64 << 20)  # float32, the embedding table in both decoders
-    free = shutil.disk_usage(dest.parent).free
-    if free < need:
-        raise ModelError(
-            f"{dest.parent}: {free / 2**20:,.0f} MiB free, the imported model needs {need / 2**20:,.0f} MiB"
-        )
+    params = _parameter_count(f)
+    check_free_space(dest, params * 4 * 2 + (64 << 20))  # float32, the embedding table in both decoders
     total, done = len(GRAPHS) + 2, 0
 
     def step() -> None:
@@ -220,24 +201,8 @@ def import_ct2_whisper(
         onnx.save_model(build_decoder(dims, f.tensor, with_past=True), str(folder / GRAPHS[2]))
         step()
         source_sha = sha256_file(f.path)
-        record = {
-            "format": 1,
-            "source": {
-                "format": "ctranslate2-whisper",
-                "folder": src.name,
-                "file": "model.bin",
-                "bytes": f.path.stat().st_size,
-                "sha256": source_sha,
-                "spec": f.spec,
-                "spec_revision": f.revision,
-                "binary_version": f.version,
-                "dtypes": f.dtypes(),
-            },
-            "architecture": "whisper",
-            "name": name,
-            "weights": {"dtype": "float32", "files": {g: (folder / g).stat().st_size for g in GRAPHS}},
-            "import_s": round(time.monotonic() - started, 1),
-        }
+        record = _import_record(src, f, name, folder, source_sha)
+        record["import_s"] = round(time.monotonic() - started, 1)
         (folder / IMPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
         step()
     details = {
@@ -252,6 +217,54 @@ def import_ct2_whisper(
         "seconds": round(time.monotonic() - started, 1),
     }
     return ImportResult(name, dest, "ctranslate2-whisper", "whisper", details)
+
+
+def _read_source(src: Path) -> tuple[Ct2File, Any, dict, dict]:
+    """The folder's ``model.bin``, its ``WhisperDims``, CTranslate2's config with the suppressed ids checked
+    (``suppress_ids_begin`` defaulted) and the special token ids read from the tokenizer."""
+    if not (src / "tokenizer.json").is_file():
+        raise ModelError(
+            f"{src}: no tokenizer.json (a faster-whisper folder ships one; copy it from the model's source)"
+        )
+    config_path = src / "config.json"
+    ct2_config = _read_config(config_path)
+    f = Ct2File(src / "model.bin")
+    dims = read_dims(f)
+    lang_ids = _ids(ct2_config, "lang_ids", config_path, dims.vocab)
+    ids = _token_ids(src / "tokenizer.json", lang_ids, dims.vocab)
+    ct2_config = {
+        **ct2_config,
+        "suppress_ids": _ids(ct2_config, "suppress_ids", config_path, dims.vocab),
+        "suppress_ids_begin": _ids(ct2_config, "suppress_ids_begin", config_path, dims.vocab, [220, ids["eot"]]),
+    }
+    return f, dims, ct2_config, ids
+
+
+def _parameter_count(f: Ct2File) -> int:
+    """How many weights ``model.bin`` holds (quantization scales not counted)."""
+    itemsize = {"float32": 4, "float16": 2, "bfloat16": 2, "int16": 2, "int32": 4}
+    return sum(v.nbytes // itemsize.get(v.dtype, 1) for v in f.variables.values() if not v.name.endswith("_scale"))
+
+
+def _import_record(src: Path, f: Ct2File, name: str, folder: Path, source_sha: str) -> dict:
+    """``import.json`` but its ``import_s``: the source folder, what was written from it."""
+    return {
+        "format": 1,
+        "source": {
+            "format": "ctranslate2-whisper",
+            "folder": src.name,
+            "file": "model.bin",
+            "bytes": f.path.stat().st_size,
+            "sha256": source_sha,
+            "spec": f.spec,
+            "spec_revision": f.revision,
+            "binary_version": f.version,
+            "dtypes": f.dtypes(),
+        },
+        "architecture": "whisper",
+        "name": name,
+        "weights": {"dtype": "float32", "files": {g: (folder / g).stat().st_size for g in GRAPHS}},
+    }
 
 
 def _write_configs(folder: Path, dims, ct2_config: dict, ids: dict) -> None:

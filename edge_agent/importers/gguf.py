@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import ModelError
 from .gguf_arch import DecoderSpec, check_tensors, hf_config, read_spec
 from .gguf_file import GgufFile
 from .result import ImportResult, ProgressFn, imported_dir
-from .staging import check_destination, sha256_file, staged_folder
+from .staging import check_destination, check_free_space, sha256_file, staged_folder
 
 IMPORT_RECORD = "import.json"
 IMPORTER_VERSION = 3  # bumped when the folder this import writes changes (graph, tokenizer, config)
@@ -50,21 +50,10 @@ def import_gguf(
     f = GgufFile(src)
     spec = read_spec(f)
     check_tensors(f, spec)
-    if not f.has("tokenizer.ggml.tokens"):
-        raise ModelError(f"{src}: no tokenizer in the file (metadata tokenizer.ggml.tokens is missing)")
-    n_tokens = len(f.strings("tokenizer.ggml.tokens"))
-    if n_tokens != spec.vocab:
-        raise ModelError(
-            f"{src}: the vocabulary has {n_tokens:,} tokens but the embedding table has {spec.vocab:,} rows"
-        )
+    n_tokens = _vocab_size(f, spec)
     name = name or default_name(f)
     dest = check_destination(Path(out) if out is not None else imported_dir(cache_dir) / name)
-    need = fp32_bytes(spec) + (64 << 20)
-    free = shutil.disk_usage(dest.parent).free
-    if free < need:
-        raise ModelError(
-            f"{dest.parent}: {free / 2**20:,.0f} MiB free, the imported model needs {need / 2**20:,.0f} MiB"
-        )
+    check_free_space(dest, fp32_bytes(spec) + (64 << 20))
     total = spec.layers + 3  # tokenizer, layers, head, checksum
     done = 0
 
@@ -75,50 +64,14 @@ def import_gguf(
             progress(done, total)
 
     with staged_folder(dest) as folder:
-        from tokenizers import Tokenizer
-
-        from ..graphs.decoder import DATA_FILE, build_decoder
-        from .gguf_tokenizer import write_tokenizer
-
-        tok_config = write_tokenizer(f, spec.arch, folder)
-        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        tok_config = _write_tokenizer_and_configs(f, spec, folder)
         step()
-        bos = f.get("tokenizer.ggml.bos_token_id", None)
-        eos = f.get("tokenizer.ggml.eos_token_id", None)
-        pad = f.get("tokenizer.ggml.padding_token_id", None)
-        eos_ids = [int(eos)] if eos is not None else []
-        end_of_turn = tok.token_to_id("<end_of_turn>") if spec.arch == "gemma3" else None
-        if end_of_turn is not None and end_of_turn not in eos_ids:
-            eos_ids.append(end_of_turn)  # chat turns end there (what Gemma's generation config lists)
-        config = hf_config(spec, int(bos) if bos is not None else None, eos_ids, int(pad) if pad is not None else None)
-        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": eos_ids, "pad_token_id": pad}
-        (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-
-        import onnx
-
-        model = build_decoder(spec, f.tensor, folder, progress=lambda layer: step())
-        onnx.save_model(model, str(folder / "model.onnx"))
+        _write_graph(f, spec, folder, step)
         step()
         source_sha = sha256_file(f.path)
         step()
-        record = {
-            "format": 1,
-            "importer": IMPORTER_VERSION,
-            "source": {
-                "format": "gguf",
-                "file": f.path.name,
-                "bytes": f.size_bytes,
-                "sha256": source_sha,
-                "gguf_version": f.version,
-                "block_types": dict(Counter(t.block_type for t in f.tensor_infos())),
-            },
-            "architecture": spec.arch,
-            "name": name,
-            "weights": {"file": DATA_FILE, "dtype": "float32", "bytes": (folder / DATA_FILE).stat().st_size},
-            "tokenizer": {"tokens": n_tokens, "add_bos_token": tok_config["add_bos_token"]},
-            "import_s": round(time.monotonic() - started, 1),
-        }
+        record = _import_record(f, spec, name, folder, source_sha, n_tokens, tok_config)
+        record["import_s"] = round(time.monotonic() - started, 1)
         (folder / IMPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     details = {
         "layers": spec.layers,
@@ -130,3 +83,72 @@ def import_gguf(
         "seconds": round(time.monotonic() - started, 1),
     }
     return ImportResult(name, dest, "gguf", spec.arch, details)
+
+
+def _vocab_size(f: GgufFile, spec: DecoderSpec) -> int:
+    """How many tokens the file's vocabulary holds: as many as the embedding table has rows, else refused."""
+    if not f.has("tokenizer.ggml.tokens"):
+        raise ModelError(f"{f.path}: no tokenizer in the file (metadata tokenizer.ggml.tokens is missing)")
+    n_tokens = len(f.strings("tokenizer.ggml.tokens"))
+    if n_tokens != spec.vocab:
+        raise ModelError(
+            f"{f.path}: the vocabulary has {n_tokens:,} tokens but the embedding table has {spec.vocab:,} rows"
+        )
+    return n_tokens
+
+
+def _write_tokenizer_and_configs(f: GgufFile, spec: DecoderSpec, folder: Path) -> dict:
+    """``tokenizer.json``, ``tokenizer_config.json``, ``config.json`` and ``generation_config.json`` into
+    ``folder``; returns the tokenizer config."""
+    from tokenizers import Tokenizer
+
+    from .gguf_tokenizer import write_tokenizer
+
+    tok_config = write_tokenizer(f, spec.arch, folder)
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    bos = f.get("tokenizer.ggml.bos_token_id", None)
+    eos = f.get("tokenizer.ggml.eos_token_id", None)
+    pad = f.get("tokenizer.ggml.padding_token_id", None)
+    eos_ids = [int(eos)] if eos is not None else []
+    end_of_turn = tok.token_to_id("<end_of_turn>") if spec.arch == "gemma3" else None
+    if end_of_turn is not None and end_of_turn not in eos_ids:
+        eos_ids.append(end_of_turn)  # chat turns end there (what Gemma's generation config lists)
+    config = hf_config(spec, int(bos) if bos is not None else None, eos_ids, int(pad) if pad is not None else None)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": eos_ids, "pad_token_id": pad}
+    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    return tok_config
+
+
+def _write_graph(f: GgufFile, spec: DecoderSpec, folder: Path, step: Callable[[], None]) -> None:
+    """``model.onnx`` and its float32 data file; ``step`` is called after each layer."""
+    import onnx
+
+    from ..graphs.decoder import build_decoder
+
+    model = build_decoder(spec, f.tensor, folder, progress=lambda layer: step())
+    onnx.save_model(model, str(folder / "model.onnx"))
+
+
+def _import_record(
+    f: GgufFile, spec: DecoderSpec, name: str, folder: Path, source_sha: str, n_tokens: int, tok_config: dict
+) -> dict:
+    """``import.json`` but its ``import_s``: the source file, what was written from it."""
+    from ..graphs.decoder import DATA_FILE
+
+    return {
+        "format": 1,
+        "importer": IMPORTER_VERSION,
+        "source": {
+            "format": "gguf",
+            "file": f.path.name,
+            "bytes": f.size_bytes,
+            "sha256": source_sha,
+            "gguf_version": f.version,
+            "block_types": dict(Counter(t.block_type for t in f.tensor_infos())),
+        },
+        "architecture": spec.arch,
+        "name": name,
+        "weights": {"file": DATA_FILE, "dtype": "float32", "bytes": (folder / DATA_FILE).stat().st_size},
+        "tokenizer": {"tokens": n_tokens, "add_bos_token": tok_config["add_bos_token"]},
+    }

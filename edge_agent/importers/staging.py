@@ -11,7 +11,8 @@ empty files in it. An ``OSError`` on the way (a read-only or full disk, a path t
 ``check_destination`` says, before any work, whether an import may write a destination: a new folder, an
 empty one, or an earlier import (a folder with ``import.json``, which is replaced); anything else (a file,
 a folder holding other files, a path through a file, a folder that cannot be created) is refused, so an
-import never replaces what it did not write.
+import never replaces what it did not write. ``check_free_space`` refuses, also before any work, a disk
+with less room than the import needs.
 """
 
 from __future__ import annotations
@@ -81,6 +82,16 @@ def check_destination(dest: Path) -> Path:
     if not os.access(dest.parent, os.W_OK | os.X_OK):
         raise ModelError(f"{dest}: cannot be written ({dest.parent} is read-only or not writable)")
     return dest
+
+
+def check_free_space(dest: Path, need: int) -> None:
+    """A ``ModelError`` when the file system holding ``dest`` has fewer than ``need`` bytes free (checked
+    before an import writes anything)."""
+    free = shutil.disk_usage(dest.parent).free
+    if free < need:
+        raise ModelError(
+            f"{dest.parent}: {free / 2**20:,.0f} MiB free, the imported model needs {need / 2**20:,.0f} MiB"
+        )
 
 
 def _fsync_tree(folder: Path) -> None:

@@ -124,6 +124,30 @@ def test_a_full_disk_mid_import_is_one_line_and_leaves_nothing(tmp_path, gguf_fi
     assert list(out.iterdir()) == []
 
 
+@pytest.mark.parametrize("source", ["gguf", "ct2-whisper"])
+def test_too_little_free_space_is_refused_before_anything_is_written(tmp_path, gguf_file, monkeypatch, source):
+    import shutil
+
+    from tests import ct2_whisper_tiny
+
+    if source == "gguf":
+        src = gguf_file
+        # float32 weights (4 bytes per value the reference draws) and 64 MiB of headroom
+        need = 4 * sum(w.size for w in make_weights(CFG).values()) + (64 << 20)
+    else:
+        src = tmp_path / "ct2"
+        weights = ct2_whisper_tiny.write_folder(src, "float16")
+        # float32 weights written twice (the embedding table is in both decoders' files) and 64 MiB of headroom
+        need = 8 * sum(w.size for w in weights.values()) + (64 << 20)
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=1 << 20))
+    out = tmp_path / "out"
+    with pytest.raises(ModelError) as err:
+        import_model(src, out / "model", tmp_path / "cache")
+    assert str(err.value) == f"{out}: 1 MiB free, the imported model needs {need / 2**20:,.0f} MiB"
+    assert list(out.iterdir()) == []
+
+
 def test_cli_refuses_each_with_one_line(tmp_path, gguf_file):
     victim = tmp_path / "victim"
     victim.mkdir()
