@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,47 +90,17 @@ def read_spec(f: GgufFile) -> DecoderSpec:
     def key(name: str) -> str:
         return f"{arch}.{name}"
 
-    blocks = _blocks(f)
-    if blocks == 0:
-        raise ModelError(f"{f.path}: no block tensors (blk.0.*): not a decoder this importer reads")
-    layers = f.integer(key("block_count"), hi=1 << 64)
-    if layers > blocks:
-        raise ModelError(
-            f"{f.path}: metadata {key('block_count')} is {layers:,}, but the file holds tensors of {blocks:,} blocks"
-        )
+    layers = _layer_count(f, key("block_count"))
     hidden = f.integer(key("embedding_length"), hi=MAX_WIDTH)
     heads = _per_layer_constant(f, key("attention.head_count"), layers, hidden)
     kv_heads = _per_layer_constant(f, key("attention.head_count_kv"), layers, heads, default=heads)
-    if f.has(key("attention.key_length")):
-        head_dim = f.integer(key("attention.key_length"), hi=MAX_WIDTH)
-    elif hidden % heads:
-        raise ModelError(
-            f"{f.path}: no {key('attention.key_length')} and {key('embedding_length')} {hidden} is not a multiple "
-            f"of {key('attention.head_count')} {heads}"
-        )
-    else:
-        head_dim = hidden // heads
-    if f.integer(key("attention.value_length"), head_dim, hi=MAX_WIDTH) != head_dim:
-        raise ModelError(f"{f.path}: key and value head sizes differ; models import supports equal ones")
+    head_dim = _head_dim(f, key, hidden, heads)
     ffn = _per_layer_constant(f, key("feed_forward_length"), layers, MAX_WIDTH)
-    embd = f.info("token_embd.weight")
-    if len(embd.shape) != 2 or embd.shape[1] != hidden:
-        raise ModelError(f"{f.path}: token_embd.weight is {list(embd.shape)}, expected [vocab, {hidden}]")
-    vocab = embd.shape[0]
+    vocab = _vocab_rows(f, hidden)
     eps = f.number(key("attention.layer_norm_rms_epsilon"), below=1.0)
     context = f.integer(key("context_length"), 4096, hi=MAX_CONTEXT)
-    base = f.number(key("rope.freq_base"), 10_000.0)
-    scaling = f.get(key("rope.scaling.type"), "none")
-    factor = f.number(key("rope.scaling.factor"), 1.0)
-    if scaling not in ("none", "linear") and factor != 1.0:
-        raise ModelError(
-            f"{f.path}: RoPE scaling {show(scaling)} is not supported by models import (none or linear only)"
-        )
-    factor = factor if scaling == "linear" else 1.0
-    rotary_dim = f.integer(key("rope.dimension_count"), head_dim, hi=MAX_WIDTH)
+    base, factor, rotary_dim = _rope(f, key, head_dim)
     tied = not f.has_tensor("output.weight")
-    if rotary_dim != head_dim:
-        raise ModelError(f"{f.path}: partial rotary embeddings ({rotary_dim} of {head_dim} per head) are not supported")
     if heads % kv_heads:
         raise ModelError(f"{f.path}: {heads} query heads do not group over {kv_heads} KV heads")
 
@@ -158,6 +129,60 @@ def read_spec(f: GgufFile) -> DecoderSpec:
         qk_norm=arch == "qwen3", sandwich_norms=False, qkv_bias=arch == "qwen2", tied_head=tied,
         llama_permuted_qk=arch == "llama",
     )  # fmt: skip
+
+
+def _layer_count(f: GgufFile, block_count: str) -> int:
+    """``block_count``, refused when the file holds no block tensors or tensors of fewer blocks."""
+    blocks = _blocks(f)
+    if blocks == 0:
+        raise ModelError(f"{f.path}: no block tensors (blk.0.*): not a decoder this importer reads")
+    layers = f.integer(block_count, hi=1 << 64)
+    if layers > blocks:
+        raise ModelError(
+            f"{f.path}: metadata {block_count} is {layers:,}, but the file holds tensors of {blocks:,} blocks"
+        )
+    return layers
+
+
+def _head_dim(f: GgufFile, key: Callable[[str], str], hidden: int, heads: int) -> int:
+    """The attention head size: ``attention.key_length``, else hidden / heads; values of another size are refused."""
+    if f.has(key("attention.key_length")):
+        head_dim = f.integer(key("attention.key_length"), hi=MAX_WIDTH)
+    elif hidden % heads:
+        raise ModelError(
+            f"{f.path}: no {key('attention.key_length')} and {key('embedding_length')} {hidden} is not a multiple "
+            f"of {key('attention.head_count')} {heads}"
+        )
+    else:
+        head_dim = hidden // heads
+    if f.integer(key("attention.value_length"), head_dim, hi=MAX_WIDTH) != head_dim:
+        raise ModelError(f"{f.path}: key and value head sizes differ; models import supports equal ones")
+    return head_dim
+
+
+def _vocab_rows(f: GgufFile, hidden: int) -> int:
+    """The vocabulary size: the rows of ``token_embd.weight``, which must be ``[vocab, hidden]``."""
+    embd = f.info("token_embd.weight")
+    if len(embd.shape) != 2 or embd.shape[1] != hidden:
+        raise ModelError(f"{f.path}: token_embd.weight is {list(embd.shape)}, expected [vocab, {hidden}]")
+    return embd.shape[0]
+
+
+def _rope(f: GgufFile, key: Callable[[str], str], head_dim: int) -> tuple[float, float, int]:
+    """RoPE's base, linear scaling factor (1.0 when unscaled) and rotary size; other scalings and partial
+    rotary embeddings are refused."""
+    base = f.number(key("rope.freq_base"), 10_000.0)
+    scaling = f.get(key("rope.scaling.type"), "none")
+    factor = f.number(key("rope.scaling.factor"), 1.0)
+    if scaling not in ("none", "linear") and factor != 1.0:
+        raise ModelError(
+            f"{f.path}: RoPE scaling {show(scaling)} is not supported by models import (none or linear only)"
+        )
+    factor = factor if scaling == "linear" else 1.0
+    rotary_dim = f.integer(key("rope.dimension_count"), head_dim, hi=MAX_WIDTH)
+    if rotary_dim != head_dim:
+        raise ModelError(f"{f.path}: partial rotary embeddings ({rotary_dim} of {head_dim} per head) are not supported")
+    return base, factor, rotary_dim
 
 
 def tensor_shapes(spec: DecoderSpec) -> dict[str, tuple[int, ...]]:
