@@ -411,6 +411,79 @@ class FleetStore:
             }
 
 
+@dataclass
+class _DeviceFamilies:
+    """The per-device metric families of one scrape, in the order they are exposed."""
+
+    hist: HistogramMetricFamily
+    online: GaugeMetricFamily
+    tier: GaugeMetricFamily
+    health: GaugeMetricFamily
+    gaps: GaugeMetricFamily
+    dups: CounterMetricFamily
+    windows: CounterMetricFamily
+    age: GaugeMetricFamily
+    switches: CounterMetricFamily
+    over: CounterMetricFamily
+    refused_requests: CounterMetricFamily
+    preemptions: CounterMetricFamily
+
+    @classmethod
+    def empty(cls) -> _DeviceFamilies:
+        return cls(
+            hist=HistogramMetricFamily(
+                HISTOGRAM,
+                "latency per device, workload, tier and metric, merged from every window (ms)",
+                labels=("device", "workload", "tier", "metric"),
+            ),
+            online=GaugeMetricFamily(
+                "edge_fleet_device_online", "1 online, 0 offline (state topic)", labels=("device",)
+            ),
+            tier=GaugeMetricFamily(
+                "edge_fleet_device_tier", "1 for the tier each workload runs now", labels=("device", "workload", "tier")
+            ),
+            health=GaugeMetricFamily(
+                "edge_fleet_device_health",
+                "numeric leaves of the last window's health object",
+                labels=("device", "name"),
+            ),
+            gaps=GaugeMetricFamily(
+                "edge_fleet_device_seq_gaps", "tele/latency seq numbers missing", labels=("device",)
+            ),
+            dups=CounterMetricFamily(
+                "edge_fleet_device_duplicate_windows", "windows delivered twice", labels=("device",)
+            ),
+            windows=CounterMetricFamily("edge_fleet_device_windows", "distinct windows received", labels=("device",)),
+            age=GaugeMetricFamily(
+                "edge_fleet_device_last_window_age_seconds", "now minus the last window's end", labels=("device",)
+            ),
+            switches=CounterMetricFamily(
+                "edge_fleet_device_tier_switches", "evt/tier_switch events received", labels=("device", "workload")
+            ),
+            over=CounterMetricFamily(
+                "edge_fleet_device_refused_series",
+                "series refused from a device over --max-series-per-device (only devices that went over)",
+                labels=("device",),
+            ),
+            refused_requests=CounterMetricFamily(
+                "edge_fleet_device_requests_refused",
+                "requests refused at admission, from the windows' admission",
+                labels=("device", "workload", "reason", "class"),
+            ),
+            preemptions=CounterMetricFamily(
+                "edge_fleet_device_preemptions",
+                "running requests that gave their row to a voice turn, from the windows' admission",
+                labels=("device", "workload"),
+            ),
+        )
+
+    def all(self) -> tuple[Metric, ...]:
+        return (
+            self.hist, self.online, self.tier, self.health, self.gaps, self.dups, self.windows, self.age,
+            self.switches, self.over, self.refused_requests, self.preemptions,
+        )  # fmt: skip
+
+
 class FleetCollector:
     """``prometheus_client`` custom collector over a ``FleetStore``: histograms, per-device gauges, own counters."""
 
@@ -422,71 +495,43 @@ class FleetCollector:
     def collect(self) -> Iterator[Metric]:
         devices = self.store.snapshot()
         now = self.store.wall()
-        hist = HistogramMetricFamily(
-            HISTOGRAM,
-            "latency per device, workload, tier and metric, merged from every window (ms)",
-            labels=("device", "workload", "tier", "metric"),
-        )
-        online = GaugeMetricFamily("edge_fleet_device_online", "1 online, 0 offline (state topic)", labels=("device",))
-        tier = GaugeMetricFamily(
-            "edge_fleet_device_tier", "1 for the tier each workload runs now", labels=("device", "workload", "tier")
-        )
-        health = GaugeMetricFamily(
-            "edge_fleet_device_health", "numeric leaves of the last window's health object", labels=("device", "name")
-        )
-        gaps = GaugeMetricFamily("edge_fleet_device_seq_gaps", "tele/latency seq numbers missing", labels=("device",))
-        dups = CounterMetricFamily("edge_fleet_device_duplicate_windows", "windows delivered twice", labels=("device",))
-        windows = CounterMetricFamily("edge_fleet_device_windows", "distinct windows received", labels=("device",))
-        age = GaugeMetricFamily(
-            "edge_fleet_device_last_window_age_seconds", "now minus the last window's end", labels=("device",)
-        )
-        switches = CounterMetricFamily(
-            "edge_fleet_device_tier_switches", "evt/tier_switch events received", labels=("device", "workload")
-        )
-        over = CounterMetricFamily(
-            "edge_fleet_device_refused_series",
-            "series refused from a device over --max-series-per-device (only devices that went over)",
-            labels=("device",),
-        )
-        refused_requests = CounterMetricFamily(
-            "edge_fleet_device_requests_refused",
-            "requests refused at admission, from the windows' admission",
-            labels=("device", "workload", "reason", "class"),
-        )
-        preemptions = CounterMetricFamily(
-            "edge_fleet_device_preemptions",
-            "running requests that gave their row to a voice turn, from the windows' admission",
-            labels=("device", "workload"),
-        )
+        families = _DeviceFamilies.empty()
         for dev in sorted(devices, key=lambda d: d.device_id):
-            d = dev.device_id
-            for (workload, tier_name, metric), h in sorted(dev.hists.items()):
-                cumulative, running = [], 0
-                for le, c in zip(self._le, classic_counts(h, self.bounds)):
-                    running += c
-                    cumulative.append((le, running))
-                hist.add_metric([d, workload, tier_name, metric], cumulative, h.sum)
-            if not math.isnan(dev.online):
-                online.add_metric([d], dev.online)
-            for workload, tier_name in sorted(dev.tiers.items()):
-                tier.add_metric([d, workload, tier_name], 1.0)
-            for name, value in sorted(dev.health.items()):
-                health.add_metric([d, name], value)
-            gaps.add_metric([d], dev.seq.gaps)
-            dups.add_metric([d], dev.seq.duplicates)
-            windows.add_metric([d], dev.seq.received)
-            if dev.last_window_wall is not None:
-                age.add_metric([d], max(0.0, now - dev.last_window_wall))
-            for workload, n in sorted(dev.tier_switches.items()):
-                switches.add_metric([d, workload], n)
-            if dev.refused_series:
-                over.add_metric([d], dev.refused_series)
-            for (workload, reason, klass), n in sorted(dev.refused_requests.items()):
-                refused_requests.add_metric([d, workload, reason, klass], n)
-            for workload, n in sorted(dev.preemptions.items()):
-                preemptions.add_metric([d, workload], n)
-        yield from (hist, online, tier, health, gaps, dups, windows, age, switches, over)
-        yield from (refused_requests, preemptions)
+            self._add_device(families, dev, now)
+        yield from families.all()
+        yield from self._store_metrics()
+
+    def _add_device(self, fam: _DeviceFamilies, dev: ExportDevice, now: float) -> None:
+        """One device's samples into the scrape's families."""
+        d = dev.device_id
+        for (workload, tier_name, metric), h in sorted(dev.hists.items()):
+            cumulative, running = [], 0
+            for le, c in zip(self._le, classic_counts(h, self.bounds)):
+                running += c
+                cumulative.append((le, running))
+            fam.hist.add_metric([d, workload, tier_name, metric], cumulative, h.sum)
+        if not math.isnan(dev.online):
+            fam.online.add_metric([d], dev.online)
+        for workload, tier_name in sorted(dev.tiers.items()):
+            fam.tier.add_metric([d, workload, tier_name], 1.0)
+        for name, value in sorted(dev.health.items()):
+            fam.health.add_metric([d, name], value)
+        fam.gaps.add_metric([d], dev.seq.gaps)
+        fam.dups.add_metric([d], dev.seq.duplicates)
+        fam.windows.add_metric([d], dev.seq.received)
+        if dev.last_window_wall is not None:
+            fam.age.add_metric([d], max(0.0, now - dev.last_window_wall))
+        for workload, n in sorted(dev.tier_switches.items()):
+            fam.switches.add_metric([d, workload], n)
+        if dev.refused_series:
+            fam.over.add_metric([d], dev.refused_series)
+        for (workload, reason, klass), n in sorted(dev.refused_requests.items()):
+            fam.refused_requests.add_metric([d, workload, reason, klass], n)
+        for workload, n in sorted(dev.preemptions.items()):
+            fam.preemptions.add_metric([d, workload], n)
+
+    def _store_metrics(self) -> Iterator[Metric]:
+        """The exporter's own counters: messages, malformed, refused, expired, downscaled, ingest lag."""
         msgs = CounterMetricFamily("edge_fleet_export_messages", "MQTT messages ingested", labels=("kind",))
         for kind, n in sorted(self.store.messages.items()):
             msgs.add_metric([kind], n)
