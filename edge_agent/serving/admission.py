@@ -22,10 +22,11 @@ next sample, not averaged with it (the device may have changed: thermal state, o
 is known the prediction is None and the request is admitted: nothing says it would be late.
 
 What the model leaves out (another workload on the same cores, a voice turn that jumps the queue, the
-batch wait for batch-mates) shows as admitted requests starting later than predicted. ``Lateness`` keeps
-the last ``LATENESS_SAMPLES`` of those errors and gives their ``LATENESS_QUANTILE`` as a margin that
-admission adds to each prediction: a box whose chats start 150 ms late in one of ten admits 150 ms less,
-up front, instead of refusing those chats after they waited (a refusal is only quick at arrival).
+batch wait for batch-mates) shows as admitted requests' first tokens coming later than predicted.
+``Lateness`` keeps the last ``LATENESS_SAMPLES`` of those errors and gives their ``LATENESS_QUANTILE`` as
+a margin that admission adds to each prediction: a box whose chats' first tokens come 150 ms late in one
+of ten admits 150 ms less, up front, instead of serving them late or refusing them after they waited (a
+refusal is only quick at arrival).
 
 ``judge`` turns a prediction into a verdict: admit when it fits the budget, else refuse with the
 predicted time until a request of this size would fit (``Retry-After``) and the reason in words.
@@ -133,15 +134,15 @@ class Rates:
 
 
 class Lateness:
-    """How much later than predicted admitted requests started lately (see the module doc). Not thread-safe
+    """How much later than predicted admitted requests' first tokens came lately (see the module doc). Not thread-safe
     by itself: the scheduler's device thread writes it and admission reads it under the scheduler's lock."""
 
     def __init__(self) -> None:
         self._errors: deque[tuple[float, float]] = deque(maxlen=LATENESS_SAMPLES)  # (when, ms late; < 0: early)
 
-    def started(self, predicted_s: float, started_s: float) -> None:
-        """A request predicted to start at ``predicted_s`` started at ``started_s`` (both on the clock)."""
-        self._errors.append((started_s, (started_s - predicted_s) * 1e3))
+    def observe(self, predicted_s: float, actual_s: float) -> None:
+        """Something admission predicted for ``predicted_s`` (a first token) came at ``actual_s`` (same clock)."""
+        self._errors.append((actual_s, (actual_s - predicted_s) * 1e3))
 
     def margin_ms(self, now: float) -> float:
         """The ``LATENESS_QUANTILE`` of the recent errors (those within ``STALE_S``), never below 0; 0 with

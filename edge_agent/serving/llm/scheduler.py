@@ -104,7 +104,7 @@ class _Sequence:
         self.recorder = TimingRecorder(len(prompt), tags, clock=clock, admitted_s=admitted_s)
         self.deadline_s = deadline_s
         self.start_by_s = start_by_s  # refused (Overloaded) if not started by then
-        self.predicted_start_s: float | None = None  # when admission predicted it would start (Lateness)
+        self.predicted_first_s: float | None = None  # when admission predicted its first token (Lateness)
         self.preempted = False  # it ran, gave its row to a voice turn, and waits to resume
         self.resume: tuple[int, dict[str, np.ndarray]] | None = None  # (tokens, their KV) it resumes from
         self.lm: DecoderLM | None = None  # the model it was prepared for (ids, format, decoder)
@@ -170,7 +170,7 @@ class LLMScheduler:
         self._limited = LogLimiter(clock=clock, logger=log)
         self.steps = 0  # decode steps run (progress, for the watchdog)
         self.rates = Rates()  # written by the device thread under the queue's lock
-        self.lateness = Lateness()  # admitted chats' starts against their predictions, likewise
+        self.lateness = Lateness()  # admitted chats' first tokens against their predictions, likewise
         self._seed_rates()
         self.preemptions = 0
 
@@ -384,8 +384,9 @@ class LLMScheduler:
                 if not self._take_admitted():
                     return
             try:
-                if self.urgency is not None and not self._serves_voice():
-                    # a voice turn's pass has the cores (serving.urgency), until a voice turn's request comes
+                if self.urgency is not None and not len(self._prefills) and not self._serves_voice():
+                    # a voice turn's pass has the cores (serving.urgency), until a voice turn's request comes;
+                    # never before a prefill: a chat's first token is what the SLA is on, its next ones are not
                     self.urgency.wait_clear(until=self._voice_waiting)
                 if len(self._prefills):
                     self._prefill()
@@ -434,9 +435,6 @@ class LLMScheduler:
                 )
                 for seq in admitted:
                     seq.resume = None
-                    if seq.predicted_start_s is not None:
-                        self.lateness.started(seq.predicted_start_s, now)
-                        seq.predicted_start_s = None
                 return True
             if self._stopping and not waiting:
                 return False
@@ -694,6 +692,10 @@ class LLMScheduler:
         return None
 
     def _deliver(self, seq: _Sequence, token: int, final: bool, logprob: TokenLogprob | None, now: float) -> None:
+        if seq.predicted_first_s is not None:  # its first token: how late against admission's prediction
+            with self._cond:
+                self.lateness.observe(seq.predicted_first_s, now)
+            seq.predicted_first_s = None
         seq.decoder.push(token)
         text = seq.decoder.text
         stops = seq.params.stop

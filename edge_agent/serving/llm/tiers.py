@@ -1,8 +1,8 @@
 """One LLM workload served from a ladder of model tiers, switched without failing a request.
 
 **Admission.** Each request is judged when it arrives (``serving.admission``): its first-token time
-predicted on the serving tier from what runs and waits there, plus how late admitted chats have been
-starting against their predictions lately (``Lateness``), against its class budget: a chat's is the
+predicted on the serving tier from what runs and waits there, plus how late admitted chats' first tokens
+have been coming against their predictions lately (``Lateness``), against its class budget: a chat's is the
 SLA in force (``sla_ms``, read at each request) or the client's shorter ``deadline_ms``; a voice turn's
 (``interactive``) is never refused while chats are admitted (it preempts one instead). A chat that does
 not fit, where a lighter tier sharing the loaded model would fit it, is admitted with that tier's reply
@@ -518,7 +518,7 @@ class TieredLLM(Ladder):
         predicted = sched.predict_ttft_ms(len(seq.prompt), now=seq.admitted_s)
         verdict = judge(predicted, budget, "chat", margin)
         if verdict.admit:
-            _expect_start(seq, predicted, prefill)
+            _expect_first(seq, predicted)
             return served.tier
         if sched.load == (0, 0):
             # an idle tier: only its own prefill is over the budget (a long prompt, a slow device); refusing
@@ -529,7 +529,7 @@ class TieredLLM(Ladder):
             rows = min(lighter.limits.max_batch, sched.capacity)
             predicted = sched.predict_ttft_ms(len(seq.prompt), rows=rows, now=seq.admitted_s)
             if judge(predicted, budget, margin_ms=margin).admit:
-                _expect_start(seq, predicted, prefill)
+                _expect_first(seq, predicted)
                 if seq.params.grammar is None:
                     cap = max(1, int(lighter.max_new_tokens * self.token_cap_ratio))
                     seq.params = replace(seq.params, max_new_tokens=min(seq.params.max_new_tokens, cap))
@@ -606,11 +606,11 @@ class TieredLLM(Ladder):
             self._active = None
 
 
-def _expect_start(seq, predicted_ms: float | None, prefill_ms: float) -> None:
-    """Note when an admitted chat is predicted to start (its first token less its own prefill), so the
-    scheduler learns how late starts run (``Lateness``)."""
+def _expect_first(seq, predicted_ms: float | None) -> None:
+    """Note when an admitted chat's first token is predicted, so the scheduler learns how late first tokens
+    come (``Lateness``)."""
     if predicted_ms is not None:
-        seq.predicted_start_s = seq.admitted_s + max(0.0, predicted_ms - prefill_ms) / 1e3
+        seq.predicted_first_s = seq.admitted_s + predicted_ms / 1e3
 
 
 def _check_size(prompt: str | Sequence[Message], context: int, tier: str) -> None:
