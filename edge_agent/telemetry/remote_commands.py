@@ -50,6 +50,7 @@ from .command_args import (
     ALLOWED,
     CommandArgs,
     CommandTarget,
+    NoArgs,
     PinTierArgs,
     RebuildArgs,
     Rejected,
@@ -183,26 +184,45 @@ class CommandProcessor(DesiredOverlay):
     # -- one message --------------------------------------------------------------------------------
 
     def handle(self, msg: Incoming, received_mono: float | None = None) -> None:
+        """One message: ``desired``, or a request taken through the lifecycle of the module doc."""
         received_mono = self.clock() if received_mono is None else received_mono
         if msg.topic == f"{self.prefix}/desired":
             self._desired(msg)
             return
-        parts = msg.topic[len(self.prefix) + 1 :].split("/") if msg.topic.startswith(self.prefix + "/") else []
-        if len(parts) != 3 or parts[0] != "cmd" or parts[2] != "req":
-            self._dropped("unexpected_topic")
-            self.limited(logging.WARNING, "topic", "ignored message on unexpected topic %s", msg.topic)
+        name = self._command_name(msg.topic)
+        if name is None:
             return
-        name = parts[1]
         self.stats["handled"] += 1
         own = f"{self.prefix}/cmd/{name}/res"
         bad_reply = msg.response_topic is not None and not self.reply_allowed(msg.response_topic)
         send = self._sender(
             own if bad_reply or not msg.response_topic else msg.response_topic, msg.correlation_data, name
         )
-        # An envelope carries the request in base64 (4/3) plus a signature; the request is checked below.
+        payload = self._open(msg, bad_reply, send)
+        if payload is None:
+            return
+        req = self._parse(msg, payload, send)
+        if req is None:
+            return
+        deadline = received_mono + msg.expiry_s if msg.expiry_s is not None else None
+        self._run_request(name, req, deadline, send)
+
+    def _command_name(self, topic: str) -> str | None:
+        """``<name>`` of ``<prefix>/cmd/<name>/req``; any other topic is dropped (None)."""
+        parts = topic[len(self.prefix) + 1 :].split("/") if topic.startswith(self.prefix + "/") else []
+        if len(parts) != 3 or parts[0] != "cmd" or parts[2] != "req":
+            self._dropped("unexpected_topic")
+            self.limited(logging.WARNING, "topic", "ignored message on unexpected topic %s", topic)
+            return None
+        return parts[1]
+
+    def _open(self, msg: Incoming, bad_reply: bool, send: Callable[..., bytes]) -> bytes | None:
+        """The request inside the message's envelope; None (answered ``rejected``) when the message is
+        oversized, asks for a reply topic not allowed, or is unsigned or not signed as the fleet key says."""
+        # An envelope carries the request in base64 (4/3) plus a signature; the request is checked after.
         if len(msg.payload) > 2 * self.max_bytes:
             send(None, "rejected", f"payload is {len(msg.payload)} bytes, over the {self.max_bytes}-byte limit")
-            return
+            return None
         unsigned: str | None = None
         malformed = False
         try:
@@ -217,7 +237,7 @@ class CommandProcessor(DesiredOverlay):
             )
             send(_peek_cmd_id(payload), "rejected", reason)
             self.limited(logging.WARNING, "reply_topic", "refused command %s: %s", msg.topic, reason)
-            return
+            return None
         if unsigned is not None:
             self.stats["unsigned"] += 1
             send(_peek_cmd_id(payload), "rejected", unsigned)
@@ -226,12 +246,16 @@ class CommandProcessor(DesiredOverlay):
                 self._dropped("malformed_envelope")
             key = "malformed_envelope" if malformed else "unsigned"
             self.limited(logging.WARNING, key, "refused command %s: %s", msg.topic, unsigned)
-            return
+            return None
+        return payload
+
+    def _parse(self, msg: Incoming, payload: bytes, send: Callable[..., bytes]) -> CommandRequest | None:
+        """The request read from ``payload``; None (answered ``rejected``) when oversized or malformed."""
         if len(payload) > self.max_bytes:
             send(None, "rejected", f"payload is {len(payload)} bytes, over the {self.max_bytes}-byte limit")
-            return
+            return None
         try:
-            req = CommandRequest.model_validate_json(payload)
+            return CommandRequest.model_validate_json(payload)
         except ValidationError as exc:
             cmd_id = _peek_cmd_id(payload)
             send(cmd_id, "rejected", f"malformed request: {describe(exc)}")
@@ -243,12 +267,15 @@ class CommandProcessor(DesiredOverlay):
                 cmd_id,
                 describe(exc),
             )
-            return
+            return None
+
+    def _run_request(self, name: str, req: CommandRequest, deadline: float | None, send: Callable[..., bytes]) -> None:
+        """A readable request: a duplicate answered from the ledger, else expired | rejected, or accepted,
+        executing, then succeeded | failed | expired."""
         seen = self.ledger.lookup(req.cmd_id)
         if seen is not None:
             self._duplicate(req.cmd_id, name, seen, send)
             return
-        deadline = received_mono + msg.expiry_s if msg.expiry_s is not None else None
         if self._expired(req, deadline):
             send(req.cmd_id, "expired", "the request expired before it could run", final=True)
             return
@@ -263,13 +290,13 @@ class CommandProcessor(DesiredOverlay):
             return
         send(req.cmd_id, "executing", None)
         try:
-            result = self._execute(name, args)
+            result = _EXECUTE[name](self, args)
         except Exception as exc:  # the target reports failure by raising; its message goes back
             log.warning("command %s (%s) failed: %s", name, req.cmd_id, exc)
             send(req.cmd_id, "failed", str(exc) or type(exc).__name__, final=True)
             return
         send(req.cmd_id, "succeeded", None, result=_jsonable(result), final=True)
-        if name in ("set_sla", "pin_tier", "unpin_tier", "reset_desired"):
+        if name in REPORTED_AFTER:
             self._report()
 
     def reply_allowed(self, topic: str) -> bool:
@@ -366,20 +393,41 @@ class CommandProcessor(DesiredOverlay):
             )
         return args
 
-    def _execute(self, name: str, args: CommandArgs) -> dict[str, Any]:
-        t = self.target
-        if isinstance(args, SetSlaArgs):
-            return t.set_sla(args.workload, args.sla)
-        if isinstance(args, PinTierArgs):
-            return t.pin_tier(args.workload, args.tier)
-        if isinstance(args, WorkloadArgs):
-            return t.unpin_tier(args.workload)
-        if isinstance(args, RebuildArgs):
-            return t.rebuild_engine(args.recipe)
-        if name == "reset_desired":
-            result = self.reset_desired()
-            return result if isinstance(result, dict) else {"desired_version": None}
-        return t.status() if name == "get_status" else t.flush_telemetry()
+
+# Each allowed command (``ALLOWED``) and what runs it, given its validated arguments.
+
+
+def _set_sla(p: CommandProcessor, args: SetSlaArgs) -> dict[str, Any]:
+    return p.target.set_sla(args.workload, args.sla)
+
+
+def _pin_tier(p: CommandProcessor, args: PinTierArgs) -> dict[str, Any]:
+    return p.target.pin_tier(args.workload, args.tier)
+
+
+def _unpin_tier(p: CommandProcessor, args: WorkloadArgs) -> dict[str, Any]:
+    return p.target.unpin_tier(args.workload)
+
+
+def _rebuild_engine(p: CommandProcessor, args: RebuildArgs) -> dict[str, Any]:
+    return p.target.rebuild_engine(args.recipe)
+
+
+def _reset_desired(p: CommandProcessor, args: NoArgs) -> dict[str, Any]:
+    result = p.reset_desired()
+    return result if isinstance(result, dict) else {"desired_version": None}
+
+
+_EXECUTE: dict[str, Callable[[CommandProcessor, Any], dict[str, Any]]] = {
+    "get_status": lambda p, args: p.target.status(),
+    "set_sla": _set_sla,
+    "pin_tier": _pin_tier,
+    "unpin_tier": _unpin_tier,
+    "rebuild_engine": _rebuild_engine,
+    "flush_telemetry": lambda p, args: p.target.flush_telemetry(),
+    "reset_desired": _reset_desired,
+}
+REPORTED_AFTER = frozenset({"set_sla", "pin_tier", "unpin_tier", "reset_desired"})  # change what `reported` says
 
 
 def _publishable(topic: str | None) -> bool:

@@ -237,6 +237,34 @@ def test_every_known_command_is_configurable():
     assert set(ALLOWED) == set(FLEET_COMMANDS)
 
 
+# Each allowed command: its args, the target call it makes, the result sent back, whether `reported` follows.
+EVERY_COMMAND = {
+    "get_status": ({}, None, {"active_tiers": {"llm": "small", "asr": "ctc"}, "pins": {}}, False),
+    "set_sla": ({"workload": "llm", "sla": {"target_ms": 300}}, ("set_sla", "llm"), None, True),
+    "pin_tier": ({"workload": "llm", "tier": "tiny"}, ("pin_tier", ("llm", "tiny")), None, True),
+    "unpin_tier": ({"workload": "llm"}, ("unpin_tier", "llm"), {"value": None}, True),
+    "rebuild_engine": ({"recipe": "phi3-int8"}, ("rebuild_engine", "phi3-int8"), None, False),
+    "flush_telemetry": ({}, None, {"flushed": True}, False),
+    "reset_desired": ({}, None, {"forgotten_version": None, "reload": "reloaded", "desired_version": None}, True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EVERY_COMMAND))
+def test_every_allowed_command_runs_its_own_target_call(rig, name):
+    from edge_agent.telemetry.command_args import ALLOWED
+
+    assert set(EVERY_COMMAND) == set(ALLOWED)
+    proc, agent, sent, reported, *_ = rig
+    args, call, result, reports = EVERY_COMMAND[name]
+    proc.handle(msg(name, {"cmd_id": f"{name}-1", "args": args}))
+    assert statuses(sent) == ["accepted", "executing", "succeeded"], sent[-1]
+    assert agent.calls == ([call] if call else [])
+    assert agent.flushes == (name == "flush_telemetry")
+    if result is not None:
+        assert sent[-1][1]["result"] == result
+    assert bool(reported) == reports
+
+
 def test_signed_commands_and_desired_with_a_fleet_key(tmp_path):
     ed25519 = pytest.importorskip("cryptography.hazmat.primitives.asymmetric.ed25519")
     from edge_agent.telemetry.signing import Verifier, sign
