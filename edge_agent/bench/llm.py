@@ -2,7 +2,7 @@
 
 It measures a tier as the daemon serves it: the engine the daemon would load for that tier (a verified
 cached engine, else the model folder: ``engines/resolve.py``), its backend, device and threads, and the
-scheduler limits the daemon gives it (``agent.llm_limits``: ``[batching]`` max batch, batching timeout,
+scheduler limits the daemon gives it (``serving.llm.tiers.tier_limits``: the tier's batch, batching timeout,
 preferred sizes), all from the config (``--config``, else the installed one, else the embedded
 default). The header line says which.
 
@@ -29,7 +29,6 @@ import os
 from pathlib import Path
 
 from ..config import LLMTierConfig, load_settings, resolve_config_path
-from ..daemon.app import llm_limits
 from ..engines.cache import EngineCache
 from ..engines.resolve import EngineResolver, Resolved
 from ..errors import InputError
@@ -38,6 +37,7 @@ from ..models.catalog import resolve_model
 from ..models.llm import DecoderLM
 from ..progress import Progress
 from ..serving.llm.scheduler import Limits, LLMScheduler
+from ..serving.llm.tiers import tier_limits
 from . import ov_genai
 from . import roofline as rl
 from .genai import GenaiRunner, find_genai_folder
@@ -129,7 +129,7 @@ def _served(opts: LLMOptions, show: bool) -> tuple[Served, float]:
         resolve_model(tier.model, models_dir, progress=lambda done, total: weights.update(done / 1e6, total / 1e6))
     cache = EngineCache(settings.engines.cache_dir, settings.engines.max_bytes)
     resolver = EngineResolver(cache, models_dir, lambda kind, doc: log.warning("%s: %s", kind, doc))
-    limits = llm_limits(settings, tier)
+    limits = tier_limits(tier, settings.batching, settings.prefix_cache, settings.sla.target_ms)
     # The admission bounds only refuse requests (the daemon answers 429/504): a benchmark must lose none.
     limits = dataclasses.replace(
         limits, max_queue=max(limits.max_queue, opts.requests + 1), queue_timeout_ms=max(limits.queue_timeout_ms, 3.6e6)

@@ -22,11 +22,10 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..config import LLMTierConfig, Settings, TierConfig
+from ..config import Settings, TierConfig
 from ..diagnostics.preflight import prefix_cache_problems
 from ..errors import ConfigError, EdgeAgentError
 from ..metrics.prometheus import PrometheusMetrics
@@ -35,8 +34,7 @@ from ..observe import Observers
 from ..serving.capture import Capture
 from ..serving.doors.http.server import ApiServer
 from ..serving.doors.voice.turn import turn_options
-from ..serving.llm.scheduler import Limits
-from ..serving.llm.tiers import Tier, TieredLLM
+from ..serving.llm.tiers import TieredLLM
 from ..serving.tier_control import TierController
 from ..serving.tier_policy import policy_from_config
 from ..systemd import LoopHeartbeat, Notifier, Watchdog
@@ -53,26 +51,6 @@ if TYPE_CHECKING:
     from ..telemetry.service import Telemetry
 
 log = logging.getLogger(__name__)
-
-
-def llm_limits(settings: Settings, tier: LLMTierConfig) -> Limits:
-    """The batching and admission limits the daemon gives ``tier``'s scheduler (``bench llm`` uses them too)."""
-    b = settings.batching
-    max_batch = tier.rows(b)
-    return Limits(
-        max_batch=max_batch,
-        batch_timeout_ms=b.batch_timeout_ms,
-        preferred_batch_sizes=tuple(x for x in b.preferred_batch_sizes if x <= max_batch),
-        max_queue=b.max_queue,
-        queue_timeout_ms=b.queue_timeout_ms,
-        adaptive=b.adaptive_wait,
-        sla_ms=settings.sla.target_ms,
-        prefill_chunk_tokens=b.prefill_chunk_tokens,
-        prefill_together=b.prefill_together if b.prefill_together is not None else tier.backend == "tensorrt",
-        prefix_cache_mb=settings.prefix_cache.limit_mb,
-        prefix_block_tokens=settings.prefix_cache.block_tokens,
-        jump_forward=b.jump_forward,
-    )
 
 
 class Agent:
@@ -277,21 +255,14 @@ class Agent:
 
     def _start_llm(self) -> TieredLLM:
         s = self.settings
-        weights = {t.name: self._weights(t) for t in s.models.llm}
-        tiers = [
-            Tier(
-                t.name,
-                self._opener(t),
-                self._limits(t),
-                t.max_new_tokens,
-                t.model,
-                engine=functools.partial(self.inventory.engine_identity, t.name),
-                weights=weights[t.name],  # equal: one loaded model for both
-            )
-            for t in s.models.llm
-        ]
-        served = TieredLLM(
-            tiers,
+        served = TieredLLM.from_config(
+            s.models,
+            s.batching,
+            s.prefix_cache,
+            s.sla.target_ms,
+            self._open_model,
+            self._weights,  # equal: one loaded model for both
+            self.inventory.engine_identity,
             observe=self.observers.deliver,
             on_switched=functools.partial(self._switched, "llm"),
             drain_s=self.drain_s,
@@ -303,8 +274,7 @@ class Agent:
             (self.controller.policy if self.controller is not None else policy).spill_threshold_ms
         )
         # One live SLA: admission's chat budget and the adaptive batch wait read the policy in force.
-        served.sla_ms, served.predictive = served.spill_threshold, s.batching.admission
-        served.load_ahead = s.models.load_ahead
+        served.sla_ms = served.spill_threshold
         served.on_preempted = lambda: self.metrics.preemptions.labels("llm").inc()
         for t in s.models.llm:  # each tier's prefix cache, in /metrics while the tier is loaded
             self.metrics.track_prefix_cache(t.name, functools.partial(served.prefix_stats, t.name))
@@ -326,16 +296,12 @@ class Agent:
         self.observers.register(self.controller.observe)
         return served
 
-    def _opener(self, tier: TierConfig) -> Callable[[], DecoderLM]:
-        s = self.settings
-
-        def open_tier() -> DecoderLM:
-            engines = self.tier_engines()
-            if engines.starting:  # demo weights, hashing, compiling: keep systemd patient (not once serving)
-                self.notifier.extend_timeout(300)
-            return engines.open(tier, s.device.threads)  # the cached engine if current and intact, else the folder
-
-        return open_tier
+    def _open_model(self, tier: TierConfig) -> DecoderLM:
+        engines = self.tier_engines()
+        if engines.starting:  # demo weights, hashing, compiling: keep systemd patient (not once serving)
+            self.notifier.extend_timeout(300)
+        # the cached engine if current and intact, else the folder
+        return engines.open(tier, self.settings.device.threads)
 
     def _weights(self, tier: TierConfig) -> str:
         """What ``tier`` would load, as the ladder compares it (tiers with equal weights share one model):
@@ -345,9 +311,6 @@ class Agent:
             return self.tier_engines().resolver.weights(tier)
         except (EdgeAgentError, OSError):
             return f"{tier.model}|{tier.backend}|{tier.device}|{tier.precision}"
-
-    def _limits(self, tier: LLMTierConfig) -> Limits:
-        return llm_limits(self.settings, tier)
 
     def _start_asr(self):
         """The ASR ladder from its top tier (or the first lighter one that loads), and its controller

@@ -165,9 +165,9 @@ def test_bench_llm_unknown_model(tmp_path):
 def test_bench_llm_measures_the_tier_with_the_daemons_batching_from_the_config(tmp_path, capsys):
     """With the fixed wait (adaptive_wait = false) a lone request waits batch_timeout_ms for batch-mates in
     the daemon (max_batch 4, no preferred size 1): bench llm at C=1 must wait the same, with the limits
-    agent.llm_limits gives that config."""
+    tier_limits gives that config."""
     from edge_agent.config import load_settings
-    from edge_agent.daemon.app import llm_limits
+    from edge_agent.serving.llm.tiers import tier_limits
 
     cfg = tmp_path / "agent.toml"
     cfg.write_text(
@@ -180,7 +180,7 @@ def test_bench_llm_measures_the_tier_with_the_daemons_batching_from_the_config(t
     assert args.func(args) == 0
     report = json.loads(out.read_text())
     settings = load_settings(cfg)
-    expected = llm_limits(settings, settings.models.llm[0])
+    expected = tier_limits(settings.models.llm[0], settings.batching, settings.prefix_cache, settings.sla.target_ms)
     assert report["limits"]["max_batch"] == expected.max_batch == 4
     assert report["limits"]["batch_timeout_ms"] == expected.batch_timeout_ms == 300
     assert report["limits"]["preferred_batch_sizes"] == list(expected.preferred_batch_sizes)

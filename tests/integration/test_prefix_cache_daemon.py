@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from edge_agent.config import LLMTierConfig, load_settings
-from edge_agent.daemon.app import Agent, llm_limits
+from edge_agent.daemon.app import Agent
 from edge_agent.diagnostics.preflight import config_problems
 from edge_agent.errors import ConfigError
 from edge_agent.metrics.prometheus import PrometheusMetrics
@@ -18,22 +18,27 @@ from edge_agent.models.catalog import resolve_model
 from edge_agent.models.llm import DecoderLM
 from edge_agent.models.sampling import SamplingParams
 from edge_agent.serving.llm.scheduler import Limits, LLMScheduler
-from edge_agent.serving.llm.tiers import Tier, TieredLLM
+from edge_agent.serving.llm.tiers import Tier, TieredLLM, tier_limits
 from edge_agent.systemd import Notifier
+
+
+def _limits(tier: LLMTierConfig) -> Limits:
+    s = load_settings(None)
+    return tier_limits(tier, s.batching, s.prefix_cache, s.sla.target_ms)
 
 
 def test_the_config_sizes_or_turns_off_each_tiers_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     tier = LLMTierConfig(name="t", model="demo-phi3")
     monkeypatch.setenv("EDGE_AGENT_PREFIX_CACHE__MAX_MB", "64")
-    on = llm_limits(load_settings(None), tier)
+    on = _limits(tier)
     assert on.prefix_cache_mb == 64
     monkeypatch.setenv("EDGE_AGENT_PREFIX_CACHE__ENABLED", "false")
-    assert llm_limits(load_settings(None), tier).prefix_cache_mb == 0
+    assert _limits(tier).prefix_cache_mb == 0
 
 
 def test_metrics_carry_the_loaded_tiers_prefix_cache(tmp_path: Path) -> None:
     ref = resolve_model("demo-phi3", tmp_path / "models")
-    limits = llm_limits(load_settings(None), LLMTierConfig(name="t", model="demo-phi3"))
+    limits = _limits(LLMTierConfig(name="t", model="demo-phi3"))
     served = TieredLLM([Tier("t", lambda: DecoderLM.open(ref, "onnxruntime"), limits, 16, "demo-phi3")]).start()
     metrics = PrometheusMetrics()
     metrics.track_prefix_cache("t", functools.partial(served.prefix_stats, "t"))

@@ -18,6 +18,12 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "systemd" / "agent.toml"
 
 
+def _limits(settings: Settings, tier: LLMTierConfig):
+    from edge_agent.serving.llm.tiers import tier_limits
+
+    return tier_limits(tier, settings.batching, settings.prefix_cache, settings.sla.target_ms)
+
+
 def write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "agent.toml"
     path.write_text(text)
@@ -320,15 +326,13 @@ def test_check_config_cli_prints_every_problem_and_exits_2(tmp_path, capsys):
 
 
 def test_prompts_are_prefilled_together_on_tensorrt_tiers_only_unless_configured() -> None:
-    from edge_agent.daemon.app import llm_limits
-
     cpu = LLMTierConfig(name="c", model="demo-phi3")
     gpu = LLMTierConfig(name="g", model="demo-phi3", backend="tensorrt", device="cuda")
     auto = Settings()
-    assert (llm_limits(auto, cpu).prefill_together, llm_limits(auto, gpu).prefill_together) == (False, True)
+    assert (_limits(auto, cpu).prefill_together, _limits(auto, gpu).prefill_together) == (False, True)
     for value in (True, False):
         s = Settings(batching={"prefill_together": value})
-        assert llm_limits(s, cpu).prefill_together is value and llm_limits(s, gpu).prefill_together is value
+        assert _limits(s, cpu).prefill_together is value and _limits(s, gpu).prefill_together is value
 
 
 @pytest.mark.parametrize("key", ["command_end_silence_ms", "early_end_silence_ms"])
@@ -357,8 +361,6 @@ def test_a_tier_names_a_rung_by_a_plain_name_and_the_default_lighter_tier_serves
 
 
 def test_a_tier_batch_is_its_own_else_the_batching_sections_one_value_every_consumer_reads(tmp_path):
-    from edge_agent.daemon.app import llm_limits
-
     s = load_settings(
         write(
             tmp_path,
@@ -369,8 +371,8 @@ def test_a_tier_batch_is_its_own_else_the_batching_sections_one_value_every_cons
     )
     wide, plain = s.models.llm
     # a tier's own batch is not clamped by [batching]'s (it used to be: 8 served as 2)
-    assert (llm_limits(s, wide).max_batch, llm_limits(s, plain).max_batch) == (8, 2)
-    assert llm_limits(s, wide).preferred_batch_sizes == (2,)
+    assert (_limits(s, wide).max_batch, _limits(s, plain).max_batch) == (8, 2)
+    assert _limits(s, wide).preferred_batch_sizes == (2,)
 
 
 def test_an_asr_tier_refuses_llm_only_keys_by_name(tmp_path):

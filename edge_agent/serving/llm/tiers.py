@@ -56,11 +56,13 @@ long runs of one repeated character come near 16; every message renders to at le
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from ...errors import InputError, Overloaded, Unavailable
 from ...metrics.window import FIRST_AFTER_LOAD, WARMUP
@@ -73,6 +75,9 @@ from ..admission import judge
 from ..tier_ladder import Ladder
 from .scheduler import DEFAULT_PARAMS, Limits, LLMScheduler, RequestHandle
 from .spill import Verdict, decide
+
+if TYPE_CHECKING:
+    from ...config import BatchingConfig, LLMTierConfig, ModelsConfig, PrefixCacheConfig
 
 MAX_CHARS_PER_TOKEN = 32
 SPILLED_FROM = "spilled_from:"  # a request tag: served by the spill tier of the tier named after it
@@ -96,6 +101,31 @@ class Tier:
     model: str = ""  # the configured model, as observations name it
     engine: Callable[[], str | None] | None = None  # what the tier loaded (engine:<key>, model:<sha>), once open
     weights: str | None = None  # tiers with the same key share one loaded model (None: its own)
+
+
+def tier_limits(
+    tier: LLMTierConfig, batching: BatchingConfig, prefix_cache: PrefixCacheConfig, sla_ms: float
+) -> Limits:
+    """The batching and admission limits of ``tier``'s scheduler, from its own settings and the ``[batching]``
+    and ``[prefix_cache]`` sections: the one place each limit gets its value (the tier's batch, else
+    ``[batching]``'s; a stateful model's one row and the KV buffers' rows bound it where it loads)."""
+    max_batch = tier.rows(batching)
+    return Limits(
+        max_batch=max_batch,
+        batch_timeout_ms=batching.batch_timeout_ms,
+        preferred_batch_sizes=tuple(x for x in batching.preferred_batch_sizes if x <= max_batch),
+        max_queue=batching.max_queue,
+        queue_timeout_ms=batching.queue_timeout_ms,
+        adaptive=batching.adaptive_wait,
+        sla_ms=sla_ms,
+        prefill_chunk_tokens=batching.prefill_chunk_tokens,
+        prefill_together=(
+            batching.prefill_together if batching.prefill_together is not None else tier.backend == "tensorrt"
+        ),
+        prefix_cache_mb=prefix_cache.limit_mb,
+        prefix_block_tokens=prefix_cache.block_tokens,
+        jump_forward=batching.jump_forward,
+    )
 
 
 @dataclass(slots=True)
@@ -209,6 +239,38 @@ class TieredLLM(Ladder):
         self.load_ahead = True  # the next tier with other weights is loaded ahead (see the module doc)
         self._ahead: tuple[int, threading.Thread] | None = None  # (tier index, the thread loading it)
         self._stopped = False
+
+    @classmethod
+    def from_config(
+        cls,
+        models: ModelsConfig,
+        batching: BatchingConfig,
+        prefix_cache: PrefixCacheConfig,
+        sla_ms: float,
+        open_model: Callable[[LLMTierConfig], DecoderLM],
+        weights: Callable[[LLMTierConfig], str | None] = lambda tier: None,
+        engine: Callable[[str], str | None] | None = None,
+        **kwargs: Any,
+    ) -> TieredLLM:
+        """The ladder of ``[[models.llm]]`` (not started): each tier's limits (``tier_limits``), its reply cap,
+        ``open_model(tier)`` to load it, ``weights(tier)`` saying which tiers share one loaded model,
+        ``engine(name)`` what a loaded tier serves; admission from ``[batching] admission``, loading ahead
+        from ``[models] load_ahead``. ``kwargs`` go to the constructor (observe, on_switched, drain_s)."""
+        tiers = [
+            Tier(
+                t.name,
+                functools.partial(open_model, t),
+                tier_limits(t, batching, prefix_cache, sla_ms),
+                t.max_new_tokens,
+                t.model,
+                engine=functools.partial(engine, t.name) if engine is not None else None,
+                weights=weights(t),
+            )
+            for t in models.llm
+        ]
+        ladder = cls(tiers, **kwargs)
+        ladder.predictive, ladder.load_ahead = batching.admission, models.load_ahead
+        return ladder
 
     def start(self, tier: int = 0) -> TieredLLM:
         super().start(tier)
