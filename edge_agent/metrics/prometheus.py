@@ -88,6 +88,25 @@ class PrometheusMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self._declare_request_metrics(r)
+        self._declare_admission_metrics(r)
+        self._declare_speech_metrics(r)
+        self._load: list[tuple[str, Callable[[], tuple[int, int]]]] = []
+        self._prefix: list[tuple[str, Callable[[], Any]]] = []
+        r.register(_PrefixCacheCollector(self._prefix))
+        self._health: Callable[[], dict[str, Any]] | None = None
+        self._absent_seen: set[str] = set()
+        self.health_gauges = {key: Gauge(f"edge_agent:{name}", doc, registry=r) for key, (name, doc) in _HEALTH.items()}
+        self.health_labelled = {
+            key: Gauge(f"edge_agent:{name}", doc, (label,), registry=r)
+            for key, (name, doc, label) in _HEALTH_LABELLED.items()
+        }
+        self.health_absent = Gauge(
+            "edge_agent:health_source_absent", "1 for each health source not present", ("source",), registry=r
+        )
+
+    def _declare_request_metrics(self, r: CollectorRegistry) -> None:
+        """Per workload and tier: the request latency histograms and the token and request counters."""
         labels = ("workload", "tier")
         self.ttft = Histogram(
             "edge_agent:time_to_first_token_seconds",
@@ -127,6 +146,9 @@ class PrometheusMetrics:
         self.prompt_tokens = Counter("edge_agent:prompt_tokens", "Prompt tokens processed", labels, registry=r)
         self.generation_tokens = Counter("edge_agent:generation_tokens", "Tokens generated", labels, registry=r)
         self.requests = Counter("edge_agent:request_success", "Finished requests", labels, registry=r)
+
+    def _declare_admission_metrics(self, r: CollectorRegistry) -> None:
+        """Per workload: failures, refusals at admission, preemptions, and the running and waiting gauges."""
         self.failures = Counter(
             "edge_agent:request_failure", "Requests that failed or were rejected", ("workload", "reason"), registry=r
         )
@@ -141,6 +163,9 @@ class PrometheusMetrics:
         )
         self.running = Gauge("edge_agent:num_requests_running", "Sequences in the batch", ("workload",), registry=r)
         self.waiting = Gauge("edge_agent:num_requests_waiting", "Requests queued", ("workload",), registry=r)
+
+    def _declare_speech_metrics(self, r: CollectorRegistry) -> None:
+        """The recogniser's latency histograms per tier, and the Wyoming requests by kind and outcome."""
         self.asr_first_partial = Histogram(
             "edge_agent:asr_first_partial_seconds",
             "First voiced audio to first partial",
@@ -160,19 +185,6 @@ class PrometheusMetrics:
             "Wyoming protocol requests (describe, transcribe, handle, connection) by outcome",
             ("kind", "outcome"),
             registry=r,
-        )
-        self._load: list[tuple[str, Callable[[], tuple[int, int]]]] = []
-        self._prefix: list[tuple[str, Callable[[], Any]]] = []
-        r.register(_PrefixCacheCollector(self._prefix))
-        self._health: Callable[[], dict[str, Any]] | None = None
-        self._absent_seen: set[str] = set()
-        self.health_gauges = {key: Gauge(f"edge_agent:{name}", doc, registry=r) for key, (name, doc) in _HEALTH.items()}
-        self.health_labelled = {
-            key: Gauge(f"edge_agent:{name}", doc, (label,), registry=r)
-            for key, (name, doc, label) in _HEALTH_LABELLED.items()
-        }
-        self.health_absent = Gauge(
-            "edge_agent:health_source_absent", "1 for each health source not present", ("source",), registry=r
         )
 
     def observe(self, obs: Observation) -> None:
