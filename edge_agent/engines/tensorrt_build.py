@@ -109,15 +109,7 @@ def build_plan(trt: Any, spec: BuildSpec, progress: Callable[[str, int, int], No
     strongly_typed_only = is_strongly_typed_only(version)
     logger = _logger(trt)
     logger.drain()
-    if spec.precision not in ("fp32", "fp16", "int8"):
-        raise InputError(f"TensorRT builds fp32, fp16 or int8 plans, not {spec.precision}")
-    if spec.calibrator is not None and strongly_typed_only:
-        raise InputError(
-            f"TensorRT {version} removed the implicit INT8 calibrator; build INT8 from the "
-            "symmetric Q/DQ ONNX (edge-agent calibrate makes it)"
-        )
-    if not spec.profiles:
-        raise InputError("a TensorRT build needs at least one shape profile")
+    _check_spec(spec, version, strongly_typed_only)
 
     builder = trt.Builder(logger)
     # Q/DQ INT8 is built strongly typed on 10.x as on 11 (TensorRT's recommended explicit-quantization
@@ -127,43 +119,13 @@ def build_plan(trt: Any, spec: BuildSpec, progress: Callable[[str, int, int], No
         flags = 0  # 11.x: strong typing is always on; its flag is deprecated and ignored
     else:
         flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if strongly_typed else 0
-    network = builder.create_network(flags)
-    parser = trt.OnnxParser(network, logger)
-    # Both read external weights beside spec.onnx (parse: from the path given with the bytes).
-    onnx_file = str(spec.onnx)
-    parsed = parser.parse(spec.graph, onnx_file) if spec.graph is not None else parser.parse_from_file(onnx_file)
-    if not parsed:
-        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
-        raise InputError(f"TensorRT {version} could not parse {spec.onnx}: {' | '.join(errors) or logger.drain()}")
+    # the parser owns the network's weights: it is held here until the plan is built and written
+    network, _parser = _parse_onnx(trt, builder, logger, spec, flags)
 
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, spec.workspace_bytes)
-    set_flags = []
-    if not strongly_typed_only:
-        if spec.precision == "fp16":
-            config.set_flag(trt.BuilderFlag.FP16)
-            set_flags.append("FP16")
-        elif spec.precision == "int8" and spec.calibrator is not None:
-            config.set_flag(trt.BuilderFlag.INT8)
-            config.set_flag(trt.BuilderFlag.FP16)  # layers INT8 cannot take fall back to FP16, not FP32
-            config.int8_calibrator = spec.calibrator
-            set_flags += ["INT8", "FP16"]
-
-    inputs = {network.get_input(i).name: tuple(network.get_input(i).shape) for i in range(network.num_inputs)}
-    for name, shapes in spec.profiles:
-        unknown = sorted(set(shapes) - set(inputs))
-        missing = sorted(n for n, s in inputs.items() if any(d < 0 for d in s) and n not in shapes)
-        if unknown or missing:
-            raise InputError(
-                f"profile {name!r} does not match {spec.onnx.name}: unknown inputs {unknown}, "
-                f"dynamic inputs without shapes {missing}"
-            )
-        profile = builder.create_optimization_profile()
-        for tensor, (lo, opt, hi) in shapes.items():
-            profile.set_shape(tensor, lo, opt, hi)
-        if config.add_optimization_profile(profile) < 0:
-            raise InputError(f"TensorRT rejected profile {name!r}: {logger.drain()}")
-
+    set_flags = [] if strongly_typed_only else _set_precision_flags(trt, config, spec)
+    _add_profiles(builder, config, network, spec, logger)
     cache_bytes = b""
     if spec.timing_cache is not None and spec.timing_cache.is_file():
         cache_bytes = spec.timing_cache.read_bytes()
@@ -192,6 +154,67 @@ def build_plan(trt: Any, spec: BuildSpec, progress: Callable[[str, int, int], No
         "plan_bytes": spec.plan.stat().st_size,
         "calibrator": type(spec.calibrator).__name__ if spec.calibrator is not None else None,
     }
+
+
+def _check_spec(spec: BuildSpec, version: str, strongly_typed_only: bool) -> None:
+    """Refuse what this TensorRT cannot build: another precision, a calibrator on 11.x, no profile."""
+    if spec.precision not in ("fp32", "fp16", "int8"):
+        raise InputError(f"TensorRT builds fp32, fp16 or int8 plans, not {spec.precision}")
+    if spec.calibrator is not None and strongly_typed_only:
+        raise InputError(
+            f"TensorRT {version} removed the implicit INT8 calibrator; build INT8 from the "
+            "symmetric Q/DQ ONNX (edge-agent calibrate makes it)"
+        )
+    if not spec.profiles:
+        raise InputError("a TensorRT build needs at least one shape profile")
+
+
+def _parse_onnx(trt: Any, builder: Any, logger: Any, spec: BuildSpec, flags: int) -> tuple[Any, Any]:
+    """The network (created with ``flags``) parsed from ``spec``'s ONNX, and the parser, which owns the
+    network's weights."""
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    # Both read external weights beside spec.onnx (parse: from the path given with the bytes).
+    onnx_file = str(spec.onnx)
+    parsed = parser.parse(spec.graph, onnx_file) if spec.graph is not None else parser.parse_from_file(onnx_file)
+    if not parsed:
+        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+        raise InputError(
+            f"TensorRT {trt.__version__} could not parse {spec.onnx}: {' | '.join(errors) or logger.drain()}"
+        )
+    return network, parser
+
+
+def _set_precision_flags(trt: Any, config: Any, spec: BuildSpec) -> list[str]:
+    """TensorRT 10.x only: FP16, or INT8 (with FP16 fallback) through the calibrator; the flags set."""
+    if spec.precision == "fp16":
+        config.set_flag(trt.BuilderFlag.FP16)
+        return ["FP16"]
+    if spec.precision == "int8" and spec.calibrator is not None:
+        config.set_flag(trt.BuilderFlag.INT8)
+        config.set_flag(trt.BuilderFlag.FP16)  # layers INT8 cannot take fall back to FP16, not FP32
+        config.int8_calibrator = spec.calibrator
+        return ["INT8", "FP16"]
+    return []
+
+
+def _add_profiles(builder: Any, config: Any, network: Any, spec: BuildSpec, logger: Any) -> None:
+    """One optimization profile per recipe profile; a profile naming unknown inputs, or leaving a
+    dynamic input without shapes, is refused."""
+    inputs = {network.get_input(i).name: tuple(network.get_input(i).shape) for i in range(network.num_inputs)}
+    for name, shapes in spec.profiles:
+        unknown = sorted(set(shapes) - set(inputs))
+        missing = sorted(n for n, s in inputs.items() if any(d < 0 for d in s) and n not in shapes)
+        if unknown or missing:
+            raise InputError(
+                f"profile {name!r} does not match {spec.onnx.name}: unknown inputs {unknown}, "
+                f"dynamic inputs without shapes {missing}"
+            )
+        profile = builder.create_optimization_profile()
+        for tensor, (lo, opt, hi) in shapes.items():
+            profile.set_shape(tensor, lo, opt, hi)
+        if config.add_optimization_profile(profile) < 0:
+            raise InputError(f"TensorRT rejected profile {name!r}: {logger.drain()}")
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
