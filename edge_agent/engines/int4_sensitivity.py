@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -86,6 +87,22 @@ def _feeds(session: Any, ids: Sequence[int], config: dict) -> dict[str, np.ndarr
     if any(a.name == "logits_to_keep" for a in session.get_overridable_initializers()):
         feeds["logits_to_keep"] = np.array(n, np.int64)
     return feeds
+
+
+def calibration_ids(source: Any, text: Path, skip: int, count: int) -> tuple[list[int], int | None]:
+    """Tokens ``skip .. skip + count`` of the calibration ``text`` (a text file or ``{"text"}`` JSONL) by the
+    tokenizer of ``source`` (a ``ModelRef``), and its BOS id (None without one)."""
+    from ..models.perplexity import text_tokens
+    from ..models.tokenizer import Tokenizer
+    from .datasets import read_text_corpus
+
+    ids, bos = text_tokens(Tokenizer(source.path, source.model_type), read_text_corpus(Path(text)))
+    chosen = ids[skip : skip + count]
+    if len(chosen) < 2:
+        raise InputError(
+            f"weight_only.calibration {text}: {len(ids)} tokens, none left after calibration_skip_tokens = {skip}"
+        )
+    return list(chosen), bos
 
 
 def calibration_windows(ids: Sequence[int], bos: int | None, window: int) -> list[list[int]]:

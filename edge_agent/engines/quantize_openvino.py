@@ -4,7 +4,9 @@
 - ``quantize_int8``: NNCF post-training quantization (``nncf.quantize``) with the calibration feeds;
   ``model_type=TRANSFORMER`` for LLMs (keeps softmax/layer-norm paths in float), symmetric preset.
 - ``compress_weights``: NNCF weight-only INT8 / INT4 (group-wise), symmetric or asymmetric, for LLMs:
-  what the NPU and memory-bound CPU decode want; no calibration data needed.
+  what the NPU and memory-bound CPU decode want; data-free, or for INT4 with NNCF's data-aware options
+  (AWQ, scale estimation, GPTQ, a mixed ratio chosen by an activation metric) on calibration text
+  (``compress_weights_for``: a recipe's ``[weight_only]`` with its ``openvino`` table).
 - ``stateful_ir``: an LLM export as the stateful IR the NPU plugin's LLM mode compiles (KV cache as
   state, ``beam_idx``), its weights f32, f16, INT8 or symmetric INT4 (what the NPU wants).
 - ``compile_blob``: compile once with ``CACHE_DIR`` inside the artifact so a later load imports the
@@ -17,12 +19,16 @@ import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..backends import Precision, SessionOptions, open_session
 from ..errors import BackendError, BackendUnavailable, InputError
 from .quiet import folded
+
+if TYPE_CHECKING:
+    from .recipes import WeightOnlySpec
 
 log = logging.getLogger(__name__)
 
@@ -101,23 +107,140 @@ def quantize_int8(
     }
 
 
-def compress_weights(src: Path, dst_xml: Path, bits: int, group_size: int = 64, symmetric: bool = True) -> dict:
+def compress_weights(
+    src: Path,
+    dst_xml: Path,
+    bits: int,
+    group_size: int = 64,
+    symmetric: bool = True,
+    options: Mapping[str, Any] | None = None,
+    dataset: Sequence[Mapping[str, np.ndarray]] | None = None,
+) -> dict:
     """NNCF weight-only compression: INT8 per channel, or INT4 in groups of ``group_size`` along K;
-    ``symmetric`` picks the *_SYM mode (no zero points), else *_ASYM."""
+    ``symmetric`` picks the *_SYM mode (no zero points), else *_ASYM. INT4 ``options`` (the keys of
+    ``recipes.OpenVinoInt4Spec``) go to ``nncf.compress_weights``; ``dataset``: the model's inputs for the
+    data-aware ones (prefills of calibration text)."""
     ov, nncf = _ov(), _nncf()
     model = ov.Core().read_model(str(src))
     kind = "SYM" if symmetric else "ASYM"
+    opts = dict(options or {})
+    kwargs: dict[str, Any] = {}
     if bits == 8:
-        mode, kwargs = getattr(nncf.CompressWeightsMode, f"INT8_{kind}"), {}
+        if opts:
+            raise InputError("weight_only.openvino: NNCF's data-aware options are for int4, not 8-bit weights")
+        mode = getattr(nncf.CompressWeightsMode, f"INT8_{kind}")
     elif bits == 4:
-        # ratio 1.0: every eligible matmul in INT4; NNCF keeps embeddings and the head in INT8.
-        mode, kwargs = getattr(nncf.CompressWeightsMode, f"INT4_{kind}"), {"group_size": group_size, "ratio": 1.0}
+        # ratio 1.0 (default): every eligible matmul in INT4; NNCF keeps embeddings and the head in INT8.
+        mode = getattr(nncf.CompressWeightsMode, f"INT4_{kind}")
+        kwargs = {"group_size": group_size, "ratio": float(opts.get("ratio", 1.0))}
+        kwargs.update(_int4_options(nncf, opts, dataset))
     else:
         raise InputError(f"weight compression takes 4 or 8 bits, not {bits}")
+    transposed = _transpose_weights(model) if "dataset" in kwargs else 0
+    if dataset is not None and "dataset" in kwargs:
+        kwargs["subset_size"] = min(int(opts.get("subset_size", 128)), len(dataset))
     with folded("nncf"):
         compressed = nncf.compress_weights(model, mode=mode, **kwargs)
     ov.save_model(compressed, str(dst_xml), compress_to_fp16=False)
-    return {"tool": f"nncf {nncf.__version__} compress_weights", "mode": mode.name, **kwargs}
+    facts = {k: (v.value if hasattr(v, "value") else v) for k, v in kwargs.items() if k != "dataset"}
+    if "dataset" in kwargs:
+        facts["calibration_windows"] = len(dataset or [])
+    if transposed:
+        facts["matmuls_transposed"] = transposed
+    return {"tool": f"nncf {nncf.__version__} compress_weights", "mode": mode.name, **facts}
+
+
+def _int4_options(nncf: Any, opts: Mapping[str, Any], dataset: Sequence[Mapping[str, np.ndarray]] | None) -> dict:
+    """``nncf.compress_weights`` keywords for the INT4 ``opts`` but the ratio; the dataset when an option is
+    data-aware, a sensitivity metric is named or the ratio is under 1 (NNCF then ranks by activations)."""
+    out: dict[str, Any] = {k: True for k in ("awq", "scale_estimation", "gptq") if opts.get(k)}
+    metric = opts.get("sensitivity_metric")
+    if metric:
+        out["sensitivity_metric"] = getattr(nncf.SensitivityMetric, str(metric).upper())
+    backup = opts.get("backup_mode")
+    if backup and backup != "int8_asym":  # NNCF's default
+        out["backup_mode"] = getattr(nncf.BackupMode, str(backup).upper())
+    needs: list[str] = [k for k in ("awq", "scale_estimation", "gptq") if k in out]
+    if metric and metric != "weight_quantization_error":
+        needs.append("sensitivity_metric")
+    if needs and not dataset:
+        raise InputError(f"weight_only.openvino.{needs[0]} needs calibration text (weight_only.calibration)")
+    if dataset and (needs or opts.get("ratio", 1.0) < 1.0 or metric):
+        out["dataset"] = nncf.Dataset(list(dataset))
+    return out
+
+
+def _transpose_weights(model: Any) -> int:
+    """MatMul(x, W[K, N]) -> MatMul(x, W^T, transpose_b = true), the same product. ONNX exports store weights
+    [K, N]; NNCF's data-aware algorithms expect [N, K] (as PyTorch exports them): its GPTQ refuses the other
+    layout, its scale estimation fits wrong scales on it. Returns how many MatMuls changed."""
+    from openvino import opset13 as ops
+
+    changed = 0
+    for op in model.get_ordered_ops():
+        if op.get_type_name() != "MatMul" or op.get_attributes()["transpose_b"]:
+            continue
+        const = op.input_value(1).get_node()
+        if const.get_type_name() != "Constant" or len(const.get_output_partial_shape(0)) != 2:
+            continue
+        weight = ops.constant(np.ascontiguousarray(const.get_data().T))
+        weight.set_friendly_name(const.get_friendly_name())
+        new = ops.matmul(op.input_value(0), weight, op.get_attributes()["transpose_a"], True)
+        new.set_friendly_name(op.get_friendly_name())
+        op.output(0).replace(new.output(0))
+        changed += 1
+    return changed
+
+
+def compress_weights_for(src: Path, dst_xml: Path, bits: int, spec: WeightOnlySpec, source: Any) -> dict:
+    """``compress_weights`` as a recipe's ``[weight_only]`` asks: its block size and symmetry, and for INT4
+    its ``openvino`` options with prefills of ``calibration`` text (tokens ``calibration_skip_tokens`` ..
+    + ``calibration_tokens``, windows of 512 with BOS first) by ``source``'s tokenizer (a ``ModelRef``)."""
+    options = spec.openvino.model_dump(exclude_unset=True) if spec.openvino is not None and bits == 4 else {}
+    if spec.openvino is not None and bits == 4:
+        options["subset_size"] = spec.openvino.subset_size
+    dataset = None
+    facts: dict[str, Any] = {}
+    if options and spec.calibration is not None:
+        from . import int4_sensitivity as sv
+
+        ids, bos = sv.calibration_ids(source, spec.calibration, spec.calibration_skip_tokens, spec.calibration_tokens)
+        model = _ov().Core().read_model(str(src))
+        dataset = [llm_feeds(model, w, dict(source.config)) for w in sv.calibration_windows(ids, bos, 512)]
+        facts["calibration"] = {
+            "text": str(spec.calibration),
+            "skip_tokens": spec.calibration_skip_tokens,
+            "tokens": len(ids),
+        }
+    out = compress_weights(src, dst_xml, bits, spec.block_size, spec.symmetric, options, dataset)
+    return {**out, **facts}
+
+
+def llm_feeds(model: Any, ids: Sequence[int], config: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """One prefill of ``ids`` for an OpenVINO LLM ``model`` read from a KV-cache export: input ids, mask and
+    positions, empty past keys and values (their head count and size from the model, else ``config``)."""
+    n = len(ids)
+    feeds: dict[str, np.ndarray] = {}
+    for port in model.inputs:
+        name, dtype = port.get_any_name(), port.get_element_type().to_dtype()
+        if name == "input_ids":
+            feeds[name] = np.asarray([ids], dtype)
+        elif name == "attention_mask":
+            feeds[name] = np.ones((1, n), dtype)
+        elif name == "position_ids":
+            feeds[name] = np.arange(n, dtype=dtype)[None]
+        elif name.startswith("past_key_values") or name.startswith("past."):
+            shape = port.get_partial_shape()
+            heads = shape[1].get_length() if shape[1].is_static else int(config["num_key_value_heads"])
+            size = (
+                shape[3].get_length()
+                if shape[3].is_static
+                else int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+            )
+            feeds[name] = np.zeros((1, heads, 0, size), dtype)
+        else:
+            raise InputError(f"calibration prefills: unexpected LLM input {name!r} (not a KV-cache export)")
+    return feeds
 
 
 def stateful_ir(

@@ -421,20 +421,6 @@ def quantize_matmul_nbits(
     }
 
 
-def _calibration_ids(source: Any, text: Path, skip: int, count: int) -> tuple[list[int], int | None]:
-    from ..models.perplexity import text_tokens
-    from ..models.tokenizer import Tokenizer
-    from .datasets import read_text_corpus
-
-    ids, bos = text_tokens(Tokenizer(source.path, source.model_type), read_text_corpus(Path(text)))
-    chosen = ids[skip : skip + count]
-    if len(chosen) < 2:
-        raise InputError(
-            f"weight_only.calibration {text}: {len(ids)} tokens, none left after calibration_skip_tokens = {skip}"
-        )
-    return chosen, bos
-
-
 def _quantize_numpy(
     src: Path,
     dst: Path,
@@ -498,7 +484,7 @@ def _quantize_numpy(
         if source_graph.resolve() != Path(src).resolve():
             plain = onnx.load(str(source_graph))
             untie_transposed_weights(plain)
-        ids, bos = _calibration_ids(source, Path(calibration), skip, count)
+        ids, bos = sv.calibration_ids(source, Path(calibration), skip, count)
         cal = sv.calibrate(plain, head_matmul(plain), ids, bos, dict(source.config), threads=threads, progress=say)
         report["calibration"] = {"text": str(calibration), "skip_tokens": skip, "tokens": len(ids)}
     inits = {i.name: i for i in model.graph.initializer}

@@ -20,6 +20,14 @@ shape profiles, which calibration and held-out data, and how much accuracy an en
     head_bits = 0                      # ORT: the LM head's own bits (0: as the precision's), e.g. 8 in int4
     head_block_size = 0                # ORT: the LM head's own block size (0: block_size)
 
+    [weight_only.openvino]             # OpenVINO int4: NNCF's options (absent: data-free, every matmul at 4 bits)
+    awq = false                        # activation-aware scaling (needs weight_only.calibration, as the next two)
+    scale_estimation = false           # group scales fitted to the calibration activations
+    gptq = false                       # NNCF's GPTQ
+    ratio = 1.0                        # share of the ratio-defining weights at INT4, the rest at backup_mode
+    sensitivity_metric = "hessian_input_activation"   # which weights stay at the backup precision (ratio < 1)
+    backup_mode = "int8_asym"          # int8_asym | int8_sym | none
+
     [calibration]                      # INT8 activation ranges come from here
     data = "../calibration/llm/prompts.jsonl"
     samples = 64
@@ -166,6 +174,41 @@ class PerplexitySpec(_Strict):
         return self
 
 
+SensitivityMetric = Literal[
+    "weight_quantization_error",
+    "hessian_input_activation",
+    "mean_activation_variance",
+    "max_activation_variance",
+    "mean_activation_magnitude",
+]
+
+
+class OpenVinoInt4Spec(_Strict):
+    """``[weight_only.openvino]``: NNCF's INT4 weight compression options (``nncf.compress_weights``) for
+    OpenVINO builds; the data-aware ones run on ``weight_only.calibration``'s tokens."""
+
+    awq: bool = Field(False, description="activation-aware weight quantization (needs calibration)")
+    scale_estimation: bool = Field(False, description="group scales fitted on the calibration activations")
+    gptq: bool = Field(False, description="NNCF's GPTQ on the calibration activations")
+    ratio: float = Field(1.0, gt=0.0, le=1.0, description="share of the ratio-defining weights at INT4")
+    sensitivity_metric: SensitivityMetric | None = Field(
+        None,
+        description="which weights keep the backup precision when ratio < 1 (default: NNCF's, "
+        "hessian_input_activation with calibration, weight_quantization_error without)",
+    )
+    backup_mode: Literal["int8_asym", "int8_sym", "none"] = Field(
+        "int8_asym", description="the precision of the weights ratio leaves out of INT4"
+    )
+    subset_size: int = Field(128, ge=1, le=100_000, description="calibration windows NNCF uses at most")
+
+    def data_aware(self) -> list[str]:
+        """The keys set here that need calibration activations."""
+        keys = [k for k in ("awq", "scale_estimation", "gptq") if getattr(self, k)]
+        if self.sensitivity_metric not in (None, "weight_quantization_error"):
+            keys.append("sensitivity_metric")
+        return keys
+
+
 _CALIBRATION_KEYS = (
     "calibration",
     "calibration_skip_tokens",
@@ -207,6 +250,7 @@ class WeightOnlySpec(_Strict):
         description="ONNX Runtime int4: keep the layers at 8 bits that the sensitivity pass picks to stay within "
         "this perplexity increase on the calibration text (needs calibration)",
     )
+    openvino: OpenVinoInt4Spec | None = Field(None, description="OpenVINO int4: NNCF's options (data-aware ones)")
 
     @model_validator(mode="after")
     def _calibrated(self) -> WeightOnlySpec:
@@ -214,12 +258,16 @@ class WeightOnlySpec(_Strict):
             raise ValueError("calibration: algorithm 'gptq' needs a calibration text (weight_only.calibration)")
         if self.mixed_budget_pct is not None and self.calibration is None:
             raise ValueError("calibration: mixed_budget_pct (the sensitivity pass) needs a calibration text")
+        needs = self.openvino.data_aware() if self.openvino is not None else []
+        if needs and self.calibration is None:
+            raise ValueError(f"calibration: openvino.{needs[0]} needs a calibration text (weight_only.calibration)")
         return self
 
     def unset_head(self) -> set[str]:
-        """The head keys left at 0 and the calibration keys left unset: kept out of cache keys, so engines
-        built before they existed stay valid."""
+        """The head keys left at 0, the calibration keys left unset and an absent ``openvino`` table: kept out of
+        cache keys, so engines built before they existed stay valid."""
         unset = {k for k in ("head_bits", "head_block_size") if not getattr(self, k)}
+        unset |= {"openvino"} if self.openvino is None else set()
         return unset | (
             {k for k in _CALIBRATION_KEYS if k not in self.model_fields_set} if self.calibration is None else set()
         )
@@ -237,7 +285,7 @@ class WeightOnlySpec(_Strict):
 
     def ort_args(self) -> dict:
         """``quantize_matmul_nbits``'s keyword arguments for an LLM graph (all but src, dst and bits)."""
-        return self.model_dump()
+        return self.model_dump(exclude={"openvino"})
 
     @field_validator("block_size", "head_block_size")
     @classmethod

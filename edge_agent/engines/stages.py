@@ -211,8 +211,7 @@ def _convert_openvino(ctx: StageContext, src: Path, xml: Path, parts: KeyParts, 
     if precision in ("fp32", "fp16"):
         return qov.to_ir(src, xml, fp16=precision == "fp16")
     if precision in WEIGHT_ONLY:
-        spec = ctx.recipe.weight_spec
-        return qov.compress_weights(src, xml, WEIGHT_ONLY[precision], spec.block_size, spec.symmetric)
+        return qov.compress_weights_for(src, xml, WEIGHT_ONLY[precision], ctx.recipe.weight_spec, ctx.ref)
     if precision == "int8" and flavour == "weights":
         return qov.compress_weights(src, xml, 8)
     feeds = calibration_feeds(ctx, req)
