@@ -172,7 +172,7 @@ def verdict_line(rows: list[dict], target: str) -> str:
     for r in built:
         if r["chosen"]:
             continue
-        label = f"{r['precision'].upper()}" + (f" {r['flavour']}" if r["flavour"] else "")
+        label = f"{r['precision'].upper()}" + "".join(f" {r[k]}" for k in ("flavour", "method") if r.get(k))
         rungs = r.get("rungs") or {}
         if not r["passed"]:
             others.append(f"{label} refused ({r['reasons'][0]})" if r["reasons"] else f"{label} refused")
@@ -191,7 +191,16 @@ def verdict_line(rows: list[dict], target: str) -> str:
 
 
 def r_name(r: dict) -> str:
-    return f"{r['backend']}/{r['precision']}" + (f" {r['flavour']}" if r["flavour"] else "")
+    name = f"{r['backend']}/{r['precision']}" + (f" {r['flavour']}" if r["flavour"] else "")
+    return name + (f" {r['method']}" if r.get("method") else "")
+
+
+def method_of(report: dict | None) -> str:
+    """An int4 candidate's 4-bit method (``conversion.algorithm``), so candidates of one precision made
+    differently (gptq, hqq, kquant) are told apart; "" for the rest, and for cache hits (no conversion)."""
+    if not report or report.get("precision") != "int4":
+        return ""
+    return str((report.get("conversion") or {}).get("algorithm") or "")
 
 
 def decide(
@@ -218,18 +227,20 @@ def decide(
         chosen = None  # every engine refused: the FP32 source is a reference, not a choice
     rung_names = list(dict.fromkeys(n for v in verdicts for n in v.rungs))
     per_rung: dict[str, Any] = {}
+    names = {id(v): name_of(v) + (f" {method_of(rep)}" if method_of(rep) else "") for v, rep in by_verdict}
     for rung in rung_names:  # a lower rung: the fastest within its own budget (the FP32 source is within all)
         pick = gates.choose([v for v, _ in by_verdict], rung)
-        per_rung[rung] = None if pick is None or chosen is None else name_of(pick)
+        per_rung[rung] = None if pick is None or chosen is None else names[id(pick)]
     cpu_word = "CPU" if target == "cpu" else target
     rows = []
     for v, rep in by_verdict:
         rows.append(
             {
-                "candidate": name_of(v),
+                "candidate": names[id(v)],
                 "backend": v.backend,
                 "precision": v.precision,
                 "flavour": v.flavour,
+                "method": method_of(rep),
                 "metrics": v.metrics,
                 "budget": v.budget,
                 "checks": checks(v, workload),
