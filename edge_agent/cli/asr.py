@@ -219,7 +219,6 @@ class _Printer:
 def cmd_listen(args: argparse.Namespace) -> int:
     from ..config import load_settings
     from ..metrics.window import RollingWindow
-    from ..serving.asr.factory import make_service
 
     settings = load_settings(args.config)
     if args.tools and not args.respond:
@@ -238,18 +237,10 @@ def cmd_listen(args: argparse.Namespace) -> int:
         elif responder is not None:
             responder.turn(event.stream).on_event(event)  # partials prefilled ahead; a resumption cancels
 
-    # Several microphones are several streams on one engine: their steps batch together.
-    early = not args.no_early_end
-    service = make_service(engine, settings.audio, settings.batching, streams=len(sources), early_end=early)
-    service.start()
+    service, streams = _open_streams(args, settings, engine, len(sources), on_event, responder, tools)
     turns = RollingWindow(3600.0)
     records: list[dict] = []
     stop = threading.Event()
-    pause_ms = responder.pause_ms if responder is not None else None
-    check = command_check(tools) if responder is not None else None  # a whole command ends the turn early
-    streams = [
-        service.open_stream(on_event=on_event, pause_ms=pause_ms, early_end=early, complete=check) for _ in sources
-    ]
     by_id = {st.id: st for st in streams}
     worker = threading.Thread(target=_consume, args=(finals, responder, records, turns, stop, args, by_id), daemon=True)
     worker.start()
@@ -258,27 +249,66 @@ def cmd_listen(args: argparse.Namespace) -> int:
     for f in feeders:
         f.start()
     try:
-        while any(f.is_alive() for f in feeders) and not stop.is_set():
-            if args.duration and time.monotonic() - started >= args.duration:
-                break
-            time.sleep(0.05)
+        _listen_until_done(feeders, stop, started, args.duration)
     except KeyboardInterrupt:
         pass
     finally:
         stop.set()
-        for src in sources:
-            src.close()
-        for f in feeders:
-            f.join(10.0)
-        for st in streams:
-            st.close()
-            st.wait(60.0)
-        finals.put(None)
-        worker.join(300.0)
-        service.stop()
-        engine.close()
-        if responder:
-            responder.close()
+        _close_listening(sources, feeders, streams, finals, worker, service, engine, responder)
+    report = _listen_report(engine, service, turns, responder, records, sources)
+    if args.json:
+        json.dump(report, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        _print_listen_summary(report, args.respond)
+    return 0
+
+
+def _open_streams(args, settings, engine, n: int, on_event, responder, tools) -> tuple[Any, list]:
+    """The started service and one stream per source. Several microphones are several streams on one
+    engine: their steps batch together."""
+    from ..serving.asr.factory import make_service
+
+    early = not args.no_early_end
+    service = make_service(engine, settings.audio, settings.batching, streams=n, early_end=early)
+    service.start()
+    pause_ms = responder.pause_ms if responder is not None else None
+    check = command_check(tools) if responder is not None else None  # a whole command ends the turn early
+    streams = [
+        service.open_stream(on_event=on_event, pause_ms=pause_ms, early_end=early, complete=check) for _ in range(n)
+    ]
+    return service, streams
+
+
+def _listen_until_done(
+    feeders: list[threading.Thread], stop: threading.Event, started: float, duration: float | None
+) -> None:
+    """Return when every source has ended, the consumer asked to stop, or ``duration`` passed since ``started``."""
+    while any(f.is_alive() for f in feeders) and not stop.is_set():
+        if duration and time.monotonic() - started >= duration:
+            break
+        time.sleep(0.05)
+
+
+def _close_listening(sources, feeders, streams, finals, worker, service, engine, responder) -> None:
+    """Sources first, then each stream drained, the finals consumer, the service and engine, the responder."""
+    for src in sources:
+        src.close()
+    for f in feeders:
+        f.join(10.0)
+    for st in streams:
+        st.close()
+        st.wait(60.0)
+    finals.put(None)
+    worker.join(300.0)
+    service.stop()
+    engine.close()
+    if responder:
+        responder.close()
+
+
+def _listen_report(engine, service, turns, responder, records: list[dict], sources) -> dict[str, Any]:
+    """The JSON report: the utterances, the service's and the turns' latency summary, each source."""
     snap = turns.snapshot()
     summary: dict[str, Any] = {**service.summary(), **{k: snap[k].as_dict() for k in TURN_METRICS}}
     if responder:
@@ -291,25 +321,25 @@ def cmd_listen(args: argparse.Namespace) -> int:
         "sources": [_source_report(src) for src in sources],
     }
     report["source"] = report["sources"][0]
-    if args.json:
-        json.dump(report, sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
-    else:
-        s = summary
-        print(
-            f"{len(records)} utterance(s) · first partial p50 {_r(s['first_partial_ms']['p50'])} ms · final p50 "
-            f"{_r(s['final_ms']['p50'])} ms · RTF p50 {_r(s['rtf']['p50'], 4)}"
-            + (f" · turn p50 {_r(s['turn_ms']['p50'])} ms" if args.respond else ""),
-            file=sys.stderr,
-        )
-        for src in report["sources"]:
-            if "overflows" in src:
-                print(
-                    f"{src['device']}: {src['overflows']} input overflow(s), {src['dropped_blocks']} dropped "
-                    f"block(s), {src['reconnects']} reconnect(s)",
-                    file=sys.stderr,
-                )
-    return 0
+    return report
+
+
+def _print_listen_summary(report: dict[str, Any], respond: bool) -> None:
+    """One line of latencies, and a line per microphone that overflowed, dropped or reconnected."""
+    s = report["summary"]
+    print(
+        f"{len(report['utterances'])} utterance(s) · first partial p50 {_r(s['first_partial_ms']['p50'])} ms · "
+        f"final p50 {_r(s['final_ms']['p50'])} ms · RTF p50 {_r(s['rtf']['p50'], 4)}"
+        + (f" · turn p50 {_r(s['turn_ms']['p50'])} ms" if respond else ""),
+        file=sys.stderr,
+    )
+    for src in report["sources"]:
+        if "overflows" in src:
+            print(
+                f"{src['device']}: {src['overflows']} input overflow(s), {src['dropped_blocks']} dropped "
+                f"block(s), {src['reconnects']} reconnect(s)",
+                file=sys.stderr,
+            )
 
 
 def _feed(source, stream, stop: threading.Event) -> None:
