@@ -89,20 +89,49 @@ def _feeds(session: Any, ids: Sequence[int], config: dict) -> dict[str, np.ndarr
     return feeds
 
 
-def calibration_ids(source: Any, text: Path, skip: int, count: int) -> tuple[list[int], int | None]:
-    """Tokens ``skip .. skip + count`` of the calibration ``text`` (a text file or ``{"text"}`` JSONL) by the
-    tokenizer of ``source`` (a ``ModelRef``), and its BOS id (None without one)."""
+@dataclass(frozen=True, slots=True)
+class CalibrationText:
+    """The calibration text's tokens in two slices: ``fit``, what the 4-bit method fits on (activation statistics,
+    GPTQ's Hessians, kquant's importance), and right after it ``score``, what the sensitivity pass scores. No
+    token is in both, so the pass measures each group's error on text the method did not fit it to."""
+
+    fit: list[int]
+    score: list[int]
+    bos: int | None
+    fit_range: tuple[int, int]  # token positions [start, end) in the text
+    score_range: tuple[int, int]
+    total: int  # tokens in the whole text
+
+
+def calibration_text(source: Any, text: Path, skip: int, fit_tokens: int, score_tokens: int = 0) -> CalibrationText:
+    """Tokens ``skip .. skip + fit_tokens`` of the calibration ``text`` (a text file or ``{"text"}`` JSONL) by
+    the tokenizer of ``source`` (a ``ModelRef``), then the next ``score_tokens`` (0: none) for the sensitivity
+    pass; each slice needs 2 tokens or more, else one line naming the key."""
     from ..models.perplexity import text_tokens
     from ..models.tokenizer import Tokenizer
     from .datasets import read_text_corpus
 
     ids, bos = text_tokens(Tokenizer(source.path, source.model_type), read_text_corpus(Path(text)))
-    chosen = ids[skip : skip + count]
-    if len(chosen) < 2:
+    fit = list(ids[skip : skip + fit_tokens])
+    if len(fit) < 2:
         raise InputError(
             f"weight_only.calibration {text}: {len(ids)} tokens, none left after calibration_skip_tokens = {skip}"
         )
-    return list(chosen), bos
+    start = skip + len(fit)
+    score = list(ids[start : start + score_tokens]) if score_tokens else []
+    if score_tokens and len(score) < 2:
+        raise InputError(
+            f"weight_only.sensitivity_tokens {score_tokens}: {text} has {len(ids)} tokens, {len(score)} after "
+            f"calibration_skip_tokens + calibration_tokens = {start} (the sensitivity pass scores the tokens after "
+            "those the method fits on)"
+        )
+    return CalibrationText(fit, score, bos, (skip, start), (start, start + len(score)), len(ids))
+
+
+def calibration_ids(source: Any, text: Path, skip: int, count: int) -> tuple[list[int], int | None]:
+    """Tokens ``skip .. skip + count`` of the calibration ``text`` and the tokenizer's BOS id (None without one)."""
+    cut = calibration_text(source, text, skip, count)
+    return cut.fit, cut.bos
 
 
 def calibration_windows(ids: Sequence[int], bos: int | None, window: int) -> list[list[int]]:

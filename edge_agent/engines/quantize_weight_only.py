@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 ALGORITHMS = int4_methods.METHODS
 # Written here in numpy (int4_methods); rtn by ONNX Runtime's quantizer or its kernels.
 NUMPY_ALGORITHMS = tuple(m for m in ALGORITHMS if m != "rtn")
+SENSITIVITY_WINDOW = 512  # tokens per window (BOS first) the sensitivity pass scores
 
 
 def ort_quantizer_available() -> bool:
@@ -327,7 +328,8 @@ def quantize_matmul_nbits(
     of it) gives ``kquant`` its importance per input and ``gptq`` its Hessians, measured on ``source`` (the
     FP32 model's ``ModelRef``: its plain graph, tokenizer and config). ``mixed_budget_pct``: the 4-bit
     precision keeps the layers (and head) at 8 bits that ``int4_sensitivity.keep_8bit`` picks to stay within
-    that Δperplexity on ``sensitivity_tokens`` of the calibration text; the choice is in the result."""
+    that Δperplexity on ``sensitivity_tokens`` of the calibration text, the tokens right after those the method
+    fits on (no token in both); the choice is in the result."""
     if bits == 8 and algorithm in NUMPY_ALGORITHMS:  # the 4-bit methods: 8-bit weights stay as int8w has them
         algorithm, mixed_budget_pct = "rtn", None
     if bits == 8:
@@ -473,6 +475,7 @@ def _quantize_numpy(
     if not targets:
         raise ModelError(f"{src}: no MatMul with a constant 2-D weight to quantize (is it an LLM export?)")
     cal = None
+    text = None
     plain = model
     report: dict[str, Any] = {}
     if calibration is not None:
@@ -484,9 +487,17 @@ def _quantize_numpy(
         if source_graph.resolve() != Path(src).resolve():
             plain = onnx.load(str(source_graph))
             untie_transposed_weights(plain)
-        ids, bos = sv.calibration_ids(source, Path(calibration), skip, count)
-        cal = sv.calibrate(plain, head_matmul(plain), ids, bos, dict(source.config), threads=threads, progress=say)
-        report["calibration"] = {"text": str(calibration), "skip_tokens": skip, "tokens": len(ids)}
+        text = sv.calibration_text(source, Path(calibration), skip, count, sensitivity_tokens if budget else 0)
+        cal = sv.calibrate(
+            plain, head_matmul(plain), text.fit, text.bos, dict(source.config), threads=threads, progress=say
+        )
+        report["calibration"] = {
+            "text": str(calibration),
+            "skip_tokens": skip,
+            "tokens": len(text.fit),
+            "fit_tokens": list(text.fit_range),
+            **({"sensitivity_tokens": list(text.score_range)} if budget is not None else {}),
+        }
     inits = {i.name: i for i in model.graph.initializer}
     blocks4: dict[str, int4_methods.Blocks] = {}
     for i, s in enumerate(targets):
@@ -507,7 +518,7 @@ def _quantize_numpy(
         )
         say(f"{algorithm} {i + 1}/{len(targets)}: {s.weight}")
     keep: set[str] = {s.node for s in targets if s.node not in blocks4}  # 8-bit by the recipe
-    if budget is not None and cal is not None:
+    if budget is not None and cal is not None and text is not None:
         plain_sites = sv.sites(plain, head_matmul(plain))
         by_key = {sv.site_key(s): s for s in targets}
         plain_inits = {i.name: i for i in plain.graph.initializer}
@@ -523,7 +534,7 @@ def _quantize_numpy(
 
         evaluator = sv.Evaluator(
             plain,
-            _first_tokens(cal.windows, sensitivity_tokens),
+            sv.calibration_windows(text.score, text.bos, SENSITIVITY_WINDOW),
             dict(source.config),
             threads,
             names=[s.weight for s in quantizable],
@@ -560,15 +571,3 @@ def _quantize_numpy(
         "quantize_s": round(time.perf_counter() - t0, 1),
         **report,
     }
-
-
-def _first_tokens(windows: list[list[int]], tokens: int) -> list[list[int]]:
-    """The first windows holding about ``tokens`` tokens (at least one)."""
-    out: list[list[int]] = []
-    total = 0
-    for w in windows:
-        if out and total >= tokens:
-            break
-        out.append(w)
-        total += len(w)
-    return out

@@ -243,7 +243,12 @@ class WeightOnlySpec(_Strict):
     )
     calibration_skip_tokens: int = Field(0, ge=0, description="tokens of the calibration text skipped first")
     calibration_tokens: int = Field(2048, ge=2, le=65536, description="calibration tokens after the skipped ones")
-    sensitivity_tokens: int = Field(512, ge=2, le=65536, description="calibration tokens the sensitivity pass scores")
+    sensitivity_tokens: int = Field(
+        512,
+        ge=2,
+        le=65536,
+        description="calibration tokens the sensitivity pass scores: those after calibration_tokens",
+    )
     mixed_budget_pct: float | None = Field(
         None,
         ge=0.0,
@@ -281,6 +286,8 @@ class WeightOnlySpec(_Strict):
             except OSError as exc:
                 raise ConfigError([("weight_only.calibration", f"cannot read {self.calibration}: {exc}")]) from exc
             out["calibration"] = {"name": Path(self.calibration).name, "sha256": digest}
+        if self.mixed_budget_pct is not None:  # the pass once scored the first tokens the method fitted on
+            out["sensitivity_slice"] = "after calibration_tokens"
         return out
 
     def ort_args(self) -> dict:

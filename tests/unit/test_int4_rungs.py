@@ -53,6 +53,10 @@ def test_method_keys_and_their_bad_input_name_the_key(tmp_path: Path) -> None:
     assert spec.algorithm == "gptq" and spec.mixed_budget_pct == 5.0
     assert spec.calibration == (tmp_path / "text.txt").resolve()  # found like the recipe's other data
     assert spec.key()["calibration"]["sha256"]  # the text by its content in the cache key
+    # builds whose sensitivity pass scored the fitted tokens are other engines: the held-apart slice moves the key
+    assert spec.key()["sensitivity_slice"] == "after calibration_tokens"
+    plain = load(tmp_path, '[weight_only]\nalgorithm = "gptq"\ncalibration = "text.txt"').weight_spec
+    assert "sensitivity_slice" not in plain.key()
     hqq = '[weight_only]\nalgorithm = "hqq"\ncalibration = "text.txt"\nmixed_budget_pct = 5.0'
     assert load(tmp_path, hqq).weight_spec.algorithm == "hqq"  # numpy HQQ takes the sensitivity pass too
     assert "weight_only.algorithm" in refused(tmp_path, '[weight_only]\nalgorithm = "awq"')
