@@ -107,87 +107,29 @@ def _gauge(text: str, prefix: str) -> float | None:
 
 
 def _one_run(n: int, opts: FleetOptions, work: Path) -> dict[str, Any]:
+    """One run at ``n`` devices: broker, exporter, watch and simulator started, the exporter measured, all stopped."""
     mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     if not Path(mosquitto).exists():
         raise BackendUnavailable("bench fleet needs mosquitto (apt-get install mosquitto)")
     mq_port, ex_port = free_port(), free_port()
     conf = work / f"mosquitto-{n}.conf"
     conf.write_text(f"listener {mq_port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages 100000\n")
-    py = [sys.executable, "-m", "edge_agent"]
     broker = f"127.0.0.1:{mq_port}"
     procs: list[subprocess.Popen] = []
     log = (work / f"children-{n}.log").open("ab")
     try:
         procs.append(subprocess.Popen([mosquitto, "-c", str(conf)], stdout=log, stderr=log))
         time.sleep(0.5)
-        exporter = subprocess.Popen(
-            [*py, "fleet", "export", "--broker", broker, "--listen", f"127.0.0.1:{ex_port}"], stdout=log, stderr=log
-        )
-        procs.append(exporter)
-        total = opts.warmup_s + opts.duration_s
-        watch = subprocess.Popen(
-            [
-                *py,
-                "bench",
-                "fleet",
-                "--role",
-                "watch",
-                "--broker",
-                broker,
-                "--warmup-s",
-                str(opts.warmup_s),
-                "--duration-s",
-                str(opts.duration_s),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=log,
-        )
-        procs.append(watch)
-        time.sleep(1.5)
-        sim = subprocess.Popen(
-            [
-                *py,
-                "fleet",
-                "simulate",
-                "--broker",
-                broker,
-                "--devices",
-                str(n),
-                "--interval-s",
-                str(opts.interval_s),
-                "--duration-s",
-                str(total + 1.0),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=log,
-        )
-        procs.append(sim)
+        exporter, watch, sim = _start_fleet(n, opts, broker, ex_port, log, procs)
         time.sleep(opts.warmup_s)
-        text0, _ = _metrics(ex_port)
-        cpu0, t0 = _cpu_s(exporter.pid), time.monotonic()
-        msgs0 = _gauge(text0, 'edge_fleet_export_messages_total{kind="tele/latency"}') or 0.0
-        scrapes = []
-        while time.monotonic() - t0 < opts.duration_s:
-            time.sleep(min(opts.scrape_every_s, max(0.0, opts.duration_s - (time.monotonic() - t0))))
-            text, took = _metrics(ex_port)
-            scrapes.append(took)
-        cpu1, t1 = _cpu_s(exporter.pid), time.monotonic()
-        msgs1 = _gauge(text, 'edge_fleet_export_messages_total{kind="tele/latency"}') or 0.0
+        row = _measure_exporter(exporter.pid, ex_port, opts)
         out, _ = watch.communicate(timeout=60)
         w = json.loads(out.decode().strip().splitlines()[-1])
         sim_out, _ = sim.communicate(timeout=60)
-        scrape = statistics.median(scrapes)
-        lag50 = _gauge(text, 'edge_fleet_export_ingest_lag_seconds{quantile="0.5"}')
-        lag95 = _gauge(text, 'edge_fleet_export_ingest_lag_seconds{quantile="0.95"}')
         return {
             "devices": n,
             "expected_msgs_per_s": n / opts.interval_s,
-            "export_msgs_per_s": (msgs1 - msgs0) / (t1 - t0),
-            "export_cpu_pct": 100 * (cpu1 - cpu0) / (t1 - t0),
-            "export_lag_p50_s": None if lag50 is None else lag50 + scrape,
-            "export_lag_p95_s": None if lag95 is None else lag95 + scrape,
-            "scrape_s": scrape,
-            "scrape_bytes": len(text),
+            **row,
             "watch_msgs_per_s": w["messages"] / w["elapsed_s"],
             "watch_cpu_pct": 100 * w["cpu_s"] / w["elapsed_s"],
             "watch_lag_p50_s": w["lag_p50_s"],
@@ -195,15 +137,97 @@ def _one_run(n: int, opts: FleetOptions, work: Path) -> dict[str, Any]:
             "simulator": sim_out.decode().strip(),
         }
     finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
+        _stop(procs)
         log.close()
+
+
+def _start_fleet(
+    n: int, opts: FleetOptions, broker: str, ex_port: int, log: Any, procs: list[subprocess.Popen]
+) -> tuple[subprocess.Popen, subprocess.Popen, subprocess.Popen]:
+    """``fleet export``, the watch role and ``fleet simulate`` (``n`` devices) on ``broker``, each added to
+    ``procs`` as it starts (so a failure part way still stops what started)."""
+    py = [sys.executable, "-m", "edge_agent"]
+    exporter = subprocess.Popen(
+        [*py, "fleet", "export", "--broker", broker, "--listen", f"127.0.0.1:{ex_port}"], stdout=log, stderr=log
+    )
+    procs.append(exporter)
+    total = opts.warmup_s + opts.duration_s
+    watch = subprocess.Popen(
+        [
+            *py,
+            "bench",
+            "fleet",
+            "--role",
+            "watch",
+            "--broker",
+            broker,
+            "--warmup-s",
+            str(opts.warmup_s),
+            "--duration-s",
+            str(opts.duration_s),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+    )
+    procs.append(watch)
+    time.sleep(1.5)
+    sim = subprocess.Popen(
+        [
+            *py,
+            "fleet",
+            "simulate",
+            "--broker",
+            broker,
+            "--devices",
+            str(n),
+            "--interval-s",
+            str(opts.interval_s),
+            "--duration-s",
+            str(total + 1.0),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+    )
+    procs.append(sim)
+    return exporter, watch, sim
+
+
+def _measure_exporter(pid: int, port: int, opts: FleetOptions) -> dict[str, Any]:
+    """The exporter over ``duration_s``: messages/s and CPU, its lag plus what a scrape takes, scraped every
+    ``scrape_every_s``."""
+    text0, _ = _metrics(port)
+    cpu0, t0 = _cpu_s(pid), time.monotonic()
+    msgs0 = _gauge(text0, 'edge_fleet_export_messages_total{kind="tele/latency"}') or 0.0
+    scrapes = []
+    while time.monotonic() - t0 < opts.duration_s:
+        time.sleep(min(opts.scrape_every_s, max(0.0, opts.duration_s - (time.monotonic() - t0))))
+        text, took = _metrics(port)
+        scrapes.append(took)
+    cpu1, t1 = _cpu_s(pid), time.monotonic()
+    msgs1 = _gauge(text, 'edge_fleet_export_messages_total{kind="tele/latency"}') or 0.0
+    scrape = statistics.median(scrapes)
+    lag50 = _gauge(text, 'edge_fleet_export_ingest_lag_seconds{quantile="0.5"}')
+    lag95 = _gauge(text, 'edge_fleet_export_ingest_lag_seconds{quantile="0.95"}')
+    return {
+        "export_msgs_per_s": (msgs1 - msgs0) / (t1 - t0),
+        "export_cpu_pct": 100 * (cpu1 - cpu0) / (t1 - t0),
+        "export_lag_p50_s": None if lag50 is None else lag50 + scrape,
+        "export_lag_p95_s": None if lag95 is None else lag95 + scrape,
+        "scrape_s": scrape,
+        "scrape_bytes": len(text),
+    }
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """Terminate the processes, last started first; kill one that does not exit within 10 s."""
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
 
 
 def _fmt(v: float | None, spec: str) -> str:
