@@ -28,6 +28,7 @@ gives each figure's median over the rounds with its min–max.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import os
@@ -40,6 +41,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -169,6 +171,36 @@ def level_figures(outcomes: Sequence[Outcome], seconds: float, sla_ms: float, vo
         "served_by": served,
         "not_completed": reasons,
     }
+
+
+def switches(log_text: str, start_wall: float, end_wall: float) -> list[dict]:
+    """The daemon's LLM tier switches logged between ``start_wall`` and ``end_wall`` (epoch seconds), each as
+    ``{"t_s"`` (from ``start_wall``), ``"from"``, ``"to"``, ``"action"}``, from its ``event tier_switch``
+    lines (the log's local-time stamps)."""
+    out = []
+    for line in log_text.splitlines():
+        if "event tier_switch: " not in line:
+            continue
+        try:
+            stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            event = ast.literal_eval(line.split("event tier_switch: ", 1)[1])
+        except (ValueError, SyntaxError):
+            continue
+        if start_wall <= stamp <= end_wall and event.get("workload") == "llm":
+            out.append({"t_s": round(stamp - start_wall, 3), "from": event.get("from"), "to": event.get("to"),
+                        "action": event.get("action")})  # fmt: skip
+    return out
+
+
+def switch_delay_s(outcomes: Sequence[Outcome], level_switches: Sequence[dict]) -> float | None:
+    """Seconds from the level's first refusal (an arrival predicted over budget: the default tiers share no
+    weights, so none is admitted on a lighter tier's settings instead) to the first switch down after it;
+    None without both."""
+    refused = [o.t_s for o in outcomes if o.kind == "refused"]
+    if not refused:
+        return None
+    downs = [sw["t_s"] for sw in level_switches if sw["action"] == "downgrade" and sw["t_s"] >= min(refused)]
+    return round(downs[0] - min(refused), 3) if downs else None
 
 
 def spread(values: Sequence[float | None]) -> dict | None:
@@ -834,12 +866,16 @@ class _Overload:
             )
             self.progress.update(self.done_s + min(t, opts.seconds), self.total_s)
 
+        start_wall = time.time()
         outs, turns = asyncio.run(drive_level(url, schedule, opts.seconds, opts.drain_s, voice, tick))
         self.done_s += opts.seconds
         fig = {"load": LEVELS[k], "offered_per_s": rate, **level_figures(outs, opts.seconds, opts.sla_ms, turns)}
         fig["load_avg_1m"] = round(os.getloadavg()[0], 2)  # the machine is shared: what else ran
         fig["outcomes"] = [asdict(o) for o in outs]
         fig["voice"] = [asdict(v) for v in turns]
+        if system == EDGE and self.daemon is not None:
+            fig["switches"] = switches(self.daemon.log.read_text(errors="replace"), start_wall, time.time())
+            fig["switch_delay_s"] = switch_delay_s(outs, fig["switches"])
         self.say(f"round {round_ + 1} {system} {LEVELS[k]:g}x: {level_line(fig, voice is not None)}")
         waited = asyncio.run(wait_idle(url, system))
         if waited > 1:

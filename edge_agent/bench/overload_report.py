@@ -68,6 +68,14 @@ def check_targets(report: dict) -> list[dict]:
         g = _median(_level(report, EDGE, load), "goodput_per_s")
         ratio = None if g is None or not g1 else g / g1
         add(f"{load:g}x: goodput >= 0.9x goodput at 1x (ratio)", ratio, lambda v: v >= 0.9, "", 2)
+    delays = [
+        lvl["switch_delay_s"]
+        for rounds in report["systems"].get(EDGE, {}).get("rounds", [])
+        for lvl in rounds
+        if lvl.get("switch_delay_s") is not None
+    ]
+    add("a switch down <= 3 s after the first arrival predicted over budget (the slowest)",
+        max(delays) if delays else None, lambda v: v <= 3.0, "s", 1)  # fmt: skip
     add("1.5x: spoken command end of speech -> reply P95 <= 500 ms", _median(hi, "voice_p95_ms"), lambda v: v <= 500)
     add("1.5x: spoken commands refused (all rounds)", None if hi is None or not hi["total_voice_turns"]
         else float(hi["total_voice_refused"]), lambda v: v == 0, "")  # fmt: skip

@@ -155,7 +155,7 @@ def test_spread_skips_rounds_that_measured_nothing() -> None:
 # -- targets and table --------------------------------------------------------------------------------
 
 
-def _report(p95: float, refused_share: float, refusal_p95: float, g1: float, g3: float) -> dict:
+def _report(p95: float, refused_share: float, refusal_p95: float, g1: float, g3: float, switch_s: float = 3.0) -> dict:
     def stat(v):
         return {"median": v, "min": v, "max": v, "n": 3}
 
@@ -172,7 +172,8 @@ def _report(p95: float, refused_share: float, refusal_p95: float, g1: float, g3:
     return {
         "sla_ms": 387.0, "capacity_per_s": 1.0, "capacity_measured_per_s": 1.0, "capacity_source": "measured",
         "rounds": 3, "seconds": 30.0, "seed": 42, "machine": {"cpu": "cpu", "cores": 2, "load_avg_at_start": [1.0]},
-        "systems": {EDGE: {"levels": levels, "rounds": []}},
+        "systems": {EDGE: {"levels": levels, "rounds": [[{"load": 0.5, "switch_delay_s": 1.0},
+                                                        {"load": 1.5, "switch_delay_s": switch_s}]]}},
     }  # fmt: skip
 
 
@@ -180,12 +181,13 @@ def test_targets_met_at_their_bounds_and_missed_just_past_them() -> None:
     bound = (1 - 1 / 1.5) + 0.10
     met = {t["target"]: t["met"] for t in check_targets(_report(387.0, bound, 50.0, 1.0, 0.9))}
     assert all(met.values()), met
-    missed = {t["target"]: t["met"] for t in check_targets(_report(387.5, bound + 0.001, 50.5, 1.0, 0.89))}
+    missed = {t["target"]: t["met"] for t in check_targets(_report(387.5, bound + 0.001, 50.5, 1.0, 0.89, 3.1))}
     assert not missed["1.5x: admitted TTFT P95 <= 387 ms"]
     assert not missed["1.5x: refusals answered P95 <= 50 ms"]
     assert not missed["1.5x: refused share <= 43 % (1 - capacity/offered + 10 points)"]
     assert not missed["3x: goodput >= 0.9x goodput at 1x (ratio)"]
     assert missed["2x: goodput >= 0.9x goodput at 1x (ratio)"]
+    assert not missed["a switch down <= 3 s after the first arrival predicted over budget (the slowest)"]
 
 
 def test_table_has_a_row_per_level_and_as_many_cells_as_its_header() -> None:
@@ -314,3 +316,34 @@ def test_combine_keeps_a_figure_the_first_round_did_not_measure() -> None:
     (row,) = ov.combine([first, later, [{**later[0], "refusal_p95_ms": 50.0}]])
     assert row["refusal_p95_ms"] == {"median": 40.0, "min": 30.0, "max": 50.0, "n": 2}
     assert row["total_sent"] == 4
+
+
+def test_switches_are_read_from_the_daemons_log_and_timed_from_the_first_refusal() -> None:
+    import logging
+    from datetime import datetime
+
+    from edge_agent.logsetup import TEXT_FORMAT
+
+    start = datetime(2026, 12, 6, 10, 8, 40).timestamp()
+
+    def line(at_s: float, event: dict) -> str:
+        msg = "event tier_switch: %s"
+        record = logging.LogRecord("edge_agent.daemon.app", logging.INFO, "", 0, msg, (event,), None)
+        record.created = start + at_s
+        record.msecs = (record.created % 1) * 1000
+        return logging.Formatter(TEXT_FORMAT).format(record)
+
+    log = "\n".join(
+        [
+            line(-5.0, {"workload": "llm", "from": "short", "to": "full", "action": "upgrade"}),  # before the level
+            line(8.36, {"workload": "llm", "from": "full", "to": "short", "action": "downgrade", "reason": "r"}),
+            line(9.0, {"workload": "asr", "from": "a", "to": "b", "action": "downgrade"}),  # not the LLM's
+            "2026-12-06 10:08:50,000 INFO edge_agent.daemon.app: serving: llm tier full",
+        ]
+    )
+    got = ov.switches(log, start, start + 30)
+    assert [(g["from"], g["to"], g["action"]) for g in got] == [("full", "short", "downgrade")]
+    assert got[0]["t_s"] == pytest.approx(8.36, abs=0.002)  # the log keeps milliseconds
+    outs = [ov.Outcome(2.0, "completed", ttft_ms=100.0), ov.Outcome(6.5, "refused"), ov.Outcome(7.0, "refused")]
+    assert ov.switch_delay_s(outs, got) == pytest.approx(1.86, abs=0.002)
+    assert ov.switch_delay_s(outs[:1], got) is None  # nothing over budget: nothing to time
