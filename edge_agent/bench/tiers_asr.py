@@ -25,8 +25,8 @@ import numpy as np
 from ..errors import InputError, Unavailable
 from ..metrics.window import percentile
 from ..progress import Progress
-from ..serving.tier_control import TierController
-from ..serving.tier_policy import knobs, policy_from_config
+from ..serving.tiers.control import TierController
+from ..serving.tiers.policy import knobs, policy_from_config
 from . import ramp
 from .options import TiersOptions
 from .ramp import arrivals, rate_at, table_lines, timeline
@@ -164,18 +164,7 @@ def _summary(run: dict, over_s: float) -> dict:
 
 def run(opts: TiersOptions) -> int:
     """The ASR ladder against its fixed heavy tier on the same arrivals; 1 when a stream failed."""
-    from ..serving.asr.tiers import open_speech
-
-    names = [n.strip() for n in (opts.tiers or DEFAULT_TIERS).split(",") if n.strip()]
-    if len(names) < 2:
-        raise InputError("--tiers needs at least two ASR models, heaviest first")
-    duration = 35.0 if opts.duration_s is None else opts.duration_s
-    if duration < 10:
-        raise InputError(f"--duration-s must be at least 10, got {duration}")
-    base = opts.base_rate or 0.3
-    peak = opts.peak_rate or 1.5
-    if not 0 < base <= peak:
-        raise InputError(f"need 0 < --base-rate ({base:g}) <= --peak-rate ({peak:g})")
+    names, duration, base, peak = _checked(opts)
     settings = _settings(names, opts.threads)
     target = opts.target_ms or settings.sla.asr.target_ms
     show = not opts.quiet
@@ -193,38 +182,8 @@ def run(opts: TiersOptions) -> int:
         cooldown_s=8 * ev,
         min_dwell_s=2 * ev,
     )  # short, as the LLM bench
-    events: list[tuple[float, str, dict]] = []
-    holder: dict = {}
-    t0 = [time.monotonic()]
-
-    def note(kind: str, payload: dict) -> None:
-        events.append((time.monotonic() - t0[0], kind, payload))
-
-    def utterance(obs) -> None:
-        if "c" in holder:
-            holder["c"].observe(obs)
-
-    def switched(old: int, new: int, ms: float, err: str | None) -> None:
-        note("loaded", {"to": names[new], "load_ms": ms, "error": err})
-        if err and "c" in holder:
-            holder["c"].switch_failed(old, new, err)
-
-    speech = open_speech(settings, observe=utterance, on_switched=switched, drain_s=60.0)
-    controller = holder["c"] = TierController(
-        speech, policy, window_s=opts.window_s, evaluate_every_s=ev, on_event=note, workload="asr"
-    )
-    t0[0] = time.monotonic()
-    controller.start()
-    try:
-        adaptive = _drive(speech, schedule, clips, "adaptive run", show)
-    finally:
-        controller.stop()
-        speech.stop(60.0)
-    fixed_speech = open_speech(_settings(names[:1], opts.threads), drain_s=60.0)
-    try:
-        fixed = _drive(fixed_speech, schedule, clips, "fixed heavy tier", show)
-    finally:
-        fixed_speech.stop(60.0)
+    adaptive, events = _adaptive_run(settings, names, policy, opts, schedule, clips, show)
+    fixed = _fixed_run(names, opts.threads, schedule, clips, show)
 
     bucket_s = max(2.0, duration / 15)
     tl_a, over_a = timeline(adaptive, duration, bucket_s, target, METRIC)
@@ -249,16 +208,7 @@ def run(opts: TiersOptions) -> int:
         "over_target_ratio": (over_a / over_f) if over_f else None,
         "switches": [{"t_s": round(t, 2), **p} for t, k, p in events if k == "tier_switch"],
         "events": [{"t_s": round(t, 2), "kind": k, **p} for t, k, p in events],
-        "timeline": [
-            {
-                "t_s": a["t_s"],
-                "rate": rate_at(a["t_s"] + bucket_s / 2, duration, base, peak),
-                "tier": a["tier"],
-                "adaptive_first_partial_p95_ms": a["first_partial_p95_ms"],
-                "fixed_first_partial_p95_ms": f["first_partial_p95_ms"],
-            }
-            for a, f in zip(tl_a, tl_f)
-        ],
+        "timeline": _timeline_rows(tl_a, tl_f, bucket_s, duration, base, peak),
         "raw": {"adaptive": adaptive["rows"], "fixed": fixed["rows"]},
         "stream_log": {"adaptive": adaptive["stream_log"], "fixed": fixed["stream_log"]},
         "shed_at": {"adaptive": adaptive["shed_at"], "fixed": fixed["shed_at"]},
@@ -269,6 +219,83 @@ def run(opts: TiersOptions) -> int:
     if opts.plot:
         plot_tiers(report, Path(opts.plot))
     return 1 if adaptive["failed"] or fixed["failed"] else 0
+
+
+def _checked(opts: TiersOptions) -> tuple[list[str], float, float, float]:
+    """The tier names (heaviest first), duration and base and peak rates, each checked."""
+    names = [n.strip() for n in (opts.tiers or DEFAULT_TIERS).split(",") if n.strip()]
+    if len(names) < 2:
+        raise InputError("--tiers needs at least two ASR models, heaviest first")
+    duration = 35.0 if opts.duration_s is None else opts.duration_s
+    if duration < 10:
+        raise InputError(f"--duration-s must be at least 10, got {duration}")
+    base = opts.base_rate or 0.3
+    peak = opts.peak_rate or 1.5
+    if not 0 < base <= peak:
+        raise InputError(f"need 0 < --base-rate ({base:g}) <= --peak-rate ({peak:g})")
+    return names, duration, base, peak
+
+
+def _adaptive_run(
+    settings, names: list[str], policy, opts: TiersOptions, schedule: list[float], clips: list, show: bool
+) -> tuple[dict, list[tuple[float, str, dict]]]:
+    """The arrivals on the ASR ladder under the tier controller; the run and the controller's events
+    (seconds since the controller started, kind, payload)."""
+    from ..serving.asr.tiers import open_speech
+
+    events: list[tuple[float, str, dict]] = []
+    holder: dict = {}
+    t0 = [time.monotonic()]
+
+    def note(kind: str, payload: dict) -> None:
+        events.append((time.monotonic() - t0[0], kind, payload))
+
+    def utterance(obs) -> None:
+        if "c" in holder:
+            holder["c"].observe(obs)
+
+    def switched(old: int, new: int, ms: float, err: str | None) -> None:
+        note("loaded", {"to": names[new], "load_ms": ms, "error": err})
+        if err and "c" in holder:
+            holder["c"].switch_failed(old, new, err)
+
+    speech = open_speech(settings, observe=utterance, on_switched=switched, drain_s=60.0)
+    controller = holder["c"] = TierController(
+        speech, policy, window_s=opts.window_s, evaluate_every_s=opts.evaluate_every_s, on_event=note, workload="asr"
+    )
+    t0[0] = time.monotonic()
+    controller.start()
+    try:
+        adaptive = _drive(speech, schedule, clips, "adaptive run", show)
+    finally:
+        controller.stop()
+        speech.stop(60.0)
+    return adaptive, events
+
+
+def _fixed_run(names: list[str], threads: int, schedule: list[float], clips: list, show: bool) -> dict:
+    """The same arrivals on the heaviest tier alone."""
+    from ..serving.asr.tiers import open_speech
+
+    fixed_speech = open_speech(_settings(names[:1], threads), drain_s=60.0)
+    try:
+        return _drive(fixed_speech, schedule, clips, "fixed heavy tier", show)
+    finally:
+        fixed_speech.stop(60.0)
+
+
+def _timeline_rows(tl_a: list, tl_f: list, bucket_s: float, duration: float, base: float, peak: float) -> list[dict]:
+    """Per bucket: the offered rate, the ladder's tier, both arms' first-partial P95."""
+    return [
+        {
+            "t_s": a["t_s"],
+            "rate": rate_at(a["t_s"] + bucket_s / 2, duration, base, peak),
+            "tier": a["tier"],
+            "adaptive_first_partial_p95_ms": a["first_partial_p95_ms"],
+            "fixed_first_partial_p95_ms": f["first_partial_p95_ms"],
+        }
+        for a, f in zip(tl_a, tl_f)
+    ]
 
 
 def format_report(r: dict) -> str:
