@@ -25,8 +25,8 @@ from ..models.sampling import SamplingParams
 from ..progress import Progress
 from ..serving.llm.scheduler import Limits
 from ..serving.llm.tiers import Tier, TieredLLM
-from ..serving.tier_control import TierController
-from ..serving.tier_policy import Policy, knobs
+from ..serving.tiers.control import TierController
+from ..serving.tiers.policy import Policy, knobs
 from .options import TiersOptions
 from .ramp import arrivals, plot_tiers, rate_at, table_lines, timeline
 

@@ -58,7 +58,7 @@ def sla_metric_problem(workload: str, metric: str) -> str | None:
 class _SlaPolicy(Section):
     """What every workload's SLA policy has: the metric's percentile against a target over a rolling
     window, and the tier controller's hysteresis, cooldown, dwell and shedding
-    (``serving.tier_policy.decide``)."""
+    (``serving.tiers.policy.decide``)."""
 
     preset: SlaPreset | None = None
     percentile: float = Field(95, gt=0, le=100)

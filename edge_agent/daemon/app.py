@@ -35,8 +35,8 @@ from ..serving.capture import Capture
 from ..serving.doors.http.server import ApiServer
 from ..serving.doors.voice.turn import turn_options
 from ..serving.llm.tiers import TieredLLM
-from ..serving.tier_control import TierController
-from ..serving.tier_policy import policy_from_config
+from ..serving.tiers.control import TierController
+from ..serving.tiers.policy import policy_from_config
 from ..systemd import LoopHeartbeat, Notifier, Watchdog
 from ..telemetry.health import HealthReader
 from ..telemetry.inventory import InventoryBook, config_digest
@@ -361,7 +361,7 @@ class Agent:
         """What each LLM tier loads (cached engine or model folder) and the background engine builds."""
         if self._engines is None:
             from ..engines.background import TierEngines
-            from ..serving.engine_swap import swap_onto_engine
+            from ..serving.tiers.engine_swap import swap_onto_engine
 
             def engine_ready(tier: str, _key: str) -> None:  # a passing background build: serve its engine
                 swap_onto_engine(self.llm, tier, made.served.get, self._event)

@@ -16,13 +16,13 @@ from .. import logsetup
 from ..config import Settings, load_settings
 from ..config.sla import sla_metric_problem
 from ..errors import ConfigError
-from ..serving.tier_policy import overlay, policy_from_config
+from ..serving.tiers.policy import overlay, policy_from_config
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from ..config import LoggingConfig
-    from ..serving.tier_control import TierController
+    from ..serving.tiers.control import TierController
     from ..systemd import Notifier
     from ..telemetry.remote_commands import CommandProcessor
     from ..telemetry.service import Telemetry

@@ -8,7 +8,7 @@ is not running (no ASR configured, telemetry off) is simply absent from the answ
 
 Sources: every SLA and pin carries who set it (``file``, ``command``, ``desired@<version>``),
 reported under ``sources``; a fleet SLA overlays the file's metric, percentile, target and
-sample count, never its hysteresis (``tier_policy.overlay``).
+sample count, never its hysteresis (``serving.tiers.policy.overlay``).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config.sla import sla_metric_problem
 from ..errors import EdgeAgentError
-from ..serving.tier_policy import overlay
+from ..serving.tiers.policy import overlay
 
 if TYPE_CHECKING:
     from ..config import Settings
     from ..engines.background import TierEngines
     from ..serving.llm.tiers import TieredLLM
-    from ..serving.tier_control import TierController
+    from ..serving.tiers.control import TierController
     from ..telemetry.service import Telemetry
 
 

@@ -55,7 +55,7 @@ END = "<!-- END example payloads -->"
 
 SLA = SlaSpec(metric="ttft_ms", percentile=95, target_ms=800, window_s=30, min_samples=20)
 
-# evt/<type>: the data each emitter sends (tier_control, engines, agent, publisher, remote_commands).
+# evt/<type>: the data each emitter sends (serving.tiers.control, engines, agent, publisher, remote_commands).
 EVENT_DATA: dict[str, dict[str, Any]] = {
     "tier_switch": {
         "workload": "llm",

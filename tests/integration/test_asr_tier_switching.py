@@ -21,8 +21,8 @@ from edge_agent.models.recognizer import AudioStream, Hypothesis
 from edge_agent.serving.asr.batcher import BatchLimits
 from edge_agent.serving.asr.service import AsrService
 from edge_agent.serving.asr.tiers import SpeechTier, TieredSpeech
-from edge_agent.serving.tier_control import TierController
-from edge_agent.serving.tier_policy import Policy
+from edge_agent.serving.tiers.control import TierController
+from edge_agent.serving.tiers.policy import Policy
 
 RATE = 16000
 CHUNK = 5120  # 320 ms: one recogniser step per push

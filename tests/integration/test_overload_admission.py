@@ -14,10 +14,10 @@ from edge_agent.metrics.window import WARMUP
 from edge_agent.models.catalog import resolve_model
 from edge_agent.models.llm import DecoderLM
 from edge_agent.models.sampling import SamplingParams
-from edge_agent.serving.admission import Lateness
 from edge_agent.serving.llm.admission import INTERACTIVE
 from edge_agent.serving.llm.scheduler import Limits, LLMScheduler
 from edge_agent.serving.llm.tiers import Tier, TieredLLM
+from edge_agent.serving.tiers.admission import Lateness
 from edge_agent.serving.urgency import Urgency
 
 PROMPT = [2, 10, 20, 30, 40, 50, 60, 70]

@@ -18,8 +18,8 @@ from edge_agent.models.llm import DecoderLM
 from edge_agent.models.sampling import SamplingParams
 from edge_agent.serving.llm.scheduler import Limits
 from edge_agent.serving.llm.tiers import Tier, TieredLLM
-from edge_agent.serving.tier_control import TierController
-from edge_agent.serving.tier_policy import Policy
+from edge_agent.serving.tiers.control import TierController
+from edge_agent.serving.tiers.policy import Policy
 
 
 class SlowSession:

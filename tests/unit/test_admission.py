@@ -1,10 +1,10 @@
-"""Admission's prediction and verdict (serving.admission), checked against hand-computed schedules."""
+"""Admission's prediction and verdict (serving.tiers.admission), checked against hand-computed schedules."""
 
 from __future__ import annotations
 
 import pytest
 
-from edge_agent.serving.admission import (
+from edge_agent.serving.tiers.admission import (
     LATENESS_MIN_SAMPLES,
     PREFILL_MIN_TOKENS,
     STALE_S,

@@ -13,8 +13,8 @@ import pytest
 
 from edge_agent.config import load_settings
 from edge_agent.daemon.app import Agent
-from edge_agent.serving.tier_control import TierController
-from edge_agent.serving.tier_policy import policy_from_config
+from edge_agent.serving.tiers.control import TierController
+from edge_agent.serving.tiers.policy import policy_from_config
 from edge_agent.systemd import Notifier
 from edge_agent.telemetry.ledger import Ledger
 from edge_agent.telemetry.remote_commands import CommandProcessor

@@ -9,8 +9,8 @@ import pytest
 
 from edge_agent.config import AsrSlaConfig, SlaConfig
 from edge_agent.errors import EdgeAgentError, ModelError, none_loaded
-from edge_agent.serving.tier_ladder import Ladder
-from edge_agent.serving.tier_policy import policy_from_config
+from edge_agent.serving.tiers.ladder import Ladder
+from edge_agent.serving.tiers.policy import policy_from_config
 
 
 class Fake(Ladder):

@@ -12,8 +12,8 @@ from edge_agent.metrics.prometheus import PrometheusMetrics
 from edge_agent.metrics.timing import RequestTiming
 from edge_agent.metrics.window import FIRST_AFTER_LOAD, WARMUP
 from edge_agent.observe import Observation, Observers
-from edge_agent.serving.tier_control import TierController
-from edge_agent.serving.tier_policy import Policy
+from edge_agent.serving.tiers.control import TierController
+from edge_agent.serving.tiers.policy import Policy
 
 
 def timing(tags=frozenset()) -> RequestTiming:

@@ -20,8 +20,8 @@ from edge_agent.daemon.remote import RemoteTarget
 from edge_agent.errors import ConfigError, EdgeAgentError
 from edge_agent.metrics import LATENCY_METRICS
 from edge_agent.serving.asr.service import ASR_METRICS
-from edge_agent.serving.tier_control import TierController
-from edge_agent.serving.tier_policy import policy_from_config
+from edge_agent.serving.tiers.control import TierController
+from edge_agent.serving.tiers.policy import policy_from_config
 from edge_agent.systemd import Notifier
 from edge_agent.telemetry.client import Incoming
 from edge_agent.telemetry.desired import DESIRED_DOC_KEY, DESIRED_KEY

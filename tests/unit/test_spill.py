@@ -14,11 +14,11 @@ from edge_agent.metrics.timing import RequestTiming
 from edge_agent.metrics.window import WARMUP
 from edge_agent.models.sampling import SamplingParams
 from edge_agent.observe import Observation
-from edge_agent.serving.admission import STALE_S, Rates, Snapshot, Work, predict_ttft_ms
 from edge_agent.serving.doors.host import Mailbox
 from edge_agent.serving.doors.http.voice_session import VoiceSession
 from edge_agent.serving.llm.spill import decide
-from edge_agent.serving.tier_policy import DEFAULT_SPILL_TTFT_MS, overlay, policy_from_config
+from edge_agent.serving.tiers.admission import STALE_S, Rates, Snapshot, Work, predict_ttft_ms
+from edge_agent.serving.tiers.policy import DEFAULT_SPILL_TTFT_MS, overlay, policy_from_config
 from edge_agent.telemetry.schema import SlaSpec
 
 

@@ -9,8 +9,8 @@ import pytest
 from edge_agent.config import AsrSlaConfig
 from edge_agent.observe import Observation
 from edge_agent.serving.asr.tiers import SpeechTier
-from edge_agent.serving.tier_control import TierController
-from edge_agent.serving.tier_policy import policy_from_config
+from edge_agent.serving.tiers.control import TierController
+from edge_agent.serving.tiers.policy import policy_from_config
 
 
 class Clock:

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from edge_agent.config import SlaConfig
-from edge_agent.serving.tier_control import TierController
-from edge_agent.serving.tier_policy import THERMAL_MARGIN_C, Policy, Snapshot, TierState, decide, policy_from_config
+from edge_agent.serving.tiers.control import TierController
+from edge_agent.serving.tiers.policy import THERMAL_MARGIN_C, Policy, Snapshot, TierState, decide, policy_from_config
 
 P = Policy(target_ms=100.0, min_samples=5, min_dwell_s=30.0, cooldown_s=60.0, upgrade_after=2, max_temp_c=80.0)
 FAST = 50.0  # well under upgrade_ratio x target: an upgrade on latency alone

@@ -1,4 +1,4 @@
-"""Table tests of tier_policy.decide with a fake clock: hysteresis, cooldown, dwell, min samples, pinning,
+"""Table tests of serving.tiers.policy.decide with a fake clock: hysteresis, cooldown, dwell, min samples, pinning,
 truncation and shedding, AIMD batch, and no flapping under a noisy but steady load."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from edge_agent.serving.tier_policy import Decision, Policy, Snapshot, TierState, decide
+from edge_agent.serving.tiers.policy import Decision, Policy, Snapshot, TierState, decide
 
 POLICY = Policy(
     target_ms=100.0,
@@ -141,7 +141,7 @@ def test_aimd_batch_within_bounds(value, batch, expected):
 )
 def test_policy_from_the_sla_section(metric, mode, adaptive):
     from edge_agent.config import SlaConfig
-    from edge_agent.serving.tier_policy import policy_from_config
+    from edge_agent.serving.tiers.policy import policy_from_config
 
     sla = SlaConfig(metric=metric, adaptive_batch=mode, preset="customer-service", min_batch=8)
     policy = policy_from_config(sla, max_batch=4)

@@ -37,7 +37,7 @@ from ...config import Settings, TierConfig
 from ...errors import DeadlineExceeded, EdgeAgentError, Unavailable, none_loaded
 from ...models.recognizer import Recognizer
 from ...observe import Observation, Observer
-from ..tier_ladder import Ladder, Switched
+from ..tiers.ladder import Ladder, Switched
 from .service import AsrEvent, AsrService
 
 log = logging.getLogger(__name__)

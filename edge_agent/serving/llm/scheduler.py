@@ -34,7 +34,7 @@ interactive request waits and no row is free, the running request that is not in
 most tokens left is preempted: its KV is copied out, it waits ahead of every chat that has not
 started, and it resumes from that KV (only its pending token is run again), its output unchanged. A
 warm-up (``warmup`` tag) takes only a free row: it never waits for one. The device thread measures its
-decode steps and prefills (``rates``, ``serving.admission.Rates``), and ``predict_ttft_ms`` says when a
+decode steps and prefills (``rates``, ``serving.tiers.admission.Rates``), and ``predict_ttft_ms`` says when a
 request arriving now would have its first token.
 """
 
@@ -60,8 +60,8 @@ from ...models.llm_contract import kv_bytes_per_token
 from ...models.prefix_cache import PrefixCache, PrefixStats
 from ...models.sampling import Sampler, SamplingParams, find_stop, logprobs_of, repeated_too_often
 from ...models.tokenizer import StreamDecoder
-from ..admission import Lateness, Rates, Snapshot, Work, predict_starts, predict_ttft_ms, prefill_ms
 from ..batch_wait import AdaptiveWait
+from ..tiers.admission import Lateness, Rates, Snapshot, Work, predict_starts, predict_ttft_ms, prefill_ms
 from ..urgency import URGENT, Urgency
 from .admission import INTERACTIVE, Limits, plan_admission
 from .handle import Completion, RequestHandle, TokenEvent, TokenLogprob
@@ -235,7 +235,7 @@ class LLMScheduler:
         self, prompt_tokens: int, interactive: bool = False, now: float | None = None, rows: int | None = None
     ) -> float | None:
         """When a request of ``prompt_tokens`` submitted now would have its first token
-        (``serving.admission.predict_ttft_ms`` over what runs and waits here); None while no rates are known.
+        (``serving.tiers.admission.predict_ttft_ms`` over what runs and waits here); None while no rates are known.
         ``rows``: the batch size to predict with, when another than the current limits' (a lighter tier's)."""
         now = self.clock() if now is None else now
         with self._cond:
@@ -247,7 +247,7 @@ class LLMScheduler:
 
     def lateness_ms(self, now: float | None = None) -> float:
         """The margin admission adds to a prediction here: how late admitted chats started lately
-        (``serving.admission.Lateness``)."""
+        (``serving.tiers.admission.Lateness``)."""
         now = self.clock() if now is None else now
         with self._cond:
             return self.lateness.margin_ms(now)

@@ -1,6 +1,6 @@
 """The spill decision: whether a one-sequence tier (the NPU's LLM mode) takes a request or the tier loaded
 beside it does. Pure: the caller passes whether the tier is busy, the request's predicted first-token time
-on it (``serving.admission.predict_ttft_ms`` over the tier's own measured rates, which age out) and the
+on it (``serving.tiers.admission.predict_ttft_ms`` over the tier's own measured rates, which age out) and the
 threshold in force.
 
 - An idle tier (nothing waiting, running or being prefilled) takes every request it can hold: a slow

@@ -1,6 +1,6 @@
 """One LLM workload served from a ladder of model tiers, switched without failing a request.
 
-**Admission.** Each request is judged when it arrives (``serving.admission``): its first-token time
+**Admission.** Each request is judged when it arrives (``serving.tiers.admission``): its first-token time
 predicted on the serving tier from what runs and waits there, plus how late admitted chats' first tokens
 have been coming against their predictions lately (``Lateness``), against its class budget: a chat's is the
 SLA in force (``sla_ms``, read at each request) or the client's shorter ``deadline_ms``; a voice turn's
@@ -71,8 +71,8 @@ from ...models.prefix_cache import PrefixStats
 from ...models.sampling import SamplingParams
 from ...models.tokenizer import Message
 from ...observe import Observation, Observer
-from ..admission import judge
-from ..tier_ladder import Ladder
+from ..tiers.admission import judge
+from ..tiers.ladder import Ladder
 from .scheduler import DEFAULT_PARAMS, Limits, LLMScheduler, RequestHandle
 from .spill import Verdict, decide
 

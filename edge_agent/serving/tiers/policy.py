@@ -3,7 +3,7 @@ the policy, and the policy itself from the configuration (``policy_from_config``
 
 ``decide(snapshot, state, policy, now)`` is called once per evaluation (every ``evaluate_every_s``)
 with the SLA metric's percentile over the rolling window. It never sleeps, reads a clock or touches
-an engine: the caller applies the returned state (``serving/tier_control.py``), and the tests drive it
+an engine: the caller applies the returned state (``serving/tiers/control.py``), and the tests drive it
 with a fake clock.
 
 Rules, in order:
@@ -44,7 +44,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from ..config import AsrSlaConfig, SlaConfig
+from ...config import AsrSlaConfig, SlaConfig
 
 # No way back up while within this many degrees of max_temp_c: the heavier tier would heat it again.
 THERMAL_MARGIN_C = 5.0

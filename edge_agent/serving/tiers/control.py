@@ -27,9 +27,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from ..metrics.window import RollingWindow
-from ..observe import Observation
-from .tier_policy import PRESSURE_S, Decision, Policy, Snapshot, TierState, decide
+from ...metrics.window import RollingWindow
+from ...observe import Observation
+from .policy import PRESSURE_S, Decision, Policy, Snapshot, TierState, decide
 
 log = logging.getLogger(__name__)
 POKE_GAP_S = 0.25  # evaluations a poke asks for are at least this far apart

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..engines.resolve import Resolved
-    from .llm.tiers import TieredLLM
+    from ...engines.resolve import Resolved
+    from ..llm.tiers import TieredLLM
 
 Event = Callable[[str, dict], None]
 

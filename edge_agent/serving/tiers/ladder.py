@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import EdgeAgentError
+from ...errors import EdgeAgentError
 
 log = logging.getLogger(__name__)
 Switched = Callable[[int, int, float, "str | None"], None]  # (old, new, load_ms, error)
