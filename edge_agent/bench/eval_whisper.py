@@ -18,6 +18,7 @@ label: ``piper joe ×0.85 n0.667``, ``flite slt``, ``espeak-ng en-us``), so ever
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ from ..metrics.window import percentile
 
 if TYPE_CHECKING:
     from ..models.catalog import ModelRef
+    from .asr_manifest import Utterance
 
 MODES = ("full", "stream")
 BLOCK = 1600  # samples pushed at a time (100 ms)
@@ -47,9 +49,7 @@ def evaluate_whisper(
     final_padding_s: float | None = None,
 ) -> dict:
     """Score the Whisper model ``ref`` on manifest ``data``; the report ``eval asr --json`` prints."""
-    from ..audio.wav import read_audio
     from ..backends import SessionOptions
-    from ..metrics.wer import normalize
     from ..models.asr import open_recognizer
     from .asr_manifest import read_manifest
 
@@ -58,30 +58,10 @@ def evaluate_whisper(
     extra = {} if final_padding_s is None else {"final_padding_s": final_padding_s}
     engine: Any = open_recognizer(ref, backend, options, **extra)  # a WhisperRecognizer: transcribe takes context
     rows: list[dict] = []
-    times: dict[str, list[float]] = {m: [] for m in modes}
-    final_ms: list[float] = []
-    final_cpu_ms: list[float] = []
-    audio_s = 0.0
+    timings = _Timings({m: [] for m in modes})
     try:
         for n, utt in enumerate(items, 1):
-            try:
-                samples, _ = read_audio(utt.audio, engine.sample_rate)
-            except InputError as exc:
-                raise InputError(f"{data}:{utt.line}: {exc}") from None
-            audio_s += samples.size / engine.sample_rate
-            row = {"line": utt.line, "voice": utt.voice, "ref": normalize(utt.text)}
-            if "full" in modes:
-                t0 = time.perf_counter()
-                row["full"] = engine.transcribe(samples, context=prompt).text
-                times["full"].append((time.perf_counter() - t0) * 1e3)
-            if "stream" in modes:
-                t0 = time.perf_counter()
-                text, ms, cpu = stream_final(engine, samples, prompt)
-                final_cpu_ms.append(cpu)
-                times["stream"].append((time.perf_counter() - t0) * 1e3)
-                row["stream"] = text
-                final_ms.append(ms)
-            rows.append(row)
+            rows.append(_recognise(engine, utt, data, modes, prompt, timings))
             if progress is not None:
                 progress(n, len(items))
     finally:
@@ -98,23 +78,62 @@ def evaluate_whisper(
         "precision": precision,
         "threads": threads,
         "utterances": len(items),
-        "audio_s": round(audio_s, 2),
+        "audio_s": round(timings.audio_s, 2),
         "prompt": prompt,
         "final_padding_s": getattr(engine, "final_padding_s", None),
         "voices": voices,
         "results": results,
         "per_voice": per_voice,
-        "latency": {
+        "latency": timings.summary(),
+        "errors": [r for r in rows if any(r.get(m) != r["ref"] for m in modes)][:30],
+    }
+
+
+@dataclass
+class _Timings:
+    """Milliseconds per mode and utterance, the stream's end-of-audio-to-final (wall and CPU), audio seconds."""
+
+    times: dict[str, list[float]]
+    final_ms: list[float] = field(default_factory=list)
+    final_cpu_ms: list[float] = field(default_factory=list)
+    audio_s: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        times, final_ms, final_cpu_ms = self.times, self.final_ms, self.final_cpu_ms
+        return {
             **{f"{m}_ms_p50": percentile(t, 50) for m, t in times.items() if t},
             **{f"{m}_ms_p95": percentile(t, 95) for m, t in times.items() if t},
             "final_ms_p50": percentile(final_ms, 50) if final_ms else None,
             "final_ms_p95": percentile(final_ms, 95) if final_ms else None,
             "final_cpu_ms_p50": percentile(final_cpu_ms, 50) if final_cpu_ms else None,
             "final_cpu_ms_p95": percentile(final_cpu_ms, 95) if final_cpu_ms else None,
-            "rtf": sum(sum(t) for t in times.values()) / 1e3 / audio_s if audio_s else None,
-        },
-        "errors": [r for r in rows if any(r.get(m) != r["ref"] for m in modes)][:30],
-    }
+            "rtf": sum(sum(t) for t in times.values()) / 1e3 / self.audio_s if self.audio_s else None,
+        }
+
+
+def _recognise(engine: Any, utt: Utterance, data: Path, modes: tuple[str, ...], prompt: str, timings: _Timings) -> dict:
+    """One utterance recognised in each mode: its row (reference and texts); the times go to ``timings``."""
+    from ..audio.wav import read_audio
+    from ..metrics.wer import normalize
+
+    try:
+        samples, _ = read_audio(utt.audio, engine.sample_rate)
+    except InputError as exc:
+        raise InputError(f"{data}:{utt.line}: {exc}") from None
+    timings.audio_s += samples.size / engine.sample_rate
+    row = {"line": utt.line, "voice": utt.voice, "ref": normalize(utt.text)}
+    if "full" in modes:
+        t0 = time.perf_counter()
+        row["full"] = engine.transcribe(samples, context=prompt).text
+        timings.times["full"].append((time.perf_counter() - t0) * 1e3)
+    if "stream" in modes:
+        t0 = time.perf_counter()
+        text, ms, cpu = stream_final(engine, samples, prompt)
+        timings.final_cpu_ms.append(cpu)
+        timings.times["stream"].append((time.perf_counter() - t0) * 1e3)
+        row["stream"] = text
+        timings.final_ms.append(ms)
+    return row
 
 
 def stream_final(engine, samples: np.ndarray, prompt: str = "") -> tuple[str, float, float]:
