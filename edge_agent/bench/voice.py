@@ -4,7 +4,7 @@ Spoken commands are synthesised with espeak-ng (several voices and speeds; some 
 inside the sentence, "turn on the" … "kitchen lights") and replayed in real time, in ``[audio]
 block_ms`` blocks on a clock as a microphone delivers them, through the configured ASR tier's streaming
 service (endpointing, partials, final; the early end of turn as ``[audio]`` sets it) into a ``VoiceTurn``
-(``serving/voice_turn.py``: partials prefilled ahead, the final's reply) on the top configured LLM tier
+(``serving/doors/voice/turn.py``: partials prefilled ahead, the final's reply) on the top configured LLM tier
 with the home tools (``demo_models/home-tools.json``, a tool call required), until the call is complete.
 Both tiers are loaded in this process, as ``listen --respond --tools`` does.
 

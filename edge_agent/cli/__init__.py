@@ -5,7 +5,8 @@
     asr.py       transcribe, listen
     engines.py   calibrate, build, engines list/verify/prune
     eval.py      eval asr
-    bench.py     bench llm/tiers/asr/telemetry
+    bench.py     bench: its workloads' flags in bench_llm.py (llm, tiers, grammar), bench_speech.py (asr,
+                 voice, calls) and bench_daemon.py (telemetry, fleet, serve, overload)
     fleet.py     fleet watch/keygen/sign
     demo.py      demo
     doctor.py    check-config, doctor (diagnostics/)
