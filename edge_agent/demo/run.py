@@ -433,33 +433,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"demo: {broker_note}; {model_note}; daemon config {cfg}", flush=True)
     if clips:
         print(f"demo: {asr_note or 'ASR tier demo-asr'}; spoken by {voices_note}", flush=True)
-    with open(workdir / "daemon.log", "w") as daemon_log:  # the daemon writes through its own copy
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "edge_agent", "run", "--config", str(cfg)],
-            stdout=daemon_log,
-            stderr=subprocess.STDOUT,
-        )
+    daemon = _start_daemon(cfg, workdir / "daemon.log")
     base = f"http://127.0.0.1:{api_port}"
     rec = Record()
     try:
-        deadline = time.monotonic() + 300
-        while not _listening("127.0.0.1", api_port):
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                raise EdgeAgentError(
-                    f"the daemon did not start; its log: {workdir / 'daemon.log'}:\n"
-                    + (workdir / "daemon.log").read_text()[-2000:]
-                )
-            time.sleep(0.2)
-        rates = _rates(base, args)
-        rec.load = rates
-        print(
-            f"demo: capacity {rates['capacity_per_s']:.2f} chats/s at concurrency {rates['concurrency']}: "
-            f"{rates['rate_per_s']:.2f}/s, then a burst of {rates['burst_per_s']:.2f}/s in the middle third",
-            flush=True,
-        )
-        if rates["concurrency"]:
-            print(f"demo: letting the probe's requests leave the {SLA_WINDOW_S} s SLA window", flush=True)
-            time.sleep(SLA_WINDOW_S + 1)
+        _wait_until_listening(daemon, api_port, workdir / "daemon.log")
+        rates = _probe_rates(base, args, rec)
         daemon_config(
             workdir,
             (host, port),
@@ -482,14 +461,61 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\ndemo: interrupted, summarising", flush=True)
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(60)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-        if broker is not None:
-            broker.terminate()
-            broker.wait(10)
+        _stop(daemon, broker)
+    _report(rec, args)
+    return 1 if rec.failed else 0
+
+
+def _start_daemon(cfg: Path, log_path: Path) -> subprocess.Popen:
+    """``edge-agent run`` on ``cfg``, its output into ``log_path``."""
+    with open(log_path, "w") as daemon_log:  # the daemon writes through its own copy
+        return subprocess.Popen(
+            [sys.executable, "-m", "edge_agent", "run", "--config", str(cfg)],
+            stdout=daemon_log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def _wait_until_listening(daemon: subprocess.Popen, api_port: int, log_path: Path) -> None:
+    """Wait (up to 300 s) for the daemon's API port; a daemon that exits or never listens ends the demo with
+    the tail of its log."""
+    deadline = time.monotonic() + 300
+    while not _listening("127.0.0.1", api_port):
+        if daemon.poll() is not None or time.monotonic() > deadline:
+            raise EdgeAgentError(f"the daemon did not start; its log: {log_path}:\n" + log_path.read_text()[-2000:])
+        time.sleep(0.2)
+
+
+def _probe_rates(base: str, args: argparse.Namespace, rec: Record) -> dict:
+    """The chat rates (``_rates``), recorded and said; after a capacity probe, a wait until its requests
+    have left the SLA window."""
+    rates = _rates(base, args)
+    rec.load = rates
+    print(
+        f"demo: capacity {rates['capacity_per_s']:.2f} chats/s at concurrency {rates['concurrency']}: "
+        f"{rates['rate_per_s']:.2f}/s, then a burst of {rates['burst_per_s']:.2f}/s in the middle third",
+        flush=True,
+    )
+    if rates["concurrency"]:
+        print(f"demo: letting the probe's requests leave the {SLA_WINDOW_S} s SLA window", flush=True)
+        time.sleep(SLA_WINDOW_S + 1)
+    return rates
+
+
+def _stop(daemon: subprocess.Popen, broker: subprocess.Popen | None) -> None:
+    """SIGTERM the daemon (killed after 60 s), then stop the private broker if the demo started one."""
+    daemon.send_signal(signal.SIGTERM)
+    try:
+        daemon.wait(60)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+    if broker is not None:
+        broker.terminate()
+        broker.wait(10)
+
+
+def _report(rec: Record, args: argparse.Namespace) -> None:
+    """The summary printed; the JSON report and the latency plot written when asked for."""
     summary = summarize(rec)
     print(format_summary(summary))
     if args.json_out:
@@ -507,7 +533,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"demo: latency plot written to {args.plot}")
         except InputError as exc:
             print(f"demo: no plot ({exc})")
-    return 1 if rec.failed else 0
 
 
 async def _drive(base: str, clips, rec: Record, t0: float, args, view) -> None:
