@@ -13,6 +13,7 @@ from ..bench.grammar_engines import ENGINES
 from ..bench.options import GrammarOptions, LLMOptions, TiersOptions, from_mapping
 
 
+# Long on purpose: one flag per statement, read as the list of bench llm's flags.
 def add_llm(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "llm",
