@@ -303,6 +303,10 @@ class Agent:
         # the cached engine if current and intact, else the folder
         return engines.open(tier, self.settings.device.threads)
 
+    def _open_recognizer(self, tier: TierConfig, **kwargs: Any):  # -> tuple[Recognizer, str]
+        """An ASR tier through the same engine cache as the LLM's (a gated Whisper engine, else the folder)."""
+        return self.tier_engines().open_recognizer(tier, self.settings.device.threads, **kwargs)
+
     def _weights(self, tier: TierConfig) -> str:
         """What ``tier`` would load, as the ladder compares it (tiers with equal weights share one model):
         the engine the resolver picks now (a lower rung with no engine of its own picks the top rung's), else
@@ -323,6 +327,7 @@ class Agent:
 
             speech = open_speech(
                 s,
+                open_tier=functools.partial(self._open_recognizer, final_padding_s=s.asr.final_padding_s),
                 observe=self.observers.deliver,
                 on_switched=functools.partial(self._switched, "asr"),
                 on_load_failed=lambda tier, exc: self._event(

@@ -46,6 +46,7 @@ from .stages import weight_only_unsupported
 
 if TYPE_CHECKING:
     from ..config import EnginesConfig, TierConfig
+    from ..models.recognizer import Recognizer
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,14 @@ class TierEngines:
         except OSError as exc:
             log.debug("could not record what tier %r serves in %s: %s", tier.name, self.cache.root, exc)
         return lm
+
+    def open_recognizer(self, tier: TierConfig, device_threads: int = 0, **kwargs: Any) -> tuple[Recognizer, str]:
+        """Resolve and open an ASR ``tier`` through the same cache: the recogniser and what it serves
+        (``engine:KEY`` or ``model:HASH``); recorded like an LLM tier's."""
+        resolved = self.resolve(tier)
+        recognizer = self.resolver.open_recognizer(resolved, tier, device_threads, **kwargs)
+        self.served[tier.name] = resolved
+        return recognizer, resolved.identity
 
     def identities(self) -> dict[str, str]:
         return {name: r.identity for name, r in self.served.items()}

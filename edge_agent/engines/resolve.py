@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..backends import SessionOptions, npu, open_session
 from ..models.catalog import DEMO_MODELS, ModelRef, inspect_folder, resolve_model
@@ -28,6 +28,7 @@ from .stages import ov_hint
 
 if TYPE_CHECKING:
     from ..config import TierConfig
+    from ..models.recognizer import Recognizer
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def same_model(recipe: Recipe, model: str) -> bool:
 
 
 class EngineResolver:
-    """Resolves LLM tiers against one engine cache; ``on_event`` hears of quarantined entries."""
+    """Resolves LLM and ASR tiers against one engine cache; ``on_event`` hears of quarantined entries."""
 
     def __init__(self, cache: EngineCache, models_dir: Path, on_event: Event) -> None:
         self.cache, self.models_dir, self.on_event = cache, models_dir, on_event
@@ -188,6 +189,25 @@ class EngineResolver:
             f" {m['flavour']}" if m.get("flavour") else "",
         )
         return lm
+
+    def open_recognizer(
+        self, resolved: Resolved, tier: TierConfig, device_threads: int = 0, **kwargs: Any
+    ) -> Recognizer:
+        """Open what ``resolve`` chose for an ASR ``tier``: the cached engine (a Whisper engine the recipe's gate
+        chose), else the model folder; ``kwargs`` go to the recogniser (e.g. ``final_padding_s``)."""
+        from ..models.asr import open_recognizer
+
+        cache_dir = resolved.engine.artifact if resolved.engine else self.cache.root
+        options = SessionOptions(
+            device=tier.device, threads=device_threads, precision=tier.precision, cache_dir=cache_dir
+        )
+        recognizer = open_recognizer(resolved.ref, tier.backend, options, **kwargs)
+        if resolved.engine is None:
+            log.info("tier %r serves its model folder %s (%s)", tier.name, resolved.source.path, resolved.why_plain)
+        else:
+            precision = resolved.engine.manifest.get("precision")
+            log.info("tier %r serves engine %s (%s)", tier.name, resolved.engine.key[:12], precision)
+        return recognizer
 
     def _quarantine_reason(self, key: str) -> str:
         found = sorted(self.cache.quarantine_dir.glob(f"{key}-*"))

@@ -67,3 +67,23 @@ def test_ignored_types_stay_in_float(tmp_path: Path) -> None:
 def test_entropy_calibration_keeps_full_chunks(tmp_path: Path) -> None:
     report = make_pipeline(tmp_path).build(BuildRequest("cpu", "int8", method="entropy"))
     assert report["conversion"]["method"] == "entropy" and report["conversion"]["samples"] > 3
+
+
+def test_an_asr_tier_is_served_through_the_engine_cache_like_an_llm_tier(tmp_path: Path) -> None:
+    from edge_agent.config import AsrTierConfig, EnginesConfig
+    from edge_agent.engines.cache import hash_model
+    from edge_agent.serving.asr.tiers import cached_opener
+    from tests.speech import require_tools, speech_wav
+
+    require_tools()
+    report = make_pipeline(tmp_path).build(BuildRequest("cpu", "int8", flavour="dynamic"))
+    engines = EnginesConfig(cache_dir=tmp_path / "engines")
+    open_tier = cached_opener(engines, tmp_path / "models", threads=1, final_padding_s=0.0)
+    engine, identity = open_tier(AsrTierConfig(name="ctc", model="demo-asr", precision="int8"))
+    assert identity == f"engine:{report['key']}"  # the built engine, as an LLM tier would serve it
+    plain, plain_identity = open_tier(AsrTierConfig(name="ctc", model="demo-asr", precision="fp32"))
+    assert plain_identity == "model:" + hash_model(resolve_model("demo-asr", tmp_path / "models").path)
+    from edge_agent.audio.wav import read_audio
+
+    samples, _ = read_audio(speech_wav("turn on the light"), engine.sample_rate)
+    assert engine.transcribe(samples).text and plain.transcribe(samples).text

@@ -29,16 +29,20 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...config import Settings, TierConfig
+from ...config import Settings
 from ...errors import DeadlineExceeded, EdgeAgentError, Unavailable, none_loaded
 from ...models.recognizer import Recognizer
 from ...observe import Observation, Observer
 from ..tiers.ladder import Ladder, Switched
 from .service import AsrEvent, AsrService
+
+if TYPE_CHECKING:
+    from ...config import AsrConfig, AsrTierConfig, AudioConfig, BatchingConfig, EnginesConfig, ModelsConfig
 
 log = logging.getLogger(__name__)
 # A few seconds of speech a stream may have waiting for the recogniser: enough to absorb a burst
@@ -214,6 +218,43 @@ class TieredSpeech(Ladder):
 
     kind = "ASR tier"
     workload = "asr"
+
+    @classmethod
+    def from_config(
+        cls,
+        models: ModelsConfig,
+        audio: AudioConfig,
+        batching: BatchingConfig,
+        asr: AsrConfig,
+        sla_ms: float,
+        open_tier: OpenTier,
+        observe: Observer | None = None,
+        on_switched: Switched | None = None,
+        drain_s: float = 120.0,
+    ) -> TieredSpeech:
+        """The ladder of ``[[models.asr]]`` (not started): each tier opened by ``open_tier`` when first needed
+        (what it serves told as its identity), its service from ``[audio]`` and ``[batching]`` with the ASR
+        SLA's ``sla_ms``, the words of ``[asr]``, replies ahead on a pause as ``[audio]`` says."""
+        from .factory import make_service
+
+        tiers = []
+        for t in models.asr:
+            opened: dict[str, str] = {}  # "identity" once the tier has opened
+            tiers.append(
+                SpeechTier(
+                    t.name, functools.partial(_open, open_tier, t, opened), functools.partial(opened.get, "identity")
+                )
+            )
+        speech = cls(
+            tiers,
+            lambda engine: make_service(engine, audio, batching, streams=4, sla_ms=sla_ms, early_end=True),
+            observe,
+            on_switched,
+            drain_s,
+            pause_ms=audio.pause_ms if audio.prefill_ahead and audio.respond_ahead else None,
+        )
+        speech.prompt_words, speech.tool_context = tuple(asr.prompt_words), asr.tool_context
+        return speech
 
     def __init__(
         self,
@@ -394,32 +435,29 @@ class TieredSpeech(Ladder):
             self._close_drained(loaded, self._drain_s if drain_s is None else drain_s)
 
 
-def speech_tiers(settings: Settings) -> list[SpeechTier]:
-    """The configured ASR ladder; each tier opens (resolves, builds or loads, warms) when first needed."""
-    tiers = []
-    for t in settings.models.asr:
-        opened: dict[str, str] = {}  # "identity" once the tier has opened
-        tiers.append(SpeechTier(t.name, _opener(t, settings, opened), functools.partial(opened.get, "identity")))
-    return tiers
+OpenTier = Callable[["AsrTierConfig"], tuple[Recognizer, str]]  # a tier's recogniser and what it serves
 
 
-def _opener(tier: TierConfig, settings: Settings, opened: dict[str, str]) -> Callable[[], Recognizer]:
-    def open_tier() -> Recognizer:
-        from ...backends import SessionOptions
-        from ...engines.cache import hash_model
-        from ...models.asr import open_recognizer
-        from ...models.catalog import resolve_model
+def _open(open_tier: OpenTier, tier: AsrTierConfig, opened: dict[str, str]) -> Recognizer:
+    recognizer, opened["identity"] = open_tier(tier)
+    return recognizer
 
-        ref = resolve_model(tier.model, settings.models.cache_dir)
-        # The folder's content hash, as LLM tiers report theirs (memoised beside the engine cache).
-        opened["identity"] = "model:" + hash_model(ref.path, settings.engines.cache_dir / "model-hashes.json")
-        options = SessionOptions(
-            device=tier.device,
-            threads=settings.device.threads,
-            precision=tier.precision,
-            cache_dir=settings.engines.cache_dir,
-        )
-        return open_recognizer(ref, tier.backend, options, final_padding_s=settings.asr.final_padding_s)
+
+def cached_opener(engines: EnginesConfig, models_dir: Path, threads: int, final_padding_s: float) -> OpenTier:
+    """Open ASR tiers through the engine cache, as LLM tiers are: a Whisper engine the recipe's gate chose
+    when one is cached and intact, else the model folder; what it serves is ``engine:KEY`` or ``model:HASH``."""
+    from ...engines.cache import EngineCache
+    from ...engines.resolve import EngineResolver
+
+    resolver = EngineResolver(
+        EngineCache(engines.cache_dir, engines.max_bytes),
+        models_dir,
+        lambda kind, doc: log.warning("%s: %s", kind, doc),
+    )
+
+    def open_tier(tier: AsrTierConfig) -> tuple[Recognizer, str]:
+        resolved = resolver.resolve(tier)
+        return resolver.open_recognizer(resolved, tier, threads, final_padding_s=final_padding_s), resolved.identity
 
     return open_tier
 
@@ -430,22 +468,15 @@ def open_speech(
     on_switched: Switched | None = None,
     on_load_failed: Callable[[str, EdgeAgentError], None] | None = None,
     drain_s: float = 120.0,
+    open_tier: OpenTier | None = None,
 ) -> TieredSpeech:
-    """The ASR ladder serving from its top tier, or the first lighter one that loads."""
-    from .factory import make_service
-
-    audio = settings.audio
-    speech = TieredSpeech(
-        speech_tiers(settings),
-        lambda engine: make_service(
-            engine, settings.audio, settings.batching, streams=4, sla_ms=settings.sla.asr.target_ms, early_end=True
-        ),
-        observe,
-        on_switched,
-        drain_s,
-        pause_ms=audio.pause_ms if audio.prefill_ahead and audio.respond_ahead else None,
+    """The ASR ladder of ``settings`` (``TieredSpeech.from_config``) serving from its top tier, or the first
+    lighter one that loads; ``open_tier`` (default: ``cached_opener`` on ``[engines]``) opens a tier."""
+    s = settings
+    opener = open_tier or cached_opener(s.engines, s.models.cache_dir, s.device.threads, s.asr.final_padding_s)
+    speech = TieredSpeech.from_config(
+        s.models, s.audio, s.batching, s.asr, s.sla.asr.target_ms, opener, observe, on_switched, drain_s
     )
-    speech.prompt_words, speech.tool_context = tuple(settings.asr.prompt_words), settings.asr.tool_context
     errors = speech.start_first(on_load_failed)
     if speech.active_tier is None:
         raise none_loaded("ASR", errors)

@@ -1,4 +1,5 @@
-"""The LLM ladder built beside its type from its own config sections (``TieredLLM.from_config``)."""
+"""Each ladder built beside its type from its own config sections (``TieredLLM.from_config``,
+``TieredSpeech.from_config``)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,27 @@ def test_the_llm_ladder_is_built_from_its_own_config_sections(tmp_path: Path) ->
         assert opened == ["big"] and ladder.submit("hi", SamplingParams(max_new_tokens=2)).result(30).token_ids
     finally:
         ladder.stop()
+
+
+def test_the_speech_ladder_is_built_from_its_own_config_sections() -> None:
+    from edge_agent.config import AsrTierConfig, Settings
+    from edge_agent.serving.asr.tiers import TieredSpeech
+
+    s = Settings.model_validate(
+        {
+            "models": {"asr": [{"name": "a", "model": "demo-asr"}, {"name": "b", "model": "demo-asr"}]},
+            "asr": {"prompt_words": ["kitchen", "hallway"], "tool_context": False},
+            "audio": {"pause_ms": 70},
+        }
+    )
+    asked: list[str] = []
+
+    def open_tier(tier: AsrTierConfig):
+        asked.append(tier.name)
+        raise AssertionError("nothing opens before start")
+
+    speech = TieredSpeech.from_config(s.models, s.audio, s.batching, s.asr, 250.0, open_tier)
+    assert [t.name for t in speech.tiers] == ["a", "b"] and asked == []
+    assert speech.prompt_words == ("kitchen", "hallway") and speech.tool_context is False
+    assert speech.pause_ms == 70  # replies ahead on a pause ([audio] prefill_ahead and respond_ahead: on)
+    assert all(t.engine() is None for t in speech.tiers)  # no identity before a tier opens
