@@ -246,7 +246,7 @@ class LLMScheduler:
         return predict_ttft_ms(running, [w for _, w in ahead], prompt_tokens, max_rows, rates)
 
     def lateness_ms(self, now: float | None = None) -> float:
-        """The margin admission adds to a prediction here: how late admitted chats started lately
+        """The margin admission adds to a prediction here: how late admitted chats' first tokens came lately
         (``serving.tiers.admission.Lateness``)."""
         now = self.clock() if now is None else now
         with self._cond:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 STALE_S = 60.0  # a rate not refreshed for this long no longer describes the device
 PREFILL_MIN_TOKENS = 32  # shorter prefills say little about the cost per token
 EWMA = 0.2  # weight of the newest sample in a fresh rate
-LATENESS_SAMPLES = 32  # admitted requests whose start the margin describes
+LATENESS_SAMPLES = 32  # admitted requests whose first token the margin describes
 LATENESS_QUANTILE = 0.9  # the margin covers this share of them
 LATENESS_MIN_SAMPLES = 8  # fewer say nothing: no margin
 
