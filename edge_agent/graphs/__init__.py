@@ -6,7 +6,9 @@ inplace_kv.py   a plain decoder export's recovered weights as an in-place KV gra
                 (``engines.inplace_kv``)
 tensorrt.py     the graph a TensorRT build parses (the last position's logits only), and the checks its
                 decoder profiles must pass (``engines.stages``)
+whisper.py      Whisper's encoder and decoders from CTranslate2 weights (``importers.ct2_whisper``), and the NPU's
+                static decoder step and cross-attention keys/values (``models.asr_whisper_npu``)
 
 The builders take what they build from as arguments (a spec, weights, a path) and import nothing of the
-agent but ``errors``; the layers above them (importers, engines) read the files and call them.
+agent but ``errors``; the layers above them (importers, engines, models) read the files and call them.
 """

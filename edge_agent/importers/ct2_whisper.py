@@ -5,7 +5,7 @@ dequantized to float32), ``config.json`` (CTranslate2's: ``suppress_ids``, ``sup
 ``lang_ids``) and ``tokenizer.json`` (as Systran's faster-whisper folders ship it).
 
 Written (the contract of ``models/asr_whisper.py``): ``encoder_model.onnx``, ``decoder_model.onnx``,
-``decoder_with_past_model.onnx`` (``models/whisper_graph.py``), ``config.json`` and ``generation_config.json``
+``decoder_with_past_model.onnx`` (``graphs/whisper.py``), ``config.json`` and ``generation_config.json``
 in transformers' words (token ids read from the tokenizer: ``<|startoftranscript|>``, the language and
 task tokens, ``<|notimestamps|>``; ``suppress_tokens`` and ``begin_suppress_tokens`` from CTranslate2's
 config, so greedy decoding suppresses what faster-whisper suppresses), ``preprocessor_config.json``
@@ -42,7 +42,7 @@ def _layers(f: Ct2File, side: str) -> int:
 
 def read_dims(f: Ct2File):
     """The ``WhisperDims`` of a WhisperSpec ``model.bin``; another spec is refused naming it."""
-    from ..models.whisper_graph import WhisperDims
+    from ..graphs.whisper import WhisperDims
 
     if f.spec != "WhisperSpec":
         raise ModelError(f"{f.path}: a CTranslate2 {f.spec!r}, not a WhisperSpec; models import takes Whisper folders")
@@ -173,7 +173,7 @@ def import_ct2_whisper(
         import onnx
     except ImportError as exc:
         raise BackendUnavailable("importing a Whisper folder needs the 'onnx' package: pip install onnx") from exc
-    from ..models.whisper_graph import build_decoder, build_encoder
+    from ..graphs.whisper import build_decoder, build_encoder
 
     started = time.monotonic()
     src = Path(src)

@@ -36,9 +36,9 @@ import numpy as np
 
 from ..backends import Session, SessionOptions, open_session
 from ..errors import InputError, ModelError
+from ..graphs.whisper import _NEG, WhisperDims, build_cross_kv, build_decoder_step
 from .asr_whisper import WhisperRecognizer
 from .catalog import ModelRef
-from .whisper_graph import _NEG, WhisperDims, build_cross_kv, build_decoder_step
 
 log = logging.getLogger(__name__)
 PRODUCER = "edge-agent ct2-whisper"  # the producer_name of the graphs models import writes
