@@ -398,3 +398,29 @@ def test_a_voice_turns_request_ends_a_chat_steps_wait_at_once(lm):
         assert len(chat.result(30).token_ids) == 12
     finally:
         sched.stop()
+
+
+def test_a_chat_past_its_start_deadline_is_refused_while_the_device_thread_is_in_a_long_step(folder):
+    gate = threading.Event()
+    model = DecoderLM.open(folder, "onnxruntime", SessionOptions(threads=1))
+    step = model.decode_runs
+
+    def gated(*args, **kwargs):  # a decode step that lasts as long as the test says
+        gate.wait(60)
+        return step(*args, **kwargs)
+
+    model.decode_runs = gated  # type: ignore[method-assign]
+    sched = LLMScheduler(model, Limits(max_batch=1, batch_timeout_ms=0)).start()
+    try:
+        running = sched.submit(PROMPT, greedy(8))
+        next(iter(running))  # its first token came from its prefill; the device thread is now held in a step
+        late = sched.submit(OTHER, greedy(3), start_by_ms=30.0)
+        with pytest.raises(Overloaded) as refused:
+            late.result(10)  # answered by the watcher: the step it waits behind has not ended
+        assert refused.value.reason == "start_deadline" and not gate.is_set()
+        gate.set()
+        assert len(running.result(30).token_ids) == 8
+    finally:
+        gate.set()
+        sched.stop()
+        model.close()

@@ -69,6 +69,7 @@ from .prefill import Prefills, prefill_deadline, prefill_error
 from .queue import WaitQueue
 
 log = logging.getLogger(__name__)
+WATCH_S = 0.05  # the deadline watcher looks at least this often (a waiter's start deadline wakes it sooner)
 
 
 DEFAULT_PARAMS = SamplingParams()  # frozen: one shared default
@@ -163,6 +164,8 @@ class LLMScheduler:
         self._stopping = False
         self._next_id = 0
         self._thread = threading.Thread(target=self._loop, name=f"llm-{lm.ref.name}", daemon=True)
+        # refuses waiters past (or predicted past) their start deadline while the device thread is in a step
+        self._watcher = threading.Thread(target=self._watch, name=f"llm-{lm.ref.name}-deadlines", daemon=True)
         self._masker: ThreadPoolExecutor | None = None  # output-format masks, made while the engine runs
         timeout_s = limits.batch_timeout_ms / 1e3
         self._wait = AdaptiveWait(timeout_s) if limits.adaptive and timeout_s > 0 else None
@@ -196,6 +199,7 @@ class LLMScheduler:
 
     def start(self) -> LLMScheduler:
         self._thread.start()
+        self._watcher.start()
         return self
 
     def stop(self, timeout_s: float = 30.0) -> None:
@@ -204,6 +208,7 @@ class LLMScheduler:
             self._stopping = True
             self._cond.notify_all()
         self._thread.join(timeout_s)
+        self._watcher.join(1.0)
         if self._masker is not None:
             self._masker.shutdown(wait=False)
 
@@ -414,13 +419,7 @@ class LLMScheduler:
             if not waiting and (len(self._batch) or len(self._prefills)):
                 return True  # nothing to admit: back to the running sequences at once
             now = self.clock()
-            running = len(self._batch) + len(self._prefills)
-            for seq in [s for s in waiting if s.handle.cancelled or self._expired(s, now, running=running)]:
-                waiting.remove(seq)
-                self._reject(seq, now)
-            for seq, excess_ms in self._late_to_start(now):
-                waiting.remove(seq)
-                self._refuse_late(seq, now, excess_ms)
+            self._refuse_overdue(now)
             self._preempt_for_voice()
             running = len(self._batch) + len(self._prefills)
             n, wake_at = plan_admission([s.admitted_s for s in waiting], running, now, self.limits, self._wait)
@@ -440,6 +439,30 @@ class LLMScheduler:
                 return False
             timeout = None if wake_at is None else max(0.0, wake_at - now)
             self._cond.wait(timeout if timeout is not None else 0.5)
+
+    def _refuse_overdue(self, now: float) -> None:
+        """Under the lock: drop cancelled waiters and refuse those past their deadlines or predicted to start
+        past them (the device thread before each admission, the watcher between its steps)."""
+        waiting = self._waiting
+        running = len(self._batch) + len(self._prefills)
+        for seq in [s for s in waiting if s.handle.cancelled or self._expired(s, now, running=running)]:
+            waiting.remove(seq)
+            self._reject(seq, now)
+        for seq, excess_ms in self._late_to_start(now):
+            waiting.remove(seq)
+            self._refuse_late(seq, now, excess_ms)
+
+    def _watch(self) -> None:
+        """The watcher thread: a device step (or a chat step yielding to the recogniser) can last longer than
+        a waiting chat's budget; its refusal must not wait for the step to end. Wakes at the next start
+        deadline, at least every ``WATCH_S``."""
+        with self._cond:
+            while not (self._stopping and not self._waiting):
+                now = self.clock()
+                if self._waiting:
+                    self._refuse_overdue(now)
+                due = [s.start_by_s for s in self._waiting if s.start_by_s is not None]
+                self._cond.wait(max(0.001, min(WATCH_S, min(due) - now)) if due else WATCH_S)
 
     def _within_chat_rows(self, waiting: WaitQueue, n: int, running: int) -> int:
         """Of the ``n`` oldest waiters planned in, how many may start: chats only within ``chat_rows``."""
