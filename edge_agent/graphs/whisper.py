@@ -30,9 +30,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-OPSET = 17
+from .builder import GraphBuilder
+
+PRODUCER = "edge-agent ct2-whisper"
 LN_EPS = 1e-5
-_NEG = -1e9  # masked attention score: large but finite, so a float16 conversion does not make NaN
+MASKED_SCORE = -1e9  # a masked attention score: large but finite, so a float16 conversion does not make NaN
 
 Weights = Callable[[str], np.ndarray]  # ct2 variable name -> float32 array
 Param = np.ndarray | Callable[[], np.ndarray]  # a weight, or how to make it from the ct2 weights
@@ -58,7 +60,7 @@ class WhisperDims:
         return self.source_positions * 2  # conv2 halves the 3000 mel frames
 
 
-class _Graph:
+class _Graph(GraphBuilder):
     """Nodes and initializers with unique names.
 
     A weight (``param``) is given as a value or a function that makes it from the CTranslate2 weights.
@@ -67,18 +69,10 @@ class _Graph:
     ``model.bin`` is gone, with the very tensors its other graphs compute with."""
 
     def __init__(self, stored: Mapping[str, np.ndarray] | None = None) -> None:
-        from onnx import helper, numpy_helper
-
-        self.h, self.nh = helper, numpy_helper
-        self.nodes: list = []
-        self.inits: list = []
+        super().__init__()
         self.stored = stored
         self._params: set[str] = set()
         self._n = 0
-
-    def init(self, name: str, value: np.ndarray) -> str:
-        self.inits.append(self.nh.from_array(np.ascontiguousarray(value), name))
-        return name
 
     def param(self, name: str, value: Param) -> str:
         """A weight named ``name``: ``value`` (called when a function), or the stored tensor of that name."""
@@ -189,15 +183,6 @@ def _value(name: str, shape: list, elem: int = 1):
     return helper.make_tensor_value_info(name, elem, shape)
 
 
-def _model(g: _Graph, name: str, inputs: list, outputs: list):
-    from onnx import helper
-
-    graph = helper.make_graph(g.nodes, name, inputs, outputs, g.inits)
-    return helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=8, producer_name="edge-agent ct2-whisper"
-    )
-
-
 def build_encoder(dims: WhisperDims, get: Weights):
     """``encoder_model.onnx`` as an ``onnx.ModelProto``."""
     g = _Graph()
@@ -256,11 +241,11 @@ def build_encoder(dims: WhisperDims, get: Weights):
         x = g.one("Add", [x, g.mlp(x, get, f"{p}/ffn")])
     out = g.layer_norm(x, get, "encoder/layer_norm")
     g.nodes.append(g.h.make_node("Identity", [out], ["last_hidden_state"], name="output"))
-    return _model(
-        g,
+    return g.model(
         "whisper_encoder",
         [_value("input_features", ["batch_size", dims.n_mels, "encoder_frames"])],
         [_value("last_hidden_state", ["batch_size", "encoder_sequence_length", d])],
+        PRODUCER,
     )
 
 
@@ -273,7 +258,7 @@ def build_decoder_step(dims: WhisperDims, capacity: int, get: Weights | None = N
     """The NPU's decoder step: every shape static, the self-attention cache a fixed ``capacity`` of slots.
 
     One token (``input_ids`` [1, 1]) at ``position_ids`` [1, 1] (its learned position), ``cache_mask``
-    [1, P] (0 on the slots that hold earlier tokens, ``_NEG`` on the rest), ``past_key_values.{i}.decoder.*``
+    [1, P] (0 on the slots that hold earlier tokens, ``MASKED_SCORE`` on the rest), ``past_key_values.{i}.decoder.*``
     [1, H, P, d/H] and ``past_key_values.{i}.encoder.*`` [1, H, T, d/H] (``build_cross_kv``) ->
     ``logits`` [1, 1, V] and ``present.{i}.decoder.key|value`` [1, H, 1, d/H]: the step's own key and value,
     which the caller writes into slot ``position`` of its cache. The step attends to the unmasked slots and
@@ -297,7 +282,7 @@ def build_cross_kv(dims: WhisperDims, get: Weights | None = None, stored: Stored
         for kind, v in (("key", ek), ("value", ev)):
             g.nodes.append(g.h.make_node("Identity", [v], [f"present.{i}.encoder.{kind}"], name=f"present_{i}_e{kind}"))
             outputs.append(_value(f"present.{i}.encoder.{kind}", [1, h, t, d // h]))
-    return _model(g, "whisper_cross_kv", [_value("encoder_hidden_states", [1, t, d])], outputs)
+    return g.model("whisper_cross_kv", [_value("encoder_hidden_states", [1, t, d])], outputs, PRODUCER)
 
 
 Stored = Mapping[str, np.ndarray]
@@ -365,7 +350,7 @@ def _decoder(dims: WhisperDims, get: Weights | None, mode: str, capacity: int = 
             past_len = zero
         total = g.one("Add", [past_len, new_len])
         x = g.one("Add", [x, g.one("Slice", [positions, past_len, total, zero])])
-        causal = np.triu(np.full((dims.target_positions, dims.target_positions), _NEG, np.float32), k=1)
+        causal = np.triu(np.full((dims.target_positions, dims.target_positions), MASKED_SCORE, np.float32), k=1)
         mask = g.one(
             "Slice",
             [
@@ -458,4 +443,4 @@ def _decoder(dims: WhisperDims, get: Weights | None, mode: str, capacity: int = 
     g.nodes.append(g.h.make_node("Reshape", [logits, shape], ["logits"], name="logits"))
     names = {"first": "whisper_decoder", "past": "whisper_decoder_with_past", "step": "whisper_decoder_step"}
     logits_shape: list = [1, 1, dims.vocab] if step else ["batch_size", "decoder_sequence_length", dims.vocab]
-    return _model(g, names[mode], inputs, [_value("logits", logits_shape), *outputs])
+    return g.model(names[mode], inputs, [_value("logits", logits_shape), *outputs], PRODUCER)

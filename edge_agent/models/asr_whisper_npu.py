@@ -36,7 +36,8 @@ import numpy as np
 
 from ..backends import Session, SessionOptions, open_session
 from ..errors import InputError, ModelError
-from ..graphs.whisper import _NEG, WhisperDims, build_cross_kv, build_decoder_step
+from ..graphs.whisper import MASKED_SCORE as _NEG
+from ..graphs.whisper import WhisperDims, build_cross_kv, build_decoder_step
 from .asr_whisper import WhisperRecognizer
 from .catalog import ModelRef
 
