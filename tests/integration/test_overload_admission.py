@@ -314,11 +314,11 @@ def test_the_scheduler_learns_how_late_first_tokens_come_against_their_predictio
     clock = [100.0]  # a fake clock that stands still: every first token comes at 100.0
     sched = LLMScheduler(lm, Limits(max_batch=4, batch_timeout_ms=0), clock=lambda: clock[0]).start()
     try:
-        for k in range(10):
+        for k in range(20):
             seq = sched.prepare(OTHER, greedy(1))
-            seq.predicted_first_s = clock[0] - (0.2 if k < 9 else 1.0)  # nine come 200 ms late, one a second
+            seq.predicted_first_s = clock[0] - (0.2 if k < 19 else 1.0)  # 19 come 200 ms late, one a second
             assert len(sched.enqueue(seq).result(30).token_ids) == 1
-        assert sched.lateness_ms() == pytest.approx(200.0)  # the ninetieth percentile: not the one outlier
+        assert sched.lateness_ms() == pytest.approx(200.0)  # the 95th percentile: not the one outlier
         assert sched.lateness_ms(clock[0] + 61) == 0.0  # aged out
         chat = sched.submit(OTHER, greedy(1))  # one admission predicted nothing for adds no sample
         assert chat.result(30).token_ids and sched.lateness_ms() == pytest.approx(200.0)

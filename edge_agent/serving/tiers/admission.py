@@ -25,8 +25,8 @@ What the model leaves out (another workload on the same cores, a voice turn that
 batch wait for batch-mates) shows as admitted requests' first tokens coming later than predicted.
 ``Lateness`` keeps the last ``LATENESS_SAMPLES`` of those errors and gives their ``LATENESS_QUANTILE`` as
 a margin that admission adds to each prediction: a box whose chats' first tokens come 150 ms late in one
-of ten admits 150 ms less, up front, instead of serving them late or refusing them after they waited (a
-refusal is only quick at arrival).
+of twenty admits 150 ms less, up front, instead of serving them late or refusing them after they waited
+(a refusal is only quick at arrival: the refused share may grow, the late refusals must not).
 
 ``judge`` turns a prediction into a verdict: admit when it fits the budget, else refuse with the
 predicted time until a request of this size would fit (``Retry-After``) and the reason in words.
@@ -44,7 +44,7 @@ STALE_S = 60.0  # a rate not refreshed for this long no longer describes the dev
 PREFILL_MIN_TOKENS = 32  # shorter prefills say little about the cost per token
 EWMA = 0.2  # weight of the newest sample in a fresh rate
 LATENESS_SAMPLES = 32  # admitted requests whose first token the margin describes
-LATENESS_QUANTILE = 0.9  # the margin covers this share of them
+LATENESS_QUANTILE = 0.95  # the margin covers this share of them
 LATENESS_MIN_SAMPLES = 8  # fewer say nothing: no margin
 
 
