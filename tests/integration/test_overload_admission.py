@@ -40,6 +40,20 @@ def greedy(n: int) -> SamplingParams:
     return SamplingParams(max_new_tokens=n, ignore_eos=True)
 
 
+def _gated_model(folder, gate: threading.Event) -> DecoderLM:
+    """The demo model whose decode steps wait on ``gate``: a running chat holds its row (and the device
+    thread) as long as the test says."""
+    model = DecoderLM.open(folder, "onnxruntime", SessionOptions(threads=1))
+    step = model.decode_runs
+
+    def gated(*args, **kwargs):
+        gate.wait(60)
+        return step(*args, **kwargs)
+
+    model.decode_runs = gated  # type: ignore[method-assign]
+    return model
+
+
 def test_a_voice_turn_preempts_a_chat_and_the_chat_resumes_with_its_reference_tokens(lm):
     expected = list(lm.generate_greedy(PROMPT, 30, stop_at_eos=False))
     timings = []
@@ -113,15 +127,7 @@ def test_a_chat_predicted_over_its_budget_is_refused_at_once_and_a_voice_turn_is
     gate.set()
 
     def gated_open():  # decode steps wait on the gate: a chat ahead holds its row as long as the test says
-        model = DecoderLM.open(folder, "onnxruntime", SessionOptions(threads=1))
-        step = model.decode_runs
-
-        def gated(*args, **kwargs):
-            gate.wait(60)
-            return step(*args, **kwargs)
-
-        model.decode_runs = gated  # type: ignore[method-assign]
-        return model
+        return _gated_model(folder, gate)
 
     tiers = [
         Tier("full", gated_open, Limits(max_batch=1, batch_timeout_ms=0), 40, weights="demo"),
@@ -330,16 +336,8 @@ def test_admission_adds_the_recent_lateness_to_its_prediction(folder):
     gate = threading.Event()
     gate.set()
 
-    def gated_open():  # decode steps wait on the gate: the chat ahead holds its row as long as the test says
-        model = DecoderLM.open(folder, "onnxruntime", SessionOptions(threads=1))
-        step = model.decode_runs
-
-        def gated(*args, **kwargs):
-            gate.wait(60)
-            return step(*args, **kwargs)
-
-        model.decode_runs = gated  # type: ignore[method-assign]
-        return model
+    def gated_open():  # decode steps wait on the gate: a chat ahead holds its row as long as the test says
+        return _gated_model(folder, gate)
 
     ladder = _ladder(folder, [], [Tier("full", gated_open, Limits(max_batch=1, batch_timeout_ms=0), 40)])
     try:
@@ -402,14 +400,7 @@ def test_a_voice_turns_request_ends_a_chat_steps_wait_at_once(lm):
 
 def test_a_chat_past_its_start_deadline_is_refused_while_the_device_thread_is_in_a_long_step(folder):
     gate = threading.Event()
-    model = DecoderLM.open(folder, "onnxruntime", SessionOptions(threads=1))
-    step = model.decode_runs
-
-    def gated(*args, **kwargs):  # a decode step that lasts as long as the test says
-        gate.wait(60)
-        return step(*args, **kwargs)
-
-    model.decode_runs = gated  # type: ignore[method-assign]
+    model = _gated_model(folder, gate)  # a decode step lasts as long as the test says
     sched = LLMScheduler(model, Limits(max_batch=1, batch_timeout_ms=0)).start()
     try:
         running = sched.submit(PROMPT, greedy(8))
