@@ -26,7 +26,7 @@ reshapes it to 3000 frames before compiling (static shapes).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -38,6 +38,7 @@ MASKED_SCORE = -1e9  # a masked attention score: large but finite, so a float16 
 
 Weights = Callable[[str], np.ndarray]  # ct2 variable name -> float32 array
 Param = np.ndarray | Callable[[], np.ndarray]  # a weight, or how to make it from the ct2 weights
+Stored = Mapping[str, np.ndarray]  # the initializers of graphs built before, by name
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +187,21 @@ def _value(name: str, shape: list, elem: int = 1):
 def build_encoder(dims: WhisperDims, get: Weights):
     """``encoder_model.onnx`` as an ``onnx.ModelProto``."""
     g = _Graph()
-    d, h = dims.d_model, dims.encoder_heads
+    x = _encoder_stem(g, get, dims)
+    for i in range(dims.encoder_layers):
+        x = _encoder_layer(g, get, x, i, dims)
+    out = g.layer_norm(x, get, "encoder/layer_norm")
+    g.nodes.append(g.h.make_node("Identity", [out], ["last_hidden_state"], name="output"))
+    return g.model(
+        "whisper_encoder",
+        [_value("input_features", ["batch_size", dims.n_mels, "encoder_frames"])],
+        [_value("last_hidden_state", ["batch_size", "encoder_sequence_length", dims.d_model])],
+        PRODUCER,
+    )
+
+
+def _encoder_stem(g: _Graph, get: Weights, dims: WhisperDims) -> str:
+    """The mel frames through both convolutions (each with GELU), as [B, T, d] plus their sinusoidal positions."""
     x = g.one(
         "Conv",
         [
@@ -220,33 +235,28 @@ def build_encoder(dims: WhisperDims, get: Weights):
         ],
     )
     positions = g.init("positions", get("encoder/position_encodings/encodings")[: dims.source_positions])
-    x = g.one("Add", [x, g.one("Slice", [positions, zero, length, zero])])
-    scale = (d // h) ** -0.5
-    for i in range(dims.encoder_layers):
-        p = f"encoder/layer_{i}"
-        a = g.layer_norm(x, get, f"{p}/self_attention/layer_norm")
-        w, b = _scaled_qkv(
-            get(f"{p}/self_attention/linear_0/weight"), get(f"{p}/self_attention/linear_0/bias"), d, scale
-        )
-        qkv = g.linear(a, w, b, f"{p}/self_attention/qkv")
-        q, k, v = g.op("Split", [qkv, g.init(f"{p}.split", np.array([d, d, d], np.int64))], outputs=3, axis=-1)
-        o = g.attend(g.heads(q, h, d // h), g.heads(k, h, d // h), g.heads(v, h, d // h), None)
-        o = g.linear(
-            g.merge(o, d),
-            get(f"{p}/self_attention/linear_1/weight"),
-            get(f"{p}/self_attention/linear_1/bias"),
-            f"{p}/self_attention/out",
-        )
-        x = g.one("Add", [x, o])
-        x = g.one("Add", [x, g.mlp(x, get, f"{p}/ffn")])
-    out = g.layer_norm(x, get, "encoder/layer_norm")
-    g.nodes.append(g.h.make_node("Identity", [out], ["last_hidden_state"], name="output"))
-    return g.model(
-        "whisper_encoder",
-        [_value("input_features", ["batch_size", dims.n_mels, "encoder_frames"])],
-        [_value("last_hidden_state", ["batch_size", "encoder_sequence_length", d])],
-        PRODUCER,
+    return g.one("Add", [x, g.one("Slice", [positions, zero, length, zero])])
+
+
+def _encoder_layer(g: _Graph, get: Weights, x: str, i: int, dims: WhisperDims) -> str:
+    """Encoder layer ``i``: pre-norm self-attention (unmasked) and MLP, each added to the residual."""
+    p = f"encoder/layer_{i}"
+    d, h = dims.d_model, dims.encoder_heads
+    a = g.layer_norm(x, get, f"{p}/self_attention/layer_norm")
+    w, b = _scaled_qkv(
+        get(f"{p}/self_attention/linear_0/weight"), get(f"{p}/self_attention/linear_0/bias"), d, (d // h) ** -0.5
     )
+    qkv = g.linear(a, w, b, f"{p}/self_attention/qkv")
+    q, k, v = g.op("Split", [qkv, g.init(f"{p}.split", np.array([d, d, d], np.int64))], outputs=3, axis=-1)
+    o = g.attend(g.heads(q, h, d // h), g.heads(k, h, d // h), g.heads(v, h, d // h), None)
+    o = g.linear(
+        g.merge(o, d),
+        get(f"{p}/self_attention/linear_1/weight"),
+        get(f"{p}/self_attention/linear_1/bias"),
+        f"{p}/self_attention/out",
+    )
+    x = g.one("Add", [x, o])
+    return g.one("Add", [x, g.mlp(x, get, f"{p}/ffn")])
 
 
 def build_decoder(dims: WhisperDims, get: Weights, with_past: bool):
@@ -258,8 +268,9 @@ def build_decoder_step(dims: WhisperDims, capacity: int, get: Weights | None = N
     """The NPU's decoder step: every shape static, the self-attention cache a fixed ``capacity`` of slots.
 
     One token (``input_ids`` [1, 1]) at ``position_ids`` [1, 1] (its learned position), ``cache_mask``
-    [1, P] (0 on the slots that hold earlier tokens, ``MASKED_SCORE`` on the rest), ``past_key_values.{i}.decoder.*``
-    [1, H, P, d/H] and ``past_key_values.{i}.encoder.*`` [1, H, T, d/H] (``build_cross_kv``) ->
+    [1, P] (0 on the slots that hold earlier tokens, ``MASKED_SCORE`` on the rest),
+    ``past_key_values.{i}.decoder.*`` [1, H, P, d/H] and ``past_key_values.{i}.encoder.*`` [1, H, T, d/H]
+    (``build_cross_kv``) ->
     ``logits`` [1, 1, V] and ``present.{i}.decoder.key|value`` [1, H, 1, d/H]: the step's own key and value,
     which the caller writes into slot ``position`` of its cache. The step attends to the unmasked slots and
     to itself, which is what ``decoder_with_past_model.onnx`` computes over a past of exactly those tokens.
@@ -280,12 +291,8 @@ def build_cross_kv(dims: WhisperDims, get: Weights | None = None, stored: Stored
     for i in range(dims.decoder_layers):
         ek, ev = _cross_kv(g, get, f"decoder/layer_{i}", d, h)
         for kind, v in (("key", ek), ("value", ev)):
-            g.nodes.append(g.h.make_node("Identity", [v], [f"present.{i}.encoder.{kind}"], name=f"present_{i}_e{kind}"))
-            outputs.append(_value(f"present.{i}.encoder.{kind}", [1, h, t, d // h]))
+            outputs.append(_value(_present(g, i, "encoder", kind, v), [1, h, t, d // h]))
     return g.model("whisper_cross_kv", [_value("encoder_hidden_states", [1, t, d])], outputs, PRODUCER)
-
-
-Stored = Mapping[str, np.ndarray]
 
 
 def _no_weights(name: str) -> np.ndarray:
@@ -308,139 +315,202 @@ def _decoder(dims: WhisperDims, get: Weights | None, mode: str, capacity: int = 
     states), ``past`` (new tokens after a cache of any length) and ``step`` (``build_decoder_step``)."""
     g = _Graph(stored)
     get = get or _no_weights
-    with_past, step = mode == "past", mode == "step"
-    d, h = dims.d_model, dims.decoder_heads
-    dh = d // h
-    scale = dh**-0.5
+    io = _DecoderIO.of(dims, mode, capacity)
     ids_shape = g.one("Shape", ["input_ids"])
     x = g.one("Gather", [g.param("embed_tokens", _w(get, "decoder/embeddings/weight")), "input_ids"], axis=0)
     positions = g.param("embed_positions", lambda: get("decoder/position_encodings/encodings")[: dims.target_positions])
-    if step:
-        x = g.one("Add", [x, g.one("Gather", [positions, "position_ids"], axis=0)])
-        # the cache's mask and the step's own slot (always seen), as [1, 1, 1, P + 1] over the scores
-        own = g.init("own_slot", np.zeros((1, 1), np.float32))
-        mask = g.one(
-            "Reshape",
-            [
-                g.one("Concat", ["cache_mask", own], axis=1),
-                g.init("mask_shape", np.array([1, 1, 1, capacity + 1], np.int64)),
-            ],
-        )
-        inputs = [
-            _value("input_ids", [1, 1], 7),
-            _value("position_ids", [1, 1], 7),
-            _value("cache_mask", [1, capacity]),
-        ]
+    if mode == "step":
+        x, mask = _step_positions(g, x, positions, capacity, io)
     else:
-        zero = g.init("zero", np.array([0], np.int64))
-        one = g.init("one", np.array([1], np.int64))
-        two = g.init("two", np.array([2], np.int64))
-        new_len = g.one("Slice", [ids_shape, one, two, zero])  # [S]
-        if with_past:
-            past_len = g.one(
-                "Slice",
-                [
-                    g.one("Shape", ["past_key_values.0.decoder.key"]),
-                    two,
-                    g.init("three", np.array([3], np.int64)),
-                    zero,
-                ],
+        x, mask = _sequence_positions(g, x, positions, ids_shape, dims, io)
+    for i in range(dims.decoder_layers):
+        x = _decoder_layer(g, get, x, mask, i, dims, io)
+    _head(g, get, x, ids_shape, dims.d_model)
+    names = {"first": "whisper_decoder", "past": "whisper_decoder_with_past", "step": "whisper_decoder_step"}
+    return g.model(names[mode], io.inputs, [_value("logits", io.logits), *io.outputs], PRODUCER)
+
+
+@dataclass(slots=True)
+class _DecoderIO:
+    """One decoder form's graph inputs and outputs, in order as its steps add them, and their shapes."""
+
+    mode: str
+    past: list  # past_key_values.{i}.decoder.key|value
+    present: list  # present.{i}.decoder.key|value
+    cross: list  # the encoder's keys and values: past_key_values.{i}.encoder.* or present.{i}.encoder.*
+    logits: list
+    inputs: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+
+    @classmethod
+    def of(cls, dims: WhisperDims, mode: str, capacity: int) -> _DecoderIO:
+        h, dh = dims.decoder_heads, dims.d_model // dims.decoder_heads
+        if mode == "step":
+            return cls(
+                mode,
+                past=[1, h, capacity, dh],
+                present=[1, h, 1, dh],
+                cross=[1, h, dims.source_positions, dh],
+                logits=[1, 1, dims.vocab],
             )
-        else:
-            past_len = zero
-        total = g.one("Add", [past_len, new_len])
-        x = g.one("Add", [x, g.one("Slice", [positions, past_len, total, zero])])
-        causal = np.triu(np.full((dims.target_positions, dims.target_positions), MASKED_SCORE, np.float32), k=1)
-        mask = g.one(
+        return cls(
+            mode,
+            past=["batch_size", h, "past_decoder_sequence_length", dh],
+            present=[
+                "batch_size",
+                h,
+                "total_decoder_sequence_length" if mode == "past" else "decoder_sequence_length",
+                dh,
+            ],
+            cross=["batch_size", h, "encoder_sequence_length", dh],
+            logits=["batch_size", "decoder_sequence_length", dims.vocab],
+        )
+
+    @property
+    def cached(self) -> bool:
+        """Whether the caches are inputs (``past``, ``step``); the ``first`` form computes the cross keys/values."""
+        return self.mode != "first"
+
+
+def _step_positions(g: _Graph, x: str, positions: str, capacity: int, io: _DecoderIO) -> tuple[str, str]:
+    """The step's token plus its learned position (``position_ids``), and its attention mask: the cache's
+    mask and the step's own slot (always seen), as [1, 1, 1, P + 1] over the scores."""
+    x = g.one("Add", [x, g.one("Gather", [positions, "position_ids"], axis=0)])
+    own = g.init("own_slot", np.zeros((1, 1), np.float32))
+    mask = g.one(
+        "Reshape",
+        [
+            g.one("Concat", ["cache_mask", own], axis=1),
+            g.init("mask_shape", np.array([1, 1, 1, capacity + 1], np.int64)),
+        ],
+    )
+    io.inputs += [
+        _value("input_ids", [1, 1], 7),
+        _value("position_ids", [1, 1], 7),
+        _value("cache_mask", [1, capacity]),
+    ]
+    return x, mask
+
+
+def _sequence_positions(
+    g: _Graph, x: str, positions: str, ids_shape: str, dims: WhisperDims, io: _DecoderIO
+) -> tuple[str, str]:
+    """S new tokens after a past of P (none in the ``first`` form): their learned positions P .. P + S - 1,
+    and the causal mask's rows P .. P + S - 1 over columns 0 .. P + S - 1."""
+    zero = g.init("zero", np.array([0], np.int64))
+    one = g.init("one", np.array([1], np.int64))
+    two = g.init("two", np.array([2], np.int64))
+    new_len = g.one("Slice", [ids_shape, one, two, zero])  # [S]
+    if io.cached:
+        past_len = g.one(
             "Slice",
             [
-                g.init("causal_mask", causal),
-                g.one("Concat", [past_len, zero], axis=0),
-                g.one("Concat", [total, total], axis=0),
-                g.init("axes01", np.array([0, 1], np.int64)),
+                g.one("Shape", ["past_key_values.0.decoder.key"]),
+                two,
+                g.init("three", np.array([3], np.int64)),
+                zero,
             ],
         )
-        inputs = [_value("input_ids", ["batch_size", "decoder_sequence_length"], 7)]
-        if not with_past:
-            inputs.append(_value("encoder_hidden_states", ["batch_size", "encoder_sequence_length", d]))
-    if step:
-        past_shape: list = [1, h, capacity, dh]
-        present_shape: list = [1, h, 1, dh]
-        cross_shape: list = [1, h, dims.source_positions, dh]
     else:
-        past_shape = ["batch_size", h, "past_decoder_sequence_length", dh]
-        present_shape = [
-            "batch_size",
-            h,
-            "total_decoder_sequence_length" if with_past else "decoder_sequence_length",
-            dh,
-        ]
-        cross_shape = ["batch_size", h, "encoder_sequence_length", dh]
-    outputs: list = []
-    for i in range(dims.decoder_layers):
-        p = f"decoder/layer_{i}"
-        a = g.layer_norm(x, get, f"{p}/self_attention/layer_norm")
-        qkv_w, qkv_b = _qkv(get, f"{p}/self_attention/linear_0", d, scale)
-        qkv_out = g.linear(a, qkv_w, qkv_b, f"{p}/self_attention/qkv")
-        q, k, v = g.op("Split", [qkv_out, g.init(f"{p}.split", np.array([d, d, d], np.int64))], outputs=3, axis=-1)
-        k, v = g.heads(k, h, dh), g.heads(v, h, dh)
-        new_k, new_v = k, v
-        if with_past or step:
-            for kind in ("key", "value"):
-                inputs.append(_value(f"past_key_values.{i}.decoder.{kind}", past_shape))
-            k = g.one("Concat", [f"past_key_values.{i}.decoder.key", k], axis=2)
-            v = g.one("Concat", [f"past_key_values.{i}.decoder.value", v], axis=2)
-        # the step returns its own key and value (the caller's cache has a slot for them), the others all of them
-        for kind, t in (("key", new_k if step else k), ("value", new_v if step else v)):
-            g.nodes.append(g.h.make_node("Identity", [t], [f"present.{i}.decoder.{kind}"], name=f"present_{i}_d{kind}"))
-            outputs.append(_value(f"present.{i}.decoder.{kind}", present_shape))
-        o = g.attend(g.heads(q, h, dh), k, v, mask)
-        o = g.linear(
-            g.merge(o, d),
-            _w(get, f"{p}/self_attention/linear_1/weight"),
-            _w(get, f"{p}/self_attention/linear_1/bias"),
-            f"{p}/self_attention/out",
-        )
-        x = g.one("Add", [x, o])
+        past_len = zero
+    total = g.one("Add", [past_len, new_len])
+    x = g.one("Add", [x, g.one("Slice", [positions, past_len, total, zero])])
+    causal = np.triu(np.full((dims.target_positions, dims.target_positions), MASKED_SCORE, np.float32), k=1)
+    mask = g.one(
+        "Slice",
+        [
+            g.init("causal_mask", causal),
+            g.one("Concat", [past_len, zero], axis=0),
+            g.one("Concat", [total, total], axis=0),
+            g.init("axes01", np.array([0, 1], np.int64)),
+        ],
+    )
+    io.inputs.append(_value("input_ids", ["batch_size", "decoder_sequence_length"], 7))
+    if not io.cached:
+        io.inputs.append(_value("encoder_hidden_states", ["batch_size", "encoder_sequence_length", dims.d_model]))
+    return x, mask
 
-        # cross-attention: keys and values from the encoder, computed once in the first step
-        c = g.layer_norm(x, get, f"{p}/attention/layer_norm")
-        q = g.heads(
-            g.linear(
-                c,
-                _w(get, f"{p}/attention/linear_0/weight", scale),
-                _w(get, f"{p}/attention/linear_0/bias", scale),
-                f"{p}/attention/q",
-            ),
-            h,
-            dh,
-        )
-        if with_past or step:
-            for kind in ("key", "value"):
-                inputs.append(_value(f"past_key_values.{i}.encoder.{kind}", cross_shape))
-            ek, ev = f"past_key_values.{i}.encoder.key", f"past_key_values.{i}.encoder.value"
-        else:
-            ek, ev = _cross_kv(g, get, p, d, h)
-            for kind, t in (("key", ek), ("value", ev)):
-                g.nodes.append(
-                    g.h.make_node("Identity", [t], [f"present.{i}.encoder.{kind}"], name=f"present_{i}_e{kind}")
-                )
-                outputs.append(_value(f"present.{i}.encoder.{kind}", cross_shape))
-        o = g.attend(q, ek, ev, None)
-        o = g.linear(
-            g.merge(o, d),
-            _w(get, f"{p}/attention/linear_2/weight"),
-            _w(get, f"{p}/attention/linear_2/bias"),
-            f"{p}/attention/out",
-        )
-        x = g.one("Add", [x, o])
-        x = g.one("Add", [x, g.mlp(x, get, f"{p}/ffn")])
+
+def _decoder_layer(g: _Graph, get: Weights, x: str, mask: str, i: int, dims: WhisperDims, io: _DecoderIO) -> str:
+    """Decoder layer ``i``: pre-norm self-attention, cross-attention and MLP, each added to the residual."""
+    p = f"decoder/layer_{i}"
+    x = g.one("Add", [x, _self_attention(g, get, x, mask, i, dims, io)])
+    x = g.one("Add", [x, _cross_attention(g, get, x, i, dims, io)])
+    return g.one("Add", [x, g.mlp(x, get, f"{p}/ffn")])
+
+
+def _self_attention(g: _Graph, get: Weights, x: str, mask: str, i: int, dims: WhisperDims, io: _DecoderIO) -> str:
+    """Layer ``i``'s masked self-attention over the cache (where there is one) and the new tokens."""
+    p = f"decoder/layer_{i}/self_attention"
+    d, h = dims.d_model, dims.decoder_heads
+    dh = d // h
+    a = g.layer_norm(x, get, f"{p}/layer_norm")
+    qkv_w, qkv_b = _qkv(get, f"{p}/linear_0", d, dh**-0.5)
+    qkv_out = g.linear(a, qkv_w, qkv_b, f"{p}/qkv")
+    q, k, v = g.op(
+        "Split", [qkv_out, g.init(f"decoder/layer_{i}.split", np.array([d, d, d], np.int64))], outputs=3, axis=-1
+    )
+    k, v = _self_cache(g, i, g.heads(k, h, dh), g.heads(v, h, dh), io)
+    o = g.attend(g.heads(q, h, dh), k, v, mask)
+    return g.linear(g.merge(o, d), _w(get, f"{p}/linear_1/weight"), _w(get, f"{p}/linear_1/bias"), f"{p}/out")
+
+
+def _self_cache(g: _Graph, i: int, k: str, v: str, io: _DecoderIO) -> tuple[str, str]:
+    """Layer ``i``'s self-attention cache: the past keys and values before the new ones (the cached forms'
+    inputs), and the ``present`` outputs: the step its own key and value (the caller's cache has a slot for
+    them), the other forms all of them. The keys and values to attend over."""
+    new_k, new_v = k, v
+    if io.cached:
+        for kind in ("key", "value"):
+            io.inputs.append(_value(f"past_key_values.{i}.decoder.{kind}", io.past))
+        k = g.one("Concat", [f"past_key_values.{i}.decoder.key", k], axis=2)
+        v = g.one("Concat", [f"past_key_values.{i}.decoder.value", v], axis=2)
+    step = io.mode == "step"
+    for kind, t in (("key", new_k if step else k), ("value", new_v if step else v)):
+        io.outputs.append(_value(_present(g, i, "decoder", kind, t), io.present))
+    return k, v
+
+
+def _cross_attention(g: _Graph, get: Weights, x: str, i: int, dims: WhisperDims, io: _DecoderIO) -> str:
+    """Layer ``i``'s attention over the encoder states' keys and values."""
+    p = f"decoder/layer_{i}/attention"
+    d, h = dims.d_model, dims.decoder_heads
+    dh = d // h
+    scale = dh**-0.5
+    c = g.layer_norm(x, get, f"{p}/layer_norm")
+    q = g.heads(
+        g.linear(c, _w(get, f"{p}/linear_0/weight", scale), _w(get, f"{p}/linear_0/bias", scale), f"{p}/q"), h, dh
+    )
+    ek, ev = _cross_cache(g, get, i, dims, io)
+    o = g.attend(q, ek, ev, None)
+    return g.linear(g.merge(o, d), _w(get, f"{p}/linear_2/weight"), _w(get, f"{p}/linear_2/bias"), f"{p}/out")
+
+
+def _cross_cache(g: _Graph, get: Weights, i: int, dims: WhisperDims, io: _DecoderIO) -> tuple[str, str]:
+    """Layer ``i``'s cross keys and values: inputs of the cached forms; computed from the encoder states in the
+    ``first`` form (once per utterance) and returned as its ``present.{i}.encoder.*`` outputs."""
+    if io.cached:
+        names = [f"past_key_values.{i}.encoder.{kind}" for kind in ("key", "value")]
+        io.inputs += [_value(name, io.cross) for name in names]
+        return names[0], names[1]
+    ek, ev = _cross_kv(g, get, f"decoder/layer_{i}", dims.d_model, dims.decoder_heads)
+    for kind, t in (("key", ek), ("value", ev)):
+        io.outputs.append(_value(_present(g, i, "encoder", kind, t), io.cross))
+    return ek, ev
+
+
+def _present(g: _Graph, i: int, side: str, kind: str, tensor: str) -> str:
+    """``tensor`` as the graph output ``present.{i}.{side}.{kind}`` (an Identity node); that name."""
+    name = f"present.{i}.{side}.{kind}"
+    g.nodes.append(g.h.make_node("Identity", [tensor], [name], name=f"present_{i}_{side[0]}{kind}"))
+    return name
+
+
+def _head(g: _Graph, get: Weights, x: str, ids_shape: str, d: int) -> None:
+    """The final LayerNorm and the tied output projection, as the output ``logits`` [B, S, V]: Gemm with
+    transB reads the embedding table itself (one copy in the file)."""
     x = g.layer_norm(x, get, "decoder/layer_norm")
-    # tied output projection: Gemm with transB reads the embedding table itself (one copy in the file)
     flat = g.one("Reshape", [x, g.init("flat_shape", np.array([-1, d], np.int64))])
     logits = g.one("Gemm", [flat, "embed_tokens"], transB=1)
     shape = g.one("Concat", [ids_shape, g.init("minus_one", np.array([-1], np.int64))], axis=0)
     g.nodes.append(g.h.make_node("Reshape", [logits, shape], ["logits"], name="logits"))
-    names = {"first": "whisper_decoder", "past": "whisper_decoder_with_past", "step": "whisper_decoder_step"}
-    logits_shape: list = [1, 1, dims.vocab] if step else ["batch_size", "decoder_sequence_length", dims.vocab]
-    return g.model(names[mode], inputs, [_value("logits", logits_shape), *outputs], PRODUCER)
