@@ -40,7 +40,7 @@ On the NPU (static shapes only) ``asr_whisper_npu.NpuWhisperRecognizer`` runs th
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -269,14 +269,11 @@ class WhisperRecognizer:
         and decoding goes on from there; the result is exactly the greedy decode without a draft."""
         assert self.decoder is not None and self.decoder_past is not None  # see detect_language
         if drafts is not None and any(len(d) > len(f) for d, f in zip(drafts, forced)):
-            if hidden.shape[0] > 1:  # rows verify drafts of their own lengths: one at a time
-                return [
-                    self.decode(hidden[r : r + 1], [prompts[r]], [forced[r]], [max_new[r]], suppress, stop_at_eot, [d])[
-                        0
-                    ]
-                    for r, d in enumerate(drafts)
-                ]
-            return self._decode_draft(hidden, prompts[0], forced[0], max_new[0], drafts[0], suppress, stop_at_eot)
+            # rows verify drafts of their own lengths: one at a time
+            return [
+                self._decode_draft(hidden[r : r + 1], prompts[r], forced[r], max_new[r], d, suppress, stop_at_eot)
+                for r, d in enumerate(drafts)
+            ]
         rows = list(range(hidden.shape[0]))
         if len({len(p) for p in prompts}) != 1:
             raise InputError("rows of one decode batch need prompts of the same length")
@@ -286,24 +283,16 @@ class WhisperRecognizer:
         out: list[list[int]] = [[int(t) for t in f[:common]] for f in forced]
         first = [list(p) + o for p, o in zip(prompts, out)]
         res = self.decoder.run({"input_ids": np.asarray(first, np.int64), "encoder_hidden_states": hidden})
-        past = {k.replace("present.", "past_key_values.", 1): v for k, v in res.items() if k != "logits"}
+        past = _past(res)
         logits = res["logits"][:, -1]
-        position = len(first[0])
         while rows:
             tokens, keep = [], []
             for j, r in enumerate(rows):
-                t = len(out[r])
-                if t < len(forced[r]):
-                    token = int(forced[r][t])
-                else:
-                    scores = logits[j]
-                    if suppress:
-                        scores = np.where(self._begin_mask if t == 0 else self._suppress_mask, -np.inf, scores)
-                    token = int(np.argmax(scores))
-                    if stop_at_eot and token == self.eot:
-                        continue
+                token = self._choose(logits[j], len(out[r]), forced[r], suppress)
+                if stop_at_eot and token == self.eot and len(out[r]) >= len(forced[r]):
+                    continue
                 out[r].append(token)
-                if len(out[r]) < max_new[r] and position + 1 < self.max_positions:
+                if not self._full(out[r], len(prompts[r]), max_new[r]):
                     keep.append(j)
                     tokens.append(token)
             if not keep:
@@ -313,11 +302,8 @@ class WhisperRecognizer:
                 past = {k: v[idx] for k, v in past.items()}
             rows = [rows[j] for j in keep]
             res = self.decoder_past.run({"input_ids": np.asarray(tokens, np.int64)[:, None], **past})
-            for k, v in res.items():
-                if k != "logits":
-                    past[k.replace("present.", "past_key_values.", 1)] = v
+            past.update(_past(res))
             logits = res["logits"][:, -1]
-            position += 1
         return out
 
     def _decode_draft(
@@ -329,7 +315,7 @@ class WhisperRecognizer:
         draft: Sequence[int],
         suppress: bool,
         stop_at_eot: bool,
-    ) -> list[list[int]]:
+    ) -> list[int]:
         """One row: the prompt, the forced tokens and the draft in one decoder call; the draft kept up to the
         first token greedy decoding would not choose (or an end of text), the cache cut there, then greedy."""
         assert self.decoder is not None and self.decoder_past is not None
@@ -337,48 +323,77 @@ class WhisperRecognizer:
         if list(draft[: len(forced)]) != list(forced):
             draft = forced  # a draft that does not extend the forced tokens is no draft
         draft = [int(t) for t in draft[:room]]
-        first = [*prompt, *draft]
-        res = self.decoder.run({"input_ids": np.asarray([first], np.int64), "encoder_hidden_states": hidden})
+        res = self.decoder.run(
+            {"input_ids": np.asarray([[*prompt, *draft]], np.int64), "encoder_hidden_states": hidden}
+        )
         logits_all = res["logits"][0]
         base = len(prompt)
         keep = min(len(forced), len(draft))
-        while keep < len(draft):
-            scores = logits_all[base + keep - 1]
-            if suppress:
-                scores = np.where(self._begin_mask if keep == 0 else self._suppress_mask, -np.inf, scores)
-            if int(np.argmax(scores)) != draft[keep]:
-                break
+        while keep < len(draft) and self._choose(logits_all[base + keep - 1], keep, forced, suppress) == draft[keep]:
             keep += 1
         end = base + keep
-        past = {
-            k.replace("present.", "past_key_values.", 1): (v[:, :, :end] if ".decoder." in k else v)
-            for k, v in res.items()
-            if k != "logits"
-        }
-        out = list(draft[:keep])
-        logits = logits_all[end - 1]
-        position = end
-        while len(out) < max_new and position < self.max_positions:
-            t = len(out)
-            if t < len(forced):
-                token = int(forced[t])
-            else:
-                scores = logits
-                if suppress:
-                    scores = np.where(self._begin_mask if t == 0 else self._suppress_mask, -np.inf, scores)
-                token = int(np.argmax(scores))
-                if stop_at_eot and token == self.eot:
-                    break
-            out.append(token)
-            if len(out) >= max_new or position + 1 >= self.max_positions:
+        past = {k: v[:, :, :end] if ".decoder." in k else v for k, v in _past(res).items()}
+
+        step_session = self.decoder_past
+
+        def feed(token: int) -> np.ndarray:
+            step = step_session.run({"input_ids": np.asarray([[token]], np.int64), **past})
+            past.update(_past(step))
+            return step["logits"][0, -1]
+
+        return self._greedy(
+            logits_all[end - 1], draft[:keep], len(prompt), forced, max_new, feed, suppress, stop_at_eot
+        )
+
+    # -- the choices every decode makes (the NPU's too) --------------------------------------
+
+    def _choose(self, logits: np.ndarray, t: int, forced: Sequence[int], suppress: bool) -> int:
+        """The token at output position ``t``: the forced one while there is one, else the argmax of ``logits``
+        with the suppressed tokens out (``begin_suppress_tokens`` too at the first position)."""
+        if t < len(forced):
+            return int(forced[t])
+        if suppress:
+            logits = np.where(self._begin_mask if t == 0 else self._suppress_mask, -np.inf, logits)
+        return int(np.argmax(logits))
+
+    def _full(self, out: Sequence[int], prompt_len: int, max_new: int) -> bool:
+        """Whether a row with ``out`` after a prompt of ``prompt_len`` tokens takes no further token: it has
+        ``max_new`` of them, or the decoder's positions are used up (said in the log: its text is cut)."""
+        if len(out) >= max_new:
+            return True
+        if prompt_len + len(out) < self.max_positions:
+            return False
+        log.warning(
+            "%s: a decode stopped at %d tokens: the decoder's cache holds %d positions",
+            self.name,
+            len(out),
+            self.max_positions,
+        )
+        return True
+
+    def _greedy(
+        self,
+        logits: np.ndarray,
+        out: list[int],
+        prompt_len: int,
+        forced: Sequence[int],
+        max_new: int,
+        feed: Callable[[int], np.ndarray],
+        suppress: bool,
+        stop_at_eot: bool,
+    ) -> list[int]:
+        """One row's greedy decode on from ``logits`` (the next token's, after the prompt and ``out``): the
+        forced tokens, then the suppressed argmax, until the end of text, ``max_new`` tokens or the decoder's
+        last position; ``feed(token)`` runs the decoder on one token and returns the next token's logits."""
+        while len(out) < max_new:
+            token = self._choose(logits, len(out), forced, suppress)
+            if stop_at_eot and token == self.eot and len(out) >= len(forced):
                 break
-            res = self.decoder_past.run({"input_ids": np.asarray([[token]], np.int64), **past})
-            for k, v in res.items():
-                if k != "logits":
-                    past[k.replace("present.", "past_key_values.", 1)] = v
-            logits = res["logits"][0, -1]
-            position += 1
-        return [out]
+            out.append(token)
+            if self._full(out, prompt_len, max_new):
+                break
+            logits = feed(token)
+        return out
 
     def _budget(self, audio_s: float, forced: int, context: int = 0) -> int:
         """Tokens a decode may produce: a few per second of audio (a random or confused model
@@ -489,3 +504,8 @@ class WhisperRecognizer:
         for s in (self.encoder, self.decoder, self.decoder_past):
             if s is not None:
                 s.close()
+
+
+def _past(res: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A decoder run's ``present.*`` outputs under the ``past_key_values.*`` names the next run takes."""
+    return {k.replace("present.", "past_key_values.", 1): v for k, v in res.items() if k != "logits"}

@@ -241,31 +241,7 @@ class NpuWhisperRecognizer(WhisperRecognizer):
         for token in prompt[:-1]:
             self.feed(int(token))
         logits = self.feed(int(prompt[-1]))
-        out: list[int] = []
-        while True:
-            t = len(out)
-            if t < len(forced):
-                token = int(forced[t])
-            else:
-                scores = logits
-                if suppress:
-                    scores = np.where(self._begin_mask if t == 0 else self._suppress_mask, -np.inf, scores)
-                token = int(np.argmax(scores))
-                if stop_at_eot and token == self.eot:
-                    break
-            out.append(token)
-            if len(out) >= max_new:
-                break
-            if len(prompt) + len(out) >= self.max_positions:
-                log.warning(
-                    "%s: a decode stopped at %d tokens: the decoder's cache holds %d positions",
-                    self.name,
-                    len(out),
-                    self.max_positions,
-                )
-                break
-            logits = self.feed(token)
-        return out
+        return self._greedy(logits, [], len(prompt), forced, max_new, self.feed, suppress, stop_at_eot)
 
     def close(self) -> None:
         for s in (self.encoder, self.step_session, self.cross_session):
