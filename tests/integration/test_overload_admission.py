@@ -76,6 +76,37 @@ def test_a_voice_turn_preempts_a_chat_and_the_chat_resumes_with_its_reference_to
     assert chat_done.timing.ttft_ms is not None and len(chat_done.timing.token_times_s) == 30
 
 
+def test_a_voice_turn_decodes_alone_beside_chats_and_every_output_is_its_reference(folder):
+    model = DecoderLM.open(folder, "onnxruntime", SessionOptions(threads=1))
+    third = [2, 12, 22, 32, 42]
+    expected = {tuple(p): list(model.generate_greedy(p, n, stop_at_eos=False)) for p, n in
+                ((PROMPT, 24), (third, 24), (OTHER, 6))}  # fmt: skip
+    alone: list[int] = []
+    extend = model.extend
+
+    def counted(batch, index, tokens):  # a row stepped by itself (no chat in this test has a forced run)
+        alone.append(index)
+        return extend(batch, index, tokens)
+
+    model.extend = counted  # type: ignore[method-assign]
+    sched = LLMScheduler(model, Limits(max_batch=3, batch_timeout_ms=0)).start()
+    try:
+        chats = [sched.submit(PROMPT, greedy(24)), sched.submit(third, greedy(24))]
+        for chat in chats:
+            next(iter(chat))  # both decoding (their first tokens came from their prefills)
+        # each turn of the device thread moves a chat one token at most: they have 20 and more to go
+        voice = sched.submit(OTHER, greedy(6), tags=(INTERACTIVE,))
+        voice_done = voice.result(30)
+        assert not any(chat.done for chat in chats)  # the chats waited while the voice turn decoded
+        chat_done = [chat.result(30) for chat in chats]
+    finally:
+        sched.stop()
+        model.close()
+    assert len(alone) == 5 and len(set(alone)) == 1  # the voice row's five decode steps, each by itself
+    assert list(voice_done.token_ids) == expected[tuple(OTHER)]
+    assert [list(c.token_ids) for c in chat_done] == [expected[tuple(PROMPT)], expected[tuple(third)]]
+
+
 def test_a_loaded_scheduler_predicts_from_its_own_timing_before_any_request(lm):
     sched = LLMScheduler(lm, Limits(max_batch=2, batch_timeout_ms=0))
     rates = sched.rates.snapshot(sched.clock())

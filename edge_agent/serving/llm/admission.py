@@ -36,6 +36,7 @@ class Limits:
     prefix_cache_mb: float = 256.0  # the prefix KV cache's bound (0: no prefix cache; models.prefix_cache)
     prefix_block_tokens: int = 16  # tokens per block the prefix cache matches prompts by
     jump_forward: bool = True  # an output format's forced tokens go in with the picked one, in one step
+    voice_alone: bool = True  # a voice turn's rows decode without the chats' (a CPU: a batch costs per row)
 
 
 def plan_admission(

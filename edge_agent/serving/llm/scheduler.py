@@ -584,6 +584,10 @@ class LLMScheduler:
 
     def _decode(self) -> None:
         rows = list(self._batch.rows)
+        voice = [i for i, s in enumerate(rows) if s.interactive]
+        if self.limits.voice_alone and voice and len(voice) < len(rows):
+            self._decode_alone(voice)
+            return
         masks = self._start_masks(rows)
         start = self.clock()
         try:
@@ -601,6 +605,25 @@ class LLMScheduler:
             self.rates.step((now - start) * 1e3, now)
         self._absorb(0, logits, masks)
 
+    def _decode_alone(self, indices: Sequence[int]) -> None:
+        """A step for the voice turns' rows alone (``Limits.voice_alone``): on a CPU a batch of nine costs
+        several times a batch of one, and a person is waiting on these; the chats' rows keep their pending
+        tokens for the next full step, their output unchanged."""
+        rows = self._batch.rows
+        seqs = [rows[i] for i in indices]
+        masks = self._start_masks(seqs)
+        try:
+            logits = np.concatenate([self.lm.extend(self._batch, i, rows[i].feed) for i in indices])
+        except Exception as exc:
+            if not isinstance(exc, EdgeAgentError):
+                log.exception("voice step failed")
+                exc = EdgeAgentError(f"decode step failed: {exc}")
+            self._batch.remove(list(indices))
+            self._fail(seqs, exc)
+            return
+        self.steps += 1
+        self._absorb_rows(list(indices), logits, masks)
+
     def _start_masks(self, seqs: Sequence[_Sequence]) -> list[Future | None]:
         """Start computing each constrained row's mask of allowed tokens (None for free rows)."""
         if not any(s.constraint is not None for s in seqs):
@@ -611,18 +634,24 @@ class LLMScheduler:
 
     def _absorb(self, first: int, logits, masks: Sequence[Future | None] = ()) -> None:
         """Batch rows ``first…`` take their next token from ``logits`` [n, V]; finished rows leave."""
+        self._absorb_rows(list(range(first, len(self._batch.rows))), logits, masks)
+
+    def _absorb_rows(self, indices: list[int], logits, masks: Sequence[Future | None] = ()) -> None:
+        """Batch rows ``indices`` (ascending) take their next token from ``logits`` [n, V] (row k of it for
+        ``indices[k]``); finished rows leave."""
         now = self.clock()
         finished: list[int] = []
         broken: dict[int, FormatError] = {}  # rows whose own output format broke: they alone fail
         if self.lm.vocab_limit is not None:
             logits = logits[:, : self.lm.vocab_limit]  # never an id the tokenizer cannot decode
-        rows = self._batch.rows[first:]
+        all_rows = self._batch.rows
+        rows = [all_rows[i] for i in indices]
         # Plain greedy rows (no format, bias, penalty or logprobs) share one argmax over the batch.
         plain = np.argmax(logits, axis=-1) if any(s.sampler.plain for s in rows) else None
-        for i, seq in enumerate(rows, start=first):
-            mask = masks[i - first] if masks else None
+        for k, (i, seq) in enumerate(zip(indices, rows)):
+            mask = masks[k] if masks else None
             if plain is not None and mask is None and seq.sampler.plain:
-                token = int(plain[i - first])
+                token = int(plain[k])
             else:
                 try:
                     allowed: np.ndarray | None = mask.result() if mask is not None else None
@@ -632,7 +661,7 @@ class LLMScheduler:
                 if allowed is not None and _closing(seq):
                     narrowed = allowed & self.lm.token_vocab.closers
                     allowed = narrowed if narrowed.any() else allowed
-                row = seq.sampler.process(logits[i - first], seq.history, seq.generated, allowed)
+                row = seq.sampler.process(logits[k], seq.history, seq.generated, allowed)
                 token = seq.sampler.pick(row)
             logprob = None
             if seq.params.logprobs is not None:

@@ -125,6 +125,7 @@ def tier_limits(
         prefix_cache_mb=prefix_cache.limit_mb,
         prefix_block_tokens=prefix_cache.block_tokens,
         jump_forward=batching.jump_forward,
+        voice_alone=tier.backend != "tensorrt",  # a GPU runs a batch for little more than one row
     )
 
 
