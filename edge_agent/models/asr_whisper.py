@@ -6,14 +6,16 @@ Files (``optimum-cli export onnx``): ``encoder_model.onnx`` (``input_features`` 
 token + ``past_key_values.*`` → ``logits`` + new decoder k/v; the encoder k/v stay those of the
 first step).
 
-Decoding: the prompt ``<|startoftranscript|><|lang|><|task|><|notimestamps|>``, then greedy with
-the KV cache. A stream may carry context in front of it (``context_ids``: ``<|startofprev|>`` and the
-words it expects, Whisper's ``initial_prompt``: a voice turn's tools, the operator's ``[asr]`` words), at
-most ``MAX_CONTEXT_TOKENS``; rows of one decode batch share a prompt length, so streams with different
-contexts decode in separate batches. Suppressed: the model's ``suppress_tokens``, ``begin_suppress_tokens`` at the first
-position, and every special and timestamp token (ids above ``<|endoftext|>``): with
-``<|notimestamps|>`` in the prompt a timestamp is never a valid output. ``language="auto"`` picks
-the likeliest language token after ``<|startoftranscript|>``.
+Decoding (``whisper_decoding.py``): the prompt ``<|startoftranscript|><|lang|><|task|><|notimestamps|>``,
+then greedy with the KV cache; with ``guards`` (the default) a clip the model hears no speech in gives no
+text, and neither does a text without a letter or digit ("..."), and a runaway repetition is cut. A
+stream may carry context in front of it (``context_ids``: ``<|startofprev|>`` and the words it expects,
+Whisper's ``initial_prompt``: a voice turn's tools, the operator's ``[asr]`` words), at most
+``MAX_CONTEXT_TOKENS``; rows of one decode batch share a prompt length, so streams with different contexts
+decode in separate batches. Suppressed: the model's ``suppress_tokens``, ``begin_suppress_tokens`` at the
+first position, and every special and timestamp token (ids above ``<|endoftext|>``): with
+``<|notimestamps|>`` in the prompt a timestamp is never a valid output. ``language="auto"`` picks the
+likeliest language token after ``<|startoftranscript|>``.
 
 Streaming: every step re-encodes the utterance so far; a partial re-decodes it forced to start with the
 committed tokens, and LocalAgreement-2 commits the prefix the last two hypotheses share (commits only grow
@@ -40,7 +42,7 @@ On the NPU (static shapes only) ``asr_whisper_npu.NpuWhisperRecognizer`` runs th
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -49,6 +51,7 @@ from ..errors import InputError, ModelError
 from .agreement import LocalAgreement
 from .catalog import ModelRef
 from .recognizer import AudioStream, Hypothesis, read_json
+from .whisper_decoding import WhisperDecoding
 from .whisper_features import WhisperFeatureConfig, log_mel_spectrogram
 
 log = logging.getLogger(__name__)
@@ -96,7 +99,7 @@ class WhisperStream(AudioStream):
         return None
 
 
-class WhisperRecognizer:
+class WhisperRecognizer(WhisperDecoding):
     """Whisper (encoder, decoder with KV cache) re-decoding a growing window, committed by LocalAgreement-2."""
 
     kind = "whisper"
@@ -115,6 +118,7 @@ class WhisperRecognizer:
         max_tokens_per_s: float = 8.0,
         partial_context_s: float = 1.0,
         final_padding_s: float = 0.0,
+        guards: bool = True,
     ) -> None:
         from tokenizers import Tokenizer
 
@@ -142,6 +146,7 @@ class WhisperRecognizer:
         self.partial_context_s = partial_context_s  # 0: every partial is a 30 s pass
         # >0 (with short_context): a final (and transcribe) encodes its audio and this much padding, not 30 s
         self.final_padding_s = final_padding_s
+        self.guards = guards  # nothing heard, runaway repetitions cut (whisper_decoding); False: plain greedy
         self.short_context = False  # set by open() when the encoder takes shorter inputs
         self._suppress_mask = np.zeros(self.vocab_size, bool)
         self._suppress_mask[[t for t in gen.get("suppress_tokens") or [] if t < self.vocab_size]] = True
@@ -150,6 +155,8 @@ class WhisperRecognizer:
         self._begin_mask[[t for t in gen.get("begin_suppress_tokens") or [] if t < self.vocab_size]] = True
         self._prompt_len = 2 + bool(self.lang_to_id) + bool(self.task_to_id)
         self.prev = self.tokenizer.token_to_id("<|startofprev|>")  # None: no context (a tokenizer without it)
+        nocaptions = self.tokenizer.token_to_id("<|nocaptions|>")
+        self.no_speech_id = nocaptions if nocaptions is not None else self.tokenizer.token_to_id("<|nospeech|>")
         self._context_cache: dict[str, list[int]] = {}
 
     @classmethod
@@ -168,6 +175,7 @@ class WhisperRecognizer:
                 "max_tokens_per_s",
                 "partial_context_s",
                 "final_padding_s",
+                "guards",
             )
         }
         files = [ref.path / n for n in ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx")]
@@ -252,148 +260,6 @@ class WhisperRecognizer:
         )["logits"][:, -1]
         names, ids = list(self.lang_to_id), np.array(list(self.lang_to_id.values()))
         return [names[int(np.argmax(row[ids]))] for row in logits]
-
-    def decode(
-        self,
-        hidden: np.ndarray,
-        prompts: Sequence[Sequence[int]],
-        forced: Sequence[Sequence[int]],
-        max_new: Sequence[int],
-        suppress: bool = True,
-        stop_at_eot: bool = True,
-        drafts: Sequence[Sequence[int]] | None = None,
-    ) -> list[list[int]]:
-        """Greedy, batched in lockstep. Returns per row the generated ids (forced ones included, no EOT).
-        ``drafts``: per row, tokens a greedy decode is likely to produce (the last partial's, beyond the
-        forced ones): checked in the first decoder call, the longest prefix the model agrees with is kept
-        and decoding goes on from there; the result is exactly the greedy decode without a draft."""
-        assert self.decoder is not None and self.decoder_past is not None  # see detect_language
-        if drafts is not None and any(len(d) > len(f) for d, f in zip(drafts, forced)):
-            # rows verify drafts of their own lengths: one at a time
-            return [
-                self._decode_draft(hidden[r : r + 1], prompts[r], forced[r], max_new[r], d, suppress, stop_at_eot)
-                for r, d in enumerate(drafts)
-            ]
-        rows = list(range(hidden.shape[0]))
-        if len({len(p) for p in prompts}) != 1:
-            raise InputError("rows of one decode batch need prompts of the same length")
-        # The forced tokens every row has go in with the prompt: one decoder call instead of one each.
-        common = min(min(len(f) for f in forced), min(max_new) - 1, self.max_positions - len(prompts[0]) - 2)
-        common = max(0, common)
-        out: list[list[int]] = [[int(t) for t in f[:common]] for f in forced]
-        first = [list(p) + o for p, o in zip(prompts, out)]
-        res = self.decoder.run({"input_ids": np.asarray(first, np.int64), "encoder_hidden_states": hidden})
-        past = _past(res)
-        logits = res["logits"][:, -1]
-        while rows:
-            tokens, keep = [], []
-            for j, r in enumerate(rows):
-                token = self._choose(logits[j], len(out[r]), forced[r], suppress)
-                if stop_at_eot and token == self.eot and len(out[r]) >= len(forced[r]):
-                    continue
-                out[r].append(token)
-                if not self._full(out[r], len(prompts[r]), max_new[r]):
-                    keep.append(j)
-                    tokens.append(token)
-            if not keep:
-                break
-            if len(keep) < len(rows):  # finished rows leave the batch: slice every cache on the batch axis
-                idx = np.asarray(keep)
-                past = {k: v[idx] for k, v in past.items()}
-            rows = [rows[j] for j in keep]
-            res = self.decoder_past.run({"input_ids": np.asarray(tokens, np.int64)[:, None], **past})
-            past.update(_past(res))
-            logits = res["logits"][:, -1]
-        return out
-
-    def _decode_draft(
-        self,
-        hidden: np.ndarray,
-        prompt: Sequence[int],
-        forced: Sequence[int],
-        max_new: int,
-        draft: Sequence[int],
-        suppress: bool,
-        stop_at_eot: bool,
-    ) -> list[int]:
-        """One row: the prompt, the forced tokens and the draft in one decoder call; the draft kept up to the
-        first token greedy decoding would not choose (or an end of text), the cache cut there, then greedy."""
-        assert self.decoder is not None and self.decoder_past is not None
-        room = min(max_new, self.max_positions - len(prompt) - 2)
-        if list(draft[: len(forced)]) != list(forced):
-            draft = forced  # a draft that does not extend the forced tokens is no draft
-        draft = [int(t) for t in draft[:room]]
-        res = self.decoder.run(
-            {"input_ids": np.asarray([[*prompt, *draft]], np.int64), "encoder_hidden_states": hidden}
-        )
-        logits_all = res["logits"][0]
-        base = len(prompt)
-        keep = min(len(forced), len(draft))
-        while keep < len(draft) and self._choose(logits_all[base + keep - 1], keep, forced, suppress) == draft[keep]:
-            keep += 1
-        end = base + keep
-        past = {k: v[:, :, :end] if ".decoder." in k else v for k, v in _past(res).items()}
-
-        step_session = self.decoder_past
-
-        def feed(token: int) -> np.ndarray:
-            step = step_session.run({"input_ids": np.asarray([[token]], np.int64), **past})
-            past.update(_past(step))
-            return step["logits"][0, -1]
-
-        return self._greedy(
-            logits_all[end - 1], draft[:keep], len(prompt), forced, max_new, feed, suppress, stop_at_eot
-        )
-
-    # -- the choices every decode makes (the NPU's too) --------------------------------------
-
-    def _choose(self, logits: np.ndarray, t: int, forced: Sequence[int], suppress: bool) -> int:
-        """The token at output position ``t``: the forced one while there is one, else the argmax of ``logits``
-        with the suppressed tokens out (``begin_suppress_tokens`` too at the first position)."""
-        if t < len(forced):
-            return int(forced[t])
-        if suppress:
-            logits = np.where(self._begin_mask if t == 0 else self._suppress_mask, -np.inf, logits)
-        return int(np.argmax(logits))
-
-    def _full(self, out: Sequence[int], prompt_len: int, max_new: int) -> bool:
-        """Whether a row with ``out`` after a prompt of ``prompt_len`` tokens takes no further token: it has
-        ``max_new`` of them, or the decoder's positions are used up (said in the log: its text is cut)."""
-        if len(out) >= max_new:
-            return True
-        if prompt_len + len(out) < self.max_positions:
-            return False
-        log.warning(
-            "%s: a decode stopped at %d tokens: the decoder's cache holds %d positions",
-            self.name,
-            len(out),
-            self.max_positions,
-        )
-        return True
-
-    def _greedy(
-        self,
-        logits: np.ndarray,
-        out: list[int],
-        prompt_len: int,
-        forced: Sequence[int],
-        max_new: int,
-        feed: Callable[[int], np.ndarray],
-        suppress: bool,
-        stop_at_eot: bool,
-    ) -> list[int]:
-        """One row's greedy decode on from ``logits`` (the next token's, after the prompt and ``out``): the
-        forced tokens, then the suppressed argmax, until the end of text, ``max_new`` tokens or the decoder's
-        last position; ``feed(token)`` runs the decoder on one token and returns the next token's logits."""
-        while len(out) < max_new:
-            token = self._choose(logits, len(out), forced, suppress)
-            if stop_at_eot and token == self.eot and len(out) >= len(forced):
-                break
-            out.append(token)
-            if self._full(out, prompt_len, max_new):
-                break
-            logits = feed(token)
-        return out
 
     def _budget(self, audio_s: float, forced: int, context: int = 0) -> int:
         """Tokens a decode may produce: a few per second of audio (a random or confused model
@@ -481,9 +347,10 @@ class WhisperRecognizer:
             [self._budget(s.audio.size / self.sample_rate, len(f), len(s.context)) for s, f in zip(streams, forced)],
             suppress=self.suppress,
             drafts=[s.draft or s.last_ids for s in streams],
+            guard=self.guards,
         )
         for j, (s, hyp) in enumerate(zip(streams, ids)):
-            s.last_ids, s.decoded_at, s.unforced = hyp, s.audio.size, not forced[j]
+            s.last_ids, s.decoded_at, s.unforced = self._heard(hyp), s.audio.size, not forced[j]
             s.hidden = None
             if not final[j] and frames == self.context_frames(s.audio.size, True):
                 s.hidden, s.hidden_frames, s.hidden_at = hidden[j : j + 1].copy(), frames, s.audio.size
@@ -496,16 +363,17 @@ class WhisperRecognizer:
         lang = self.language if self.language != "auto" else self.detect_language(hidden)[0]
         prev = self.context_ids(context)
         budget = self._budget(x.size / self.sample_rate, 0, len(prev))
-        ids = self.decode(hidden, [self.prompt(lang, prev)], [[]], [budget], suppress=self.suppress)[0]
+        prompt = self.prompt(lang, prev)
+        ids = self._heard(self.decode(hidden, [prompt], [[]], [budget], suppress=self.suppress, guard=self.guards)[0])
         text = self.text(ids)
         return Hypothesis(text, tuple(ids), True, text, x.size / self.sample_rate)
+
+    def _heard(self, ids: list[int]) -> list[int]:
+        """``ids``, or none when their text has no letter or digit ("...": what Whisper says over a chord or a
+        hum it did not judge silent), with the guards on."""
+        return ids if not self.guards or any(c.isalnum() for c in self.text(ids)) else []
 
     def close(self) -> None:
         for s in (self.encoder, self.decoder, self.decoder_past):
             if s is not None:
                 s.close()
-
-
-def _past(res: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A decoder run's ``present.*`` outputs under the ``past_key_values.*`` names the next run takes."""
-    return {k.replace("present.", "past_key_values.", 1): v for k, v in res.items() if k != "logits"}

@@ -137,7 +137,9 @@ class NpuWhisperRecognizer(WhisperRecognizer):
         options = options or SessionOptions(device="NPU")
         capacity = int(kwargs.pop("npu_capacity", None) or dims_of(ref).target_positions)
         kwargs = {
-            k: v for k, v in kwargs.items() if k in ("language", "task", "suppress", "min_step_s", "max_tokens_per_s")
+            k: v
+            for k, v in kwargs.items()
+            if k in ("language", "task", "suppress", "min_step_s", "max_tokens_per_s", "guards")
         }
         encoder_path = Path(ref.path) / "encoder_model.onnx"
         if not encoder_path.is_file():
@@ -218,11 +220,12 @@ class NpuWhisperRecognizer(WhisperRecognizer):
         suppress: bool = True,
         stop_at_eot: bool = True,
         drafts: Sequence[Sequence[int]] | None = None,
+        guard: bool = False,
     ) -> list[list[int]]:
         """Greedy, one row after the other, with the choices and limits of ``WhisperRecognizer.decode``
         (``drafts`` unused: the fixed cache is fed one token at a time)."""
         return [
-            self._decode_row(hidden[r : r + 1], prompts[r], forced[r], max_new[r], suppress, stop_at_eot)
+            self._decode_row(hidden[r : r + 1], prompts[r], forced[r], max_new[r], suppress, stop_at_eot, guard)
             for r in range(hidden.shape[0])
         ]
 
@@ -234,14 +237,19 @@ class NpuWhisperRecognizer(WhisperRecognizer):
         max_new: int,
         suppress: bool,
         stop_at_eot: bool,
+        guard: bool,
     ) -> list[int]:
         if len(prompt) >= self.max_positions:
             raise InputError(f"{self.name}: a prompt of {len(prompt)} tokens leaves no room in the decoder's cache")
         self.start(hidden)
-        for token in prompt[:-1]:
-            self.feed(int(token))
-        logits = self.feed(int(prompt[-1]))
-        return self._greedy(logits, [], len(prompt), forced, max_new, self.feed, suppress, stop_at_eot)
+        if guard and not forced:  # judged on a lone <|startoftranscript|>, then its slot is given back
+            if self._silent(self.feed(self.sot)):
+                return []
+            self._mask.fill(_NEG)
+            self._position = 0
+        for token in prompt:
+            logits = self.feed(int(token))
+        return self._greedy(logits, [], len(prompt), forced, max_new, self.feed, suppress, stop_at_eot, guard)
 
     def close(self) -> None:
         for s in (self.encoder, self.step_session, self.cross_session):

@@ -41,11 +41,12 @@ def folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pair(folder):
-    """The CPU recogniser (30 s partials, as on the NPU) and the emulated NPU's, on the same folder."""
+    """The CPU recogniser (30 s partials, as on the NPU) and the emulated NPU's, on the same folder; plain
+    greedy (no guards: the random weights repeat a token, which the repetition guard would cut short)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(npu.EMULATION_ENV, "cpu")
-        cpu = open_recognizer(folder, "onnxruntime", language="en", partial_context_s=0)
-        on_npu = open_recognizer(folder, "openvino", NPU, language="en")
+        cpu = open_recognizer(folder, "onnxruntime", language="en", partial_context_s=0, guards=False)
+        on_npu = open_recognizer(folder, "openvino", NPU, language="en", guards=False)
         yield cpu, on_npu
         cpu.close()
         on_npu.close()
@@ -91,6 +92,34 @@ def test_greedy_ids_equal_the_cpu_in_one_pass(pair) -> None:
         want, got = cpu.transcribe(x), on_npu.transcribe(x)
         assert len(want.token_ids) > 4
         assert got.token_ids == want.token_ids and got.text == want.text
+
+
+def test_the_guards_on_the_npu_equal_the_cpus(pair, monkeypatch) -> None:
+    """Nothing heard (judged on a lone <|startoftranscript|>, whose cache slot is then given back) and the
+    repetition cut: the NPU's decodes equal the CPU's, with the threshold just above and just below the
+    model's P(no speech) for the clip."""
+    from edge_agent.models import whisper_decoding
+
+    cpu, on_npu = pair
+    monkeypatch.setattr(cpu, "guards", True)
+    monkeypatch.setattr(on_npu, "guards", True)
+    x = _audio(4, 2.0)
+    logits = cpu.decoder.run(
+        {"input_ids": np.array([[cpu.sot]], np.int64), "encoder_hidden_states": cpu.encode([x])}
+    )["logits"][0, -1].astype(np.float64)
+    p = float(np.exp(logits[cpu.no_speech_id] - logits.max()) / np.exp(logits - logits.max()).sum())
+    prompt = cpu.prompt("en", cpu.context_ids("kitchen light"))
+
+    def both():
+        return [e.decode(e.encode([x]), [prompt], [[]], [30], guard=True)[0] for e in (cpu, on_npu)]
+
+    monkeypatch.setattr(whisper_decoding, "NO_SPEECH", p * 1.01)
+    want, got = both()
+    plain = cpu.decode(cpu.encode([x]), [prompt], [[]], [30])[0]
+    assert want and len(want) < len(plain) == 30  # heard, its repetition cut
+    assert got == want
+    monkeypatch.setattr(whisper_decoding, "NO_SPEECH", p * 0.99)
+    assert both() == [[], []]
 
 
 def test_streamed_partials_and_finals_equal_the_cpu_with_streams_taking_turns(pair) -> None:

@@ -102,11 +102,14 @@ def test_context_ids_are_startofprev_then_the_words_last_223_tokens_kept(whisper
 
 
 def test_the_context_goes_before_the_prompt_in_the_decoders_first_step(whisper, monkeypatch):
-    rec = _Recording(whisper.decoder)
+    rec, past = _Recording(whisper.decoder), _Recording(whisper.decoder_past)
     monkeypatch.setattr(whisper, "decoder", rec)
+    monkeypatch.setattr(whisper, "decoder_past", past)
     x = np.random.default_rng(0).standard_normal(16000).astype(np.float32) * 0.1
     whisper.transcribe(x, context="kitchen light")
-    first = rec.calls[-1][0].tolist()
+    # "no speech" is judged on a lone <|startoftranscript|>, then the prompt goes in on an empty cache
+    assert [c.tolist() for c in rec.calls] == [[[whisper.sot]]]
+    first = past.calls[0][0].tolist()
     context = whisper.context_ids("kitchen light")
     assert first[: len(context) + 4] == context + whisper.prompt("en")
 
