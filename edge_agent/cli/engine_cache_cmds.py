@@ -72,6 +72,7 @@ def _verdict(m: dict[str, Any]) -> Verdict:
         acc.get("reference_latency_ms"),
         str(m.get("flavour") or ""),
         rungs=dict(acc.get("rungs") or {}),
+        weight_bytes=acc.get("weight_bytes"),
     )
 
 

@@ -39,6 +39,7 @@ class Verdict:
     flavour: str = ""  # e.g. "qdq-static", "dynamic", "nncf"
     # With lower rungs ([rungs.NAME]): per rung, within its budget ("top" is [accuracy]); empty otherwise.
     rungs: dict[str, bool] = field(default_factory=dict)
+    weight_bytes: float | None = None  # weight bytes read per generated token (None: not measured)
 
     def passes(self, rung: str = TOP_RUNG) -> bool:
         """Within ``rung``'s budget: a verdict judged without rungs passes the top rung only."""
@@ -209,7 +210,13 @@ def _cost(v: Verdict, paired: bool) -> float:
 
 def choose(verdicts: Sequence[Verdict], rung: str = TOP_RUNG) -> Verdict | None:
     """The engine to use on ``rung``: the fastest within its budget; a quantized one only if faster than all
-    float ones within it."""
+    float ones within it. A lower rung takes only engines lighter than the top rung's choice (fewer weight
+    bytes per token): it exists to cost less, and speeds measured in different builds on a shared machine
+    can rank a heavier engine first (none lighter: None, and the top rung's choice serves)."""
+    if rung != TOP_RUNG:
+        top = choose(verdicts, TOP_RUNG)
+        if top is not None and top.weight_bytes:
+            verdicts = [v for v in verdicts if v.weight_bytes and v.weight_bytes < top.weight_bytes]
     passing = [v for v in verdicts if v.passes(rung) and v.latency_ms is not None]
     if not passing:
         return None

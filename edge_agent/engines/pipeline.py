@@ -459,5 +459,6 @@ def verdict_from(report: dict) -> gates.Verdict:
         a.get("latency_ms"),
         a.get("reference_latency_ms"),
         a.get("flavour", ""),
+        weight_bytes=a.get("weight_bytes"),
     )
     return v

@@ -216,6 +216,7 @@ def decide(
             reference_latency_ms=r["accuracy"].get("reference_latency_ms"),
             flavour=r["accuracy"].get("flavour", ""),
             rungs=dict(r["accuracy"].get("rungs") or {}),
+            weight_bytes=r["accuracy"].get("weight_bytes"),
         )
         for r in measured
     ]

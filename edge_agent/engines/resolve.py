@@ -157,6 +157,7 @@ class EngineResolver:
                 acc.get("latency_ms"),
                 acc.get("reference_latency_ms"),
                 rungs=dict(acc.get("rungs") or {}),
+                weight_bytes=acc.get("weight_bytes"),
             )
         best = choose(list(verdicts.values()), rung)
         if best is None and rung != TOP_RUNG:

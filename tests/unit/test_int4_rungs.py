@@ -124,6 +124,21 @@ def test_the_gate_judges_every_rung_and_each_rung_chooses_within_its_own_budget(
     assert old.rungs == {} and gate.choose([old]) is old and gate.choose([old], "lower") is None
 
 
+def test_a_lower_rung_takes_only_engines_lighter_than_the_top_rungs_choice() -> None:
+    # speeds measured in different builds on a shared machine ranked the int8w engine (the top's choice)
+    # fastest: the lower rung must still be lighter, or it relieves nothing
+    int8w, int4 = _verdict("int8w", 0.5, 0.97, 3.0), _verdict("int4", 3.0, 0.85, 3.5)
+    int8w.weight_bytes, int4.weight_bytes = 302e6, 196e6
+    assert gate.choose([int8w, int4]) is int8w
+    assert gate.choose([int8w, int4], "lower") is int4  # slower as measured, yet the lighter one
+    heavier = _verdict("int4", 3.0, 0.85, 2.0)
+    heavier.weight_bytes = 310e6  # an engine no lighter than the top's is no lower rung
+    assert gate.choose([int8w, heavier], "lower") is None
+    unmeasured = _verdict("int4", 3.0, 0.85, 2.0)  # no bytes on record (an older engine): as before
+    plain_top = _verdict("int8w", 0.5, 0.97, 3.0)
+    assert gate.choose([plain_top, unmeasured], "lower") is unmeasured
+
+
 def test_the_report_names_each_rungs_engine() -> None:
     def rep(v: gate.Verdict) -> dict:
         acc = {**v.to_dict(), "timing": "decode", "decode_tok_s": 1e3 / (v.latency_ms or 1)}
