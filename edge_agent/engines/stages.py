@@ -180,9 +180,25 @@ def _convert_onnx(ctx: StageContext, src: Path, dst: Path, parts: KeyParts, req:
     if precision in WEIGHT_ONLY and backend == "onnxruntime":
         from .quantize_weight_only import quantize_matmul_nbits
 
-        return quantize_matmul_nbits(
-            src, dst, WEIGHT_ONLY[precision], **ctx.recipe.weight_spec.ort_args(), source=ctx.ref, threads=ctx.threads
-        )
+        # the calibrated methods (GPTQ, the sensitivity pass) run for minutes: each step they report is shown
+        with ctx.hb.bar(f"{precision} weight-only", "steps") as bar:
+            steps = [0]
+
+            def say(message: str) -> None:
+                ctx.hb.beat()
+                steps[0] += 1
+                bar.label = f"{precision} weight-only: {message}"
+                bar.update(steps[0])
+
+            return quantize_matmul_nbits(
+                src,
+                dst,
+                WEIGHT_ONLY[precision],
+                **ctx.recipe.weight_spec.ort_args(),
+                source=ctx.ref,
+                threads=ctx.threads,
+                progress=say,
+            )
     if precision == "int8" and flavour == "calibrator":
         return {"tool": "TensorRT IInt8EntropyCalibrator2 at compile time (TensorRT < 11)", "method": "entropy"}
     if precision == "int8" and flavour == "dynamic":

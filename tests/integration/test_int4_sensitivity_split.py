@@ -34,6 +34,7 @@ def test_the_sensitivity_pass_scores_tokens_the_method_did_not_fit_on(
     ids, bos = text_tokens(Tokenizer(ref.path, ref.model_type), TEXT.read_text())
     fitted: list[list[int]] = []
     scored: list[list[int]] = []
+    said: list[str] = []
     real_stats, real_evaluator = sv.activation_stats, sv.Evaluator
 
     def stats(model, windows, *args, **kwargs):
@@ -59,7 +60,10 @@ def test_the_sensitivity_pass_scores_tokens_the_method_did_not_fit_on(
         sensitivity_tokens=300,
         mixed_budget_pct=50.0,
         source=ref,
+        progress=said.append,
     )
+    # the long steps say where they are (a build shows them on its weight-only progress line)
+    assert any(m.startswith("gptq 1/") for m in said) and any(m.startswith("sensitivity 1/") for m in said)
     fit = _positions(fitted, ids, bos, 100)
     score = _positions(scored, ids, bos, 800)
     assert len(fit) == 700 and len(score) == 300
