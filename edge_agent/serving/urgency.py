@@ -1,9 +1,10 @@
 """Voice first on the cores: work a person is waiting on now holds ``Urgency``; background work yields to it.
 
 The LLM tiers and the recogniser run on device threads of their own, and on a CPU they share the same
-cores: a Whisper pass that a speaker is waiting on (the partials that decide when their turn ends, the
-final the reply waits for) runs at half speed while chats decode beside it. So the recogniser holds the
-process's urgency (``URGENT``) while it runs a pass (``held``), and the LLM scheduler, before a step that
+cores: a Whisper pass that a speaker is waiting on (the decode of a pause, which decides whether their
+turn has ended and starts its reply ahead; the final the reply waits for) runs at half speed while chats
+decode beside it. So the recogniser holds the process's urgency (``URGENT``) while it runs such a pass
+(``held``), and the LLM scheduler, before a step that
 serves no voice turn, waits while it is held (``wait_clear``), for at most ``max_yield_s`` per step: chats'
 next tokens come a little later, never stop, and the voice turn has the cores. A voice turn's own reply
 (an interactive request) never waits.

@@ -35,7 +35,7 @@ def test_the_release_wakes_a_waiter_at_once():
     assert not t.is_alive() and waited[0] < 10.0
 
 
-def test_the_recogniser_holds_urgency_while_its_batches_run_and_only_then():
+def test_the_recogniser_holds_urgency_while_an_urgent_batch_runs_and_only_then():
     from edge_agent.serving.asr.batcher import Batcher, BatchLimits
 
     u = Urgency()
@@ -44,15 +44,16 @@ def test_the_recogniser_holds_urgency_while_its_batches_run_and_only_then():
     batcher = Batcher(lambda items: [seen.append((i, u.active)) for i in items], limits, urgency=u).start()
     try:
         batcher.submit("partial").result(10)
-        assert not u.active  # released between batches
         batcher.submit("final", urgent=True).result(10)
+        assert not u.active  # released with the batch
+        batcher.submit("next partial").result(10)
     finally:
         batcher.stop()
-    assert seen == [("partial", True), ("final", True)] and not u.active
+    assert seen == [("partial", False), ("final", True), ("next partial", False)]
     unheld: list[bool] = []
     batcher = Batcher(lambda items: [unheld.append(u.active) for _ in items], limits, urgency=None).start()
     try:
-        batcher.submit("partial").result(10)
+        batcher.submit("final", urgent=True).result(10)
     finally:
         batcher.stop()
     assert unheld == [False]

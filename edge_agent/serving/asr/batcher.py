@@ -14,9 +14,10 @@ dynamic batcher, with an adaptive wait):
   longer than ``batch_timeout_ms``; without it (the fixed rule) the batch waits until its oldest
   request has waited ``batch_timeout_ms``, then goes with what there is.
 
-Every batch runs holding ``urgency`` (``serving.urgency``): each pass is of someone speaking now, whose
-partials decide when their turn ends and whose final the reply waits for, so the LLM's chat steps wait
-meanwhile (each at most ``max_yield_s``) rather than halve the pass's speed on shared cores.
+A batch with an urgent request (an end of speech's final; the decode of a pause, which decides whether
+the turn has ended and starts its reply ahead) runs holding ``urgency`` (``serving.urgency``): the LLM's
+chat steps wait meanwhile (each at most ``max_yield_s``) rather than halve that pass's speed on shared
+cores. The partials during speech share the cores as they come.
 
 A failing ``run_batch`` fails only that batch's requests; the thread keeps serving. The queue is
 bounded (``Overloaded`` at submit). Work nobody waits for any more leaves the queue without running:
@@ -115,7 +116,7 @@ class Batcher(Generic[T, R]):
         name: str = "batcher",
         urgency: Urgency | None = URGENT,
     ) -> None:
-        """``urgency``: held while a batch runs (None: never; see the module doc)."""
+        """``urgency``: held while a batch with an urgent request runs (None: never; see the module doc)."""
         self.run_batch, self.limits, self.clock = run_batch, limits, clock
         self.urgency = urgency
         self._queue: deque[_Request[T]] = deque()
@@ -207,8 +208,9 @@ class Batcher(Generic[T, R]):
             if batch is None:
                 return
             start = time.perf_counter()
+            urgent = self.urgency is not None and any(r.waiting.urgent for r in batch)
             try:
-                with self.urgency.held() if self.urgency is not None else nullcontext():
+                with self.urgency.held() if urgent and self.urgency is not None else nullcontext():
                     results = list(self.run_batch([r.item for r in batch]))
                 if len(results) != len(batch):
                     raise EdgeAgentError(f"engine returned {len(results)} results for a batch of {len(batch)}")
