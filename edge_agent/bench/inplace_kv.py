@@ -1,6 +1,6 @@
 """Batch-1 decode of a plain export vs its in-place KV conversion vs onnxruntime-genai's generator.
 
-    python -m edge_agent.bench.inplace_kv [--model demo-phi3-small] [--rounds 5] [--tokens 64] [--genai DIR]
+    edge-agent bench inplace-kv [--model demo-phi3-small] [--rounds 5] [--tokens 64] [--genai DIR]
 
 One process, the same prompts, the sides taking turns within each round (the first side alternates):
 
@@ -12,13 +12,12 @@ One process, the same prompts, the sides taking turns within each round (the fir
   one is found (``--genai DIR`` or the ``<model>-genai`` sibling), else skipped with the reason.
 
 Each side prefills a prompt (not timed), then decodes ``--tokens`` greedy tokens; its figure is the
-median over rounds of tokens/s, and ratios are against ``plain`` measured in the same run.
+median over rounds of tokens/s, and ratios are against ``plain`` measured in the same run. From code:
+``format_report(run(opts), opts)`` with ``opts = InplaceKvOptions(...)`` (``bench/options.py``).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -32,7 +31,7 @@ from ..engines.inplace_kv import convert_inplace
 from ..models.catalog import inspect_folder, resolve_model
 from ..models.llm import DecoderLM
 from .genai import GenaiRunner, find_genai_folder
-from .options import InplaceKvOptions, from_mapping
+from .options import InplaceKvOptions
 
 Side = Callable[[Sequence[int], int], float]  # (prompt, tokens) -> seconds spent decoding
 
@@ -115,28 +114,3 @@ def format_report(report: dict, opts: InplaceKvOptions) -> str:
     for name, reason in report["skipped"].items():
         lines.append(f"{name:<18}skipped: {reason}")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    doc = __doc__ or ""
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--model", default="demo-phi3-small", help="demo name or plain export folder")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--tokens", type=int, default=64, help="decoded tokens per prompt")
-    parser.add_argument("--prompts", type=int, default=3)
-    parser.add_argument("--prompt-tokens", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--genai", help="an onnxruntime-genai builder folder of the same model ('none': skip)")
-    parser.add_argument("--json", type=Path, help="write the figures here too")
-    args = parser.parse_args(argv)
-    opts = from_mapping(InplaceKvOptions, vars(args))
-    report = run(opts)
-    print(format_report(report, opts))
-    if args.json:
-        figures = {k: report[k] for k in ("median_tok_s", "rounds", "skipped")}
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -225,12 +225,26 @@ class CallsOptions:
     config: str | Path | None = None
 
 
-# -- the workloads run as ``python -m edge_agent.bench.<name>``: each parses its flags in its own ``main``
+# -- the workloads whose ``run`` returns a report: ``edge-agent bench <name>`` prints it, and writes it with --json
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightOnlyOptions:
+    """``bench weight-only``: batch-1 decode of a recipe's model at FP32, INT8 weight-only and INT4."""
+
+    recipe: str | Path = "demo-phi3-small"  # a recipe file or name
+    backend: Literal["onnxruntime", "openvino"] = "onnxruntime"
+    rounds: int = 5  # interleaved rounds
+    prompts: int = 4  # held-out prompts per round
+    tokens: int = 64  # decoded tokens per prompt
+    threads: int = 1
+    # label -> a built ONNX Runtime engine folder, timed beside FP32 instead of making int8w and int4
+    engines: dict[str, Path] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
 class PrefillOptions:
-    """``bench.prefill``: running streams' ITL while a long prompt prefills, chunked against whole."""
+    """``bench prefill``: running streams' ITL while a long prompt prefills, chunked against whole."""
 
     model: str = "demo-phi3-small"
     genai: str | Path | None = None  # an onnxruntime-genai folder instead of the model
@@ -245,7 +259,7 @@ class PrefillOptions:
 
 @dataclasses.dataclass(frozen=True)
 class PrefixCacheOptions:
-    """``bench.prefix_cache``: TTFT of a system prompt seen before against a fresh one of the same length."""
+    """``bench prefix-cache``: TTFT of a system prompt seen before against a fresh one of the same length."""
 
     model: str = "demo-phi3-small"
     cache_dir: str | Path | None = None
@@ -259,7 +273,7 @@ class PrefixCacheOptions:
 
 @dataclasses.dataclass(frozen=True)
 class PrefixSoakOptions:
-    """``bench.prefix_soak``: the prefix cache over a long run of rotating system prompts, memory sampled."""
+    """``bench prefix-soak``: the prefix cache over a long run of rotating system prompts, memory sampled."""
 
     model: str = "demo-phi3"
     cache_dir: str | Path | None = None
@@ -274,7 +288,7 @@ class PrefixSoakOptions:
 
 @dataclasses.dataclass(frozen=True)
 class InplaceKvOptions:
-    """``bench.inplace_kv``: batch-1 decode of a plain export, its in-place KV conversion and onnxruntime-genai."""
+    """``bench inplace-kv``: batch-1 decode of a plain export, its in-place KV conversion and onnxruntime-genai."""
 
     model: str = "demo-phi3-small"
     rounds: int = 5

@@ -1,4 +1,4 @@
-"""``python -m edge_agent.bench.prefill``: chunked prefill on vs off, side by side in one run.
+"""``edge-agent bench prefill``: chunked prefill on vs off, side by side in one run.
 
 Each round, for each setting (whole prompts: ``prefill_chunk_tokens = 0``, and chunked: ``--chunk``,
 in alternating order): ``--streams`` requests with short prompts decode; once each has its first
@@ -12,14 +12,13 @@ tokens, one request with a ``--long-prompt-tokens`` prompt arrives. Measured whi
 - **stream tok/s**: the streams' tokens per second over the same window.
 
 Figures are medians over ``--rounds``; the ratios are chunked over whole. Greedy decoding, one model
-loaded once, on the engine thread as served (``LLMScheduler``).
+loaded once, on the engine thread as served (``LLMScheduler``). From code:
+``format_report(run(PrefillOptions(streams=2)))`` (``bench/options.py``).
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 import statistics
 import sys
 import threading
@@ -36,7 +35,7 @@ from ..models.llm import DecoderLM
 from ..models.sampling import SamplingParams
 from ..serving.llm.handle import RequestHandle
 from ..serving.llm.scheduler import Limits, LLMScheduler
-from .options import PrefillOptions, as_json, from_mapping
+from .options import PrefillOptions, as_json
 
 
 def _collect(handle: RequestHandle, times: list[float]) -> None:
@@ -95,6 +94,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def run(opts: PrefillOptions) -> dict:
     """Both settings over ``rounds`` alternating rounds on one model; the report (medians, ratios, rounds)."""
+    if min(opts.streams, opts.chunk, opts.rounds, opts.long_prompt_tokens) < 1:
+        raise InputError("--streams, --chunk, --rounds and --long-prompt-tokens must be at least 1")
     if opts.genai:
         ref = inspect_folder(Path(opts.genai))
         if ref.model_type != "genai":
@@ -142,29 +143,3 @@ def format_report(report: dict) -> str:
         )
         lines.append(f"{name:14}{cells}")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m edge_agent.bench.prefill", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="demo-phi3-small", help="demo name or model folder (default demo-phi3-small)")
-    p.add_argument("--genai", default=None, metavar="DIR", help="an onnxruntime-genai folder instead (in-place KV)")
-    p.add_argument("--cache-dir", default=None, help="where demo models are generated (default: [models] cache_dir)")
-    p.add_argument("--streams", type=int, default=3, help="running streams (default 3)")
-    p.add_argument("--long-prompt-tokens", type=int, default=1024, help="the long prompt (default 1024 tokens)")
-    p.add_argument("--long-new-tokens", type=int, default=8, help="tokens the long request generates (default 8)")
-    p.add_argument("--chunk", type=int, default=256, help="prefill_chunk_tokens when chunked (default 256)")
-    p.add_argument("--rounds", type=int, default=5, help="rounds; medians are reported (default 5)")
-    p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
-    p.add_argument("--json", default=None, metavar="OUT", help="also write the report as JSON")
-    args = p.parse_args(argv)
-    if args.streams < 1 or args.chunk < 1 or args.rounds < 1 or args.long_prompt_tokens < 1:
-        p.error("--streams, --chunk, --rounds and --long-prompt-tokens must be at least 1")
-    report = run(from_mapping(PrefillOptions, vars(args)))
-    print(format_report(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""``python -m edge_agent.bench.prefix_cache``: TTFT of a request whose long system prompt was seen before
+"""``edge-agent bench prefix-cache``: TTFT of a request whose long system prompt was seen before
 against one whose system prompt is new, side by side in one run.
 
 Each round makes two system prompts of ``--system-tokens`` tokens (chat text, tokenized by the model's
@@ -7,12 +7,11 @@ both are sent with another question, in alternating order. Reported, medians ove
 request's TTFT and the ``cached_tokens`` it reports, and the ratio seen / fresh. One model, loaded once,
 served as the daemon serves it (``LLMScheduler``, its default limits, the prefix cache on); ``--inplace``
 also measures the in-place KV layout (the plain export converted, as the daemon's background build does).
+From code: ``format_report(run(PrefixCacheOptions(inplace=True)))`` (``bench/options.py``).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from ..models.llm import DecoderLM
 from ..models.sampling import SamplingParams
 from ..models.tokenizer import Message
 from ..serving.llm.scheduler import Limits, LLMScheduler
-from .options import PrefixCacheOptions, as_json, from_mapping
+from .options import PrefixCacheOptions, as_json
 
 _WORDS = (
     "kitchen light sensor morning evening garden door window heating schedule weather forecast music volume "
@@ -90,6 +89,8 @@ def _open(ref: ModelRef, threads: int) -> DecoderLM:
 
 def run(opts: PrefixCacheOptions) -> dict:
     """The rounds on the plain export (and, with ``inplace``, its in-place KV conversion); the report."""
+    if min(opts.rounds, opts.system_tokens, opts.new_tokens) < 1:
+        raise InputError("--rounds, --system-tokens and --new-tokens must be at least 1")
     from ..config import load_settings
 
     cache = Path(opts.cache_dir) if opts.cache_dir else load_settings(None).models.cache_dir
@@ -129,28 +130,3 @@ def format_report(report: dict) -> str:
             )
         lines.append(f"{layout:10}{'seen/fresh TTFT':18}{got['ttft_ratio']:>8.3f}")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m edge_agent.bench.prefix_cache", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="demo-phi3-small", help="demo name or model folder (default demo-phi3-small)")
-    p.add_argument("--cache-dir", default=None, help="where demo models are generated (default: [models] cache_dir)")
-    p.add_argument("--system-tokens", type=int, default=1600, help="system prompt length (default 1600 tokens)")
-    p.add_argument("--new-tokens", type=int, default=4, help="tokens each request generates (default 4)")
-    p.add_argument("--rounds", type=int, default=5, help="rounds; medians are reported (default 5)")
-    p.add_argument("--max-mb", type=float, default=256.0, help="the prefix cache's bound (default 256 MiB)")
-    p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
-    p.add_argument("--inplace", action="store_true", help="also the in-place KV layout (the export converted)")
-    p.add_argument("--json", default=None, metavar="OUT", help="also write the report as JSON")
-    args = p.parse_args(argv)
-    if args.rounds < 1 or args.system_tokens < 1 or args.new_tokens < 1:
-        p.error("--rounds, --system-tokens and --new-tokens must be at least 1")
-    report = run(from_mapping(PrefixCacheOptions, vars(args)))
-    print(format_report(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,19 +1,16 @@
-"""``python -m edge_agent.bench.prefix_soak``: the prefix cache over a long run, memory first.
+"""``edge-agent bench prefix-soak``: the prefix cache over a long run, memory first.
 
 ``--requests`` requests (2,000 by default) are served one after another by one scheduler with the prefix
 cache on, their system prompts rotating over ``--prompts`` distinct ones, more than the cache can hold
 (``--max-mb``), so it hits, stores and evicts all the way through. Every ``--every`` requests the process's
 resident memory and the cache's bytes are sampled. Reported: the cache's largest size against its bound,
 the resident memory of the first sample after the warm-up against the last and the largest (flat means
-bounded), and the cache's hits and evictions.
+bounded), and the cache's hits and evictions. From code: ``format_report(soak(PrefixSoakOptions()))``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import sys
 from pathlib import Path
 
 from ..errors import InputError
@@ -21,7 +18,7 @@ from ..models.catalog import resolve_model
 from ..models.sampling import SamplingParams
 from ..progress import Progress
 from ..serving.llm.scheduler import Limits, LLMScheduler
-from .options import PrefixSoakOptions, from_mapping
+from .options import PrefixSoakOptions
 from .prefix_cache import _open, _prompt, system_prompt
 
 
@@ -32,7 +29,9 @@ def rss_mb() -> float:
 
 
 def soak(opts: PrefixSoakOptions, show: bool = True) -> dict:
-    """Serve the rotating prompts and sample memory (see the module doc)."""
+    """Serve the rotating prompts and sample memory (see the module doc); ``show``: a progress line on stderr."""
+    if min(opts.requests, opts.prompts, opts.system_tokens, opts.new_tokens, opts.every) < 1 or opts.max_mb <= 0:
+        raise InputError("the counts must be at least 1 and --max-mb above 0")
     from ..config import load_settings
 
     cache = Path(opts.cache_dir) if opts.cache_dir else load_settings(None).models.cache_dir
@@ -91,32 +90,3 @@ def format_report(r: dict) -> str:
             f"evicted blocks {r['evicted_blocks']:,}",
         ]
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m edge_agent.bench.prefix_soak", description=__doc__)
-    p.add_argument("--model", default="demo-phi3", help="demo name or model folder (default demo-phi3)")
-    p.add_argument("--cache-dir", default=None, help="where demo models are generated")
-    p.add_argument("--requests", type=int, default=2000, help="requests in all (default 2000)")
-    p.add_argument("--prompts", type=int, default=40, help="distinct system prompts, rotating (default 40)")
-    p.add_argument("--system-tokens", type=int, default=400, help="system prompt length (default 400 tokens)")
-    p.add_argument("--new-tokens", type=int, default=2, help="tokens each request generates (default 2)")
-    p.add_argument("--max-mb", type=float, default=4.0, help="the prefix cache's bound (default 4 MiB)")
-    p.add_argument("--every", type=int, default=100, help="sample memory every N requests (default 100)")
-    p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
-    p.add_argument("--json", default=None, metavar="OUT", help="also write the report as JSON")
-    args = p.parse_args(argv)
-    if min(args.requests, args.prompts, args.system_tokens, args.new_tokens, args.every) < 1 or args.max_mb <= 0:
-        p.error("the counts must be at least 1 and --max-mb above 0")
-    try:
-        report = soak(from_mapping(PrefixSoakOptions, vars(args)), show=sys.stderr.isatty())
-    except InputError as exc:
-        p.error(str(exc))
-    print(format_report(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,7 +1,9 @@
 """Weight-only decode benchmark: FP32 vs INT8 weight-only vs INT4, batch-1 decode tokens/s side by side.
 
-    python -m edge_agent.bench.weight_only --recipe demo-phi3-small [--backend onnxruntime|openvino]
+    edge-agent bench weight-only --recipe demo-phi3-small [--backend onnxruntime|openvino]
         [--rounds 5] [--prompts 4] [--tokens 64] [--threads 1] [--json OUT]
+
+From code: ``render(run(WeightOnlyOptions(recipe="demo-phi3-small")))`` (``bench/options.py``).
 
 The engines are made here from the recipe's model with the recipe's ``[weight_only]`` settings, by
 the same converters ``edge-agent build`` uses (ONNX Runtime MatMulNBits; OpenVINO NNCF
@@ -16,9 +18,6 @@ ratio to FP32 of the same run, and the weight bytes each token reads.
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -32,8 +31,10 @@ from ..engines.model_io import LlmProbe
 from ..engines.quantize_ort import copy_sidecars
 from ..engines.recipes import WEIGHT_ONLY, Recipe, load_recipe
 from ..engines.weight_bytes import weight_bytes
+from ..errors import InputError
 from ..models.catalog import ModelRef, inspect_folder, resolve_model
 from ..models.llm import DecoderLM
+from .options import WeightOnlyOptions
 
 
 def make_engines(recipe: Recipe, ref: ModelRef, backend: str, work: Path) -> dict[str, Path]:
@@ -65,52 +66,78 @@ def make_engines(recipe: Recipe, ref: ModelRef, backend: str, work: Path) -> dic
     return folders
 
 
-def run(
-    recipe: Recipe,
-    models_dir: Path,
-    backend: str,
-    rounds: int,
-    prompts: int,
-    tokens: int,
-    threads: int,
-    engines: dict[str, Path] | None = None,
-) -> dict[str, Any]:
-    """Build the three engines (or take ``engines``: label -> built engine folder, e.g. the cache's, beside
-    the FP32 source), then time them interleaved; returns the figures (see ``render``)."""
+def check(opts: WeightOnlyOptions) -> None:
+    """Refuse options no run can take (``InputError``), before anything is loaded."""
+    if min(opts.rounds, opts.prompts, opts.tokens, opts.threads) < 1:
+        raise InputError("--rounds, --prompts, --tokens and --threads must be at least 1")
+    if opts.engines and opts.backend != "onnxruntime":
+        raise InputError("--engine takes ONNX Runtime engine folders (--backend onnxruntime)")
+    for label, folder in opts.engines.items():
+        if not (Path(folder) / "model.onnx").is_file():
+            raise InputError(f"--engine {label}={folder}: no model.onnx there")
+
+
+def run(opts: WeightOnlyOptions) -> dict[str, Any]:
+    """Build the three engines of ``opts.recipe`` (or take ``opts.engines``: label -> built engine folder,
+    e.g. the cache's, beside the FP32 source), then time them interleaved; returns the figures (see ``render``)."""
+    from ..config import load_settings
+
+    check(opts)
+    settings = load_settings(None)
+    recipe = load_recipe(opts.recipe, settings.engines.recipes_dir)
     folder = recipe.resolve(recipe.model)
-    ref = resolve_model(folder if folder.is_dir() else recipe.model, models_dir)
+    ref = resolve_model(folder if folder.is_dir() else recipe.model, settings.models.cache_dir)
     if recipe.heldout is None:
-        raise SystemExit(f"recipe {recipe.name} has no [heldout] prompts to decode after")
+        raise InputError(f"recipe {recipe.name} has no [heldout] prompts to decode after")
     probe = LlmProbe(ref, recipe.calibration.max_tokens if recipe.calibration else 64)
-    samples = read_text_manifest(recipe.resolve(recipe.heldout.data), prompts)
-    ids = [probe.token_ids(s) for s in samples]
+    ids = [probe.token_ids(s) for s in read_text_manifest(recipe.resolve(recipe.heldout.data), opts.prompts)]
     with tempfile.TemporaryDirectory(prefix="edge-agent-weight-only-") as tmp:
-        if engines:
-            folders = {"fp32": ref.path, **engines}
-            for label, folder in engines.items():
-                if not (folder / "model.onnx").is_file():
-                    raise SystemExit(f"--engine {label}={folder}: no model.onnx there")
+        if opts.engines:
+            folders = {"fp32": ref.path, **{label: Path(f) for label, f in opts.engines.items()}}
         else:
-            folders = make_engines(recipe, ref, backend, Path(tmp))
-        options = SessionOptions(device="cpu" if backend == "onnxruntime" else "CPU", threads=threads)
-        lms: dict[str, DecoderLM] = {}
-        try:
-            for name, folder in folders.items():
-                lms[name] = DecoderLM.open(inspect_folder(folder, name=f"{ref.name}-{name}"), backend, options)
-            per_round: dict[str, list[float]] = {name: [] for name in lms}
-            for r in range(rounds):  # one interleaved pass per round; the round's figure is its median
-                order = dict(reversed(list(lms.items()))) if r % 2 else lms  # who goes first alternates
-                once = dt.interleaved(order, ids, rounds=1, new_tokens=tokens)
-                for name, values in once.items():
-                    per_round[name].append(dt.median(values))
-        finally:
-            for lm in lms.values():
-                lm.close()
-        graph = "model.onnx" if backend == "onnxruntime" else "openvino_model.xml"
+            folders = make_engines(recipe, ref, opts.backend, Path(tmp))
+        per_round = _time_engines(folders, ref, ids, opts)
+        graph = "model.onnx" if opts.backend == "onnxruntime" else "openvino_model.xml"
         sizes = {
             name: weight_bytes(path / (recipe.onnx_file if path == ref.path else graph))
             for name, path in folders.items()
         }
+    return {
+        "recipe": recipe.name,
+        "model": ref.name,
+        "backend": opts.backend,
+        "threads": opts.threads,
+        "rounds": opts.rounds,
+        "prompts": len(ids),
+        "new_tokens": opts.tokens,
+        "weight_only": recipe.weight_spec.model_dump(mode="json"),
+        "rows": _rows(per_round, sizes, opts.backend),
+    }
+
+
+def _time_engines(
+    folders: dict[str, Path], ref: ModelRef, ids: list[list[int]], opts: WeightOnlyOptions
+) -> dict[str, list[float]]:
+    """Open every engine and decode the prompts, the engines taking turns; ms/token per engine per round."""
+    options = SessionOptions(device="cpu" if opts.backend == "onnxruntime" else "CPU", threads=opts.threads)
+    lms: dict[str, DecoderLM] = {}
+    try:
+        for name, folder in folders.items():
+            lms[name] = DecoderLM.open(inspect_folder(folder, name=f"{ref.name}-{name}"), opts.backend, options)
+        per_round: dict[str, list[float]] = {name: [] for name in lms}
+        for r in range(opts.rounds):  # one interleaved pass per round; the round's figure is its median
+            order = dict(reversed(list(lms.items()))) if r % 2 else lms  # who goes first alternates
+            once = dt.interleaved(order, ids, rounds=1, new_tokens=opts.tokens)
+            for name, values in once.items():
+                per_round[name].append(dt.median(values))
+    finally:
+        for lm in lms.values():
+            lm.close()
+    return per_round
+
+
+def _rows(per_round: dict[str, list[float]], sizes: dict[str, int | None], backend: str) -> list[dict[str, Any]]:
+    """The table's rows: tokens/s (median and spread over rounds), ms/token, the ratio to FP32, bytes/token."""
     fp32 = float(np.median(per_round["fp32"]))
     rows = []
     for name, ms in per_round.items():
@@ -127,17 +154,7 @@ def run(
                 "rounds_ms_per_token": ms,
             }
         )
-    return {
-        "recipe": recipe.name,
-        "model": ref.name,
-        "backend": backend,
-        "threads": threads,
-        "rounds": rounds,
-        "prompts": len(ids),
-        "new_tokens": tokens,
-        "weight_only": recipe.weight_spec.model_dump(mode="json"),
-        "rows": rows,
-    }
+    return rows
 
 
 def render(result: dict[str, Any]) -> str:
@@ -157,54 +174,3 @@ def render(result: dict[str, Any]) -> str:
             f" {(r['bytes_per_token'] or 0) / 1e6:7.1f} MB"
         )
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from ..config import load_settings
-
-    p = argparse.ArgumentParser(prog="python -m edge_agent.bench.weight_only", description=__doc__.split("\n")[0])
-    p.add_argument("--recipe", default="demo-phi3-small", help="recipe file or name (default demo-phi3-small)")
-    p.add_argument("--backend", choices=["onnxruntime", "openvino"], default="onnxruntime")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
-    p.add_argument("--prompts", type=int, default=4, help="held-out prompts per round (default 4)")
-    p.add_argument("--tokens", type=int, default=64, help="decoded tokens per prompt (default 64)")
-    p.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
-    p.add_argument("--json", metavar="OUT", help="also write the figures as JSON to OUT")
-    p.add_argument(
-        "--engine",
-        action="append",
-        default=[],
-        metavar="LABEL=FOLDER",
-        help="time this built engine folder (e.g. a cache entry's model/) instead of making int8w and int4",
-    )
-    args = p.parse_args(argv)
-    engines = {}
-    for item in args.engine:
-        label, sep, folder = item.partition("=")
-        if not sep or not label or not folder:
-            p.error(f"--engine {item!r}: LABEL=FOLDER")
-        engines[label] = Path(folder).expanduser()
-    if engines and args.backend != "onnxruntime":
-        p.error("--engine takes ONNX Runtime engine folders (--backend onnxruntime)")
-    if min(args.rounds, args.prompts, args.tokens, args.threads) < 1:
-        p.error("--rounds, --prompts, --tokens and --threads must be at least 1")
-    settings = load_settings(None)
-    recipe = load_recipe(args.recipe, settings.engines.recipes_dir)
-    result = run(
-        recipe,
-        settings.models.cache_dir,
-        args.backend,
-        args.rounds,
-        args.prompts,
-        args.tokens,
-        args.threads,
-        engines,
-    )
-    print(render(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,16 +1,28 @@
-"""``edge-agent bench llm``, ``bench tiers`` and ``bench grammar``: the flags of the LLM workloads, parsed into
-their options (``bench/options.py``) and handed to the workload's ``run``."""
+"""``edge-agent bench llm``, ``bench tiers``, ``bench grammar``, ``bench prefill``, ``bench prefix-cache`` and
+``bench prefix-soak``: the flags of the LLM workloads, parsed into their options (``bench/options.py``) and
+handed to the workload's ``run``. The last three return a report: the command prints it, and writes it with
+``--json``."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sys
 from pathlib import Path
 
 from ..bench.grammar import EOS_CANDIDATES
 from ..bench.grammar_docs import SCHEMAS
 from ..bench.grammar_engines import ENGINES
-from ..bench.options import GrammarOptions, LLMOptions, TiersOptions, from_mapping
+from ..bench.options import (
+    GrammarOptions,
+    LLMOptions,
+    PrefillOptions,
+    PrefixCacheOptions,
+    PrefixSoakOptions,
+    TiersOptions,
+    from_mapping,
+)
 
 
 # Long on purpose: one flag per statement, read as the list of bench llm's flags.
@@ -207,3 +219,101 @@ def _grammar(args: argparse.Namespace) -> int:
     from ..bench import grammar
 
     return grammar.main(from_mapping(GrammarOptions, vars(args)))
+
+
+def _write_report(report: dict, out: str | None) -> None:
+    """``--json OUT``: the report as JSON in OUT."""
+    if out:
+        Path(out).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def add_prefill(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "prefill",
+        help="chunked prefill on vs off: running streams' ITL while a long prompt arrives",
+        description="Chunked prefill on vs off, side by side in one run.",
+    )
+    p.add_argument("--model", default="demo-phi3-small", help="demo name or model folder (default demo-phi3-small)")
+    p.add_argument("--genai", default=None, metavar="DIR", help="an onnxruntime-genai folder instead (in-place KV)")
+    p.add_argument("--cache-dir", default=None, help="where demo models are generated (default: [models] cache_dir)")
+    p.add_argument("--streams", type=int, default=3, help="running streams (default 3)")
+    p.add_argument("--long-prompt-tokens", type=int, default=1024, help="the long prompt (default 1024 tokens)")
+    p.add_argument("--long-new-tokens", type=int, default=8, help="tokens the long request generates (default 8)")
+    p.add_argument("--chunk", type=int, default=256, help="prefill_chunk_tokens when chunked (default 256)")
+    p.add_argument("--rounds", type=int, default=5, help="rounds; medians are reported (default 5)")
+    p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
+    p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="also write the report as JSON")
+    p.set_defaults(func=_prefill)
+    return p
+
+
+def _prefill(args: argparse.Namespace) -> int:
+    from ..bench import prefill
+
+    report = prefill.run(from_mapping(PrefillOptions, vars(args)))
+    print(prefill.format_report(report))
+    _write_report(report, args.json_out)
+    return 0
+
+
+def add_prefix_cache(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "prefix-cache",
+        help="TTFT of a long system prompt seen before vs a fresh one (the prefix cache)",
+        description="TTFT of a request whose long system prompt was seen before against one whose system "
+        "prompt is new, side by side in one run.",
+    )
+    p.add_argument("--model", default="demo-phi3-small", help="demo name or model folder (default demo-phi3-small)")
+    p.add_argument("--cache-dir", default=None, help="where demo models are generated (default: [models] cache_dir)")
+    p.add_argument("--system-tokens", type=int, default=1600, help="system prompt length (default 1600 tokens)")
+    p.add_argument("--new-tokens", type=int, default=4, help="tokens each request generates (default 4)")
+    p.add_argument("--rounds", type=int, default=5, help="rounds; medians are reported (default 5)")
+    p.add_argument("--max-mb", type=float, default=256.0, help="the prefix cache's bound (default 256 MiB)")
+    p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
+    p.add_argument("--inplace", action="store_true", help="also the in-place KV layout (the export converted)")
+    p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="also write the report as JSON")
+    p.set_defaults(func=_prefix_cache)
+    return p
+
+
+def _prefix_cache(args: argparse.Namespace) -> int:
+    from ..bench import prefix_cache
+
+    report = prefix_cache.run(from_mapping(PrefixCacheOptions, vars(args)))
+    print(prefix_cache.format_report(report))
+    _write_report(report, args.json_out)
+    return 0
+
+
+def add_prefix_soak(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "prefix-soak",
+        help="the prefix cache over a long run of rotating system prompts: its bound and resident memory",
+        description="The prefix cache over a long run, memory first. --requests requests (2,000 by default) are "
+        "served one after another by one scheduler with the prefix cache on, their system prompts rotating over "
+        "--prompts distinct ones, more than the cache can hold (--max-mb), so it hits, stores and evicts all the "
+        "way through. Every --every requests the process's resident memory and the cache's bytes are sampled. "
+        "Reported: the cache's largest size against its bound, the resident memory of the first sample after "
+        "the warm-up against the last and the largest (flat means bounded), and the cache's hits and evictions.",
+    )
+    p.add_argument("--model", default="demo-phi3", help="demo name or model folder (default demo-phi3)")
+    p.add_argument("--cache-dir", default=None, help="where demo models are generated")
+    p.add_argument("--requests", type=int, default=2000, help="requests in all (default 2000)")
+    p.add_argument("--prompts", type=int, default=40, help="distinct system prompts, rotating (default 40)")
+    p.add_argument("--system-tokens", type=int, default=400, help="system prompt length (default 400 tokens)")
+    p.add_argument("--new-tokens", type=int, default=2, help="tokens each request generates (default 2)")
+    p.add_argument("--max-mb", type=float, default=4.0, help="the prefix cache's bound (default 4 MiB)")
+    p.add_argument("--every", type=int, default=100, help="sample memory every N requests (default 100)")
+    p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
+    p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="also write the report as JSON")
+    p.set_defaults(func=_prefix_soak)
+    return p
+
+
+def _prefix_soak(args: argparse.Namespace) -> int:
+    from ..bench import prefix_soak
+
+    report = prefix_soak.soak(from_mapping(PrefixSoakOptions, vars(args)), show=sys.stderr.isatty())
+    print(prefix_soak.format_report(report))
+    _write_report(report, args.json_out)
+    return 0

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from edge_agent.backends import SessionOptions
-from edge_agent.bench.prefill import format_report, main
+from edge_agent.bench.prefill import format_report
+from edge_agent.cli import main
 from edge_agent.errors import DeadlineExceeded, EdgeAgentError, Unavailable
 from edge_agent.models.catalog import inspect_folder, resolve_model
 from edge_agent.models.kv_slots import SlotCache
@@ -260,7 +261,7 @@ def test_stop_drains_a_prompt_being_prefilled_in_chunks(lm):
 
 def test_bench_prefill_reports_both_settings_and_ratios_of_their_medians(tmp_path):
     out = tmp_path / "prefill.json"
-    args = ["--model", "demo-phi3", "--cache-dir", str(tmp_path), "--rounds", "2", "--streams", "2"]
+    args = ["bench", "prefill", "--model", "demo-phi3", "--cache-dir", str(tmp_path), "--rounds", "2", "--streams", "2"]
     assert main([*args, "--long-prompt-tokens", "256", "--chunk", "32", "--threads", "1", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     for name in ("whole", "chunked"):
