@@ -5,8 +5,9 @@
     asr.py       transcribe, listen
     engines.py   calibrate, build, engines list/verify/prune
     eval.py      eval asr
-    bench.py     bench: its workloads' flags in bench_llm.py (llm, tiers, grammar), bench_speech.py (asr,
-                 voice, calls) and bench_daemon.py (telemetry, fleet, serve, overload)
+    bench.py     bench: its workloads' flags in bench_llm.py (llm, tiers, grammar, prefill, prefix-cache,
+                 prefix-soak), bench_speech.py (asr, voice, calls), bench_daemon.py (telemetry, fleet, serve,
+                 overload) and bench_engines.py (weight-only, inplace-kv)
     fleet.py     fleet watch/keygen/sign
     demo.py      demo
     doctor.py    check-config, doctor (diagnostics/)

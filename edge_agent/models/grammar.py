@@ -11,7 +11,7 @@ writes valid JSON.
 Why llguidance: it builds the mask for a 32k vocabulary in tens of microseconds (a token trie walked
 by an Earley parser, compiled lazily, no per-schema precomputation over the vocabulary), has no
 dependencies, releases the GIL while it works, and is what several serving stacks use. The
-comparison with outlines-core and xgrammar is ``python -m edge_agent.bench.grammar``.
+comparison with outlines-core and xgrammar is ``edge-agent bench grammar``.
 
 A grammar that llguidance compiles can still break while it runs (a required self-reference sends
 its parser past its item limit on the first token). ``TokenVocab.constraint`` therefore computes the
