@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -295,6 +296,38 @@ def quantize_embedding_gathers(model: Any, block_size: int, min_rows: int = 1024
     return quantized
 
 
+@dataclass(frozen=True)
+class _Settings:
+    """What the weights get: ``bits`` in blocks of ``block_size``, the LM head its own (already defaulted to
+    the rest's), ONNX Runtime's ``accuracy_level``, and 8-bit embedding tables or none (``embedding_bits``)."""
+
+    bits: int
+    block_size: int
+    head_bits: int
+    head_block_size: int
+    accuracy_level: int
+    embedding_bits: int
+
+    def of(self, group: str) -> tuple[int, int]:
+        """(bits, block size) of a weight in ``group`` (``int4_sensitivity``'s site groups: "head" or a layer's)."""
+        return (self.head_bits, self.head_block_size) if group == "head" else (self.bits, self.block_size)
+
+
+@dataclass(frozen=True)
+class _Calibration:
+    """The numpy methods' calibration: ``text`` (None: none), the tokens ``skip ..`` + ``count`` of it the
+    method fits on, the ``sensitivity_tokens`` after them the mixed-precision pass scores within ``budget``
+    (Δperplexity %, None: no pass), measured on ``source`` (the FP32 ``ModelRef``) with ``threads``."""
+
+    text: str | Path | None
+    skip: int
+    count: int
+    sensitivity_tokens: int
+    budget: float | None
+    source: Any
+    threads: int
+
+
 def quantize_matmul_nbits(
     src: Path,
     dst: Path,
@@ -334,19 +367,12 @@ def quantize_matmul_nbits(
         algorithm, mixed_budget_pct = "rtn", None
     if bits == 8:
         mixed_budget_pct = None
+    settings = _Settings(
+        bits, block_size, head_bits or bits, head_block_size or block_size, accuracy_level, embedding_bits
+    )
     if algorithm in NUMPY_ALGORITHMS or mixed_budget_pct is not None:
-        if algorithm not in ALGORITHMS:
-            raise InputError(f"weight_only.algorithm {algorithm!r}: choose one of {', '.join(ALGORITHMS)}")
-        return _quantize_numpy(
-            src,
-            dst,
-            bits,
-            block_size,
-            accuracy_level,
-            algorithm,
-            embedding_bits,
-            head_bits or bits,
-            head_block_size or block_size,
+        _check_algorithm(algorithm)
+        job = _Calibration(
             calibration,
             calibration_skip_tokens,
             calibration_tokens,
@@ -354,118 +380,132 @@ def quantize_matmul_nbits(
             mixed_budget_pct,
             source,
             threads,
-            progress,
         )
-    head_bits, head_block_size = head_bits or bits, head_block_size or block_size
-    for what, b in (("", bits), ("head_", head_bits)):
-        if b not in (4, 8):
-            raise InputError(f"weight-only quantization takes 4 or 8 bits, not {what}bits = {b}")
+        return _quantize_numpy(src, dst, settings, algorithm, job, progress)
+    return _quantize_rtn(src, dst, settings, symmetric, algorithm, use_ort_quantizer)
+
+
+def _check_algorithm(algorithm: str) -> None:
     if algorithm not in ALGORITHMS:
         raise InputError(f"weight_only.algorithm {algorithm!r}: choose one of {', '.join(ALGORITHMS)}")
-    for what, size in (("block_size", block_size), ("head_block_size", head_block_size)):
+
+
+def _check_bits_and_blocks(s: _Settings, algorithm: str) -> None:
+    """4 or 8 bits, a known method, block sizes MatMulNBits takes; each refusal one line naming the key."""
+    for what, b in (("", s.bits), ("head_", s.head_bits)):
+        if b not in (4, 8):
+            raise InputError(f"weight-only quantization takes 4 or 8 bits, not {what}bits = {b}")
+    _check_algorithm(algorithm)
+    for what, size in (("block_size", s.block_size), ("head_block_size", s.head_block_size)):
         if size < 16 or size & (size - 1):
             raise InputError(f"weight_only.{what} {size}: MatMulNBits takes a power of two >= 16")
+
+
+def _check_embedding_bits(s: _Settings) -> None:
+    if s.embedding_bits not in (0, 8):
+        raise InputError(f"weight_only.embedding_bits {s.embedding_bits}: 0 (float) or 8")
+
+
+def _quantize_rtn(
+    src: Path, dst: Path, s: _Settings, symmetric: bool, algorithm: str, use_ort_quantizer: bool | None
+) -> dict:
+    """RTN: every weight MatMul through onnxruntime's quantizer or the rewrite over its kernels, the head
+    (when it has its own bits or block size) through the rewrite after them (see ``quantize_matmul_nbits``)."""
+    _check_bits_and_blocks(s, algorithm)
     onnx = _onnx()
     model = onnx.load(str(src))  # external data pulled in from src's folder
     untied = untie_transposed_weights(model)
-    own_settings = (head_bits, head_block_size) != (bits, block_size)
-    head = head_matmul(model) if own_settings else None
-    if own_settings and head is None:
-        raise ModelError(f"{src}: head_bits / head_block_size set, but no MatMul produces its logits output")
+    head = _own_head(model, src, s)
     own_head = [head] if head else []
     ort_tool = ort_quantizer_available() if use_ort_quantizer is None else use_ort_quantizer
     if ort_tool:
-        from onnxruntime.quantization.matmul_nbits_quantizer import (
-            DefaultWeightOnlyQuantConfig,
-            MatMulNBitsQuantizer,
-        )
-
-        config = DefaultWeightOnlyQuantConfig(
-            block_size=block_size,
-            is_symmetric=symmetric,
-            accuracy_level=accuracy_level or None,
-            op_types_to_quantize=("MatMul",),
-            bits=bits,
-        )
-        quantizer = MatMulNBitsQuantizer(
-            model, bits=bits, block_size=block_size, nodes_to_exclude=own_head, algo_config=config
-        )
-        with _quiet_tools(), folded("onnxruntime.quantization"):
-            quantizer.process()
-        model = quantizer.model.model
+        model = _ort_quantizer_pass(model, s, symmetric, own_head)
         tool = "onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer"
     else:
-        _rewrite(model, bits, block_size, symmetric, accuracy_level, skip=own_head)
+        _rewrite(model, s.bits, s.block_size, symmetric, s.accuracy_level, skip=own_head)
         tool = "onnxruntime quantize_matmul_nbits kernels (MatMulNBitsQuantizer's packing; onnx-ir not installed)"
     if head:
-        _rewrite(model, head_bits, head_block_size, symmetric, accuracy_level, only=own_head)
+        _rewrite(model, s.head_bits, s.head_block_size, symmetric, s.accuracy_level, only=own_head)
     quantized = sum(1 for n in model.graph.node if n.op_type == "MatMulNBits")
     left = sum(1 for n in model.graph.node if n.op_type == "MatMul")
     if not quantized:
         raise ModelError(f"{src}: no MatMul with a constant 2-D weight to quantize (is it an LLM export?)")
-    if embedding_bits not in (0, 8):
-        raise InputError(f"weight_only.embedding_bits {embedding_bits}: 0 (float) or 8")
-    gathers = quantize_embedding_gathers(model, block_size) if embedding_bits else 0
+    _check_embedding_bits(s)
+    gathers = quantize_embedding_gathers(model, s.block_size) if s.embedding_bits else 0
     _save_external(model, dst)
+    return _rtn_record(tool, s, symmetric, algorithm, quantized, left, untied, gathers, head)
+
+
+def _own_head(model: Any, src: Path, s: _Settings) -> str | None:
+    """The LM head's MatMul when it has bits or a block size of its own (None when it is quantized as the rest);
+    refused when no MatMul makes the logits."""
+    if (s.head_bits, s.head_block_size) == (s.bits, s.block_size):
+        return None
+    head = head_matmul(model)
+    if head is None:
+        raise ModelError(f"{src}: head_bits / head_block_size set, but no MatMul produces its logits output")
+    return head
+
+
+def _ort_quantizer_pass(model: Any, s: _Settings, symmetric: bool, exclude: list[str]) -> Any:
+    """Every weight MatMul but those named in ``exclude`` through onnxruntime's ``MatMulNBitsQuantizer``
+    (its default blockwise RTN); returns the model it writes."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    config = DefaultWeightOnlyQuantConfig(
+        block_size=s.block_size,
+        is_symmetric=symmetric,
+        accuracy_level=s.accuracy_level or None,
+        op_types_to_quantize=("MatMul",),
+        bits=s.bits,
+    )
+    quantizer = MatMulNBitsQuantizer(
+        model, bits=s.bits, block_size=s.block_size, nodes_to_exclude=exclude, algo_config=config
+    )
+    with _quiet_tools(), folded("onnxruntime.quantization"):
+        quantizer.process()
+    return quantizer.model.model
+
+
+def _rtn_record(
+    tool: str,
+    s: _Settings,
+    symmetric: bool,
+    algorithm: str,
+    quantized: int,
+    left: int,
+    untied: int,
+    gathers: int,
+    head: str | None,
+) -> dict:
+    """What the RTN path did, as ``quantize_matmul_nbits`` returns it."""
     return {
         "tool": tool,
         "op": "com.microsoft.MatMulNBits",
-        "bits": bits,
-        "block_size": block_size,
+        "bits": s.bits,
+        "block_size": s.block_size,
         "symmetric": symmetric if algorithm == "rtn" else False,
         "algorithm": algorithm,
-        "accuracy_level": accuracy_level,
+        "accuracy_level": s.accuracy_level,
         "matmuls_quantized": quantized,
         "matmuls_float": left,  # activation x activation (attention) MatMuls
         "tied_heads_untied": untied,
         "embedding_tables_8bit": gathers,
-        "head": {"node": head, "bits": head_bits, "block_size": head_block_size} if head else None,
+        "head": {"node": head, "bits": s.head_bits, "block_size": s.head_block_size} if head else None,
     }
 
 
-def _quantize_numpy(
-    src: Path,
-    dst: Path,
-    bits: int,
-    block_size: int,
-    accuracy_level: int,
-    algorithm: str,
-    embedding_bits: int,
-    head_bits: int,
-    head_block_size: int,
-    calibration: str | Path | None,
-    skip: int,
-    count: int,
-    sensitivity_tokens: int,
-    budget: float | None,
-    source: Any,
-    threads: int,
-    progress: Any,
-) -> dict:
+def _quantize_numpy(src: Path, dst: Path, s: _Settings, algorithm: str, job: _Calibration, progress: Any) -> dict:
     """The numpy methods' path (see ``quantize_matmul_nbits``)."""
     import time
-
-    from onnx import numpy_helper
 
     from . import int4_sensitivity as sv
 
     say = progress or (lambda m: log.info("%s", m))
-    for what, b in (("", bits), ("head_", head_bits)):
-        if b not in (4, 8):
-            raise InputError(f"weight-only quantization takes 4 or 8 bits, not {what}bits = {b}")
-    for what, size in (("block_size", block_size), ("head_block_size", head_block_size)):
-        if size < 16 or size & (size - 1):
-            raise InputError(f"weight_only.{what} {size}: MatMulNBits takes a power of two >= 16")
-    if embedding_bits not in (0, 8):
-        raise InputError(f"weight_only.embedding_bits {embedding_bits}: 0 (float) or 8")
-    if algorithm in int4_methods.NEEDS_CALIBRATION and calibration is None:
-        raise InputError(f"weight_only.algorithm = {algorithm!r} needs weight_only.calibration (a text file)")
-    if budget is not None and calibration is None:
-        raise InputError(
-            "weight_only.mixed_budget_pct (the sensitivity pass) needs weight_only.calibration (a text file)"
-        )
-    if calibration is not None and source is None:
-        raise InputError("weight_only.calibration: the FP32 source model is needed to run it (source=)")
+    _check_numpy_args(s, algorithm, job)
     t0 = time.perf_counter()
     onnx = _onnx()
     model = onnx.load(str(src))
@@ -478,37 +518,116 @@ def _quantize_numpy(
     text = None
     plain = model
     report: dict[str, Any] = {}
-    if calibration is not None:
-        source_graph = Path(source.path) / "model.onnx"
-        for candidate in (Path(source.path) / src.name, source_graph):
-            if candidate.is_file():
-                source_graph = candidate
-                break
-        if source_graph.resolve() != Path(src).resolve():
-            plain = onnx.load(str(source_graph))
-            untie_transposed_weights(plain)
-        text = sv.calibration_text(source, Path(calibration), skip, count, sensitivity_tokens if budget else 0)
-        cal = sv.calibrate(
-            plain, head_matmul(plain), text.fit, text.bos, dict(source.config), threads=threads, progress=say
+    if job.text is not None:
+        plain, text, cal, report["calibration"] = _calibrate(src, model, job, say)
+    blocks4 = _quantize_4bit(src, model, targets, s, algorithm, cal, say)
+    keep: set[str] = {t.node for t in targets if t.node not in blocks4}  # 8-bit by the recipe
+    if job.budget is not None and cal is not None and text is not None:
+        choice = _mixed_precision(plain, targets, blocks4, s, text, job, say)
+        report["mixed"] = choice.to_dict()
+        groups = set(choice.keep_8bit)
+        keep |= {t.node for t in targets if t.group in groups}
+    chosen, eight, gathers = _write_numpy_model(model, dst, targets, blocks4, keep, s)
+    return {
+        "tool": f"edge_agent.engines.int4_methods ({algorithm}), ONNX Runtime MatMulNBits with uint8 zero points",
+        "op": "com.microsoft.MatMulNBits",
+        "bits": s.bits,
+        "block_size": s.block_size,
+        "symmetric": False,
+        "algorithm": algorithm,
+        "accuracy_level": s.accuracy_level,
+        "matmuls_quantized": sum(1 for n in model.graph.node if n.op_type == "MatMulNBits"),
+        "matmuls_4bit": len(chosen),
+        "matmuls_8bit": len(eight),
+        "matmuls_8bit_names": sorted(t.weight for t in eight),
+        "matmuls_float": sum(1 for n in model.graph.node if n.op_type == "MatMul"),
+        "tied_heads_untied": untied,
+        "embedding_tables_8bit": gathers,
+        "head": {"node": head, "bits": 8 if head in keep else 4, "block_size": s.head_block_size} if head else None,
+        "quantize_s": round(time.perf_counter() - t0, 1),
+        **report,
+    }
+
+
+def _check_numpy_args(s: _Settings, algorithm: str, job: _Calibration) -> None:
+    """The numpy path's refusals, before any work: bits and blocks, embedding bits, calibration it needs."""
+    _check_bits_and_blocks(s, algorithm)
+    _check_embedding_bits(s)
+    if algorithm in int4_methods.NEEDS_CALIBRATION and job.text is None:
+        raise InputError(f"weight_only.algorithm = {algorithm!r} needs weight_only.calibration (a text file)")
+    if job.budget is not None and job.text is None:
+        raise InputError(
+            "weight_only.mixed_budget_pct (the sensitivity pass) needs weight_only.calibration (a text file)"
         )
-        report["calibration"] = {
-            "text": str(calibration),
-            "skip_tokens": skip,
-            "tokens": len(text.fit),
-            "fit_tokens": list(text.fit_range),
-            **({"sensitivity_tokens": list(text.score_range)} if budget is not None else {}),
-        }
+    if job.text is not None and job.source is None:
+        raise InputError("weight_only.calibration: the FP32 source model is needed to run it (source=)")
+
+
+def _fp32_graph(src: Path, model: Any, source: Any) -> Any:
+    """The FP32 graph the calibration runs on: ``source``'s graph of ``src``'s name (else its model.onnx),
+    loaded and untied, or ``model`` itself when that graph is ``src``."""
+    source_graph = Path(source.path) / "model.onnx"
+    for candidate in (Path(source.path) / src.name, source_graph):
+        if candidate.is_file():
+            source_graph = candidate
+            break
+    if source_graph.resolve() == Path(src).resolve():
+        return model
+    plain = _onnx().load(str(source_graph))
+    untie_transposed_weights(plain)
+    return plain
+
+
+def _calibration_text(job: _Calibration) -> tuple[Any, dict[str, Any]]:
+    """The calibration text's tokens in their slices (fitted on; scored when there is a budget), and their record."""
+    from . import int4_sensitivity as sv
+
+    assert job.text is not None
+    sensitivity = job.sensitivity_tokens if job.budget else 0
+    text = sv.calibration_text(job.source, Path(job.text), job.skip, job.count, sensitivity)
+    record = {
+        "text": str(job.text),
+        "skip_tokens": job.skip,
+        "tokens": len(text.fit),
+        "fit_tokens": list(text.fit_range),
+        **({"sensitivity_tokens": list(text.score_range)} if job.budget is not None else {}),
+    }
+    return text, record
+
+
+def _calibrate(src: Path, model: Any, job: _Calibration, say: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """The FP32 graph, the calibration text, the activation statistics measured on the fitted tokens
+    (``int4_sensitivity.calibrate``), and the text's record."""
+    from . import int4_sensitivity as sv
+
+    plain = _fp32_graph(src, model, job.source)
+    text, record = _calibration_text(job)
+    cal = sv.calibrate(
+        plain, head_matmul(plain), text.fit, text.bos, dict(job.source.config), threads=job.threads, progress=say
+    )
+    return plain, text, cal, record
+
+
+def _quantize_4bit(
+    src: Path, model: Any, targets: list[Any], s: _Settings, algorithm: str, cal: Any, say: Any
+) -> dict[str, int4_methods.Blocks]:
+    """Each weight the settings give 4 bits, quantized by ``algorithm`` (with the calibration's importance and
+    Hessian when there is one), by MatMul node name."""
+    from onnx import numpy_helper
+
+    from . import int4_sensitivity as sv
+
     inits = {i.name: i for i in model.graph.initializer}
     blocks4: dict[str, int4_methods.Blocks] = {}
-    for i, s in enumerate(targets):
-        key = sv.site_key(s)
-        w = numpy_helper.to_array(inits[s.weight])
-        b, size = (head_bits, head_block_size) if s.group == "head" else (bits, block_size)
+    for i, t in enumerate(targets):
+        key = sv.site_key(t)
+        w = numpy_helper.to_array(inits[t.weight])
+        b, size = s.of(t.group)
         if b != 4:
             continue
         if cal is not None and algorithm == "gptq" and cal.hessian(key) is None:
-            raise ModelError(f"{src}: no calibration activations for {s.weight} ({key}) in the FP32 source graph")
-        blocks4[s.node] = int4_methods.quantize(
+            raise ModelError(f"{src}: no calibration activations for {t.weight} ({key}) in the FP32 source graph")
+        blocks4[t.node] = int4_methods.quantize(
             w,
             4,
             size,
@@ -516,58 +635,66 @@ def _quantize_numpy(
             importance=cal.importance(key) if cal else None,
             hessian=cal.hessian(key) if cal else None,
         )
-        say(f"{algorithm} {i + 1}/{len(targets)}: {s.weight}")
-    keep: set[str] = {s.node for s in targets if s.node not in blocks4}  # 8-bit by the recipe
-    if budget is not None and cal is not None and text is not None:
-        plain_sites = sv.sites(plain, head_matmul(plain))
-        by_key = {sv.site_key(s): s for s in targets}
-        plain_inits = {i.name: i for i in plain.graph.initializer}
-        quantizable = [s for s in plain_sites if (by_key.get(sv.site_key(s)) or s).node in blocks4]
+        say(f"{algorithm} {i + 1}/{len(targets)}: {t.weight}")
+    return blocks4
 
-        def four_bit_of(site: Any) -> np.ndarray:
-            return blocks4[by_key[sv.site_key(site)].node].dequantize()
 
-        def eight_bit_of(site: Any) -> np.ndarray:
-            size = head_block_size if site.group == "head" else block_size
-            w = numpy_helper.to_array(plain_inits[site.weight])
-            return int4_methods.quantize(w, 8, size, "rtn").dequantize()
+def _mixed_precision(
+    plain: Any,
+    targets: list[Any],
+    blocks4: dict[str, int4_methods.Blocks],
+    s: _Settings,
+    text: Any,
+    job: _Calibration,
+    say: Any,
+) -> Any:
+    """``int4_sensitivity.keep_8bit``'s choice of the groups kept at 8 bits within ``job.budget``, scored on
+    the FP32 graph over the text's sensitivity tokens."""
+    from onnx import numpy_helper
 
-        evaluator = sv.Evaluator(
-            plain,
-            sv.calibration_windows(text.score, text.bos, SENSITIVITY_WINDOW),
-            dict(source.config),
-            threads,
-            names=[s.weight for s in quantizable],
-        )
-        choice = sv.keep_8bit(evaluator, quantizable, four_bit_of, budget, eight_bit_of, progress=say)
-        del evaluator
-        report["mixed"] = choice.to_dict()
-        groups = set(choice.keep_8bit)
-        keep |= {s.node for s in targets if s.group in groups}
+    from . import int4_sensitivity as sv
+
+    assert job.budget is not None
+    plain_sites = sv.sites(plain, head_matmul(plain))
+    by_key = {sv.site_key(t): t for t in targets}
+    plain_inits = {i.name: i for i in plain.graph.initializer}
+    quantizable = [p for p in plain_sites if (by_key.get(sv.site_key(p)) or p).node in blocks4]
+
+    def four_bit_of(site: Any) -> np.ndarray:
+        return blocks4[by_key[sv.site_key(site)].node].dequantize()
+
+    def eight_bit_of(site: Any) -> np.ndarray:
+        _, size = s.of(site.group)
+        w = numpy_helper.to_array(plain_inits[site.weight])
+        return int4_methods.quantize(w, 8, size, "rtn").dequantize()
+
+    evaluator = sv.Evaluator(
+        plain,
+        sv.calibration_windows(text.score, text.bos, SENSITIVITY_WINDOW),
+        dict(job.source.config),
+        job.threads,
+        names=[p.weight for p in quantizable],
+    )
+    return sv.keep_8bit(evaluator, quantizable, four_bit_of, job.budget, eight_bit_of, progress=say)
+
+
+def _write_numpy_model(
+    model: Any,
+    dst: Path,
+    targets: list[Any],
+    blocks4: dict[str, int4_methods.Blocks],
+    keep: set[str],
+    s: _Settings,
+) -> tuple[dict[str, int4_methods.Blocks], list[Any], int]:
+    """The 4-bit blocks not in ``keep`` as MatMulNBits, those in it as ONNX Runtime's 8-bit symmetric RTN (one
+    rewrite per block size), the embedding tables when asked, saved at ``dst``; returns (the 4-bit blocks by
+    node, the 8-bit sites, the tables quantized)."""
     chosen = {n: b for n, b in blocks4.items() if n not in keep}
-    _rewrite_blocks(model, chosen, accuracy_level)
-    eight = [s for s in targets if s.node in keep]
-    for size in sorted({head_block_size if s.group == "head" else block_size for s in eight}):
-        only = [s.node for s in eight if (head_block_size if s.group == "head" else block_size) == size]
-        _rewrite(model, 8, size, True, accuracy_level, only=only)
-    gathers = quantize_embedding_gathers(model, block_size) if embedding_bits else 0
+    _rewrite_blocks(model, chosen, s.accuracy_level)
+    eight = [t for t in targets if t.node in keep]
+    for size in sorted({s.of(t.group)[1] for t in eight}):
+        only = [t.node for t in eight if s.of(t.group)[1] == size]
+        _rewrite(model, 8, size, True, s.accuracy_level, only=only)
+    gathers = quantize_embedding_gathers(model, s.block_size) if s.embedding_bits else 0
     _save_external(model, dst)
-    return {
-        "tool": f"edge_agent.engines.int4_methods ({algorithm}), ONNX Runtime MatMulNBits with uint8 zero points",
-        "op": "com.microsoft.MatMulNBits",
-        "bits": bits,
-        "block_size": block_size,
-        "symmetric": False,
-        "algorithm": algorithm,
-        "accuracy_level": accuracy_level,
-        "matmuls_quantized": sum(1 for n in model.graph.node if n.op_type == "MatMulNBits"),
-        "matmuls_4bit": len(chosen),
-        "matmuls_8bit": len(eight),
-        "matmuls_8bit_names": sorted(s.weight for s in eight),
-        "matmuls_float": sum(1 for n in model.graph.node if n.op_type == "MatMul"),
-        "tied_heads_untied": untied,
-        "embedding_tables_8bit": gathers,
-        "head": {"node": head, "bits": 8 if head in keep else 4, "block_size": head_block_size} if head else None,
-        "quantize_s": round(time.perf_counter() - t0, 1),
-        **report,
-    }
+    return chosen, eight, gathers
