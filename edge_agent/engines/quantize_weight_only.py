@@ -583,7 +583,7 @@ def _calibration_text(job: _Calibration) -> tuple[Any, dict[str, Any]]:
     from . import int4_sensitivity as sv
 
     assert job.text is not None
-    sensitivity = job.sensitivity_tokens if job.budget else 0
+    sensitivity = job.sensitivity_tokens if job.budget is not None else 0  # a budget of 0 % is a budget
     text = sv.calibration_text(job.source, Path(job.text), job.skip, job.count, sensitivity)
     record = {
         "text": str(job.text),

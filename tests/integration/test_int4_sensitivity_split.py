@@ -83,3 +83,22 @@ def test_a_text_too_short_for_the_sensitivity_slice_names_the_key(tmp_path: Path
     assert str(info.value).startswith("weight_only.sensitivity_tokens 512:") and "\n" not in str(info.value)
     cut = sv.calibration_text(ref, text, 10, total - 20, 512)  # what is left, when 2 or more
     assert cut.score_range == (total - 10, total) and cut.fit_range == (10, total - 10)
+
+
+def test_a_budget_of_zero_keeps_at_8_bits_every_group_whose_4_bits_cost_anything(tmp_path: Path) -> None:
+    # 0 % is a budget (the recipe accepts it), not "no budget": the pass runs and scores its slice
+    info = quantize_matmul_nbits(
+        TINY / "model.onnx",
+        tmp_path / "q.onnx",
+        4,
+        32,
+        algorithm="rtn_asym",
+        calibration=TEXT,
+        calibration_skip_tokens=100,
+        calibration_tokens=300,
+        sensitivity_tokens=200,
+        mixed_budget_pct=0.0,
+        source=inspect_folder(TINY),
+    )
+    assert info["calibration"]["sensitivity_tokens"] == [400, 600]
+    assert info["mixed"]["calibration_ppl_fp32"] > 1
