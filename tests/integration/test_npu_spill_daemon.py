@@ -9,7 +9,6 @@ requests "arriving together" meet in the NPU tokenizer before any of them goes o
 
 from __future__ import annotations
 
-import functools
 import json
 import threading
 from pathlib import Path
@@ -130,7 +129,12 @@ class SlowNpu:
 @pytest.fixture
 def npu_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     clock = FakeClock()
-    monkeypatch.setattr(app, "TieredLLM", functools.partial(TieredLLM, clock=clock))
+
+    class ClockedLadder(TieredLLM):  # the daemon's ladder (TieredLLM.from_config) on the test's clock
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, clock=clock, **kwargs)
+
+    monkeypatch.setattr(app, "TieredLLM", ClockedLadder)
     monkeypatch.setenv("CACHE_DIRECTORY", str(tmp_path / "cache"))
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))
     started: list[tuple[Agent, SlowNpu]] = []
