@@ -109,6 +109,7 @@ def test_fp32_engine_decodes_as_the_source_folder(source: Path, tmp_path: Path) 
     ids = []
     for path in (source, Path(report["path"]) / "model"):
         rec = probe.runner(path)
+        rec.guards = False  # plain greedy: the random tiny model "hears" nothing in noise with its guards on
         ids.append(rec.transcribe(x).token_ids)
         rec.close()
     assert ids[0] == ids[1] and len(ids[0]) > 0
