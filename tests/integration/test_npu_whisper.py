@@ -104,9 +104,9 @@ def test_the_guards_on_the_npu_equal_the_cpus(pair, monkeypatch) -> None:
     monkeypatch.setattr(cpu, "guards", True)
     monkeypatch.setattr(on_npu, "guards", True)
     x = _audio(4, 2.0)
-    logits = cpu.decoder.run(
-        {"input_ids": np.array([[cpu.sot]], np.int64), "encoder_hidden_states": cpu.encode([x])}
-    )["logits"][0, -1].astype(np.float64)
+    logits = cpu.decoder.run({"input_ids": np.array([[cpu.sot]], np.int64), "encoder_hidden_states": cpu.encode([x])})[
+        "logits"
+    ][0, -1].astype(np.float64)
     p = float(np.exp(logits[cpu.no_speech_id] - logits.max()) / np.exp(logits - logits.max()).sum())
     prompt = cpu.prompt("en", cpu.context_ids("kitchen light"))
 
