@@ -29,10 +29,11 @@ from ..backends import Session
 from ..errors import InputError
 
 log = logging.getLogger(__name__)
-# P(<|nocaptions|>) after a lone <|startoftranscript|> from which a decode hears nothing: faster-whisper's
-# no_speech_threshold. On the natural-voice set (docs/asr.md) speech gave at most 0.47 (0.39 at 8 kHz, 0.26
-# clipped); silence, noise, a hum, clicks and synthesised music 0.62-0.89, a sustained chord 0.585.
-NO_SPEECH = 0.6
+# P(<|nocaptions|>) after a lone <|startoftranscript|> from which a decode hears nothing. On the natural-voice
+# set (docs/asr.md, the final's window of audio + 6 s) speech gave at most 0.47 (0.39 at 8 kHz, 0.26 clipped);
+# silence, noise, a hum, clicks and synthesised music 0.585-0.89. faster-whisper's 0.6 let a sustained chord
+# through (0.585), which Whisper given the tools' words heard as those words.
+NO_SPEECH = 0.55
 RESTART_TOKENS = 4  # an output whose last tokens are its first this many starts over
 MAX_BLOCK = 32  # the longest block a repetition is looked for in
 
