@@ -29,11 +29,11 @@ on that pass's encoder states (kept per stream), or, when that pass forced nothi
 A final (and ``transcribe``) encodes the audio padded to 30 s, as Whisper is trained, so a final pass is the
 one pass faster-whisper makes; with ``final_padding_s`` > 0 and an encoder that takes a shorter input
 (``short_context``: the imported graphs slice their positions, whisper.cpp's ``audio_ctx``) the audio and
-that much padding. A partial there encodes only the audio so far and 6 s of padding, rounded up to
-``partial_context_s``: on two cores a 30 s pass of Whisper base's encoder costs ~1.3 s, an 8 s one ~0.3 s,
-which is what lets partials keep up with speech. Rows of a batch decode in lockstep: each takes its own
-forced token while it has one, then its own argmax, so row r of a batch sees exactly what it would see
-alone. The encoder batches the streams that share a context length.
+that much padding. A partial there encodes only the audio so far and the same padding (6 s when finals
+take 30 s), rounded up to ``partial_context_s``: on two cores a 30 s pass of Whisper base's encoder costs
+~1.3 s, an 8 s one ~0.3 s, which is what lets partials keep up with speech. Rows of a batch decode in
+lockstep: each takes its own forced token while it has one, then its own argmax, so row r of a batch sees
+exactly what it would see alone. The encoder batches the streams that share a context length.
 
 On the NPU (static shapes only) ``asr_whisper_npu.NpuWhisperRecognizer`` runs the same decoding with a
 30 s encoder and a decoder step over a fixed-size cache, one stream at a time.
@@ -56,7 +56,7 @@ from .whisper_features import WhisperFeatureConfig, log_mel_spectrogram
 
 log = logging.getLogger(__name__)
 MAX_CONTEXT_TOKENS = 223  # Whisper's prompt: <|startofprev|> + at most 223 tokens (half the 448 positions)
-PARTIAL_PADDING_S = 6.0  # padding after a partial's audio in a short-context pass (context_frames)
+PARTIAL_PADDING_S = 6.0  # padding after a partial's audio in a short-context pass without final_padding_s
 
 
 class WhisperStream(AudioStream):
@@ -204,15 +204,17 @@ class WhisperRecognizer(WhisperDecoding):
         return hidden.shape[1] == frames // 2
 
     def context_frames(self, samples: int, final: bool) -> int:
-        """The encoder input length of a pass over ``samples`` of audio: 30 s for a final (or when the
-        encoder takes nothing shorter), else the audio and ``PARTIAL_PADDING_S`` of padding rounded up
-        to ``partial_context_s``. Whisper base with little padding loops ("Good morning. Good morning.
-        …") or changes the last words; with 6 s its streamed finals on the race corpus matched the
+        """The encoder input length of a pass over ``samples`` of audio: 30 s for a final without
+        ``final_padding_s`` (or when the encoder takes nothing shorter), else the audio and that padding
+        (a partial's: ``final_padding_s``, or ``PARTIAL_PADDING_S`` without one) rounded up to
+        ``partial_context_s``: partials and finals share their window, so a final with no audio since the
+        last partial is that partial's pass. Whisper base with little padding loops ("Good morning. Good
+        morning. …") or changes the last words; with 6 s its streamed finals on the race corpus matched the
         30 s partials' as often (10 of 12 equal to the one-pass transcript, both ways)."""
         full = self.features.nb_max_frames
         if not self.short_context or (final and self.final_padding_s <= 0):
             return full
-        padding = self.final_padding_s if final else PARTIAL_PADDING_S
+        padding = self.final_padding_s if self.final_padding_s > 0 else PARTIAL_PADDING_S
         step = self.partial_context_s * self.sample_rate
         padded = int(np.ceil((samples + padding * self.sample_rate) / step)) * step
         return min(full, int(np.ceil(padded / self.features.hop_length / 2)) * 2)

@@ -87,6 +87,10 @@ def _stream(engine, x, block=BLOCK, context=""):
 def test_a_final_is_the_one_pass_of_its_window_and_partial_commits_only_grow(engines, language, padding):
     engine = engines(language=language, final_padding_s=padding, max_tokens_per_s=4.0)
     assert engine.short_context
+    for n in (8000, 40000):  # with a final window, partials take the same one (30 s finals: partials audio + 6 s)
+        frames = 2 * int(np.ceil((n / 16000 + (padding or 6.0)) / 1.0)) * 50
+        assert engine.context_frames(n, False) == frames
+        assert engine.context_frames(n, True) == (frames if padding else 3000)
     revised = 0
     for seed in range(4):
         x = _audio(seed, 2.3 + 0.4 * seed)
