@@ -9,11 +9,12 @@ The audio is converted to the active ASR tier's PCM16 mono (``audio``) and fed t
 on the ladder (``TieredSpeech.open_stream``, as ``GET /v1/audio/stream`` does): its endpointer, batching,
 SLA window and tier switches apply, and every utterance is observed (``/metrics``, telemetry). A chunk's
 text is what became stable since the last one (the text a partial's ``stable_text`` added: it is never
-taken back, so the chunks joined are a prefix of the transcript), and at the end what the final adds;
-``transcript`` is the finals of the request's utterances joined by spaces. A request the ladder refuses
-(shedding, a language or model it does not serve) and an utterance that fails get an ``error`` event
-(``code``: ``unavailable``, ``language``, ``model``, or the utterance's ``overloaded`` / ``timeout`` /
-``failed``) instead of a transcript; the connection stays open.
+taken back), and at the end what the final adds when it begins with what was sent; ``transcript`` is the
+finals of the request's utterances joined by spaces. A Whisper final (its one pass over the window) may
+revise a committed word: its utterance's chunks then stop, and only ``transcript`` carries the revision.
+A request the ladder refuses (shedding, a language or model it does not serve) and an utterance that
+fails get an ``error`` event (``code``: ``unavailable``, ``language``, ``model``, or the utterance's
+``overloaded`` / ``timeout`` / ``failed``) instead of a transcript; the connection stays open.
 
 Conversation (``transcript`` from the client, when the LLM is offered)::
 
