@@ -455,14 +455,17 @@ class LLMScheduler:
     def _watch(self) -> None:
         """The watcher thread: a device step (or a chat step yielding to the recogniser) can last longer than
         a waiting chat's budget; its refusal must not wait for the step to end. Wakes at the next start
-        deadline, at least every ``WATCH_S``."""
+        deadline, at least every ``WATCH_S`` while requests wait, and sleeps while none does."""
         with self._cond:
             while not (self._stopping and not self._waiting):
                 now = self.clock()
                 if self._waiting:
                     self._refuse_overdue(now)
                 due = [s.start_by_s for s in self._waiting if s.start_by_s is not None]
-                self._cond.wait(max(0.001, min(WATCH_S, min(due) - now)) if due else WATCH_S)
+                if due:
+                    self._cond.wait(max(0.001, min(WATCH_S, min(due) - now)))
+                else:  # nothing to watch: an idle daemon sleeps until a request is queued (put notifies)
+                    self._cond.wait(WATCH_S if self._waiting else None)
 
     def _within_chat_rows(self, waiting: WaitQueue, n: int, running: int) -> int:
         """Of the ``n`` oldest waiters planned in, how many may start: chats only within ``chat_rows``."""
