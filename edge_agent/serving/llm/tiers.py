@@ -1,8 +1,8 @@
 """One LLM workload served from a ladder of model tiers, switched without failing a request.
 
 **Admission.** Each request is judged when it arrives (``serving.tiers.admission``): its first-token time
-predicted on the serving tier from what runs and waits there, plus how late admitted chats' first tokens
-have been coming against their predictions lately (``Lateness``), against its class budget: a chat's is the
+predicted on the serving tier from what runs and waits there, plus a margin for how late admitted chats'
+first tokens have been coming against their predictions lately (``Lateness``), against its class budget: a chat's is the
 SLA in force (``sla_ms``, read at each request) or the client's shorter ``deadline_ms``; a voice turn's
 (``interactive``) is never refused while chats are admitted (it preempts one instead). A chat that does
 not fit, where a lighter tier sharing the loaded model would fit it, is admitted with that tier's reply
@@ -577,8 +577,9 @@ class TieredLLM(Ladder):
         prefill, step = sched.prefill_ms(len(seq.prompt), seq.admitted_s)
         seq.start_by_s = seq.admitted_s + max(budget - prefill, 2 * step) / 1e3
         self._pressure.arrivals += 1
-        margin = sched.lateness_ms(seq.admitted_s)
         predicted = sched.predict_ttft_ms(len(seq.prompt), now=seq.admitted_s)
+        sched.arrived(predicted, seq.admitted_s)
+        margin = sched.lateness_ms(budget, seq.admitted_s)
         verdict = judge(predicted, budget, "chat", margin)
         if verdict.admit:
             _expect_first(seq, predicted)

@@ -23,10 +23,18 @@ is known the prediction is None and the request is admitted: nothing says it wou
 
 What the model leaves out (another workload on the same cores, a voice turn that jumps the queue, the
 batch wait for batch-mates) shows as admitted requests' first tokens coming later than predicted.
-``Lateness`` keeps the last ``LATENESS_SAMPLES`` of those errors and gives their ``LATENESS_QUANTILE`` as
-a margin that admission adds to each prediction: a box whose chats' first tokens come 150 ms late in one
-of twenty admits 150 ms less, up front, instead of serving them late or refusing them after they waited
-(a refusal is only quick at arrival: the refused share may grow, the late refusals must not).
+``Lateness`` keeps the last ``LATENESS_SAMPLES`` of those errors and the predictions of the last
+``ARRIVAL_SAMPLES`` arrivals (admitted or not), and gives a margin that admission adds to each prediction:
+the smallest with which, pairing each recent arrival's prediction with each recent error, the arrivals it
+would admit get their first token within the budget ``LATENESS_QUANTILE`` of the time, not counting the
+late share that even the soonest arrival would have (errors that do not come from waiting: an unmodelled
+pass on the same cores can make a first token late behind an idle row, and refusing more would not make
+it sooner). A box whose chats' first tokens come 150 ms late in one of twenty admits less, up front,
+instead of serving them late or refusing them after they waited (a refusal is only quick at arrival: the
+refused share may grow, the late refusals must not); but only as much less as the budget needs: most
+arrivals are predicted well inside it, and covering every error in full (the errors' own 95th
+percentile) refuses requests that would have been on time. The admitted errors feed back: a margin that
+admits too much shows as later first tokens, and the margin grows.
 
 ``judge`` turns a prediction into a verdict: admit when it fits the budget, else refuse with the
 predicted time until a request of this size would fit (``Retry-After``) and the reason in words.
@@ -40,12 +48,15 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 STALE_S = 60.0  # a rate not refreshed for this long no longer describes the device
 PREFILL_MIN_TOKENS = 32  # shorter prefills say little about the cost per token
 EWMA = 0.2  # weight of the newest sample in a fresh rate
 LATENESS_SAMPLES = 32  # admitted requests whose first token the margin describes
-LATENESS_QUANTILE = 0.95  # the margin covers this share of them
-LATENESS_MIN_SAMPLES = 8  # fewer say nothing: no margin
+ARRIVAL_SAMPLES = 64  # arrivals whose predictions the margin is chosen over
+LATENESS_QUANTILE = 0.95  # admitted first tokens within the budget this share of the time
+LATENESS_MIN_SAMPLES = 8  # fewer errors say nothing: no margin (fewer arrivals: the errors' quantile)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,23 +145,42 @@ class Rates:
 
 
 class Lateness:
-    """How much later than predicted admitted requests' first tokens came lately (see the module doc). Not thread-safe
-    by itself: the scheduler's device thread writes it and admission reads it under the scheduler's lock."""
+    """How much later than predicted admitted requests' first tokens came lately, and what arrivals were predicted
+    (see the module doc). Not thread-safe by itself: the scheduler's device thread writes it and admission reads
+    and writes it under the scheduler's lock."""
 
     def __init__(self) -> None:
         self._errors: deque[tuple[float, float]] = deque(maxlen=LATENESS_SAMPLES)  # (when, ms late; < 0: early)
+        self._arrivals: deque[tuple[float, float]] = deque(maxlen=ARRIVAL_SAMPLES)  # (when, predicted TTFT ms)
 
     def observe(self, predicted_s: float, actual_s: float) -> None:
         """Something admission predicted for ``predicted_s`` (a first token) came at ``actual_s`` (same clock)."""
         self._errors.append((actual_s, (actual_s - predicted_s) * 1e3))
 
-    def margin_ms(self, now: float) -> float:
-        """The ``LATENESS_QUANTILE`` of the recent errors (those within ``STALE_S``), never below 0; 0 with
-        fewer than ``LATENESS_MIN_SAMPLES``."""
-        recent = sorted(ms for at, ms in self._errors if now - at <= STALE_S)
-        if len(recent) < LATENESS_MIN_SAMPLES:
+    def arrived(self, predicted_ms: float, now: float) -> None:
+        """A request arriving at ``now`` was predicted its first token in ``predicted_ms`` (admitted or not)."""
+        self._arrivals.append((now, predicted_ms))
+
+    def margin_ms(self, now: float, budget_ms: float) -> float:
+        """The margin for requests of ``budget_ms`` (see the module doc), from the errors and arrivals within
+        ``STALE_S``: 0 with fewer than ``LATENESS_MIN_SAMPLES`` errors; the errors' ``LATENESS_QUANTILE`` (never
+        below 0) with fewer arrivals."""
+        errors = np.sort([ms for at, ms in self._errors if now - at <= STALE_S])
+        if len(errors) < LATENESS_MIN_SAMPLES:
             return 0.0
-        return max(0.0, recent[min(len(recent) - 1, math.ceil(LATENESS_QUANTILE * len(recent)) - 1)])
+        covering = max(0.0, float(errors[min(len(errors) - 1, math.ceil(LATENESS_QUANTILE * len(errors)) - 1)]))
+        predicted = np.sort([ms for at, ms in self._arrivals if now - at <= STALE_S])
+        if len(predicted) < LATENESS_MIN_SAMPLES:
+            return covering
+        # admitting the j soonest arrivals: the share of (arrival, error) pairs late, over those j arrivals
+        late = (len(errors) - np.searchsorted(errors, budget_ms - predicted, side="right")) / len(errors)
+        # what even the soonest arrival would suffer does not come from waiting: refusing would not cure it
+        fits = np.cumsum(late) / np.arange(1, len(predicted) + 1) - late[0] <= 1.0 - LATENESS_QUANTILE
+        admitted = int(np.flatnonzero(fits)[-1]) + 1
+        if admitted == len(predicted):
+            return 0.0
+        # between the last arrival it admits and the first it refuses
+        return max(0.0, budget_ms - 0.5 * float(predicted[admitted - 1] + predicted[admitted]))
 
 
 @dataclass(frozen=True, slots=True)
