@@ -159,7 +159,9 @@ class Pipeline:
         if req.precision in WEIGHT_ONLY:  # only weight-only keys carry it: other keys stay as they were
             parts["weight_only"] = self.recipe.weight_spec.key()
         r = self.recipe
-        layout = layout_for(r.kv_layout, r.workload, self.ref.path, r.onnx_file, backend, req.precision, flavour)
+        layout = layout_for(
+            r.layout_of(req.precision), r.workload, self.ref.path, r.onnx_file, backend, req.precision, flavour
+        )
         if layout:  # likewise: only in-place KV builds carry it
             parts["layout"] = layout
         return parts

@@ -9,6 +9,7 @@ shape profiles, which calibration and held-out data, and how much accuracy an en
     targets = ["cpu", "jetson", "intel-npu"]
     precisions = ["fp32", "fp16", "int8", "int8w", "int4"]   # int8w, int4: weight-only (LLMs)
     kv_layout = "inplace"              # LLM, ONNX Runtime: plain exports get the in-place KV graph | "plain"
+                                       #   or per precision: { int8w = "plain" } (those not named: "inplace")
     graphs = []                        # Whisper: its three graphs, each built at the precision (whisper_engine)
 
     [weight_only]                      # how int8w / int4 weights are made (no calibration data needed)
@@ -93,6 +94,7 @@ else:  # pragma: no cover
 
 Target = Literal["cpu", "jetson", "intel-npu"]
 BuildPrecision = Literal["fp32", "fp16", "int8", "int8w", "int4"]
+KvLayout = Literal["inplace", "plain"]
 # The ladder's top rung: its budget is the recipe's [accuracy]; lower rungs are named in [rungs.NAME].
 TOP_RUNG = "top"
 # Weight-only precisions: only the weights are quantized (int8w: 8 bits, int4: 4 bits, per block); LLMs only.
@@ -367,9 +369,10 @@ class Recipe(_Strict):
     weight_only: WeightOnlySpec | None = Field(None, description="int8w / int4 settings (defaults when absent)")
     profiles: list[Profile] = Field(default_factory=list)
     npu_llm: NpuLlmSpec | None = Field(None, description="the NPU's LLM mode (defaults when absent)")
-    kv_layout: Literal["inplace", "plain"] = Field(
+    kv_layout: KvLayout | dict[BuildPrecision, KvLayout] = Field(
         "inplace",
-        description="ONNX Runtime LLM engines of plain exports: in-place KV (GroupQueryAttention) or as exported",
+        description="ONNX Runtime LLM engines of plain exports: in-place KV (GroupQueryAttention) or as exported; "
+        'a table gives it per precision (those it does not name: "inplace")',
     )
     source: Path | None = Field(None, description="the recipe file (set by load_recipe)")
 
@@ -454,6 +457,12 @@ class Recipe(_Strict):
         if spec.calibration is not None:
             spec = spec.model_copy(update={"calibration": self.resolve(spec.calibration)})
         return spec
+
+    def layout_of(self, precision: str) -> KvLayout:
+        """The ``kv_layout`` asked for ``precision``'s engines."""
+        if isinstance(self.kv_layout, str):
+            return self.kv_layout
+        return self.kv_layout.get(precision, "inplace")  # type: ignore[call-overload]
 
     def rung_budgets(self) -> dict[str, AccuracyBudget]:
         """Every rung's budget, the top one (``[accuracy]``) first under ``TOP_RUNG``."""

@@ -42,7 +42,9 @@ def problems(tmp_path: Path, text: str) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("name", ["demo-phi3-small", "demo-asr", "phi3-mini", "gemma2-2b", "gemma-3-270m"])
+@pytest.mark.parametrize(
+    "name", ["demo-phi3-small", "demo-asr", "phi3-mini", "gemma2-2b", "gemma-3-270m", "gemma-3-270m-home"]
+)
 def test_shipped_recipes_are_valid(name: str) -> None:
     recipe = load_recipe(ROOT / "engines" / f"{name}.toml")
     assert recipe.name == name
@@ -59,6 +61,18 @@ def test_valid_recipe_resolves_paths_relative_to_its_file(tmp_path: Path) -> Non
     assert recipe.resolve(recipe.calibration.data) == tmp_path / "prompts.jsonl"
     assert recipe.calibration.method == "minmax"
     assert "source" not in recipe.fingerprint()
+
+
+def test_kv_layout_may_be_given_per_precision_without_changing_the_recipe_key(tmp_path: Path) -> None:
+    whole = load_recipe(write(tmp_path, BASE.replace('workload = "llm"', 'workload = "llm"\nkv_layout = "plain"')))
+    table = load_recipe(
+        write(tmp_path, BASE.replace('workload = "llm"', 'workload = "llm"\nkv_layout = { int8w = "plain" }'))
+    )
+    assert [whole.layout_of(p) for p in ("fp32", "int8w", "int4")] == ["plain"] * 3
+    assert [table.layout_of(p) for p in ("fp32", "int8w", "int4")] == ["inplace", "plain", "inplace"]
+    assert load_recipe(write(tmp_path, BASE)).layout_of("int8w") == "inplace"
+    # the layout is keyed per build (key_parts["layout"]), never through the recipe's fingerprint
+    assert whole.fingerprint() == table.fingerprint() == load_recipe(write(tmp_path, BASE)).fingerprint()
 
 
 def test_a_bare_name_is_found_in_the_recipes_dir(tmp_path: Path) -> None:
@@ -90,6 +104,8 @@ def test_a_bare_name_is_found_in_the_recipes_dir(tmp_path: Path) -> None:
         ),
         (lambda t: t + "\n[[profiles]]\nname = 'prefill'\ndims = { batch_size = [1, 1, 1] }\n", "unique"),
         (lambda t: t.replace('name = "tiny"', "name = [1"), "not valid TOML"),
+        (lambda t: t.replace('workload = "llm"', 'workload = "llm"\nkv_layout = { int9 = "plain" }'), "kv_layout"),
+        (lambda t: t.replace('workload = "llm"', 'workload = "llm"\nkv_layout = { int4 = "paged" }'), "kv_layout"),
     ],
 )
 def test_invalid_recipes_are_refused_with_the_key(tmp_path: Path, edit, message: str) -> None:
