@@ -586,7 +586,10 @@ class TieredLLM(Ladder):
             return served.tier
         if sched.load == (0, 0):
             # an idle tier: only its own prefill is over the budget (a long prompt, a slow device); refusing
-            # it protects no one and would leave the rates unmeasured (refusing all that follows), so it is served
+            # it protects no one and would leave the rates unmeasured (refusing all that follows), so it is
+            # served, and not held to a start deadline it could not meet either (the device thread may take
+            # a few ms to pick it up)
+            seq.start_by_s = None
             return served.tier
         self._pressure.over_budget += 1
         for lighter in self._lighter_sharing(served):
