@@ -4,8 +4,9 @@ One decode step multiplies one token's activations by every weight matrix once, 
 must stream from memory are the sizes of the weight tensors as stored: float32, float16, the packed
 4/8-bit blocks of ``MatMulNBits`` plus their scales and zero points, NNCF's compressed constants.
 Embedding tables are the exception: a ``Gather`` reads one row per token, so tables that only feed
-a ``Gather`` are left out (the LM head, a MatMul, is counted even when tied to the table).
-Small constants (shapes, axes, rotary tables) are counted too; they are noise next to the weights.
+a ``Gather`` are left out (the LM head, a MatMul, is counted even when tied to the table). So are
+rotary cos/sin caches fed to ``GroupQueryAttention`` or ``RotaryEmbedding`` (one row per position: a
+Gemma 3 in-place graph holds 67 MB of them). Small constants (shapes, axes) are counted; they are noise.
 KV-cache reads grow with the context and are not weights: not counted.
 """
 
@@ -33,19 +34,32 @@ def _onnx_tensor_bytes(tensor) -> int:
     return count * (per or 4)
 
 
+# (op, input index) that read one row of a table per token or position: embedding gathers, rotary caches
+_ROW_READS = {
+    ("Gather", 0),
+    ("GatherBlockQuantized", 0),
+    ("GatherBlockQuantized", 2),  # its scales
+    ("GatherBlockQuantized", 3),  # its zero points
+    ("GroupQueryAttention", 7),  # cos_cache
+    ("GroupQueryAttention", 8),  # sin_cache
+    ("RotaryEmbedding", 2),
+    ("RotaryEmbedding", 3),
+}
+
+
 def onnx_weight_bytes(graph_path: Path) -> int:
-    """Initializer bytes of an ONNX graph, less the tables read only through ``Gather``."""
+    """Initializer bytes of an ONNX graph, less the tables read a row at a time (``_ROW_READS``)."""
     import onnx
 
     model = onnx.load(str(graph_path), load_external_data=False)
-    consumers: dict[str, set[str]] = {}
+    consumers: dict[str, set[tuple[str, int]]] = {}
     for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, set()).add(node.op_type)
+        for index, name in enumerate(node.input):
+            consumers.setdefault(name, set()).add((node.op_type, index))
     total = 0
     for init in model.graph.initializer:
-        ops = consumers.get(init.name, set())
-        if ops and ops <= {"Gather", "GatherBlockQuantized"}:
+        uses = consumers.get(init.name, set())
+        if uses and uses <= _ROW_READS:
             continue
         total += _onnx_tensor_bytes(init)
     return total

@@ -152,10 +152,44 @@ def test_embedding_bits_8_stores_a_large_table_as_8_bit_blocks(tmp_path: Path, w
     np.testing.assert_allclose(emb, expect[ids], rtol=1e-6, atol=1e-7)
     assert np.all(np.abs(emb - table[ids]) <= np.repeat(step[ids, :, 0], 32, axis=1) / 2 + 1e-7)
     assert not emb[1].any()
+    # per-token bytes: the head's 8-bit blocks and scales; the 8-bit table and its scales are read a row a token
+    assert weight_bytes(tmp_path / "q.onnx") == 1500 * width + 1500 * (width // 32) * 4
     small = rng.normal(size=(64, 50)).astype(np.float32)
     _matmul_model(tmp_path / "small.onnx", small, tied=True)
     kept = quantize_matmul_nbits(tmp_path / "small.onnx", tmp_path / "s.onnx", 8, 32, True, embedding_bits=8)
     assert kept["embedding_tables_8bit"] == 0
+
+
+def test_rotary_caches_are_read_a_row_a_position_and_left_out_of_the_bytes_per_token(tmp_path: Path) -> None:
+    """An in-place graph's GroupQueryAttention and RotaryEmbedding read one row of their cos/sin caches per
+    position: those tables are not counted; a table some other op also reads in full is."""
+    f = TensorProto.FLOAT
+    w = numpy_helper.from_array(np.zeros((8, 4), np.float32), "w")  # 128 bytes, a MatMul weight
+    caches = [numpy_helper.from_array(np.zeros((64, 2), np.float32), n) for n in ("cos", "sin", "cos2", "sin2")]
+    shared = numpy_helper.from_array(np.zeros((64, 2), np.float32), "shared")  # 512 bytes, also a MatMul's
+    gqa = helper.make_node(
+        "GroupQueryAttention",
+        ["q", "k", "v", "pk", "pv", "seqlens", "total", "cos", "sin"],
+        ["o", "ok", "ov"],
+        domain="com.microsoft",
+    )
+    rope = helper.make_node("RotaryEmbedding", ["x2", "pos", "cos2", "sin2"], ["r"], domain="com.microsoft")
+    rope_shared = helper.make_node("RotaryEmbedding", ["x3", "pos", "shared", "sin2"], ["r2"], domain="com.microsoft")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["y"]),
+            gqa,
+            rope,
+            rope_shared,
+            helper.make_node("MatMul", ["z", "shared"], ["y2"]),
+        ],
+        "rows",
+        [helper.make_tensor_value_info("x", f, [1, 8])],
+        [helper.make_tensor_value_info("y", f, [1, 4])],
+        [w, *caches, shared],
+    )
+    onnx.save(helper.make_model(graph), str(tmp_path / "rows.onnx"))
+    assert weight_bytes(tmp_path / "rows.onnx") == 8 * 4 * 4 + 64 * 2 * 4
 
 
 @pytest.mark.parametrize("ort_tool", [False, True])
