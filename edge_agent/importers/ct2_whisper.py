@@ -202,10 +202,10 @@ def import_ct2_whisper(
         step()
         source_sha = sha256_file(f.path)
         record = _import_record(src, f, name, folder, source_sha)
-        record["import_s"] = round(time.monotonic() - started, 1)
         (folder / IMPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
         step()
     details = {
+        "import_s": round(time.monotonic() - started, 1),
         "d_model": dims.d_model,
         "encoder_layers": dims.encoder_layers,
         "decoder_layers": dims.decoder_layers,
@@ -247,7 +247,8 @@ def _parameter_count(f: Ct2File) -> int:
 
 
 def _import_record(src: Path, f: Ct2File, name: str, folder: Path, source_sha: str) -> dict:
-    """``import.json`` but its ``import_s``: the source folder, what was written from it."""
+    """``import.json`` (the same bytes for the same source and importer: it is part of the folder's hash, which
+    keys its engines): the source folder, what was written from it."""
     return {
         "format": 1,
         "source": {

@@ -71,9 +71,9 @@ def import_gguf(
         source_sha = sha256_file(f.path)
         step()
         record = _import_record(f, spec, name, folder, source_sha, n_tokens, tok_config)
-        record["import_s"] = round(time.monotonic() - started, 1)
         (folder / IMPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     details = {
+        "import_s": round(time.monotonic() - started, 1),
         "layers": spec.layers,
         "hidden": spec.hidden,
         "vocab": spec.vocab,
@@ -133,7 +133,8 @@ def _write_graph(f: GgufFile, spec: DecoderSpec, folder: Path, step: Callable[[]
 def _import_record(
     f: GgufFile, spec: DecoderSpec, name: str, folder: Path, source_sha: str, n_tokens: int, tok_config: dict
 ) -> dict:
-    """``import.json`` but its ``import_s``: the source file, what was written from it."""
+    """``import.json`` (the same bytes for the same source and importer: it is part of the folder's hash, which
+    keys its engines): the source file, what was written from it."""
     from ..graphs.decoder import DATA_FILE
 
     return {

@@ -141,6 +141,21 @@ def test_recogniser_serves_the_imported_folder(imported, backend):
     rec.close()
 
 
+def test_importing_the_same_folder_again_writes_the_same_folder(imported, tmp_path, monkeypatch):
+    """The folder's hash keys its engines: importing the same source again changes none of its bytes, however
+    long it took."""
+    import itertools
+
+    import edge_agent.importers.ct2_whisper as ct2_importer
+    from edge_agent.engines.cache import hash_model
+
+    ticks = itertools.count(1000.0, 7.5)  # a slow import: every clock reading 7.5 s after the last
+    monkeypatch.setattr(ct2_importer.time, "monotonic", lambda: next(ticks))
+    result, _ = imported
+    again = import_model(result.path.parents[2] / "src", None, tmp_path / "cache")  # into another cache
+    assert hash_model(again.path) == hash_model(result.path)
+
+
 def test_truncated_or_foreign_model_bin_is_refused_and_leaves_nothing(tmp_path):
     src = tmp_path / "src"
     tiny.write_folder(src, "float16")

@@ -213,6 +213,26 @@ def test_left_padded_batch_rows_equal_each_prompt_alone(imported):
     _check_left_padded(imported.session, imported.cfg, imported.weights)
 
 
+def test_importing_the_same_file_again_writes_the_same_folder(imported, tmp_path, monkeypatch):
+    """The folder's hash keys its engines: a second import of the same file (``models fetch`` again) must
+    not make every engine built from the first one a miss, however long it took."""
+    import itertools
+
+    import edge_agent.importers.gguf as gguf_importer
+    from edge_agent.engines.cache import hash_model
+    from edge_agent.importers import import_model
+
+    ticks = itertools.count(1000.0, 7.5)  # a slow import: every clock reading 7.5 s after the last
+    monkeypatch.setattr(gguf_importer.time, "monotonic", lambda: next(ticks))
+
+    cfg = imported.cfg
+    (tmp_path / "src").mkdir()
+    src = write_gguf(tmp_path / "src" / f"tiny-{cfg.arch}.gguf", cfg, imported.weights)  # the same file again
+    again = import_model(src, tmp_path / cfg.arch, tmp_path / "cache")
+    assert again.details["import_s"] >= 7.5  # the import's time is reported, not written into the folder
+    assert hash_model(again.path) == hash_model(imported.folder)
+
+
 def test_config_json_describes_the_decoder(imported):
     cfg = imported.cfg
     config = json.loads((imported.folder / "config.json").read_text())
