@@ -4,6 +4,7 @@ moves every waiting request to the new tier (without a load when the tiers share
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -331,7 +332,9 @@ def test_a_waiting_chat_predicted_to_miss_its_start_deadline_is_refused_then_not
     sched = LLMScheduler(lm, Limits(max_batch=1, batch_timeout_ms=0), clock=lambda: clock[0])
     sched.rates.seed(10.0, 64, 10.0 + 64 * 0.5, clock[0])  # given: 10 ms a step, 0.5 ms a prompt token
     ahead = sched.enqueue(sched.prepare(PROMPT, greedy(40)))  # 8 prompt tokens, 40 to generate, one row
-    doomed = sched.enqueue(sched.prepare(OTHER, greedy(3), start_by_ms=50.0))
+    seq = sched.prepare(OTHER, greedy(3), start_by_ms=50.0)
+    seq.predicted_first_s = clock[0] + 0.040  # admission predicted its first token in 40 ms
+    doomed = sched.enqueue(seq)
     fine = sched.enqueue(sched.prepare(OTHER, greedy(3), start_by_ms=5_000.0))
     # the row frees after the first one's prefill (10 + 8 x 0.5 ms) and 40 steps: 414 ms, far past 50 ms
     with sched._cond:
@@ -339,6 +342,11 @@ def test_a_waiting_chat_predicted_to_miss_its_start_deadline_is_refused_then_not
     with pytest.raises(Overloaded, match="is now predicted to start") as refused:
         doomed.result(1)
     assert refused.value.reason == "start_deadline" and refused.value.retry_after_s == 1.0
+    # it never has a first token: admission learns its lateness at its least, a start that late and its
+    # prefill (10 + 4 x 0.5 ms), not nothing
+    excess_ms = float(re.search(r"start (\d+) ms after", str(refused.value)).group(1))
+    [(_, late_ms)] = list(sched.lateness._errors)
+    assert late_ms == pytest.approx(50.0 + excess_ms + 12.0 - 40.0, abs=1.0)
     assert not fine.done and not ahead.done and sched.load == (1, 1)  # one prefilling, one still waiting
     sched.start()  # the clock stays: what was admitted runs, nothing else is refused
     try:

@@ -533,6 +533,7 @@ class LLMScheduler:
         elif seq.warmup and not (seq.start_by_s is not None and now > seq.start_by_s):
             error = Overloaded("no free row for a warm-up", reason="warmup")
         elif seq.start_by_s is not None and now > seq.start_by_s:
+            self._missed_start(seq, now)
             error = Overloaded(
                 f"overloaded: request {seq.handle.id} could not start within its "
                 f"{(seq.start_by_s - seq.admitted_s) * 1e3:.0f} ms budget; retry shortly",
@@ -546,8 +547,20 @@ class LLMScheduler:
             )
         seq.handle.finish(None, error)
 
+    def _missed_start(self, seq: _Sequence, now: float, excess_ms: float = 0.0) -> None:
+        """Under the lock: a chat refused for its start deadline never has a first token, so its lateness is
+        counted at its least (a start at the deadline, or ``excess_ms`` after it, then its prefill): admission
+        learns from the chats it let wait too long as from those it served late, not only from the latter."""
+        if seq.predicted_first_s is None or seq.start_by_s is None:
+            return
+        rates = self.rates.snapshot(now)
+        prefill_s = prefill_ms(len(seq.prompt), rates) / 1e3 if rates is not None else 0.0
+        self.lateness.observe(seq.predicted_first_s, max(now, seq.start_by_s) + excess_ms / 1e3 + prefill_s)
+        seq.predicted_first_s = None
+
     def _refuse_late(self, seq: _Sequence, now: float, excess_ms: float) -> None:
         """A waiting chat predicted to start after its start deadline: refused now (``start_deadline``)."""
+        self._missed_start(seq, now, excess_ms)
         timing = seq.recorder.finish()
         self._report(timing)
         budget_ms = (seq.start_by_s - seq.admitted_s) * 1e3 if seq.start_by_s is not None else 0.0

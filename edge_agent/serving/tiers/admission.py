@@ -34,7 +34,9 @@ instead of serving them late or refusing them after they waited (a refusal is on
 refused share may grow, the late refusals must not); but only as much less as the budget needs: most
 arrivals are predicted well inside it, and covering every error in full (the errors' own 95th
 percentile) refuses requests that would have been on time. The admitted errors feed back: a margin that
-admits too much shows as later first tokens, and the margin grows.
+admits too much shows as later first tokens, and the margin grows. A chat refused for missing its start
+deadline has no first token; it counts at its least lateness (a start that late, then its prefill), so
+the chats admission let wait too long teach it as the ones served late do.
 
 ``judge`` turns a prediction into a verdict: admit when it fits the budget, else refuse with the
 predicted time until a request of this size would fit (``Retry-After``) and the reason in words.
