@@ -130,7 +130,9 @@ class PrefixCache:
             block = _Block(
                 (parent, tuple(prompt[start : start + size])),
                 next(self._ids),
-                {name: np.ascontiguousarray(a[:, start : start + size]) for name, a in kv.items()},
+                # a copy, always: ``kv`` may be a view of a KV buffer its row goes on writing (in-place slots),
+                # and with one KV head a slice of it is already contiguous, which ascontiguousarray would not copy
+                {name: np.array(a[:, start : start + size]) for name, a in kv.items()},
             )
             if block.nbytes > self.max_bytes:
                 break

@@ -42,6 +42,22 @@ def test_a_hit_is_the_longest_run_of_whole_blocks_and_leaves_the_last_token():
     assert cache.lookup([99, *stored[1:]])[0] == 0  # a block matches only after the blocks before it
 
 
+@pytest.mark.parametrize("heads", [1, 2])
+def test_a_stored_prefix_is_a_copy_not_a_view_of_the_buffer_its_row_goes_on_writing(heads):
+    """In-place KV slots hand the cache views of a buffer that the slot's next row overwrites; with one KV
+    head (Gemma 3 270M) a block's slice of such a view is contiguous already: it must still be copied."""
+    buffer = np.zeros((4, heads, 16, 3), np.float32)  # [rows, H, capacity, D], one per name
+    prompt = list(range(30, 38))
+    stored = kv_of(prompt)["0.key"][:1].repeat(heads, axis=0)
+    buffer[2, :, :8] = stored
+    cache = PrefixCache(10**6, B)
+    assert cache.store(prompt, {"0.key": buffer[2, :, :8]}) == 2
+    buffer[2] = -1.0  # the slot's next row writes its own KV
+    n, kv = cache.lookup([*prompt, 99])
+    assert n == 8
+    np.testing.assert_array_equal(kv["0.key"][0], stored)
+
+
 def test_the_same_tokens_after_another_start_are_not_a_hit():
     cache = PrefixCache(10**6, B)
     a = [1, 2, 3, 4, 5, 6, 7, 8, 9]
