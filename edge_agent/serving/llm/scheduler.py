@@ -250,18 +250,15 @@ class LLMScheduler:
         running, ahead, max_rows, rates = view
         return predict_ttft_ms(running, [w for _, w in ahead], prompt_tokens, max_rows, rates)
 
-    def lateness_ms(self, budget_ms: float, now: float | None = None) -> float:
+    def lateness_ms(self, budget_ms: float, now: float | None = None, arriving_ms: float | None = None) -> float:
         """The margin admission adds to a prediction here for requests of ``budget_ms``: how late admitted chats'
-        first tokens came lately, against what arrivals were predicted (``serving.tiers.admission.Lateness``)."""
+        first tokens came lately, against what arrivals were predicted (``serving.tiers.admission.Lateness``).
+        ``arriving_ms``: the prediction of a chat arriving ``now``, counted among those arrivals first."""
         now = self.clock() if now is None else now
         with self._cond:
+            if arriving_ms is not None:
+                self.lateness.arrived(arriving_ms, now)
             return self.lateness.margin_ms(now, budget_ms)
-
-    def arrived(self, predicted_ms: float | None, now: float) -> None:
-        """A chat arriving at ``now`` was predicted its first token in ``predicted_ms`` (None: nothing known)."""
-        if predicted_ms is not None:
-            with self._cond:
-                self.lateness.arrived(predicted_ms, now)
 
     def prefill_ms(self, prompt_tokens: int, now: float | None = None) -> tuple[float, float]:
         """(the expected prefill of ``prompt_tokens``, a decode step) from the measured rates (0s while none

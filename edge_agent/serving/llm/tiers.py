@@ -578,8 +578,7 @@ class TieredLLM(Ladder):
         seq.start_by_s = seq.admitted_s + max(budget - prefill, 2 * step) / 1e3
         self._pressure.arrivals += 1
         predicted = sched.predict_ttft_ms(len(seq.prompt), now=seq.admitted_s)
-        sched.arrived(predicted, seq.admitted_s)
-        margin = sched.lateness_ms(budget, seq.admitted_s)
+        margin = sched.lateness_ms(budget, seq.admitted_s, arriving_ms=predicted)
         verdict = judge(predicted, budget, "chat", margin)
         if verdict.admit:
             _expect_first(seq, predicted)

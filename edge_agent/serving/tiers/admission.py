@@ -170,10 +170,9 @@ class Lateness:
         errors = np.sort([ms for at, ms in self._errors if now - at <= STALE_S])
         if len(errors) < LATENESS_MIN_SAMPLES:
             return 0.0
-        covering = max(0.0, float(errors[min(len(errors) - 1, math.ceil(LATENESS_QUANTILE * len(errors)) - 1)]))
         predicted = np.sort([ms for at, ms in self._arrivals if now - at <= STALE_S])
-        if len(predicted) < LATENESS_MIN_SAMPLES:
-            return covering
+        if len(predicted) < LATENESS_MIN_SAMPLES:  # the errors' own quantile: nothing to pair them with
+            return max(0.0, float(errors[min(len(errors) - 1, math.ceil(LATENESS_QUANTILE * len(errors)) - 1)]))
         # admitting the j soonest arrivals: the share of (arrival, error) pairs late, over those j arrivals
         late = (len(errors) - np.searchsorted(errors, budget_ms - predicted, side="right")) / len(errors)
         # what even the soonest arrival would suffer does not come from waiting: refusing would not cure it
