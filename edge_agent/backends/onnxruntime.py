@@ -201,6 +201,10 @@ def open(path: Path, options: SessionOptions) -> OrtSession:
     # restores it (one session alone on its cores).
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.extra.get("allow_spinning") else "0")
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if options.extra.get("cpu_arena") is False:
+        # Intermediates come from malloc and go back on free, instead of an arena that keeps its largest
+        # size for good (a decoder's 1,024-token prompt grew it by ~120 MB that later steps never used).
+        so.enable_cpu_mem_arena = False
     optimized = options.extra.get("optimized_model_path")
     if optimized:
         so.optimized_model_filepath = str(optimized)

@@ -223,3 +223,19 @@ def test_onnxruntime_threads_sleep_between_ops_unless_asked_to_spin(model):
     finally:
         quiet.close()
         spinning.close()
+
+
+def test_onnxruntime_runs_without_its_arena_on_request(model):
+    # a decoder's buffers vary step to step: without the arena, what a long prompt took goes back when done
+    path, w, b = model
+    pooled = open_session(path, "onnxruntime", SessionOptions(threads=1))
+    arena_off = open_session(path, "onnxruntime", SessionOptions(threads=1, extra={"cpu_arena": False}))
+    try:
+        assert pooled._session.get_session_options().enable_cpu_mem_arena is True
+        assert arena_off._session.get_session_options().enable_cpu_mem_arena is False
+        x = np.random.default_rng(1).standard_normal((5, 8)).astype(np.float32)
+        for session in (pooled, arena_off):
+            np.testing.assert_allclose(session.run({"x": x})["y"], affine_relu_reference(x, w, b), rtol=1e-5, atol=1e-5)
+    finally:
+        pooled.close()
+        arena_off.close()

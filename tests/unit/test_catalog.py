@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +76,28 @@ def test_export_without_kv_cache_is_refused_with_the_fix(tmp_path):
         shutil.copy(DEMO_DIR / "demo-phi3" / f, folder / f)
     with pytest.raises(ModelError, match="input_ids"):
         DecoderLM.open(inspect_folder(folder))
+
+
+GENAI = Path(__file__).resolve().parent.parent / "data" / "demo-phi3-genai"
+
+
+@pytest.mark.parametrize("form", ["plain", "genai"])
+def test_decoder_parses_its_tokenizer_before_loading_weights(form, tmp_path, monkeypatch):
+    # Parsing a large tokenizer.json (Gemma 3's: ~270 MB above what it keeps) before the weights are in
+    # memory keeps that burst from setting the process's peak. An in-place KV graph runs without ONNX
+    # Runtime's arena (what a long prompt's buffers took goes back); a plain one, allocating its growing
+    # cache every step, keeps it.
+    import edge_agent.models.llm as llm
+
+    order: list[str] = []
+    real_tokenizer, real_session = llm.open_tokenizer, llm.open_session
+    monkeypatch.setattr(llm, "open_tokenizer", lambda ref: (order.append("tokenizer"), real_tokenizer(ref))[1])
+    monkeypatch.setattr(llm, "open_session", lambda *a, **k: (order.append("weights"), real_session(*a, **k))[1])
+    ref = inspect_folder(GENAI) if form == "genai" else resolve_model("demo-phi3", tmp_path)
+    lm = DecoderLM.open(ref)
+    try:
+        assert order == ["tokenizer", "weights"]
+        assert lm.session._session.get_session_options().enable_cpu_mem_arena is (form == "plain")
+        assert len(list(lm.generate_greedy(lm.tokenizer.encode("hello"), 3, stop_at_eos=False))) == 3
+    finally:
+        lm.session.close()

@@ -8,7 +8,6 @@
 - ``read_body`` reads a request body within a byte limit (413 from ``Content-Length`` before reading
   anything) and a time limit (408), without keeping a second copy on the request object.
 - ``claim_unix_socket`` refuses a socket path another process serves on, and removes a stale one.
-- ``release_memory`` hands freed heap back to the OS after a large body (glibc keeps it otherwise).
 - ``Cors``: which browser origins may call the API (``[api] cors_origins``), the preflight's answer
   and the headers a response to an allowed origin carries. No origin configured: no CORS headers.
 - ``client_left``: a client that goes away (while its body arrives, while it waits, mid-response) is one
@@ -18,8 +17,6 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import logging
 import os
 import socket
@@ -234,20 +231,3 @@ def exposure_warning(host: str, port: int, token: str | None, unix_socket: str |
         "(api.allow_unauthenticated = true): anyone who can reach it can use the models; set api.token "
         "or keep api.host on loopback"
     )
-
-
-_libc: Any = None
-
-
-def release_memory() -> None:
-    """Return the heap a large request freed to the OS (glibc ``malloc_trim``; a no-op elsewhere)."""
-    global _libc
-    if _libc is None:
-        name = ctypes.util.find_library("c")
-        try:
-            _libc = ctypes.CDLL(name) if name else False
-        except OSError:
-            _libc = False
-    trim = getattr(_libc, "malloc_trim", None) if _libc else None
-    if trim is not None:
-        trim(0)

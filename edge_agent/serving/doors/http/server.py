@@ -39,6 +39,7 @@ from typing import Any
 from aiohttp import web
 
 from ....errors import EdgeAgentError
+from ....heap import release_freed_heap
 from ....metrics.prometheus import CONTENT_TYPE_LATEST, PrometheusMetrics
 from ..host import LoopThread
 from ..ladders import LlmLadder, SpeechLadder
@@ -131,7 +132,7 @@ class ApiServer:
             if connection is not None:
                 connection.finished()
             if guard.body_bytes.get() >= RELEASE_AFTER:
-                asyncio.get_running_loop().run_in_executor(None, guard.release_memory)
+                asyncio.get_running_loop().run_in_executor(None, release_freed_heap)
 
     def _preflight(self, request: web.Request) -> web.Response:
         origin = request.headers["Origin"]
