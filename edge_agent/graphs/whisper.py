@@ -9,6 +9,9 @@ demo-whisper section of ``demo_models/README.md``):
     decoder_with_past_model.onnx input_ids [B, S], past_key_values.{i}.decoder|encoder.key|value
                                  -> logits, present.{i}.decoder.key|value [B, H, past + S, d/H]
 
+Both decoders take an optional int64 scalar ``logits_to_keep`` (default 0: logits of every position; k > 0:
+of the last k only, S' = k).
+
 The computation is OpenAI's Whisper (and CTranslate2's WhisperSpec): conv1 (k3, pad 1) -> GELU ->
 conv2 (k3, stride 2, pad 1) -> GELU -> + sinusoidal positions -> pre-norm encoder layers -> LayerNorm;
 the decoder embeds tokens, adds learned positions from the past length, runs pre-norm layers of causal
@@ -30,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .builder import GraphBuilder
+from .builder import LOGITS_TO_KEEP, GraphBuilder, logits_to_keep_default
 
 PRODUCER = "edge-agent ct2-whisper"
 LN_EPS = 1e-5
@@ -325,7 +328,9 @@ def _decoder(dims: WhisperDims, get: Weights | None, mode: str, capacity: int = 
         x, mask = _sequence_positions(g, x, positions, ids_shape, dims, io)
     for i in range(dims.decoder_layers):
         x = _decoder_layer(g, get, x, mask, i, dims, io)
-    _head(g, get, x, ids_shape, dims.d_model)
+    if mode != "step":  # the step form has one position: nothing to leave out
+        x = _last_positions(g, x, io)
+    _head(g, get, x, g.one("Shape", [x], start=0, end=2), dims.d_model)
     names = {"first": "whisper_decoder", "past": "whisper_decoder_with_past", "step": "whisper_decoder_step"}
     return g.model(names[mode], io.inputs, [_value("logits", io.logits), *io.outputs], PRODUCER)
 
@@ -506,11 +511,22 @@ def _present(g: _Graph, i: int, side: str, kind: str, tensor: str) -> str:
     return name
 
 
-def _head(g: _Graph, get: Weights, x: str, ids_shape: str, d: int) -> None:
+def _last_positions(g: _Graph, x: str, io: _DecoderIO) -> str:
+    """``x`` [B, S, d] cut to its last ``logits_to_keep`` positions (an optional int64 scalar input, default
+    0: all of them). A decode reads the logits of the positions after its prompt only: the context before
+    them (Whisper's ``<|startofprev|>`` words, 69 tokens for the home tools) needs no vocabulary product."""
+    io.inputs.append(_value(LOGITS_TO_KEEP, [], 7))
+    g.inits.append(logits_to_keep_default())
+    start = g.one("Neg", [g.one("Reshape", [LOGITS_TO_KEEP, g.init("one_dim", np.array([1], np.int64))])])
+    end = g.init("int64_max", np.array([np.iinfo(np.int64).max], np.int64))
+    return g.one("Slice", [x, start, end, g.init("sequence_axis", np.array([1], np.int64))])
+
+
+def _head(g: _Graph, get: Weights, x: str, positions_shape: str, d: int) -> None:
     """The final LayerNorm and the tied output projection, as the output ``logits`` [B, S, V]: Gemm with
-    transB reads the embedding table itself (one copy in the file)."""
+    transB reads the embedding table itself (one copy in the file). ``positions_shape``: [B, S] of ``x``."""
     x = g.layer_norm(x, get, "decoder/layer_norm")
     flat = g.one("Reshape", [x, g.init("flat_shape", np.array([-1, d], np.int64))])
     logits = g.one("Gemm", [flat, "embed_tokens"], transB=1)
-    shape = g.one("Concat", [ids_shape, g.init("minus_one", np.array([-1], np.int64))], axis=0)
+    shape = g.one("Concat", [positions_shape, g.init("minus_one", np.array([-1], np.int64))], axis=0)
     g.nodes.append(g.h.make_node("Reshape", [logits, shape], ["logits"], name="logits"))

@@ -46,8 +46,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..backends import Session, SessionOptions, open_session
+from ..backends import Session, SessionOptions, open_session, optional_inputs
 from ..errors import InputError, ModelError
+from ..graphs.builder import LOGITS_TO_KEEP
 from .agreement import LocalAgreement
 from .catalog import ModelRef
 from .recognizer import AudioStream, Hypothesis, read_json
@@ -124,6 +125,7 @@ class WhisperRecognizer(WhisperDecoding):
 
         self.ref, self.name = ref, ref.name
         self.encoder, self.decoder, self.decoder_past = encoder, decoder, decoder_past
+        self.keeps_logits = (_keeps_logits(decoder), _keeps_logits(decoder_past))
         self.tokenizer = Tokenizer.from_file(str(ref.path / "tokenizer.json"))
         self.features = WhisperFeatureConfig.from_folder(ref.path)
         self.sample_rate = self.features.sampling_rate
@@ -379,3 +381,9 @@ class WhisperRecognizer(WhisperDecoding):
         for s in (self.encoder, self.decoder, self.decoder_past):
             if s is not None:
                 s.close()
+
+
+def _keeps_logits(session: Session | None) -> bool:
+    """Whether a decoder can leave out the logits of positions nobody reads (the context's): an optional
+    ``logits_to_keep`` input, which the graphs the agent builds have."""
+    return session is not None and LOGITS_TO_KEEP in optional_inputs(session)

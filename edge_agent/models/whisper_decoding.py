@@ -27,6 +27,7 @@ import numpy as np
 
 from ..backends import Session
 from ..errors import InputError
+from ..graphs.builder import LOGITS_TO_KEEP
 
 log = logging.getLogger(__name__)
 # P(<|nocaptions|>) after a lone <|startoftranscript|> from which a decode hears nothing. On the natural-voice
@@ -75,6 +76,12 @@ class WhisperDecoding:
     _begin_mask: np.ndarray
     _prompt_len: int  # <|startoftranscript|> to <|notimestamps|>: the prompt after any context
     no_speech_id: int | None  # <|nocaptions|> (or v3's <|nospeech|>); None: no such token, nothing is judged
+    keeps_logits: tuple[bool, bool] = (False, False)  # whether decoder, decoder_past take ``logits_to_keep``
+
+    def _last(self, past: bool, k: int) -> dict[str, np.ndarray]:
+        """The feed that asks the decoder (``past``: the one with a cache) for the logits of its last ``k``
+        positions only; nothing where its graph has no such input (it computes them all)."""
+        return {LOGITS_TO_KEEP: np.array(k, np.int64)} if self.keeps_logits[past] else {}
 
     def decode(
         self,
@@ -109,7 +116,7 @@ class WhisperDecoding:
         common = max(0, common)
         out: list[list[int]] = [[int(t) for t in f[:common]] for f in forced]
         first = [list(p) + o for p, o in zip(prompts, out)]
-        rows, res = self._first(hidden, first, [guard and not f for f in forced])
+        rows, res = self._first(hidden, first, [guard and not f for f in forced], keep=1)
         if not rows:
             return out
         past = _past(res)
@@ -153,13 +160,14 @@ class WhisperDecoding:
         if list(draft[: len(forced)]) != list(forced):
             draft = forced  # a draft that does not extend the forced tokens is no draft
         draft = [int(t) for t in draft[:room]]
-        heard, res = self._first(hidden, [[*prompt, *draft]], [guard and not forced])
+        # the logits read: the prompt's last position's and the draft's (row j: the token after draft[:j])
+        heard, res = self._first(hidden, [[*prompt, *draft]], [guard and not forced], keep=len(draft) + 1)
         if not heard:
             return []
-        logits_all = res["logits"][0]
+        after = res["logits"][0, -(len(draft) + 1) :]
         base = len(prompt)
         keep = min(len(forced), len(draft))
-        while keep < len(draft) and self._choose(logits_all[base + keep - 1], keep, forced, suppress) == draft[keep]:
+        while keep < len(draft) and self._choose(after[keep], keep, forced, suppress) == draft[keep]:
             keep += 1
             cut = repeat_cut(draft[:keep], len(forced)) if guard else None
             if cut is not None:
@@ -173,9 +181,7 @@ class WhisperDecoding:
             past.update(_past(step))
             return step["logits"][0, -1]
 
-        return self._greedy(
-            logits_all[end - 1], draft[:keep], len(prompt), forced, max_new, feed, suppress, stop_at_eot, guard
-        )
+        return self._greedy(after[keep], draft[:keep], len(prompt), forced, max_new, feed, suppress, stop_at_eot, guard)
 
     def _choose(self, logits: np.ndarray, t: int, forced: Sequence[int], suppress: bool) -> int:
         """The token at output position ``t``: the forced one while there is one, else the argmax of ``logits``
@@ -187,17 +193,18 @@ class WhisperDecoding:
         return int(np.argmax(logits))
 
     def _first(
-        self, hidden: np.ndarray, ids: Sequence[Sequence[int]], judge: Sequence[bool]
+        self, hidden: np.ndarray, ids: Sequence[Sequence[int]], judge: Sequence[bool], keep: int
     ) -> tuple[list[int], dict[str, np.ndarray]]:
         """The decoder's first call on ``ids`` (rows of one length) over ``hidden``: the rows that go on and
-        its outputs for them (logits of every position, the caches). A row to ``judge`` goes on only if the
-        model hears speech (``_silent``): judged on a lone ``<|startoftranscript|>``, without the context that
-        pulls "no speech" down. That call's cross-attention keys and values then serve the first call, run on
-        the decoder with an empty cache of its own: the judgement costs one decoder token."""
+        its outputs for them (the logits of at least the last ``keep`` positions, the caches). A row to
+        ``judge`` goes on only if the model hears speech (``_silent``): judged on a lone
+        ``<|startoftranscript|>``, without the context that pulls "no speech" down. That call's cross-attention
+        keys and values then serve the first call, run on the decoder with an empty cache of its own: the
+        judgement costs one decoder token."""
         assert self.decoder is not None and self.decoder_past is not None
         if not any(judge):
-            res = self.decoder.run({"input_ids": np.asarray(ids, np.int64), "encoder_hidden_states": hidden})
-            return list(range(len(ids))), res
+            feeds = {"input_ids": np.asarray(ids, np.int64), "encoder_hidden_states": hidden, **self._last(False, keep)}
+            return list(range(len(ids))), self.decoder.run(feeds)
         lone = self.decoder.run(
             {"input_ids": np.full((len(ids), 1), self.sot, np.int64), "encoder_hidden_states": hidden}
         )
@@ -206,7 +213,12 @@ class WhisperDecoding:
             return rows, {}
         cross = {k: v[rows] for k, v in lone.items() if ".encoder." in k}
         empty = {k: v[rows, :, :0] for k, v in _past(lone).items() if ".decoder." in k}
-        feeds = {"input_ids": np.asarray([ids[r] for r in rows], np.int64), **empty, **_past(cross)}
+        feeds = {
+            "input_ids": np.asarray([ids[r] for r in rows], np.int64),
+            **empty,
+            **_past(cross),
+            **self._last(True, keep),
+        }
         res = self.decoder_past.run(feeds)
         return rows, {**res, **cross}
 

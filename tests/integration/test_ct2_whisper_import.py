@@ -84,6 +84,38 @@ def test_encoder_and_decoders_match_numpy_whisper(imported):
         assert past["past_key_values.0.decoder.key"].shape[2] == t + 1
 
 
+def test_decoders_give_only_the_last_positions_logits_when_asked(imported):
+    # a decode reads the logits after its prompt only: the context before needs no vocabulary product
+    result, w = imported
+    rng = np.random.default_rng(2)
+    hidden = rng.standard_normal((2, tiny.SRC, tiny.D)).astype(np.float32)
+    ids = [[513, 514, 523, 527, 40, 41, 300, 7], [513, 40, 41, 300, 514, 523, 527, 9]]
+    refs = [tiny.decode_logits(w, hidden[b], row) for b, row in enumerate(ids)]
+    dec = _session(result.path / "decoder_model.onnx")
+    assert "logits_to_keep" in {i.name for i in dec.get_overridable_initializers()}
+    names = [o.name for o in dec.get_outputs()]
+    for keep, rows in ((0, 8), (1, 1), (3, 3), (8, 8), (20, 8)):  # 0: every position; more than there are: all
+        feeds = {"input_ids": np.array(ids, np.int64), "encoder_hidden_states": hidden}
+        out = dict(zip(names, dec.run(None, {**feeds, "logits_to_keep": np.array(keep, np.int64)})))
+        assert out["logits"].shape == (2, rows, tiny.VOCAB)
+        for b in range(2):
+            np.testing.assert_allclose(out["logits"][b], refs[b][8 - rows :], atol=2e-4, rtol=0)
+    # the cached decoder: three new tokens after a cache of five, the last two positions' logits
+    first = dict(
+        zip(
+            names,
+            dec.run(None, {"input_ids": np.array([r[:5] for r in ids], np.int64), "encoder_hidden_states": hidden}),
+        )
+    )
+    past = {k.replace("present.", "past_key_values."): v for k, v in first.items() if k != "logits"}
+    step = _session(result.path / "decoder_with_past_model.onnx")
+    step_names = [o.name for o in step.get_outputs()]
+    feeds = {"input_ids": np.array([r[5:] for r in ids], np.int64), **past, "logits_to_keep": np.array(2, np.int64)}
+    res = dict(zip(step_names, step.run(None, feeds)))
+    for b in range(2):
+        np.testing.assert_allclose(res["logits"][b], refs[b][6:], atol=2e-4, rtol=0)
+
+
 def test_encoder_takes_a_shorter_context_as_numpy_whisper_does(imported):
     """Partials encode a few seconds (the first F / 2 positions); 3000 frames stay the full pass above."""
     result, w = imported
