@@ -11,6 +11,7 @@ shape profiles, which calibration and held-out data, and how much accuracy an en
     kv_layout = "inplace"              # LLM, ONNX Runtime: plain exports get the in-place KV graph | "plain"
                                        #   or per precision: { int8w = "plain" } (those not named: "inplace")
     graphs = []                        # Whisper: its three graphs, each built at the precision (whisper_engine)
+    float_graphs = []                  # of those, the ones kept FP32 at every precision (e.g. the decoders)
 
     [weight_only]                      # how int8w / int4 weights are made (no calibration data needed)
     block_size = 32                    # weights per scale along K (ORT MatMulNBits block, NNCF group size)
@@ -354,6 +355,11 @@ class Recipe(_Strict):
         description="a multi-graph model's graphs (Whisper: encoder, decoder, decoder with past), each "
         "built at the precision into one engine folder; empty: the one graph onnx_file",
     )
+    float_graphs: list[str] = Field(
+        default_factory=list,
+        description="graphs of graphs kept FP32 (optimized) at every precision: Whisper's decoders, for engines "
+        "that quantize the encoder alone",
+    )
     workload: Workload
     targets: list[Target] = Field(min_length=1)
     precisions: list[BuildPrecision] = Field(min_length=1)
@@ -387,6 +393,11 @@ class Recipe(_Strict):
                 )
         if self.graphs and (self.workload != "asr" or self.onnx_file not in self.graphs):
             raise ValueError("graphs lists an ASR model's graphs (Whisper), onnx_file among them")
+        stray = [g for g in self.float_graphs if g not in self.graphs]
+        if stray:
+            raise ValueError(f"float_graphs: {stray[0]!r} is not one of graphs {self.graphs}")
+        if self.graphs and set(self.float_graphs) >= set(self.graphs):
+            raise ValueError("float_graphs keeps every graph FP32: no precision would change anything")
         if self.weight_only is not None and not set(WEIGHT_ONLY) & set(self.precisions):
             raise ValueError("[weight_only] configures int8w / int4, which precisions does not list")
         if TOP_RUNG in self.rungs:
@@ -475,7 +486,8 @@ class Recipe(_Strict):
         exclude: dict = dict.fromkeys(
             {"source", "kv_layout"}
             | ({"weight_only"} if self.weight_only is None else set())
-            | (set() if self.graphs else {"graphs"}),
+            | (set() if self.graphs else {"graphs"})
+            | (set() if self.float_graphs else {"float_graphs"}),
             True,
         )
         head_unset = self.weight_only.unset_head() if self.weight_only is not None else set()

@@ -14,7 +14,8 @@ Precisions (ONNX Runtime): ``fp32`` (the export, optimized), ``fp16`` (float16 w
 float32 inputs and outputs), ``int8`` (dynamic: int8 per-channel MatMul/Gemm weights, activations
 scaled per call, no calibration set; the convolutions stay float: ONNX Runtime's integer Conv is
 slower than its float one on CPUs), ``int8w`` (weight-only MatMulNBits, 8 bits per block, the
-recipe's ``[weight_only]``).
+recipe's ``[weight_only]``). A recipe's ``float_graphs`` stay FP32 at every precision (an INT8 engine of
+the encoder alone, Whisper's decoders as exported).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def convert(ctx: StageContext, staged: Path, parts: dict[str, Any]) -> dict:
             src, dst = ctx.ref.path / name, work / name
             if precision == "fp32":
                 done[name] = {"tool": "none (the FP32 export)"}
+            elif name in ctx.recipe.float_graphs:
+                done[name] = {"tool": "none (kept FP32: the recipe's float_graphs)"}
             elif precision == "fp16":
                 done[name] = quantize_ort.to_fp16(src, dst)
             elif precision == "int8":

@@ -124,3 +124,31 @@ def test_a_whisper_recipe_lists_its_graphs() -> None:
         Recipe(name="x", model="x", workload="asr", targets=["cpu"], precisions=["int8w"])
     with pytest.raises(ValueError, match="graphs"):
         Recipe(name="x", model="x", workload="llm", targets=["cpu"], precisions=["fp32"], graphs=["a.onnx"])
+
+
+def test_float_graphs_stay_as_exported_while_the_encoder_is_quantized(source: Path, tmp_path: Path) -> None:
+    # an INT8 engine of the encoder alone: the decoders (small per call, and where words are chosen) stay FP32
+    p = pipeline(source, tmp_path)
+    p.recipe = p.recipe.model_copy(update={"float_graphs": list(GRAPHS[1:])})
+    report = p.build(BuildRequest("cpu", "int8"))
+    folder = Path(report["path"]) / "model"
+    encoder_ops = {n.op_type for n in onnx.load(str(folder / GRAPHS[0])).graph.node}
+    assert encoder_ops & {"MatMulInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLinear"}, encoder_ops
+    for name in GRAPHS[1:]:
+        graph = onnx.load(str(folder / name)).graph
+        assert not {n.op_type for n in graph.node} & {"MatMulInteger", "DynamicQuantizeMatMul", "MatMulNBits"}
+        floats = {i.data_type for i in graph.initializer if len(i.dims) == 2}
+        assert floats == {onnx.TensorProto.FLOAT}, name
+    assert "kept FP32" in report["conversion"]["graphs"][GRAPHS[1]]["tool"]
+    assert report["accuracy"]["metrics"]["utterances"] == 2
+
+
+def test_float_graphs_must_name_some_of_graphs() -> None:
+    from edge_agent.engines.recipes import Recipe
+
+    base = dict(name="x", model="x", workload="asr", targets=["cpu"], precisions=["int8"], onnx_file=GRAPHS[0])
+    with pytest.raises(ValueError, match=r"float_graphs: 'decoder\.onnx' is not one of graphs"):
+        Recipe(**base, graphs=list(GRAPHS), float_graphs=["decoder.onnx"])
+    with pytest.raises(ValueError, match="keeps every graph FP32"):
+        Recipe(**base, graphs=list(GRAPHS), float_graphs=list(GRAPHS))
+    assert Recipe(**base, graphs=list(GRAPHS), float_graphs=list(GRAPHS[1:])).float_graphs == list(GRAPHS[1:])
