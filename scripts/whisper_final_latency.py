@@ -1,6 +1,6 @@
 """End of speech → final transcript of a streamed Whisper, per spoken command, on a machine others share.
 
-    .venv/bin/python scripts/whisper_final_latency.py [--model whisper-base] [--data MANIFEST] [--limit 93]
+    .venv/bin/python scripts/whisper_final_latency.py [--model whisper-base[,FOLDER...]] [--data MANIFEST] [--limit 93]
         [--max-audio-s 5] [--padding S[,S...]] [--repeats 3] [--threads 2] [--prompt WORDS | --no-prompt] [--json OUT]
 
 Each clip goes through one stream in 100 ms blocks with a step after each (a pass whenever the recogniser
@@ -12,7 +12,8 @@ fastest run is kept (what the machine gives when nobody else runs: other jobs on
 report gives P50 / P95 over the clips of that, of the median run, and the process CPU time of the fastest.
 Default: the 31 home commands of the natural-voice set (the first 93 lines, each said by 3 voices), the
 home tools' words as context, the final window of ``[asr] final_padding_s``. Several ``--padding`` values
-run clip by clip in turn (the order rotating), so the machine's other load falls on each alike.
+run clip by clip in turn (the order rotating), so the machine's other load falls on each alike; so do
+several ``--model`` (names or folders: a model and an engine built from it, side by side).
 """
 
 from __future__ import annotations
@@ -92,27 +93,36 @@ def main() -> int:
     settings = load_settings(None)
     paddings = [settings.asr.final_padding_s] if args.padding is None else [float(v) for v in args.padding.split(",")]
     words = "" if args.no_prompt else args.prompt or build_prompt(json.loads(HOME_TOOLS.read_text())["tools"])
-    ref = resolve_model(args.model, settings.models.cache_dir)
-    engine = open_recognizer(ref, "onnxruntime", SessionOptions(threads=args.threads), final_padding_s=paddings[0])
-    rows: dict[float, list[dict]] = {p: [] for p in paddings}
+    models = args.model.split(",")
+    engines = []
     try:
+        for name in models:
+            ref = resolve_model(name, settings.models.cache_dir)
+            options = SessionOptions(threads=args.threads)
+            engines.append(open_recognizer(ref, "onnxruntime", options, final_padding_s=paddings[0]))
+        runs = [(m, p) for m in range(len(models)) for p in paddings]
+        rows: dict[tuple[int, float], list[dict]] = {run: [] for run in runs}
         for n, utt in enumerate(read_manifest(Path(args.data))[: args.limit]):
-            x, _ = read_audio(utt.audio, engine.sample_rate)
-            if x.size > args.max_audio_s * engine.sample_rate:
+            x, _ = read_audio(utt.audio, engines[0].sample_rate)
+            if x.size > args.max_audio_s * engines[0].sample_rate:
                 continue
-            for k in range(len(paddings)):
-                padding = paddings[(n + k) % len(paddings)]
-                engine.final_padding_s = padding
-                row = {"text": utt.text, "voice": utt.voice, "audio_s": x.size / engine.sample_rate}
-                rows[padding].append(row | measure(engine, x, words, args.repeats))
+            for k in range(len(runs)):
+                m, padding = runs[(n + k) % len(runs)]
+                engines[m].final_padding_s = padding
+                row = {"text": utt.text, "voice": utt.voice, "audio_s": x.size / engines[m].sample_rate}
+                rows[m, padding].append(row | measure(engines[m], x, words, args.repeats))
     finally:
-        engine.close()
-    report = {"model": ref.name, "threads": args.threads, "prompt": words, "results": {}}
-    for padding, got in rows.items():
-        report["results"][str(padding)] = {"final_padding_s": padding, "clips": len(got), **summary(got), "rows": got}
-        r = report["results"][str(padding)]
+        for engine in engines:
+            engine.close()
+    report: dict = {"models": models, "threads": args.threads, "prompt": words, "results": {}}
+    for (m, padding), got in rows.items():
+        key = f"{models[m]} {padding:g}" if len(models) > 1 else str(padding)
+        report["results"][key] = {
+            "model": models[m], "final_padding_s": padding, "clips": len(got), **summary(got), "rows": got
+        }  # fmt: skip
+        r = report["results"][key]
         print(
-            f"{ref.name}, final window audio + {padding:g} s, {args.threads} threads, {len(got)} clips <= "
+            f"{models[m]}, final window audio + {padding:g} s, {args.threads} threads, {len(got)} clips <= "
             f"{args.max_audio_s:g} s: end of speech -> final, fastest of {args.repeats + 1} P50 / P95 "
             f"{r['best_ms_p50']:.0f} / {r['best_ms_p95']:.0f} ms (median run {r['median_ms_p50']:.0f} / "
             f"{r['median_ms_p95']:.0f} ms; CPU {r['best_cpu_ms_p50']:.0f} / {r['best_cpu_ms_p95']:.0f} ms)"
