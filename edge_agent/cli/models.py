@@ -42,8 +42,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     q.add_argument(
         "--no-build",
         action="store_true",
-        help="only fetch and import: do not build the engines of the model's recipe (an LLM with a recipe "
-        "otherwise gets them built and gated now, as `edge-agent build --recipe NAME` does, so its tiers serve "
+        help="only fetch and import: do not build the engines of the model's recipe (an LLM or Whisper with a "
+        "recipe otherwise gets them built and gated now, as `edge-agent build --recipe NAME` does, so its tiers serve "
         "the engine the gate chose from the first start)",
     )
     add_common(q)
@@ -97,7 +97,7 @@ def cmd_models_fetch(args: argparse.Namespace) -> int:
 
 
 def build_recipe_engines(name: str, config: str | None, say: bool = True) -> int:
-    """Build and gate every engine of ``name``'s LLM recipe for this machine, as ``edge-agent build --recipe
+    """Build and gate every engine of ``name``'s LLM or Whisper recipe for this machine, as ``edge-agent build --recipe
     NAME`` does (``engines.machine_build``: quick when they are cached; nothing for a model without one).
     0 when an engine passed the gate or there was nothing to build, else 3."""
     from ..config import load_settings
@@ -113,7 +113,7 @@ def build_recipe_engines(name: str, config: str | None, say: bool = True) -> int
     if summary is None:
         return 0
     if say:
-        print(render(summary, "llm"), file=sys.stderr)
+        print(render(summary, summary.get("workload", "llm")), file=sys.stderr)
     return 0 if summary["chosen"] is not None else EXIT_ALL_REFUSED
 
 

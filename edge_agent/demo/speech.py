@@ -19,18 +19,30 @@ DEMO_ASR = "demo-asr"
 
 
 def real_asr(models_dir: Path, say: Callable[[str], None]) -> tuple[bool, str]:
-    """Whether Whisper base is here, fetched on first use, and a one-line note (how to get it if not)."""
+    """Whether Whisper base is here, fetched on first use with its recipe's engines built (the gate's
+    choice, cached), and a one-line note (how to get it if not)."""
+    from ..config import load_settings
+    from ..engines.machine_build import build_recipe
     from ..importers.fetch import fetch
     from ..importers.result import imported_dir
 
-    if (imported_dir(models_dir) / DEFAULT_ASR_MODEL / "encoder_model.onnx").is_file():
-        return True, f"ASR tier {DEFAULT_ASR_MODEL} (real weights)"
-    say(f"first run: fetching {DEFAULT_ASR_MODEL} (OpenAI's Whisper base, about 140 MB)")
+    fetched = ""
+    if not (imported_dir(models_dir) / DEFAULT_ASR_MODEL / "encoder_model.onnx").is_file():
+        say(f"first run: fetching {DEFAULT_ASR_MODEL} (OpenAI's Whisper base, about 140 MB)")
+        try:
+            fetch(DEFAULT_ASR_MODEL, models_dir, say=say)
+        except EdgeAgentError as exc:
+            return False, f"no {DEFAULT_ASR_MODEL} ({exc}); speech heard by {DEMO_ASR} (espeak-ng voices only)"
+        fetched = ", fetched now"
+    say(f"the engines of {DEFAULT_ASR_MODEL}'s recipe (built and gated once for this machine, then cached)")
     try:
-        fetch(DEFAULT_ASR_MODEL, models_dir, say=say)
-    except EdgeAgentError as exc:
-        return False, f"no {DEFAULT_ASR_MODEL} ({exc}); speech heard by {DEMO_ASR} (espeak-ng voices only)"
-    return True, f"ASR tier {DEFAULT_ASR_MODEL} (real weights, fetched now)"
+        summary = build_recipe(DEFAULT_ASR_MODEL, load_settings(None))
+    except EdgeAgentError as exc:  # the folder still serves
+        say(f"the {DEFAULT_ASR_MODEL} engines could not be built ({exc}); the tier serves its FP32 folder")
+        summary = None
+    chosen = summary["chosen"] if summary else None
+    served = f"its {chosen['precision']} engine" if chosen else "its FP32 folder"
+    return True, f"ASR tier {DEFAULT_ASR_MODEL} (real weights{fetched}; {served})"
 
 
 def asr_toml(speech: bool, whisper: bool) -> str:

@@ -1,6 +1,6 @@
 """Every engine a recipe lists, built and gated for this machine: what ``edge-agent build --recipe NAME``
-runs, and what ``models fetch`` and the demo run for a fetched LLM so its tiers serve the engine the gate
-chose from their first start (the daemon's background build is the same pipeline, one tier at a time).
+runs, and what ``models fetch`` and the demo run for a fetched LLM or Whisper so its tiers serve the engine
+the gate chose from their first start (the daemon's background build is the same pipeline, one tier at a time).
 
 ``plan`` turns "these precisions" into build requests, skipping (with the reason) what this backend
 cannot build; ``build_recipe`` runs them in turn and returns the decision (``report.decide``): a refused
@@ -65,15 +65,16 @@ def plan(
     return requests, skipped
 
 
-def build_recipe(name: str, settings: Settings, quiet: bool = False, llm_only: bool = True) -> dict[str, Any] | None:
+def build_recipe(name: str, settings: Settings, quiet: bool = False) -> dict[str, Any] | None:
     """Build every precision of recipe ``name`` for this machine (see the module doc): the decision, or None
-    when ``name`` has no recipe (or, with ``llm_only``, a speech one): then the imported folder serves."""
+    when ``name`` has no recipe, or a speech recipe of one graph (a demo recogniser's: ``edge-agent build``
+    builds those): then the imported folder serves. LLM and Whisper recipes are built."""
     try:
         path = find_recipe(name, settings.engines.recipes_dir)
     except ConfigError:  # no such recipe: nothing to build
         return None
     recipe = load_recipe(path)  # a broken recipe is an error, said as such
-    if llm_only and recipe.workload != "llm":
+    if recipe.workload != "llm" and not recipe.graphs:
         return None
     cache = EngineCache(settings.engines.cache_dir, settings.engines.max_bytes)
     threads = settings.device.threads or 1
@@ -87,5 +88,5 @@ def build_recipe(name: str, settings: Settings, quiet: bool = False, llm_only: b
         except GateRefused as exc:
             reports.append(exc.report)
     summary = decide(reports, recipe.workload, target, skipped)
-    summary.update(recipe=recipe.name, target=target)
+    summary.update(recipe=recipe.name, target=target, workload=recipe.workload)
     return summary

@@ -1,6 +1,7 @@
-"""``models fetch`` builds the engines of an LLM recipe right after the import (``build_recipe_engines``), the
-same build ``edge-agent build --recipe NAME`` runs, so the default tiers serve the gate's engine from the
-first start; a model without a recipe, or with a speech recipe, is left as imported."""
+"""``models fetch`` builds the engines of an LLM or Whisper recipe right after the import
+(``build_recipe_engines``), the same build ``edge-agent build --recipe NAME`` runs, so the default tiers serve
+the gate's engine from the first start; a model without a recipe, or with a one-graph speech recipe (a demo
+recogniser's), is left as imported."""
 
 from __future__ import annotations
 
@@ -63,3 +64,40 @@ def test_a_model_without_an_llm_recipe_is_left_as_imported(dirs) -> None:
     )
     assert build_recipe_engines("tiny-asr", None) == 0
     assert not dirs["engines"].exists() or not EngineCache(dirs["engines"], 1 << 30).entries()
+
+
+def test_a_whisper_recipe_is_built_and_gated_as_an_llm_one_is(dirs, capsys) -> None:
+    # the voice tier serves the Whisper engine the gate chose from its first start, as the LLM tiers do
+    import wave
+
+    import numpy as np
+
+    from edge_agent.importers import import_model
+    from tests import ct2_whisper_tiny as tiny
+
+    pytest.importorskip("onnx")
+    tiny.write_folder(dirs["models"].parent / "src", "float32")
+    folder = import_model(
+        dirs["models"].parent / "src", dirs["models"] / "imported" / "tiny-whisper", dirs["models"]
+    ).path
+    pcm = (np.random.default_rng(4).standard_normal(16000) * 3000).astype(np.int16)
+    with wave.open(str(dirs["recipes"] / "u.wav"), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(pcm.tobytes())
+    (dirs["recipes"] / "heldout.jsonl").write_text(json.dumps({"audio": "u.wav", "text": "turn on the light"}) + "\n")
+    recipe = (ROOT / "engines" / "whisper-base.toml").read_text()
+    recipe = recipe.replace('name = "whisper-base"', 'name = "tiny-whisper"').replace(
+        'model = "whisper-base"', f"model = {json.dumps(str(folder))}"
+    )
+    recipe = recipe.replace(
+        '"../calibration/asr/voices-heldout.jsonl"', json.dumps(str(dirs["recipes"] / "heldout.jsonl"))
+    )
+    recipe = recipe.replace("samples = 144", "samples = 1").replace("max_wer_delta = 0.015", "max_wer_delta = 1.0")
+    (dirs["recipes"] / "tiny-whisper.toml").write_text(recipe)
+    assert build_recipe_engines("tiny-whisper", None, say=True) == 0
+    err = capsys.readouterr().err
+    assert "WER" in err and "chosen" in err  # the speech report's columns
+    built = {e.manifest["key_parts"]["precision"] for e in EngineCache(dirs["engines"], 1 << 30).entries()}
+    assert built == {"fp32", "int8"}  # the recipe's precisions, each within its (loose) gate, cached
