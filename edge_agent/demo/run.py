@@ -42,7 +42,7 @@ from ..errors import EdgeAgentError, InputError
 from ..metrics.window import percentile
 from .actions import action_of, home_tools, reply_settings
 from .report import Record, _fmt, format_summary, plot, summarize
-from .speech import asr_toml, real_asr
+from .speech import asr_toml, fetch_and_build, real_asr
 from .speech import clips as speech_clips
 
 log = logging.getLogger(__name__)
@@ -110,30 +110,14 @@ def llm_tiers(real: bool) -> str:
 def real_model(models_dir: Path, say) -> tuple[bool, str]:
     """Whether the real model is here, fetched on first use with its engines built (the recipe's gate's
     choice, cached), and a one-line note (how to get it if not)."""
-    from ..config import load_settings
-    from ..engines.machine_build import build_recipe
-    from ..importers.fetch import fetch
-    from ..importers.result import imported_dir
-
-    fetched = ""
-    if not (imported_dir(models_dir) / REAL_MODEL / "model.onnx").is_file():
-        say(f"first run: fetching {REAL_MODEL} (Gemma 3 270M and its home-commands adapter, about 250 MB)")
-        try:
-            fetch(REAL_MODEL, models_dir, say=say)
-        except EdgeAgentError as exc:
-            return False, (
-                f"no real model ({exc}); the LLM tiers are random demo models: "
-                f"get it with `edge-agent models fetch {REAL_MODEL}`"
-            )
-        fetched = ", fetched now"
-    # the engine its recipe's gate chooses, built as `models fetch` builds it: once, then found in the cache
-    # (the default settings' cache: the one the demo's daemon reads)
-    say(f"the engines of {REAL_MODEL}'s recipe (built and gated once for this machine, then cached)")
-    try:
-        summary = build_recipe(REAL_MODEL, load_settings(None))
-    except EdgeAgentError as exc:  # the folder still serves: the demo goes on and says why
-        say(f"the engines could not be built ({exc}); the tiers serve the FP32 folder")
-        summary = None
+    error, summary, fetched = fetch_and_build(
+        REAL_MODEL, "model.onnx", "Gemma 3 270M and its home-commands adapter, about 250 MB", models_dir, say
+    )
+    if error is not None:
+        return False, (
+            f"no real model ({error}); the LLM tiers are random demo models: "
+            f"get it with `edge-agent models fetch {REAL_MODEL}`"
+        )
     chosen = summary["chosen"] if summary else None
     served = f"its {chosen['backend']}/{chosen['precision']} engine" if chosen else "the FP32 folder: no engine passed"
     return True, f"LLM tiers on {REAL_MODEL} (real weights{fetched}; {served})"
