@@ -15,16 +15,21 @@ from typing import Any
 _libc: Any = None
 
 
-def release_freed_heap() -> None:
-    """Return the pages freed on the C heap to the system (glibc's ``malloc_trim``; a no-op elsewhere)."""
+def _libc_function(name: str) -> Any:
+    """The C library's function ``name``, or None (no C library found, or not glibc's function)."""
     global _libc
     if _libc is None:
-        name = ctypes.util.find_library("c")
+        found = ctypes.util.find_library("c")
         try:
-            _libc = ctypes.CDLL(name) if name else False
+            _libc = ctypes.CDLL(found) if found else False
         except OSError:
             _libc = False
-    trim = getattr(_libc, "malloc_trim", None) if _libc else None
+    return getattr(_libc, name, None) if _libc else None
+
+
+def release_freed_heap() -> None:
+    """Return the pages freed on the C heap to the system (glibc's ``malloc_trim``; a no-op elsewhere)."""
+    trim = _libc_function("malloc_trim")
     if trim is not None:
         trim(0)
 
@@ -43,7 +48,6 @@ def pin_mmap_threshold(size: int = 1 << 20) -> None:
     if _pinned:
         return
     _pinned = True
-    release_freed_heap()  # loads libc
-    mallopt = getattr(_libc, "mallopt", None) if _libc else None
+    mallopt = _libc_function("mallopt")
     if mallopt is not None:
         mallopt(M_MMAP_THRESHOLD, size)

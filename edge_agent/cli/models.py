@@ -113,7 +113,7 @@ def build_recipe_engines(name: str, config: str | None, say: bool = True) -> int
     if summary is None:
         return 0
     if say:
-        print(render(summary, summary.get("workload", "llm")), file=sys.stderr)
+        print(render(summary, summary["workload"]), file=sys.stderr)
     return 0 if summary["chosen"] is not None else EXIT_ALL_REFUSED
 
 

@@ -36,18 +36,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..config.tiers import DEFAULT_LLM_MODEL, default_llm_tiers, random_llm_tiers
+from ..config.tiers import default_llm_tiers, random_llm_tiers
 from ..demo_models.home_commands import CHAT_PROMPTS, DEMO, Command
 from ..errors import EdgeAgentError, InputError
 from ..metrics.window import percentile
 from .actions import action_of, home_tools, reply_settings
+from .real_models import real_asr, real_model
 from .report import Record, _fmt, format_summary, plot, summarize
-from .speech import asr_toml, fetch_and_build, real_asr
+from .speech import asr_toml
 from .speech import clips as speech_clips
 
 log = logging.getLogger(__name__)
 
-REAL_MODEL = DEFAULT_LLM_MODEL
 BASE_LOAD, BURST_LOAD = 0.3, 1.5  # chat arrival rates as shares of the measured capacity
 PROBE_REQUESTS = 12  # completions the capacity is measured over, after the cold ones
 PROBE_MAX_S = 30.0  # at most this long
@@ -105,22 +105,6 @@ def llm_tiers(real: bool) -> str:
         + (f'rung = "{t.rung}"\n' if t.rung else "")
         for t in tiers
     )
-
-
-def real_model(models_dir: Path, say) -> tuple[bool, str]:
-    """Whether the real model is here, fetched on first use with its engines built (the recipe's gate's
-    choice, cached), and a one-line note (how to get it if not)."""
-    error, summary, fetched = fetch_and_build(
-        REAL_MODEL, "model.onnx", "Gemma 3 270M and its home-commands adapter, about 250 MB", models_dir, say
-    )
-    if error is not None:
-        return False, (
-            f"no real model ({error}); the LLM tiers are random demo models: "
-            f"get it with `edge-agent models fetch {REAL_MODEL}`"
-        )
-    chosen = summary["chosen"] if summary else None
-    served = f"its {chosen['backend']}/{chosen['precision']} engine" if chosen else "the FP32 folder: no engine passed"
-    return True, f"LLM tiers on {REAL_MODEL} (real weights{fetched}; {served})"
 
 
 def daemon_config(

@@ -357,7 +357,7 @@ class Recipe(_Strict):
     )
     float_graphs: list[str] = Field(
         default_factory=list,
-        description="graphs of graphs kept FP32 (optimized) at every precision: Whisper's decoders, for engines "
+        description="those of graphs kept FP32 (optimized) at every precision: Whisper's decoders, for engines "
         "that quantize the encoder alone",
     )
     workload: Workload

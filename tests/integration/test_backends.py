@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -208,34 +210,31 @@ def test_onnxruntime_tensorrt_provider_options_are_keyed_by_runtime_version(monk
     assert trt["trt_engine_cache_path"].endswith(f"ort-trt-{ort.__version__}")
 
 
-def test_onnxruntime_threads_sleep_between_ops_unless_asked_to_spin(model):
-    # several sessions share the cores (LLM tiers, the recogniser): a spinning pool takes them from the others
+@contextlib.contextmanager
+def _default_and(model, threads: int, extra: dict):
+    """Two sessions of ``model``: default options, and with ``extra``; both must still compute the reference."""
     path, w, b = model
-    quiet = open_session(path, "onnxruntime", SessionOptions(threads=2))
-    spinning = open_session(path, "onnxruntime", SessionOptions(threads=2, extra={"allow_spinning": True}))
-    key = "session.intra_op.allow_spinning"
+    sessions = [open_session(path, "onnxruntime", SessionOptions(threads=threads, extra=e)) for e in ({}, extra)]
     try:
-        assert quiet._session.get_session_options().get_session_config_entry(key) == "0"
-        assert spinning._session.get_session_options().get_session_config_entry(key) == "1"
-        x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
-        for session in (quiet, spinning):
+        yield [s._session.get_session_options() for s in sessions]
+        x = np.random.default_rng(threads).standard_normal((3, 8)).astype(np.float32)
+        for session in sessions:
             np.testing.assert_allclose(session.run({"x": x})["y"], affine_relu_reference(x, w, b), rtol=1e-5, atol=1e-5)
     finally:
-        quiet.close()
-        spinning.close()
+        for session in sessions:
+            session.close()
+
+
+def test_onnxruntime_threads_sleep_between_ops_unless_asked_to_spin(model):
+    # several sessions share the cores (LLM tiers, the recogniser): a spinning pool takes them from the others
+    key = "session.intra_op.allow_spinning"
+    with _default_and(model, 2, {"allow_spinning": True}) as (quiet, spinning):
+        assert quiet.get_session_config_entry(key) == "0"
+        assert spinning.get_session_config_entry(key) == "1"
 
 
 def test_onnxruntime_runs_without_its_arena_on_request(model):
     # a decoder's buffers vary step to step: without the arena, what a long prompt took goes back when done
-    path, w, b = model
-    pooled = open_session(path, "onnxruntime", SessionOptions(threads=1))
-    arena_off = open_session(path, "onnxruntime", SessionOptions(threads=1, extra={"cpu_arena": False}))
-    try:
-        assert pooled._session.get_session_options().enable_cpu_mem_arena is True
-        assert arena_off._session.get_session_options().enable_cpu_mem_arena is False
-        x = np.random.default_rng(1).standard_normal((5, 8)).astype(np.float32)
-        for session in (pooled, arena_off):
-            np.testing.assert_allclose(session.run({"x": x})["y"], affine_relu_reference(x, w, b), rtol=1e-5, atol=1e-5)
-    finally:
-        pooled.close()
-        arena_off.close()
+    with _default_and(model, 1, {"cpu_arena": False}) as (pooled, arena_off):
+        assert pooled.enable_cpu_mem_arena is True
+        assert arena_off.enable_cpu_mem_arena is False
