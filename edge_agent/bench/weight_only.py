@@ -49,7 +49,7 @@ def make_engines(recipe: Recipe, ref: ModelRef, backend: str, work: Path) -> dic
         for precision, bits in WEIGHT_ONLY.items():
             folder = work / precision
             copy_sidecars(ref.path, folder, recipe.onnx_file)
-            quantize_matmul_nbits(src, folder / "model.onnx", bits, **spec.ort_args(), source=ref)
+            quantize_matmul_nbits(src, folder / "model.onnx", bits, **spec.ort_args(precision), source=ref)
             folders[precision] = folder
         return folders
     from ..engines import quantize_openvino as qov

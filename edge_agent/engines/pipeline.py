@@ -157,7 +157,7 @@ class Pipeline:
                 "generate_tokens": shape.generate_tokens,
             }
         if req.precision in WEIGHT_ONLY:  # only weight-only keys carry it: other keys stay as they were
-            parts["weight_only"] = self.recipe.weight_spec.key()
+            parts["weight_only"] = self.recipe.weight_spec.for_precision(req.precision).key()
         r = self.recipe
         layout = layout_for(
             r.layout_of(req.precision), r.workload, self.ref.path, r.onnx_file, backend, req.precision, flavour

@@ -20,7 +20,7 @@ shape profiles, which calibration and held-out data, and how much accuracy an en
     accuracy_level = 4                 # ORT MatMulNBits compute: 0 = float activations, 4 = int8 activations
     embedding_bits = 0                 # ORT: 8 = embedding tables as 8-bit blocks too (GatherBlockQuantized)
     head_bits = 0                      # ORT: the LM head's own bits (0: as the precision's), e.g. 8 in int4
-    head_block_size = 0                # ORT: the LM head's own block size (0: block_size)
+    head_block_size = 0                # ORT: the LM head's own block size (0: block_size), or { int4 = 128 }
 
     [weight_only.openvino]             # OpenVINO int4: NNCF's options (absent: data-free, every matmul at 4 bits)
     awq = false                        # activation-aware scaling (needs weight_only.calibration, as the next two)
@@ -240,7 +240,11 @@ class WeightOnlySpec(_Strict):
     head_bits: Literal[0, 4, 8] = Field(
         0, description="ONNX Runtime: the LM head's own bits in both weight-only precisions (0: the precision's)"
     )
-    head_block_size: int = Field(0, ge=0, le=4096, description="ONNX Runtime: the LM head's block size (0: block_size)")
+    head_block_size: int | dict[Literal["int8w", "int4"], int] = Field(
+        0,
+        description="ONNX Runtime: the LM head's block size (0: block_size), or per precision: { int4 = 128 } "
+        "(those not named: block_size)",
+    )
     calibration: Path | None = Field(
         None, description="ONNX Runtime: a text file (relative to the recipe) for kquant's importance, gptq, mixed"
     )
@@ -271,10 +275,20 @@ class WeightOnlySpec(_Strict):
             raise ValueError(f"calibration: openvino.{needs[0]} needs a calibration text (weight_only.calibration)")
         return self
 
+    def for_precision(self, precision: str) -> WeightOnlySpec:
+        """These settings as ``precision``'s engines get them: a per-precision ``head_block_size`` resolved."""
+        if isinstance(self.head_block_size, int):
+            return self
+        return self.model_copy(update={"head_block_size": self.head_block_size.get(precision, 0)})  # type: ignore[call-overload]
+
     def unset_head(self) -> set[str]:
         """The head keys left at 0, the calibration keys left unset and an absent ``openvino`` table: kept out of
-        cache keys, so engines built before they existed stay valid."""
-        unset = {k for k in ("head_bits", "head_block_size") if not getattr(self, k)}
+        cache keys, so engines built before they existed stay valid. A per-precision ``head_block_size`` is left
+        out too: each weight-only key carries its precision's own (``for_precision``), so naming one precision's
+        changes no other engine's key."""
+        unset = {
+            k for k in ("head_bits", "head_block_size") if not getattr(self, k) or isinstance(getattr(self, k), dict)
+        }
         unset |= {"openvino"} if self.openvino is None else set()
         return unset | (
             {k for k in _CALIBRATION_KEYS if k not in self.model_fields_set} if self.calibration is None else set()
@@ -293,15 +307,17 @@ class WeightOnlySpec(_Strict):
             out["sensitivity_slice"] = "after calibration_tokens"
         return out
 
-    def ort_args(self) -> dict:
-        """``quantize_matmul_nbits``'s keyword arguments for an LLM graph (all but src, dst and bits)."""
-        return self.model_dump(exclude={"openvino"})
+    def ort_args(self, precision: str) -> dict:
+        """``quantize_matmul_nbits``'s keyword arguments for ``precision``'s LLM graph (all but src, dst and
+        bits)."""
+        return self.for_precision(precision).model_dump(exclude={"openvino"})
 
     @field_validator("block_size", "head_block_size")
     @classmethod
-    def _power_of_two(cls, size: int) -> int:
-        if size and (size < 16 or size & (size - 1)):
-            raise ValueError(f"block_size {size} must be a power of two (16, 32, 64, 128, ...)")
+    def _power_of_two(cls, size: int | dict[str, int]) -> int | dict[str, int]:
+        for one in size.values() if isinstance(size, dict) else [size]:
+            if one and (one < 16 or one > 4096 or one & (one - 1)):
+                raise ValueError(f"block_size {one} must be a power of two from 16 to 4096 (16, 32, 64, 128, ...)")
         return size
 
 

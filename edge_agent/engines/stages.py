@@ -194,7 +194,7 @@ def _convert_onnx(ctx: StageContext, src: Path, dst: Path, parts: KeyParts, req:
                 src,
                 dst,
                 WEIGHT_ONLY[precision],
-                **ctx.recipe.weight_spec.ort_args(),
+                **ctx.recipe.weight_spec.ort_args(precision),
                 source=ctx.ref,
                 threads=ctx.threads,
                 progress=say,

@@ -175,6 +175,6 @@ def test_bad_openvino_options_are_one_line_naming_the_key(tmp_path: Path) -> Non
 
 def test_an_absent_openvino_table_keeps_the_cache_key(tmp_path: Path) -> None:
     plain = _recipe(tmp_path, "").weight_spec
-    assert "openvino" not in plain.key() and "openvino" not in plain.ort_args()
+    assert "openvino" not in plain.key() and "openvino" not in plain.ort_args("int4")
     mixed = _recipe(tmp_path, "[weight_only.openvino]\nratio = 0.8").weight_spec
-    assert mixed.key()["openvino"]["ratio"] == 0.8 and "openvino" not in mixed.ort_args()
+    assert mixed.key()["openvino"]["ratio"] == 0.8 and "openvino" not in mixed.ort_args("int4")

@@ -65,6 +65,18 @@ def test_the_head_settings_are_validated_and_move_the_key_only_when_set(tmp_path
     assert "head_bits" in refused(tmp_path, '"int4"', "[weight_only]\nhead_bits = 6")
 
 
+def test_a_per_precision_head_block_size_moves_only_that_precisions_key(tmp_path: Path) -> None:
+    base = load(tmp_path, '"int8w", "int4"', "[weight_only]")
+    per = load(tmp_path, '"int8w", "int4"', "[weight_only]\nhead_block_size = { int4 = 128 }")
+    assert per.fingerprint() == base.fingerprint()  # fp32 and the other precision keep their engines
+    assert per.weight_spec.for_precision("int8w").key() == base.weight_spec.key()
+    assert per.weight_spec.for_precision("int4").key()["head_block_size"] == 128
+    assert per.weight_spec.ort_args("int4")["head_block_size"] == 128
+    assert per.weight_spec.ort_args("int8w")["head_block_size"] == 0  # 0: the precision's block_size
+    assert "head_block_size" in refused(tmp_path, '"int4"', "[weight_only]\nhead_block_size = { int4 = 96 }")
+    assert "head_block_size" in refused(tmp_path, '"int4"', "[weight_only]\nhead_block_size = { fp16 = 64 }")
+
+
 def test_only_tensorrt_lacks_a_weight_only_path() -> None:
     assert weight_only_unsupported("onnxruntime", "int4") is None
     assert weight_only_unsupported("openvino", "int8w") is None
