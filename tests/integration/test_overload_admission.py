@@ -355,6 +355,26 @@ def test_a_waiting_chat_predicted_to_miss_its_start_deadline_is_refused_then_not
         sched.stop()
 
 
+@pytest.mark.parametrize("voice_alone", [True, False])
+def test_a_chats_prediction_counts_the_voice_reply_its_rows_stand_still_for(lm, voice_alone):
+    clock = [100.0]  # a fake clock: nothing moves while the test looks
+    limits = Limits(max_batch=2, batch_timeout_ms=0, voice_alone=voice_alone)
+    sched = LLMScheduler(lm, limits, clock=lambda: clock[0])
+    sched.rates.seed(10.0, 64, 10.0 + 64 * 0.5, clock[0])  # given: 10 ms a step, 0.5 ms a prompt token
+    sched.enqueue(sched.prepare(PROMPT, greedy(5)))  # a chat with 5 tokens to go: 8 prompt tokens, 0.4 step
+    sched.enqueue(sched.prepare(OTHER, greedy(20), tags=(INTERACTIVE,)))  # a voice reply of 20: 4 tokens, 0.2
+    with sched._cond:
+        assert sched._take_admitted()
+    assert sched.load == (0, 2)  # nothing waits, both rows taken (prefilling)
+    prefill = 10.0 + 4 * 0.5  # the new chat's own prefill of 4 tokens
+    chat_frees, voice_frees = (1 + 0.4 + 5) * 10.0, (1 + 0.2 + 20) * 10.0
+    # voice alone: the chat's row stands still for the voice reply, so the voice row frees first
+    expected = voice_frees if voice_alone else chat_frees
+    assert sched.predict_ttft_ms(len(OTHER)) == pytest.approx(expected + prefill)
+    # a voice turn's own prediction is not stalled by the voice reply (it would decode beside it)
+    assert sched.predict_ttft_ms(len(OTHER), interactive=True) == pytest.approx(chat_frees + prefill)
+
+
 def test_the_scheduler_learns_how_late_first_tokens_come_against_their_predictions(lm):
     clock = [100.0]  # a fake clock that stands still: every first token comes at 100.0
     sched = LLMScheduler(lm, Limits(max_batch=4, batch_timeout_ms=0), clock=lambda: clock[0]).start()

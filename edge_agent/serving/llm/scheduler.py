@@ -35,7 +35,9 @@ most tokens left is preempted: its KV is copied out, it waits ahead of every cha
 started, and it resumes from that KV (only its pending token is run again), its output unchanged. A
 warm-up (``warmup`` tag) takes only a free row: it never waits for one. The device thread measures its
 decode steps and prefills (``rates``, ``serving.tiers.admission.Rates``), and ``predict_ttft_ms`` says when a
-request arriving now would have its first token.
+request arriving now would have its first token. With ``Limits.voice_alone`` a voice turn's rows decode by
+themselves and the chats' rows stand still meanwhile, so a chat's prediction counts the running voice
+reply's expected tokens, and those of each voice turn waiting, on every chat row's time to free.
 """
 
 from __future__ import annotations
@@ -286,11 +288,20 @@ class LLMScheduler:
         if interactive:  # it preempts a chat if it must: only voice turns and prefills hold it back
             batch = [s for s in batch if s.interactive]
         steps_per_token = rates.prefill_ms_per_token / rates.step_ms if rates.step_ms > 0 else 0.0  # a coarse clock
-        running = [rates.expected_new(s.params.max_new_tokens, len(s.generated)) for s in batch]
-        running += [1 + left * steps_per_token + rates.expected_new(s.params.max_new_tokens) for s, left in prefilling]
+        holders = [(s, rates.expected_new(s.params.max_new_tokens, len(s.generated))) for s in batch]
+        holders += [
+            (s, 1 + left * steps_per_token + rates.expected_new(s.params.max_new_tokens)) for s, left in prefilling
+        ]
         ahead = [
             (s, Work(_to_prefill(s), rates.expected_new(s.params.max_new_tokens, len(s.generated)))) for s in waiting
         ]
+        stall = 0.0
+        if not interactive and self.limits.voice_alone:
+            # a voice turn's rows decode alone: the chats' rows stand still until its reply is done, and a
+            # waiting voice turn's reply comes first too
+            stall = max((left for s, left in holders if s.interactive and not s.warmup), default=0.0)
+            stall += sum(w.new_tokens for s, w in ahead if s.interactive and not s.warmup)
+        running = [left + (0.0 if s.interactive else stall) for s, left in holders]
         return running, ahead, max_rows, rates
 
     def _late_to_start(self, now: float) -> list[tuple[_Sequence, float]]:
