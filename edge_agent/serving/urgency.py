@@ -9,6 +9,10 @@ serves no voice turn, waits while it is held (``wait_clear``), for at most ``max
 next tokens come a little later, never stop, and the voice turn has the cores. A voice turn's own reply
 (an interactive request) never waits.
 
+It also says how much longer the urgent work now running is expected to hold the cores (``expected_left_s``:
+the mean of the last holds' lengths, less how long this one has run), which admission counts on the time
+a chat's row frees: the chats' decode steps wait that long.
+
 One ``Urgency`` per process (``URGENT``): there is one set of cores. Tests make their own.
 """
 
@@ -20,6 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 MAX_YIELD_S = 0.5  # the longest a background step waits for urgent work (then it runs one step)
+HOLD_EWMA = 0.25  # weight of the newest hold's length in the expected one
 
 
 class Urgency:
@@ -31,11 +36,15 @@ class Urgency:
         self.max_yield_s = max_yield_s
         self._clock = clock
         self.yielded_s = 0.0  # background time spent waiting, in all (for metrics and tests)
+        self._since = 0.0  # when the cores last became held (nested and concurrent holds: one span)
+        self._mean_s: float | None = None  # how long a span lasts, lately
 
     @contextmanager
     def held(self) -> Iterator[None]:
         """Hold urgency for the duration of the block (nested and concurrent holds count)."""
         with self._cond:
+            if not self._held:
+                self._since = self._clock()
             self._held += 1
         try:
             yield
@@ -43,7 +52,18 @@ class Urgency:
             with self._cond:
                 self._held -= 1
                 if not self._held:
+                    span = max(0.0, self._clock() - self._since)
+                    self._mean_s = span if self._mean_s is None else self._mean_s + HOLD_EWMA * (span - self._mean_s)
                     self._cond.notify_all()
+
+    def expected_left_s(self) -> float:
+        """How much longer the urgent work now running is expected to hold the cores: the recent spans' mean
+        less this one's age (0 when nothing is held or no span has ended yet). Reads without the lock: the
+        scheduler calls it under its own, which ``wait_clear``'s ``until`` takes under this one."""
+        held, mean, since = self._held, self._mean_s, self._since
+        if not held or mean is None:
+            return 0.0
+        return max(0.0, mean - (self._clock() - since))
 
     @property
     def active(self) -> bool:

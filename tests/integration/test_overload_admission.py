@@ -375,6 +375,26 @@ def test_a_chats_prediction_counts_the_voice_reply_its_rows_stand_still_for(lm, 
     assert sched.predict_ttft_ms(len(OTHER), interactive=True) == pytest.approx(chat_frees + prefill)
 
 
+def test_a_chats_prediction_counts_the_rest_of_a_recogniser_pass_its_steps_wait_for(lm):
+    clock = [100.0]  # one fake clock for the scheduler and the urgency: nothing moves while the test looks
+    urgency = Urgency(clock=lambda: clock[0])
+    sched = LLMScheduler(lm, Limits(max_batch=1, batch_timeout_ms=0), clock=lambda: clock[0], urgency=urgency)
+    sched.rates.seed(10.0, 64, 10.0 + 64 * 0.5, clock[0])  # given: 10 ms a step, 0.5 ms a prompt token
+    sched.enqueue(sched.prepare(PROMPT, greedy(5)))  # the only row: 8 prompt tokens (0.4 step), 5 to go
+    with sched._cond:
+        assert sched._take_admitted()
+    with urgency.held():  # the recogniser's passes have lately held the cores 300 ms
+        clock[0] += 0.3
+    clock[0] += 1.0
+    idle = sched.predict_ttft_ms(len(OTHER))
+    assert idle == pytest.approx((1 + 0.4 + 5) * 10.0 + 10.0 + 4 * 0.5)  # the row frees, then its prefill
+    with urgency.held():
+        clock[0] += 0.1  # a pass 100 ms in: 200 ms more expected, for which the chat's steps wait
+        assert sched.predict_ttft_ms(len(OTHER)) == pytest.approx(idle + 200.0)
+        # a voice turn's steps never wait for the pass: its prediction stays
+        assert sched.predict_ttft_ms(len(OTHER), interactive=True) == pytest.approx(idle)
+
+
 def test_the_scheduler_learns_how_late_first_tokens_come_against_their_predictions(lm):
     clock = [100.0]  # a fake clock that stands still: every first token comes at 100.0
     sched = LLMScheduler(lm, Limits(max_batch=4, batch_timeout_ms=0), clock=lambda: clock[0]).start()

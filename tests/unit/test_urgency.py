@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from edge_agent.serving.urgency import Urgency
 
 
@@ -15,6 +17,24 @@ def test_nothing_held_costs_nothing_and_holds_nest():
             assert u.active
         assert u.active  # the outer hold still counts
     assert not u.active and u.wait_clear() == 0.0
+
+
+def test_the_expected_rest_of_a_hold_is_the_recent_spans_mean_less_its_age():
+    clock = [10.0]
+    u = Urgency(clock=lambda: clock[0])
+    with u.held():  # the first span: nothing to expect from yet
+        assert u.expected_left_s() == 0.0
+        clock[0] += 0.4
+    assert u.expected_left_s() == 0.0  # nothing held
+    with u.held():
+        with u.held():  # nested and concurrent holds are one span
+            clock[0] += 0.1
+            assert u.expected_left_s() == pytest.approx(0.3)
+        clock[0] += 0.7  # past the mean: nothing more expected
+        assert u.expected_left_s() == 0.0
+    # the second span (0.8 s) moved the mean a quarter of the way: 0.4 + 0.25 x 0.4
+    with u.held():
+        assert u.expected_left_s() == pytest.approx(0.5)
 
 
 def test_a_waiter_never_waits_past_its_bound():

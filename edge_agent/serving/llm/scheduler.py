@@ -37,7 +37,8 @@ warm-up (``warmup`` tag) takes only a free row: it never waits for one. The devi
 decode steps and prefills (``rates``, ``serving.tiers.admission.Rates``), and ``predict_ttft_ms`` says when a
 request arriving now would have its first token. With ``Limits.voice_alone`` a voice turn's rows decode by
 themselves and the chats' rows stand still meanwhile, so a chat's prediction counts the running voice
-reply's expected tokens, and those of each voice turn waiting, on every chat row's time to free.
+reply's expected tokens, and those of each voice turn waiting, on every chat row's time to free; and the
+chats' steps wait while a recogniser pass holds ``urgency``, so it counts that pass's expected rest too.
 """
 
 from __future__ import annotations
@@ -301,6 +302,9 @@ class LLMScheduler:
             # waiting voice turn's reply comes first too
             stall = max((left for s, left in holders if s.interactive and not s.warmup), default=0.0)
             stall += sum(w.new_tokens for s, w in ahead if s.interactive and not s.warmup)
+        if not interactive and self.urgency is not None and rates.step_ms > 0:
+            # and the chats' steps wait while a recogniser pass a speaker waits on holds the cores
+            stall += self.urgency.expected_left_s() * 1e3 / rates.step_ms
         running = [left + (0.0 if s.interactive else stall) for s, left in holders]
         return running, ahead, max_rows, rates
 

@@ -22,7 +22,8 @@ next sample, not averaged with it (the device may have changed: thermal state, o
 is known the prediction is None and the request is admitted: nothing says it would be late.
 
 What the model leaves out (another workload on the same cores, a recogniser pass or a voice turn that
-starts after the prediction, the batch wait for batch-mates) shows as admitted requests' first tokens coming later than predicted.
+starts after the prediction, the batch wait for batch-mates) shows as admitted requests' first tokens
+coming later than predicted.
 ``Lateness`` keeps the last ``LATENESS_SAMPLES`` of those errors and the predictions of the last
 ``ARRIVAL_SAMPLES`` arrivals (admitted or not), and gives a margin that admission adds to each prediction:
 the smallest with which, pairing each recent arrival's prediction with each recent error, the arrivals it
