@@ -15,7 +15,8 @@ Norms and attention stay float; embedding ``Gather``s too unless ``embedding_bit
 large tables as 8-bit blocks read by ``GatherBlockQuantized`` (``quantize_embedding_gathers``).
 Both export layouts work: plain optimum exports (``past_key_values.N.key/value`` with ``Concat``) and
 onnxruntime-genai folders (``GroupQueryAttention`` with the KV buffer shared in place): only weight
-initializers change.
+initializers change, and the quantized matmuls that read the same activations (query, key and value; gate
+and up) become one node and a ``Split`` (``fuse_matmuls``: the same outputs, fewer calls a step).
 
 Tools: RTN is ONNX Runtime's own ``MatMulNBitsQuantizer`` (its default blockwise quantizer), which needs
 the ``onnx-ir`` package; without it, RTN runs the same ONNX Runtime packing kernels
@@ -36,6 +37,7 @@ import numpy as np
 
 from ..errors import InputError, ModelError
 from . import int4_methods
+from .fuse_matmuls import fuse_sibling_matmuls
 from .quantize_ort import _onnx, _quiet_tools, _save_external
 from .quiet import folded
 
@@ -432,8 +434,9 @@ def _quantize_rtn(
         raise ModelError(f"{src}: no MatMul with a constant 2-D weight to quantize (is it an LLM export?)")
     _check_embedding_bits(s)
     gathers = quantize_embedding_gathers(model, s.block_size) if s.embedding_bits else 0
+    fused = fuse_sibling_matmuls(model)
     _save_external(model, dst)
-    return _rtn_record(tool, s, symmetric, algorithm, quantized, left, untied, gathers, head)
+    return _rtn_record(tool, s, symmetric, algorithm, (quantized, left, fused), untied, gathers, head)
 
 
 def _own_head(model: Any, src: Path, s: _Settings) -> str | None:
@@ -475,13 +478,14 @@ def _rtn_record(
     s: _Settings,
     symmetric: bool,
     algorithm: str,
-    quantized: int,
-    left: int,
+    counts: tuple[int, int, int],
     untied: int,
     gathers: int,
     head: str | None,
 ) -> dict:
-    """What the RTN path did, as ``quantize_matmul_nbits`` returns it."""
+    """What the RTN path did, as ``quantize_matmul_nbits`` returns it; ``counts``: the matmuls quantized, left
+    float and the groups fused (``fuse_matmuls``)."""
+    quantized, left, fused = counts
     return {
         "tool": tool,
         "op": "com.microsoft.MatMulNBits",
@@ -492,6 +496,7 @@ def _rtn_record(
         "accuracy_level": s.accuracy_level,
         "matmuls_quantized": quantized,
         "matmuls_float": left,  # activation x activation (attention) MatMuls
+        "matmul_groups_fused": fused,  # siblings sharing an input, now one MatMulNBits each
         "tied_heads_untied": untied,
         "embedding_tables_8bit": gathers,
         "head": {"node": head, "bits": s.head_bits, "block_size": s.head_block_size} if head else None,
@@ -527,7 +532,7 @@ def _quantize_numpy(src: Path, dst: Path, s: _Settings, algorithm: str, job: _Ca
         report["mixed"] = choice.to_dict()
         groups = set(choice.keep_8bit)
         keep |= {t.node for t in targets if t.group in groups}
-    chosen, eight, gathers = _write_numpy_model(model, dst, targets, blocks4, keep, s)
+    chosen, eight, gathers, fused = _write_numpy_model(model, dst, targets, blocks4, keep, s)
     return {
         "tool": f"edge_agent.engines.int4_methods ({algorithm}), ONNX Runtime MatMulNBits with uint8 zero points",
         "op": "com.microsoft.MatMulNBits",
@@ -536,11 +541,12 @@ def _quantize_numpy(src: Path, dst: Path, s: _Settings, algorithm: str, job: _Ca
         "symmetric": False,
         "algorithm": algorithm,
         "accuracy_level": s.accuracy_level,
-        "matmuls_quantized": sum(1 for n in model.graph.node if n.op_type == "MatMulNBits"),
+        "matmuls_quantized": len(targets),
         "matmuls_4bit": len(chosen),
         "matmuls_8bit": len(eight),
         "matmuls_8bit_names": sorted(t.weight for t in eight),
         "matmuls_float": sum(1 for n in model.graph.node if n.op_type == "MatMul"),
+        "matmul_groups_fused": fused,
         "tied_heads_untied": untied,
         "embedding_tables_8bit": gathers,
         "head": {"node": head, "bits": 8 if head in keep else 4, "block_size": s.head_block_size} if head else None,
@@ -685,10 +691,10 @@ def _write_numpy_model(
     blocks4: dict[str, int4_methods.Blocks],
     keep: set[str],
     s: _Settings,
-) -> tuple[dict[str, int4_methods.Blocks], list[Any], int]:
+) -> tuple[dict[str, int4_methods.Blocks], list[Any], int, int]:
     """The 4-bit blocks not in ``keep`` as MatMulNBits, those in it as ONNX Runtime's 8-bit symmetric RTN (one
-    rewrite per block size), the embedding tables when asked, saved at ``dst``; returns (the 4-bit blocks by
-    node, the 8-bit sites, the tables quantized)."""
+    rewrite per block size), the embedding tables when asked, siblings fused (``fuse_matmuls``), saved at
+    ``dst``; returns (the 4-bit blocks by node, the 8-bit sites, the tables quantized, the groups fused)."""
     chosen = {n: b for n, b in blocks4.items() if n not in keep}
     _rewrite_blocks(model, chosen, s.accuracy_level)
     eight = [t for t in targets if t.node in keep]
@@ -696,5 +702,6 @@ def _write_numpy_model(
         only = [t.node for t in eight if s.of(t.group)[1] == size]
         _rewrite(model, 8, size, True, s.accuracy_level, only=only)
     gathers = quantize_embedding_gathers(model, s.block_size) if s.embedding_bits else 0
+    fused = fuse_sibling_matmuls(model)
     _save_external(model, dst)
-    return chosen, eight, gathers
+    return chosen, eight, gathers, fused
