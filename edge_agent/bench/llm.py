@@ -128,7 +128,9 @@ def _served(opts: LLMOptions, show: bool) -> tuple[Served, float]:
     with Progress("demo weights", "MB", enabled=show) as weights:
         resolve_model(tier.model, models_dir, progress=lambda done, total: weights.update(done / 1e6, total / 1e6))
     cache = EngineCache(settings.engines.cache_dir, settings.engines.max_bytes)
-    resolver = EngineResolver(cache, models_dir, lambda kind, doc: log.warning("%s: %s", kind, doc))
+    resolver = EngineResolver(
+        cache, models_dir, lambda kind, doc: log.warning("%s: %s", kind, doc), settings.engines.recipes_dir
+    )
     limits = tier_limits(tier, settings.batching, settings.prefix_cache, settings.sla.target_ms)
     # The admission bounds only refuse requests (the daemon answers 429/504): a benchmark must lose none.
     limits = dataclasses.replace(

@@ -88,7 +88,7 @@ class TierEngines:
         self.cache = EngineCache(engines.cache_dir, engines.max_bytes)
         self.on_event, self.notifier = on_event, notifier
         self.on_engine_ready = on_engine_ready
-        self.resolver = EngineResolver(self.cache, models_dir, on_event)
+        self.resolver = EngineResolver(self.cache, models_dir, on_event, engines.recipes_dir)
         self.starting = True  # the service start waits on what we do: EXTEND_TIMEOUT_USEC is allowed
         self.serving_status = ""  # the READY status line, restored when a build ends
         self.served: dict[str, Resolved] = {}  # tier name -> what it loaded last

@@ -3,7 +3,12 @@
 For a tier (model, backend, device, precision) ``EngineResolver.resolve`` picks the engine the
 accuracy gate would choose among the *current* cache entries of that model: same runtime version
 and device fingerprint, and built from the same model bytes (the entry's ``key_parts.model`` equals
-the folder's hash, so an edited export never serves an engine of the old one). Every candidate is
+the folder's hash, so an edited export never serves an engine of the old one). When some of them were
+built from a recipe the agent knows as it is now (``engines.recipes_dir``, then the shipped recipes: the
+entry's ``key_parts.recipe`` equals the recipe's fingerprint), only those compete: engines of an older
+version of the recipe, or of a copy built by hand, stay in the cache but serve only when none is. (The
+gate's speeds come from separate builds on a machine whose load varies, so an older engine measured on
+idler cores would otherwise outrank the recipe's own choice.) Every candidate is
 re-hashed before use; a corrupt one is quarantined, reported (``engine_quarantined``) and the next
 one, or the plain model folder, is served: a bad cache never stops a start.
 
@@ -74,8 +79,28 @@ def same_model(recipe: Recipe, model: str) -> bool:
 class EngineResolver:
     """Resolves LLM and ASR tiers against one engine cache; ``on_event`` hears of quarantined entries."""
 
-    def __init__(self, cache: EngineCache, models_dir: Path, on_event: Event) -> None:
+    def __init__(
+        self, cache: EngineCache, models_dir: Path, on_event: Event, recipes_dir: Path | str | None = None
+    ) -> None:
+        """``recipes_dir``: the user's recipe folder (``engines.recipes_dir``); the shipped recipes always count."""
         self.cache, self.models_dir, self.on_event = cache, models_dir, on_event
+        self.recipes_dir = recipes_dir
+        self._fingerprints: list[dict] | None = None
+
+    def _known_recipes(self) -> list[dict]:
+        """The fingerprints of the recipes the agent knows as they are now (a broken one is skipped)."""
+        if self._fingerprints is None:
+            from ..errors import EdgeAgentError
+            from .recipes import load_recipe, recipe_files
+
+            found = []
+            for path in recipe_files(self.recipes_dir):
+                try:
+                    found.append(load_recipe(path).fingerprint())
+                except (EdgeAgentError, OSError, ValueError) as exc:
+                    log.debug("recipe %s left out of engine choice: %s", path, exc)
+            self._fingerprints = found
+        return self._fingerprints
 
     def resolve(self, tier: TierConfig, rung: str | None = None) -> Resolved:
         """The engine ``tier`` serves: with precision "auto", the gate's choice for ``rung`` (default: the
@@ -134,6 +159,10 @@ class EngineResolver:
             and (e.manifest.get("key_parts") or {}).get("model") == model_hash
             and (precision is None or e.manifest.get("precision") == precision)
         }
+        # Engines of the recipes as they are now, when there are any, before those of older or other recipes.
+        known = self._known_recipes()
+        current = {k: e for k, e in candidates.items() if (e.manifest.get("key_parts") or {}).get("recipe") in known}
+        candidates = current or candidates
         # An in-place KV engine (the same weights, no per-token cache copy) replaces a plain one of its precision.
         inplace = {e.manifest.get("precision") for e in candidates.values() if _layout(e)}
         return {k: e for k, e in candidates.items() if _layout(e) or e.manifest.get("precision") not in inplace}

@@ -332,3 +332,41 @@ def test_a_lower_rung_without_an_engine_of_its_own_shares_the_top_rungs_loaded_e
     assert agent.llm.active_tier == "low"
     assert agent.llm._active.lm is model  # nothing loaded: one model serves both tiers
     assert generate(agent)
+
+
+def test_engines_of_the_recipe_as_it_is_now_outrank_those_of_an_older_version(tmp_path: Path) -> None:
+    import json
+
+    from edge_agent.engines.resolve import EngineResolver
+
+    s = settings(tmp_path, build_on_start=False)
+    older = tmp_path / "older"
+    older.mkdir()
+    text = (Path(s.engines.recipes_dir) / "tiny-phi3.toml").read_text()
+    (older / "tiny-phi3.toml").write_text(text.replace("max_kl = 0.5", "max_kl = 0.6"))  # another fingerprint
+    cache = EngineCache(s.engines.cache_dir, s.engines.max_bytes)
+
+    def build(recipe_dir: Path) -> dict:
+        recipe = load_recipe(recipe_dir / "tiny-phi3.toml")
+        pipe = Pipeline(recipe, cache, s.models.cache_dir, 1, Heartbeat(enabled=False, notifier=Notifier({})))
+        return pipe.build(BuildRequest("cpu", "fp32"))
+
+    old, now = build(older), build(Path(s.engines.recipes_dir))
+    assert old["key"] != now["key"]
+    # the older engine's build measured it far faster (as a build on idler cores would have)
+    manifest = Path(old["path"]) / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    doc["accuracy"]["latency_ms"] = doc["accuracy"]["reference_latency_ms"] / 10
+    manifest.write_text(json.dumps(doc))
+    tier = s.models.llm[0]
+    knows = EngineResolver(cache, s.models.cache_dir, lambda *a: None, s.engines.recipes_dir)
+    assert knows.resolve(tier).engine.key == now["key"]
+    # without the recipe as it is now among those it knows, the fastest by its own build serves
+    blind = EngineResolver(cache, s.models.cache_dir, lambda *a: None, tmp_path / "no-recipes")
+    assert blind.resolve(tier).engine.key == old["key"]
+    # and with none of the current recipe's engines in the cache, the older one serves
+    cache.quarantine(now["key"], "test: gone")
+    assert (
+        EngineResolver(cache, s.models.cache_dir, lambda *a: None, s.engines.recipes_dir).resolve(tier).engine.key
+        == old["key"]
+    )

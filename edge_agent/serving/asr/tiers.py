@@ -453,6 +453,7 @@ def cached_opener(engines: EnginesConfig, models_dir: Path, threads: int, final_
         EngineCache(engines.cache_dir, engines.max_bytes),
         models_dir,
         lambda kind, doc: log.warning("%s: %s", kind, doc),
+        engines.recipes_dir,
     )
 
     def open_tier(tier: AsrTierConfig) -> tuple[Recognizer, str]:
