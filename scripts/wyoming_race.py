@@ -2,7 +2,9 @@
 
     scripts/wyoming-race [--rounds 1] [--threads 2] [--openvino] [--work out/wyoming-race] [--write-docs]
 
-1. Whisper base in CTranslate2 form from the registry (pinned sha256s), imported with ``models import``.
+1. Whisper base as ``edge-agent models fetch whisper-base`` leaves it in the agent's default caches: the
+   CTranslate2 folder from the registry (pinned sha256s), its import, and the recipe's engines built and
+   gated once (the agent serves the gate's choice, as its daemon does; the peer loads the CTranslate2 folder).
 2. A corpus in wyoming-bench's format (``<stem>.wav`` + ``<stem>.txt``): 64 sentences of 1-8 s spoken by
    the natural-voice set in turn (edge_agent/engines/voices.py: Piper's joe at three length/noise settings,
    flite slt/rms/awb/kal16, espeak-ng en-us as the stress voice), 16 kHz mono PCM16.
@@ -12,7 +14,8 @@
 4. ``wyoming-bench stt`` on all of them in one run, both modes: non-streaming (audio sent at once; total =
    end of audio -> transcript) and streaming (audio paced in real time; time to the first transcript chunk).
 5. Four streams at once on each server (this script's own client, the ``wyoming`` library): per-request
-   total (end of audio -> transcript) against one stream at a time, and transcripts lost.
+   total (end of audio -> transcript) against one stream at a time, transcripts lost, and the aggregate
+   throughput of four at once (seconds of audio recognised per second of wall time).
 
 Writes ``race.json``, ``bench.txt`` (wyoming-bench's own output) and ``wyoming-race.png`` under ``--work``;
 ``--write-docs`` puts the table and the plot into docs/benchmarks.md (between its wyoming-race markers).
@@ -130,27 +133,30 @@ def reference_venv() -> Path:
     return REF_VENV / "bin"
 
 
-def models(work: Path) -> tuple[Path, Path]:
+def caches() -> tuple[Path, Path]:
+    """The agent's default model and engine caches (where ``models fetch`` puts what it fetches and builds)."""
     sys.path.insert(0, str(REPO))
-    from edge_agent.importers import import_model
+    from edge_agent.config import load_settings
+
+    settings = load_settings(None)
+    return Path(settings.models.cache_dir), Path(settings.engines.cache_dir)
+
+
+def models(cache: Path) -> tuple[Path, str]:
+    """Whisper base as ``models fetch whisper-base`` leaves it in the model cache ``cache``: the CTranslate2
+    folder (pinned sha256s) the peer loads, its import and the recipe's engines (the gate's choice, cached)
+    the agent serves; returns the CTranslate2 folder and what the agent serves."""
+    from edge_agent.demo.real_models import fetch_and_build
     from edge_agent.importers.fetch import FETCHABLE, download_source
 
-    model = FETCHABLE["whisper-base"]
-    ct2 = download_source(model, work / "cache" / "models")  # as `models fetch` does: pinned sha256s
-    out = work / "cache" / "models" / "imported" / "whisper-base"
-    record = out / "import.json"
-    done = record.is_file() and json.loads(record.read_text())["source"]["sha256"] == model.files[0].sha256
-    done = done and _dynamic_encoder(out / "encoder_model.onnx")  # older imports: static 30 s encoder
-    if not done:
-        import_model(ct2, out, work / "cache" / "models")
-    return ct2, out
-
-
-def _dynamic_encoder(path: Path) -> bool:
-    import onnx
-
-    dims = onnx.load(str(path), load_external_data=False).graph.input[0].type.tensor_type.shape.dim
-    return not dims[2].HasField("dim_value")
+    error, decision, _ = fetch_and_build(
+        "whisper-base", "encoder_model.onnx", "OpenAI's Whisper base", cache, lambda m: print(m, flush=True)
+    )
+    if error is not None:
+        raise SystemExit(f"whisper-base: {error}")
+    chosen = (decision or {}).get("chosen")
+    served = f"its {chosen['precision']} engine" if chosen else "its FP32 folder"
+    return download_source(FETCHABLE["whisper-base"], cache), served
 
 
 def speaker(i: int):
@@ -218,13 +224,14 @@ def wait_port(port: int, proc: subprocess.Popen, timeout_s: float = 300) -> None
 
 
 def agent_config(work: Path, name: str, port: int, asr_model: str, backend: str, threads: int) -> Path:
+    cache, engines = caches()
     cfg = work / f"{name}.toml"
     cfg.write_text(
         f"""
 [device]
 threads = {threads}
 [models]
-cache_dir = "{work / "cache" / "models"}"
+cache_dir = "{cache}"
 [[models.llm]]
 name = "small"
 model = "demo-phi3"
@@ -244,6 +251,7 @@ host = "127.0.0.1"
 port = {free_port()}
 [engines]
 build_on_start = false
+cache_dir = "{engines}"
 [wyoming]
 enabled = true
 port = {port}
@@ -414,8 +422,10 @@ def concurrency(servers: list[dict], folder: Path, n_utts: int) -> dict:
             return await asyncio.gather(*(_one(port, p) for p in group))
 
         multi = []
+        started = time.perf_counter()
         for i in range(0, len(pcms), 4):
             multi += asyncio.run(four(pcms[i : i + 4]))
+        wall_s = time.perf_counter() - started
         t1, t4 = [1000 * t for t, _ in single], [1000 * t for t, _ in multi]
         out[s["name"]] = {
             "n": len(pcms),
@@ -423,6 +433,8 @@ def concurrency(servers: list[dict], folder: Path, n_utts: int) -> dict:
             "one_p95": pct(t1, 0.95),
             "four_p50": statistics.median(t4),
             "four_p95": pct(t4, 0.95),
+            # aggregate throughput: seconds of audio recognised per second of wall time, four at once
+            "four_audio_s_per_s": sum(len(p) for p in pcms) / 32000 / wall_s,
             "lost": sum(1 for _, text in multi if text is None),
             "differ": sum(1 for (_, a), (_, b) in zip(single, multi) if a != b),
         }
@@ -461,11 +473,11 @@ def plot(summary: dict, conc: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def table(summary: dict, conc: dict, words: dict[str, float]) -> str:
+def table(summary: dict, conc: dict, words: dict[str, float], served: str) -> str:
     lines = [
         "| server | WER % | total p50 [p25–p75] ms | total p95 ms | first chunk p50 / p95 ms (streaming) "
-        "| 4 streams: p95 / 1 stream p95, lost |",
-        "|---|---|---|---|---|---|",
+        "| 4 streams: p95 / 1 stream p95, lost | 4 streams: audio s per s |",
+        "|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for name, s in summary.items():
         ns, st, c = s.get("non_streaming", {}), s.get("streaming", {}), conc.get(name, {})
@@ -475,7 +487,9 @@ def table(summary: dict, conc: dict, words: dict[str, float]) -> str:
                 ttft += f" ({st['after_word_p50']:.0f} / {st['after_word_p95']:.0f} after the first word)"
         else:  # wyoming-faster-whisper does not stream; the others were not measured streaming (--mode)
             ttft = "no chunks (not streaming)" if name.startswith("wyoming-faster-whisper") else "not measured"
-        cc = f"{c['four_p95']:.0f} / {c['one_p95']:.0f} ms, {c['lost']}" if c else "–"
+        cc = "– | –"
+        if c:
+            cc = f"{c['four_p95']:.0f} / {c['one_p95']:.0f} ms, {c['lost']} | {c['four_audio_s_per_s']:.2f}"
         if ns:
             spread = f"[{ns.get('total_p25', 0):.0f}–{ns.get('total_p75', 0):.0f}]"
             wer, total = f"{ns.get('wer', float('nan')):.1f}", f"{ns['total_p50']:.0f} {spread} | {ns['total_p95']:.0f}"
@@ -483,7 +497,7 @@ def table(summary: dict, conc: dict, words: dict[str, float]) -> str:
             wer, total = "–", "– | –"
         lines.append(f"| {name} | {wer} | {total} | {ttft} | {cc} |")
     voices = sorted({speaker(i).label for i in range(len(words) or 8)})
-    lines.append(f"\nSpoken by (in turn): {', '.join(voices)}.")
+    lines.append(f"\nSpoken by (in turn): {', '.join(voices)}. The agent's whisper-base tier served {served}.")
     if words:
         ends = list(words.values())
         lines.append(
@@ -508,7 +522,7 @@ def main() -> int:
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     bin_dir = reference_venv()
-    ct2, _ = models(work)
+    ct2, served = models(caches()[0])
     folder = corpus(work, args.utterances)
     words = first_word_ends(work, args.utterances)
     servers = start_servers(args, work, bin_dir, ct2)
@@ -536,13 +550,14 @@ def main() -> int:
             "voices": [speaker(i).label for i in range(min(args.utterances, 8))],
             "first_word_ms": words,
         },
+        "agent_serves": served,
         "summary": summary,
         "concurrency": conc,
         "rows": parsed["rows"],
     }
     (work / "race.json").write_text(json.dumps(result, indent=2))
     plot(summary, conc, work / "wyoming-race.png")
-    md = table(summary, conc, words)
+    md = table(summary, conc, words, served)
     print(md)
     if args.write_docs:
         shutil.copyfile(work / "wyoming-race.png", REPO / "docs" / "wyoming-race.png")
