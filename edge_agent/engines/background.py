@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import ConfigError, EdgeAgentError, none_loaded
+from ..errors import EdgeAgentError, none_loaded
 from ..models.llm import DecoderLM
 from ..progress import Progress
 from ..systemd import Notifier
@@ -39,7 +39,7 @@ from .cache import EngineCache, Entry
 from .heartbeat import BuildCancelled, Heartbeat
 from .pipeline import BuildRequest, GateRefused, Pipeline
 from .plain_export_recipe import plain_export_recipe
-from .recipes import TARGET_BACKENDS, Recipe, load_recipe, recipe_files
+from .recipes import TARGET_BACKENDS, Recipe
 from .resolve import EngineResolver, Resolved, same_model, target_of
 from .serving_mark import record_serving
 from .stages import weight_only_unsupported
@@ -92,7 +92,6 @@ class TierEngines:
         self.starting = True  # the service start waits on what we do: EXTEND_TIMEOUT_USEC is allowed
         self.serving_status = ""  # the READY status line, restored when a build ends
         self.served: dict[str, Resolved] = {}  # tier name -> what it loaded last
-        self._recipes: list[Recipe] | None = None
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._pending: set[str] = set()
         self._lock = threading.Lock()
@@ -102,15 +101,7 @@ class TierEngines:
     # -- recipes ---------------------------------------------------------------------------------
 
     def all_recipes(self) -> list[Recipe]:
-        if self._recipes is None:
-            found = []
-            for path in recipe_files(self.config.recipes_dir):  # the user's folder, then the shipped recipes
-                try:
-                    found.append(load_recipe(path))
-                except ConfigError as exc:  # one broken recipe must not hide the others
-                    log.warning("engine recipe %s ignored: %s", path, exc)
-            self._recipes = found
-        return self._recipes
+        return self.resolver.recipes()  # the user's folder, then the shipped recipes
 
     def recipe_for(self, tier: TierConfig) -> Recipe | None:
         """The first recipe that builds ``tier``'s model for its target and backend; without one, a plain
@@ -174,7 +165,7 @@ class TierEngines:
 
     def rebuild(self, name: str, tiers: Sequence[TierConfig]) -> dict[str, Any]:
         """The ``rebuild_engine`` command: build ``name`` again (forced) for the tiers it serves."""
-        self._recipes = None  # re-read: the field engineer may have edited the recipe since the start
+        self.resolver.reread_recipes()  # the field engineer may have edited the recipe since the start
         mine = [t for t in tiers if (r := self.recipe_for(t)) is not None and r.name == name]
         if not mine:
             raise EdgeAgentError(

@@ -24,7 +24,7 @@ _STACKED = (1, 2, 3)  # B, scales, zero points: one row (or run of rows) per out
 def fuse_sibling_matmuls(model: Any) -> int:
     """Fuse the MatMulNBits siblings of ``model`` (an ``onnx.ModelProto``, changed in place); returns how many
     groups became one node. Nodes with a bias or group index input are left alone."""
-    from onnx import helper, numpy_helper
+    from onnx import helper
 
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
@@ -35,13 +35,13 @@ def fuse_sibling_matmuls(model: Any) -> int:
         if not all(name in inits for name in node.input[1:] if name):
             continue
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        shape = tuple(sorted((k, v) for k, v in attrs.items() if k != "N"))
-        groups[(node.input[0], shape, tuple(bool(name) for name in node.input[1:]))].append(node)
+        settings = tuple(sorted((k, v) for k, v in attrs.items() if k != "N"))  # K, bits, block size, level
+        groups[(node.input[0], settings, tuple(bool(name) for name in node.input[1:]))].append(node)
     fused = 0
     for siblings in groups.values():
         if len(siblings) < 2:
             continue
-        _fuse(graph, inits, siblings, helper, numpy_helper)
+        _fuse(graph, inits, siblings)
         fused += 1
     if fused:
         used = {name for node in graph.node for name in node.input}
@@ -50,7 +50,11 @@ def fuse_sibling_matmuls(model: Any) -> int:
     return fused
 
 
-def _fuse(graph: Any, inits: dict[str, Any], siblings: list[Any], helper: Any, numpy_helper: Any) -> None:
+def _fuse(graph: Any, inits: dict[str, Any], siblings: list[Any]) -> None:
+    """``siblings`` (same input and settings) as one MatMulNBits over their weights stacked along N, and a
+    Split along the last axis whose outputs are theirs, where the first of them was."""
+    from onnx import helper, numpy_helper
+
     first = siblings[0]
     attrs = {a.name: helper.get_attribute_value(a) for a in first.attribute}
     widths = [next(a.i for a in n.attribute if a.name == "N") for n in siblings]

@@ -85,22 +85,27 @@ class EngineResolver:
         """``recipes_dir``: the user's recipe folder (``engines.recipes_dir``); the shipped recipes always count."""
         self.cache, self.models_dir, self.on_event = cache, models_dir, on_event
         self.recipes_dir = recipes_dir
-        self._fingerprints: list[dict] | None = None
+        self._recipes: list[Recipe] | None = None
 
-    def _known_recipes(self) -> list[dict]:
-        """The fingerprints of the recipes the agent knows as they are now (a broken one is skipped)."""
-        if self._fingerprints is None:
-            from ..errors import EdgeAgentError
+    def recipes(self) -> list[Recipe]:
+        """The recipes the agent knows as they are now: the user's folder's, then the shipped ones (a user's
+        ``NAME.toml`` hides the shipped one). Read once; ``reread_recipes`` forgets them."""
+        if self._recipes is None:
+            from ..errors import ConfigError
             from .recipes import load_recipe, recipe_files
 
             found = []
             for path in recipe_files(self.recipes_dir):
                 try:
-                    found.append(load_recipe(path).fingerprint())
-                except (EdgeAgentError, OSError, ValueError) as exc:
-                    log.debug("recipe %s left out of engine choice: %s", path, exc)
-            self._fingerprints = found
-        return self._fingerprints
+                    found.append(load_recipe(path))
+                except ConfigError as exc:  # one broken recipe must not hide the others
+                    log.warning("engine recipe %s ignored: %s", path, exc)
+            self._recipes = found
+        return self._recipes
+
+    def reread_recipes(self) -> None:
+        """Read the recipes again at the next use (a field engineer may have edited one)."""
+        self._recipes = None
 
     def resolve(self, tier: TierConfig, rung: str | None = None) -> Resolved:
         """The engine ``tier`` serves: with precision "auto", the gate's choice for ``rung`` (default: the
@@ -160,7 +165,7 @@ class EngineResolver:
             and (precision is None or e.manifest.get("precision") == precision)
         }
         # Engines of the recipes as they are now, when there are any, before those of older or other recipes.
-        known = self._known_recipes()
+        known = [r.fingerprint() for r in self.recipes()]
         current = {k: e for k, e in candidates.items() if (e.manifest.get("key_parts") or {}).get("recipe") in known}
         candidates = current or candidates
         # An in-place KV engine (the same weights, no per-token cache copy) replaces a plain one of its precision.

@@ -361,6 +361,13 @@ def test_engines_of_the_recipe_as_it_is_now_outrank_those_of_an_older_version(tm
     tier = s.models.llm[0]
     knows = EngineResolver(cache, s.models.cache_dir, lambda *a: None, s.engines.recipes_dir)
     assert knows.resolve(tier).engine.key == now["key"]
+    # a recipe edited back (as before a rebuild): read again, its engine is the one of the recipe as it is
+    recipe_file = Path(s.engines.recipes_dir) / "tiny-phi3.toml"
+    recipe_file.write_text((older / "tiny-phi3.toml").read_text())
+    knows.reread_recipes()
+    assert knows.resolve(tier).engine.key == old["key"]
+    recipe_file.write_text(text)
+    knows.reread_recipes()
     # without the recipe as it is now among those it knows, the fastest by its own build serves
     blind = EngineResolver(cache, s.models.cache_dir, lambda *a: None, tmp_path / "no-recipes")
     assert blind.resolve(tier).engine.key == old["key"]
