@@ -61,7 +61,8 @@ def make_engines(recipe: Recipe, ref: ModelRef, backend: str, work: Path) -> dic
         if precision == "fp32":
             qov.to_ir(src, xml)
         else:
-            qov.compress_weights(src, xml, WEIGHT_ONLY[precision], spec.block_size, spec.symmetric)
+            own = spec.for_precision(precision)
+            qov.compress_weights(src, xml, WEIGHT_ONLY[precision], own.block_size, own.symmetric)
         folders[precision] = folder
     return folders
 

@@ -14,7 +14,8 @@ shape profiles, which calibration and held-out data, and how much accuracy an en
     float_graphs = []                  # of those, the ones kept FP32 at every precision (e.g. the decoders)
 
     [weight_only]                      # how int8w / int4 weights are made (no calibration data needed)
-    block_size = 32                    # weights per scale along K (ORT MatMulNBits block, NNCF group size)
+    block_size = 32                    # weights per scale along K (ORT MatMulNBits block, NNCF group size),
+                                       #   or per precision: { int8w = 32, int4 = 128 } (those not named: 32)
     symmetric = true                   # no zero points (ORT: is_symmetric; NNCF: INT4_SYM / INT8_SYM, else *_ASYM)
     algorithm = "rtn"                  # ORT int4: rtn | rtn_asym | kquant | hqq | gptq (gptq needs calibration)
     accuracy_level = 4                 # ORT MatMulNBits compute: 0 = float activations, 4 = int8 activations
@@ -81,7 +82,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from ..backends.npu import LlmShape
 from ..config import validation_problems
@@ -221,10 +222,17 @@ _CALIBRATION_KEYS = (
 )
 
 
+DEFAULT_BLOCK_SIZE = 32
+
+
 class WeightOnlySpec(_Strict):
     """How the weight-only precisions (int8w, int4) quantize MatMul weights, per backend's tool."""
 
-    block_size: int = Field(32, ge=16, le=4096, description="weights per scale along K (ORT block, NNCF group)")
+    block_size: int | dict[Literal["int8w", "int4"], int] = Field(
+        32,
+        description="weights per scale along K (ORT block, NNCF group), or per precision: { int4 = 128 } "
+        "(those not named: 32)",
+    )
     symmetric: bool = Field(True, description="no zero points (NNCF *_SYM modes), else asymmetric (*_ASYM)")
     algorithm: Literal["rtn", "rtn_asym", "kquant", "hqq", "gptq"] = Field(
         "rtn",
@@ -276,16 +284,20 @@ class WeightOnlySpec(_Strict):
         return self
 
     def for_precision(self, precision: str) -> WeightOnlySpec:
-        """These settings as ``precision``'s engines get them: a per-precision ``head_block_size`` resolved."""
-        if isinstance(self.head_block_size, int):
-            return self
-        return self.model_copy(update={"head_block_size": self.head_block_size.get(precision, 0)})  # type: ignore[call-overload]
+        """These settings as ``precision``'s engines get them: a per-precision ``block_size`` and
+        ``head_block_size`` resolved (so its cache key is that of a recipe naming its values alone)."""
+        update: dict[str, int] = {}
+        if isinstance(self.block_size, dict):
+            update["block_size"] = self.block_size.get(precision, DEFAULT_BLOCK_SIZE)  # type: ignore[call-overload]
+        if isinstance(self.head_block_size, dict):
+            update["head_block_size"] = self.head_block_size.get(precision, 0)  # type: ignore[call-overload]
+        return self.model_copy(update=update) if update else self
 
     def unset_head(self) -> set[str]:
         """The head keys left at 0, the calibration keys left unset and an absent ``openvino`` table: kept out of
         cache keys, so engines built before they existed stay valid. A per-precision ``head_block_size`` is left
         out too: each weight-only key carries its precision's own (``for_precision``), so naming one precision's
-        changes no other engine's key."""
+        changes no other engine's key (a per-precision ``block_size`` likewise, in ``Recipe.fingerprint``)."""
         unset = {
             k for k in ("head_bits", "head_block_size") if not getattr(self, k) or isinstance(getattr(self, k), dict)
         }
@@ -314,9 +326,9 @@ class WeightOnlySpec(_Strict):
 
     @field_validator("block_size", "head_block_size")
     @classmethod
-    def _power_of_two(cls, size: int | dict[str, int]) -> int | dict[str, int]:
+    def _power_of_two(cls, size: int | dict[str, int], info: ValidationInfo) -> int | dict[str, int]:
         for one in size.values() if isinstance(size, dict) else [size]:
-            if one and (one < 16 or one > 4096 or one & (one - 1)):
+            if (one or info.field_name == "block_size") and (one < 16 or one > 4096 or one & (one - 1)):
                 raise ValueError(f"block_size {one} must be a power of two from 16 to 4096 (16, 32, 64, 128, ...)")
         return size
 
@@ -515,7 +527,12 @@ class Recipe(_Strict):
         unset = {k for k in ("max_ppl_increase_pct", "min_greedy_agreement") if getattr(self.accuracy, k) is None}
         if unset:  # recipes without a perplexity budget keep the keys they had
             exclude["accuracy"] = dict.fromkeys(unset, True)
-        return json.loads(self.model_dump_json(exclude=exclude))
+        out = json.loads(self.model_dump_json(exclude=exclude))
+        if self.weight_only is not None and isinstance(self.weight_only.block_size, dict):
+            # the base size: a precision named here carries its own in its weight-only key part, so naming
+            # one precision's size changes no other engine's key
+            out["weight_only"]["block_size"] = DEFAULT_BLOCK_SIZE
+        return out
 
 
 def recipe_dirs(user_dir: Path | str | None = None) -> list[Path]:

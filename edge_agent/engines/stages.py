@@ -223,11 +223,13 @@ def _convert_openvino(ctx: StageContext, src: Path, xml: Path, parts: KeyParts, 
         weights = "int8w" if precision == "int8" else precision
         window = ctx.ref.config.get("sliding_window")
         capacity = npu["npu_llm"].capacity
-        return qov.stateful_ir(src, xml, weights, ctx.recipe.weight_spec.block_size, window, capacity)
+        block = ctx.recipe.weight_spec.for_precision(weights).block_size
+        return qov.stateful_ir(src, xml, weights, block, window, capacity)
     if precision in ("fp32", "fp16"):
         return qov.to_ir(src, xml, fp16=precision == "fp16")
     if precision in WEIGHT_ONLY:
-        return qov.compress_weights_for(src, xml, WEIGHT_ONLY[precision], ctx.recipe.weight_spec, ctx.ref)
+        spec = ctx.recipe.weight_spec.for_precision(precision)
+        return qov.compress_weights_for(src, xml, WEIGHT_ONLY[precision], spec, ctx.ref)
     if precision == "int8" and flavour == "weights":
         return qov.compress_weights(src, xml, 8)
     feeds = calibration_feeds(ctx, req)

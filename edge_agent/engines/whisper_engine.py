@@ -70,7 +70,7 @@ def convert(ctx: StageContext, staged: Path, parts: dict[str, Any]) -> dict:
             elif precision in WEIGHT_ONLY:
                 from .quantize_weight_only import quantize_matmul_nbits
 
-                w = ctx.recipe.weight_spec
+                w = ctx.recipe.weight_spec.for_precision(precision)
                 bits = WEIGHT_ONLY[precision]
                 done[name] = quantize_matmul_nbits(
                     src, dst, bits, w.block_size, w.symmetric, w.accuracy_level, w.algorithm

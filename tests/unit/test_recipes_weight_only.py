@@ -77,6 +77,22 @@ def test_a_per_precision_head_block_size_moves_only_that_precisions_key(tmp_path
     assert "head_block_size" in refused(tmp_path, '"int4"', "[weight_only]\nhead_block_size = { fp16 = 64 }")
 
 
+def test_a_per_precision_block_size_moves_only_that_precisions_key(tmp_path: Path) -> None:
+    base = load(tmp_path, '"fp32", "int8w", "int4"', "[weight_only]")
+    per = load(tmp_path, '"fp32", "int8w", "int4"', "[weight_only]\nblock_size = { int4 = 128 }")
+    assert per.fingerprint() == base.fingerprint()  # fp32's and int8w's engines keep their keys
+    assert per.weight_spec.for_precision("int8w").key() == base.weight_spec.key()
+    assert per.weight_spec.for_precision("int4").key()["block_size"] == 128
+    assert per.weight_spec.ort_args("int4")["block_size"] == 128
+    assert per.weight_spec.ort_args("int8w")["block_size"] == 32  # not named: the default
+    both = load(tmp_path, '"int8w", "int4"', "[weight_only]\nblock_size = { int8w = 64, int4 = 128 }")
+    assert both.weight_spec.ort_args("int8w")["block_size"] == 64
+    assert "block_size" in refused(tmp_path, '"int4"', "[weight_only]\nblock_size = { int4 = 96 }")
+    assert "block_size" in refused(tmp_path, '"int4"', "[weight_only]\nblock_size = { int8 = 64 }")
+    assert "block_size" in refused(tmp_path, '"int4"', "[weight_only]\nblock_size = 8")
+    assert "block_size" in refused(tmp_path, '"int4"', "[weight_only]\nblock_size = 0")
+
+
 def test_only_tensorrt_lacks_a_weight_only_path() -> None:
     assert weight_only_unsupported("onnxruntime", "int4") is None
     assert weight_only_unsupported("openvino", "int8w") is None
