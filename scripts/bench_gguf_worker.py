@@ -6,7 +6,9 @@ Engines:
   llama-server's slots do: one ``llama_decode`` per step over every sequence's next token, one unified KV
   cache), the four prompts prefilled in one batch.
 - ``agent FOLDER``: edge-agent's serving path (``DecoderLM`` + ``LLMScheduler``: continuous batching,
-  max batch 4) on a model or engine folder (run with .venv's python).
+  max batch 4) on a model or engine folder (run with .venv's python), its files read through the engine
+  cache's verification first, as the daemon does before it serves an engine (which also leaves the page
+  cache as the daemon's load finds it: see ``engines.cache.sha256_file``).
 
 Every request decodes exactly ``--new-tokens`` tokens greedily (EOS ignored). Figures: TTFT and prefill
 tok/s at each prompt length, batch-1 decode tok/s, aggregate tok/s with 4 requests at once, peak RSS
@@ -197,6 +199,11 @@ def main() -> int:
     args = ap.parse_args()
     spec = json.loads(args.prompts.read_text())
     n = args.new_tokens
+    if args.engine == "agent":  # as the daemon loads an engine: its files verified against the cache's hashes first
+        from edge_agent.engines.cache import sha256_file
+
+        for path in sorted(p for p in Path(args.model).iterdir() if p.is_file()):
+            sha256_file(path)
     t_load = time.perf_counter()
     if args.perplexity:
         engine = (
