@@ -62,7 +62,7 @@ def make_engines(recipe: Recipe, ref: ModelRef, backend: str, work: Path) -> dic
             qov.to_ir(src, xml)
         else:
             own = spec.for_precision(precision)
-            qov.compress_weights(src, xml, WEIGHT_ONLY[precision], own.block_size, own.symmetric)
+            qov.compress_weights(src, xml, WEIGHT_ONLY[precision], own.block, own.symmetric)
         folders[precision] = folder
     return folders
 

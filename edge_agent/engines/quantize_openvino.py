@@ -212,7 +212,7 @@ def compress_weights_for(src: Path, dst_xml: Path, bits: int, spec: WeightOnlySp
             "skip_tokens": spec.calibration_skip_tokens,
             "tokens": len(ids),
         }
-    out = compress_weights(src, dst_xml, bits, spec.block_size, spec.symmetric, options, dataset)
+    out = compress_weights(src, dst_xml, bits, spec.block, spec.symmetric, options, dataset)
     return {**out, **facts}
 
 

@@ -293,6 +293,13 @@ class WeightOnlySpec(_Strict):
             update["head_block_size"] = self.head_block_size.get(precision, 0)  # type: ignore[call-overload]
         return self.model_copy(update=update) if update else self
 
+    @property
+    def block(self) -> int:
+        """The block size of these settings once resolved for one precision (``for_precision``)."""
+        if isinstance(self.block_size, dict):
+            raise TypeError("block_size is per precision here: resolve it with for_precision(precision) first")
+        return self.block_size
+
     def unset_head(self) -> set[str]:
         """The head keys left at 0, the calibration keys left unset and an absent ``openvino`` table: kept out of
         cache keys, so engines built before they existed stay valid. A per-precision ``head_block_size`` is left

@@ -223,7 +223,7 @@ def _convert_openvino(ctx: StageContext, src: Path, xml: Path, parts: KeyParts, 
         weights = "int8w" if precision == "int8" else precision
         window = ctx.ref.config.get("sliding_window")
         capacity = npu["npu_llm"].capacity
-        block = ctx.recipe.weight_spec.for_precision(weights).block_size
+        block = ctx.recipe.weight_spec.for_precision(weights).block
         return qov.stateful_ir(src, xml, weights, block, window, capacity)
     if precision in ("fp32", "fp16"):
         return qov.to_ir(src, xml, fp16=precision == "fp16")

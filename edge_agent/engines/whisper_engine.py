@@ -73,7 +73,7 @@ def convert(ctx: StageContext, staged: Path, parts: dict[str, Any]) -> dict:
                 w = ctx.recipe.weight_spec.for_precision(precision)
                 bits = WEIGHT_ONLY[precision]
                 done[name] = quantize_matmul_nbits(
-                    src, dst, bits, w.block_size, w.symmetric, w.accuracy_level, w.algorithm
+                    src, dst, bits, w.block, w.symmetric, w.accuracy_level, w.algorithm
                 )
             else:
                 raise InputError(f"{ctx.recipe.name}: no {precision} path for a Whisper engine")

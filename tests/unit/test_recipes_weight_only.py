@@ -85,6 +85,9 @@ def test_a_per_precision_block_size_moves_only_that_precisions_key(tmp_path: Pat
     assert per.weight_spec.for_precision("int4").key()["block_size"] == 128
     assert per.weight_spec.ort_args("int4")["block_size"] == 128
     assert per.weight_spec.ort_args("int8w")["block_size"] == 32  # not named: the default
+    assert per.weight_spec.for_precision("int4").block == 128
+    with pytest.raises(TypeError, match="for_precision"):
+        per.weight_spec.block  # noqa: B018 - a size per precision has no one value
     both = load(tmp_path, '"int8w", "int4"', "[weight_only]\nblock_size = { int8w = 64, int4 = 128 }")
     assert both.weight_spec.ort_args("int8w")["block_size"] == 64
     assert "block_size" in refused(tmp_path, '"int4"', "[weight_only]\nblock_size = { int4 = 96 }")
