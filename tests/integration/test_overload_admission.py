@@ -4,6 +4,7 @@ moves every waiting request to the new tier (without a load when the tiers share
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 
@@ -393,6 +394,45 @@ def test_a_chats_prediction_counts_the_rest_of_a_recogniser_pass_its_steps_wait_
         assert sched.predict_ttft_ms(len(OTHER)) == pytest.approx(idle + 200.0)
         # a voice turn's steps never wait for the pass: its prediction stays
         assert sched.predict_ttft_ms(len(OTHER), interactive=True) == pytest.approx(idle)
+
+
+def test_a_chats_prediction_counts_the_voice_turns_of_speakers_talking_now(lm):
+    clock = [100.0]  # one fake clock for the scheduler and the urgency
+    urgency = Urgency(clock=lambda: clock[0])
+    sched = LLMScheduler(lm, Limits(max_batch=1, batch_timeout_ms=0), clock=lambda: clock[0], urgency=urgency)
+    sched.rates.seed(10.0, 64, 10.0 + 64 * 0.5, clock[0])  # given: 10 ms a step, 0.5 ms a prompt token
+    sched.enqueue(sched.prepare(PROMPT, greedy(5)))  # the only row: 8 prompt tokens (0.4 step), 5 to go
+    with sched._cond:
+        assert sched._take_admitted()
+    with urgency.held():  # lately a recogniser pass held the cores 300 ms ...
+        clock[0] += 0.3
+    urgency.reply_done(0.2)  # ... and a voice reply the LLM 200 ms: a turn costs 500 ms
+    quiet = sched.predict_ttft_ms(len(OTHER))
+    assert quiet == pytest.approx((1 + 0.4 + 5) * 10.0 + 10.0 + 4 * 0.5)  # nobody talking: as before
+    urgency.speech_started("speaker")  # 2 s of speech expected: a 76 ms wait covers 3.8 % of it
+    assert sched.predict_ttft_ms(len(OTHER)) == pytest.approx(quiet + quiet / 2000.0 * 500.0)
+    clock[0] += 1.95  # near the end of their speech: the turn is due within the wait
+    assert sched.predict_ttft_ms(len(OTHER)) == pytest.approx(quiet + (quiet / 100.0) * 500.0)
+    # a voice turn's own request is not held back by another's coming turn
+    assert sched.predict_ttft_ms(len(OTHER), interactive=True) == pytest.approx(quiet)
+    urgency.speech_ended("speaker")
+    assert sched.predict_ttft_ms(len(OTHER)) == pytest.approx(quiet)
+
+
+def test_a_voice_reply_tells_the_urgency_how_long_it_held_the_llm(lm):
+    ticks = itertools.count()
+    clock = lambda: 100.0 + next(ticks) * 1e-3  # noqa: E731 - every reading a millisecond later
+    urgency = Urgency(clock=clock)
+    sched = LLMScheduler(lm, Limits(max_batch=2, batch_timeout_ms=0), clock=clock, urgency=urgency)
+    sched.start()
+    try:
+        assert sched.submit(OTHER, greedy(3)).result(30).token_ids
+        assert urgency.turn_cost_s() == 0.0  # a chat teaches nothing about voice replies
+        reply = sched.submit(OTHER, greedy(3), tags=(INTERACTIVE,)).result(30)
+        held = reply.timing.finished_s - reply.timing.scheduled_s
+        assert held > 0 and urgency.turn_cost_s() == pytest.approx(held)  # no pass yet: the reply alone
+    finally:
+        sched.stop()
 
 
 def test_the_scheduler_learns_how_late_first_tokens_come_against_their_predictions(lm):

@@ -214,9 +214,11 @@ def _serve(
     lag: bool = False,
     stamp: bool = False,
     clock=None,
+    urgency=None,
 ):
     """``voiced`` fed frame by frame through an AsrService on ``_Engine``, each step asked for by a frame
-    finished before the next: (the stream, its events as (frame index, event))."""
+    finished before the next: (the stream, its events as (frame index, event)). ``urgency``: the one the
+    service's recogniser tells of speech (else the process's)."""
     from edge_agent.serving.asr.batcher import BatchLimits
     from edge_agent.serving.asr.service import AsrService
 
@@ -230,6 +232,8 @@ def _serve(
         end_probability=(lambda text: p_end if text.endswith("lights") else 0.0) if lm else None,
         **({"clock": clock} if clock is not None else {}),
     ).start()
+    if urgency is not None:
+        svc.batcher.urgency = urgency
     events: list = []
     frame = [0]
     try:
@@ -381,3 +385,58 @@ def test_a_pause_brings_the_partial_up_to_the_end_of_the_speech_once_per_pause()
     (final,) = [e for _, e in events if e.kind == "final"]
     assert all(e.text == final.text for _, e in pauses)
     assert max(k for k, _ in pauses) < next(k for k, e in events if e.kind == "final")
+
+
+@pytest.mark.parametrize("early", [False, True])
+def test_a_stream_announces_its_speakers_turn_from_speech_start_to_speech_end(early):
+    """While the speaker talks, a turn is coming (admission counts on it); from the end of speech it is a
+    recogniser pass and a reply that hold the cores themselves, no longer announced. The utterance's length
+    is learnt for the next one."""
+    from edge_agent.serving.asr.service import EarlyEnd
+    from edge_agent.serving.urgency import Urgency
+
+    clock = _Clock()
+    urgency = Urgency(clock=clock)
+    voiced = [True] * frames(1000) + [False] * frames(1000)
+    seen = []
+    original = urgency.speech_started
+
+    def started(key):
+        original(key)
+        seen.append(urgency.turns_expected(1e6))
+
+    urgency.speech_started = started
+    _, timed = _serve(voiced, early_end=EarlyEnd(200, 0.5) if early else None, clock=clock, urgency=urgency)
+    assert len([e for _, e in timed if e.kind == "final"]) == 1
+    assert seen == [1.0]  # one speaker announced at their speech start
+    assert urgency.turns_expected(1e6) == 0.0  # and no longer once their speech ended
+    assert urgency._speech_mean_s is not None and urgency._speech_mean_s > 0  # its length learnt
+
+
+def test_a_stream_cut_short_while_its_speaker_talks_announces_nothing_more():
+    from edge_agent.serving.asr.batcher import BatchLimits
+    from edge_agent.serving.asr.service import AsrService
+    from edge_agent.serving.urgency import Urgency
+
+    clock = _Clock()
+    urgency = Urgency(clock=clock)
+    voiced = [True] * frames(1000)
+    svc = AsrService(
+        _Engine(False, False, clock),
+        limits=BatchLimits(max_batch=1, batch_timeout_ms=0),
+        endpoint=EndpointConfig(60, 500, 100),
+        detector_factory=lambda: Script(voiced),
+        chunk_ms=10_000,
+        clock=clock,
+    ).start()
+    svc.batcher.urgency = urgency
+    try:
+        st = svc.open_stream()
+        for _ in range(frames(500)):
+            st.feed(np.full(FRAME, 0.1, np.float32))
+            st.wait_steps(10.0)
+        assert urgency.turns_expected(1e6) == 1.0  # talking
+        assert st.abort("client left") == 1
+        assert urgency.turns_expected(1e6) == 0.0 and urgency._speech_mean_s is None  # cut: nothing learnt
+    finally:
+        svc.stop()

@@ -37,6 +37,45 @@ def test_the_expected_rest_of_a_hold_is_the_recent_spans_mean_less_its_age():
         assert u.expected_left_s() == pytest.approx(0.5)
 
 
+def test_a_speaker_talking_now_counts_as_the_share_of_their_rest_of_speech_a_time_covers():
+    clock = [10.0]
+    u = Urgency(clock=lambda: clock[0])
+    assert u.turns_expected(5.0) == 0.0 and u.turn_cost_s() == 0.0  # nobody talking, nothing learnt
+    u.speech_started("a")
+    # no utterance has ended here yet: one is expected to last 2 s, all of it still to come
+    assert u.turns_expected(0.5) == pytest.approx(0.25)
+    clock[0] += 1.5
+    assert u.turns_expected(0.25) == pytest.approx(0.5)  # 0.5 s of it left
+    clock[0] += 1.0  # past the expected length: still talking, so the turn may start any moment
+    assert u.turns_expected(0.05) == pytest.approx(0.5)  # at least 0.1 s left (the shortest end of turn)
+    assert u.turns_expected(10.0) == 1.0  # never more than one turn per speaker
+    u.speech_ended("a")  # 2.5 s long: the first one learnt is the expected length
+    assert u.turns_expected(10.0) == 0.0
+    u.speech_started("b")
+    u.speech_started("c")
+    assert u.turns_expected(0.25) == pytest.approx(0.2)  # two speakers, a tenth of the rest each
+    clock[0] += 1.0
+    u.speech_ended("b", learn=False)  # cut short (the stream went away): no length learnt
+    u.speech_ended("nobody")  # never started: nothing happens
+    assert u.turns_expected(0.15) == pytest.approx(0.1)  # c alone, 1.5 s left by the same mean
+    u.speech_ended("c")  # 1 s long: the expected length moves a quarter of the way, 2.5 -> 2.125
+    u.speech_started("d")
+    assert u.turns_expected(0.2125) == pytest.approx(0.1)
+    clock[0] += 200.0
+    assert u.turns_expected(1.0) == 0.0  # announced long ago and never ended: not counted
+
+
+def test_a_turns_cost_is_a_recent_pass_and_a_recent_reply():
+    clock = [10.0]
+    u = Urgency(clock=lambda: clock[0])
+    with u.held():
+        clock[0] += 0.3
+    assert u.turn_cost_s() == pytest.approx(0.3)  # no voice reply seen yet: the pass alone
+    u.reply_done(0.4)
+    u.reply_done(0.8)  # 0.4 + 0.25 x 0.4
+    assert u.turn_cost_s() == pytest.approx(0.3 + 0.5)
+
+
 def test_a_waiter_never_waits_past_its_bound():
     u = Urgency(max_yield_s=0.05)
     with u.held():

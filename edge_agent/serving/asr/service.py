@@ -348,6 +348,8 @@ class AsrStream:
         self._tools: Sequence[Any] | None = None  # a voice turn's tools: their words are the context
         self._recent: deque[str] = deque(maxlen=2)  # the last finals' text: context for the next utterance
         self.context = build_prompt(None, getattr(service, "prompt_words", ()))
+        # told when this stream's speaker starts and stops talking (the LLM admits chats against the turn)
+        self._urgency = getattr(service.batcher, "urgency", None)
 
     def set_context(self, tools: Sequence[Any] | None) -> None:
         """The words the recogniser is told to expect from now on: the service's ``[asr] prompt_words``,
@@ -468,6 +470,8 @@ class AsrStream:
             for u in live:
                 self.fail(u, reason, code)
             self._current = None
+            if self._urgency is not None:
+                self._urgency.speech_ended(self, learn=False)
         self.service.batcher.drop(lambda item: item.handle is self)
         return len(live)
 
@@ -572,11 +576,15 @@ class AsrStream:
                 self._current = u
                 self._live.append(u)
                 self._emit(AsrEvent("speech_start", self.id, u.index, audio_s=onset_s, at_s=now))
+                if self._urgency is not None:  # a turn is coming: admission counts on it
+                    self._urgency.speech_started(self)
                 self._add(u, e.audio)
             elif isinstance(e, SpeechAudio) and self._current is not None:
                 self._add(self._current, e.audio)
             elif isinstance(e, SpeechEnd) and self._current is not None:
                 u, self._current = self._current, None
+                if self._urgency is not None:
+                    self._urgency.speech_ended(self)
                 u.end_at, u.reason = now, e.reason
                 self._early = u if e.reason == "early" else None
                 self._endpoints[u.index] = (now - (e.at_s - e.speech_end_s), now)
@@ -681,6 +689,8 @@ class AsrStream:
         )
         if self._current is u:
             self._current = None
+            if self._urgency is not None:  # cut short: no turn comes, and no length to learn
+                self._urgency.speech_ended(self, learn=False)
         self._emit(AsrEvent("error", self.id, u.index, at_s=self.service.clock(), error=str(exc), code=code))
         self._close_one()
 

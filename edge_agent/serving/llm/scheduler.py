@@ -251,7 +251,13 @@ class LLMScheduler:
         if view is None:
             return None
         running, ahead, max_rows, rates = view
-        return predict_ttft_ms(running, [w for _, w in ahead], prompt_tokens, max_rows, rates)
+        predicted = predict_ttft_ms(running, [w for _, w in ahead], prompt_tokens, max_rows, rates)
+        if not interactive and self.urgency is not None:
+            # a voice turn that starts before this chat's first token holds the cores first: the speakers
+            # talking now, each in proportion to how likely their turn starts that soon
+            turns = self.urgency.turns_expected(predicted / 1e3)
+            predicted += turns * self.urgency.turn_cost_s() * 1e3
+        return predicted
 
     def lateness_ms(self, budget_ms: float, now: float | None = None, arriving_ms: float | None = None) -> float:
         """The margin admission adds to a prediction here for requests of ``budget_ms``: how late admitted chats'
@@ -806,6 +812,8 @@ class LLMScheduler:
         if reason != "cancelled" and not seq.warmup:
             with self._cond:
                 self.rates.finished(len(seq.generated), timing.finished_s, capped=reason == "length")
+            if seq.interactive and self.urgency is not None and timing.scheduled_s is not None:
+                self.urgency.reply_done(timing.finished_s - timing.scheduled_s)
         if self._wait is not None and timing.ttft_ms is not None:
             with self._cond:
                 self._wait.on_latency(timing.ttft_ms, self.sla_ms())
