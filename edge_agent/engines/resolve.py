@@ -5,7 +5,8 @@ accuracy gate would choose among the *current* cache entries of that model: same
 and device fingerprint, and built from the same model bytes (the entry's ``key_parts.model`` equals
 the folder's hash, so an edited export never serves an engine of the old one). When some of them were
 built from a recipe the agent knows as it is now (``engines.recipes_dir``, then the shipped recipes: the
-entry's ``key_parts.recipe`` equals the recipe's fingerprint), only those compete: engines of an older
+entry's ``key_parts.recipe`` equals the recipe's fingerprint, and a weight-only engine's ``key_parts.weight_only``
+the settings the recipe now gives its precision), only those compete: engines of an older
 version of the recipe, or of a copy built by hand, stay in the cache but serve only when none is. (The
 gate's speeds come from separate builds on a machine whose load varies, so an older engine measured on
 idler cores would otherwise outrank the recipe's own choice.) Every candidate is
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..backends import SessionOptions, npu, open_session
+from ..errors import ConfigError
 from ..models.catalog import DEMO_MODELS, ModelRef, inspect_folder, resolve_model
 from ..models.llm import DecoderLM
 from .cache import EngineCache, Entry, hash_model
@@ -165,8 +167,8 @@ class EngineResolver:
             and (precision is None or e.manifest.get("precision") == precision)
         }
         # Engines of the recipes as they are now, when there are any, before those of older or other recipes.
-        known = [r.fingerprint() for r in self.recipes()]
-        current = {k: e for k, e in candidates.items() if (e.manifest.get("key_parts") or {}).get("recipe") in known}
+        known = [(r.fingerprint(), r) for r in self.recipes()]
+        current = {k: e for k, e in candidates.items() if _of_current_recipe(e, known)}
         candidates = current or candidates
         # An in-place KV engine (the same weights, no per-token cache copy) replaces a plain one of its precision.
         inplace = {e.manifest.get("precision") for e in candidates.values() if _layout(e)}
@@ -269,6 +271,24 @@ def npu_llm_options(source: ModelRef, tier: TierConfig) -> dict[str, object]:
             shape = recipe.npu_llm.shape() if recipe.npu_llm else shape
             break
     return {"npu_llm": shape, "sliding_window": source.config.get("sliding_window")}
+
+
+def _of_current_recipe(entry: Entry, known: list[tuple[dict, Recipe]]) -> bool:
+    """Whether ``entry`` is an engine one of the ``known`` recipes (fingerprint, recipe) builds as it is now:
+    the recipe's fingerprint, and for a weight-only precision the weight-only settings that precision gets
+    (a per-precision block size is in that key part alone, not in the fingerprint)."""
+    parts = entry.manifest.get("key_parts") or {}
+    for fingerprint, recipe in known:
+        if parts.get("recipe") != fingerprint:
+            continue
+        if "weight_only" not in parts:
+            return True
+        try:
+            if parts["weight_only"] == recipe.weight_spec.for_precision(str(entry.manifest.get("precision"))).key():
+                return True
+        except ConfigError:  # its calibration text is unreadable now: it cannot say
+            continue
+    return False
 
 
 def _layout(entry: Entry) -> str:

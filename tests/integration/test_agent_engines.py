@@ -334,6 +334,37 @@ def test_a_lower_rung_without_an_engine_of_its_own_shares_the_top_rungs_loaded_e
     assert generate(agent)
 
 
+def test_an_engine_built_with_other_settings_of_its_precision_is_not_the_recipes_as_it_is_now(tmp_path: Path) -> None:
+    """A per-precision setting (``block_size = { int8w = 64 }``) is in that precision's key part, not in the
+    recipe's fingerprint: an engine built before it changed has the same fingerprint and must still lose."""
+    import json
+
+    from edge_agent.engines.resolve import EngineResolver
+
+    s = settings(tmp_path, precisions='["int8w"]', build_on_start=False, kv_layout="plain")
+    recipe_file = Path(s.engines.recipes_dir) / "tiny-phi3.toml"
+    base = recipe_file.read_text()
+    cache = EngineCache(s.engines.cache_dir, s.engines.max_bytes)
+
+    def build(blocks: int) -> dict:
+        recipe_file.write_text(base + f"[weight_only]\nblock_size = {{ int8w = {blocks} }}\n")
+        recipe = load_recipe(recipe_file)
+        pipe = Pipeline(recipe, cache, s.models.cache_dir, 1, Heartbeat(enabled=False, notifier=Notifier({})))
+        return pipe.build(BuildRequest("cpu", "int8w"))
+
+    old, now = build(64), build(32)  # the recipe now says 32
+    assert old["key"] != now["key"]
+    manifests = {
+        k: json.loads((Path(r["path"]) / "manifest.json").read_text()) for k, r in (("old", old), ("now", now))
+    }
+    assert manifests["old"]["key_parts"]["recipe"] == manifests["now"]["key_parts"]["recipe"]
+    doc = manifests["old"]  # the older engine's build measured it far faster
+    doc["accuracy"]["latency_ms"] = doc["accuracy"]["reference_latency_ms"] / 10
+    (Path(old["path"]) / "manifest.json").write_text(json.dumps(doc))
+    knows = EngineResolver(cache, s.models.cache_dir, lambda *a: None, s.engines.recipes_dir)
+    assert knows.resolve(s.models.llm[0]).engine.key == now["key"]
+
+
 def test_engines_of_the_recipe_as_it_is_now_outrank_those_of_an_older_version(tmp_path: Path) -> None:
     import json
 
