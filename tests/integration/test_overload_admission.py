@@ -376,14 +376,21 @@ def test_a_chats_prediction_counts_the_voice_reply_its_rows_stand_still_for(lm, 
     assert sched.predict_ttft_ms(len(OTHER), interactive=True) == pytest.approx(chat_frees + prefill)
 
 
-def test_a_chats_prediction_counts_the_rest_of_a_recogniser_pass_its_steps_wait_for(lm):
-    clock = [100.0]  # one fake clock for the scheduler and the urgency: nothing moves while the test looks
+def _one_chat_running(lm) -> tuple[list[float], Urgency, LLMScheduler]:
+    """A scheduler of one row, with an urgency of its own, on one fake clock (nothing moves while the test
+    looks): 10 ms a step, 0.5 ms a prompt token, and a chat of 8 prompt tokens (0.4 step) with 5 to go."""
+    clock = [100.0]
     urgency = Urgency(clock=lambda: clock[0])
     sched = LLMScheduler(lm, Limits(max_batch=1, batch_timeout_ms=0), clock=lambda: clock[0], urgency=urgency)
-    sched.rates.seed(10.0, 64, 10.0 + 64 * 0.5, clock[0])  # given: 10 ms a step, 0.5 ms a prompt token
-    sched.enqueue(sched.prepare(PROMPT, greedy(5)))  # the only row: 8 prompt tokens (0.4 step), 5 to go
+    sched.rates.seed(10.0, 64, 10.0 + 64 * 0.5, clock[0])
+    sched.enqueue(sched.prepare(PROMPT, greedy(5)))
     with sched._cond:
         assert sched._take_admitted()
+    return clock, urgency, sched
+
+
+def test_a_chats_prediction_counts_the_rest_of_a_recogniser_pass_its_steps_wait_for(lm):
+    clock, urgency, sched = _one_chat_running(lm)
     with urgency.held():  # the recogniser's passes have lately held the cores 300 ms
         clock[0] += 0.3
     clock[0] += 1.0
@@ -397,13 +404,7 @@ def test_a_chats_prediction_counts_the_rest_of_a_recogniser_pass_its_steps_wait_
 
 
 def test_a_chats_prediction_counts_the_voice_turns_of_speakers_talking_now(lm):
-    clock = [100.0]  # one fake clock for the scheduler and the urgency
-    urgency = Urgency(clock=lambda: clock[0])
-    sched = LLMScheduler(lm, Limits(max_batch=1, batch_timeout_ms=0), clock=lambda: clock[0], urgency=urgency)
-    sched.rates.seed(10.0, 64, 10.0 + 64 * 0.5, clock[0])  # given: 10 ms a step, 0.5 ms a prompt token
-    sched.enqueue(sched.prepare(PROMPT, greedy(5)))  # the only row: 8 prompt tokens (0.4 step), 5 to go
-    with sched._cond:
-        assert sched._take_admitted()
+    clock, urgency, sched = _one_chat_running(lm)
     with urgency.held():  # lately a recogniser pass held the cores 300 ms ...
         clock[0] += 0.3
     urgency.reply_done(0.2)  # ... and a voice reply the LLM 200 ms: a turn costs 500 ms
