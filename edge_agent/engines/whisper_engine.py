@@ -72,9 +72,7 @@ def convert(ctx: StageContext, staged: Path, parts: dict[str, Any]) -> dict:
 
                 w = ctx.recipe.weight_spec.for_precision(precision)
                 bits = WEIGHT_ONLY[precision]
-                done[name] = quantize_matmul_nbits(
-                    src, dst, bits, w.block, w.symmetric, w.accuracy_level, w.algorithm
-                )
+                done[name] = quantize_matmul_nbits(src, dst, bits, w.block, w.symmetric, w.accuracy_level, w.algorithm)
             else:
                 raise InputError(f"{ctx.recipe.name}: no {precision} path for a Whisper engine")
             ctx.hb.callback(bar)(i + 1, len(ctx.recipe.graphs))
