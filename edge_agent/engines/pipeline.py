@@ -39,7 +39,7 @@ from .fingerprint import device_fingerprint, runtime_version
 from .heartbeat import BuildCancelled, Heartbeat
 from .inplace_kv import layout_for
 from .model_io import AsrProbe, LlmProbe
-from .recipes import TARGET_BACKENDS, WEIGHT_ONLY, NpuLlmSpec, Recipe
+from .recipes import TARGET_BACKENDS, NpuLlmSpec, Recipe
 from .stages import (
     BuildRequest,
     StageContext,
@@ -138,7 +138,7 @@ class Pipeline:
             }
         parts = {
             "model": self.model_hash,
-            "recipe": self.recipe.fingerprint(),
+            **self.recipe.precision_key(req.precision),  # the fingerprint, and weight-only settings
             "target": req.target,
             "precision": req.precision,
             "flavour": flavour,
@@ -156,8 +156,6 @@ class Pipeline:
                 "min_response": shape.min_response,
                 "generate_tokens": shape.generate_tokens,
             }
-        if req.precision in WEIGHT_ONLY:  # only weight-only keys carry it: other keys stay as they were
-            parts["weight_only"] = self.recipe.weight_spec.for_precision(req.precision).key()
         r = self.recipe
         layout = layout_for(
             r.layout_of(req.precision), r.workload, self.ref.path, r.onnx_file, backend, req.precision, flavour

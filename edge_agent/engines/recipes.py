@@ -229,7 +229,7 @@ class WeightOnlySpec(_Strict):
     """How the weight-only precisions (int8w, int4) quantize MatMul weights, per backend's tool."""
 
     block_size: int | dict[Literal["int8w", "int4"], int] = Field(
-        32,
+        DEFAULT_BLOCK_SIZE,
         description="weights per scale along K (ORT block, NNCF group), or per precision: { int4 = 128 } "
         "(those not named: 32)",
     )
@@ -293,6 +293,12 @@ class WeightOnlySpec(_Strict):
             update["head_block_size"] = self.head_block_size.get(precision, 0)  # type: ignore[call-overload]
         return self.model_copy(update=update) if update else self
 
+    def base(self) -> WeightOnlySpec:
+        """These settings with each per-precision value at its default (``block_size`` 32, the head's as the
+        rest): what the recipe's fingerprint holds. A precision's own values are in its weight-only key part
+        (``for_precision``), so naming one precision's value changes no other engine's key."""
+        return self.for_precision("")
+
     @property
     def block(self) -> int:
         """The block size of these settings once resolved for one precision (``for_precision``)."""
@@ -302,12 +308,9 @@ class WeightOnlySpec(_Strict):
 
     def unset_head(self) -> set[str]:
         """The head keys left at 0, the calibration keys left unset and an absent ``openvino`` table: kept out of
-        cache keys, so engines built before they existed stay valid. A per-precision ``head_block_size`` is left
-        out too: each weight-only key carries its precision's own (``for_precision``), so naming one precision's
-        changes no other engine's key (a per-precision ``block_size`` likewise, in ``Recipe.fingerprint``)."""
-        unset = {
-            k for k in ("head_bits", "head_block_size") if not getattr(self, k) or isinstance(getattr(self, k), dict)
-        }
+        cache keys, so engines built before they existed stay valid (of settings resolved for a precision, or
+        ``base``)."""
+        unset = {k for k in ("head_bits", "head_block_size") if not getattr(self, k)}
         unset |= {"openvino"} if self.openvino is None else set()
         return unset | (
             {k for k in _CALIBRATION_KEYS if k not in self.model_fields_set} if self.calibration is None else set()
@@ -518,16 +521,13 @@ class Recipe(_Strict):
         """What about the recipe changes an engine (the cache key part): everything but its file path.
         An absent ``[weight_only]`` is left out, so recipes without one keep the keys they had."""
         # kv_layout is in the key as key_parts["layout"], only for builds that convert.
+        # weight_only goes in as ``base`` has it, below.
         exclude: dict = dict.fromkeys(
-            {"source", "kv_layout"}
-            | ({"weight_only"} if self.weight_only is None else set())
+            {"source", "kv_layout", "weight_only"}
             | (set() if self.graphs else {"graphs"})
             | (set() if self.float_graphs else {"float_graphs"}),
             True,
         )
-        head_unset = self.weight_only.unset_head() if self.weight_only is not None else set()
-        if head_unset:
-            exclude["weight_only"] = dict.fromkeys(head_unset, True)
         exclude |= {"npu_llm": True} if self.npu_llm is None else {}
         exclude |= {"perplexity": True} if self.perplexity is None else {}
         exclude |= {"rungs": True} if not self.rungs else {}
@@ -535,11 +535,18 @@ class Recipe(_Strict):
         if unset:  # recipes without a perplexity budget keep the keys they had
             exclude["accuracy"] = dict.fromkeys(unset, True)
         out = json.loads(self.model_dump_json(exclude=exclude))
-        if self.weight_only is not None and isinstance(self.weight_only.block_size, dict):
-            # the base size: a precision named here carries its own in its weight-only key part, so naming
-            # one precision's size changes no other engine's key
-            out["weight_only"]["block_size"] = DEFAULT_BLOCK_SIZE
+        if self.weight_only is not None:
+            base = self.weight_only.base()
+            out["weight_only"] = json.loads(base.model_dump_json(exclude=base.unset_head()))
         return out
+
+    def precision_key(self, precision: str) -> dict:
+        """The recipe's parts of ``precision``'s engine keys: its fingerprint and, for a weight-only precision,
+        the settings that precision gets (where a per-precision value is)."""
+        parts = {"recipe": self.fingerprint()}
+        if precision in WEIGHT_ONLY:  # only weight-only keys carry it: other keys stay as they were
+            parts["weight_only"] = self.weight_spec.for_precision(precision).key()
+        return parts
 
 
 def recipe_dirs(user_dir: Path | str | None = None) -> list[Path]:

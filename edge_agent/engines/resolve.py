@@ -275,19 +275,18 @@ def npu_llm_options(source: ModelRef, tier: TierConfig) -> dict[str, object]:
 
 def _of_current_recipe(entry: Entry, known: list[tuple[dict, Recipe]]) -> bool:
     """Whether ``entry`` is an engine one of the ``known`` recipes (fingerprint, recipe) builds as it is now:
-    the recipe's fingerprint, and for a weight-only precision the weight-only settings that precision gets
-    (a per-precision block size is in that key part alone, not in the fingerprint)."""
+    its key has the recipe's parts for its precision (``Recipe.precision_key``: the fingerprint, and the
+    settings a weight-only precision gets, where a per-precision value is)."""
     parts = entry.manifest.get("key_parts") or {}
     for fingerprint, recipe in known:
-        if parts.get("recipe") != fingerprint:
+        if parts.get("recipe") != fingerprint:  # the cheap test first
             continue
-        if "weight_only" not in parts:
-            return True
         try:
-            if parts["weight_only"] == recipe.weight_spec.for_precision(str(entry.manifest.get("precision"))).key():
-                return True
+            wanted = recipe.precision_key(str(entry.manifest.get("precision")))
         except ConfigError:  # its calibration text is unreadable now: it cannot say
             continue
+        if all(parts.get(k) == v for k, v in wanted.items()):
+            return True
     return False
 
 

@@ -469,9 +469,7 @@ class AsrStream:
             live = [u for u in self._live if not u.done]
             for u in live:
                 self.fail(u, reason, code)
-            self._current = None
-            if self._urgency is not None:
-                self._urgency.speech_ended(self, learn=False)
+            self._current = None  # (fail told the urgency that the open one's speech was cut)
         self.service.batcher.drop(lambda item: item.handle is self)
         return len(live)
 
