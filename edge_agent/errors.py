@@ -16,7 +16,8 @@ callers catch ``EdgeAgentError``.
     │   └── FieldError          one named request field cannot be honoured (HTTP 400)
     ├── Overloaded              the agent is at capacity; try again later (HTTP 429)
     │   └── Unavailable         shedding load or shutting down (HTTP 503)
-    └── DeadlineExceeded        a request waited past its queue timeout or deadline
+    ├── DeadlineExceeded        a request waited past its queue timeout or deadline
+    └── Interrupted             a running model call was stopped on purpose (preempted); its work is redone
 """
 
 from __future__ import annotations
@@ -93,6 +94,11 @@ class Unavailable(Overloaded):
 
 class DeadlineExceeded(EdgeAgentError):
     """A request was not started within its queue timeout or its own deadline."""
+
+
+class Interrupted(EdgeAgentError):
+    """A running model call was stopped on purpose (``interrupt``: more urgent work preempted it); nothing is
+    wrong, and the caller redoes the work when it is wanted again."""
 
 
 def none_loaded(workload: str, errors: list[tuple[str, str]]) -> ModelError:

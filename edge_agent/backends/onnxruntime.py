@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ..errors import BackendError, DeviceUnavailable, EngineError, InputError, ModelError
+from ..errors import BackendError, DeviceUnavailable, EngineError, InputError, Interrupted, ModelError
 from . import SessionOptions, TensorSpec, check_feeds
 
 log = logging.getLogger(__name__)
@@ -102,12 +102,23 @@ class OrtSession:
         self.outputs = tuple(_spec(a) for a in session.get_outputs())
         self._output_names = [o.name for o in self.outputs]
         self.providers = tuple(session.get_providers())
+        # one RunOptions for every run: ``interrupt`` (any thread) stops the run in progress and fails each
+        # later one with ``Interrupted`` until ``resume``
+        self.run_options = ort.RunOptions()
+
+    def interrupt(self) -> None:
+        """Stop the run in progress (ONNX Runtime checks between nodes: within a millisecond or two) and
+        every later one, which raise ``Interrupted``, until ``resume``. Any thread."""
+        self.run_options.terminate = True
+
+    def resume(self) -> None:
+        self.run_options.terminate = False
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         check_feeds(self.inputs, feeds, optional=self.optional_inputs)
         names = list(output_names) if output_names is not None else self._output_names
         try:
-            values = self._session.run(names, dict(feeds))
+            values = self._session.run(names, dict(feeds), self.run_options)
         except Exception as exc:  # ORT raises its own pybind exception types
             raise _translate(exc, self.path) from exc
         return dict(zip(names, values))
@@ -168,7 +179,7 @@ class OrtPreparedRun:
         for name, buf in out.items():
             self._bind_out(name, buf)
         try:
-            owner._session.run_with_iobinding(self._binding)
+            owner._session.run_with_iobinding(self._binding, owner.run_options)
         except Exception as exc:
             raise _translate(exc, owner.path) from exc
 
@@ -176,6 +187,8 @@ class OrtPreparedRun:
 def _translate(exc: Exception, path: Path) -> Exception:
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     kind = type(exc).__name__
+    if "terminate flag" in text:
+        return Interrupted(f"onnxruntime: a run of {path.name} was interrupted")
     if kind in ("InvalidArgument", "InvalidGraph") or ("Invalid" in text and "input" in text.lower()):
         return InputError(f"onnxruntime rejected the inputs for {path.name}: {text}")
     return BackendError(f"onnxruntime failed running {path}: {text}")

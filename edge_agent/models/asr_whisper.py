@@ -372,6 +372,24 @@ class WhisperRecognizer(WhisperDecoding):
         text = self.text(ids)
         return Hypothesis(text, tuple(ids), True, text, x.size / self.sample_rate)
 
+    @property
+    def interruptible(self) -> bool:
+        """Whether ``interrupt`` can stop a step: its sessions can (ONNX Runtime's)."""
+        return all(hasattr(s, "interrupt") for s in (self.encoder, self.decoder, self.decoder_past) if s is not None)
+
+    def interrupt(self) -> None:
+        """Stop the step in progress (any thread): it raises ``Interrupted``, as does every later model call
+        until ``resume``. Its streams keep their audio and are as before its decode (every step decodes a
+        stream from its audio), so a later step loses nothing."""
+        for s in (self.encoder, self.decoder, self.decoder_past):
+            if s is not None and hasattr(s, "interrupt"):
+                s.interrupt()
+
+    def resume(self) -> None:
+        for s in (self.encoder, self.decoder, self.decoder_past):
+            if s is not None and hasattr(s, "resume"):
+                s.resume()
+
     def _heard(self, ids: list[int]) -> list[int]:
         """``ids``, or none when their text has no letter or digit ("...": what Whisper says over a chord or a
         hum it did not judge silent), with the guards on."""

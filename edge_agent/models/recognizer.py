@@ -87,6 +87,10 @@ class Recognizer(Protocol):
 
     def close(self) -> None: ...
 
+    # A recogniser whose steps can be stopped midway without losing anything (each step decodes its streams
+    # from their audio: Whisper) has ``interruptible`` true and ``interrupt()`` (any thread: the step raises
+    # ``errors.Interrupted``) and ``resume()``; the ASR service then lets a pause's decode preempt partials.
+
 
 def read_json(path: Path) -> dict:
     import json

@@ -238,3 +238,23 @@ def test_onnxruntime_runs_without_its_arena_on_request(model):
     with _default_and(model, 1, {"cpu_arena": False}) as (pooled, arena_off):
         assert pooled.enable_cpu_mem_arena is True
         assert arena_off.enable_cpu_mem_arena is False
+
+
+def test_onnxruntime_interrupt_stops_runs_until_resumed(model):
+    """``interrupt`` (ONNX Runtime's terminate flag, any thread) fails the run in progress and every later one
+    with ``Interrupted`` until ``resume``; then runs are right again."""
+    from edge_agent.errors import Interrupted
+
+    path, w, b = model
+    session = open_session(path, "onnxruntime", SessionOptions(device="cpu", threads=1))
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    session.interrupt()
+    with pytest.raises(Interrupted, match="interrupted"):
+        session.run({"x": x})
+    out = np.zeros((3, 4), np.float32)
+    with pytest.raises(Interrupted):
+        session.run_with_binding({"x": x}, {"y": out})
+    session.resume()
+    np.testing.assert_allclose(session.run({"x": x})["y"], affine_relu_reference(x, w, b), rtol=1e-5, atol=1e-5)
+    session.run_with_binding({"x": x}, {"y": out})
+    np.testing.assert_allclose(out, affine_relu_reference(x, w, b), rtol=1e-5, atol=1e-5)

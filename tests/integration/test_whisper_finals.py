@@ -182,6 +182,55 @@ def test_a_fork_with_nothing_pending_takes_the_last_pass_and_its_final_is_the_on
     assert pending.hidden is None
 
 
+class _StopsAt:
+    """A session proxy that stops the engine's step (``interrupt``, as another thread would) at its ``at``-th run."""
+
+    def __init__(self, session, engine, at: int) -> None:
+        self.session, self.engine, self.at, self.runs = session, engine, at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+    def run(self, feeds, outputs=None):
+        self.runs += 1
+        if self.runs == self.at:
+            self.engine.interrupt()
+        return self.session.run(feeds, outputs) if outputs is not None else self.session.run(feeds)
+
+
+@pytest.mark.parametrize("where", ["encoder", "decoder"])
+def test_a_step_stopped_midway_loses_nothing(engines, monkeypatch, where):
+    """A partial step interrupted in its encoder or its decoder raises ``Interrupted``; after ``resume`` the
+    stream's next partial and its final are those of a stream whose steps were never stopped."""
+    from edge_agent.errors import Interrupted
+
+    engine = engines(final_padding_s=6.0, max_tokens_per_s=4.0)
+    assert engine.interruptible
+    x = _audio(40, 2.4)
+    half = x.size // 2
+    plain = engine.new_stream()
+    plain.add_audio(x[:half])
+    engine.step([plain])
+    plain.add_audio(x[half:])
+    expected_partial = engine.step([plain])[0]
+    plain.end()
+    expected_final = engine.step([plain])[0]
+
+    s = engine.new_stream()
+    s.add_audio(x[:half])
+    engine.step([s])
+    s.add_audio(x[half:])
+    monkeypatch.setattr(engine, where, _StopsAt(getattr(engine, where), engine, 1))
+    with pytest.raises(Interrupted):
+        engine.step([s])
+    engine.resume()
+    partial = engine.step([s])[0]
+    assert partial.token_ids == expected_partial.token_ids and partial.stable_text == expected_partial.stable_text
+    s.end()
+    final = engine.step([s])[0]
+    assert final.final and final.token_ids == expected_final.token_ids
+
+
 @pytest.mark.slow
 def test_whisper_base_streamed_finals_equal_its_one_pass_on_spoken_sentences(tmp_path):
     import soundfile as sf

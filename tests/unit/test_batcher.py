@@ -164,3 +164,85 @@ def test_a_future_its_caller_cancelled_is_not_run():
         gate.set()
         b.stop(5)
     assert ran == [1, 3]
+
+
+class _Stoppable:
+    """A run_batch the test holds per batch; ``interrupt`` releases it raising ``Interrupted``."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.stopped = False
+        self.resumed = 0
+        self.seen: list[list[str]] = []
+
+    def run(self, items):
+        self.seen.append(list(items))
+        if items[0].startswith("hold"):
+            self.entered.set()
+            assert self.release.wait(10.0)
+        if self.stopped:
+            from edge_agent.errors import Interrupted
+
+            raise Interrupted("stopped")
+        return [f"{i}!" for i in items]
+
+    def interrupt(self) -> None:
+        self.stopped = True
+        self.release.set()
+
+    def resume(self) -> None:
+        self.stopped = False
+        self.resumed += 1
+
+
+@pytest.mark.parametrize("urgent", [False, True])
+def test_preempt_stops_the_running_batch_that_holds_the_caller_s_item(urgent):
+    from edge_agent.errors import Interrupted
+
+    eng = _Stoppable()
+    b = Batcher(eng.run, BatchLimits(max_batch=2, batch_timeout_ms=0), interrupt=(eng.interrupt, eng.resume)).start()
+    try:
+        held = b.submit("hold-a", urgent=urgent)
+        assert eng.entered.wait(10.0)
+        assert not b.preempt(lambda item: item == "nothing-running")  # names nothing in the batch
+        stopped = b.preempt(lambda item: item == "hold-a")
+        # the caller's own item may be stopped even when urgent (it no longer wants it)
+        assert stopped and b.preempted == 1
+        with pytest.raises(Interrupted):
+            held.result(10.0)
+        assert b.submit("next").result(10.0) == "next!"  # resumed before the next batch
+        assert eng.resumed >= 2
+    finally:
+        eng.release.set()
+        b.stop()
+
+
+def test_preempt_leaves_a_batch_holding_another_caller_s_urgent_request():
+    eng = _Stoppable()
+    limits = BatchLimits(max_batch=2, batch_timeout_ms=0, preferred_batch_sizes=(2,))
+    b = Batcher(eng.run, limits, interrupt=(eng.interrupt, eng.resume))
+    first, second = b.submit("hold-mine"), b.submit("theirs", urgent=True)  # queued together, one batch
+    b.start()
+    try:
+        assert eng.entered.wait(10.0)
+        assert not b.preempt(lambda item: item == "hold-mine") and b.preempted == 0
+        eng.release.set()
+        assert (first.result(10.0), second.result(10.0)) == ("hold-mine!", "theirs!")
+    finally:
+        eng.release.set()
+        b.stop()
+
+
+def test_preempt_without_an_engine_that_can_stop_does_nothing():
+    eng = _Stoppable()
+    b = Batcher(eng.run, BatchLimits(max_batch=1, batch_timeout_ms=0)).start()
+    try:
+        fut = b.submit("hold-x")
+        assert eng.entered.wait(10.0)
+        assert not b.preempt(lambda item: True)
+        eng.release.set()
+        assert fut.result(10.0) == "hold-x!"
+    finally:
+        eng.release.set()
+        b.stop()

@@ -283,3 +283,70 @@ def test_a_long_lived_stream_keeps_a_bounded_amount_per_utterance():
     assert all(len(d) <= 17 for d in kept) and all((0, 99) in d for d in kept)
     vt.on_speech_start(start(99))  # the latest utterance can still resume: its early reply was a false cut
     assert vt.false_cuts == 1
+
+
+def test_a_final_that_differs_only_in_case_and_punctuation_takes_the_reply_ahead():
+    """The prompt carries the words as a command is written: "Turn on the kitchen light." and "turn on the
+    kitchen light" get the same reply, so the pause's is the final's."""
+    clock, llm = Clock(), FakeLLM()
+    vt = turn(llm, clock)
+    vt.on_speech_start(start(0))
+    vt.on_partial(AsrEvent("partial", 0, 0, "Turn on the kitchen light.", paused=True))
+    assert vt.tick()
+    reply(llm.handles[0], CALL, [10.10, 10.15])
+    th, out = _run_final(vt, final(0, "turn on the kitchen light", decided=10.3), speech_end_s=10.0)
+    th.join(10)  # the reply is there already: at once
+    assert not th.is_alive() and len(llm.calls) == 1, "the final sent a request of its own"
+    assert out["r"].reply_ahead and out["r"].delivered
+
+
+class _WatchedLock:
+    """A lock that says (``waiting``, and ``notify``) when a thread has to wait for it."""
+
+    def __init__(self, notify) -> None:
+        self._lock, self.waiting, self.notify = threading.Lock(), False, notify
+
+    def __enter__(self):
+        if not self._lock.acquire(blocking=False):
+            self.waiting = True
+            self.notify()
+            self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+
+def test_a_final_that_comes_while_the_pause_s_reply_is_being_sent_takes_that_reply():
+    """The pause's whole reply is being submitted (``tick`` on its thread) when the final on the same words
+    arrives: the final waits until it is recorded and takes it; no second request."""
+    clock, llm = Clock(), FakeLLM()
+    release, entered = threading.Event(), threading.Event()
+    plain = llm.__call__
+
+    def slow_first(chat, params, tags=()):
+        if not entered.is_set():  # the first submit (the pause's reply) is held until released
+            entered.set()
+            assert release.wait(10.0)
+        return plain(chat, params, tags)
+
+    vt = VoiceTurn(slow_first, TOOLS, clock=clock, tick_s=None)
+
+    def notify():
+        with llm.submitted:
+            llm.submitted.notify_all()
+
+    vt._sending = _WatchedLock(notify)
+    vt.on_speech_start(start(0))
+    vt.on_partial(AsrEvent("partial", 0, 0, "turn on the kitchen light", paused=True))
+    ticker = threading.Thread(target=vt.tick, daemon=True)
+    ticker.start()
+    assert entered.wait(10.0)
+    th, out = _run_final(vt, final(0, "turn on the kitchen light", decided=10.3), speech_end_s=10.0)
+    with llm.submitted:  # the final either waits for the reply being sent or (wrongly) sends its own
+        assert llm.submitted.wait_for(lambda: vt._sending.waiting or len(llm.calls) >= 1, 10.0)
+    release.set()
+    ticker.join(10)
+    reply(llm.wait_for(1), CALL, [10.4, 10.5])
+    th.join(10)
+    assert len(llm.calls) == 1 and out["r"].reply_ahead and out["r"].delivered

@@ -19,6 +19,10 @@ the turn has ended and starts its reply ahead) runs holding ``urgency`` (``servi
 chat steps wait meanwhile (each at most ``max_yield_s``) rather than halve that pass's speed on shared
 cores. The partials during speech share the cores as they come.
 
+Preemption (``preempt``), for an engine that can stop a step midway (``interrupt``, then ``resume``
+before the next batch): a running batch is stopped when the work its caller names is no longer wanted
+and no other urgent request is in it; its requests fail with ``Interrupted`` and their callers ask again.
+
 A failing ``run_batch`` fails only that batch's requests; the thread keeps serving. The queue is
 bounded (``Overloaded`` at submit). Work nobody waits for any more leaves the queue without running:
 ``drop(match)`` removes a caller's queued requests (their futures are cancelled), and a future
@@ -115,10 +119,16 @@ class Batcher(Generic[T, R]):
         clock: Callable[[], float] = time.monotonic,
         name: str = "batcher",
         urgency: Urgency | None = URGENT,
+        interrupt: tuple[Callable[[], None], Callable[[], None]] | None = None,
     ) -> None:
-        """``urgency``: held while a batch with an urgent request runs (None: never; see the module doc)."""
+        """``urgency``: held while a batch with an urgent request runs (None: never; see the module doc).
+        ``interrupt``: (stop the running batch, clear that before the next one) when ``run_batch`` can be
+        stopped midway: it then raises ``Interrupted`` (``preempt``)."""
         self.run_batch, self.limits, self.clock = run_batch, limits, clock
         self.urgency = urgency
+        self.interrupt = interrupt
+        self._running: list[_Request[T]] | None = None
+        self.preempted = 0  # batches stopped by preempt()
         self._queue: deque[_Request[T]] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -182,6 +192,22 @@ class Batcher(Generic[T, R]):
             r.future.cancel()
         return len(dropped)
 
+    def preempt(self, match: Callable[[T], bool]) -> bool:
+        """Stop the running batch when it holds an item that ``match``es and every urgent request in it
+        matches (another caller's urgent work is never stopped), if the engine can (``interrupt``). True when
+        it was stopped: its requests fail with ``Interrupted``."""
+        if self.interrupt is None:
+            return False
+        with self._cond:
+            batch = self._running
+            if batch is None or not any(match(r.item) for r in batch):
+                return False
+            if any(r.waiting.urgent and not match(r.item) for r in batch):
+                return False
+            self.interrupt[0]()
+            self.preempted += 1
+            return True
+
     def _next_batch(self) -> list[_Request[T]] | None:
         with self._cond:
             while True:
@@ -197,6 +223,9 @@ class Batcher(Generic[T, R]):
                     # a future its caller cancelled meanwhile is not run (and can no longer be cancelled)
                     batch = [r for r in batch if r.future.set_running_or_notify_cancel()]
                     if batch:
+                        self._running = batch
+                        if self.interrupt is not None:
+                            self.interrupt[1]()  # a preempt() that came after the last batch ended: void
                         return batch
                     continue
                 timeout = 0.5 if plan.wake_at_s is None else max(0.0, plan.wake_at_s - now)
@@ -221,6 +250,8 @@ class Batcher(Generic[T, R]):
                     r.future.set_exception(exc)
                 continue
             finally:
+                with self._cond:
+                    self._running = None
                 self.busy_s += time.perf_counter() - start
                 self.batches += 1
                 self.batch_sizes[len(batch)] = self.batch_sizes.get(len(batch), 0) + 1

@@ -25,9 +25,13 @@ the speech, are complete; the stronger the evidence, the shorter the silence (``
 whole command for the stream's own ``complete`` check (a voice turn's ``command_check``) that the
 recogniser's language model does not rule out, or the language model alone. The words judged are the
 pause's decode when the stream asked for pauses (it reads as the final will), which with no speech since
-is the final itself (its ``final_ms``: that decode's time). Speech that comes
-back within the rest of the full wait continues the utterance: a new ``speech_start`` with the same
-``utterance`` number, then a second ``final`` for it, recognised from the start of the utterance.
+is the final itself (its ``final_ms``: that decode's time); an utterance that ends by silence while that
+decode still runs takes it as its final when it comes (no second decode of the same speech). While the
+speaker is silent no partial step starts (``_wants_step``), and a pause's decode does not wait for the
+utterance's partial step in flight: a queued one leaves the queue, a running one is stopped where the
+recogniser can stop a step (``interruptible``: Whisper's passes re-decode from the audio, nothing is lost).
+Speech that comes back within the rest of the full wait continues the utterance: a new ``speech_start``
+with the same ``utterance`` number, then a second ``final`` for it, recognised from its start.
 
 Every ``speech_start`` ends in a ``final`` or an ``error`` event. ``backlog_s`` is a stream's audio that
 no step has taken yet (what a caller bounds to apply back-pressure); ``abort`` ends a stream nobody
@@ -50,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from ...audio.vad import Detector, EndpointConfig, Endpointer, SpeechAudio, SpeechEnd, SpeechStart
-from ...errors import Overloaded
+from ...errors import Interrupted, Overloaded
 from ...metrics.histogram import ExponentialHistogram
 from ...metrics.window import MetricSnapshot, RollingWindow
 from ...models.asr_prompt import build_prompt
@@ -85,6 +89,9 @@ class _Utterance:
         self.pause_due = False  # a pause's fork waits for the step in flight
         self.pause_end = -1  # the stream sample where the speech before that pause ended
         self.pause_asked_at = 0.0  # clock: when that pause's decode was asked for
+        self.pause_running = -1  # ``paused_at`` of the pause decode in flight (-1: none)
+        self.pause_shadow: _Utterance | None = None  # that decode's forked utterance
+        self.final_from_pause = False  # ended while that decode ran, on the same speech: it is the final
         # (voiced samples, decode, ms from asking to the decode) of the latest pause
         self.paused_hyp: tuple[int, Hypothesis, float] | None = None
 
@@ -166,8 +173,9 @@ class AsrService:
         self.first_chunk_samples = max(1, engine.sample_rate * first // 1000)
         self.sla_ms = sla_ms
         self.live_sla: Callable[[], float] | None = None  # the SLA in force, read at each use (daemon.app)
+        stop = (engine.interrupt, engine.resume) if getattr(engine, "interruptible", False) else None  # type: ignore[attr-defined]
         self.batcher: Batcher[_Utterance, Hypothesis | None] = Batcher(
-            self._run_batch, limits, clock=clock, name=f"asr-{engine.name}"
+            self._run_batch, limits, clock=clock, name=f"asr-{engine.name}", interrupt=stop
         )
         self.window = RollingWindow(window_s, clock=clock)
         # Cumulative, mergeable across devices (fleet telemetry); rtf is a ratio, not ms, same encoding.
@@ -306,6 +314,13 @@ class AsrService:
             return
         future.add_done_callback(functools.partial(u.handle.absorb, u))
 
+    def preempt_step(self, u: _Utterance) -> None:
+        """Under the stream lock: ``u``'s step in flight is no longer wanted (a partial when a pause's decode
+        is due, a pause's decode when the speech resumed): queued, it leaves the queue; running, it stops
+        where the engine can stop a step (its batch-mates ask again)."""
+        if not self.batcher.drop(lambda item: item is u):
+            self.batcher.preempt(lambda item: item is u)
+
     def step_samples(self, u: _Utterance) -> int:
         """New audio that makes ``u`` ask for a step: its first, or every later one."""
         return self.first_chunk_samples if u.steps == 0 else self.chunk_samples
@@ -385,6 +400,11 @@ class AsrStream:
             self._samples += x.size
             self._arrivals.append((self._samples, now))
             self._handle(self.endpointer.push(x), now)
+            u = self._current
+            if u is not None and u.pause_shadow is not None and self.endpointer.voiced_samples > u.pause_running:
+                # the speaker went on: that pause's decode would only be superseded by the next one's
+                shadow, u.pause_shadow, u.pause_running = u.pause_shadow, None, -1
+                self.service.preempt_step(shadow)
             if self.pause_ms is not None:
                 self._pause()
 
@@ -402,7 +422,8 @@ class AsrStream:
         u.paused_at, u.pause_end = voiced, self.endpointer.last_voiced_end
         u.pause_asked_at = self.service.clock()
         if u.in_flight:
-            u.pause_due = True  # forked when that step is absorbed
+            u.pause_due = True  # forked when that step is absorbed, which it gives way for
+            self.service.preempt_step(u)
         else:
             self._fork_pause(u)
 
@@ -427,8 +448,11 @@ class AsrStream:
             future = self.service.batcher.submit(shadow, urgent=True)
         except Exception as exc:  # a pause's partial is only a head start: never worth failing for
             log.debug("stream %d: no pause partial (%s)", self.id, exc)
+            if u.final_from_pause:
+                self._end_by_step(u)
             return
         self._pausing += 1
+        u.pause_running, u.pause_shadow = u.paused_at, shadow
         future.add_done_callback(functools.partial(self._paused, u, shadow, u.paused_at))
 
     def _paused(self, u: _Utterance, shadow: _Utterance, voiced: int, future) -> None:
@@ -437,9 +461,21 @@ class AsrStream:
         with self._lock:
             self._pausing -= 1
             self._idle.notify_all()
-            if future.cancelled() or future.exception() is not None:
+            if u.pause_running == voiced:
+                u.pause_running, u.pause_shadow = -1, None
+            failed = future.cancelled() or future.exception() is not None
+            hyp: Hypothesis | None = None if failed else future.result()
+            if u.final_from_pause and not u.done and u.paused_at == voiced:
+                if hyp is not None and hyp.final:
+                    u.compute_s += shadow.compute_s
+                    self._finish(u, hyp, self.service.clock())
+                elif failed:
+                    self._end_by_step(u)  # the final is the utterance's own step after all
+                else:
+                    self._pause_step(u, shadow)
                 return
-            hyp: Hypothesis | None = future.result()
+            if failed:
+                return
             current = self._in_pause(u, voiced)
             if current and (hyp is None or not hyp.final):
                 self._pause_step(u, shadow)  # an engine that takes its audio over several steps
@@ -597,9 +633,15 @@ class AsrStream:
                     # no speech since the pause: its decode (what the early end judged, what a reply
                     # ahead was started on) is the final; a second decode could read the silence otherwise
                     self._finish(u, paused[1], now, final_ms=paused[2])
+                elif u.pause_running == u.paused_at and u.pause_end == round(e.speech_end_s * self.endpointer.rate):
+                    u.final_from_pause = True  # that decode, on its way, is what a final step would compute
                 else:
-                    u.rstream.end()
-                    svc.request_step(u, urgent=True)
+                    self._end_by_step(u)
+
+    def _end_by_step(self, u: _Utterance) -> None:
+        u.final_from_pause = False
+        u.rstream.end()
+        self.service.request_step(u, urgent=True)
 
     def _add(self, u: _Utterance, audio: np.ndarray) -> None:
         u.rstream.add_audio(audio)
@@ -608,17 +650,33 @@ class AsrStream:
             u.pcm.append(audio.copy())  # the endpointer may reuse its buffer
         if u.audio is not None:
             u.audio.append(audio.copy())
-        if u.unsent >= self.service.step_samples(u):
+        if self._wants_step(u):
             self.service.request_step(u, urgent=False)
+
+    def _wants_step(self, u: _Utterance, redo: bool = False) -> bool:
+        """Whether ``u`` has enough new audio for a partial step, and a partial could say anything new. With
+        pause decodes, not while the speaker is silent: within ``pause_ms`` the pause's decode comes (it covers
+        all of the speech; a step started now would hold it back and take the cores from the reply it
+        starts), and speech that resumes first asks for the step with its next block."""
+        silent = self._current is u and self.pause_ms is not None and self.endpointer.silence_ms > 0
+        return (redo or u.unsent >= self.service.step_samples(u)) and not silent
 
     def absorb(self, u: _Utterance, future) -> None:
         """Batcher thread: a step finished for ``u`` (or the thread dropping it: cancelled)."""
         with self._lock:
             u.in_flight = False
             self._idle.notify_all()
-            if future.cancelled() or u.done:  # aborted: its result (if any) has nobody to go to
+            if u.done:  # aborted: its result (if any) has nobody to go to
                 return
-            exc = future.exception()
+            exc = None if future.cancelled() else future.exception()
+            if future.cancelled() or isinstance(exc, Interrupted):  # it gave way (or the stream was aborted)
+                if u.pause_due and self._in_pause(u, u.paused_at):
+                    self._fork_pause(u)
+                elif u.rstream.ended:
+                    self.service.request_step(u, urgent=True)
+                elif not future.cancelled() and self._wants_step(u, redo=True):
+                    self.service.request_step(u, urgent=False)  # a batch-mate's pause preempted it: again
+                return
             if exc is not None:
                 self.fail(u, exc)
                 return
@@ -642,7 +700,7 @@ class AsrStream:
                 self._finish(u, hyp, now)
             elif u.rstream.ended:
                 self.service.request_step(u, urgent=True)
-            elif u.unsent >= self.service.step_samples(u):
+            elif self._wants_step(u):
                 self.service.request_step(u, urgent=False)
 
     def _finish(self, u: _Utterance, hyp: Hypothesis, now: float, final_ms: float | None = None) -> None:

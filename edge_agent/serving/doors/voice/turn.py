@@ -161,6 +161,9 @@ class VoiceTurn:
             self.grammar = grammar.tool_call_grammar(tools) if tool_choice == "required" else None
             self.grammar = self.grammar or grammar.tool_or_text_grammar(tools)
         self._lock = threading.Lock()
+        # held by ``tick`` from its decision until what it sent is recorded, and taken by ``on_final`` first:
+        # a final never misses the reply a pause's partial is starting on the same words (nor starts a second)
+        self._sending = threading.Lock()
         self._starts: dict[tuple[int, int], int] = {}  # speech_starts per (stream, utterance)
         self._finals: dict[tuple[int, int], int] = {}  # finals taken per (stream, utterance)
         self._replying: dict[tuple[int, int], Any] = {}  # the reply in flight per utterance
@@ -234,6 +237,10 @@ class VoiceTurn:
     def tick(self) -> bool:
         """Send the pending partial ahead if it is due: a pause's at once (its whole reply), another once
         stable for ``stable_ms`` (its prefill). True when one was sent."""
+        with self._sending:
+            return self._tick()
+
+    def _tick(self) -> bool:
         with self._lock:
             if self._pending is None:
                 return False
@@ -244,7 +251,7 @@ class VoiceTurn:
             reply = self._replies.get(key)
             if full:
                 self._pending = None
-                if reply is not None and reply.text == text:
+                if reply is not None and reply.said == self.said(text):
                     return False
             else:
                 if (self.clock() - since) * 1e3 < self.stable_ms:
@@ -264,7 +271,7 @@ class VoiceTurn:
         else:
             params = SamplingParams(max_new_tokens=1, temperature=0.0)
         handle = self.submit(self.chat(text), params, tags=(WARMUP, INTERACTIVE))
-        ahead = _Ahead(key, text, full, handle)
+        ahead = _Ahead(key, text, self.said(text), full, handle)
         with self._lock:
             # the final may have been taken (or the turn closed) while this was submitted: nobody would
             # take the request then
@@ -286,12 +293,17 @@ class VoiceTurn:
 
     # -- the final (the caller's thread) ---------------------------------------------------------------
 
+    def said(self, text: str) -> str:
+        """What of ``text`` the prompt carries: with tools the words as a command is written (two transcripts
+        that differ only in case or closing punctuation get the same reply), else ``text``."""
+        return spoken_command(text) if self.tools else text
+
     def chat(self, text: str) -> list[Message]:
         """The prompt for ``text``: the user turn, with the tools described at its start. With tools the
         words are put as a spoken command is written (``spoken_command``)."""
         if not self.tools:
             return [Message("user", text)]
-        return with_tools([Message("user", spoken_command(text))], self.tools, self.tool_choice)
+        return with_tools([Message("user", self.said(text))], self.tools, self.tool_choice)
 
     def on_final(self, event: Any, speech_end_s: float | None = None, on_token: Callable[[str], None] | None = None):
         """The reply to a final transcript (blocks until it is complete or cancelled). ``speech_end_s``:
@@ -303,7 +315,8 @@ class VoiceTurn:
         utterance is adopted or cancelled), start its reply (or answer at once: superseded, no words, the
         turn closed, refused), follow the reply's tokens, settle it (delivered, cancelled by resumed
         speech, or the repeat of a call a false cut delivered), and the ``TurnResult``."""
-        final = self._take_final(event, speech_end_s)
+        with self._sending:  # a reply a pause's partial is starting is recorded first (``tick``)
+            final = self._take_final(event, speech_end_s)
         answered = self._start_reply(final)
         if answered is not None:
             return answered
@@ -328,11 +341,12 @@ class VoiceTurn:
                 self._pending = None
             prefill, reply = self._take_ahead(key)
             cut_call = self._cut_calls.get(key)  # the call a false cut delivered: not to be made twice
-        adopted = reply if reply is not None and reply.answers(event.text) else None
+        said = self.said(event.text)
+        adopted = reply if reply is not None and reply.answers(said) else None
         for ahead in (prefill, reply):
-            if ahead is not None and ahead is not adopted and ahead.text != event.text:
+            if ahead is not None and ahead is not adopted and ahead.said != said:
                 ahead.handle.cancel()  # another text's request would only hold the final's back
-        wasted = sum(1 for t in sent if t != event.text)
+        wasted = sum(1 for t in sent if self.said(t) != said)
         base = dict(stream=event.stream, utterance=event.utterance, text=event.text, early_end=early)
         base.update(endpoint_ms=endpoint_ms, prefill_ahead=len(sent), prefill_wasted=wasted)
         return _Final(event, key, gen, early, superseded, origin, base, wasted, adopted, cut_call)
@@ -508,14 +522,15 @@ class _Ahead:
 
     key: tuple[int, int]
     text: str
+    said: str  # what of it the prompt carries (``VoiceTurn.said``)
     full: bool
     handle: Any
 
-    def answers(self, text: str) -> bool:
-        """Whether it is the reply to a final of ``text``: a whole reply on the same text, not cancelled
-        and not failed."""
+    def answers(self, said: str) -> bool:
+        """Whether it is the reply to a final whose prompt carries ``said``: a whole reply on the same words,
+        not cancelled and not failed."""
         h = self.handle
-        return self.full and self.text == text and not h.cancelled and not (h.done and h.error is not None)
+        return self.full and self.said == said and not h.cancelled and not (h.done and h.error is not None)
 
 
 @dataclass
