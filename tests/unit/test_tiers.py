@@ -259,3 +259,38 @@ def test_an_idle_device_without_relief_or_release_holds():
     assert decide(Snapshot(None, 0), state, POLICY, 10_000.0) == Decision(
         state, "insufficient", "0 ttft_ms samples in the window, fewer than min_samples 20"
     )
+
+
+# -- pressure: arrivals predicted over their budget ---------------------------------------------------
+
+
+def test_the_first_arrival_predicted_over_budget_moves_one_tier_lighter_at_once():
+    policy = replace(POLICY, min_dwell_s=10.0)
+    state = TierState(tiers=3, entered_s=0.0)
+    quiet = decide(Snapshot(None, 0, rate_per_s=2.0, arrivals=4), state, policy, 20.0)
+    assert quiet.action != "downgrade"  # arrivals that fit move nothing
+    d = decide(Snapshot(None, 0, rate_per_s=2.0, over_budget=1, arrivals=5), state, policy, 20.0)
+    assert d.action == "downgrade" and d.state.tier == 1 and "1 of 5 arrivals" in d.reason
+    # the dwell time still holds: a tier entered 5 s ago stays
+    held = decide(Snapshot(None, 0, over_budget=1, arrivals=5), TierState(tiers=3, entered_s=15.0), policy, 20.0)
+    assert held.action != "downgrade"
+    # a policy that asks for two waits for the second
+    two = replace(policy, pressure_min=2)
+    assert decide(Snapshot(None, 0, over_budget=1, arrivals=5), state, two, 20.0).action != "downgrade"
+    assert decide(Snapshot(None, 0, over_budget=2, arrivals=6), state, two, 20.0).action == "downgrade"
+
+
+def test_a_move_for_pressure_remembers_the_throughput_at_which_the_tier_broke():
+    """The way back up after a move for pressure waits, as after one for samples, until the load is below
+    ``upgrade_ratio`` of what the heavier tier completed when it broke."""
+    policy = replace(POLICY, upgrade_after=2, cooldown_s=0.0, min_dwell_s=0.0)
+    d = decide(
+        Snapshot(None, 0, rate_per_s=10.0, over_budget=1, arrivals=3), TierState(tiers=2, entered_s=0.0), policy, 3.0
+    )
+    assert d.action == "downgrade" and d.state.broke_at == ((0, 10.0, 3.0),)
+    state = d.state
+    for t in (4.0, 5.0, 6.0):
+        d = decide(Snapshot(20, 50, rate_per_s=9.0), state, policy, t)
+        state = d.state
+    assert d.action == "hold" and state.tier == 1 and "at which tier 0 broke" in d.reason
+    assert decide(Snapshot(20, 50, rate_per_s=6.0), state, policy, 7.0).action == "upgrade"

@@ -9,8 +9,9 @@ with a fake clock.
 Rules, in order:
 - a fleet pin wins: go to the pinned tier at once (no samples needed) and stay there until unpinned;
 - pressure (no samples needed: it is predicted, and refused requests leave none): at least
-  ``pressure_min`` arrivals predicted over their budget within ``PRESSURE_S`` and ``min_dwell_s`` in the
-  tier: move one tier lighter at once; while any are, no upgrade;
+  ``pressure_min`` arrivals predicted over their budget within ``PRESSURE_S`` (one, by default: the first
+  request the tier cannot serve within its budget) and ``min_dwell_s`` in the tier: move one tier lighter
+  at once, remembering the throughput at which the tier broke (below); while any are, no upgrade;
 - fewer than ``min_samples`` samples: no switch (the window is noise), with three exceptions, because
   a shedding or idle device produces no samples and would otherwise never change again:
   - just unpinned (``released``): go back to the top tier, the ladder's starting point; with enough
@@ -76,7 +77,7 @@ class Policy:
     min_token_cap_ratio: float = 0.25
     shed_after: int = 3
     forget_after_s: float = 600.0
-    pressure_min: int = 2  # arrivals predicted over budget (within PRESSURE_S) that move to a lighter tier
+    pressure_min: int = 1  # arrivals predicted over budget (within PRESSURE_S) that move to a lighter tier
     max_temp_c: float | None = None  # opt-in: step down before the kernel throttles (None: temperature ignored)
     spill_ttft_ms: float | None = (
         None  # the spill's own first-token threshold (None: ``spill_threshold_ms`` derives it)
@@ -168,7 +169,7 @@ def decide(snapshot: Snapshot, state: TierState, policy: Policy, now: float) -> 
         and now - state.entered_s >= p.min_dwell_s
     ):
         return Decision(
-            _switch(replace(state, released=False), state.tier + 1, now),
+            _switch(_broke(replace(state, released=False), snapshot, now), state.tier + 1, now),
             "downgrade",
             f"{snapshot.over_budget} of {snapshot.arrivals} arrivals in {PRESSURE_S:g} s predicted over their "
             f"first-token budget",
@@ -186,11 +187,8 @@ def decide(snapshot: Snapshot, state: TierState, policy: Policy, now: float) -> 
     if s.pinned is not None:
         return _relieve(s, p, value, now, f"pinned to tier {s.pinned}; {label}")
     if over and s.over >= p.downgrade_after and s.tier < s.tiers - 1 and dwelled:
-        broke = tuple(b for b in s.broke_at if b[0] != s.tier)
-        if snapshot.rate_per_s is not None:
-            broke += ((s.tier, snapshot.rate_per_s, now),)
         return Decision(
-            _switch(replace(s, broke_at=broke), s.tier + 1, now),
+            _switch(_broke(s, snapshot, now), s.tier + 1, now),
             "downgrade",
             f"{label} > target {p.target_ms:g} ms for {s.over} evaluations",
         )
@@ -239,6 +237,14 @@ def _without_samples(snapshot: Snapshot, state: TierState, p: Policy, now: float
             f"(cooldown {p.cooldown_s:g} s): both lifted, to measure the load again",
         )
     return Decision(state, "insufficient", few)
+
+
+def _broke(s: TierState, snapshot: Snapshot, now: float) -> TierState:
+    """``s`` remembering that its tier broke now, at the throughput ``snapshot`` measured (when it did)."""
+    broke = tuple(b for b in s.broke_at if b[0] != s.tier)
+    if snapshot.rate_per_s is not None:
+        broke += ((s.tier, snapshot.rate_per_s, now),)
+    return replace(s, broke_at=broke)
 
 
 def _switch(s: TierState, tier: int, now: float) -> TierState:
