@@ -167,3 +167,30 @@ def test_with_logprobs_or_jump_forward_off_every_token_takes_a_step(tmp_path: Pa
             json.loads(done.text)
     finally:
         model.close()
+
+
+def test_admission_learns_a_voice_reply_s_steps_apart_from_a_chat_s(tmp_path: Path) -> None:
+    """What admission expects a request to hold its row for is decode steps, one per picked token (its format
+    forces the rest), a voice turn's learnt apart from a chat's."""
+    import time
+
+    from edge_agent.serving.llm.admission import INTERACTIVE
+
+    model = _open("plain", tmp_path)
+    grammar = tool_call_grammar(TOOLS)
+    voice_prompt, chat_prompt = _tokens(model, 11, 51), _tokens(model, 9, 52)
+    sched = LLMScheduler(model, Limits(max_batch=1, batch_timeout_ms=0, prefix_cache_mb=0)).start()
+    try:
+        voice = sched.submit(voice_prompt, SamplingParams(max_new_tokens=80, grammar=grammar), tags=(INTERACTIVE,))
+        voice = voice.result(120)
+        learnt = sched.rates.snapshot(time.monotonic())
+        picked = _check_walk(model, voice_prompt, list(voice.token_ids), grammar)
+        assert picked < len(voice.token_ids)
+        assert learnt.mean_voice_steps == picked and learnt.mean_steps is None
+        chat = sched.submit(chat_prompt, SamplingParams(max_new_tokens=80, grammar=grammar)).result(120)
+        learnt = sched.rates.snapshot(time.monotonic())
+        chat_picked = _check_walk(model, chat_prompt, list(chat.token_ids), grammar)
+        assert learnt.mean_steps == chat_picked and learnt.mean_voice_steps == picked
+    finally:
+        sched.stop()
+        model.close()

@@ -18,7 +18,7 @@ from edge_agent.serving.tiers.admission import (
     predict_ttft_ms,
 )
 
-RATES = Snapshot(step_ms=10.0, prefill_ms_per_token=0.5, mean_new_tokens=None)
+RATES = Snapshot(step_ms=10.0, prefill_ms_per_token=0.5, mean_steps=None)
 
 
 def test_an_idle_tier_gives_the_first_token_after_its_own_prefill():
@@ -49,13 +49,29 @@ def test_only_the_rows_a_class_may_use_count():
     assert predict_ttft_ms([10, 20, 30], [], 0, rows=2, rates=RATES) == pytest.approx(100)
 
 
-def test_expected_tokens_follow_what_requests_really_generate():
-    snap = Snapshot(10.0, 0.0, mean_new_tokens=40)
+def test_expected_steps_follow_what_requests_really_take():
+    snap = Snapshot(10.0, 0.0, mean_steps=40)
     assert snap.expected_new(128) == 40
     assert snap.expected_new(16) == 16  # never past the cap
-    assert snap.expected_new(128, generated=30) == 10
-    assert snap.expected_new(128, generated=60) == 10  # past the mean: a quarter of it at least
-    assert Snapshot(10.0, 0.0).expected_new(128, generated=28) == 100  # no mean yet: its cap
+    assert snap.expected_new(128, taken=30) == 10
+    assert snap.expected_new(128, taken=60) == 10  # past the mean: a quarter of it at least
+    assert Snapshot(10.0, 0.0).expected_new(128, taken=28) == 100  # no mean yet: its cap
+
+
+def test_voice_replies_are_expected_to_take_what_voice_replies_take():
+    """A tool call takes a few steps (its format forces most tokens), a chat dozens: each class its own mean;
+    a voice reply with nothing learnt yet counts as a chat."""
+    assert Snapshot(10.0, 0.0, mean_steps=40).expected_new(160, voice=True) == 40
+    snap = Snapshot(10.0, 0.0, mean_steps=40, mean_voice_steps=6)
+    assert snap.expected_new(160, voice=True) == 6 and snap.expected_new(160) == 40
+    assert snap.expected_new(160, taken=4, voice=True) == 2
+    rates = Rates()
+    rates.step(10.0, 0.0)
+    rates.finished(40, 0.0)
+    rates.finished(6, 0.0, voice=True)
+    rates.finished(1, 0.0, capped=True, voice=True)  # a prefill ahead (one token): says nothing against 6
+    snap = rates.snapshot(0.0)
+    assert (snap.mean_steps, snap.mean_voice_steps) == (40, 6)
 
 
 def test_judge_admits_within_the_budget_and_refuses_with_a_retry_hint():
@@ -85,12 +101,12 @@ def test_a_request_stopped_by_its_cap_never_lowers_the_expected_length():
     rates = Rates()
     rates.step(10.0, 0.0)
     rates.finished(8, 0.0, capped=True)  # it wanted at least 8: no length is known yet
-    assert rates.snapshot(0.0).mean_new_tokens is None
+    assert rates.snapshot(0.0).mean_steps is None
     rates.finished(30, 0.0)
     rates.finished(8, 0.0, capped=True)  # at least 8 says nothing against a mean of 30
-    assert rates.snapshot(0.0).mean_new_tokens == 30
+    assert rates.snapshot(0.0).mean_steps == 30
     rates.finished(80, 0.0, capped=True)  # at least 80 raises it
-    assert rates.snapshot(0.0).mean_new_tokens == pytest.approx(30 + 0.2 * 50)
+    assert rates.snapshot(0.0).mean_steps == pytest.approx(30 + 0.2 * 50)
 
 
 def test_rates_learn_steps_prefills_and_lengths_and_age_out():
@@ -105,7 +121,7 @@ def test_rates_learn_steps_prefills_and_lengths_and_age_out():
     rates.step(30.0, 1.0)
     assert rates.snapshot(1.0).step_ms == pytest.approx(22.0)  # weighted towards the older value
     rates.finished(48, 1.0)
-    assert rates.snapshot(1.0).mean_new_tokens == 48
+    assert rates.snapshot(1.0).mean_steps == 48
     assert rates.snapshot(1.0 + STALE_S + 1) is None  # stale: the device may have changed
     rates.step(50.0, 2.0 + STALE_S)
     assert rates.snapshot(2.0 + STALE_S).step_ms == 50.0  # replaced, not averaged with a stale value

@@ -116,6 +116,7 @@ class _Sequence:
         self.sampler = Sampler(params)
         self.decoder = decoder
         self.generated: list[int] = []
+        self.steps = 0  # the tokens of ``generated`` it picked (one a step), not those its format forced
         self.feed: list[int] = []  # what the next decode step takes: the last token, and any its format forced
         self.history = list(prompt)  # prompt + generated, kept incrementally for the sampler
         self.emitted = 0  # characters of decoder text already delivered
@@ -295,12 +296,14 @@ class LLMScheduler:
         if interactive:  # it preempts a chat if it must: only voice turns and prefills hold it back
             batch = [s for s in batch if s.interactive]
         steps_per_token = rates.prefill_ms_per_token / rates.step_ms if rates.step_ms > 0 else 0.0  # a coarse clock
-        holders = [(s, rates.expected_new(s.params.max_new_tokens, len(s.generated))) for s in batch]
+        holders = [(s, rates.expected_new(s.params.max_new_tokens, s.steps, s.interactive)) for s in batch]
         holders += [
-            (s, 1 + left * steps_per_token + rates.expected_new(s.params.max_new_tokens)) for s, left in prefilling
+            (s, 1 + left * steps_per_token + rates.expected_new(s.params.max_new_tokens, 0, s.interactive))
+            for s, left in prefilling
         ]
         ahead = [
-            (s, Work(_to_prefill(s), rates.expected_new(s.params.max_new_tokens, len(s.generated)))) for s in waiting
+            (s, Work(_to_prefill(s), rates.expected_new(s.params.max_new_tokens, s.steps, s.interactive)))
+            for s in waiting
         ]
         stall = 0.0
         if not interactive and self.limits.voice_alone:
@@ -738,6 +741,7 @@ class LLMScheduler:
         format and delivered. Returns why the request ends here, or None; a ``FormatError`` if its format
         breaks on the token."""
         seq.generated.append(token)
+        seq.steps += not forced
         seq.history.append(token)
         seq.recorder.mark_token(at=now)  # every row's token of this step came out at the same moment
         reason = self._finish_reason(seq, token, now, forced)
@@ -809,11 +813,14 @@ class LLMScheduler:
 
     def _complete(self, seq: _Sequence, reason: str) -> None:
         timing = seq.recorder.finish()
-        if reason != "cancelled" and not seq.warmup:
+        # a voice reply started ahead is tagged a warm-up (kept out of the SLA windows), but its steps are a
+        # voice reply's: learnt too (a prefill ahead, capped at one token, never lowers the mean)
+        if reason != "cancelled" and (seq.interactive or not seq.warmup):
             with self._cond:
-                self.rates.finished(len(seq.generated), timing.finished_s, capped=reason == "length")
-            if seq.interactive and self.urgency is not None and timing.scheduled_s is not None:
-                self.urgency.reply_done(timing.finished_s - timing.scheduled_s)
+                self.rates.finished(seq.steps, timing.finished_s, capped=reason == "length", voice=seq.interactive)
+        voiced = reason != "cancelled" and not seq.warmup and seq.interactive
+        if voiced and self.urgency is not None and timing.scheduled_s is not None:
+            self.urgency.reply_done(timing.finished_s - timing.scheduled_s)
         if self._wait is not None and timing.ttft_ms is not None:
             with self._cond:
                 self._wait.on_latency(timing.ttft_ms, self.sla_ms())

@@ -11,7 +11,10 @@ ends, which under a long queue comes to the work ahead divided by the batch size
 comes from its own prefill.
 
 Rates (``Rates``) are learnt from what the device thread measures: milliseconds per decode step and per
-prompt token prefilled, and the tokens requests really generate (most stop well before their cap). A
+prompt token prefilled, and the steps requests really take (most stop well before their cap): the tokens
+they pick, one a step; the tokens their output format forces come with a pick, in the same step
+(jump-forward decoding: a voice turn's 25-token tool call takes 5-7 steps). Voice turns' replies (the
+interactive class) and the rest are learnt apart: a tool call is a few steps, a chat reply dozens. A
 prefill costs about one step plus its tokens: the per-token rate is learnt only from prefills of at least
 ``PREFILL_MIN_TOKENS`` (a short one, a prefix-cache hit or a resumed row, is mostly the call itself). A
 request stopped by its cap only says it wanted at least that many: it never lowers the mean. A load
@@ -110,7 +113,8 @@ class Rates:
     def __init__(self) -> None:
         self._step = _Ewma()  # ms per decode step (any batch size: the step's cost grows little with it)
         self._prefill = _Ewma()  # ms per prompt token prefilled
-        self._tokens = _Ewma()  # tokens a finished request generated
+        self._steps = _Ewma()  # decode steps a finished request took (tokens it picked)
+        self._voice_steps = _Ewma()  # the same, of voice turns' replies
 
     def seed(self, step_ms: float, prefill_tokens: int, prefill_ms: float, now: float) -> None:
         """Rates timed once at load (one prefill, one step), so the first requests after a load are not
@@ -127,16 +131,17 @@ class Rates:
             step = self._step.current(now) or 0.0
             self._prefill.learn(max(0.0, ms - step) / tokens, now)
 
-    def finished(self, tokens: int, now: float, capped: bool = False) -> None:
-        """A request finished with ``tokens`` generated; ``capped``: it stopped at its cap, so it would have
-        made at least that many: evidence for a longer mean, never for a shorter one (a chat capped at 8
-        says nothing of one capped at 48)."""
+    def finished(self, steps: int, now: float, capped: bool = False, voice: bool = False) -> None:
+        """A request finished after ``steps`` decode steps (tokens it picked); ``capped``: it stopped at its
+        cap, so it would have taken at least that many: evidence for a longer mean, never for a shorter one
+        (a chat capped at 8 says nothing of one capped at 48); ``voice``: a voice turn's reply."""
+        ewma = self._voice_steps if voice else self._steps
         if not capped:
-            self._tokens.learn(float(tokens), now)
+            ewma.learn(float(steps), now)
             return
-        mean = self._tokens.current(now)
+        mean = ewma.current(now)
         if mean is not None:
-            self._tokens.learn(max(float(tokens), mean), now)
+            ewma.learn(max(float(steps), mean), now)
 
     def snapshot(self, now: float) -> Snapshot | None:
         """The current rates, or None while the step rate is unknown or stale (no per-token prefill rate yet:
@@ -144,7 +149,9 @@ class Rates:
         step = self._step.current(now)
         if step is None:
             return None
-        return Snapshot(step, self._prefill.current(now) or 0.0, self._tokens.current(now))
+        return Snapshot(
+            step, self._prefill.current(now) or 0.0, self._steps.current(now), self._voice_steps.current(now)
+        )
 
 
 class Lateness:
@@ -187,20 +194,24 @@ class Lateness:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Rates at one moment: ms per decode step, ms per prompt token, mean tokens generated (None: unknown)."""
+    """Rates at one moment: ms per decode step, ms per prompt token, mean decode steps a request takes, of
+    voice turns' replies apart (None: unknown)."""
 
     step_ms: float
     prefill_ms_per_token: float
-    mean_new_tokens: float | None = None
+    mean_steps: float | None = None
+    mean_voice_steps: float | None = None
 
-    def expected_new(self, cap: int, generated: int = 0) -> float:
-        """Tokens a request capped at ``cap`` that has generated ``generated`` is still expected to make:
-        what requests have been generating lately, never past its cap and never under one more token."""
-        left = max(1, cap - generated)
-        if self.mean_new_tokens is None:
+    def expected_new(self, cap: int, taken: int = 0, voice: bool = False) -> float:
+        """Decode steps a request capped at ``cap`` tokens that has taken ``taken`` is still expected to
+        take: what its class (``voice``: a voice turn's reply) has been taking lately, never past its cap
+        and never under one more step; a voice reply with nothing learnt yet counts as a chat does."""
+        left = max(1, cap - taken)
+        mean = self.mean_voice_steps if voice and self.mean_voice_steps is not None else self.mean_steps
+        if mean is None:
             return float(left)
         # one that already went past the mean is expected to go on for a quarter of it at least
-        expected = max(self.mean_new_tokens - generated, 0.25 * self.mean_new_tokens, 1.0)
+        expected = max(mean - taken, 0.25 * mean, 1.0)
         return float(min(left, expected))
 
 
