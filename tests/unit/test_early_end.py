@@ -12,29 +12,7 @@ import pytest
 
 from edge_agent.audio.vad import EndpointConfig, Endpointer, SpeechAudio, SpeechEnd, SpeechStart
 from edge_agent.models.ctc_lexicon import Lexicon, NgramLM, read_language
-
-RATE, FRAME = 16000, 320  # 20 ms frames
-
-
-class Script:
-    """A detector that says what the test scripted, frame by frame."""
-
-    frame_samples = FRAME
-
-    def __init__(self, voiced: list[bool]) -> None:
-        self.voiced, self.i = voiced, 0
-
-    def is_speech(self, frame) -> bool:
-        v = self.voiced[self.i] if self.i < len(self.voiced) else False
-        self.i += 1
-        return v
-
-    def reset(self) -> None:
-        pass
-
-
-def frames(ms: int) -> int:
-    return ms // 20
+from tests.scripted_vad import FRAME, RATE, Script, frames
 
 
 def run(voiced: list[bool], complete, early_ms: int | None = 200, full_ms: int = 500):

@@ -13,29 +13,7 @@ import pytest
 
 from edge_agent.errors import Interrupted
 from edge_agent.models.recognizer import AudioStream, Hypothesis
-
-RATE, FRAME = 16000, 320  # 20 ms frames
-
-
-class Script:
-    """A detector that says what the test scripted, frame by frame."""
-
-    frame_samples = FRAME
-
-    def __init__(self, voiced: list[bool]) -> None:
-        self.voiced, self.i = voiced, 0
-
-    def is_speech(self, frame) -> bool:
-        v = self.voiced[self.i] if self.i < len(self.voiced) else False
-        self.i += 1
-        return v
-
-    def reset(self) -> None:
-        pass
-
-
-def frames(ms: int) -> int:
-    return ms // 20
+from tests.scripted_vad import FRAME, RATE, Script, frames
 
 
 class HeldEngine:
