@@ -260,3 +260,22 @@ def test_speech_that_resumes_stops_the_pause_s_decode_still_running(feeds):
     (final,) = f.kinds("final")
     assert final.text == "turn on the lights"
     assert not any(e.kind == "error" for _, e in f.events)
+
+
+def test_a_stream_aborted_while_its_final_waits_on_the_pause_s_decode_ends_with_an_error(feeds):
+    """The client leaves after the utterance ended by silence, its pause's decode (its final) still running:
+    the utterance gets an ``error`` event, the stream is done, and the decode's late result goes nowhere."""
+    voiced = [True] * frames(600) + [False] * frames(1000)
+    f = feeds(voiced)
+    f.feed(frames(600))
+    k = len(f.engine.steps)
+    gate = f.engine.hold(k)
+    f.feed(frames(60), settle=False)
+    assert f.engine.entered[k].wait(10.0)
+    f.feed(frames(500), settle=False)  # ended by silence: the final is that decode's, on its way
+    assert f.stream.abort("client left") == 1
+    assert f.stream.wait(10.0)
+    gate.set()
+    f.service.batcher.stop()  # the held decode finishes and its callback runs before this returns
+    (error,) = f.kinds("error")
+    assert error.code == "cancelled" and not f.kinds("final")
