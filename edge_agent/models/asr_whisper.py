@@ -372,22 +372,25 @@ class WhisperRecognizer(WhisperDecoding):
         text = self.text(ids)
         return Hypothesis(text, tuple(ids), True, text, x.size / self.sample_rate)
 
+    def _sessions(self) -> list[Session]:
+        return [s for s in (self.encoder, self.decoder, self.decoder_past) if s is not None]
+
     @property
     def interruptible(self) -> bool:
         """Whether ``interrupt`` can stop a step: its sessions can (ONNX Runtime's)."""
-        return all(hasattr(s, "interrupt") for s in (self.encoder, self.decoder, self.decoder_past) if s is not None)
+        return all(hasattr(s, "interrupt") for s in self._sessions())
 
     def interrupt(self) -> None:
         """Stop the step in progress (any thread): it raises ``Interrupted``, as does every later model call
         until ``resume``. Its streams keep their audio and are as before its decode (every step decodes a
         stream from its audio), so a later step loses nothing."""
-        for s in (self.encoder, self.decoder, self.decoder_past):
-            if s is not None and hasattr(s, "interrupt"):
+        for s in self._sessions():
+            if hasattr(s, "interrupt"):
                 s.interrupt()
 
     def resume(self) -> None:
-        for s in (self.encoder, self.decoder, self.decoder_past):
-            if s is not None and hasattr(s, "resume"):
+        for s in self._sessions():
+            if hasattr(s, "resume"):
                 s.resume()
 
     def _heard(self, ids: list[int]) -> list[int]:
@@ -396,9 +399,8 @@ class WhisperRecognizer(WhisperDecoding):
         return ids if not self.guards or any(c.isalnum() for c in self.text(ids)) else []
 
     def close(self) -> None:
-        for s in (self.encoder, self.decoder, self.decoder_past):
-            if s is not None:
-                s.close()
+        for s in self._sessions():
+            s.close()
 
 
 def _keeps_logits(session: Session | None) -> bool:

@@ -201,7 +201,7 @@ def test_preempt_stops_the_running_batch_that_holds_the_caller_s_item(urgent):
     from edge_agent.errors import Interrupted
 
     eng = _Stoppable()
-    b = Batcher(eng.run, BatchLimits(max_batch=2, batch_timeout_ms=0), interrupt=(eng.interrupt, eng.resume)).start()
+    b = Batcher(eng.run, BatchLimits(max_batch=2, batch_timeout_ms=0), stoppable=eng).start()
     try:
         held = b.submit("hold-a", urgent=urgent)
         assert eng.entered.wait(10.0)
@@ -221,7 +221,7 @@ def test_preempt_stops_the_running_batch_that_holds_the_caller_s_item(urgent):
 def test_preempt_leaves_a_batch_holding_another_caller_s_urgent_request():
     eng = _Stoppable()
     limits = BatchLimits(max_batch=2, batch_timeout_ms=0, preferred_batch_sizes=(2,))
-    b = Batcher(eng.run, limits, interrupt=(eng.interrupt, eng.resume))
+    b = Batcher(eng.run, limits, stoppable=eng)
     first, second = b.submit("hold-mine"), b.submit("theirs", urgent=True)  # queued together, one batch
     b.start()
     try:

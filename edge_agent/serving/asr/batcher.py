@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from ...errors import EdgeAgentError, Overloaded
 from ..batch_wait import AdaptiveWait
@@ -60,6 +60,15 @@ class BatchLimits:
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue: int = 64
     adaptive: bool = True  # wait only for an expected batch-mate (AdaptiveWait); False: the fixed timeout
+
+
+class Stoppable(Protocol):
+    """An engine whose running step ``interrupt`` stops midway (any thread: the step raises ``Interrupted``,
+    as do its later model calls until ``resume``)."""
+
+    def interrupt(self) -> None: ...
+
+    def resume(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,14 +128,13 @@ class Batcher(Generic[T, R]):
         clock: Callable[[], float] = time.monotonic,
         name: str = "batcher",
         urgency: Urgency | None = URGENT,
-        interrupt: tuple[Callable[[], None], Callable[[], None]] | None = None,
+        stoppable: Stoppable | None = None,
     ) -> None:
         """``urgency``: held while a batch with an urgent request runs (None: never; see the module doc).
-        ``interrupt``: (stop the running batch, clear that before the next one) when ``run_batch`` can be
-        stopped midway: it then raises ``Interrupted`` (``preempt``)."""
+        ``stoppable``: the engine ``run_batch`` runs, when it can stop a step midway (``preempt``)."""
         self.run_batch, self.limits, self.clock = run_batch, limits, clock
         self.urgency = urgency
-        self.interrupt = interrupt
+        self.stoppable = stoppable
         self._running: list[_Request[T]] | None = None
         self.preempted = 0  # batches stopped by preempt()
         self._queue: deque[_Request[T]] = deque()
@@ -196,7 +204,7 @@ class Batcher(Generic[T, R]):
         """Stop the running batch when it holds an item that ``match``es and every urgent request in it
         matches (another caller's urgent work is never stopped), if the engine can (``interrupt``). True when
         it was stopped: its requests fail with ``Interrupted``."""
-        if self.interrupt is None:
+        if self.stoppable is None:
             return False
         with self._cond:
             batch = self._running
@@ -204,7 +212,7 @@ class Batcher(Generic[T, R]):
                 return False
             if any(r.waiting.urgent and not match(r.item) for r in batch):
                 return False
-            self.interrupt[0]()
+            self.stoppable.interrupt()
             self.preempted += 1
             return True
 
@@ -224,8 +232,8 @@ class Batcher(Generic[T, R]):
                     batch = [r for r in batch if r.future.set_running_or_notify_cancel()]
                     if batch:
                         self._running = batch
-                        if self.interrupt is not None:
-                            self.interrupt[1]()  # a preempt() that came after the last batch ended: void
+                        if self.stoppable is not None:
+                            self.stoppable.resume()  # a preempt() that came after the last batch ended: void
                         return batch
                     continue
                 timeout = 0.5 if plan.wake_at_s is None else max(0.0, plan.wake_at_s - now)

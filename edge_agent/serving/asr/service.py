@@ -89,8 +89,8 @@ class _Utterance:
         self.pause_due = False  # a pause's fork waits for the step in flight
         self.pause_end = -1  # the stream sample where the speech before that pause ended
         self.pause_asked_at = 0.0  # clock: when that pause's decode was asked for
-        self.pause_running = -1  # ``paused_at`` of the pause decode in flight (-1: none)
-        self.pause_shadow: _Utterance | None = None  # that decode's forked utterance
+        # the pause decode in flight: (its ``paused_at``, its forked utterance), or None
+        self.pause_running: tuple[int, _Utterance] | None = None
         self.final_from_pause = False  # ended while that decode ran, on the same speech: it is the final
         # (voiced samples, decode, ms from asking to the decode) of the latest pause
         self.paused_hyp: tuple[int, Hypothesis, float] | None = None
@@ -173,9 +173,13 @@ class AsrService:
         self.first_chunk_samples = max(1, engine.sample_rate * first // 1000)
         self.sla_ms = sla_ms
         self.live_sla: Callable[[], float] | None = None  # the SLA in force, read at each use (daemon.app)
-        stop = (engine.interrupt, engine.resume) if getattr(engine, "interruptible", False) else None  # type: ignore[attr-defined]
+        stoppable = engine if getattr(engine, "interruptible", False) else None
         self.batcher: Batcher[_Utterance, Hypothesis | None] = Batcher(
-            self._run_batch, limits, clock=clock, name=f"asr-{engine.name}", interrupt=stop
+            self._run_batch,
+            limits,
+            clock=clock,
+            name=f"asr-{engine.name}",
+            stoppable=stoppable,  # type: ignore[arg-type]
         )
         self.window = RollingWindow(window_s, clock=clock)
         # Cumulative, mergeable across devices (fleet telemetry); rtf is a ratio, not ms, same encoding.
@@ -401,9 +405,9 @@ class AsrStream:
             self._arrivals.append((self._samples, now))
             self._handle(self.endpointer.push(x), now)
             u = self._current
-            if u is not None and u.pause_shadow is not None and self.endpointer.voiced_samples > u.pause_running:
+            if u is not None and u.pause_running is not None and self.endpointer.voiced_samples > u.pause_running[0]:
                 # the speaker went on: that pause's decode would only be superseded by the next one's
-                shadow, u.pause_shadow, u.pause_running = u.pause_shadow, None, -1
+                shadow, u.pause_running = u.pause_running[1], None
                 self.service.preempt_step(shadow)
             if self.pause_ms is not None:
                 self._pause()
@@ -452,7 +456,7 @@ class AsrStream:
                 self._end_by_step(u)
             return
         self._pausing += 1
-        u.pause_running, u.pause_shadow = u.paused_at, shadow
+        u.pause_running = (u.paused_at, shadow)
         future.add_done_callback(functools.partial(self._paused, u, shadow, u.paused_at))
 
     def _paused(self, u: _Utterance, shadow: _Utterance, voiced: int, future) -> None:
@@ -461,8 +465,8 @@ class AsrStream:
         with self._lock:
             self._pausing -= 1
             self._idle.notify_all()
-            if u.pause_running == voiced:
-                u.pause_running, u.pause_shadow = -1, None
+            if u.pause_running is not None and u.pause_running[1] is shadow:
+                u.pause_running = None
             failed = future.cancelled() or future.exception() is not None
             hyp: Hypothesis | None = None if failed else future.result()
             if u.final_from_pause and not u.done and u.paused_at == voiced:
@@ -633,7 +637,11 @@ class AsrStream:
                     # no speech since the pause: its decode (what the early end judged, what a reply
                     # ahead was started on) is the final; a second decode could read the silence otherwise
                     self._finish(u, paused[1], now, final_ms=paused[2])
-                elif u.pause_running == u.paused_at and u.pause_end == round(e.speech_end_s * self.endpointer.rate):
+                elif (
+                    u.pause_running is not None
+                    and u.pause_running[0] == u.paused_at
+                    and u.pause_end == round(e.speech_end_s * self.endpointer.rate)
+                ):
                     u.final_from_pause = True  # that decode, on its way, is what a final step would compute
                 else:
                     self._end_by_step(u)
@@ -668,22 +676,16 @@ class AsrStream:
             self._idle.notify_all()
             if u.done:  # aborted: its result (if any) has nobody to go to
                 return
-            exc = None if future.cancelled() else future.exception()
-            if future.cancelled() or isinstance(exc, Interrupted):  # it gave way (or the stream was aborted)
-                if u.pause_due and self._in_pause(u, u.paused_at):
-                    self._fork_pause(u)
-                elif u.rstream.ended:
-                    self.service.request_step(u, urgent=True)
-                elif not future.cancelled() and self._wants_step(u, redo=True):
-                    self.service.request_step(u, urgent=False)  # a batch-mate's pause preempted it: again
-                return
-            if exc is not None:
+            cancelled = future.cancelled()
+            exc = None if cancelled else future.exception()
+            gave_way = cancelled or isinstance(exc, Interrupted)  # dropped or stopped for a pause's decode
+            if exc is not None and not gave_way:
                 self.fail(u, exc)
                 return
-            hyp: Hypothesis | None = future.result()
+            hyp: Hypothesis | None = None if gave_way else future.result()
             now = self.service.clock()
-            if hyp is None or not hyp.final:  # None: nothing new to say, so the text it had covers this too
-                u.partial_samples = u.taken
+            if not gave_way and (hyp is None or not hyp.final):
+                u.partial_samples = u.taken  # None: nothing new to say, so the text it had covers this too
                 if hyp is not None:
                     u.partial_text = hyp.text
             if hyp is not None and not hyp.final and hyp.text and hyp.text != u.last_text:
@@ -694,13 +696,14 @@ class AsrStream:
                 self._emit(
                     AsrEvent("partial", self.id, u.index, hyp.text, hyp.stable_text, u.onset_s + hyp.audio_s, now)
                 )
-            if u.pause_due and self._in_pause(u, u.paused_at) and not (hyp is not None and hyp.final):
+            final = hyp is not None and hyp.final
+            if u.pause_due and self._in_pause(u, u.paused_at) and not final:
                 self._fork_pause(u)
-            if hyp is not None and hyp.final:
+            if hyp is not None and final:
                 self._finish(u, hyp, now)
             elif u.rstream.ended:
                 self.service.request_step(u, urgent=True)
-            elif self._wants_step(u):
+            elif not cancelled and self._wants_step(u, redo=gave_way):  # stopped by a batch-mate's pause: again
                 self.service.request_step(u, urgent=False)
 
     def _finish(self, u: _Utterance, hyp: Hypothesis, now: float, final_ms: float | None = None) -> None:
