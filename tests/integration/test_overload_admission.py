@@ -4,6 +4,7 @@ moves every waiting request to the new tier (without a load when the tiers share
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import threading
@@ -252,6 +253,67 @@ def test_a_switch_to_other_weights_moves_the_waiting_to_the_new_model(folder):
         assert len(running.result(60).token_ids) == 40  # the old tier finished the row it ran
     finally:
         ladder.stop()
+
+
+def test_after_a_switch_the_draining_tier_and_the_new_one_never_step_at_once(folder, lm):
+    """The old tier finishes its row while the new one serves the moved requests: their engine calls take
+    turns at the step gate (never two at once on the cores), and every reply is its reference's."""
+    switched = threading.Event()  # set as the new tier takes over: loading it ran beside serving, uncounted
+    overlapped = threading.Event()
+    lock = threading.Lock()
+    inside = {"now": 0, "most": 0, "calls": 0}
+
+    def opener(name):
+        # the top tier's row stands still until the switch: the requests behind it wait and move
+        model = (
+            _gated_model(folder, switched)
+            if name == "top"
+            else DecoderLM.open(folder, "onnxruntime", SessionOptions(threads=1))
+        )
+        run = model.session.run
+
+        def watched(*args, **kwargs):
+            with lock:
+                counted = switched.is_set()
+                if counted:
+                    inside["now"] += 1
+                    inside["calls"] += 1
+                    inside["most"] = max(inside["most"], inside["now"])
+                    if inside["now"] > 1:
+                        overlapped.set()
+            try:
+                if counted:
+                    overlapped.wait(0.02)  # a call long enough for the other tier's to come in beside it
+                return run(*args, **kwargs)
+            finally:
+                if counted:
+                    with lock:
+                        inside["now"] -= 1
+
+        model.session.run = watched  # type: ignore[method-assign]
+        return model
+
+    tiers = [
+        Tier("top", functools.partial(opener, "top"), Limits(max_batch=1, batch_timeout_ms=0), 40),
+        Tier("low", functools.partial(opener, "low"), Limits(max_batch=4, batch_timeout_ms=0), 24),
+    ]
+    ladder = TieredLLM(tiers, on_switched=lambda *_: switched.set())
+    ladder.load_ahead = False
+    ladder.start()
+    prompts = ["running"] + [f"waiting {i}" for i in range(3)]
+    try:
+        running = ladder.submit(prompts[0], greedy(40), raw=True)
+        next(iter(running))  # it holds the top tier's row
+        waiting = [ladder.submit(p, greedy(24), raw=True) for p in prompts[1:]]
+        assert ladder.switch_to(1)
+        done = [h.result(60) for h in [running, *waiting]]
+        ladder.wait_switched(60)
+    finally:
+        ladder.stop()
+    assert [h.tier for h in [running, *waiting]] == ["top", "low", "low", "low"]
+    for prompt, reply, n in zip(prompts, done, [40, 24, 24, 24]):
+        assert list(reply.token_ids) == list(lm.generate_greedy(lm.tokenizer.encode(prompt), n, stop_at_eos=False))
+    assert inside["calls"] > 40 and inside["most"] == 1
 
 
 def test_with_admission_on_the_controller_never_sheds_and_with_it_off_it_does(folder):

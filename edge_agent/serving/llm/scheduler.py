@@ -70,6 +70,7 @@ from .admission import INTERACTIVE, Limits, plan_admission
 from .handle import Completion, RequestHandle, TokenEvent, TokenLogprob
 from .prefill import Prefills, prefill_deadline, prefill_error
 from .queue import WaitQueue
+from .step_gate import StepGate
 
 log = logging.getLogger(__name__)
 WATCH_S = 0.05  # the deadline watcher looks at least this often (a waiter's start deadline wakes it sooner)
@@ -146,13 +147,16 @@ class LLMScheduler:
         clock: Callable[[], float] = time.monotonic,
         rows: int | None = None,
         urgency: Urgency | None = URGENT,
+        gate: StepGate | None = None,
     ) -> None:
         """``rows``: the batch places to allocate when more than ``limits.max_batch`` (tiers sharing this model
-        with larger batches); ``urgency``: what a step that serves no voice turn yields to (None: nothing)."""
+        with larger batches); ``urgency``: what a step that serves no voice turn yields to (None: nothing);
+        ``gate``: shared with the other schedulers on the same cores, one step at a time (``step_gate``)."""
         if lm.max_rows is not None and limits.max_batch > lm.max_rows:  # a stateful model: one sequence
             limits = replace(limits, max_batch=lm.max_rows, preferred_batch_sizes=(lm.max_rows,))
         self.lm, self.limits, self.clock = lm, limits, clock
         self.urgency = urgency
+        self.gate = gate or StepGate()
         self.on_finished = on_finished
         self.on_preempted: Callable[[], None] | None = None  # told of each preemption (metrics)
         self.sla_ms: Callable[[], float] = lambda: self.limits.sla_ms  # the SLA in force, read at each use
@@ -420,10 +424,11 @@ class LLMScheduler:
                     # a voice turn's pass has the cores (serving.urgency), until a voice turn's request comes;
                     # never before a prefill: a chat's first token is what the SLA is on, its next ones are not
                     self.urgency.wait_clear(until=self._voice_waiting)
-                if len(self._prefills):
-                    self._prefill()
-                if len(self._batch):
-                    self._decode()
+                with self.gate.step(self):
+                    if len(self._prefills):
+                        self._prefill()
+                    if len(self._batch):
+                        self._decode()
             except Exception as exc:  # a bug here must fail requests, never the device thread
                 log.exception("serving loop error")
                 rows = self._batch.remove(range(len(self._batch))) + self._prefills.drop(self._batch)

@@ -16,7 +16,9 @@ that differ only in settings) share one loaded model and one scheduler: a switch
 nothing and changes the limits at the next step. A switch to other weights loads and warms the next
 tier on a background thread while the current one keeps serving; then every request still waiting
 moves to the new tier at once (prepared again for its model), and the old tier's scheduler finishes
-only the rows it runs before its model is closed. One switch runs at a time, so at most two models
+only the rows it runs before its model is closed, its steps taking turns with the new tier's (``step_gate``:
+one step at a time on the cores, so the moved requests start at the new tier's speed, not at half of it while
+the old tier drains beside it). One switch runs at a time, so at most two models
 are ever in memory. Prompts are tokenized by the tier that serves them: tiers may use different
 tokenizers.
 
@@ -75,6 +77,7 @@ from ..tiers.admission import judge
 from ..tiers.ladder import Ladder
 from .scheduler import DEFAULT_PARAMS, Limits, LLMScheduler, RequestHandle
 from .spill import Verdict, decide
+from .step_gate import StepGate
 
 if TYPE_CHECKING:
     from ...config import BatchingConfig, LLMTierConfig, ModelsConfig, PrefixCacheConfig
@@ -153,8 +156,10 @@ class _Loaded:
         clock: Callable[[], float],
         rows: int | None = None,
         share: _Loaded | None = None,
+        gate: StepGate | None = None,
     ) -> None:
-        """``share``: a loaded tier with the same weights, whose model and scheduler this one serves with."""
+        """``share``: a loaded tier with the same weights, whose model and scheduler this one serves with;
+        ``gate``: the step gate of the schedulers on the same cores (``step_gate``)."""
         self.index, self.tier, self.lm = index, tier, lm
         self.spill: _Loaded | None = None  # the next tier, beside a one-sequence tier (see the module doc)
         self.ahead: _Loaded | None = None  # the next tier, loaded ahead when its weights differ (module doc)
@@ -175,7 +180,7 @@ class _Loaded:
             spilled = [t[len(SPILLED_FROM) :] for t in timing.tags if t.startswith(SPILLED_FROM)]
             observe(replace(obs, spilled_from=spilled[0]) if spilled else obs)
 
-        self.scheduler = LLMScheduler(lm, tier.limits, clock=clock, on_finished=finished, rows=rows).start()
+        self.scheduler = LLMScheduler(lm, tier.limits, clock=clock, on_finished=finished, rows=rows, gate=gate).start()
         self.first = True  # the next request is the first after a load: excluded from SLA windows
 
     def verdict(self, prompt_tokens: int, threshold_ms: float | None, now: float) -> Verdict:
@@ -240,6 +245,7 @@ class TieredLLM(Ladder):
         self.load_ahead = True  # the next tier with other weights is loaded ahead (see the module doc)
         self._ahead: tuple[int, threading.Thread] | None = None  # (tier index, the thread loading it)
         self._stopped = False
+        self._gate = StepGate()  # the batched tiers' steps, one at a time (a drain beside the serving tier)
 
     @classmethod
     def from_config(
@@ -432,7 +438,10 @@ class TieredLLM(Ladder):
         tier = self.tiers[index]
         # its batch holds the largest batch of the tiers sharing its weights: a switch among them loads nothing
         sharing = [t.limits.max_batch for t in self.tiers if tier.weights is not None and t.weights == tier.weights]
-        return _Loaded(index, tier, tier.open(), self._observe, self._clock, rows=max(sharing, default=None))
+        lm = tier.open()
+        # batched tiers run on the same cores; a one-sequence tier (an accelerator's) steps beside them
+        gate = self._gate if lm.max_rows is None else None
+        return _Loaded(index, tier, lm, self._observe, self._clock, rows=max(sharing, default=None), gate=gate)
 
     def _retire(self, old: _Loaded) -> None:
         if old.adopted:  # it serves on as the new tier's spill tier, or waits as its tier loaded ahead
