@@ -169,7 +169,8 @@ async def chat_load(
                 if resp.status in (429, 503):  # refused at once, with a reason: accounted, not a failure
                     error = (await resp.json())["error"]
                     answered = (time.monotonic() - start) * 1e3
-                    rec.refused.append((start - t0, resp.status, error.get("code") or "?", answered))
+                    why = error.get("reason") or error.get("code") or "?"
+                    rec.refused.append((start - t0, resp.status, why, answered))
                     return
                 if resp.status != 200:
                     rec.failed.append(f"HTTP {resp.status}: {(await resp.json())['error']['message']}")

@@ -476,6 +476,7 @@ def test_a_chat_predicted_over_its_budget_gets_429_with_retry_after_before_any_s
     assert [len(h.result(30).token_ids) for h in ahead] == [8]
     assert status == 429 and int(headers["Retry-After"]) >= 1
     assert body["error"]["code"] == "overloaded" and "budget" in body["error"]["message"]
+    assert body["error"]["reason"] == "over_budget"  # refused at arrival, not after waiting
     # the client's own budget: checked like any field, and it only ever shortens the SLA's
     for bad in (0, -5, 10**9, "soon"):
         status, _, body = _post_chat(server, {"messages": messages, "deadline_ms": bad})

@@ -397,7 +397,7 @@ class LLMScheduler:
         """Queue a prepared request (``prepare``) in its place: interactive ones ahead of the rest."""
         with self._cond:
             if self._stopping:
-                raise Unavailable("the agent is shutting down and admits no new requests")
+                raise Unavailable("the agent is shutting down and admits no new requests", reason="draining")
             if len(self.queue) >= self.limits.max_queue:
                 raise Overloaded(f"queue full ({self.limits.max_queue} waiting); retry later")
             if self._wait is not None:

@@ -505,7 +505,8 @@ class TieredLLM(Ladder):
             if self.shedding:
                 raise Unavailable(
                     f"shedding load: tier {loaded.tier.name!r} is over its latency target and no "
-                    "lighter tier is left; retry in a few seconds"
+                    "lighter tier is left; retry in a few seconds",
+                    reason="shedding",
                 )
         spill = loaded.spill
         room = route_new_tokens if WARMUP in tags else None

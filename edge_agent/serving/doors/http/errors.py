@@ -27,11 +27,14 @@ def error(
     code: str | None = None,
     param: str | None = None,
     retry_after_s: float | None = None,
+    reason: str | None = None,
 ) -> web.Response:
+    """``reason``: why an overloaded request was refused (``Overloaded.reason``), an extension field."""
     headers = {"Retry-After": str(max(1, math.ceil(retry_after_s)))} if retry_after_s else None
-    return web.json_response(
-        {"error": {"message": message, "type": kind, "param": param, "code": code}}, status=status, headers=headers
-    )
+    body = {"message": message, "type": kind, "param": param, "code": code}
+    if reason is not None:
+        body["reason"] = reason
+    return web.json_response({"error": body}, status=status, headers=headers)
 
 
 def model_not_found(requested: str, known: Iterable[str]) -> web.Response:
@@ -54,9 +57,11 @@ def from_exception(exc: BaseException) -> web.Response:
     if isinstance(exc, RecursionError):  # nesting a parser refused to follow: the client's mistake
         return error(400, "the body is nested too deeply")
     if isinstance(exc, Unavailable):
-        return error(503, str(exc), "server_error", "unavailable", retry_after_s=exc.retry_after_s or 5)
+        retry = exc.retry_after_s or 5
+        return error(503, str(exc), "server_error", "unavailable", retry_after_s=retry, reason=exc.reason)
     if isinstance(exc, Overloaded):
-        return error(429, str(exc), "rate_limit_error", "overloaded", retry_after_s=exc.retry_after_s or 1)
+        retry = exc.retry_after_s or 1
+        return error(429, str(exc), "rate_limit_error", "overloaded", retry_after_s=retry, reason=exc.reason)
     if isinstance(exc, DeadlineExceeded):
         return error(503, str(exc), "server_error", "timeout", retry_after_s=2)
     if isinstance(exc, (InputError, ValueError)):
