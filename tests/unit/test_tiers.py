@@ -284,9 +284,8 @@ def test_a_move_for_pressure_remembers_the_throughput_at_which_the_tier_broke():
     """The way back up after a move for pressure waits, as after one for samples, until the load is below
     ``upgrade_ratio`` of what the heavier tier completed when it broke."""
     policy = replace(POLICY, upgrade_after=2, cooldown_s=0.0, min_dwell_s=0.0)
-    d = decide(
-        Snapshot(None, 0, rate_per_s=10.0, over_budget=1, arrivals=3), TierState(tiers=2, entered_s=0.0), policy, 3.0
-    )
+    loaded = Snapshot(80, policy.min_samples, rate_per_s=10.0, over_budget=1, arrivals=3)
+    d = decide(loaded, TierState(tiers=2, entered_s=0.0), policy, 3.0)
     assert d.action == "downgrade" and d.state.broke_at == ((0, 10.0, 3.0),)
     state = d.state
     for t in (4.0, 5.0, 6.0):
@@ -294,3 +293,17 @@ def test_a_move_for_pressure_remembers_the_throughput_at_which_the_tier_broke():
         state = d.state
     assert d.action == "hold" and state.tier == 1 and "at which tier 0 broke" in d.reason
     assert decide(Snapshot(20, 50, rate_per_s=6.0), state, policy, 7.0).action == "upgrade"
+
+
+def test_a_lone_arrival_over_budget_at_a_light_load_moves_down_and_back_up_as_usual():
+    """Too few samples to measure a throughput: the move remembers none, and the way back up does not wait
+    for a load below a rate the tier never broke at."""
+    policy = replace(POLICY, upgrade_after=2, cooldown_s=0.0, min_dwell_s=0.0)
+    light = Snapshot(None, policy.min_samples - 1, rate_per_s=0.2, over_budget=1, arrivals=2)
+    d = decide(light, TierState(tiers=2, entered_s=0.0), policy, 3.0)
+    assert d.action == "downgrade" and d.state.broke_at == ()
+    state = d.state
+    for t in (4.0, 5.0):
+        d = decide(Snapshot(20, 50, rate_per_s=0.4), state, policy, t)
+        state = d.state
+    assert d.action == "upgrade" and state.tier == 0

@@ -11,7 +11,8 @@ Rules, in order:
 - pressure (no samples needed: it is predicted, and refused requests leave none): at least
   ``pressure_min`` arrivals predicted over their budget within ``PRESSURE_S`` (one, by default: the first
   request the tier cannot serve within its budget) and ``min_dwell_s`` in the tier: move one tier lighter
-  at once, remembering the throughput at which the tier broke (below); while any are, no upgrade;
+  at once, remembering the throughput at which the tier broke (below) when the window has the samples to
+  measure one (a lone arrival over budget at a light load leaves none); while any are, no upgrade;
 - fewer than ``min_samples`` samples: no switch (the window is noise), with three exceptions, because
   a shedding or idle device produces no samples and would otherwise never change again:
   - just unpinned (``released``): go back to the top tier, the ladder's starting point; with enough
@@ -169,7 +170,7 @@ def decide(snapshot: Snapshot, state: TierState, policy: Policy, now: float) -> 
         and now - state.entered_s >= p.min_dwell_s
     ):
         return Decision(
-            _switch(_broke(replace(state, released=False), snapshot, now), state.tier + 1, now),
+            _switch(_broke(replace(state, released=False), snapshot, now, p), state.tier + 1, now),
             "downgrade",
             f"{snapshot.over_budget} of {snapshot.arrivals} arrivals in {PRESSURE_S:g} s predicted over their "
             f"first-token budget",
@@ -188,7 +189,7 @@ def decide(snapshot: Snapshot, state: TierState, policy: Policy, now: float) -> 
         return _relieve(s, p, value, now, f"pinned to tier {s.pinned}; {label}")
     if over and s.over >= p.downgrade_after and s.tier < s.tiers - 1 and dwelled:
         return Decision(
-            _switch(_broke(s, snapshot, now), s.tier + 1, now),
+            _switch(_broke(s, snapshot, now, p), s.tier + 1, now),
             "downgrade",
             f"{label} > target {p.target_ms:g} ms for {s.over} evaluations",
         )
@@ -239,10 +240,12 @@ def _without_samples(snapshot: Snapshot, state: TierState, p: Policy, now: float
     return Decision(state, "insufficient", few)
 
 
-def _broke(s: TierState, snapshot: Snapshot, now: float) -> TierState:
-    """``s`` remembering that its tier broke now, at the throughput ``snapshot`` measured (when it did)."""
+def _broke(s: TierState, snapshot: Snapshot, now: float, p: Policy) -> TierState:
+    """``s`` remembering that its tier broke now, at the throughput ``snapshot`` measured, when it measured one
+    on at least ``min_samples`` (a lone arrival predicted over budget at a light load, a voice turn's
+    moment, says nothing about the load the tier can take: the way back up is then the usual one)."""
     broke = tuple(b for b in s.broke_at if b[0] != s.tier)
-    if snapshot.rate_per_s is not None:
+    if snapshot.rate_per_s is not None and snapshot.count >= p.min_samples:
         broke += ((s.tier, snapshot.rate_per_s, now),)
     return replace(s, broke_at=broke)
 
