@@ -317,7 +317,10 @@ async def speech_load(
                     if final_ms is not None:
                         rec.speech.append((start - t0, float(final_ms), " ".join(f["text"] for f in spoken), said))
                     want = expected[said].call if said in expected else None
-                    rec.actions.extend(action_of(f, answers.get(f["utterance"]), said, want) for f in spoken)
+                    rec.actions.extend(
+                        {"t": round(start - t0, 2), **action_of(f, answers.get(f["utterance"]), said, want)}
+                        for f in spoken
+                    )
             await asyncio.sleep(1.0)
 
 
@@ -494,6 +497,7 @@ def _report(rec: Record, args: argparse.Namespace) -> None:
             "load": rec.load,
             "chats": rec.chats,  # (t, ttft ms, e2e ms, tier) per admitted chat
             "refused": rec.refused,  # (t, status, reason, answered in ms)
+            "spoken": rec.actions,  # each spoken command: said, heard, the call, turn_ms, judged
         }
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
     if args.plot:
