@@ -145,8 +145,8 @@ class _Engine:
 
     name, kind, sample_rate, max_utterance_s = "fake", "fake", RATE, 30.0
 
-    def __init__(self, lag: bool = False, stamp: bool = False, clock=None) -> None:
-        self.lag, self.stamp, self.clock = lag, stamp, clock
+    def __init__(self, lag: bool = False, stamp: bool = False, clock=None, said: str = "turn on the lights") -> None:
+        self.lag, self.stamp, self.clock, self.said = lag, stamp, clock, said
 
     def new_stream(self):
         from edge_agent.models.recognizer import AudioStream
@@ -161,7 +161,7 @@ class _Engine:
         out = []
         for s in streams:
             _, ended = s.take()
-            text = "turn on the ligh" if self.lag and not ended else "turn on the lights"
+            text = self.said[:-2] if self.lag and not ended else self.said
             if self.stamp and ended:  # a decode that reads the trailing silence too: its length in the text
                 text += f" {s.samples_in}"
             out.append(Hypothesis(text, (), ended, "", s.samples_in / RATE))
@@ -193,6 +193,7 @@ def _serve(
     stamp: bool = False,
     clock=None,
     urgency=None,
+    said: str = "turn on the lights",
 ):
     """``voiced`` fed frame by frame through an AsrService on ``_Engine``, each step asked for by a frame
     finished before the next: (the stream, its events as (frame index, event)). ``urgency``: the one the
@@ -201,7 +202,7 @@ def _serve(
     from edge_agent.serving.asr.service import AsrService
 
     svc = AsrService(
-        _Engine(lag, stamp, clock),
+        _Engine(lag, stamp, clock, said),
         limits=BatchLimits(max_batch=1, batch_timeout_ms=0),
         endpoint=EndpointConfig(60, 500, 100),
         detector_factory=lambda: Script(voiced),
@@ -300,6 +301,29 @@ def test_the_stronger_the_evidence_the_shorter_the_silence(check, p_end, reason,
     st, timed = _serve(voiced, early_end=EarlyEnd(200, 0.5, 100, 0.02), pause_ms=60, complete=check, p_end=p_end)
     (final,) = [e for _, e in timed if e.kind == "final"]
     assert final.metrics.reason == reason
+    assert _waited_ms(st, final) == waited_ms
+
+
+@pytest.mark.parametrize(
+    ("said", "lm", "check", "reason", "waited_ms"),
+    [
+        ("What time is it?", False, lambda text: False, "early", 200),  # a whole question, no command to wait for
+        ("What time is it?", False, lambda text: None, "early", 200),  # a check that cannot tell
+        ("What time is it?", False, None, "silence", 500),  # a stream with no check of its own: never early
+        ("What time is it", False, lambda text: False, "silence", 500),  # no question mark: no evidence
+        ("Turn on the light.", False, lambda text: False, "silence", 500),  # a full stop says nothing
+        ("What time is it?", True, None, "silence", 500),  # a word LM decides for its recogniser (p_end 0 here)
+    ],
+)
+def test_without_a_language_model_a_question_mark_ends_the_turn_after_the_early_silence(
+    said, lm, check, reason, waited_ms
+):
+    from edge_agent.serving.asr.service import EarlyEnd
+
+    voiced = [True] * frames(1000) + [False] * frames(1000)
+    st, timed = _serve(voiced, EarlyEnd(200, 0.5, 100, 0.02), pause_ms=60, complete=check, lm=lm, said=said)
+    (final,) = [e for _, e in timed if e.kind == "final"]
+    assert final.metrics.reason == reason and final.text == said
     assert _waited_ms(st, final) == waited_ms
 
 

@@ -103,7 +103,9 @@ class EarlyEnd:
     - a stream with its own check (a voice turn's tools): when the check says the words are whole (a whole
       command) and the language model does not rule the sentence end out (P(end | words) >=
       ``command_min_prob``, or there is no LM), after ``command_silence_ms``;
-    - a stream without one: when the language model's P(end | words) >= ``min_prob``, after ``silence_ms``.
+    - a stream without one: when the language model's P(end | words) >= ``min_prob``, after ``silence_ms``;
+    - a recogniser with no language model that punctuates (Whisper): a text ending in "?" (a whole question),
+      after ``silence_ms``.
     """
 
     silence_ms: int = 200
@@ -258,11 +260,16 @@ class AsrService:
         """The silence after which ``text`` ends the utterance early (``EarlyEnd``), or None: never early.
         ``extra`` is the stream's own check (the voice turn's whole-command check): False vetoes; True
         (whole), with the language model not ruling the end out, gives the shorter ``command_silence_ms``;
-        None (it cannot tell) or no check leaves the language model alone, after ``silence_ms``."""
+        None (it cannot tell) or no check leaves the language model alone, after ``silence_ms``. Without a
+        language model, a text that ends in a question mark (a recogniser that punctuates, as Whisper does,
+        heard a whole question: "What time is it?") ends after ``silence_ms``, whatever the check says: a
+        question is no command to complete."""
         e = self.early_end
         if e is None or not text.strip():
             return None
         verdict = extra(text) if extra is not None else None
+        if verdict is not True and self.end_probability is None and text.rstrip().endswith("?"):
+            return e.silence_ms  # no word LM, but a recogniser that punctuates (Whisper) heard a whole question
         if verdict is False:
             return None  # vetoed: the language model need not be asked
         p = self.end_probability(text) if self.end_probability is not None else None
