@@ -343,6 +343,8 @@ def test_a_lighter_tier_with_other_weights_is_loaded_ahead_and_a_switch_down_loa
         assert opened == ["top", "low"]  # the lower tier loaded beside the serving one
         stale = ladder._active.ahead
         assert stale is not None and stale.tier.name == "low"
+        # each built its output formats' token table as it loaded: no constrained request waits for one
+        assert ladder._active.lm._token_vocab is not None and stale.lm._token_vocab is not None
         assert not ladder.reload_ahead("top")  # not the tier ahead
         assert ladder.reload_ahead("low")  # its engine changed: loaded ahead again, the old copy closed
         ladder.wait_ahead(60)
@@ -414,6 +416,40 @@ def test_a_waiting_chat_predicted_to_miss_its_start_deadline_is_refused_then_not
     sched.start()  # the clock stays: what was admitted runs, nothing else is refused
     try:
         assert len(ahead.result(30).token_ids) == 40 and len(fine.result(30).token_ids) == 3
+    finally:
+        sched.stop()
+
+
+def test_a_waiting_chat_predicted_to_miss_its_start_takes_the_row_of_a_running_chat_once(lm):
+    """Rescued instead of refused: the running chat with the most tokens left gives its row up (its KV kept)
+    and resumes after, both outputs their references'; a chat that gave its row up once is never taken
+    again, so the next late chat, with no row left to take, is refused."""
+    clock = [100.0]  # a fake clock: no deadline passes while the test looks
+    sched = LLMScheduler(lm, Limits(max_batch=1, batch_timeout_ms=0), clock=lambda: clock[0])
+    sched.rates.seed(10.0, 64, 10.0 + 64 * 0.5, clock[0])  # given: 10 ms a step, 0.5 ms a prompt token
+    running = sched.enqueue(sched.prepare(PROMPT, greedy(40)))
+    with sched._cond:
+        assert sched._take_admitted()
+    sched._prefill()  # it holds the only row, its first token out, 39 steps (390 ms) to go
+    assert sched.load == (0, 1) and len(sched._batch) == 1
+    late = sched.prepare(OTHER, greedy(3), start_by_ms=50.0)
+    late.predicted_first_s = clock[0] + 0.040
+    rescued = sched.enqueue(late)
+    with sched._cond:
+        assert sched._take_admitted()
+    assert sched.preemptions == 1 and not rescued.done  # it prefills in the row the running chat gave up
+    again = sched.prepare(PROMPT[:4], greedy(3), start_by_ms=50.0)
+    again.predicted_first_s = clock[0] + 0.040
+    refused = sched.enqueue(again)
+    with sched._cond:
+        assert sched._take_admitted()
+    with pytest.raises(Overloaded, match="is now predicted to start"):
+        refused.result(1)
+    assert sched.preemptions == 1
+    sched.start()
+    try:
+        assert list(rescued.result(30).token_ids) == list(lm.generate_greedy(OTHER, 3, stop_at_eos=False))
+        assert list(running.result(30).token_ids) == list(lm.generate_greedy(PROMPT, 40, stop_at_eos=False))
     finally:
         sched.stop()
 

@@ -33,6 +33,10 @@ open voice stream, requests that are not interactive use at most ``max_batch - 1
 interactive request waits and no row is free, the running request that is not interactive with the
 most tokens left is preempted: its KV is copied out, it waits ahead of every chat that has not
 started, and it resumes from that KV (only its pending token is run again), its output unchanged. A
+waiting chat predicted to miss its start deadline (admitted on a prediction that a voice turn or slower
+steps then broke) starts at the next step boundary the same way: in a free row, or in the row of the
+running chat with the most tokens left that never gave its row up (once at most: a chat is never starved);
+with no row to take it is refused then (``start_deadline``). A
 warm-up (``warmup`` tag) takes only a free row: it never waits for one. The device thread measures its
 decode steps and prefills (``rates``, ``serving.tiers.admission.Rates``), and ``predict_ttft_ms`` says when a
 request arriving now would have its first token. With ``Limits.voice_alone`` a voice turn's rows decode by
@@ -110,7 +114,8 @@ class _Sequence:
         self.deadline_s = deadline_s
         self.start_by_s = start_by_s  # refused (Overloaded) if not started by then
         self.predicted_first_s: float | None = None  # when admission predicted its first token (Lateness)
-        self.preempted = False  # it ran, gave its row to a voice turn, and waits to resume
+        self.preempted = False  # it ran, gave its row up (to a voice turn or a late chat); once is its share
+        self.rescue = False  # waiting, predicted to miss its start deadline: takes a running chat's row
         self.resume: tuple[int, dict[str, np.ndarray]] | None = None  # (tokens, their KV) it resumes from
         self.lm: DecoderLM | None = None  # the model it was prepared for (ids, format, decoder)
         self.source: object = None  # what its ladder needs to prepare it again for another model
@@ -453,6 +458,7 @@ class LLMScheduler:
             now = self.clock()
             self._refuse_overdue(now)
             self._preempt_for_voice()
+            self._rescue_late()
             running = len(self._batch) + len(self._prefills)
             n, wake_at = plan_admission([s.admitted_s for s in waiting], running, now, self.limits, self._wait)
             n = self._within_chat_rows(waiting, n, running)
@@ -480,7 +486,13 @@ class LLMScheduler:
         for seq in [s for s in waiting if s.handle.cancelled or self._expired(s, now, running=running)]:
             waiting.remove(seq)
             self._reject(seq, now)
+        victims = len(self._victims()) - sum(1 for s in waiting if s.rescue)
         for seq, excess_ms in self._late_to_start(now):
+            if seq.rescue:
+                continue  # its row is on its way: taken at the device thread's next step boundary
+            if victims > 0:
+                seq.rescue, victims = True, victims - 1
+                continue
             waiting.remove(seq)
             self._refuse_late(seq, now, excess_ms)
 
@@ -513,20 +525,43 @@ class LLMScheduler:
         """Under the lock: an interactive request (not a warm-up) waits first and no row is free: the chat
         with the most tokens left gives its row up (see the module doc)."""
         waiting = self._waiting
-        if not waiting or self.lm.max_rows is not None:
-            return  # nothing waits, or a one-sequence model: its KV lives inside the runtime
+        if not waiting:
+            return
         head = next(iter(waiting))
         if not head.interactive or head.warmup:
             return
         if len(self._batch) + len(self._prefills) < self.limits.max_batch:
             return
-        chats = [(i, s) for i, s in enumerate(self._batch.rows) if not s.interactive and not s.handle.done]
+        self._preempt(self._victims(voice=True))
+
+    def _rescue_late(self) -> None:
+        """Under the lock, at a step boundary: each waiting chat marked for rescue (predicted to miss its start
+        deadline, ``_refuse_overdue``) starts now, in a free row or in the row of the running chat with the
+        most tokens left that never gave its row up (see the module doc): a chat admitted on a prediction
+        that a voice turn or slower steps then broke is served on time instead of refused after waiting."""
+        for seq in [s for s in self._waiting if s.rescue]:
+            if len(self._batch) + len(self._prefills) >= self.chat_rows() and not self._preempt(self._victims()):
+                seq.rescue = False  # no row to take after all: its deadline decides
+                continue
+            self._waiting.remove(seq)
+            seq.rescue = False
+            self._prefills.add([seq], [seq.prompt], [len(seq.prompt) + seq.params.max_new_tokens], [None])
+
+    def _victims(self, voice: bool = False) -> list[tuple[int, _Sequence]]:
+        """Under the lock: the running chats that may give their row up (a one-sequence model's KV lives inside
+        the runtime: none): for a voice turn any, for a late chat those that never gave theirs up."""
+        if self.lm.max_rows is not None or getattr(self._batch, "row_kv", None) is None:
+            return []
+        rows = enumerate(self._batch.rows)
+        return [(i, s) for i, s in rows if not s.interactive and not s.handle.done and (voice or not s.preempted)]
+
+    def _preempt(self, chats: list[tuple[int, _Sequence]]) -> bool:
+        """Under the lock: the chat of ``chats`` with the most tokens left gives its row up, its KV copied out
+        (False: none to preempt)."""
         if not chats:
-            return
-        row_kv = getattr(self._batch, "row_kv", None)
-        if row_kv is None:
-            return
+            return False
         index, victim = max(chats, key=lambda c: c[1].params.max_new_tokens - len(c[1].generated))
+        row_kv = self._batch.row_kv  # type: ignore[attr-defined]  # _victims checked it
         tokens = len(victim.history) - len(victim.feed)  # what its cache holds: the pending tokens are not in
         kv = {name: np.array(a[None]) for name, a in row_kv(index, tokens).items()}
         self._batch.remove([index])
@@ -535,6 +570,7 @@ class LLMScheduler:
         self.preemptions += 1
         if self.on_preempted is not None:
             self.on_preempted()
+        return True
 
     def _expired(self, seq: _Sequence, now: float, waiting: bool = True, running: int | None = None) -> bool:
         if seq.deadline_s is not None and now > seq.deadline_s:
