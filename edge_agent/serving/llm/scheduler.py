@@ -561,7 +561,7 @@ class LLMScheduler:
         if not chats:
             return False
         index, victim = max(chats, key=lambda c: c[1].params.max_new_tokens - len(c[1].generated))
-        row_kv = self._batch.row_kv  # type: ignore[attr-defined]  # _victims checked it
+        row_kv = self._batch.row_kv  # type: ignore[union-attr]  # _victims checked it
         tokens = len(victim.history) - len(victim.feed)  # what its cache holds: the pending tokens are not in
         kv = {name: np.array(a[None]) for name, a in row_kv(index, tokens).items()}
         self._batch.remove([index])
