@@ -25,9 +25,11 @@ and the sequence joins the batch after its last chunk, with the same cache a who
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -92,6 +94,11 @@ def open_tokenizer(ref: ModelRef) -> Tokenizer:
     return Tokenizer(ref.path, model_type)
 
 
+# the output formats' token tables of the loaded models, one per tokenizer (``DecoderLM.token_vocab``)
+_VOCABS: weakref.WeakValueDictionary[tuple, TokenVocab] = weakref.WeakValueDictionary()
+_VOCABS_LOCK = threading.Lock()
+
+
 class DecoderLM:
     """One loaded decoder model: tokenizer, contract and session; batches are ``new_batch()`` objects."""
 
@@ -154,12 +161,22 @@ class DecoderLM:
 
     @property
     def token_vocab(self) -> TokenVocab:
-        """The vocabulary for output constraints and logprob bytes (built on first use, then kept)."""
+        """The vocabulary for output constraints and logprob bytes (built on first use, then kept), shared
+        with every other loaded model of the same tokenizer, logits and end tokens (the ladder's rungs of
+        one model: Gemma 3's 262k tokens take seconds to build)."""
         with self._vocab_lock:
             if self._token_vocab is None:
                 n_logits = self._vocab or self.tokenizer.vocab_size
                 tok = self.tokenizer
-                self._token_vocab = TokenVocab(tok.to_json(), n_logits, self.contract.eos_ids, tok.vocab_size)
+                text = tok.to_json()
+                key = (hashlib.sha256(text.encode()).hexdigest(), n_logits, tuple(sorted(self.contract.eos_ids)))
+                with _VOCABS_LOCK:
+                    vocab = _VOCABS.get(key)
+                if vocab is None:  # built outside the shared lock: another tokenizer's build need not wait
+                    vocab = TokenVocab(text, n_logits, self.contract.eos_ids, tok.vocab_size)
+                    with _VOCABS_LOCK:
+                        vocab = _VOCABS.setdefault(key, vocab)
+                self._token_vocab = vocab
             return self._token_vocab
 
     @classmethod

@@ -39,3 +39,23 @@ def test_every_stop_id_ends_a_text_reply_and_none_ends_an_unfinished_call():
         assert not any(mask[s] for s in stops) and np.any(mask)  # a call begun must be finished first
     finally:
         lm.close()
+
+
+def test_models_of_one_tokenizer_share_one_token_table_and_others_build_their_own():
+    """The ladder's rungs of one model load the same tokenizer: the table (seconds for a 262k vocabulary) is
+    built once; a model with another tokenizer gets its own, whose mask is its own vocabulary's width."""
+    from edge_agent.backends import SessionOptions
+    from edge_agent.models.catalog import resolve_model
+    from edge_agent.models.llm import DecoderLM
+
+    opened = [
+        DecoderLM.open(resolve_model(name, REPO), "onnxruntime", SessionOptions(threads=1))
+        for name in ("demo-gemma", "demo-gemma", "demo-phi3")
+    ]
+    try:
+        a, b, other = (lm.token_vocab for lm in opened)
+        assert a is b and other is not a
+        assert a.n_logits != other.n_logits or opened[0].tokenizer.to_json() != opened[2].tokenizer.to_json()
+    finally:
+        for lm in opened:
+            lm.close()
