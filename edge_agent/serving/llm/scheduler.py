@@ -463,20 +463,23 @@ class LLMScheduler:
             n, wake_at = plan_admission([s.admitted_s for s in waiting], running, now, self.limits, self._wait)
             n = self._within_chat_rows(waiting, n, running)
             if n or running:
-                admitted = [waiting.popleft() for _ in range(n)]
-                self._prefills.add(
-                    admitted,
-                    [s.history if s.resume else s.prompt for s in admitted],
-                    [len(s.prompt) + s.params.max_new_tokens for s in admitted],
-                    [s.resume for s in admitted],
-                )
-                for seq in admitted:
-                    seq.resume = None
+                self._start([waiting.popleft() for _ in range(n)])
                 return True
             if self._stopping and not waiting:
                 return False
             timeout = None if wake_at is None else max(0.0, wake_at - now)
             self._cond.wait(timeout if timeout is not None else 0.5)
+
+    def _start(self, admitted: list[_Sequence]) -> None:
+        """Under the lock: ``admitted`` go to the prefills (a preempted one from the KV it gave up)."""
+        self._prefills.add(
+            admitted,
+            [s.history if s.resume else s.prompt for s in admitted],
+            [len(s.prompt) + s.params.max_new_tokens for s in admitted],
+            [s.resume for s in admitted],
+        )
+        for seq in admitted:
+            seq.resume = None
 
     def _refuse_overdue(self, now: float) -> None:
         """Under the lock: drop cancelled waiters and refuse those past their deadlines or predicted to start
@@ -486,8 +489,9 @@ class LLMScheduler:
         for seq in [s for s in waiting if s.handle.cancelled or self._expired(s, now, running=running)]:
             waiting.remove(seq)
             self._reject(seq, now)
-        victims = len(self._victims()) - sum(1 for s in waiting if s.rescue)
-        for seq, excess_ms in self._late_to_start(now):
+        late = self._late_to_start(now)
+        victims = len(self._victims()) - sum(1 for s in waiting if s.rescue) if late else 0
+        for seq, excess_ms in late:
             if seq.rescue:
                 continue  # its row is on its way: taken at the device thread's next step boundary
             if victims > 0:
@@ -545,7 +549,7 @@ class LLMScheduler:
                 continue
             self._waiting.remove(seq)
             seq.rescue = False
-            self._prefills.add([seq], [seq.prompt], [len(seq.prompt) + seq.params.max_new_tokens], [None])
+            self._start([seq])
 
     def _victims(self, voice: bool = False) -> list[tuple[int, _Sequence]]:
         """Under the lock: the running chats that may give their row up (a one-sequence model's KV lives inside
