@@ -1,7 +1,8 @@
 """``edge-agent bench calls``: how many home commands become exactly the right tool call, text and speech.
 
-Each command of ``demo_models/home_commands.py`` (the demo's set; the held-out set: other words for the
-same actions, numbers said as words, other voices, requests no tool answers; the development set) goes
+Each command of ``demo_models/home_commands.py`` (the demo's set; the two held-out sets, ``held-out`` and
+``unseen``: other words for the same actions, numbers said as words, other voices, requests no tool
+answers; the development set) goes
 through the agent's own voice-turn request (``VoiceTurn.chat``: the user's words with the home tools
 described, the model's chat template; greedy, the tool-or-text grammar of ``tool_choice: "auto"`` or the
 call grammar of ``"required"``; the prefix cache and jump-forward on, as the daemon runs them) on one LLM
@@ -10,7 +11,8 @@ scheduler:
 - **text**: the command's words as written;
 - **speech** (``--speech``): the words spoken by the natural-voice set in turn (``--voices``, default
   ``standard``: Piper joe at three length/noise settings, flite slt/rms/awb/kal16, espeak-ng en-us as the
-  stress voice; command i in voice i mod n, ``engines/voices.py``), transcribed whole by the configured ASR
+  stress voice; command i in voice i mod n, ``engines/voices.py``; ``--every-voice``: every command by every
+  voice, which is what a rate on a set of a dozen commands needs), transcribed whole by the configured ASR
   tier (or ``--asr-model``) told the tools' words as its context (``--context on``; ``off``, or ``both``
   to score each way); the LLM gets what was heard.
 
@@ -25,17 +27,18 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..demo_models.home_commands import DEMO, DEV, HELD_OUT, judge
+from ..demo_models.home_commands import DEMO, DEV, HELD_OUT, UNSEEN, Command, judge
 from ..errors import InputError
 from .options import CallsOptions
 
 HOME_TOOLS = Path(__file__).resolve().parent.parent / "demo_models" / "home-tools.json"
-SETS = {"demo": DEMO, "held-out": HELD_OUT, "dev": DEV}
+SETS = {"demo": DEMO, "held-out": HELD_OUT, "unseen": UNSEEN, "dev": DEV}
 
 
 def heard_by(recognizer: Any, speech: np.ndarray, context: str = "") -> str:
@@ -49,12 +52,17 @@ def heard_by(recognizer: Any, speech: np.ndarray, context: str = "") -> str:
     return str(recognizer.transcribe(audio).text).strip()
 
 
-def spoken(commands, voices) -> tuple[list[np.ndarray], list[str]]:
-    """Each command spoken by ``voices`` in turn (command i by voice i mod n): the audio and voice labels."""
+def spoken(commands, voices, every_voice: bool = False) -> tuple[list, list[np.ndarray], list[str]]:
+    """Each command spoken by ``voices`` in turn (command i by voice i mod n), or by each of them
+    (``every_voice``): the commands as said (a command once per voice that says it), audio, voice labels."""
     from ..engines.voices import synthesize
 
-    who = [voices[i % len(voices)] for i in range(len(commands))]
-    return synthesize([(c.text, v) for c, v in zip(commands, who)]), [v.label for v in who]
+    if every_voice:
+        pairs = [(c, v) for c in commands for v in voices]
+    else:
+        pairs = [(c, voices[i % len(voices)]) for i, c in enumerate(commands)]
+    audio = synthesize([(c.text, v) for c, v in pairs])
+    return [c for c, _ in pairs], audio, [v.label for _, v in pairs]
 
 
 def score(
@@ -65,10 +73,9 @@ def score(
     heard: list[str],
     tool_choice: str,
     limit: int,
-    voice_of: dict[str, str] | None = None,
+    voice_of: list[str] | None = None,
 ):
     """Each command's reply to what was heard (one request at a time): rows and the summary."""
-    voice_of = voice_of or {}
     from ..models.sampling import SamplingParams
     from ..serving.doors.voice.turn import VoiceTurn, chat_submit
 
@@ -77,7 +84,7 @@ def score(
     )
     submit = chat_submit(scheduler, tokenizer)
     rows = []
-    for command, text in zip(commands, heard, strict=True):
+    for i, (command, text) in enumerate(zip(commands, heard, strict=True)):
         params = SamplingParams(max_new_tokens=limit, temperature=0.0, grammar=turn.grammar)
         start = time.monotonic()
         done = submit(turn.chat(text), params).result(120.0)
@@ -86,7 +93,7 @@ def score(
         rows.append(
             {
                 "said": command.text,
-                "voice": voice_of.get(command.text, command.voice),
+                "voice": voice_of[i] if voice_of else command.voice,
                 "heard": text,
                 "expected": command.call,
                 "call": call,
@@ -133,7 +140,9 @@ def run(opts: CallsOptions) -> int:
     tools = load_tools(HOME_TOOLS)
     inputs: dict[str, dict[str, list[str]]] = {n: {"text": [c.text for c in SETS[n]]} for n in names}
     asr_name = None
-    voices_used: dict[str, dict[str, str]] = {}
+    # per set, the commands as spoken (with --every-voice each once per voice) and who spoke each
+    said: dict[str, Sequence[Command]] = {n: SETS[n] for n in names}
+    voices_used: dict[str, list[str]] = {}
     if opts.speech:
         from ..engines.voices import parse_voices, require
         from ..models.asr import open_configured
@@ -148,8 +157,7 @@ def run(opts: CallsOptions) -> int:
         asr_name = recognizer.name if hasattr(recognizer, "name") else opts.asr_model
         try:
             for n in names:
-                audio, labels = spoken(SETS[n], voices)
-                voices_used[n] = {c.text: label for c, label in zip(SETS[n], labels)}
+                said[n], audio, voices_used[n] = spoken(SETS[n], voices, opts.every_voice)
                 for kind, words in ways:
                     inputs[n][kind] = [heard_by(recognizer, x, words) for x in audio]
         finally:
@@ -162,7 +170,7 @@ def run(opts: CallsOptions) -> int:
     report: dict[str, Any] = {"llm_model": ref.name, "llm_path": str(ref.path), "backend": opts.backend}
     report.update(asr_model=asr_name, tool_choice=opts.tool_choice, threads=threads, results={})
     if opts.speech:
-        report.update(voices=report_voices, asr_context=report_context)
+        report.update(voices=report_voices, every_voice=opts.every_voice, asr_context=report_context)
     try:
         scheduler = LLMScheduler(lm, turn_limits(settings)).start()
         try:
@@ -172,7 +180,7 @@ def run(opts: CallsOptions) -> int:
                         scheduler,
                         lm.tokenizer,
                         tools,
-                        SETS[n],
+                        SETS[n] if kind == "text" else said[n],
                         heard,
                         opts.tool_choice,
                         opts.max_new_tokens,
@@ -199,7 +207,8 @@ def format_report(report: dict) -> str:
         f"{report['tool_choice']}" + (f", speech heard by {report['asr_model']}" if report.get("asr_model") else "")
     ]
     if report.get("voices"):
-        lines.append(f"  voices (in turn): {', '.join(report['voices'])}")
+        how = "every command by each" if report.get("every_voice") else "in turn"
+        lines.append(f"  voices ({how}): {', '.join(report['voices'])}")
         for kind, words in report.get("asr_context", {}).items():
             lines.append(f"  {kind}: ASR context {words[:100] + '…' if len(words) > 100 else words or 'none'!r}")
     for key, res in report["results"].items():

@@ -213,10 +213,11 @@ class CallsOptions:
 
     llm_model: str = "gemma-3-270m-home"
     backend: str = "onnxruntime"
-    sets: str = "demo,held-out,dev"  # comma-separated
+    sets: str = "demo,held-out,unseen,dev"  # comma-separated
     speech: bool = False
     asr_model: str | None = None
     voices: str = "standard"
+    every_voice: bool = False  # every command by every voice (not in turn)
     context: Literal["on", "off", "both"] = "on"
     tool_choice: Literal["auto", "required"] = "auto"
     max_new_tokens: int = 64

@@ -127,13 +127,16 @@ def add_calls(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser
     )
     p.add_argument("--llm-model", default="gemma-3-270m-home", help="model name or folder (an engine's too)")
     p.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "openvino"))
-    p.add_argument("--sets", default="demo,held-out,dev", help="comma-separated: demo, held-out, dev")
+    p.add_argument("--sets", default="demo,held-out,unseen,dev", help="comma-separated: demo, held-out, unseen, dev")
     p.add_argument("--speech", action="store_true", help="also speak each command and score what the ASR heard")
     p.add_argument("--asr-model", default=None, help="ASR model (default: the top configured ASR tier)")
     p.add_argument(
         "--voices",
         default="standard",
         help="who speaks the commands, in turn: standard, natural, stress or specs (piper:joe:0.85, flite:slt, …)",
+    )
+    p.add_argument(
+        "--every-voice", action="store_true", help="every command spoken by every voice of --voices, not in turn"
     )
     p.add_argument(
         "--context",

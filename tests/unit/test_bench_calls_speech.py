@@ -29,10 +29,26 @@ def test_commands_are_spoken_by_the_voices_in_turn(monkeypatch):
         return [np.zeros(100 + i, np.float32) for i in range(len(items))]
 
     monkeypatch.setattr(V, "synthesize", fake)
-    audio, labels = calls.spoken(HELD_OUT[:5], V.STANDARD[:3])
+    commands, audio, labels = calls.spoken(HELD_OUT[:5], V.STANDARD[:3])
     assert [v for _, v in said] == [V.STANDARD[i % 3] for i in range(5)]
     assert [t for t, _ in said] == [c.text for c in HELD_OUT[:5]]
     assert labels == [V.STANDARD[i % 3].label for i in range(5)] and len(audio) == 5
+    assert list(commands) == list(HELD_OUT[:5])
+
+
+def test_every_voice_says_every_command(monkeypatch):
+    said = []
+
+    def fake(items, progress=None):
+        said.extend(items)
+        return [np.zeros(100, np.float32) for _ in items]
+
+    monkeypatch.setattr(V, "synthesize", fake)
+    commands, audio, labels = calls.spoken(HELD_OUT[:2], V.STANDARD[:3], every_voice=True)
+    expected = [(c, v) for c in HELD_OUT[:2] for v in V.STANDARD[:3]]
+    assert said == [(c.text, v) for c, v in expected]
+    assert list(commands) == [c for c, _ in expected] and labels == [v.label for _, v in expected]
+    assert len(audio) == 6
 
 
 def test_heard_by_pads_the_speech_and_tells_the_context_only_to_a_recogniser_that_takes_one():
