@@ -129,13 +129,16 @@ class Pipeline:
         if req.precision == "int8" and flavour not in INT8_FLAVOURS[backend]:
             raise InputError(f"{backend} INT8 is made as {INT8_FLAVOURS[backend]}, not {flavour!r}")
         calib = None
+        spec = self.recipe.calibration
         if req.precision == "int8" and flavour not in ("dynamic", "weights"):
-            spec = self.recipe.calibration
             path = self.calibration_path(req)
             calib = {
                 "data": manifest_digest(path, spec.samples if spec else None),
                 "method": req.method or (spec.method if spec else "minmax"),
             }
+        elif req.precision == "int8" and self.recipe.dynamic and self.recipe.dynamic.max_state_error > 0:
+            # Whisper: the matmuls kept FP32 are chosen on the calibration audio
+            calib = {"data": manifest_digest(self.calibration_path(req), spec.samples if spec else None)}
         parts = {
             "model": self.model_hash,
             **self.recipe.precision_key(req.precision),  # the fingerprint, and weight-only settings

@@ -149,7 +149,10 @@ def quantize_qdq(
     }
 
 
-def quantize_weights_dynamic(src: Path, dst: Path, op_types: Iterable[str] = LLM_OPS) -> dict:
+def quantize_weights_dynamic(
+    src: Path, dst: Path, op_types: Iterable[str] = LLM_OPS, exclude: Sequence[str] = ()
+) -> dict:
+    """Dynamic INT8: per-channel int8 weights, activations scaled per call; ``exclude``: nodes kept float."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with _quiet_tools(), folded("onnxruntime.quantization"):
@@ -159,6 +162,7 @@ def quantize_weights_dynamic(src: Path, dst: Path, op_types: Iterable[str] = LLM
             op_types_to_quantize=list(op_types),
             per_channel=True,
             weight_type=QuantType.QInt8,
+            nodes_to_exclude=list(exclude) or None,
             use_external_data_format=_needs_external(src),
             # contrib ops (GroupQueryAttention in an in-place KV graph) defeat ONNX shape inference:
             # the float32 activations they produce are then typed by this default
@@ -169,6 +173,7 @@ def quantize_weights_dynamic(src: Path, dst: Path, op_types: Iterable[str] = LLM
         "weights": "int8 per-channel",
         "activations": "int8, scaled per call",
         "op_types": list(op_types),
+        **({"excluded_nodes": list(exclude)} if exclude else {}),
     }
 
 

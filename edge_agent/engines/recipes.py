@@ -31,7 +31,11 @@ shape profiles, which calibration and held-out data, and how much accuracy an en
     sensitivity_metric = "hessian_input_activation"   # which weights stay at the backup precision (ratio < 1)
     backup_mode = "int8_asym"          # int8_asym | int8_sym | none
 
-    [calibration]                      # INT8 activation ranges come from here
+    [dynamic]                          # Whisper's dynamic INT8 (graphs): the encoder's matmuls kept FP32
+    max_state_error = 0.05             # the costliest kept FP32 until the encoder's states on the [calibration]
+                                       #   audio are within this relative error of FP32's (0: every one INT8)
+
+    [calibration]                      # INT8 activation ranges come from here (Whisper: [dynamic]'s audio)
     data = "../calibration/llm/prompts.jsonl"
     samples = 64
     method = "minmax"                  # minmax | entropy | percentile
@@ -343,6 +347,18 @@ class WeightOnlySpec(_Strict):
         return size
 
 
+class DynamicInt8Spec(_Strict):
+    """``[dynamic]``: which of a Whisper encoder's matmuls its dynamic INT8 engine keeps FP32."""
+
+    max_state_error: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="keep the matmuls whose INT8 costs most FP32 until the encoder's last states on the "
+        "[calibration] audio are within this mean relative error (||int8 - fp32|| / ||fp32||) of FP32's; 0: none",
+    )
+
+
 class Profile(_Strict):
     """A shape profile: [min, opt, max] per dynamic dimension, optionally for some targets only."""
 
@@ -411,6 +427,7 @@ class Recipe(_Strict):
         "engine within any rung's budget enters the cache; each rung serves the fastest engine within its own",
     )
     weight_only: WeightOnlySpec | None = Field(None, description="int8w / int4 settings (defaults when absent)")
+    dynamic: DynamicInt8Spec | None = Field(None, description="Whisper's dynamic INT8: the matmuls kept FP32")
     profiles: list[Profile] = Field(default_factory=list)
     npu_llm: NpuLlmSpec | None = Field(None, description="the NPU's LLM mode (defaults when absent)")
     kv_layout: KvLayout | dict[BuildPrecision, KvLayout] = Field(
@@ -436,6 +453,10 @@ class Recipe(_Strict):
             raise ValueError(f"float_graphs: {stray[0]!r} is not one of graphs {self.graphs}")
         if self.graphs and set(self.float_graphs) >= set(self.graphs):
             raise ValueError("float_graphs keeps every graph FP32: no precision would change anything")
+        if self.dynamic is not None and not (self.graphs and "int8" in self.precisions):
+            raise ValueError("[dynamic] configures a Whisper recipe's int8 (graphs), which this recipe does not build")
+        if self.dynamic is not None and self.dynamic.max_state_error > 0 and self.calibration is None:
+            raise ValueError("[dynamic] max_state_error needs [calibration] data (the audio the states are taken on)")
         if self.weight_only is not None and not set(WEIGHT_ONLY) & set(self.precisions):
             raise ValueError("[weight_only] configures int8w / int4, which precisions does not list")
         if TOP_RUNG in self.rungs:
@@ -529,6 +550,7 @@ class Recipe(_Strict):
             True,
         )
         exclude |= {"npu_llm": True} if self.npu_llm is None else {}
+        exclude |= {"dynamic": True} if self.dynamic is None else {}
         exclude |= {"perplexity": True} if self.perplexity is None else {}
         exclude |= {"rungs": True} if not self.rungs else {}
         unset = {k for k in ("max_ppl_increase_pct", "min_greedy_agreement") if getattr(self.accuracy, k) is None}

@@ -16,6 +16,13 @@ scaled per call, no calibration set; the convolutions stay float: ONNX Runtime's
 slower than its float one on CPUs), ``int8w`` (weight-only MatMulNBits, 8 bits per block, the
 recipe's ``[weight_only]``). A recipe's ``float_graphs`` stay FP32 at every precision (an INT8 engine of
 the encoder alone, Whisper's decoders as exported).
+
+With ``[dynamic] max_state_error`` the INT8 encoder keeps its costliest matmuls FP32 (``keep_float``): each
+weight matmul is left FP32 alone once and ranked by how far the rest's INT8 states then are from FP32's on
+the recipe's calibration audio; they are kept FP32 in that order until the states are within the budget.
+Whisper base's encoder has a few matmuls that cost most of its INT8 error (one block's second FFN
+matmul and the first block's projections), so a handful kept FP32 buys most of the accuracy back for a
+fraction of the speed.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ..backends import SessionOptions
 from ..errors import InputError, ModelError
@@ -35,13 +44,13 @@ from .recipes import WEIGHT_ONLY
 if TYPE_CHECKING:
     from ..models.asr_whisper import WhisperRecognizer
     from .model_io import Timed
-    from .stages import StageContext
+    from .stages import BuildRequest, StageContext
 
 Progress = Callable[[int, int], None]
 WHISPER_INT8_OPS = ["MatMul", "Gemm"]
 
 
-def convert(ctx: StageContext, staged: Path, parts: dict[str, Any]) -> dict:
+def convert(ctx: StageContext, staged: Path, parts: dict[str, Any], req: BuildRequest) -> dict:
     """Each graph at the build's precision into ``staged/work`` (FP32: left as exported)."""
     backend, precision, flavour = parts["backend"], parts["precision"], parts["flavour"]
     if backend != "onnxruntime":
@@ -66,7 +75,13 @@ def convert(ctx: StageContext, staged: Path, parts: dict[str, Any]) -> dict:
             elif precision == "fp16":
                 done[name] = quantize_ort.to_fp16(src, dst)
             elif precision == "int8":
-                done[name] = quantize_ort.quantize_weights_dynamic(src, dst, WHISPER_INT8_OPS)
+                sens = ctx.recipe.dynamic
+                kept: dict[str, Any] = {}
+                if sens is not None and sens.max_state_error > 0 and name == ctx.recipe.onnx_file:
+                    kept = keep_float(ctx, src, sens.max_state_error, calibration_features(ctx, req), work)
+                excluded = kept.get("nodes", [])
+                done[name] = quantize_ort.quantize_weights_dynamic(src, dst, WHISPER_INT8_OPS, excluded)
+                done[name] |= {"sensitivity": kept} if kept else {}
             elif precision in WEIGHT_ONLY:
                 from .quantize_weight_only import quantize_matmul_nbits
 
@@ -77,6 +92,80 @@ def convert(ctx: StageContext, staged: Path, parts: dict[str, Any]) -> dict:
                 raise InputError(f"{ctx.recipe.name}: no {precision} path for a Whisper engine")
             ctx.hb.callback(bar)(i + 1, len(ctx.recipe.graphs))
     return {"graphs": done, "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def calibration_features(ctx: StageContext, req: BuildRequest, padding_s: float = 6.0) -> list[np.ndarray]:
+    """Log-mel inputs of the recipe's calibration audio, each over its audio and ``padding_s`` (a final's
+    window as served)."""
+    from ..audio.wav import read_audio
+    from ..models.asr_whisper import WhisperFeatureConfig, log_mel_spectrogram
+    from .datasets import read_audio_manifest
+    from .stages import calibration_path
+
+    spec = ctx.recipe.calibration
+    assert spec is not None  # the recipe's validator requires it with [dynamic]
+    cfg = WhisperFeatureConfig.from_folder(ctx.ref.path)
+    out = []
+    for s in read_audio_manifest(calibration_path(ctx.recipe, req), spec.samples):
+        try:
+            x, _ = read_audio(s.audio, cfg.sampling_rate)
+        except InputError as exc:
+            raise InputError(f"line {s.line}: {exc}") from None
+        x = x[: cfg.n_samples]
+        frames = min(cfg.nb_max_frames, 2 * int(np.ceil((x.size + padding_s * cfg.sampling_rate) / cfg.hop_length / 2)))
+        out.append(log_mel_spectrogram(x, cfg)[None, :, :frames].astype(np.float32))
+    if not out:
+        raise InputError(f"{ctx.recipe.name}: the [calibration] manifest has no audio for [dynamic]'s pass")
+    return out
+
+
+def keep_float(ctx: StageContext, src: Path, budget: float, feats: Sequence[np.ndarray], work: Path) -> dict[str, Any]:
+    """The encoder's weight matmuls to keep FP32 so that its dynamic-INT8 states on the calibration audio are
+    within ``budget`` (mean relative error against FP32's); what the pass measured, for the report."""
+    import onnx
+    import onnxruntime as ort
+
+    graph = onnx.load(str(src), load_external_data=False).graph
+    weights = {i.name for i in graph.initializer}
+    candidates = {
+        n.name: next(i for i in n.input if i in weights)
+        for n in graph.node
+        if n.op_type in WHISPER_INT8_OPS and any(i in weights for i in n.input)
+    }
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = ctx.threads or 0
+
+    def states(path: Path) -> list[np.ndarray]:
+        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        return [sess.run(["last_hidden_state"], {"input_features": f})[0] for f in feats]
+
+    ref = states(src)
+    tmp = work / "sensitivity.onnx"
+
+    def error(excluded: Sequence[str]) -> float:
+        ctx.hb.check()
+        quantize_ort.quantize_weights_dynamic(src, tmp, WHISPER_INT8_OPS, excluded)
+        errs = [np.linalg.norm(a - b) / np.linalg.norm(b) for a, b in zip(states(tmp), ref, strict=True)]
+        return round(float(np.mean(errs)), 5)
+
+    t0 = time.perf_counter()
+    report: dict[str, Any] = {"budget": budget, "samples": len(feats), "error_all_int8": error([])}
+    if report["error_all_int8"] > budget:
+        alone: dict[str, float] = {}
+        with ctx.hb.bar("ranking the encoder's matmuls by their INT8 error", "matmuls") as bar:
+            for i, node in enumerate(candidates):
+                alone[node] = error([node])
+                ctx.hb.callback(bar)(i + 1, len(candidates))
+        kept: list[str] = []
+        for node in sorted(alone, key=alone.__getitem__):
+            kept.append(node)
+            report["error"] = error(kept)
+            if report["error"] <= budget:
+                break
+        ranked = {candidates[n]: alone[n] for n in sorted(alone, key=alone.__getitem__)}
+        report |= {"nodes": kept, "weights": [candidates[n] for n in kept], "error_with_one_fp32": ranked}
+    tmp.unlink(missing_ok=True)
+    return report | {"of": len(candidates), "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def compile_graphs(ctx: StageContext, staged: Path) -> dict:

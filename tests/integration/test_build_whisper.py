@@ -3,12 +3,14 @@ format: engines/whisper-base.toml's graphs built into one engine folder, gated b
 
 Random weights say nothing about accuracy (the real Whisper base is judged by the recipe itself); these
 tests check the build: every graph converted (MatMulNBits in each int8w graph, float weights gone),
-the engine folder opens as a Whisper folder, the FP32 engine's greedy ids are the source folder's, and
-the gate's WER is the one computed from the transcripts it reports."""
+the engine folder opens as a Whisper folder, the FP32 engine's greedy ids are the source folder's, the
+gate's WER is the one computed from the transcripts it reports, and the INT8 encoder keeps FP32 the
+products its state budget needs (measured again here on the built engine, and one fewer is over budget)."""
 
 from __future__ import annotations
 
 import json
+import re
 import wave
 from pathlib import Path
 
@@ -51,10 +53,10 @@ def source(tmp_path_factory) -> Path:
 def pipeline(source: Path, tmp_path: Path) -> Pipeline:
     text = (ROOT / "engines" / "whisper-base.toml").read_text()
     text = text.replace('model = "whisper-base"', f'model = "{source}"')
-    text = text.replace(
-        '"../calibration/asr/voices-heldout.jsonl"', f'"{source.parent.parent.parent / "heldout.jsonl"}"'
-    )
-    text = text.replace("samples = 144", "samples = 2").replace("max_wer_delta = 0.015", "max_wer_delta = 1.0")
+    for manifest in ("voices-heldout.jsonl", "voices-calib.jsonl"):
+        text = text.replace(f'"../calibration/asr/{manifest}"', f'"{source.parent.parent.parent / "heldout.jsonl"}"')
+    text = re.sub(r"samples = \d+", "samples = 2", text)
+    text = re.sub(r"max_wer_delta = [0-9.]+", "max_wer_delta = 1.0", text)
     path = tmp_path / "whisper.toml"
     path.write_text(text)
     return Pipeline(
@@ -151,6 +153,67 @@ def test_float_graphs_stay_as_exported_while_the_encoder_is_quantized(source: Pa
         assert floats == {onnx.TensorProto.FLOAT}, name
     assert "kept FP32" in report["conversion"]["graphs"][GRAPHS[1]]["tool"]
     assert report["accuracy"]["metrics"]["utterances"] == 2
+
+
+def _states(encoder: Path, feats) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(encoder), providers=["CPUExecutionProvider"])
+    return [sess.run(["last_hidden_state"], {"input_features": f})[0] for f in feats]
+
+
+def _error(encoder: Path, ref: list[np.ndarray], feats) -> float:
+    return float(np.mean([np.linalg.norm(a - b) / np.linalg.norm(b) for a, b in zip(_states(encoder, feats), ref)]))
+
+
+def test_the_int8_encoder_keeps_its_costliest_matmuls_fp32_until_its_states_are_within_budget(
+    source: Path, tmp_path: Path
+) -> None:
+    from edge_agent.engines.quantize_ort import quantize_weights_dynamic
+    from edge_agent.engines.recipes import DynamicInt8Spec
+    from edge_agent.engines.stages import BuildRequest as Req
+    from edge_agent.engines.whisper_engine import WHISPER_INT8_OPS, calibration_features
+
+    p = pipeline(source, tmp_path)
+    assert p.recipe.dynamic is not None and p.recipe.dynamic.max_state_error > 0  # the shipped recipe uses it
+    loose = p.recipe.model_copy(update={"dynamic": DynamicInt8Spec(max_state_error=1.0)})
+    p.recipe = loose
+    first = p.build(BuildRequest("cpu", "int8"))["conversion"]["graphs"][GRAPHS[0]]
+    e0 = first["sensitivity"]["error_all_int8"]
+    assert e0 > 0 and "nodes" not in first["sensitivity"] and "excluded_nodes" not in first
+
+    budget = e0 / 3
+    (tmp_path / "tight").mkdir()
+    p = pipeline(source, tmp_path / "tight")
+    p.recipe = p.recipe.model_copy(update={"dynamic": DynamicInt8Spec(max_state_error=budget)})
+    report = p.build(BuildRequest("cpu", "int8"))
+    sens = report["conversion"]["graphs"][GRAPHS[0]]["sensitivity"]
+    kept = sens["nodes"]
+    assert 0 < len(kept) < sens["of"] and sens["error"] <= budget
+    # measured again here, on the built engine's encoder (optimized) against the FP32 source's states
+    feats = calibration_features(p.stage_context(), Req("cpu", "int8"))
+    ref = _states(source / GRAPHS[0], feats)
+    built = Path(report["path"]) / "model" / GRAPHS[0]
+    assert _error(built, ref, feats) == pytest.approx(sens["error"], rel=0.05, abs=1e-4)
+    graph = onnx.load(str(built)).graph
+    assert sum(n.op_type == "DynamicQuantizeMatMul" for n in graph.node) == sens["of"] - len(kept)
+    # the pass stopped at the first of its ranked matmuls that brings the error within budget
+    shorter = tmp_path / "shorter.onnx"
+    quantize_weights_dynamic(source / GRAPHS[0], shorter, WHISPER_INT8_OPS, kept[:-1])
+    assert _error(shorter, ref, feats) > budget
+
+
+def test_dynamic_needs_a_whisper_int8_build_and_calibration_audio() -> None:
+    from edge_agent.engines.recipes import Recipe
+
+    base = dict(name="x", model="x", workload="asr", targets=["cpu"], onnx_file=GRAPHS[0], graphs=list(GRAPHS))
+    with pytest.raises(ValueError, match=r"max_state_error needs \[calibration\]"):
+        Recipe(**base, precisions=["int8"], dynamic={"max_state_error": 0.05})
+    with pytest.raises(ValueError, match="does not build"):
+        Recipe(**base, precisions=["fp32"], dynamic={"max_state_error": 0.05}, calibration={"data": "c.jsonl"})
+    ok = Recipe(**base, precisions=["int8"], dynamic={"max_state_error": 0.05}, calibration={"data": "c.jsonl"})
+    assert ok.fingerprint()["dynamic"] == {"max_state_error": 0.05}
+    assert "dynamic" not in Recipe(**base, precisions=["int8"]).fingerprint()  # older keys unchanged
 
 
 def test_float_graphs_must_name_some_of_graphs() -> None:
