@@ -1,9 +1,8 @@
 """The home commands the demo and ``bench voice`` judge against, and the adapter's training generator.
 
 - ``judge``: the same tool and exactly the same arguments, numbers by value; no call only where none is due.
-- The held-out sets are held out: no sentence of theirs is one the training generator
-  (``scripts/home_commands.py``) produces, over far more draws than a training run takes, and no timer
-  label of theirs is one it uses.
+- The held-out set is held out: no sentence of it is one the training generator
+  (``scripts/home_commands.py``) produces, over far more draws than a training run takes.
 - The generator's numbers in words are English (checked against written-out expectations), and each
   call it pairs with a command is valid for its tool's schema.
 """
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.demo_models.home_commands import DEMO, DEV, HELD_OUT, UNSEEN, heat, judge, light, timer
+from edge_agent.demo_models.home_commands import DEMO, DEV, HELD_OUT, heat, judge, light, timer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,20 +57,8 @@ def test_the_held_out_sentences_are_never_generated_for_training():
     gen = _generator()
     made = {text for seed in range(2) for text, _ in gen.examples(random.Random(seed), 8_000)}
     assert len(made) > 1000  # the templates' combinations, well covered
-    assert not made & {c.text for c in (*HELD_OUT, *UNSEEN)}
+    assert not made & {c.text for c in HELD_OUT}
     assert {c.text for c in DEMO} & made  # the demo's own commands are in the training distribution
-    labels = {c.call["arguments"]["label"] for c in (*HELD_OUT, *UNSEEN) if c.call and "label" in c.call["arguments"]}
-    assert len(labels) == 3
-    pairs = [pair for seed in range(2) for pair in gen.examples(random.Random(seed), 8_000)]
-    trained = {call["arguments"].get("label") for _, call in pairs if call}
-    assert len(trained) > 40 and not labels & trained
-
-
-def test_some_generated_commands_are_written_as_a_recogniser_writes_them():
-    pairs = _generator().examples(random.Random(3), 2_000)
-    calls = [text for text, call in pairs if call is not None]
-    assert 0.1 < sum("," in t for t in calls) / len(calls) < 0.3
-    assert all(text == text.lower() and not text.endswith((".", "?", "!")) for text in calls)
 
 
 @pytest.mark.parametrize(
