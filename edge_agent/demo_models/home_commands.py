@@ -7,12 +7,11 @@ Two sets, each a tuple of ``Command`` (text, espeak-ng voice, expected call or N
   answers. It was held out for the adapter's first training; its misses then widened the generator, so
   most of its sentences are trained on now: a development set, reported as such;
 - ``HELD_OUT``: written after that, in other words and voices again; what accuracy on unseen commands
-  is measured on. Its one miss from text (a timer's label, "laundry", a word no training label was)
-  then widened the generator's labels to an open list of household words (never this set's own);
-- ``UNSEEN``: written before that widened generator was trained, in other words again, its timer
-  labels words the generator never uses: the second held-out set.
+  is measured on;
+- ``UNSEEN``: the second held-out set, in other words again (reasons given, commas, numbers first), its
+  timer labels words the generator never uses.
 
-No sentence of ``HELD_OUT`` or ``UNSEEN``, and no label of theirs, is produced by the training generator
+No sentence of ``HELD_OUT`` or ``UNSEEN`` is produced by the training generator
 of the home-commands adapter (``scripts/home_commands.py``; tests/unit/test_home_commands.py checks that).
 
 ``judge(expected, call)`` is the rule both use: the same tool name and exactly the same arguments
@@ -88,8 +87,7 @@ HELD_OUT = (
     Command("ouvre la porte", "en-us+m6", None),
 )
 
-# Written before the adapter trained on the widened generator was scored: other phrasings again (fillers,
-# commas, reasons given, numbers first), labels the generator never uses.
+# Other phrasings again (fillers, commas, reasons given, numbers first), labels the generator never uses.
 UNSEEN = (
     Command("could you brighten up the kitchen", "en+m4", light("kitchen", True)),
     Command("it is too dark in the bathroom, put the light on", "en-us+f3", light("bathroom", True)),

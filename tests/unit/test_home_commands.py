@@ -1,7 +1,7 @@
 """The home commands the demo and ``bench voice`` judge against, and the adapter's training generator.
 
 - ``judge``: the same tool and exactly the same arguments, numbers by value; no call only where none is due.
-- The held-out set is held out: no sentence of it is one the training generator
+- The held-out sets are held out: no sentence of theirs is one the training generator
   (``scripts/home_commands.py``) produces, over far more draws than a training run takes.
 - The generator's numbers in words are English (checked against written-out expectations), and each
   call it pairs with a command is valid for its tool's schema.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.demo_models.home_commands import DEMO, DEV, HELD_OUT, heat, judge, light, timer
+from edge_agent.demo_models.home_commands import DEMO, DEV, HELD_OUT, UNSEEN, heat, judge, light, timer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,7 +57,7 @@ def test_the_held_out_sentences_are_never_generated_for_training():
     gen = _generator()
     made = {text for seed in range(2) for text, _ in gen.examples(random.Random(seed), 8_000)}
     assert len(made) > 1000  # the templates' combinations, well covered
-    assert not made & {c.text for c in HELD_OUT}
+    assert not made & {c.text for c in (*HELD_OUT, *UNSEEN)}
     assert {c.text for c in DEMO} & made  # the demo's own commands are in the training distribution
 
 
