@@ -1,6 +1,6 @@
 """Spoken home commands with the call each must become: what the demo and ``bench voice`` judge against.
 
-Two sets, each a tuple of ``Command`` (text, espeak-ng voice, expected call or None for "no action"):
+Four sets, each a tuple of ``Command`` (text, espeak-ng voice, expected call or None for "no action"):
 
 - ``DEMO``: the demo's own commands, in the demo's voices;
 - ``DEV``: other words for the same actions, numbers said as words, other voices, requests no tool
