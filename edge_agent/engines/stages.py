@@ -141,7 +141,7 @@ def convert(ctx: StageContext, staged: Path, parts: KeyParts, req: BuildRequest)
     if ctx.recipe.graphs:  # Whisper: three graphs, one engine folder
         from . import whisper_engine
 
-        return whisper_engine.convert(ctx, staged, parts, req)
+        return whisper_engine.convert(ctx, staged, parts, lambda: calibration_path(ctx.recipe, req))
     src = ctx.ref.path / ctx.recipe.onnx_file
     work = staged / "work"
     work.mkdir(exist_ok=True)

@@ -44,14 +44,15 @@ from .recipes import WEIGHT_ONLY
 if TYPE_CHECKING:
     from ..models.asr_whisper import WhisperRecognizer
     from .model_io import Timed
-    from .stages import BuildRequest, StageContext
+    from .stages import StageContext
 
 Progress = Callable[[int, int], None]
 WHISPER_INT8_OPS = ["MatMul", "Gemm"]
 
 
-def convert(ctx: StageContext, staged: Path, parts: dict[str, Any], req: BuildRequest) -> dict:
-    """Each graph at the build's precision into ``staged/work`` (FP32: left as exported)."""
+def convert(ctx: StageContext, staged: Path, parts: dict[str, Any], calibration: Callable[[], Path]) -> dict:
+    """Each graph at the build's precision into ``staged/work`` (FP32: left as exported); ``calibration``: the
+    build's calibration manifest (``[dynamic]``'s audio), asked for only when the pass runs."""
     backend, precision, flavour = parts["backend"], parts["precision"], parts["flavour"]
     if backend != "onnxruntime":
         raise InputError(
@@ -78,7 +79,8 @@ def convert(ctx: StageContext, staged: Path, parts: dict[str, Any], req: BuildRe
                 sens = ctx.recipe.dynamic
                 kept: dict[str, Any] = {}
                 if sens is not None and sens.max_state_error > 0 and name == ctx.recipe.onnx_file:
-                    kept = keep_float(ctx, src, sens.max_state_error, calibration_features(ctx, req), work)
+                    feats = calibration_features(ctx, calibration())
+                    kept = keep_float(ctx, src, sens.max_state_error, feats, work)
                 excluded = kept.get("nodes", [])
                 done[name] = quantize_ort.quantize_weights_dynamic(src, dst, WHISPER_INT8_OPS, excluded)
                 done[name] |= {"sensitivity": kept} if kept else {}
@@ -94,19 +96,18 @@ def convert(ctx: StageContext, staged: Path, parts: dict[str, Any], req: BuildRe
     return {"graphs": done, "seconds": round(time.perf_counter() - t0, 2)}
 
 
-def calibration_features(ctx: StageContext, req: BuildRequest, padding_s: float = 6.0) -> list[np.ndarray]:
-    """Log-mel inputs of the recipe's calibration audio, each over its audio and ``padding_s`` (a final's
-    window as served)."""
+def calibration_features(ctx: StageContext, manifest: Path, padding_s: float = 6.0) -> list[np.ndarray]:
+    """Log-mel inputs of the calibration audio (``manifest``, the recipe's ``[calibration] samples`` of it),
+    each over its audio and ``padding_s`` (a final's window as served)."""
     from ..audio.wav import read_audio
     from ..models.asr_whisper import WhisperFeatureConfig, log_mel_spectrogram
     from .datasets import read_audio_manifest
-    from .stages import calibration_path
 
     spec = ctx.recipe.calibration
     assert spec is not None  # the recipe's validator requires it with [dynamic]
     cfg = WhisperFeatureConfig.from_folder(ctx.ref.path)
     out = []
-    for s in read_audio_manifest(calibration_path(ctx.recipe, req), spec.samples):
+    for s in read_audio_manifest(manifest, spec.samples):
         try:
             x, _ = read_audio(s.audio, cfg.sampling_rate)
         except InputError as exc:
@@ -130,7 +131,7 @@ def keep_float(ctx: StageContext, src: Path, budget: float, feats: Sequence[np.n
     candidates = {
         n.name: next(i for i in n.input if i in weights)
         for n in graph.node
-        if n.op_type in WHISPER_INT8_OPS and any(i in weights for i in n.input)
+        if n.op_type in WHISPER_INT8_OPS and any(i in weights for i in n.input) and n.name  # kept by name
     }
     so = ort.SessionOptions()
     so.intra_op_num_threads = ctx.threads or 0

@@ -172,6 +172,7 @@ def test_the_int8_encoder_keeps_its_costliest_matmuls_fp32_until_its_states_are_
     from edge_agent.engines.quantize_ort import quantize_weights_dynamic
     from edge_agent.engines.recipes import DynamicInt8Spec
     from edge_agent.engines.stages import BuildRequest as Req
+    from edge_agent.engines.stages import calibration_path
     from edge_agent.engines.whisper_engine import WHISPER_INT8_OPS, calibration_features
 
     p = pipeline(source, tmp_path)
@@ -191,7 +192,7 @@ def test_the_int8_encoder_keeps_its_costliest_matmuls_fp32_until_its_states_are_
     kept = sens["nodes"]
     assert 0 < len(kept) < sens["of"] and sens["error"] <= budget
     # measured again here, on the built engine's encoder (optimized) against the FP32 source's states
-    feats = calibration_features(p.stage_context(), Req("cpu", "int8"))
+    feats = calibration_features(p.stage_context(), calibration_path(p.recipe, Req("cpu", "int8")))
     ref = _states(source / GRAPHS[0], feats)
     built = Path(report["path"]) / "model" / GRAPHS[0]
     assert _error(built, ref, feats) == pytest.approx(sens["error"], rel=0.05, abs=1e-4)
