@@ -77,13 +77,13 @@ def convert(ctx: StageContext, staged: Path, parts: dict[str, Any], calibration:
                 done[name] = quantize_ort.to_fp16(src, dst)
             elif precision == "int8":
                 sens = ctx.recipe.dynamic
-                kept: dict[str, Any] = {}
+                measured: dict[str, Any] = {}
                 if sens is not None and sens.max_state_error > 0 and name == ctx.recipe.onnx_file:
                     feats = calibration_features(ctx, calibration())
-                    kept = keep_float(ctx, src, sens.max_state_error, feats, work)
-                excluded = kept.get("nodes", [])
+                    measured = keep_float(ctx, src, sens.max_state_error, feats, work)
+                excluded = measured.get("nodes", [])
                 done[name] = quantize_ort.quantize_weights_dynamic(src, dst, WHISPER_INT8_OPS, excluded)
-                done[name] |= {"sensitivity": kept} if kept else {}
+                done[name] |= {"sensitivity": measured} if measured else {}
             elif precision in WEIGHT_ONLY:
                 from .quantize_weight_only import quantize_matmul_nbits
 
@@ -157,14 +157,18 @@ def keep_float(ctx: StageContext, src: Path, budget: float, feats: Sequence[np.n
             for i, node in enumerate(candidates):
                 alone[node] = error([node])
                 ctx.hb.callback(bar)(i + 1, len(candidates))
+        ranked = sorted(alone, key=alone.__getitem__)
         kept: list[str] = []
-        for node in sorted(alone, key=alone.__getitem__):
+        for node in ranked:
             kept.append(node)
             report["error"] = error(kept)
             if report["error"] <= budget:
                 break
-        ranked = {candidates[n]: alone[n] for n in sorted(alone, key=alone.__getitem__)}
-        report |= {"nodes": kept, "weights": [candidates[n] for n in kept], "error_with_one_fp32": ranked}
+        report |= {
+            "nodes": kept,
+            "weights": [candidates[n] for n in kept],
+            "error_with_one_fp32": {candidates[n]: alone[n] for n in ranked},
+        }
     tmp.unlink(missing_ok=True)
     return report | {"of": len(candidates), "seconds": round(time.perf_counter() - t0, 1)}
 
