@@ -8,9 +8,10 @@ first step).
 
 Decoding (``whisper_decoding.py``): the prompt ``<|startoftranscript|><|lang|><|task|><|notimestamps|>``,
 then greedy with the KV cache; with ``guards`` (the default) a clip the model hears no speech in gives no
-text, and neither does a text without a letter or digit ("..."), and a runaway repetition is cut. A
-stream may carry context in front of it (``context_ids``: ``<|startofprev|>`` and the words it expects,
-Whisper's ``initial_prompt``: a voice turn's tools, the operator's ``[asr]`` words), at most
+text, and neither does a text without a letter or digit ("..."), and a runaway repetition is cut; a final
+that only writes out its context is decoded again without it (``echoes``). A stream may carry context
+in front of it (``context_ids``: ``<|startofprev|>`` and the words it expects, Whisper's
+``initial_prompt``: a voice turn's tools, the operator's ``[asr]`` words), at most
 ``MAX_CONTEXT_TOKENS``; rows of one decode batch share a prompt length, so streams with different contexts
 decode in separate batches. Suppressed: the model's ``suppress_tokens``, ``begin_suppress_tokens`` at the
 first position, and every special and timestamp token (ids above ``<|endoftext|>``): with
@@ -41,7 +42,9 @@ On the NPU (static shapes only) ``asr_whisper_npu.NpuWhisperRecognizer`` runs th
 
 from __future__ import annotations
 
+import difflib
 import logging
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -353,6 +356,7 @@ class WhisperRecognizer(WhisperDecoding):
             drafts=[s.draft or s.last_ids for s in streams],
             guard=self.guards,
         )
+        ids = self._unechoed(hidden, streams, ids, final)
         for j, (s, hyp) in enumerate(zip(streams, ids)):
             s.last_ids, s.decoded_at, s.unforced = self._heard(hyp), s.audio.size, not forced[j]
             s.hidden = None
@@ -368,7 +372,10 @@ class WhisperRecognizer(WhisperDecoding):
         prev = self.context_ids(context)
         budget = self._budget(x.size / self.sample_rate, 0, len(prev))
         prompt = self.prompt(lang, prev)
-        ids = self._heard(self.decode(hidden, [prompt], [[]], [budget], suppress=self.suppress, guard=self.guards)[0])
+        ids = self.decode(hidden, [prompt], [[]], [budget], suppress=self.suppress, guard=self.guards)
+        stream = self.new_stream()
+        stream.language, stream.context = lang, prev
+        ids = self._heard(self._unechoed(hidden, [stream], ids, [True])[0])
         text = self.text(ids)
         return Hypothesis(text, tuple(ids), True, text, x.size / self.sample_rate)
 
@@ -393,6 +400,37 @@ class WhisperRecognizer(WhisperDecoding):
             if hasattr(s, "resume"):
                 s.resume()
 
+    def _unechoed(
+        self, hidden: np.ndarray, streams: Sequence[WhisperStream], ids: list[list[int]], final: Sequence[bool]
+    ) -> list[list[int]]:
+        """``ids``, where a final's text is only words of its own context (Whisper, unsure of the audio, may
+        write out its prompt: "Set the room's thermostat in degrees Celsius." for "sing me a song") decoded
+        again without the context, with the guards on."""
+        echoed = [
+            j
+            for j, s in enumerate(streams)
+            if self.guards and final[j] and s.context and echoes(self.text(ids[j]), self.text(s.context))
+        ]
+        if not echoed:
+            return ids
+        again = self.decode(
+            hidden[echoed],
+            [self.prompt(streams[j].language) for j in echoed],
+            [[] for _ in echoed],
+            [self._budget(streams[j].audio.size / self.sample_rate, 0) for j in echoed],
+            suppress=self.suppress,
+            guard=self.guards,
+        )
+        out = list(ids)
+        for j, hyp in zip(echoed, again):
+            log.debug(
+                "the recogniser wrote out its context (%r): heard again without it: %r",
+                self.text(ids[j]),
+                self.text(hyp),
+            )
+            out[j] = hyp
+        return out
+
     def _heard(self, ids: list[int]) -> list[int]:
         """``ids``, or none when their text has no letter or digit ("...": what Whisper says over a chord or a
         hum it did not judge silent), with the guards on."""
@@ -401,6 +439,27 @@ class WhisperRecognizer(WhisperDecoding):
     def close(self) -> None:
         for s in self._sessions():
             s.close()
+
+
+def echoes(text: str, context: str, min_words: int = 4, likeness: float = 0.8) -> bool:
+    """Whether ``text`` is a run of ``context``'s words (case and punctuation aside), at least ``min_words``
+    of them, a word or so changed (``difflib``'s ratio >= ``likeness`` against a run of about its length):
+    the recogniser wrote out its prompt rather than what it heard."""
+    said, prompt = _word_list(text), _word_list(context)
+    n = len(said)
+    if n < min_words:
+        return False
+    match = difflib.SequenceMatcher(None, said, autojunk=False)
+    for width in (n, n - 1, n + 1):
+        for k in range(max(1, len(prompt) - width + 1)):
+            match.set_seq2(prompt[k : k + width])
+            if match.ratio() >= likeness:
+                return True
+    return False
+
+
+def _word_list(text: str) -> list[str]:
+    return re.findall(r"[^\W_]+(?:'[^\W_]+)?", text.lower())
 
 
 def _keeps_logits(session: Session | None) -> bool:

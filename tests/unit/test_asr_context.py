@@ -260,3 +260,62 @@ def test_a_fork_carries_the_audio_context_and_last_tokens_and_decodes_as_a_fresh
     twin.end()
     (final,) = whisper.step([twin])
     assert final.final and final.token_ids == whisper.transcribe(x, context="kitchen").token_ids
+
+
+# -- a final that writes out its context ------------------------------------------------------------
+
+TOOLS_SAID = "Switch a room's light on or off, or dim it. Set a room's thermostat in degrees Celsius. kitchen, bedroom."
+
+
+@pytest.mark.parametrize(
+    ("text", "echo"),
+    [
+        ("Set the room's thermostat in degrees Celsius.", True),  # one word changed
+        ("set a room's thermostat in degrees celsius", True),
+        ("Switch a room's light on or off", True),
+        ("Set the kitchen light on.", False),  # the context's words, not in its order
+        ("turn on the bedroom light please", False),
+        ("kitchen, bedroom.", False),  # too short to tell from a command naming two rooms
+        ("", False),
+    ],
+)
+def test_echoes_is_a_run_of_the_contexts_words_with_a_word_or_so_changed(text, echo):
+    from edge_agent.models.asr_whisper import echoes
+
+    assert echoes(text, TOOLS_SAID) is echo
+
+
+def test_a_final_that_writes_out_its_context_is_heard_again_without_it(whisper, monkeypatch):
+    """Whisper unsure of the audio may write out its prompt ("Set the room's thermostat in degrees Celsius."
+    for "sing me a song"): that final is decoded again on the same encoder states with no context, and the
+    streamed final gives what ``transcribe`` gives. A final that is not its context is left alone."""
+    real = whisper.decode
+    heard = whisper.tokenizer.encode(" Sing me a song.", add_special_tokens=False).ids
+    calls = []
+
+    def decode(hidden, prompts, forced, max_new, **kw):
+        calls.append([list(p) for p in prompts])
+        out = real(hidden, prompts, forced, max_new, **kw)
+        for r, p in enumerate(prompts):
+            if p[0] == whisper.prev:  # with a context: the model "writes it out", one word changed
+                out[r] = whisper.tokenizer.encode(" Set the room's thermostat", add_special_tokens=False).ids
+                out[r] += whisper.tokenizer.encode(" in degrees Celsius.", add_special_tokens=False).ids
+            elif not forced[r]:
+                out[r] = list(heard)
+        return out
+
+    monkeypatch.setattr(whisper, "decode", decode)
+    x = np.random.default_rng(2).standard_normal(24000).astype(np.float32) * 0.1
+    one = whisper.transcribe(x, context=TOOLS_SAID)
+    assert one.text == "Sing me a song." and list(one.token_ids) == heard
+    assert calls[-1] == [whisper.prompt("en")]  # heard again with no context
+    s = whisper.new_stream()
+    s.context = whisper.context_ids(TOOLS_SAID)
+    s.add_audio(x)
+    s.end()
+    (final,) = whisper.step([s])
+    assert final.final and final.text == one.text
+    calls.clear()
+    kept = whisper.transcribe(x, context="kitchen, bedroom")  # its text is not this context's words: kept
+    assert kept.text == "Set the room's thermostat in degrees Celsius."
+    assert len(calls) == 1 and calls[0][0][0] == whisper.prev
