@@ -8,7 +8,7 @@ the home tools described in front (``serving.doors.openai.output.with_tools``), 
 template (``Tokenizer.encode_chat``), for both ``tool_choice`` modes. The tools' part is the same for every
 command, so it is written once per mode as ``prefix``; each example holds only what follows it.
 
-    .venv/bin/python scripts/home_commands.py --model DIR --out data.jsonl [--count 1600] [--seed 7]
+    .venv/bin/python scripts/home_commands.py --model DIR --out data.jsonl [--count 3200] [--seed 7]
 
 Output: one JSON object per line: the first lines ``{"prefix": [...], "mode": "auto"|"required"|"chat"}``,
 then ``{"mode", "text", "suffix": [...], "target": [...]}`` (token ids; ``target`` ends with the end-of-turn
@@ -117,8 +117,37 @@ TIMER_LABEL = (
     "set a {label} timer for {n} minutes",
     "i need a {n} minute timer for the {label}",
     "remind me about the {label} in {n} minutes",
+    "set a timer called {label} for {n} minutes",
+    "timer for the {label} {n} minutes",
+    "{n} minute {label} timer",
+    "start the {label} timer for {n} minutes",
+    "alarm in {n} minutes for the {label}",
+    "{n} minutes on the {label} timer",
 )
-LABELS = ("pasta", "tea", "oven", "rice", "pizza", "bread", "washing", "nap", "cake", "soup", "kids", "bus")
+# Labels are any household word the user says: the adapter must copy it, not pick from a list (the held-out
+# sets' labels are none of these; tests/unit/test_home_commands.py checks that).
+LABELS = (
+    "pasta", "tea", "oven", "rice", "pizza", "bread", "washing", "nap", "cake", "soup", "kids", "bus",
+    "eggs", "coffee", "dishwasher", "roast", "chicken", "muffins", "homework", "meeting", "call", "plants",
+    "dryer", "car", "noodles", "beans", "fish", "steak", "pie", "dough", "yoga", "workout", "medicine",
+    "dog", "baby", "stew", "porridge", "vegetables", "sauce", "tart", "bath", "game", "break", "train",
+    "shower", "popcorn", "lasagna", "curry", "salmon", "cleaning", "reading", "piano", "guests", "sprinkler",
+)  # fmt: skip
+# Transcripts: a recogniser writes commas and fillers people say ("okay, turn on ..."): some commands get them
+FILLERS = ("okay", "hey", "please", "so", "um", "alright", "now")
+TAILS = ("please", "thanks", "thank you", "now", "right now")
+
+
+def spoken_style(rng: random.Random, text: str) -> str:
+    """``text`` as a recogniser may write it: a filler before it or a tail after it, often with a comma."""
+    r = rng.random()
+    if r < 0.12:
+        return f"{rng.choice(FILLERS)}{',' if rng.random() < 0.6 else ''} {text}"
+    if r < 0.22 and not text.endswith(TAILS):
+        return f"{text}{',' if rng.random() < 0.6 else ''} {rng.choice(TAILS)}"
+    return text
+
+
 HOURS = (("an hour", 60), ("half an hour", 30), ("two hours", 120), ("one hour", 60), ("three hours", 180))
 TEMP = (
     "set the {room} temperature to {n} degrees",
@@ -204,11 +233,31 @@ CHAT = (
     "tell me a joke",
     "turn on the kitchen light",
     "set a timer for ten minutes",
+    "What colour is grass?",
+    "Who wrote Romeo and Juliet?",
+    "How far away is the sun?",
+    "Give me three ideas for a rainy day.",
+    "What is the biggest animal in the sea?",
+    "How do plants make food?",
+    "Write a haiku about autumn.",
+    "What is the boiling point of water?",
+    "Can you recommend a board game for kids?",
+    "What is the difference between a lake and a sea?",
+    "How do I keep my kitchen clean?",
+    "Translate 'good morning' into Spanish.",
+    "What is a healthy snack?",
+    "Why do cats purr?",
+    "How many legs does a spider have?",
+    "Tell me a fun fact about space.",
 )
 
 
 def examples(rng: random.Random, count: int) -> list[tuple[str, dict | None]]:
-    """``count`` (text, call or None) pairs, about 80 % calls."""
+    """``count`` (text, call or None) pairs, about 80 % calls, some in a transcript's style (``spoken_style``)."""
+    return [(spoken_style(rng, text) if call is not None else text, call) for text, call in _plain(rng, count)]
+
+
+def _plain(rng: random.Random, count: int) -> list[tuple[str, dict | None]]:
     out: list[tuple[str, dict | None]] = []
     while len(out) < count:
         kind = rng.random()
@@ -254,7 +303,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="the imported Gemma 3 folder (its tokenizer and chat template)")
     p.add_argument("--out", required=True)
-    p.add_argument("--count", type=int, default=1600)
+    p.add_argument("--count", type=int, default=3200)
     p.add_argument("--seed", type=int, default=7)
     args = p.parse_args()
     ref = inspect_folder(Path(args.model))

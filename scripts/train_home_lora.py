@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-CHAT_SHARE = 0.12  # of the steps, batches of plain chat (kept as the base model answers it)
+CHAT_SHARE = 0.3  # of the steps, batches of plain chat (kept as the base model answers it)
 TARGETS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
 TARGETS += ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 

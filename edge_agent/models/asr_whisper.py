@@ -372,10 +372,10 @@ class WhisperRecognizer(WhisperDecoding):
         prev = self.context_ids(context)
         budget = self._budget(x.size / self.sample_rate, 0, len(prev))
         prompt = self.prompt(lang, prev)
-        ids = self.decode(hidden, [prompt], [[]], [budget], suppress=self.suppress, guard=self.guards)
+        decoded = self.decode(hidden, [prompt], [[]], [budget], suppress=self.suppress, guard=self.guards)
         stream = self.new_stream()
         stream.language, stream.context = lang, prev
-        ids = self._heard(self._unechoed(hidden, [stream], ids, [True])[0])
+        ids = self._heard(self._unechoed(hidden, [stream], decoded, [True])[0])
         text = self.text(ids)
         return Hypothesis(text, tuple(ids), True, text, x.size / self.sample_rate)
 
