@@ -10,9 +10,13 @@ command, so it is written once per mode as ``prefix``; each example holds only w
 
     .venv/bin/python scripts/home_commands.py --model DIR --out data.jsonl [--count 3200] [--seed 7]
 
-Output: one JSON object per line: the first lines ``{"prefix": [...], "mode": "auto"|"required"|"chat"}``,
+Output: one JSON object per line: the first lines ``{"prefix": [...], "mode": "auto"|"required"}``,
 then ``{"mode", "text", "suffix": [...], "target": [...]}`` (token ids; ``target`` ends with the end-of-turn
-id), and for ``chat`` (a plain question, no tools) no target: the trainer takes the base model's own reply.
+id), then ``{"mode": "text", "ids": [...]}``: windows of plain English text (BOS and ``--text-window``
+tokens of ``--text``, after its first ``--text-skip`` tokens), for the trainer's language-model batches,
+which keep the adapted model a language model (the adapter is for tool calls, not for running text).
+The default text is the one the recipe's perplexity gate reads; the gate scores its first 4,096 tokens and
+the INT4 build calibrates on the 3,072 after them, so the windows start after 8,192.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import json
 import random
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
 ROOMS = ("kitchen", "living room", "bedroom", "bathroom", "hallway")
 NO_ACTION = "Sorry, I cannot do that."  # short: a no-action reply is words, decoded a token at a time
 ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
@@ -206,52 +211,6 @@ NONE = (
 )
 
 
-# Chat without tools: the adapter must leave the model's own replies as they were. These prompts go out
-# with no target; the trainer writes the base model's greedy reply as each one's (self-distillation).
-CHAT = (
-    "What is the capital of France?",
-    "Write one sentence about the sea.",
-    "Give me a tip for sleeping well.",
-    "What is a good name for a cat?",
-    "Explain what a thermostat does.",
-    "Tell me something about the moon.",
-    "How do I boil an egg?",
-    "What is the weather usually like in spring?",
-    "Write a short poem about rain.",
-    "Why is the sky blue?",
-    "Suggest a quick breakfast.",
-    "What does a light bulb do?",
-    "Name three colours.",
-    "How many days are in a week?",
-    "What is your favourite book?",
-    "Summarize the story of Cinderella in one sentence.",
-    "What should I cook for dinner?",
-    "How can I save energy at home?",
-    "What is two plus two?",
-    "Describe a kitchen.",
-    "what time is it",
-    "tell me a joke",
-    "turn on the kitchen light",
-    "set a timer for ten minutes",
-    "What colour is grass?",
-    "Who wrote Romeo and Juliet?",
-    "How far away is the sun?",
-    "Give me three ideas for a rainy day.",
-    "What is the biggest animal in the sea?",
-    "How do plants make food?",
-    "Write a haiku about autumn.",
-    "What is the boiling point of water?",
-    "Can you recommend a board game for kids?",
-    "What is the difference between a lake and a sea?",
-    "How do I keep my kitchen clean?",
-    "Translate 'good morning' into Spanish.",
-    "What is a healthy snack?",
-    "Why do cats purr?",
-    "How many legs does a spider have?",
-    "Tell me a fun fact about space.",
-)
-
-
 def examples(rng: random.Random, count: int) -> list[tuple[str, dict | None]]:
     """``count`` (text, call or None) pairs, about 80 % calls, some in a transcript's style (``spoken_style``)."""
     return [(spoken_style(rng, text) if call is not None else text, call) for text, call in _plain(rng, count)]
@@ -297,6 +256,7 @@ def _plain(rng: random.Random, count: int) -> list[tuple[str, dict | None]]:
 
 def main() -> None:
     from edge_agent.models.catalog import inspect_folder
+    from edge_agent.models.perplexity import text_tokens
     from edge_agent.models.tokenizer import Message, Tokenizer
     from edge_agent.serving.doors.openai.output import with_tools
 
@@ -305,28 +265,26 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--count", type=int, default=3200)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--text", type=Path, default=ROOT / "calibration/llm/text/python-reference.txt")
+    p.add_argument("--text-skip", type=int, default=8192, help="tokens of --text left out first")
+    p.add_argument("--text-window", type=int, default=96, help="tokens per plain-text window")
     args = p.parse_args()
     ref = inspect_folder(Path(args.model))
     tok = Tokenizer(ref.path, ref.model_type)
-    tools = json.loads((Path(__file__).resolve().parent.parent / "edge_agent/demo_models/home-tools.json").read_text())
+    tools = json.loads((ROOT / "edge_agent/demo_models/home-tools.json").read_text())
     end = tok.encode("<end_of_turn>", add_special_tokens=False)
     rng = random.Random(args.seed)
     with open(args.out, "w") as f:
         prefixes = {}
-        for mode in ("auto", "required", "chat"):
+        for mode in ("auto", "required"):
 
             def render(text: str, mode: str = mode) -> list[int]:
-                chat = [Message("user", text)]
-                return tok.encode_chat(chat if mode == "chat" else with_tools(chat, tools["tools"], mode))
+                return tok.encode_chat(with_tools([Message("user", text)], tools["tools"], mode))
 
             a, b = render("x y"), render("z w")
             n = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
             prefixes[mode] = a[:n]
             f.write(json.dumps({"mode": mode, "prefix": a[:n]}) + "\n")
-        for text in CHAT:
-            ids = tok.encode_chat([Message("user", text)])
-            assert ids[: len(prefixes["chat"])] == prefixes["chat"]
-            f.write(json.dumps({"mode": "chat", "text": text, "suffix": ids[len(prefixes["chat"]) :]}) + "\n")
         for text, call in examples(rng, args.count):
             mode = "auto" if call is None or rng.random() < 0.6 else "required"
             ids = tok.encode_chat(with_tools([Message("user", text)], tools["tools"], mode))
@@ -334,6 +292,11 @@ def main() -> None:
             reply = json.dumps(call) if call is not None else NO_ACTION
             target = tok.encode(reply, add_special_tokens=False) + end
             f.write(json.dumps({"mode": mode, "text": text, "suffix": ids[len(prefixes[mode]) :], "target": target}))
+            f.write("\n")
+        ids, bos = text_tokens(tok, args.text.read_text(encoding="utf-8"))
+        w = args.text_window
+        for start in range(args.text_skip, len(ids) - w + 1, w):
+            f.write(json.dumps({"mode": "text", "ids": ([bos] if bos is not None else []) + ids[start : start + w]}))
             f.write("\n")
 
 

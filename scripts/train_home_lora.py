@@ -6,10 +6,12 @@ Every linear layer of the 18 blocks (q, k, v, o, gate, up, down) gets a rank-``r
 data (scripts/home_commands.py) is the agent's own voice-turn prompt: a long shared prefix (the tools
 described) and a short tail (the user's words, the model's turn). Each step runs the prefix once without
 gradients under the current weights and feeds its KV cache to the batch of tails, and the loss covers
-only the reply (the call's JSON, or the no-action words, and the end-of-turn token). Plain questions
-without tools (about one batch in eight) are trained towards the base model's own greedy replies, taken
-before training: the adapter is for tool calls and leaves chat as it was. So a step costs
+only the reply (the call's JSON, or the no-action words, and the end-of-turn token). So a step costs
 the tails, not the whole prompt, and what is trained is what the agent then serves (prefix included).
+A quarter of the steps (``TEXT_SHARE``) are plain English text instead, with the language model's own
+loss on each window's last ``--text-scored`` tokens: the adapter is for tool calls, and the model must stay
+the language model it was for running text (its perplexity, which the recipe's gate and the INT4 rung's
+error both follow).
 
 Output: ``adapter.npz`` (``<module>.lora_A`` [r, in] and ``<module>.lora_B`` [out, r], float16; modules
 named as transformers names them, which the agent's imported graph names its weights after) and
@@ -32,7 +34,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-CHAT_SHARE = 0.3  # of the steps, batches of plain chat (kept as the base model answers it)
+TEXT_SHARE = 0.25  # of the steps, batches of plain English text (the language model's own loss)
 TARGETS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
 TARGETS += ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
@@ -70,7 +72,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--prefix-every", type=int, default=8, help="steps between recomputing a mode's prefix KV")
     p.add_argument("--save-every", type=int, default=25, help="steps between writing the adapter so far")
-    p.add_argument("--chat-tokens", type=int, default=32, help="tokens of the base model's reply kept per chat prompt")
+    p.add_argument("--text-scored", type=int, default=32, help="tokens scored at the end of each text window")
     args = p.parse_args()
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -94,78 +96,84 @@ def main() -> None:
 
     rows = [json.loads(line) for line in Path(args.data).read_text().splitlines()]
     prefixes = {r["mode"]: r["prefix"] for r in rows if "prefix" in r}
-    eos = model.generation_config.eos_token_id
-    end_ids = {1, 106} | set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    t1 = time.monotonic()
-    for r in rows:  # plain chat: the base model's own greedy reply is the target (adapters still zero)
-        if "prefix" not in r and "target" not in r:
-            ids = torch.tensor([prefixes[r["mode"]] + r["suffix"]])
-            with torch.no_grad():
-                out = model.generate(ids, max_new_tokens=args.chat_tokens, do_sample=False)[0, ids.shape[1] :]
-            reply = out.tolist()
-            cut = next((i for i, t in enumerate(reply) if t in end_ids), None)
-            r["target"] = reply[: cut + 1] if cut is not None else reply
-    print(f"base replies to the chat prompts in {time.monotonic() - t1:.0f} s", flush=True)
     by_mode: dict[str, list[dict]] = {m: [r for r in rows if "target" in r and r["mode"] == m] for m in prefixes}
+    texts = [r["ids"] for r in rows if r["mode"] == "text"]
     rng = random.Random(args.seed)
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * max(0.05, 1 - s / args.steps))
-    losses: list[float] = []
+    losses: list[float] = []  # the calls' batches
+    text_losses: list[float] = []  # the plain text's
     kept: dict[str, tuple[int, object]] = {}
     out = Path(args.out)
     t0 = time.monotonic()
     for step in range(args.steps):
-        weights = [len(by_mode[m]) if m != "chat" else CHAT_SHARE * len(rows) for m in by_mode]
-        mode = rng.choices(list(by_mode), weights)[0]
-        pool = by_mode[mode]
-        batch = rng.sample(pool, args.batch) if len(pool) >= args.batch else rng.choices(pool, k=args.batch)
-        prefix = torch.tensor([prefixes[mode]])
-        if mode not in kept or step - kept[mode][0] >= args.prefix_every:
-            with torch.no_grad():  # the prefix's KV under the current weights, a few steps old at most
-                kept[mode] = (step, model(input_ids=prefix, use_cache=True).past_key_values)
-        cache = copy.deepcopy(kept[mode][1])
-        cache.batch_repeat_interleave(args.batch)
-        seqs = [r["suffix"] + r["target"] for r in batch]
-        width = max(len(s) for s in seqs)
-        ids = torch.zeros(args.batch, width, dtype=torch.long)
-        labels = torch.full((args.batch, width), -100, dtype=torch.long)
-        for b, (r, s) in enumerate(zip(batch, seqs, strict=True)):
-            ids[b, : len(s)] = torch.tensor(s)
-            start = len(r["suffix"])  # position start - 1 predicts the first reply token
-            labels[b, start - 1 : len(s) - 1] = torch.tensor(r["target"])
-        n_prefix = prefix.shape[1]
-        hidden = model.model(
-            input_ids=ids,
-            attention_mask=torch.ones(args.batch, n_prefix + width, dtype=torch.long),
-            position_ids=torch.arange(n_prefix, n_prefix + width).expand(args.batch, -1),
-            past_key_values=cache,
-            use_cache=True,
-        ).last_hidden_state
-        keep = labels != -100
-        logits = model.lm_head(hidden[keep])  # only the reply's positions meet the 262k-row head
-        loss = nn.functional.cross_entropy(logits.float(), labels[keep])
+        if texts and rng.random() < TEXT_SHARE:
+            picked = [texts[i] for i in rng.sample(range(len(texts)), min(args.batch, len(texts)))]
+            loss, kind = text_loss(model, picked, args.text_scored), text_losses
+        else:
+            mode = rng.choices(list(by_mode), [len(v) for v in by_mode.values()])[0]
+            pool = by_mode[mode]
+            batch = rng.sample(pool, args.batch) if len(pool) >= args.batch else rng.choices(pool, k=args.batch)
+            if mode not in kept or step - kept[mode][0] >= args.prefix_every:
+                with torch.no_grad():  # the prefix's KV under the current weights, a few steps old at most
+                    kept[mode] = (step, model(input_ids=torch.tensor([prefixes[mode]]), use_cache=True).past_key_values)
+            loss, kind = call_loss(model, batch, len(prefixes[mode]), kept[mode][1]), losses
         opt.zero_grad()
         loss.backward()
         opt.step()
         sched.step()
-        losses.append(float(loss.detach()))
+        kind.append(float(loss.detach()))
         if step % 10 == 0 or step == args.steps - 1:
-            print(f"step {step:4d} loss {np.mean(losses[-10:]):.4f} ({time.monotonic() - t0:.0f} s)", flush=True)
+            said = f"step {step:4d} loss {np.mean(losses[-10:]) if losses else float('nan'):.4f}"
+            said += f" text {np.mean(text_losses[-5:]):.3f}" if text_losses else ""
+            print(f"{said} ({time.monotonic() - t0:.0f} s)", flush=True)
         if (step + 1) % args.save_every == 0 or step == args.steps - 1:
-            save(
-                out,
-                adapters,
-                args,
-                gguf,
-                sum(len(v) for v in by_mode.values()),
-                step + 1,
-                losses,
-                time.monotonic() - t0,
-            )
+            examples = sum(len(v) for v in by_mode.values())
+            save(out, adapters, args, gguf, examples, step + 1, losses, text_losses, time.monotonic() - t0)
+
+
+def call_loss(model: nn.Module, batch: list[dict], n_prefix: int, prefix_kv) -> torch.Tensor:
+    """The loss on the replies of ``batch`` (tails after a shared prefix whose KV cache is ``prefix_kv``)."""
+    cache = copy.deepcopy(prefix_kv)
+    cache.batch_repeat_interleave(len(batch))
+    seqs = [r["suffix"] + r["target"] for r in batch]
+    width = max(len(s) for s in seqs)
+    ids = torch.zeros(len(batch), width, dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    for b, (r, s) in enumerate(zip(batch, seqs, strict=True)):
+        ids[b, : len(s)] = torch.tensor(s)
+        start = len(r["suffix"])  # position start - 1 predicts the first reply token
+        labels[b, start - 1 : len(s) - 1] = torch.tensor(r["target"])
+    hidden = model.model(
+        input_ids=ids,
+        attention_mask=torch.ones(len(batch), n_prefix + width, dtype=torch.long),
+        position_ids=torch.arange(n_prefix, n_prefix + width).expand(len(batch), -1),
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state
+    keep = labels != -100
+    logits = model.lm_head(hidden[keep])  # only the reply's positions meet the 262k-row head
+    return nn.functional.cross_entropy(logits.float(), labels[keep])
+
+
+def text_loss(model: nn.Module, windows: list[list[int]], scored: int) -> torch.Tensor:
+    """The language model's loss on each window's last ``scored`` tokens (the rest is their context)."""
+    ids = torch.tensor(windows)
+    hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state[:, -scored - 1 : -1]
+    logits = model.lm_head(hidden.reshape(-1, hidden.shape[-1]))  # only the scored positions meet the head
+    return nn.functional.cross_entropy(logits.float(), ids[:, -scored:].reshape(-1))
 
 
 def save(
-    out: Path, adapters: dict, args: argparse.Namespace, gguf: Path, examples: int, steps: int, losses, seconds
+    out: Path,
+    adapters: dict,
+    args: argparse.Namespace,
+    gguf: Path,
+    examples: int,
+    steps: int,
+    losses: list[float],
+    text_losses: list[float],
+    seconds: float,
 ) -> None:
     out.mkdir(parents=True, exist_ok=True)
     tensors = {}
@@ -180,7 +188,7 @@ def save(
         "targets": list(TARGETS),
         "layout": "W[out, in] += alpha / rank * B @ A (transformers' nn.Linear); float16",
         "training": {
-            "data": {"generator": "scripts/home_commands.py", "examples": examples},
+            "data": {"generator": "scripts/home_commands.py", "examples": examples, "text_share": TEXT_SHARE},
             "steps": steps,
             "batch": args.batch,
             "lr": args.lr,
@@ -188,6 +196,7 @@ def save(
             "threads": args.threads,
             "seconds": round(seconds),
             "final_loss": round(float(np.mean(losses[-10:])), 4),
+            "final_text_loss": round(float(np.mean(text_losses[-5:])), 4) if text_losses else None,
             "torch": torch.__version__,
         },
         "sha256": sha256(out / "adapter.npz"),

@@ -59,6 +59,18 @@ def test_the_held_out_sentences_are_never_generated_for_training():
     assert len(made) > 1000  # the templates' combinations, well covered
     assert not made & {c.text for c in (*HELD_OUT, *UNSEEN)}
     assert {c.text for c in DEMO} & made  # the demo's own commands are in the training distribution
+    labels = {c.call["arguments"]["label"] for c in (*HELD_OUT, *UNSEEN) if c.call and "label" in c.call["arguments"]}
+    assert len(labels) == 3
+    pairs = [pair for seed in range(2) for pair in gen.examples(random.Random(seed), 8_000)]
+    trained = {call["arguments"].get("label") for _, call in pairs if call}
+    assert len(trained) > 40 and not labels & trained  # labels are copied from what was said, not picked
+
+
+def test_some_generated_commands_are_written_as_a_recogniser_writes_them():
+    pairs = _generator().examples(random.Random(3), 2_000)
+    calls = [text for text, call in pairs if call is not None]
+    assert 0.1 < sum("," in t for t in calls) / len(calls) < 0.3
+    assert all(text == text.lower() and not text.endswith((".", "?", "!")) for text in calls)
 
 
 @pytest.mark.parametrize(
