@@ -67,7 +67,7 @@ def main() -> None:
     p.add_argument("--alpha", type=float, default=16.0)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--steps", type=int, default=240)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--prefix-every", type=int, default=8, help="steps between recomputing a mode's prefix KV")
