@@ -356,7 +356,13 @@ class WhisperRecognizer(WhisperDecoding):
             drafts=[s.draft or s.last_ids for s in streams],
             guard=self.guards,
         )
-        ids = self._unechoed(hidden, streams, ids, final)
+        ids = self._unechoed(
+            hidden,
+            ids,
+            [s.context if f else () for s, f in zip(streams, final)],
+            [s.language for s in streams],
+            [s.audio.size for s in streams],
+        )
         for j, (s, hyp) in enumerate(zip(streams, ids)):
             s.last_ids, s.decoded_at, s.unforced = self._heard(hyp), s.audio.size, not forced[j]
             s.hidden = None
@@ -373,9 +379,7 @@ class WhisperRecognizer(WhisperDecoding):
         budget = self._budget(x.size / self.sample_rate, 0, len(prev))
         prompt = self.prompt(lang, prev)
         decoded = self.decode(hidden, [prompt], [[]], [budget], suppress=self.suppress, guard=self.guards)
-        stream = self.new_stream()
-        stream.language, stream.context = lang, prev
-        ids = self._heard(self._unechoed(hidden, [stream], decoded, [True])[0])
+        ids = self._heard(self._unechoed(hidden, decoded, [prev], [lang], [x.size])[0])
         text = self.text(ids)
         return Hypothesis(text, tuple(ids), True, text, x.size / self.sample_rate)
 
@@ -401,23 +405,26 @@ class WhisperRecognizer(WhisperDecoding):
                 s.resume()
 
     def _unechoed(
-        self, hidden: np.ndarray, streams: Sequence[WhisperStream], ids: list[list[int]], final: Sequence[bool]
+        self,
+        hidden: np.ndarray,
+        ids: list[list[int]],
+        contexts: Sequence[Sequence[int]],
+        languages: Sequence[str | None],
+        samples: Sequence[int],
     ) -> list[list[int]]:
-        """``ids``, where a final's text is only words of its own context (Whisper, unsure of the audio, may
-        write out its prompt: "Set the room's thermostat in degrees Celsius." for "sing me a song") decoded
-        again without the context, with the guards on."""
-        echoed = [
-            j
-            for j, s in enumerate(streams)
-            if self.guards and final[j] and s.context and echoes(self.text(ids[j]), self.text(s.context))
-        ]
+        """``ids``, where a row's text is only words of its context (``contexts``: a final's, () for rows not
+        checked; Whisper, unsure of the audio, may write out its prompt: "Set the room's thermostat in degrees
+        Celsius." for "sing me a song") decoded again without the context, with the guards on."""
+        if not self.guards:
+            return ids
+        echoed = [j for j, c in enumerate(contexts) if c and echoes(self.text(ids[j]), self.text(c))]
         if not echoed:
             return ids
         again = self.decode(
             hidden[echoed],
-            [self.prompt(streams[j].language) for j in echoed],
+            [self.prompt(languages[j]) for j in echoed],
             [[] for _ in echoed],
-            [self._budget(streams[j].audio.size / self.sample_rate, 0) for j in echoed],
+            [self._budget(samples[j] / self.sample_rate, 0) for j in echoed],
             suppress=self.suppress,
             guard=self.guards,
         )
